@@ -1,0 +1,317 @@
+//! The transaction log contract: what the saga engine records, and what it reads back.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{BoxFuture, EffectClass, SagaId, SagaState, StepStatus, ToolError, ToolOutput, Undo};
+
+/// The process that owns a running saga, recorded so that recovery can decide reliably
+/// whether that process is still alive, pid reuse included.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Owner {
+    /// The host name of the machine the process runs on.
+    pub host: String,
+    /// An id of the machine's current boot (`/proc/sys/kernel/random/boot_id` on Linux).
+    pub boot_id: String,
+    /// The process id.
+    pub pid: u32,
+    /// When the process started, in clock ticks since boot; tells a reused pid apart.
+    pub start_ticks: u64,
+}
+
+/// A new saga, written with its first step's BEGIN.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewSaga {
+    /// The saga's id.
+    pub saga_id: SagaId,
+    /// The plan's label.
+    pub name: Option<String>,
+    /// Who runs the saga.
+    pub actor: Option<String>,
+    /// The process that runs it.
+    pub owner: Owner,
+    /// How many steps the plan has.
+    pub n_steps: u32,
+    /// The initial state.
+    pub state: SagaState,
+}
+
+/// The intent of one step, written durably before its effect.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BeginStep {
+    /// The saga.
+    pub saga_id: SagaId,
+    /// The step's position, from 0.
+    pub step_seq: u32,
+    /// The tool id.
+    pub tool_id: String,
+    /// The tool's version.
+    pub tool_version: String,
+    /// The tool's effect class.
+    pub effect: EffectClass,
+    /// The arguments.
+    pub args: Value,
+    /// The hash of the canonical arguments (binds an idempotency key to them).
+    pub args_hash: String,
+    /// The caller's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// What compensation needs.
+    pub undo: Undo,
+}
+
+/// One record to write. A batch of them is written in one transaction.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum LogWrite {
+    /// Creates a saga.
+    CreateSaga(NewSaga),
+    /// Moves a saga to a new state.
+    SetState {
+        /// The saga.
+        saga_id: SagaId,
+        /// The new state.
+        state: SagaState,
+    },
+    /// Records a step's intent (status `BEGIN`) and claims its idempotency key.
+    BeginStep(BeginStep),
+    /// Records a step's successful outcome (status `COMMIT`).
+    CommitStep {
+        /// The saga.
+        saga_id: SagaId,
+        /// The step.
+        step_seq: u32,
+        /// The tool's output.
+        output: ToolOutput,
+    },
+    /// Records a step's failure (status `FAIL`).
+    FailStep {
+        /// The saga.
+        saga_id: SagaId,
+        /// The step.
+        step_seq: u32,
+        /// What went wrong.
+        error: ToolError,
+    },
+    /// Records a step whose idempotency key was already committed: status `COMMIT`, the
+    /// recorded output reused, nothing executed, nothing to compensate.
+    ReuseStep {
+        /// The step, as it would have begun (its `undo` is ignored).
+        step: BeginStep,
+        /// The saga that holds the committed key.
+        from_saga_id: SagaId,
+        /// The step in that saga.
+        from_step_seq: u32,
+        /// The output recorded there.
+        output: ToolOutput,
+    },
+    /// Records the outcome of compensating a step.
+    Compensation {
+        /// The saga.
+        saga_id: SagaId,
+        /// The step.
+        step_seq: u32,
+        /// `Ok(note)` when compensated (status `COMPENSATED`), `Err(error)` when not
+        /// (status `COMPENSATION_FAILED`).
+        result: Result<String, ToolError>,
+    },
+}
+
+/// What a [`LogWrite`] did.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum WriteOutcome {
+    /// Written as asked.
+    Written,
+    /// A `BeginStep` whose idempotency key is held by a live or committed step, or bound to
+    /// other arguments: the step was recorded as `FAIL` with this reason and must not run.
+    KeyRejected(String),
+}
+
+/// The binding of an idempotency key: the step that last ran with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyBinding {
+    /// The key.
+    pub key: String,
+    /// The hash of the arguments the key is bound to, for good.
+    pub args_hash: String,
+    /// The saga of the step that holds the key.
+    pub saga_id: SagaId,
+    /// The state of that saga.
+    pub saga_state: SagaState,
+    /// The step that holds the key.
+    pub step_seq: u32,
+    /// That step's status.
+    pub status: StepStatus,
+    /// That step's output, when committed.
+    pub output: Option<ToolOutput>,
+}
+
+/// One saga, without its steps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SagaSummary {
+    /// The saga's id.
+    pub saga_id: SagaId,
+    /// The plan's label.
+    pub name: Option<String>,
+    /// Who ran it.
+    pub actor: Option<String>,
+    /// Where it stands.
+    pub state: SagaState,
+    /// The process that owns it.
+    pub owner: Owner,
+    /// How many steps the plan has.
+    pub n_steps: u32,
+    /// When it was created, in ms since the Unix epoch.
+    pub created_at_ms: i64,
+    /// When it last changed, in ms since the Unix epoch.
+    pub updated_at_ms: i64,
+}
+
+/// One step as the log holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// The step's position, from 0.
+    pub step_seq: u32,
+    /// The tool id.
+    pub tool_id: String,
+    /// The tool's version when the step ran.
+    pub tool_version: String,
+    /// The tool's effect class.
+    pub effect: EffectClass,
+    /// The arguments.
+    pub args: Value,
+    /// The hash of the canonical arguments.
+    pub args_hash: String,
+    /// The caller's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// What compensation needs.
+    pub undo: Undo,
+    /// The status.
+    pub status: StepStatus,
+    /// The output, once committed.
+    pub output: Option<ToolOutput>,
+    /// The error, once failed.
+    pub error: Option<ToolError>,
+    /// For a reused step: the saga and step whose output it reused.
+    pub reused_from: Option<(SagaId, u32)>,
+    /// What compensation reported.
+    pub compensation: Option<String>,
+    /// When the step was begun, in ms since the Unix epoch.
+    pub created_at_ms: i64,
+    /// When it last changed, in ms since the Unix epoch.
+    pub updated_at_ms: i64,
+}
+
+/// One saga with its steps, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SagaRecord {
+    /// The saga.
+    pub saga: SagaSummary,
+    /// Its steps, by `step_seq`.
+    pub steps: Vec<StepRecord>,
+}
+
+/// Why the log could not do what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TxError {
+    /// The file exists but is not an agent-kernel log; it was not modified.
+    #[error("{path} is not an agent-kernel log: {reason}; it was left untouched")]
+    NotALog {
+        /// The file.
+        path: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The log was written by a newer agent-kernel.
+    #[error("{path} has log schema version {found}, newer than the supported {supported}")]
+    SchemaTooNew {
+        /// The file.
+        path: String,
+        /// The version found.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+    /// The log could not be opened, read or written.
+    #[error("log storage: {0}")]
+    Storage(String),
+    /// A record read back or about to be written breaks the log's rules.
+    #[error("log record: {0}")]
+    Corrupt(String),
+    /// A write refers to a saga or step the log does not hold.
+    #[error("log: {0}")]
+    NotFound(String),
+    /// The thread that owns the log is gone (it panicked or the log was closed).
+    #[error("the log writer has stopped")]
+    Closed,
+}
+
+/// The write-ahead log the saga engine records every step in.
+///
+/// The trait is object-safe (methods return boxed futures) so the engine can hold
+/// `Arc<dyn TxLog>` and backends can differ without generics crossing crate boundaries.
+///
+/// # Contract
+///
+/// - [`write`](Self::write) applies a whole batch in one transaction, or none of it, and
+///   returns once the batch is as durable as the log's durability mode promises.
+///   The engine relies on this to make a step's intent durable before its effect.
+/// - Implementations must not block the caller's async runtime thread.
+/// - Nothing assumes a single process: several processes may share one log, and
+///   [`take_over`](Self::take_over) is how one of them claims a dead owner's saga.
+pub trait TxLog: Send + Sync + 'static {
+    /// Writes a batch of records atomically and durably.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the batch could not be written; then none of it was.
+    fn write(&self, batch: Vec<LogWrite>) -> BoxFuture<'_, Result<Vec<WriteOutcome>, TxError>>;
+
+    /// One saga with all its steps, or `None` if the log has no such saga.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn saga<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<SagaRecord>, TxError>>;
+
+    /// The most recent sagas, newest first, at most `limit`.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn sagas(&self, limit: u32) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>>;
+
+    /// Every saga not in a terminal state, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>>;
+
+    /// The binding of an idempotency key, if the key was ever used.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn key_binding<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<KeyBinding>, TxError>>;
+
+    /// Makes `new_owner` the owner of a saga if `expected_owner` still is.
+    /// Returns whether it did; `false` means another process took it first.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be written.
+    fn take_over<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        expected_owner: &'a Owner,
+        new_owner: &'a Owner,
+    ) -> BoxFuture<'a, Result<bool, TxError>>;
+}

@@ -1,0 +1,451 @@
+//! The tool contract: `prepare`, `execute`, `compensate`.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{Durability, SagaId};
+
+/// A boxed, sendable future: what the object-safe traits return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a tool does to the world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum EffectClass {
+    /// Reads only; running it twice or not at all changes nothing.
+    ReadOnly,
+    /// Changes the world; needs compensation on rollback.
+    Mutating,
+}
+
+impl EffectClass {
+    /// The name used in the log and in tool listings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EffectClass::ReadOnly => "read-only",
+            EffectClass::Mutating => "mutating",
+        }
+    }
+}
+
+impl fmt::Display for EffectClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who is running a step, and how: handed to every tool call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolContext {
+    /// The saga the step belongs to.
+    pub saga_id: SagaId,
+    /// The step's position in the saga, from 0.
+    pub step_seq: u32,
+    /// The tool being called.
+    pub tool_id: String,
+    /// The caller's idempotency key, if the plan gave one.
+    pub idempotency_key: Option<String>,
+    /// Who runs the saga, as the plan says.
+    pub actor: Option<String>,
+    /// Whether the tool must sync what it writes.
+    pub durability: Durability,
+}
+
+/// The normalized result of a successful `execute`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolOutput {
+    /// Structured result data.
+    pub data: Value,
+    /// Human-readable descriptions of the side effects ("wrote 5 bytes to a.txt").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub effects: Vec<String>,
+    /// A hint for the planner or the state machine ("validate").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_hint: Option<String>,
+}
+
+impl ToolOutput {
+    /// An output with `data` and no effects or hint.
+    pub fn new(data: Value) -> Self {
+        Self {
+            data,
+            effects: Vec::new(),
+            next_hint: None,
+        }
+    }
+
+    /// Adds a description of one side effect.
+    #[must_use]
+    pub fn with_effect(mut self, effect: impl Into<String>) -> Self {
+        self.effects.push(effect.into());
+        self
+    }
+}
+
+/// What compensation needs, captured by `prepare` *before* the effect runs and made durable
+/// in the log with the step's BEGIN record.
+///
+/// `data` holds small structured facts (where the file is, whether it existed, its length);
+/// `blob` holds bulk bytes (a file's previous content).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Undo {
+    /// Structured facts for compensation; `Value::Null` when there is nothing to undo.
+    pub data: Value,
+    /// Bulk bytes for compensation, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blob: Option<Vec<u8>>,
+}
+
+impl Undo {
+    /// Nothing to undo: what read-only tools return.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Whether there is anything to undo.
+    pub fn is_none(&self) -> bool {
+        self.data.is_null() && self.blob.is_none()
+    }
+}
+
+/// The kind of a [`ToolError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ToolErrorKind {
+    /// The arguments do not satisfy the tool's schema.
+    InvalidArgs,
+    /// The sandbox policy forbids the call.
+    Denied,
+    /// The tool tried and failed.
+    Failed,
+    /// The tool did not finish in time.
+    Timeout,
+    /// The tool panicked; the kernel contained it.
+    Panicked,
+}
+
+impl ToolErrorKind {
+    /// A short name for messages and the log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolErrorKind::InvalidArgs => "invalid arguments",
+            ToolErrorKind::Denied => "denied",
+            ToolErrorKind::Failed => "failed",
+            ToolErrorKind::Timeout => "timed out",
+            ToolErrorKind::Panicked => "panicked",
+        }
+    }
+}
+
+/// Whether a failed call may have changed the world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The effect definitely did not happen.
+    NotApplied,
+    /// The effect may or may not have happened (a timeout, a lost reply, a failure halfway).
+    Uncertain,
+}
+
+/// A tool call that did not succeed.
+///
+/// Beyond its message, an error answers the two questions the saga engine asks:
+/// did the effect happen ([`ToolError::is_uncertain`]) and may the call be retried
+/// ([`ToolError::is_retriable`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[error("{}: {message}", kind.as_str())]
+pub struct ToolError {
+    kind: ToolErrorKind,
+    message: String,
+    outcome: Outcome,
+    retry_safe: bool,
+}
+
+impl ToolError {
+    fn new(kind: ToolErrorKind, message: impl Into<String>, outcome: Outcome) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            outcome,
+            retry_safe: false,
+        }
+    }
+
+    /// Arguments that fail the tool's schema. Nothing happened.
+    pub fn invalid_args(message: impl Into<String>) -> Self {
+        Self::new(ToolErrorKind::InvalidArgs, message, Outcome::NotApplied)
+    }
+
+    /// The sandbox policy forbids the call. Nothing happened.
+    pub fn denied(message: impl Into<String>) -> Self {
+        Self::new(ToolErrorKind::Denied, message, Outcome::NotApplied)
+    }
+
+    /// A definite failure: the effect did not happen.
+    pub fn failed(message: impl Into<String>) -> Self {
+        Self::new(ToolErrorKind::Failed, message, Outcome::NotApplied)
+    }
+
+    /// A failure after which the effect may or may not have happened.
+    pub fn uncertain(message: impl Into<String>) -> Self {
+        Self::new(ToolErrorKind::Failed, message, Outcome::Uncertain)
+    }
+
+    /// The call did not finish within `timeout_ms`; its effect is uncertain.
+    pub fn timeout(timeout_ms: u64) -> Self {
+        Self::new(
+            ToolErrorKind::Timeout,
+            format!("no result after {timeout_ms} ms"),
+            Outcome::Uncertain,
+        )
+    }
+
+    /// The tool panicked with `message`; its effect is uncertain.
+    pub fn panicked(message: impl Into<String>) -> Self {
+        Self::new(ToolErrorKind::Panicked, message, Outcome::Uncertain)
+    }
+
+    /// Marks the error as safe to retry with the same arguments.
+    #[must_use]
+    pub fn retriable(mut self) -> Self {
+        self.retry_safe = true;
+        self
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> ToolErrorKind {
+        self.kind
+    }
+
+    /// The message, without the kind.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether the effect may have happened.
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    /// Whether the effect may have happened despite the error.
+    pub fn is_uncertain(&self) -> bool {
+        self.outcome == Outcome::Uncertain
+    }
+
+    /// Whether the sandbox denied the call.
+    pub fn is_denied(&self) -> bool {
+        self.kind == ToolErrorKind::Denied
+    }
+
+    /// Whether the arguments were invalid.
+    pub fn is_invalid_args(&self) -> bool {
+        self.kind == ToolErrorKind::InvalidArgs
+    }
+
+    /// Whether the tool says a retry with the same arguments is safe.
+    pub fn is_retriable(&self) -> bool {
+        self.retry_safe
+    }
+}
+
+/// The contract every tool implements, with native `async fn`s.
+///
+/// A call goes through three phases, and the saga engine logs between them:
+///
+/// 1. [`prepare`](Self::prepare) captures what compensation will need (a file's previous
+///    bytes, say) without changing anything. The engine writes it to the log with the step's
+///    BEGIN record, durably, *before* the effect.
+/// 2. [`execute`](Self::execute) performs the effect.
+/// 3. [`compensate`](Self::compensate), on rollback, undoes it from the logged [`Undo`] alone.
+///
+/// # Contract
+///
+/// - `check` and `prepare` have no side effects.
+/// - `compensate` must be safe when the effect happened, when it did not, and when it is
+///   unknown whether it did: a crash can land between the effect and its log record, and
+///   then `output` is `None`. It must be idempotent (recovery may run it twice) and must not
+///   panic.
+/// - `execute` and `compensate` must not block the async runtime: blocking I/O belongs on a
+///   blocking thread.
+pub trait TransactionalTool: Send + Sync + 'static {
+    /// The stable tool id used in plans, e.g. `fs.write`.
+    fn id(&self) -> &str;
+
+    /// The tool's version, recorded with every step so a log can be replayed against the same
+    /// behaviour.
+    fn version(&self) -> &str;
+
+    /// Whether the tool changes the world.
+    fn effect(&self) -> EffectClass;
+
+    /// The JSON Schema of the tool's arguments.
+    fn args_schema(&self) -> Value;
+
+    /// Checks arguments and policy without side effects.
+    ///
+    /// # Errors
+    ///
+    /// [`ToolError::invalid_args`] when the arguments are malformed, [`ToolError::denied`]
+    /// when the sandbox policy forbids the call.
+    fn check(&self, args: &Value) -> Result<(), ToolError>;
+
+    /// Captures what compensation needs, without changing anything.
+    ///
+    /// # Errors
+    ///
+    /// Any [`ToolError`]; the step then fails before its effect.
+    fn prepare(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+    ) -> impl Future<Output = Result<Undo, ToolError>> + Send;
+
+    /// Performs the effect.
+    ///
+    /// # Errors
+    ///
+    /// A [`ToolError`] that says whether the effect may have happened.
+    fn execute(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+    ) -> impl Future<Output = Result<ToolOutput, ToolError>> + Send;
+
+    /// Undoes the effect of `execute` using what `prepare` captured.
+    ///
+    /// `output` is `None` when the step's outcome was never recorded (the process died between
+    /// BEGIN and COMMIT, or `execute` failed with an uncertain outcome).
+    ///
+    /// # Errors
+    ///
+    /// A [`ToolError`] when the world could not be restored; the saga then ends in
+    /// `FailedRollbackPartial`.
+    fn compensate(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+        undo: &Undo,
+        output: Option<&ToolOutput>,
+    ) -> impl Future<Output = Result<(), ToolError>> + Send;
+}
+
+/// The object-safe form of [`TransactionalTool`], for registries of `Arc<dyn DynTool>`.
+///
+/// Implemented for every [`TransactionalTool`]; implement that trait, not this one.
+pub trait DynTool: Send + Sync + 'static {
+    /// See [`TransactionalTool::id`].
+    fn id(&self) -> &str;
+    /// See [`TransactionalTool::version`].
+    fn version(&self) -> &str;
+    /// See [`TransactionalTool::effect`].
+    fn effect(&self) -> EffectClass;
+    /// See [`TransactionalTool::args_schema`].
+    fn args_schema(&self) -> Value;
+    /// See [`TransactionalTool::check`].
+    ///
+    /// # Errors
+    ///
+    /// As [`TransactionalTool::check`].
+    fn check(&self, args: &Value) -> Result<(), ToolError>;
+    /// See [`TransactionalTool::prepare`].
+    fn prepare<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+    ) -> BoxFuture<'a, Result<Undo, ToolError>>;
+    /// See [`TransactionalTool::execute`].
+    fn execute<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>>;
+    /// See [`TransactionalTool::compensate`].
+    fn compensate<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+        undo: &'a Undo,
+        output: Option<&'a ToolOutput>,
+    ) -> BoxFuture<'a, Result<(), ToolError>>;
+}
+
+impl<T: TransactionalTool> DynTool for T {
+    fn id(&self) -> &str {
+        TransactionalTool::id(self)
+    }
+
+    fn version(&self) -> &str {
+        TransactionalTool::version(self)
+    }
+
+    fn effect(&self) -> EffectClass {
+        TransactionalTool::effect(self)
+    }
+
+    fn args_schema(&self) -> Value {
+        TransactionalTool::args_schema(self)
+    }
+
+    fn check(&self, args: &Value) -> Result<(), ToolError> {
+        TransactionalTool::check(self, args)
+    }
+
+    fn prepare<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+    ) -> BoxFuture<'a, Result<Undo, ToolError>> {
+        Box::pin(TransactionalTool::prepare(self, ctx, args))
+    }
+
+    fn execute<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+        Box::pin(TransactionalTool::execute(self, ctx, args))
+    }
+
+    fn compensate<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+        undo: &'a Undo,
+        output: Option<&'a ToolOutput>,
+    ) -> BoxFuture<'a, Result<(), ToolError>> {
+        Box::pin(TransactionalTool::compensate(self, ctx, args, undo, output))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_questions_follow_constructors() {
+        assert!(ToolError::denied("x").is_denied());
+        assert!(!ToolError::denied("x").is_uncertain());
+        assert!(ToolError::timeout(5).is_uncertain());
+        assert!(ToolError::panicked("boom").is_uncertain());
+        assert!(!ToolError::failed("x").is_retriable());
+        assert!(ToolError::failed("x").retriable().is_retriable());
+        assert_eq!(
+            ToolError::invalid_args("missing field `path`").to_string(),
+            "invalid arguments: missing field `path`"
+        );
+    }
+
+    #[test]
+    fn error_round_trips_through_json() {
+        let error = ToolError::uncertain("disk vanished").retriable();
+        let json = serde_json::to_string(&error).expect("serializes");
+        let back: ToolError = serde_json::from_str(&json).expect("parses");
+        assert_eq!(back, error);
+    }
+}

@@ -1,0 +1,328 @@
+//! `agent-kernel`: run tool-call plans as sagas with durable intent, rollback and recovery.
+//!
+//! See `agent-kernel --help`, the README and SPEC.md for the commands, and CONTRACT-level
+//! exit codes: 0 success, 1 rolled back, 2 bad input, 3 operator attention, 4 denied.
+
+mod bench;
+mod output;
+mod progress;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use agent_kernel_api::{Durability, Plan, SagaId, SagaState, TxError};
+use agent_kernel_core::{
+    Environment, Kernel, KernelError, ProcessProbe, SystemClock, ToolRegistry, UuidV7Ids,
+    current_owner,
+};
+use agent_kernel_sandbox::{FsSandbox, Policy};
+use agent_kernel_txlog::{LogOptions, SqliteLog};
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+use crate::output::Output;
+
+/// Exit codes of the contract.
+pub(crate) mod exit {
+    /// Success: the saga is `Done`, recovered, rolled back, or the log is intact.
+    pub(crate) const OK: u8 = 0;
+    /// The saga failed and was fully rolled back.
+    pub(crate) const ROLLED_BACK: u8 = 1;
+    /// Bad input; nothing was executed.
+    pub(crate) const BAD_INPUT: u8 = 2;
+    /// Operator attention needed: a compensation failed.
+    pub(crate) const ATTENTION: u8 = 3;
+    /// Denied by the sandbox (or, later, the FSM).
+    pub(crate) const DENIED: u8 = 4;
+}
+
+/// The default log file, in the working directory.
+const DEFAULT_DB: &str = "agent-kernel.db";
+/// The default policy file, used when it exists in the working directory.
+const DEFAULT_SANDBOX: &str = "sandbox.toml";
+/// Largest `--limit` of `log`.
+const MAX_LOG_LIMIT: u32 = 10_000;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "agent-kernel",
+    version,
+    about = "Saga transactions, crash recovery and a sandbox for AI agent tool calls"
+)]
+struct Cli {
+    /// The log database [default: $AGENT_KERNEL_DB, else ./agent-kernel.db]
+    #[arg(long, global = true, env = "AGENT_KERNEL_DB", value_name = "PATH")]
+    db: Option<PathBuf>,
+    /// The sandbox policy [default: ./sandbox.toml if it exists, else deny all]
+    #[arg(long, global = true, value_name = "PATH")]
+    sandbox: Option<PathBuf>,
+    /// Print exactly one JSON document on stdout instead of human-readable output
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check every step of a plan, then run it as a saga
+    Run {
+        /// The plan file (JSON)
+        #[arg(long, value_name = "FILE")]
+        plan: PathBuf,
+        /// `full` survives power loss; `normal` survives process crashes only
+        #[arg(long, default_value = "full", value_parser = parse_durability)]
+        durability: Durability,
+    },
+    /// Roll back every saga left unfinished by a process that is no longer running
+    Recover,
+    /// Compensate a saga's committed steps in reverse order
+    Rollback {
+        /// The saga id
+        #[arg(long, value_name = "ID")]
+        saga: String,
+    },
+    /// Show one saga with its steps, or list recent sagas
+    Log {
+        /// Show this saga and every step with its status
+        #[arg(long, value_name = "ID")]
+        saga: Option<String>,
+        /// How many sagas to list, most recent first
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LOG_LIMIT)))]
+        limit: u32,
+    },
+    /// Measure the kernel's per-step cost in a temporary log
+    Bench(bench::BenchArgs),
+}
+
+fn parse_durability(text: &str) -> Result<Durability, String> {
+    text.parse()
+}
+
+/// A failure with the exit code it maps to.
+struct Failure {
+    code: u8,
+    kind: &'static str,
+    error: anyhow::Error,
+}
+
+impl Failure {
+    fn bad_input(error: impl Into<anyhow::Error>) -> Self {
+        Self {
+            code: exit::BAD_INPUT,
+            kind: "bad_input",
+            error: error.into(),
+        }
+    }
+}
+
+impl From<KernelError> for Failure {
+    fn from(error: KernelError) -> Self {
+        let (code, kind) = if error.is_bad_input() {
+            (exit::BAD_INPUT, "bad_input")
+        } else if error.is_denied() {
+            (exit::DENIED, "denied")
+        } else {
+            (exit::ATTENTION, "internal")
+        };
+        Self {
+            code,
+            kind,
+            error: error.into(),
+        }
+    }
+}
+
+impl From<TxError> for Failure {
+    fn from(error: TxError) -> Self {
+        KernelError::from(error).into()
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let out = Output::new(cli.json);
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+        .map_err(|error| Failure {
+            code: exit::ATTENTION,
+            kind: "internal",
+            error,
+        })
+        .and_then(|runtime| runtime.block_on(dispatch(&cli, &out)));
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            out.error(failure.kind, &failure.error);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
+    match &cli.command {
+        Command::Run { plan, durability } => {
+            // Everything about the input is checked before the log is opened.
+            let plan = read_plan(plan)?;
+            let kernel = open_kernel(cli, *durability)?;
+            let progress = progress::StepProgress::new(plan.steps.len());
+            let report = kernel.run(&plan, &progress).await?;
+            progress.finish();
+            out.saga(&report);
+            Ok(match report.state {
+                SagaState::Done => exit::OK,
+                SagaState::FailedRolledBack if report.is_denied() => exit::DENIED,
+                SagaState::FailedRolledBack => exit::ROLLED_BACK,
+                _ => exit::ATTENTION,
+            })
+        }
+        Command::Recover => {
+            let kernel = open_kernel(cli, Durability::Full)?;
+            let report = kernel.recover(&progress::StepProgress::hidden()).await?;
+            out.recovery(&report);
+            Ok(if report.all_rolled_back() {
+                exit::OK
+            } else {
+                exit::ATTENTION
+            })
+        }
+        Command::Rollback { saga } => {
+            let saga_id = parse_saga_id(saga)?;
+            let kernel = open_kernel(cli, Durability::Full)?;
+            let report = kernel
+                .rollback(&saga_id, &progress::StepProgress::hidden())
+                .await?;
+            out.saga(&report);
+            Ok(match report.state {
+                SagaState::FailedRolledBack => exit::OK,
+                _ => exit::ATTENTION,
+            })
+        }
+        Command::Log { saga, limit } => {
+            let log = open_log(cli, Durability::Full)?;
+            match saga {
+                Some(saga) => {
+                    let saga_id = parse_saga_id(saga)?;
+                    let record = agent_kernel_api::TxLog::saga(&log, &saga_id)
+                        .await?
+                        .ok_or(KernelError::SagaNotFound(saga_id))?;
+                    out.saga_record(&record);
+                }
+                None => {
+                    let sagas = agent_kernel_api::TxLog::sagas(&log, *limit).await?;
+                    out.saga_list(&sagas);
+                }
+            }
+            Ok(exit::OK)
+        }
+        Command::Bench(args) => {
+            let report = bench::run(args).await.map_err(|error| Failure {
+                code: exit::ATTENTION,
+                kind: "internal",
+                error,
+            })?;
+            out.bench(&report);
+            Ok(exit::OK)
+        }
+    }
+}
+
+fn parse_saga_id(text: &str) -> Result<SagaId, Failure> {
+    if text.trim().is_empty() {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--saga needs a saga id"
+        )));
+    }
+    Ok(SagaId::new(text.trim()))
+}
+
+fn read_plan(path: &Path) -> Result<Plan, Failure> {
+    let text = std::fs::read(path)
+        .with_context(|| format!("cannot read plan {}", path.display()))
+        .map_err(Failure::bad_input)?;
+    if text.len() > agent_kernel_api::MAX_PLAN_BYTES {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "plan {} is {} bytes, more than the maximum of {}",
+            path.display(),
+            text.len(),
+            agent_kernel_api::MAX_PLAN_BYTES
+        )));
+    }
+    let text = String::from_utf8(text).map_err(|_| {
+        Failure::bad_input(anyhow::anyhow!("plan {} is not UTF-8 text", path.display()))
+    })?;
+    Plan::from_json(&text)
+        .with_context(|| format!("plan {}", path.display()))
+        .map_err(Failure::bad_input)
+}
+
+fn db_path(cli: &Cli) -> PathBuf {
+    cli.db.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DB))
+}
+
+fn open_log(cli: &Cli, durability: Durability) -> Result<SqliteLog, Failure> {
+    let path = db_path(cli);
+    SqliteLog::open(
+        &path,
+        LogOptions {
+            durability,
+            clock: Arc::new(SystemClock),
+        },
+    )
+    .with_context(|| format!("cannot open the log {}", path.display()))
+    .map_err(Failure::bad_input)
+}
+
+fn load_policy(cli: &Cli) -> Result<Policy, Failure> {
+    match &cli.sandbox {
+        Some(path) => Policy::load(path)
+            .with_context(|| format!("sandbox policy {}", path.display()))
+            .map_err(Failure::bad_input),
+        None if Path::new(DEFAULT_SANDBOX).is_file() => Policy::load(Path::new(DEFAULT_SANDBOX))
+            .with_context(|| format!("sandbox policy ./{DEFAULT_SANDBOX}"))
+            .map_err(Failure::bad_input),
+        None => Ok(Policy::deny_all()),
+    }
+}
+
+fn open_kernel(cli: &Cli, durability: Durability) -> Result<Kernel, Failure> {
+    let policy = load_policy(cli)?;
+    let sandbox = FsSandbox::new(&policy)
+        .context("cannot open the sandbox's allowed roots")
+        .map_err(Failure::bad_input)?;
+    let cwd = std::env::current_dir()
+        .context("cannot read the working directory")
+        .map_err(Failure::bad_input)?;
+    let mut tools = ToolRegistry::new();
+    for tool in agent_kernel_tools::builtin_tools(Arc::new(sandbox), cwd) {
+        tools.register(tool)?;
+    }
+    let owner = current_owner()
+        .context("cannot identify this process in /proc")
+        .map_err(|error| Failure {
+            code: exit::ATTENTION,
+            kind: "internal",
+            error,
+        })?;
+    let log = open_log(cli, durability)?;
+    let env = Environment {
+        clock: Arc::new(SystemClock),
+        ids: Arc::new(UuidV7Ids),
+        liveness: Arc::new(ProcessProbe::new(owner.clone())),
+        owner,
+    };
+    Ok(Kernel::new(Arc::new(log), tools, env, durability))
+}

@@ -1,0 +1,276 @@
+//! Everything the command prints: human tables or exactly one JSON document on stdout.
+
+use agent_kernel_api::{SagaRecord, SagaSummary};
+use agent_kernel_core::{RecoveryAction, RecoveryReport, SagaReport};
+use comfy_table::{ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
+use serde_json::{Value, json};
+
+use crate::bench::BenchReport;
+
+/// Where and how results are printed.
+pub(crate) struct Output {
+    json: bool,
+}
+
+fn table(header: &[&str]) -> Table {
+    let mut table = Table::new();
+    table
+        .load_preset(UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(header.iter().copied());
+    table
+}
+
+fn print_json(document: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(document).expect("a JSON value always serializes")
+    );
+}
+
+fn format_ms(at_ms: i64) -> String {
+    let secs = at_ms.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+impl Output {
+    pub(crate) fn new(json: bool) -> Self {
+        Self { json }
+    }
+
+    /// Reports an error: always on stderr; with `--json`, also as the one document on stdout.
+    pub(crate) fn error(&self, kind: &str, error: &anyhow::Error) {
+        eprintln!("error: {error:#}");
+        if self.json {
+            let mut document =
+                json!({ "error": { "kind": kind, "message": format!("{error:#}") } });
+            if let Some(agent_kernel_core::KernelError::Preflight(problems)) =
+                error.downcast_ref::<agent_kernel_core::KernelError>()
+            {
+                document["error"]["problems"] = problems
+                    .iter()
+                    .map(|problem| {
+                        json!({
+                            "step": problem.step_idx,
+                            "tool": problem.tool,
+                            "kind": format!("{:?}", problem.kind),
+                            "message": problem.message,
+                        })
+                    })
+                    .collect();
+            }
+            print_json(&document);
+        }
+    }
+
+    /// The outcome of `run` or `rollback`.
+    pub(crate) fn saga(&self, report: &SagaReport) {
+        if self.json {
+            print_json(&serde_json::to_value(report).expect("reports serialize"));
+            return;
+        }
+        let mut steps = table(&["seq", "tool", "status", "detail"]);
+        for step in &report.steps {
+            let detail = match (&step.error, &step.compensation) {
+                (Some(error), Some(compensation)) => format!("{error}; {compensation}"),
+                (Some(error), None) => error.clone(),
+                (None, Some(compensation)) => compensation.clone(),
+                (None, None) if step.reused => "output reused by idempotency key".into(),
+                (None, None) => String::new(),
+            };
+            steps.add_row(vec![
+                step.seq.to_string(),
+                step.tool.clone(),
+                step.status.to_string(),
+                detail,
+            ]);
+        }
+        println!("{steps}");
+        println!("saga {}: {}", report.saga_id, report.state);
+        if let Some(failure) = &report.failure {
+            println!(
+                "step {} ({}) failed: {}",
+                failure.step_seq, failure.tool, failure.error
+            );
+        }
+    }
+
+    /// `log --saga ID`.
+    pub(crate) fn saga_record(&self, record: &SagaRecord) {
+        let saga = &record.saga;
+        if self.json {
+            let steps: Vec<Value> = record
+                .steps
+                .iter()
+                .map(|step| {
+                    json!({
+                        "seq": step.step_seq,
+                        "tool": step.tool_id,
+                        "tool_version": step.tool_version,
+                        "status": step.status,
+                        "args": step.args,
+                        "idempotency_key": step.idempotency_key,
+                        "output": step.output,
+                        "error": step.error.as_ref().map(ToString::to_string),
+                        "compensation": step.compensation,
+                        "reused_from": step.reused_from.as_ref().map(|(saga, seq)| json!({"saga_id": saga, "seq": seq})),
+                        "created_at_ms": step.created_at_ms,
+                        "updated_at_ms": step.updated_at_ms,
+                    })
+                })
+                .collect();
+            print_json(&json!({
+                "saga_id": saga.saga_id,
+                "state": saga.state,
+                "name": saga.name,
+                "actor": saga.actor,
+                "n_steps": saga.n_steps,
+                "owner": saga.owner,
+                "created_at_ms": saga.created_at_ms,
+                "updated_at_ms": saga.updated_at_ms,
+                "steps": steps,
+            }));
+            return;
+        }
+        println!("saga    {}", saga.saga_id);
+        println!("state   {}", saga.state);
+        if let Some(name) = &saga.name {
+            println!("name    {name}");
+        }
+        if let Some(actor) = &saga.actor {
+            println!("actor   {actor}");
+        }
+        println!(
+            "owner   pid {} on {}",
+            saga.owner.pid,
+            if saga.owner.host.is_empty() {
+                "?"
+            } else {
+                &saga.owner.host
+            }
+        );
+        println!("created {}", format_ms(saga.created_at_ms));
+        println!("updated {}", format_ms(saga.updated_at_ms));
+        let mut steps = table(&["seq", "tool", "status", "key", "detail"]);
+        for step in &record.steps {
+            let detail = [
+                step.error.as_ref().map(ToString::to_string),
+                step.compensation.clone(),
+                step.reused_from
+                    .as_ref()
+                    .map(|(saga, seq)| format!("reused from saga {saga} step {seq}")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join("; ");
+            steps.add_row(vec![
+                step.step_seq.to_string(),
+                step.tool_id.clone(),
+                step.status.to_string(),
+                step.idempotency_key.clone().unwrap_or_default(),
+                detail,
+            ]);
+        }
+        println!("{steps}");
+    }
+
+    /// `log`.
+    pub(crate) fn saga_list(&self, sagas: &[SagaSummary]) {
+        if self.json {
+            let sagas: Vec<Value> = sagas
+                .iter()
+                .map(|saga| {
+                    json!({
+                        "saga_id": saga.saga_id,
+                        "state": saga.state,
+                        "name": saga.name,
+                        "actor": saga.actor,
+                        "n_steps": saga.n_steps,
+                        "created_at_ms": saga.created_at_ms,
+                        "updated_at_ms": saga.updated_at_ms,
+                    })
+                })
+                .collect();
+            print_json(&json!({ "sagas": sagas }));
+            return;
+        }
+        if sagas.is_empty() {
+            println!("no sagas in the log");
+            return;
+        }
+        let mut list = table(&["saga", "state", "steps", "name", "created"]);
+        for saga in sagas {
+            list.add_row(vec![
+                saga.saga_id.to_string(),
+                saga.state.to_string(),
+                saga.n_steps.to_string(),
+                saga.name.clone().unwrap_or_default(),
+                format_ms(saga.created_at_ms),
+            ]);
+        }
+        println!("{list}");
+    }
+
+    /// `recover`.
+    pub(crate) fn recovery(&self, report: &RecoveryReport) {
+        if self.json {
+            print_json(&serde_json::to_value(report).expect("reports serialize"));
+            return;
+        }
+        if report.sagas.is_empty() {
+            println!("nothing to recover: no unfinished sagas");
+            return;
+        }
+        for action in &report.sagas {
+            match action {
+                RecoveryAction::RolledBack(saga) => {
+                    println!("saga {}: rolled back, now {}", saga.saga_id, saga.state);
+                }
+                RecoveryAction::SkippedLive { saga_id, pid, host } => println!(
+                    "saga {saga_id}: skipped, its process {pid} on {host} is still running"
+                ),
+                RecoveryAction::SkippedTakenOver { saga_id } => {
+                    println!("saga {saga_id}: skipped, another process is recovering it");
+                }
+            }
+        }
+    }
+
+    /// `bench`.
+    pub(crate) fn bench(&self, report: &BenchReport) {
+        if self.json {
+            print_json(&serde_json::to_value(report).expect("reports serialize"));
+            return;
+        }
+        println!("{report}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::format_ms;
+
+    #[test]
+    fn formats_utc_timestamps() {
+        assert_eq!(format_ms(0), "1970-01-01 00:00:00Z");
+        assert_eq!(format_ms(1_796_045_400_000), "2026-11-30 13:30:00Z");
+    }
+}

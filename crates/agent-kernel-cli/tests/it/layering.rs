@@ -1,0 +1,68 @@
+//! Crates depend strictly downward: `api` → (`txlog`, `sandbox`, `tools`) → `core` → `cli`.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// The tier of each workspace crate; an edge may only point to a lower tier.
+/// Same-tier edges must be listed in `ALLOWED_SAME_TIER` and in ARCHITECTURE.md.
+fn tier(name: &str) -> Option<u32> {
+    match name {
+        "agent-kernel-api" => Some(0),
+        "agent-kernel-txlog" | "agent-kernel-sandbox" | "agent-kernel-fsm" => Some(1),
+        "agent-kernel-dispatcher" | "agent-kernel-tools" => Some(2),
+        "agent-kernel-core" => Some(3),
+        "agent-kernel-cli" => Some(4),
+        _ => None,
+    }
+}
+
+/// Same-tier edges written down in ARCHITECTURE.md.
+const ALLOWED_SAME_TIER: &[(&str, &str)] = &[];
+
+#[test]
+fn no_crate_depends_on_a_crate_above_it() {
+    let output = Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: Value = serde_json::from_slice(&output.stdout).expect("parses");
+    let packages = metadata["packages"].as_array().expect("packages");
+    let mut edges = BTreeMap::new();
+    for package in packages {
+        let name = package["name"].as_str().expect("name");
+        let from = tier(name).unwrap_or_else(|| {
+            panic!("workspace crate `{name}` has no tier: add it to this test and ARCHITECTURE.md")
+        });
+        for dependency in package["dependencies"].as_array().expect("dependencies") {
+            let target = dependency["name"].as_str().expect("name");
+            let is_dev = dependency["kind"].as_str() == Some("dev");
+            let Some(to) = tier(target) else { continue };
+            edges.insert((name.to_owned(), target.to_owned()), (from, to, is_dev));
+        }
+    }
+    assert!(!edges.is_empty(), "the workspace has internal edges");
+    for ((from_name, to_name), (from, to, is_dev)) in &edges {
+        let allowed = to < from
+            || (to == from && ALLOWED_SAME_TIER.contains(&(from_name.as_str(), to_name.as_str())))
+            // A dev-dependency may reach sideways or down for test fixtures, never up.
+            || (*is_dev && to <= from);
+        assert!(
+            allowed,
+            "`{from_name}` (tier {from}) depends on `{to_name}` (tier {to}): edges must point down"
+        );
+    }
+}

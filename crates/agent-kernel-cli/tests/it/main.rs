@@ -1,0 +1,120 @@
+//! End-to-end tests of the `agent-kernel` binary: real processes, real files, real SQLite,
+//! real SIGKILLs.
+
+mod bad_input;
+mod crash;
+mod layering;
+mod run;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// The binary under test.
+pub(crate) fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_agent-kernel"))
+}
+
+/// A scratch project: a folder with `sandbox.toml` allowing `ws/`, and a log path.
+pub(crate) struct Project {
+    pub(crate) dir: tempfile::TempDir,
+}
+
+impl Project {
+    pub(crate) fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        fs::create_dir(dir.path().join("ws")).expect("creates ws");
+        fs::write(
+            dir.path().join("sandbox.toml"),
+            "[fs]\nallow = [\"ws\"]\ndeny_names = [\".env\", \"*.pem\"]\nmax_io_bytes = 65536\n",
+        )
+        .expect("writes policy");
+        Self { dir }
+    }
+
+    pub(crate) fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub(crate) fn db(&self) -> PathBuf {
+        self.path("log.db")
+    }
+
+    /// Writes a plan file and returns its path.
+    pub(crate) fn plan(&self, name: &str, plan: &Value) -> PathBuf {
+        let path = self.path(name);
+        fs::write(&path, serde_json::to_vec_pretty(plan).expect("serializes")).expect("writes");
+        path
+    }
+
+    /// A command running the binary in the project folder on the project's log.
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(bin());
+        command
+            .current_dir(self.dir.path())
+            .env_remove("AGENT_KERNEL_DB")
+            .env_remove("RUST_LOG")
+            .arg("--db")
+            .arg(self.db())
+            .args(args);
+        command
+    }
+
+    /// Runs the binary to completion.
+    pub(crate) fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("the binary runs")
+    }
+
+    /// Runs the binary with `--json` and parses its one JSON document.
+    pub(crate) fn run_json(&self, args: &[&str]) -> (i32, Value) {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let output = self.run(&all);
+        let code = output.status.code().expect("exited normally");
+        let document = serde_json::from_slice(&output.stdout).unwrap_or_else(|err| {
+            panic!(
+                "stdout is not one JSON document ({err}):\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            )
+        });
+        (code, document)
+    }
+
+    /// Every file under `ws/`, by relative path, with its bytes.
+    pub(crate) fn snapshot(&self) -> BTreeMap<String, Vec<u8>> {
+        let mut files = BTreeMap::new();
+        let root = self.path("ws");
+        let mut stack = vec![root.clone()];
+        while let Some(dir) = stack.pop() {
+            for entry in fs::read_dir(&dir).expect("lists") {
+                let entry = entry.expect("entry");
+                let path = entry.path();
+                if entry.file_type().expect("type").is_dir() {
+                    stack.push(path);
+                } else {
+                    let rel = path
+                        .strip_prefix(&root)
+                        .expect("under root")
+                        .to_string_lossy()
+                        .into_owned();
+                    files.insert(rel, fs::read(&path).expect("reads"));
+                }
+            }
+        }
+        files
+    }
+}
+
+/// The stdout and stderr of a finished command, for failure messages.
+pub(crate) fn describe(output: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}

@@ -1,0 +1,266 @@
+//! `run`, `rollback`, `log`, `recover` and `bench` through the real binary.
+
+use std::fs;
+
+use serde_json::{Value, json};
+
+use crate::{Project, describe};
+
+fn step(tool: &str, args: Value) -> Value {
+    json!({ "tool": tool, "args": args })
+}
+
+fn statuses(document: &Value) -> Vec<String> {
+    document["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|step| step["status"].as_str().expect("status").to_owned())
+        .collect()
+}
+
+#[test]
+fn a_successful_plan_ends_done_and_the_log_shows_it() {
+    let project = Project::new();
+    let plan = project.plan(
+        "plan.json",
+        &json!({ "name": "ok", "actor": "tester", "steps": [
+            step("fs.write", json!({"path": "ws/a.txt", "content": "hello"})),
+            step("fs.append", json!({"path": "ws/a.txt", "content": " world"})),
+            step("fs.read", json!({"path": "ws/a.txt"})),
+            step("noop", json!({})),
+        ]}),
+    );
+    let (code, document) = project.run_json(&["run", "--plan", plan.to_str().expect("utf8")]);
+    assert_eq!(code, 0, "{document}");
+    assert_eq!(document["state"], "Done");
+    assert_eq!(statuses(&document), ["COMMIT"; 4]);
+    assert_eq!(
+        fs::read(project.path("ws/a.txt")).expect("reads"),
+        b"hello world"
+    );
+
+    let saga_id = document["saga_id"].as_str().expect("id");
+    let (code, shown) = project.run_json(&["log", "--saga", saga_id]);
+    assert_eq!(code, 0);
+    assert_eq!(shown["saga_id"], saga_id);
+    assert_eq!(shown["state"], "Done");
+    assert_eq!(shown["actor"], "tester");
+    assert_eq!(
+        shown["steps"][2]["output"]["data"]["content"],
+        "hello world"
+    );
+
+    let (code, listed) = project.run_json(&["log"]);
+    assert_eq!(code, 0);
+    assert_eq!(listed["sagas"][0]["saga_id"], saga_id);
+    assert_eq!(listed["sagas"][0]["state"], "Done");
+
+    // Human output is a table naming every step.
+    let output = project.run(&["log", "--saga", saga_id]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("fs.append") && text.contains("COMMIT"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_failing_plan_restores_every_file_byte_for_byte() {
+    let project = Project::new();
+    // An existing file to overwrite, one to append to, one to delete (with binary-ish bytes
+    // and no trailing newline), and one that does not exist yet.
+    fs::write(project.path("ws/overwritten.txt"), b"old \x00\xff contents").expect("writes");
+    fs::write(project.path("ws/appended.txt"), b"line 1\nline 2").expect("writes");
+    fs::write(project.path("ws/deleted.txt"), b"precious\r\n").expect("writes");
+    fs::create_dir(project.path("ws/sub")).expect("creates");
+    let before = project.snapshot();
+    let plan = project.plan(
+        "plan.json",
+        &json!({ "steps": [
+            step("fs.write", json!({"path": "ws/overwritten.txt", "content": "new"})),
+            step("fs.append", json!({"path": "ws/appended.txt", "content": "\nline 3"})),
+            step("fs.delete", json!({"path": "ws/deleted.txt"})),
+            step("fs.write", json!({"path": "ws/sub/created.txt", "content": "fresh"})),
+            step("fs.write", json!({"path": "ws/overwritten.txt", "content": "newer"})),
+            step("fault.fail", json!({"message": "deployment check failed"})),
+        ]}),
+    );
+    let (code, document) = project.run_json(&["run", "--plan", plan.to_str().expect("utf8")]);
+    assert_eq!(code, 1, "{document}");
+    assert_eq!(document["state"], "FailedRolledBack");
+    assert_eq!(
+        statuses(&document),
+        [
+            "COMPENSATED",
+            "COMPENSATED",
+            "COMPENSATED",
+            "COMPENSATED",
+            "COMPENSATED",
+            "FAIL"
+        ]
+    );
+    assert!(
+        document["failure"]["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("deployment check failed")
+    );
+    assert_eq!(
+        project.snapshot(),
+        before,
+        "every file restored, no temp file left"
+    );
+}
+
+#[test]
+fn rollback_undoes_a_done_saga() {
+    let project = Project::new();
+    fs::write(project.path("ws/a.txt"), b"original").expect("writes");
+    let before = project.snapshot();
+    let plan = project.plan(
+        "plan.json",
+        &json!({ "steps": [
+            step("fs.write", json!({"path": "ws/a.txt", "content": "changed"})),
+            step("fs.write", json!({"path": "ws/b.txt", "content": "created"})),
+        ]}),
+    );
+    let (code, document) = project.run_json(&["run", "--plan", plan.to_str().expect("utf8")]);
+    assert_eq!(code, 0, "{document}");
+    let saga_id = document["saga_id"].as_str().expect("id");
+    let (code, rolled_back) = project.run_json(&["rollback", "--saga", saga_id]);
+    assert_eq!(code, 0, "{rolled_back}");
+    assert_eq!(rolled_back["state"], "FailedRolledBack");
+    assert_eq!(statuses(&rolled_back), ["COMPENSATED", "COMPENSATED"]);
+    assert_eq!(project.snapshot(), before);
+    // Recover has nothing to do afterwards.
+    let (code, recovered) = project.run_json(&["recover"]);
+    assert_eq!(code, 0);
+    assert_eq!(recovered["sagas"], json!([]));
+}
+
+#[test]
+fn a_denied_path_exits_4_and_touches_nothing() {
+    let project = Project::new();
+    fs::write(project.path("outside.txt"), b"canary").expect("writes");
+    for path in [
+        "outside.txt",
+        "ws/../outside.txt",
+        "/etc/passwd",
+        "ws/.env",
+        "ws/key.PEM",
+    ] {
+        let plan = project.plan(
+            "plan.json",
+            &json!({ "steps": [
+                step("fs.write", json!({"path": "ws/first.txt", "content": "x"})),
+                step("fs.write", json!({"path": path, "content": "pwned"})),
+            ]}),
+        );
+        let output = project.run(&["run", "--plan", plan.to_str().expect("utf8")]);
+        assert_eq!(
+            output.status.code(),
+            Some(4),
+            "{path}: {}",
+            describe(&output)
+        );
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("denied"),
+            "{path}: {}",
+            describe(&output)
+        );
+        assert!(project.snapshot().is_empty(), "{path}: nothing written");
+        assert_eq!(
+            fs::read(project.path("outside.txt")).expect("reads"),
+            b"canary"
+        );
+    }
+}
+
+#[test]
+fn without_a_policy_every_file_tool_is_denied_with_a_hint() {
+    let project = Project::new();
+    fs::remove_file(project.path("sandbox.toml")).expect("removes");
+    let plan = project.plan(
+        "plan.json",
+        &json!({ "steps": [ step("fs.write", json!({"path": "ws/a.txt", "content": "x"})) ]}),
+    );
+    let output = project.run(&["run", "--plan", plan.to_str().expect("utf8")]);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("--sandbox"),
+        "{}",
+        describe(&output)
+    );
+    assert!(project.snapshot().is_empty());
+}
+
+#[test]
+fn a_repeated_idempotency_key_reuses_the_output() {
+    let project = Project::new();
+    let plan = project.plan(
+        "plan.json",
+        &json!({ "steps": [
+            { "tool": "fs.append", "args": {"path": "ws/log.txt", "content": "once\n"}, "idempotency_key": "order-42" },
+        ]}),
+    );
+    for _ in 0..3 {
+        let (code, document) = project.run_json(&["run", "--plan", plan.to_str().expect("utf8")]);
+        assert_eq!(code, 0, "{document}");
+    }
+    assert_eq!(
+        fs::read(project.path("ws/log.txt")).expect("reads"),
+        b"once\n"
+    );
+    let other = project.plan(
+        "other.json",
+        &json!({ "steps": [
+            { "tool": "fs.append", "args": {"path": "ws/log.txt", "content": "twice\n"}, "idempotency_key": "order-42" },
+        ]}),
+    );
+    let output = project.run(&["run", "--plan", other.to_str().expect("utf8")]);
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("bound to other arguments"));
+}
+
+#[test]
+fn a_panicking_tool_is_contained_rolled_back_and_exits_1() {
+    let project = Project::new();
+    let plan = project.plan(
+        "plan.json",
+        &json!({ "steps": [
+            step("fs.write", json!({"path": "ws/a.txt", "content": "x"})),
+            step("fault.panic", json!({"message": "tool bug"})),
+        ]}),
+    );
+    let (code, document) = project.run_json(&["run", "--plan", plan.to_str().expect("utf8")]);
+    assert_eq!(code, 1, "{document}");
+    assert_eq!(document["state"], "FailedRolledBack");
+    assert!(project.snapshot().is_empty());
+}
+
+#[test]
+fn bench_reports_the_contract_fields() {
+    let project = Project::new();
+    let (code, document) = project.run_json(&[
+        "bench",
+        "--sagas",
+        "5",
+        "--steps",
+        "3",
+        "--concurrency",
+        "2",
+        "--durability",
+        "normal",
+    ]);
+    assert_eq!(code, 0, "{document}");
+    for field in ["steps_per_sec", "p50_us", "p99_us"] {
+        assert!(
+            document[field].as_f64().is_some_and(|v| v > 0.0),
+            "{field}: {document}"
+        );
+    }
+    assert_eq!(document["n_steps"], 15);
+    // n + 1 commits per saga of n steps.
+    assert_eq!(document["n_commits"], 20);
+}

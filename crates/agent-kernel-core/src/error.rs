@@ -1,0 +1,122 @@
+//! The saga engine's error type.
+
+use std::fmt;
+
+use agent_kernel_api::{Owner, SagaId, SagaState, TxError};
+
+/// One thing wrong with a plan, found before anything ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The step's index, from 0.
+    pub step_idx: usize,
+    /// The step's tool id.
+    pub tool: String,
+    /// What kind of problem.
+    pub kind: ProblemKind,
+    /// What is wrong, for a person.
+    pub message: String,
+}
+
+/// The kind of a [`Problem`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// No tool with that id is registered.
+    UnknownTool,
+    /// The arguments fail the tool's schema.
+    InvalidArgs,
+    /// The sandbox policy forbids the call.
+    Denied,
+    /// The idempotency key is bound to other arguments, or repeated within the plan.
+    KeyConflict,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "step {} (`{}`): {}",
+            self.step_idx, self.tool, self.message
+        )
+    }
+}
+
+/// Why the kernel could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KernelError {
+    /// The plan was refused before anything ran; every problem found is listed.
+    #[error("{}", preflight_message(.0))]
+    Preflight(Vec<Problem>),
+    /// The log failed.
+    #[error(transparent)]
+    Log(#[from] TxError),
+    /// No saga with this id is in the log.
+    #[error("no saga {0} in the log")]
+    SagaNotFound(SagaId),
+    /// The saga is still being run by a live process, so it must not be touched.
+    #[error(
+        "saga {saga_id} is {state} and owned by process {} on {} which is still running (or cannot be checked from here); it was not touched",
+        .owner.pid, .owner.host
+    )]
+    SagaBusy {
+        /// The saga.
+        saga_id: SagaId,
+        /// Its state.
+        state: SagaState,
+        /// The process that owns it.
+        owner: Owner,
+    },
+    /// Another process took the saga over first.
+    #[error("saga {0} was taken over by another process; it was not touched")]
+    TakenOver(SagaId),
+    /// Two tools with one id were registered.
+    #[error("tool `{0}` is registered twice")]
+    DuplicateTool(String),
+    /// A registry holds at most this many tools.
+    #[error("a registry holds at most {0} tools")]
+    TooManyTools(usize),
+    /// The log holds a saga the kernel cannot make sense of.
+    #[error("saga {saga_id}: {reason}")]
+    Inconsistent {
+        /// The saga.
+        saga_id: SagaId,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+fn preflight_message(problems: &[Problem]) -> String {
+    let mut message = format!(
+        "the plan was refused before anything ran ({} problem{}):",
+        problems.len(),
+        if problems.len() == 1 { "" } else { "s" }
+    );
+    for problem in problems {
+        message.push_str("\n  ");
+        message.push_str(&problem.to_string());
+    }
+    message
+}
+
+impl KernelError {
+    /// Whether the error is bad input (a usage error, an invalid plan): nothing ran.
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            KernelError::Preflight(problems) => problems
+                .iter()
+                .any(|problem| problem.kind != ProblemKind::Denied),
+            KernelError::SagaNotFound(_)
+            | KernelError::SagaBusy { .. }
+            | KernelError::TakenOver(_) => true,
+            KernelError::Log(TxError::NotALog { .. } | TxError::SchemaTooNew { .. }) => true,
+            _ => false,
+        }
+    }
+
+    /// Whether the sandbox denied the plan (and nothing else was wrong with it).
+    pub fn is_denied(&self) -> bool {
+        matches!(self, KernelError::Preflight(problems)
+            if !problems.is_empty() && problems.iter().all(|p| p.kind == ProblemKind::Denied))
+    }
+}

@@ -1,0 +1,615 @@
+//! The saga manager: run, roll back, recover.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use agent_kernel_api::Durability;
+use agent_kernel_api::{
+    BeginStep, Clock, DynTool, IdSource, LogWrite, NewSaga, Owner, Plan, SagaId, SagaRecord,
+    SagaState, StepRecord, StepStatus, ToolContext, ToolError, ToolOutput, TxLog, Undo,
+    WriteOutcome,
+};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tracing::{debug, info, warn};
+
+use crate::owner::{Liveness, LivenessProbe};
+use crate::report::{Failure, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport};
+use crate::{KernelError, Problem, ProblemKind, ToolRegistry};
+
+/// What the kernel needs from the outside world, injected.
+#[derive(Clone)]
+pub struct Environment {
+    /// The clock (used by the log; kept here so one place wires time).
+    pub clock: Arc<dyn Clock>,
+    /// Where saga ids come from.
+    pub ids: Arc<dyn IdSource>,
+    /// The process the kernel runs in, recorded as the owner of its sagas.
+    pub owner: Owner,
+    /// Decides whether another saga's owner is alive.
+    pub liveness: Arc<dyn LivenessProbe>,
+}
+
+/// The saga engine.
+///
+/// It runs plans as sagas: for each step it makes the intent durable in the log (with what
+/// compensation needs), runs the tool, and records the outcome; on failure it compensates
+/// the steps that ran, last first. It also rolls back single sagas on request and recovers
+/// sagas left unfinished by dead processes.
+pub struct Kernel {
+    log: Arc<dyn TxLog>,
+    tools: ToolRegistry,
+    env: Environment,
+    durability: Durability,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel")
+            .field("tools", &self.tools)
+            .field("owner", &self.env.owner)
+            .field("durability", &self.durability)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The hash an idempotency key is bound to: SHA-256 over the tool id and the canonical
+/// JSON of the arguments (object keys sorted, no insignificant whitespace).
+pub fn args_hash(tool_id: &str, args: &Value) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(tool_id.as_bytes());
+    hasher.update([0]);
+    // serde_json's map is ordered by key, so this serialization is canonical.
+    hasher.update(args.to_string().as_bytes());
+    hasher
+        .finalize()
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+/// Runs a tool future on its own task so that a panic inside the tool becomes an error
+/// instead of unwinding through the kernel.
+async fn contained<T: Send + 'static>(
+    future: impl Future<Output = Result<T, ToolError>> + Send + 'static,
+) -> Result<T, ToolError> {
+    match tokio::spawn(future).await {
+        Ok(result) => result,
+        Err(join_error) if join_error.is_panic() => {
+            let payload = join_error.into_panic();
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|text| (*text).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic with a non-text payload".to_owned());
+            Err(ToolError::panicked(message))
+        }
+        Err(_) => Err(ToolError::uncertain("the tool's task was cancelled")),
+    }
+}
+
+impl Kernel {
+    /// A kernel over `log` with the tools of `tools`.
+    pub fn new(
+        log: Arc<dyn TxLog>,
+        tools: ToolRegistry,
+        env: Environment,
+        durability: Durability,
+    ) -> Self {
+        Self {
+            log,
+            tools,
+            env,
+            durability,
+        }
+    }
+
+    /// The log.
+    pub fn log(&self) -> &Arc<dyn TxLog> {
+        &self.log
+    }
+
+    /// Checks every step of `plan` (known tool, valid arguments, policy, idempotency keys)
+    /// without running anything.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::Preflight`] listing every problem found; [`KernelError::Log`] when the
+    /// log cannot be read.
+    pub async fn preflight(&self, plan: &Plan) -> Result<(), KernelError> {
+        let mut problems = Vec::new();
+        let mut keys_seen: HashMap<&str, usize> = HashMap::new();
+        for (step_idx, step) in plan.steps.iter().enumerate() {
+            let problem = |kind, message: String| Problem {
+                step_idx,
+                tool: step.tool.clone(),
+                kind,
+                message,
+            };
+            let Some(tool) = self.tools.get(&step.tool) else {
+                let known: Vec<&str> = self.tools.ids().collect();
+                problems.push(problem(
+                    ProblemKind::UnknownTool,
+                    format!("unknown tool (known tools: {})", known.join(", ")),
+                ));
+                continue;
+            };
+            if let Err(error) = tool.check(&step.args) {
+                let kind = if error.is_denied() {
+                    ProblemKind::Denied
+                } else {
+                    ProblemKind::InvalidArgs
+                };
+                problems.push(problem(kind, error.to_string()));
+            }
+            if let Some(key) = &step.idempotency_key {
+                if let Some(first_idx) = keys_seen.insert(key, step_idx) {
+                    problems.push(problem(
+                        ProblemKind::KeyConflict,
+                        format!("idempotency key `{key}` is also used by step {first_idx}"),
+                    ));
+                    continue;
+                }
+                if let Some(binding) = self.log.key_binding(key).await?
+                    && binding.args_hash != args_hash(&step.tool, &step.args)
+                {
+                    problems.push(problem(
+                        ProblemKind::KeyConflict,
+                        format!(
+                            "idempotency key `{key}` is bound to other arguments (first used by saga {} step {})",
+                            binding.saga_id, binding.step_seq
+                        ),
+                    ));
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(KernelError::Preflight(problems))
+        }
+    }
+
+    fn context(
+        &self,
+        saga_id: &SagaId,
+        step_seq: u32,
+        tool_id: &str,
+        key: Option<&str>,
+        actor: Option<&str>,
+    ) -> ToolContext {
+        ToolContext {
+            saga_id: saga_id.clone(),
+            step_seq,
+            tool_id: tool_id.to_owned(),
+            idempotency_key: key.map(str::to_owned),
+            actor: actor.map(str::to_owned),
+            durability: self.durability,
+        }
+    }
+
+    /// Runs `plan` as one saga.
+    ///
+    /// Every step's intent is durable in the log before its effect; a step's outcome is
+    /// written together with the next step's intent (one synced commit per step), and the
+    /// last outcome together with `Done`. If a step fails, the steps that ran are compensated
+    /// last-first and the saga ends `FailedRolledBack` (or `FailedRollbackPartial` when a
+    /// compensation fails).
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::Preflight`] when the plan is refused (nothing ran);
+    /// [`KernelError::Log`] when the log fails (the saga is then left for `recover`).
+    pub async fn run(
+        &self,
+        plan: &Plan,
+        observer: &dyn Observer,
+    ) -> Result<SagaReport, KernelError> {
+        self.preflight(plan).await?;
+        let n_steps = u32::try_from(plan.steps.len()).map_err(|_| {
+            KernelError::Preflight(vec![Problem {
+                step_idx: 0,
+                tool: String::new(),
+                kind: ProblemKind::InvalidArgs,
+                message: "too many steps".into(),
+            }])
+        })?;
+        let saga_id = self.env.ids.new_saga_id();
+        let actor = plan.actor.as_deref();
+        info!(saga_id = %saga_id, n_steps, "saga started");
+        observer.on_event(&SagaEvent::Started {
+            saga_id: &saga_id,
+            n_steps,
+        });
+        // Records waiting to ride along with the next durable write.
+        let mut pending = vec![LogWrite::CreateSaga(NewSaga {
+            saga_id: saga_id.clone(),
+            name: plan.name.clone(),
+            actor: plan.actor.clone(),
+            owner: self.env.owner.clone(),
+            n_steps,
+            state: SagaState::Acting,
+        })];
+        let mut failure = None;
+
+        for (step_seq, step) in (0_u32..).zip(&plan.steps) {
+            let tool = self
+                .tools
+                .get(&step.tool)
+                .expect("preflight checked that every tool is registered")
+                .clone();
+            let ctx = self.context(
+                &saga_id,
+                step_seq,
+                &step.tool,
+                step.idempotency_key.as_deref(),
+                actor,
+            );
+            let begin = BeginStep {
+                saga_id: saga_id.clone(),
+                step_seq,
+                tool_id: step.tool.clone(),
+                tool_version: tool.version().to_owned(),
+                effect: tool.effect(),
+                args: step.args.clone(),
+                args_hash: args_hash(&step.tool, &step.args),
+                idempotency_key: step.idempotency_key.clone(),
+                undo: Undo::none(),
+            };
+
+            if let Some(key) = &step.idempotency_key
+                && let Some(binding) = self.log.key_binding(key).await?
+                && binding.args_hash == begin.args_hash
+                && binding.status == StepStatus::Commit
+                && binding.saga_state == SagaState::Done
+                && let Some(output) = binding.output
+            {
+                debug!(saga_id = %saga_id, step_seq, key, from = %binding.saga_id, "reusing committed output");
+                pending.push(LogWrite::ReuseStep {
+                    step: begin,
+                    from_saga_id: binding.saga_id,
+                    from_step_seq: binding.step_seq,
+                    output,
+                });
+                observer.on_event(&SagaEvent::StepFinished {
+                    step_seq,
+                    tool: &step.tool,
+                    status: StepStatus::Commit,
+                });
+                continue;
+            }
+
+            let prepared = {
+                let (tool, ctx, args) = (tool.clone(), ctx.clone(), step.args.clone());
+                contained(async move { tool.prepare(&ctx, &args).await }).await
+            };
+            let undo = match prepared {
+                Ok(undo) => undo,
+                Err(error) => {
+                    pending.push(LogWrite::BeginStep(begin));
+                    pending.push(LogWrite::FailStep {
+                        saga_id: saga_id.clone(),
+                        step_seq,
+                        error: error.clone(),
+                    });
+                    failure = Some(Failure {
+                        step_seq,
+                        tool: step.tool.clone(),
+                        error,
+                    });
+                    break;
+                }
+            };
+            pending.push(LogWrite::BeginStep(BeginStep { undo, ..begin }));
+            // The intent (and the previous step's outcome) is durable before the effect.
+            let outcomes = self.log.write(std::mem::take(&mut pending)).await?;
+            if let Some(WriteOutcome::KeyRejected(reason)) = outcomes.last() {
+                failure = Some(Failure {
+                    step_seq,
+                    tool: step.tool.clone(),
+                    error: ToolError::failed(reason.clone()),
+                });
+                break;
+            }
+
+            let executed = {
+                let (tool, ctx, args) = (tool.clone(), ctx.clone(), step.args.clone());
+                contained(async move { tool.execute(&ctx, &args).await }).await
+            };
+            match executed {
+                Ok(output) => {
+                    pending.push(LogWrite::CommitStep {
+                        saga_id: saga_id.clone(),
+                        step_seq,
+                        output,
+                    });
+                    observer.on_event(&SagaEvent::StepFinished {
+                        step_seq,
+                        tool: &step.tool,
+                        status: StepStatus::Commit,
+                    });
+                }
+                Err(error) => {
+                    info!(saga_id = %saga_id, step_seq, tool = %step.tool, %error, "step failed");
+                    pending.push(LogWrite::FailStep {
+                        saga_id: saga_id.clone(),
+                        step_seq,
+                        error: error.clone(),
+                    });
+                    observer.on_event(&SagaEvent::StepFinished {
+                        step_seq,
+                        tool: &step.tool,
+                        status: StepStatus::Fail,
+                    });
+                    failure = Some(Failure {
+                        step_seq,
+                        tool: step.tool.clone(),
+                        error,
+                    });
+                    break;
+                }
+            }
+        }
+
+        match failure {
+            None => {
+                pending.push(LogWrite::SetState {
+                    saga_id: saga_id.clone(),
+                    state: SagaState::Done,
+                });
+                // `Done` is durable before it is reported.
+                self.log.write(pending).await?;
+                info!(saga_id = %saga_id, "saga done");
+                let record = self.load(&saga_id).await?;
+                Ok(SagaReport::from_record(&record, None))
+            }
+            Some(failure) => {
+                pending.push(LogWrite::SetState {
+                    saga_id: saga_id.clone(),
+                    state: SagaState::Compensating,
+                });
+                self.log.write(pending).await?;
+                let record = self.load(&saga_id).await?;
+                self.compensate_saga(record, Some(failure), observer).await
+            }
+        }
+    }
+
+    async fn load(&self, saga_id: &SagaId) -> Result<SagaRecord, KernelError> {
+        self.log
+            .saga(saga_id)
+            .await?
+            .ok_or_else(|| KernelError::SagaNotFound(saga_id.clone()))
+    }
+
+    /// Whether a step's effect may be in place and so needs compensating.
+    fn needs_compensation(step: &StepRecord) -> bool {
+        match step.status {
+            StepStatus::Begin | StepStatus::Commit | StepStatus::CompensationFailed => true,
+            StepStatus::Fail => step.error.as_ref().is_some_and(ToolError::is_uncertain),
+            StepStatus::Compensated => false,
+        }
+    }
+
+    /// Compensates every step of a saga in `Compensating` whose effect may be in place,
+    /// last first, then moves the saga to its final state.
+    async fn compensate_saga(
+        &self,
+        record: SagaRecord,
+        failure: Option<Failure>,
+        observer: &dyn Observer,
+    ) -> Result<SagaReport, KernelError> {
+        let saga_id = record.saga.saga_id.clone();
+        assert_eq!(
+            record.saga.state,
+            SagaState::Compensating,
+            "only a saga in Compensating is compensated"
+        );
+        observer.on_event(&SagaEvent::Compensating { saga_id: &saga_id });
+        info!(saga_id = %saga_id, "compensating");
+        let actor = record.saga.actor.as_deref();
+        let mut any_failed = false;
+        for step in record.steps.iter().rev() {
+            if !Self::needs_compensation(step) {
+                continue;
+            }
+            let result = self.compensate_step(&saga_id, actor, step).await;
+            if let Err(error) = &result {
+                any_failed = true;
+                warn!(saga_id = %saga_id, step_seq = step.step_seq, tool = %step.tool_id, %error, "compensation failed");
+            }
+            let status = if result.is_ok() {
+                StepStatus::Compensated
+            } else {
+                StepStatus::CompensationFailed
+            };
+            self.log
+                .write(vec![LogWrite::Compensation {
+                    saga_id: saga_id.clone(),
+                    step_seq: step.step_seq,
+                    result,
+                }])
+                .await?;
+            observer.on_event(&SagaEvent::StepCompensated {
+                step_seq: step.step_seq,
+                tool: &step.tool_id,
+                status,
+            });
+        }
+        let state = if any_failed {
+            SagaState::FailedRollbackPartial
+        } else {
+            SagaState::FailedRolledBack
+        };
+        self.log
+            .write(vec![LogWrite::SetState {
+                saga_id: saga_id.clone(),
+                state,
+            }])
+            .await?;
+        info!(saga_id = %saga_id, %state, "saga finished");
+        let record = self.load(&saga_id).await?;
+        Ok(SagaReport::from_record(&record, failure))
+    }
+
+    /// Compensates one step; `Ok` carries a note for the log.
+    async fn compensate_step(
+        &self,
+        saga_id: &SagaId,
+        actor: Option<&str>,
+        step: &StepRecord,
+    ) -> Result<String, ToolError> {
+        if let Some((from_saga, from_seq)) = &step.reused_from {
+            return Ok(format!(
+                "output reused from saga {from_saga} step {from_seq}; the effect belongs to that saga and stays"
+            ));
+        }
+        let Some(tool) = self.tools.get(&step.tool_id).cloned() else {
+            return Err(ToolError::failed(format!(
+                "tool `{}` is not registered in this build; cannot compensate",
+                step.tool_id
+            )));
+        };
+        if tool.version() != step.tool_version {
+            warn!(saga_id = %saga_id, step_seq = step.step_seq, logged = %step.tool_version, current = %tool.version(), "compensating with another tool version");
+        }
+        let ctx = self.context(
+            saga_id,
+            step.step_seq,
+            &step.tool_id,
+            step.idempotency_key.as_deref(),
+            actor,
+        );
+        let (args, undo, output): (Value, Undo, Option<ToolOutput>) =
+            (step.args.clone(), step.undo.clone(), step.output.clone());
+        let in_doubt = step.status != StepStatus::Commit;
+        contained(async move { tool.compensate(&ctx, &args, &undo, output.as_ref()).await })
+            .await
+            .map(|()| {
+                if in_doubt {
+                    "compensated (outcome was in doubt)".to_owned()
+                } else {
+                    "compensated".to_owned()
+                }
+            })
+    }
+
+    /// Takes a saga over from `owner` (who must be dead, or the saga terminal), or fails.
+    async fn take_over(&self, record: &SagaRecord) -> Result<(), KernelError> {
+        let saga = &record.saga;
+        if saga.owner == self.env.owner {
+            return Ok(());
+        }
+        if !saga.state.is_terminal() {
+            let liveness = self.env.liveness.liveness(&saga.owner);
+            if liveness != Liveness::Dead {
+                return Err(KernelError::SagaBusy {
+                    saga_id: saga.saga_id.clone(),
+                    state: saga.state,
+                    owner: saga.owner.clone(),
+                });
+            }
+        }
+        if self
+            .log
+            .take_over(&saga.saga_id, &saga.owner, &self.env.owner)
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(KernelError::TakenOver(saga.saga_id.clone()))
+        }
+    }
+
+    /// Rolls one saga back on an operator's request: compensates its committed steps in
+    /// reverse order.
+    ///
+    /// - A saga still owned by a live process is refused ([`KernelError::SagaBusy`]).
+    /// - An unfinished saga of a dead process is rolled back as `recover` would.
+    /// - A `Done` saga is undone: every committed step is compensated.
+    /// - A `FailedRollbackPartial` saga gets its failed compensations retried.
+    /// - A `FailedRolledBack` saga is already rolled back; it is reported as is.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::SagaNotFound`], [`KernelError::SagaBusy`], [`KernelError::TakenOver`],
+    /// or [`KernelError::Log`].
+    pub async fn rollback(
+        &self,
+        saga_id: &SagaId,
+        observer: &dyn Observer,
+    ) -> Result<SagaReport, KernelError> {
+        let record = self.load(saga_id).await?;
+        if record.saga.state == SagaState::FailedRolledBack {
+            return Ok(SagaReport::from_record(&record, None));
+        }
+        self.take_over(&record).await?;
+        info!(saga_id = %saga_id, from = %record.saga.state, "operator rollback");
+        self.log
+            .write(vec![LogWrite::SetState {
+                saga_id: saga_id.clone(),
+                state: SagaState::Compensating,
+            }])
+            .await?;
+        let record = self.load(saga_id).await?;
+        self.compensate_saga(record, None, observer).await
+    }
+
+    /// Rolls back every saga left unfinished by a process that is no longer running.
+    ///
+    /// Sagas in a terminal state are never touched; sagas whose owner is alive (or cannot
+    /// be checked from this host) are skipped and reported. Each saga is taken over with a
+    /// compare-and-swap on its owner, so concurrent recoveries never compensate one saga
+    /// twice at once, and a recovery that is itself killed is resumed by the next one.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::Log`] when the log fails.
+    pub async fn recover(&self, observer: &dyn Observer) -> Result<RecoveryReport, KernelError> {
+        let mut report = RecoveryReport::default();
+        for saga in self.log.unfinished_sagas().await? {
+            let record = self.load(&saga.saga_id).await?;
+            if record.saga.state.is_terminal() {
+                // Another recovery finished it since the list was read.
+                continue;
+            }
+            match self.take_over(&record).await {
+                Ok(()) => {}
+                Err(KernelError::SagaBusy { saga_id, owner, .. }) => {
+                    info!(saga_id = %saga_id, pid = owner.pid, "owner alive; skipped");
+                    report.sagas.push(RecoveryAction::SkippedLive {
+                        saga_id,
+                        pid: owner.pid,
+                        host: owner.host,
+                    });
+                    continue;
+                }
+                Err(KernelError::TakenOver(saga_id)) => {
+                    report
+                        .sagas
+                        .push(RecoveryAction::SkippedTakenOver { saga_id });
+                    continue;
+                }
+                Err(other) => return Err(other),
+            }
+            info!(saga_id = %saga.saga_id, state = %saga.state, "recovering");
+            if record.saga.state != SagaState::Compensating {
+                self.log
+                    .write(vec![LogWrite::SetState {
+                        saga_id: saga.saga_id.clone(),
+                        state: SagaState::Compensating,
+                    }])
+                    .await?;
+            }
+            let record = self.load(&saga.saga_id).await?;
+            let saga_report = self.compensate_saga(record, None, observer).await?;
+            report.sagas.push(RecoveryAction::RolledBack(saga_report));
+        }
+        Ok(report)
+    }
+
+    /// The tool registered under `id`.
+    pub fn tool(&self, id: &str) -> Option<&Arc<dyn DynTool>> {
+        self.tools.get(id)
+    }
+}

@@ -1,0 +1,79 @@
+//! The agent-kernel saga engine.
+//!
+//! [`Kernel`] runs a [`Plan`](agent_kernel_api::Plan) as a saga over any
+//! [`TxLog`](agent_kernel_api::TxLog) and any set of tools:
+//!
+//! 1. **Preflight**: every step is checked (known tool, valid arguments, sandbox policy,
+//!    idempotency keys) before anything runs; all problems are reported at once.
+//! 2. **Intent before effect**: for each step the tool's `prepare` captures what compensation
+//!    will need, and the step's BEGIN record (with that undo data) is written durably before
+//!    `execute` runs.
+//!    The previous step's COMMIT rides in the same transaction, so a saga of `n` steps costs
+//!    `n + 1` synced commits.
+//! 3. **Rollback**: when a step fails, every step whose effect may be in place (committed,
+//!    in doubt, or failed with an uncertain outcome) is compensated, last first, and each
+//!    compensation is logged. The saga ends `FailedRolledBack`, or `FailedRollbackPartial`
+//!    when a compensation fails.
+//! 4. **Recovery**: [`Kernel::recover`] rolls back every unfinished saga whose owning
+//!    process is dead (decided from pid, process start time and boot id, so a reused pid is
+//!    not mistaken for the owner). `Done` sagas and sagas of live processes are never touched.
+//! 5. **Exactly-once by key**: a step whose idempotency key is committed in a `Done` saga
+//!    is not run again; its recorded output is reused.
+//!
+//! Time, ids and process liveness are injected through [`Environment`], so the engine is
+//! deterministic under test.
+//! Tool futures run on their own tasks: a panicking tool becomes a failed step, not a
+//! crashed kernel.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use agent_kernel_api::{Durability, Plan, SagaState};
+//! use agent_kernel_core::{
+//!     current_owner, Environment, Kernel, NoObserver, ProcessProbe, SystemClock, ToolRegistry,
+//!     UuidV7Ids,
+//! };
+//! use agent_kernel_txlog::{LogOptions, SqliteLog};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let log = SqliteLog::open(
+//!     &dir.path().join("agent-kernel.db"),
+//!     LogOptions { durability: Durability::Full, clock: Arc::new(SystemClock) },
+//! )?;
+//! let owner = current_owner()?;
+//! let env = Environment {
+//!     clock: Arc::new(SystemClock),
+//!     ids: Arc::new(UuidV7Ids),
+//!     liveness: Arc::new(ProcessProbe::new(owner.clone())),
+//!     owner,
+//! };
+//! // Register tools here (see the agent-kernel-tools crate); an empty registry refuses
+//! // every plan in preflight.
+//! let kernel = Kernel::new(Arc::new(log), ToolRegistry::new(), env, Durability::Full);
+//! let plan = Plan::from_json(r#"{"steps":[{"tool":"noop","args":{}}]}"#)?;
+//! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+//! let refused = runtime.block_on(kernel.run(&plan, &NoObserver));
+//! assert!(refused.is_err_and(|err| err.is_bad_input()));
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+mod env;
+mod error;
+mod kernel;
+mod owner;
+mod registry;
+mod report;
+
+pub use env::{SystemClock, UuidV7Ids};
+pub use error::{KernelError, Problem, ProblemKind};
+pub use kernel::{Environment, Kernel, args_hash};
+pub use owner::{Liveness, LivenessProbe, ProcessProbe, current_owner};
+pub use registry::{MAX_TOOLS, ToolRegistry};
+pub use report::{
+    Failure, NoObserver, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport,
+    StepReport,
+};

@@ -1,0 +1,153 @@
+//! Which process owns a saga, and whether it is still alive.
+
+use std::fs;
+use std::io;
+
+use agent_kernel_api::Owner;
+
+/// Whether a saga's owning process is still running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// The process is running: its saga must not be touched.
+    Alive,
+    /// The process is gone (exited, killed, the machine rebooted, or its pid was reused).
+    Dead,
+    /// It cannot be decided here (the owner ran on another host): treated as alive.
+    Unknown,
+}
+
+/// Decides whether an [`Owner`] is alive. Injected so tests can stage any situation.
+pub trait LivenessProbe: Send + Sync + 'static {
+    /// Whether `owner` is still running.
+    fn liveness(&self, owner: &Owner) -> Liveness;
+}
+
+/// The real probe: reads `/proc` (Linux).
+///
+/// An owner is alive only if it ran on this host, in this boot, and `/proc/<pid>/stat`
+/// shows a process that is not a zombie and started at the recorded tick; a pid reused by
+/// another process has another start time and counts as dead.
+#[derive(Debug, Clone)]
+pub struct ProcessProbe {
+    me: Owner,
+}
+
+impl ProcessProbe {
+    /// A probe that compares owners with `me`, the current process.
+    pub fn new(me: Owner) -> Self {
+        Self { me }
+    }
+}
+
+impl LivenessProbe for ProcessProbe {
+    fn liveness(&self, owner: &Owner) -> Liveness {
+        if owner.host != self.me.host {
+            return Liveness::Unknown;
+        }
+        if owner.boot_id != self.me.boot_id {
+            return Liveness::Dead;
+        }
+        match read_stat(owner.pid) {
+            Ok(Some(stat)) if !stat.is_zombie && stat.start_ticks == owner.start_ticks => {
+                Liveness::Alive
+            }
+            Ok(_) => Liveness::Dead,
+            // /proc unreadable for another reason: do not guess.
+            Err(_) => Liveness::Unknown,
+        }
+    }
+}
+
+struct ProcStat {
+    start_ticks: u64,
+    is_zombie: bool,
+}
+
+/// Reads `/proc/<pid>/stat`; `None` when no such process exists.
+fn read_stat(pid: u32) -> io::Result<Option<ProcStat>> {
+    let text = match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(text) => text,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    parse_stat(&text)
+        .map(Some)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed /proc stat"))
+}
+
+/// Parses the fields we need from a `/proc/<pid>/stat` line.
+///
+/// The command name (field 2) is in parentheses and may itself contain spaces and
+/// parentheses, so fields are counted from the last `)`.
+fn parse_stat(text: &str) -> Option<ProcStat> {
+    let after_name = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // fields[0] is field 3 (state); start time is field 22.
+    let state = *fields.first()?;
+    let start_ticks = fields.get(22 - 3)?.parse().ok()?;
+    Some(ProcStat {
+        start_ticks,
+        is_zombie: state == "Z" || state == "X",
+    })
+}
+
+/// The owner record of the current process.
+///
+/// # Errors
+///
+/// An I/O error when `/proc` cannot be read (the kernel needs Linux `/proc` to tell a dead
+/// owner from a live one).
+pub fn current_owner() -> io::Result<Owner> {
+    let pid = std::process::id();
+    let stat = read_stat(pid)?
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "/proc/self/stat is missing"))?;
+    let boot_id = fs::read_to_string("/proc/sys/kernel/random/boot_id")?
+        .trim()
+        .to_owned();
+    let host = fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .unwrap_or_default();
+    Ok(Owner {
+        host,
+        boot_id,
+        pid,
+        start_ticks: stat.start_ticks,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_spaces_and_parens_in_name() {
+        let line = "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 100";
+        let stat = parse_stat(line).expect("parses");
+        assert_eq!(stat.start_ticks, 987_654);
+        assert!(!stat.is_zombie);
+        let zombie = line.replace(") S ", ") Z ");
+        assert!(parse_stat(&zombie).expect("parses").is_zombie);
+    }
+
+    #[test]
+    fn this_process_is_alive_and_others_are_not() {
+        let me = current_owner().expect("reads /proc");
+        let probe = ProcessProbe::new(me.clone());
+        assert_eq!(probe.liveness(&me), Liveness::Alive);
+        let reused_pid = Owner {
+            start_ticks: me.start_ticks + 1,
+            ..me.clone()
+        };
+        assert_eq!(probe.liveness(&reused_pid), Liveness::Dead);
+        let other_boot = Owner {
+            boot_id: "another-boot".into(),
+            ..me.clone()
+        };
+        assert_eq!(probe.liveness(&other_boot), Liveness::Dead);
+        let other_host = Owner {
+            host: format!("{}-elsewhere", me.host),
+            ..me
+        };
+        assert_eq!(probe.liveness(&other_host), Liveness::Unknown);
+    }
+}

@@ -1,0 +1,168 @@
+//! What the kernel reports: saga outcomes and progress events.
+
+use agent_kernel_api::{SagaId, SagaRecord, SagaState, StepStatus, ToolError};
+use serde::Serialize;
+
+/// The outcome of one step, as reported to the caller.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepReport {
+    /// The step's position, from 0.
+    pub seq: u32,
+    /// The tool id.
+    pub tool: String,
+    /// The step's final status.
+    pub status: StepStatus,
+    /// The tool's error, if it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// What compensation reported, if it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compensation: Option<String>,
+    /// Whether the output was reused from an earlier saga by idempotency key.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub reused: bool,
+}
+
+/// Why a saga did not reach `Done`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Failure {
+    /// The step that failed.
+    pub step_seq: u32,
+    /// Its tool.
+    pub tool: String,
+    /// The error.
+    pub error: ToolError,
+}
+
+/// The outcome of a saga (after `run`, `rollback` or recovery).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SagaReport {
+    /// The saga.
+    pub saga_id: SagaId,
+    /// Its state.
+    pub state: SagaState,
+    /// Every step recorded, in order.
+    pub steps: Vec<StepReport>,
+    /// The failure that started a rollback, if one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+}
+
+impl SagaReport {
+    /// The report of a saga as the log holds it.
+    pub fn from_record(record: &SagaRecord, failure: Option<Failure>) -> Self {
+        SagaReport {
+            saga_id: record.saga.saga_id.clone(),
+            state: record.saga.state,
+            steps: record
+                .steps
+                .iter()
+                .map(|step| StepReport {
+                    seq: step.step_seq,
+                    tool: step.tool_id.clone(),
+                    status: step.status,
+                    error: step.error.as_ref().map(ToString::to_string),
+                    compensation: step.compensation.clone(),
+                    reused: step.reused_from.is_some(),
+                })
+                .collect(),
+            failure,
+        }
+    }
+
+    /// Whether the saga failed because the sandbox denied a step.
+    pub fn is_denied(&self) -> bool {
+        self.failure
+            .as_ref()
+            .is_some_and(|failure| failure.error.is_denied())
+    }
+}
+
+/// What happened to one unfinished saga during recovery.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum RecoveryAction {
+    /// Its owner was dead; it was rolled back.
+    RolledBack(SagaReport),
+    /// Its owner is alive, or cannot be checked from here; it was not touched.
+    SkippedLive {
+        /// The saga.
+        saga_id: SagaId,
+        /// The owner's pid.
+        pid: u32,
+        /// The owner's host.
+        host: String,
+    },
+    /// Another process took it over first; it was not touched.
+    SkippedTakenOver {
+        /// The saga.
+        saga_id: SagaId,
+    },
+}
+
+/// The outcome of `recover`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RecoveryReport {
+    /// One entry per unfinished saga found.
+    pub sagas: Vec<RecoveryAction>,
+}
+
+impl RecoveryReport {
+    /// Whether every rolled-back saga ended fully rolled back.
+    pub fn all_rolled_back(&self) -> bool {
+        self.sagas.iter().all(|action| match action {
+            RecoveryAction::RolledBack(report) => report.state == SagaState::FailedRolledBack,
+            _ => true,
+        })
+    }
+}
+
+/// A progress event, for progress bars and logs.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum SagaEvent<'a> {
+    /// A saga began.
+    Started {
+        /// The saga.
+        saga_id: &'a SagaId,
+        /// How many steps it has.
+        n_steps: u32,
+    },
+    /// A step finished executing (or was reused, or failed).
+    StepFinished {
+        /// The step.
+        step_seq: u32,
+        /// Its tool.
+        tool: &'a str,
+        /// Its status.
+        status: StepStatus,
+    },
+    /// Compensation of a saga began.
+    Compensating {
+        /// The saga.
+        saga_id: &'a SagaId,
+    },
+    /// A step was compensated (or its compensation failed).
+    StepCompensated {
+        /// The step.
+        step_seq: u32,
+        /// Its tool.
+        tool: &'a str,
+        /// Its status.
+        status: StepStatus,
+    },
+}
+
+/// Receives progress events. Must be quick: it runs on the saga's task.
+pub trait Observer: Send + Sync {
+    /// Called for each event.
+    fn on_event(&self, event: &SagaEvent<'_>);
+}
+
+/// An observer that ignores everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoObserver;
+
+impl Observer for NoObserver {
+    fn on_event(&self, _event: &SagaEvent<'_>) {}
+}

@@ -1,0 +1,135 @@
+//! Exactly-once by idempotency key (CONTRACT §6.4).
+
+use agent_kernel_api::{SagaState, StepStatus};
+use agent_kernel_core::{KernelError, NoObserver, ProblemKind};
+
+use crate::{Fixture, add, add_keyed, boom, plan};
+
+#[tokio::test]
+async fn a_committed_key_is_not_run_again_and_its_output_is_reused() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let first = kernel
+        .run(&plan(vec![add_keyed("a", "order-42")]), &NoObserver)
+        .await
+        .expect("runs");
+    assert_eq!(first.state, SagaState::Done);
+    let second = kernel
+        .run(
+            &plan(vec![add_keyed("a", "order-42"), add("b")]),
+            &NoObserver,
+        )
+        .await
+        .expect("runs");
+    assert_eq!(second.state, SagaState::Done);
+    assert!(second.steps[0].reused);
+    assert_eq!(fixture.world.items(), ["a", "b"], "`a` was added once");
+    let record = kernel
+        .log()
+        .saga(&second.saga_id)
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert_eq!(
+        record.steps[0].reused_from,
+        Some((first.saga_id.clone(), 0))
+    );
+    assert_eq!(
+        record.steps[0].output.as_ref().expect("has output").data["step"],
+        0
+    );
+}
+
+#[tokio::test]
+async fn rolling_back_a_saga_that_reused_a_key_leaves_the_original_effect() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    kernel
+        .run(&plan(vec![add_keyed("a", "k")]), &NoObserver)
+        .await
+        .expect("runs");
+    let second = kernel
+        .run(&plan(vec![add_keyed("a", "k"), boom()]), &NoObserver)
+        .await
+        .expect("runs");
+    assert_eq!(second.state, SagaState::FailedRolledBack);
+    assert_eq!(fixture.world.items(), ["a"]);
+}
+
+#[tokio::test]
+async fn the_same_key_with_other_arguments_is_refused_before_anything_runs() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    kernel
+        .run(&plan(vec![add_keyed("a", "k")]), &NoObserver)
+        .await
+        .expect("runs");
+    let error = kernel
+        .run(
+            &plan(vec![add("first"), add_keyed("other", "k")]),
+            &NoObserver,
+        )
+        .await
+        .expect_err("refused");
+    let KernelError::Preflight(problems) = &error else {
+        panic!("expected a preflight error, got {error}");
+    };
+    assert_eq!(problems[0].kind, ProblemKind::KeyConflict);
+    assert!(problems[0].message.contains("bound to other arguments"));
+    assert!(error.is_bad_input());
+    assert_eq!(fixture.world.items(), ["a"]);
+}
+
+#[tokio::test]
+async fn a_key_repeated_within_one_plan_is_refused() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let error = kernel
+        .run(
+            &plan(vec![add_keyed("a", "k"), add_keyed("a", "k")]),
+            &NoObserver,
+        )
+        .await
+        .expect_err("refused");
+    assert!(error.to_string().contains("also used by step 0"));
+    assert!(fixture.world.journal().is_empty());
+}
+
+#[tokio::test]
+async fn a_compensated_key_may_run_again() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let failed = kernel
+        .run(&plan(vec![add_keyed("a", "k"), boom()]), &NoObserver)
+        .await
+        .expect("runs");
+    assert_eq!(failed.state, SagaState::FailedRolledBack);
+    assert_eq!(failed.steps[0].status, StepStatus::Compensated);
+    let retried = kernel
+        .run(&plan(vec![add_keyed("a", "k")]), &NoObserver)
+        .await
+        .expect("runs");
+    assert_eq!(retried.state, SagaState::Done);
+    assert!(!retried.steps[0].reused);
+    assert_eq!(fixture.world.items(), ["a"]);
+    assert_eq!(fixture.world.journal(), ["add a", "remove a", "add a"]);
+}
+
+#[tokio::test]
+async fn a_failed_key_may_run_again() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let mut failing = boom();
+    failing.idempotency_key = Some("k".into());
+    let failed = kernel
+        .run(&plan(vec![failing.clone()]), &NoObserver)
+        .await
+        .expect("runs");
+    assert_eq!(failed.state, SagaState::FailedRolledBack);
+    let again = kernel
+        .run(&plan(vec![failing]), &NoObserver)
+        .await
+        .expect("runs");
+    assert_eq!(again.state, SagaState::FailedRolledBack);
+    assert!(!again.steps[0].reused);
+}

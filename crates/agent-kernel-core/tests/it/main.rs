@@ -1,0 +1,301 @@
+//! Integration tests of the saga engine over a real SQLite log, with in-memory tools whose
+//! "world" is a shared list, so every effect and every compensation is visible.
+
+mod idempotency;
+mod recovery;
+mod saga;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_kernel_api::{
+    Clock, Durability, EffectClass, IdSource, Owner, Plan, PlanStep, SagaId, ToolContext,
+    ToolError, ToolOutput, TransactionalTool, Undo,
+};
+use agent_kernel_core::{Environment, Kernel, Liveness, LivenessProbe, ToolRegistry};
+use agent_kernel_txlog::{LogOptions, SqliteLog};
+use serde_json::{Value, json};
+
+/// The shared world the test tools act on, and a journal of what they did.
+#[derive(Default)]
+pub(crate) struct World {
+    pub(crate) items: Mutex<Vec<String>>,
+    pub(crate) journal: Mutex<Vec<String>>,
+}
+
+impl World {
+    pub(crate) fn items(&self) -> Vec<String> {
+        self.items.lock().expect("not poisoned").clone()
+    }
+
+    pub(crate) fn journal(&self) -> Vec<String> {
+        self.journal.lock().expect("not poisoned").clone()
+    }
+
+    fn note(&self, entry: String) {
+        self.journal.lock().expect("not poisoned").push(entry);
+    }
+}
+
+/// `ledger.add {item, sleep_ms?}`: adds `item` to the world; compensation removes it.
+/// `fail_compensation: true` makes its compensation fail.
+pub(crate) struct Ledger {
+    pub(crate) world: Arc<World>,
+}
+
+fn item_of(args: &Value) -> Result<String, ToolError> {
+    args.get("item")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .ok_or_else(|| ToolError::invalid_args("missing field `item`"))
+}
+
+impl TransactionalTool for Ledger {
+    fn id(&self) -> &str {
+        "ledger.add"
+    }
+    fn version(&self) -> &str {
+        "1.0.0"
+    }
+    fn effect(&self) -> EffectClass {
+        EffectClass::Mutating
+    }
+    fn args_schema(&self) -> Value {
+        json!({"type": "object"})
+    }
+    fn check(&self, args: &Value) -> Result<(), ToolError> {
+        item_of(args).map(|_| ())
+    }
+    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        Ok(Undo {
+            data: json!({ "item": item_of(args)? }),
+            blob: None,
+        })
+    }
+    async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        let item = item_of(args)?;
+        self.world
+            .items
+            .lock()
+            .expect("not poisoned")
+            .push(item.clone());
+        self.world.note(format!("add {item}"));
+        if let Some(sleep_ms) = args.get("sleep_ms").and_then(Value::as_u64) {
+            tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
+        }
+        Ok(ToolOutput::new(
+            json!({ "item": item, "step": ctx.step_seq }),
+        ))
+    }
+    async fn compensate(
+        &self,
+        _ctx: &ToolContext,
+        _args: &Value,
+        undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> Result<(), ToolError> {
+        let item = undo.data["item"]
+            .as_str()
+            .ok_or_else(|| ToolError::failed("undo record lacks `item`"))?
+            .to_owned();
+        if item.starts_with("stuck") {
+            self.world.note(format!("cannot remove {item}"));
+            return Err(ToolError::failed(format!("{item} cannot be removed")));
+        }
+        let mut items = self.world.items.lock().expect("not poisoned");
+        // Safe whether or not the effect happened: remove the last occurrence if present.
+        if let Some(position) = items.iter().rposition(|existing| *existing == item) {
+            items.remove(position);
+        }
+        drop(items);
+        self.world.note(format!("remove {item}"));
+        Ok(())
+    }
+}
+
+/// `boom {panic?}`: always fails (or panics).
+pub(crate) struct Boom;
+
+impl TransactionalTool for Boom {
+    fn id(&self) -> &str {
+        "boom"
+    }
+    fn version(&self) -> &str {
+        "1.0.0"
+    }
+    fn effect(&self) -> EffectClass {
+        EffectClass::ReadOnly
+    }
+    fn args_schema(&self) -> Value {
+        json!({"type": "object"})
+    }
+    fn check(&self, _args: &Value) -> Result<(), ToolError> {
+        Ok(())
+    }
+    async fn prepare(&self, _ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {
+        Ok(Undo::none())
+    }
+    async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        if args.get("panic").is_some() {
+            panic!("boom panics on purpose");
+        }
+        Err(ToolError::failed("boom fails on purpose"))
+    }
+    async fn compensate(
+        &self,
+        _ctx: &ToolContext,
+        _args: &Value,
+        _undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> Result<(), ToolError> {
+        Ok(())
+    }
+}
+
+/// A clock that advances one millisecond per reading.
+pub(crate) struct TickClock(AtomicU64);
+
+impl Clock for TickClock {
+    fn now_ms(&self) -> i64 {
+        1_700_000_000_000 + self.0.fetch_add(1, Ordering::Relaxed) as i64
+    }
+}
+
+/// Ids `saga-0001`, `saga-0002`, ... with a per-kernel prefix.
+pub(crate) struct CountingIds {
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl IdSource for CountingIds {
+    fn new_saga_id(&self) -> SagaId {
+        SagaId::new(format!(
+            "{}-{:04}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed) + 1
+        ))
+    }
+}
+
+/// A liveness probe whose answers the test sets.
+#[derive(Default)]
+pub(crate) struct StagedLiveness {
+    pub(crate) dead_pids: Mutex<Vec<u32>>,
+}
+
+impl LivenessProbe for StagedLiveness {
+    fn liveness(&self, owner: &Owner) -> Liveness {
+        if self
+            .dead_pids
+            .lock()
+            .expect("not poisoned")
+            .contains(&owner.pid)
+        {
+            Liveness::Dead
+        } else {
+            Liveness::Alive
+        }
+    }
+}
+
+pub(crate) fn owner(pid: u32) -> Owner {
+    Owner {
+        host: "test-host".into(),
+        boot_id: "test-boot".into(),
+        pid,
+        start_ticks: 1000 + u64::from(pid),
+    }
+}
+
+/// One test setup: a temp directory with a log, a world, and kernels acting as processes.
+pub(crate) struct Fixture {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) world: Arc<World>,
+    pub(crate) liveness: Arc<StagedLiveness>,
+}
+
+impl Fixture {
+    pub(crate) fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("temp dir"),
+            world: Arc::new(World::default()),
+            liveness: Arc::new(StagedLiveness::default()),
+        }
+    }
+
+    pub(crate) fn open_log(&self) -> Arc<SqliteLog> {
+        Arc::new(
+            SqliteLog::open(
+                &self.dir.path().join("log.db"),
+                LogOptions {
+                    durability: Durability::Normal,
+                    clock: Arc::new(TickClock(AtomicU64::new(0))),
+                },
+            )
+            .expect("log opens"),
+        )
+    }
+
+    /// A kernel acting as process `pid` over a fresh connection to the shared log.
+    pub(crate) fn kernel(&self, pid: u32) -> Kernel {
+        self.kernel_on(self.open_log(), pid)
+    }
+
+    pub(crate) fn kernel_on(&self, log: Arc<SqliteLog>, pid: u32) -> Kernel {
+        let mut tools = ToolRegistry::new();
+        tools
+            .register(Arc::new(Ledger {
+                world: self.world.clone(),
+            }))
+            .expect("registers");
+        tools.register(Arc::new(Boom)).expect("registers");
+        Kernel::new(
+            log,
+            tools,
+            Environment {
+                clock: Arc::new(TickClock(AtomicU64::new(0))),
+                ids: Arc::new(CountingIds {
+                    prefix: format!("p{pid}"),
+                    next: AtomicU64::new(0),
+                }),
+                owner: owner(pid),
+                liveness: self.liveness.clone(),
+            },
+            Durability::Normal,
+        )
+    }
+}
+
+pub(crate) fn add(item: &str) -> PlanStep {
+    PlanStep {
+        tool: "ledger.add".into(),
+        args: json!({ "item": item }),
+        idempotency_key: None,
+    }
+}
+
+pub(crate) fn add_keyed(item: &str, key: &str) -> PlanStep {
+    PlanStep {
+        idempotency_key: Some(key.into()),
+        ..add(item)
+    }
+}
+
+pub(crate) fn boom() -> PlanStep {
+    PlanStep {
+        tool: "boom".into(),
+        args: json!({}),
+        idempotency_key: None,
+    }
+}
+
+pub(crate) fn plan(steps: Vec<PlanStep>) -> Plan {
+    let plan = Plan {
+        name: Some("test".into()),
+        actor: Some("tester".into()),
+        steps,
+    };
+    plan.validate().expect("test plans are valid");
+    plan
+}

@@ -1,0 +1,154 @@
+//! Recovery of sagas left unfinished by dead processes (CONTRACT §6.1, §6.2).
+
+use std::time::Duration;
+
+use agent_kernel_api::{SagaState, StepStatus};
+use agent_kernel_core::{NoObserver, RecoveryAction};
+use serde_json::json;
+
+use crate::{Fixture, add, plan};
+
+/// Starts a saga as process `pid` and abandons it while its third step is executing, as a
+/// killed process would: the log holds two COMMITs and one BEGIN without outcome.
+async fn crash_mid_saga(fixture: &Fixture, pid: u32, prefix: &str) {
+    let kernel = fixture.kernel(pid);
+    let mut slow = add(&format!("{prefix}-c"));
+    slow.args = json!({ "item": format!("{prefix}-c"), "sleep_ms": 60_000 });
+    let steps = vec![
+        add(&format!("{prefix}-a")),
+        add(&format!("{prefix}-b")),
+        slow,
+    ];
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(200),
+        kernel.run(&plan(steps), &NoObserver),
+    )
+    .await;
+    assert!(
+        abandoned.is_err(),
+        "the saga must still be running when abandoned"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_doubt_step_of_a_dead_owner_is_compensated_with_the_rest() {
+    let fixture = Fixture::new();
+    crash_mid_saga(&fixture, 1, "x").await;
+    assert_eq!(fixture.world.items(), ["x-a", "x-b", "x-c"]);
+
+    let recoverer = fixture.kernel(2);
+    // Process 1 is still alive: nothing is touched.
+    let report = recoverer.recover(&NoObserver).await.expect("recovers");
+    assert!(matches!(
+        report.sagas[..],
+        [RecoveryAction::SkippedLive { pid: 1, .. }]
+    ));
+    assert_eq!(fixture.world.items().len(), 3);
+
+    fixture
+        .liveness
+        .dead_pids
+        .lock()
+        .expect("not poisoned")
+        .push(1);
+    let report = recoverer.recover(&NoObserver).await.expect("recovers");
+    let [RecoveryAction::RolledBack(saga)] = &report.sagas[..] else {
+        panic!("expected one rolled back saga, got {report:?}");
+    };
+    assert_eq!(saga.state, SagaState::FailedRolledBack);
+    assert!(
+        saga.steps
+            .iter()
+            .all(|s| s.status == StepStatus::Compensated)
+    );
+    assert!(
+        saga.steps[2]
+            .compensation
+            .as_deref()
+            .is_some_and(|note| note.contains("in doubt"))
+    );
+    assert!(fixture.world.items().is_empty());
+
+    // A second recovery finds nothing to do.
+    let report = recoverer.recover(&NoObserver).await.expect("recovers");
+    assert!(report.sagas.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn done_sagas_are_never_touched_by_recovery() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(3);
+    let done = kernel
+        .run(&plan(vec![add("kept")]), &NoObserver)
+        .await
+        .expect("runs");
+    assert_eq!(done.state, SagaState::Done);
+    fixture
+        .liveness
+        .dead_pids
+        .lock()
+        .expect("not poisoned")
+        .push(3);
+    let report = fixture
+        .kernel(4)
+        .recover(&NoObserver)
+        .await
+        .expect("recovers");
+    assert!(report.sagas.is_empty());
+    assert_eq!(fixture.world.items(), ["kept"]);
+    let record = kernel
+        .log()
+        .saga(&done.saga_id)
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert_eq!(record.saga.state, SagaState::Done);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_recoveries_compensate_each_saga_exactly_once() {
+    let fixture = Fixture::new();
+    for (pid, prefix) in [(11, "p"), (12, "q"), (13, "r")] {
+        crash_mid_saga(&fixture, pid, prefix).await;
+    }
+    fixture
+        .liveness
+        .dead_pids
+        .lock()
+        .expect("not poisoned")
+        .extend([11, 12, 13]);
+    let (first, second) = (fixture.kernel(21), fixture.kernel(22));
+    let (a, b) = tokio::join!(first.recover(&NoObserver), second.recover(&NoObserver));
+    let (a, b) = (a.expect("recovers"), b.expect("recovers"));
+    let n_rolled_back = a
+        .sagas
+        .iter()
+        .chain(&b.sagas)
+        .filter(|action| matches!(action, RecoveryAction::RolledBack(_)))
+        .count();
+    assert_eq!(n_rolled_back, 3);
+    assert!(fixture.world.items().is_empty());
+    let removals = fixture
+        .world
+        .journal()
+        .into_iter()
+        .filter(|entry| entry.starts_with("remove"))
+        .count();
+    assert_eq!(removals, 9, "each of the 9 steps compensated once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_refuses_a_saga_whose_owner_is_alive() {
+    let fixture = Fixture::new();
+    crash_mid_saga(&fixture, 31, "live").await;
+    let kernel = fixture.kernel(32);
+    let saga_id = kernel.log().unfinished_sagas().await.expect("reads")[0]
+        .saga_id
+        .clone();
+    let error = kernel
+        .rollback(&saga_id, &NoObserver)
+        .await
+        .expect_err("refused");
+    assert!(error.to_string().contains("still running"), "{error}");
+    assert_eq!(fixture.world.items().len(), 3);
+}

@@ -1,0 +1,131 @@
+//! `fs.append`: appends to a file.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use agent_kernel_api::{EffectClass, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo};
+use agent_kernel_sandbox::{ConfinedPath, FsSandbox};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::common::{
+    FileAccess, TOOL_VERSION, blocking, byte_count, parse_args, parse_undo, sandbox_error,
+    undo_data,
+};
+use crate::fs_write::{ContentArgs, content_schema};
+
+/// `fs.append`: mutating; appends `content` to `path`, creating the file if absent but never
+/// its folder.
+///
+/// Compensation truncates the file back to its previous length, or removes it if it did not
+/// exist; it fails (rather than guess) when the file is now shorter than before.
+#[derive(Debug, Clone)]
+pub struct FsAppend {
+    files: FileAccess,
+}
+
+/// `Undo.data` of `fs.append`.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AppendUndo {
+    target: ConfinedPath,
+    existed: bool,
+    len: u64,
+}
+
+impl FsAppend {
+    /// The tool id.
+    pub const ID: &'static str = "fs.append";
+
+    /// A tool confined by `sandbox`; relative paths resolve against `cwd`.
+    pub fn new(sandbox: Arc<FsSandbox>, cwd: PathBuf) -> FsAppend {
+        FsAppend {
+            files: FileAccess::new(sandbox, cwd),
+        }
+    }
+}
+
+impl TransactionalTool for FsAppend {
+    fn id(&self) -> &str {
+        Self::ID
+    }
+
+    fn version(&self) -> &str {
+        TOOL_VERSION
+    }
+
+    fn effect(&self) -> EffectClass {
+        EffectClass::Mutating
+    }
+
+    fn args_schema(&self) -> Value {
+        content_schema("fs.append arguments")
+    }
+
+    fn check(&self, args: &Value) -> Result<(), ToolError> {
+        let ContentArgs { path, content } = parse_args(args)?;
+        self.files.resolve(&path)?;
+        self.files.check_size(&path, content.len())
+    }
+
+    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        self.check(args)?;
+        let ContentArgs { path, .. } = parse_args(args)?;
+        let file = self.files.open(&path)?;
+        let (target, len) = blocking(move || {
+            let len = file.stat().map_err(sandbox_error)?;
+            Ok((file.path().clone(), len))
+        })
+        .await?;
+        let data = AppendUndo {
+            target,
+            existed: len.is_some(),
+            len: len.unwrap_or(0),
+        };
+        Ok(Undo {
+            data: undo_data(Self::ID, &data)?,
+            blob: None,
+        })
+    }
+
+    async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        let ContentArgs { path, content } = parse_args(args)?;
+        let file = self.files.open(&path)?;
+        let sync = ctx.durability.syncs();
+        let count = content.len() as u64;
+        let len =
+            blocking(move || file.append(content.as_bytes(), sync).map_err(sandbox_error)).await?;
+        Ok(
+            ToolOutput::new(json!({ "path": path, "bytes": count, "len": len }))
+                .with_effect(format!("appended {} to {path}", byte_count(count))),
+        )
+    }
+
+    async fn compensate(
+        &self,
+        ctx: &ToolContext,
+        _args: &Value,
+        undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> Result<(), ToolError> {
+        let AppendUndo {
+            target,
+            existed,
+            len,
+        } = parse_undo(Self::ID, &undo.data)?;
+        let sync = ctx.durability.syncs();
+        blocking(move || {
+            // From the undo record alone: the current policy has no say in undoing.
+            let file = target.reopen().map_err(sandbox_error)?;
+            if existed {
+                // Fails if the file is gone or shorter than before: someone else changed it.
+                file.truncate(len, sync).map_err(sandbox_error)
+            } else {
+                file.remove_file_if_exists(sync)
+                    .map(|_| ())
+                    .map_err(sandbox_error)
+            }
+        })
+        .await
+    }
+}

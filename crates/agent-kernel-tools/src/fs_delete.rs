@@ -1,0 +1,135 @@
+//! `fs.delete`: removes a file, keeping its bytes for compensation.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use agent_kernel_api::{EffectClass, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo};
+use agent_kernel_sandbox::{ConfinedPath, FsSandbox};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::common::{
+    FileAccess, TOOL_VERSION, blocking, byte_count, check_temp_name, object_schema, parse_args,
+    parse_undo, path_schema, sandbox_error, temp_name, undo_data,
+};
+use crate::fs_read::PathArgs;
+use crate::fs_write::restore;
+
+/// `fs.delete`: mutating; removes the file at `path`, which must exist.
+///
+/// `prepare` keeps the file's bytes; compensation writes them back atomically if the file is
+/// absent or different, and removes a temporary file a crash may have left behind.
+#[derive(Debug, Clone)]
+pub struct FsDelete {
+    files: FileAccess,
+}
+
+/// `Undo.data` of `fs.delete`; the previous bytes are in `Undo.blob`.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeleteUndo {
+    target: ConfinedPath,
+    temp: String,
+}
+
+impl FsDelete {
+    /// The tool id.
+    pub const ID: &'static str = "fs.delete";
+
+    /// A tool confined by `sandbox`; relative paths resolve against `cwd`.
+    pub fn new(sandbox: Arc<FsSandbox>, cwd: PathBuf) -> FsDelete {
+        FsDelete {
+            files: FileAccess::new(sandbox, cwd),
+        }
+    }
+}
+
+impl TransactionalTool for FsDelete {
+    fn id(&self) -> &str {
+        Self::ID
+    }
+
+    fn version(&self) -> &str {
+        TOOL_VERSION
+    }
+
+    fn effect(&self) -> EffectClass {
+        EffectClass::Mutating
+    }
+
+    fn args_schema(&self) -> Value {
+        object_schema(
+            "fs.delete arguments",
+            json!({ "path": path_schema() }),
+            &["path"],
+        )
+    }
+
+    fn check(&self, args: &Value) -> Result<(), ToolError> {
+        let PathArgs { path } = parse_args(args)?;
+        self.files.resolve(&path).map(|_| ())
+    }
+
+    async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        let PathArgs { path } = parse_args(args)?;
+        let file = self.files.open(&path)?;
+        let shown = path.clone();
+        let (target, bytes) = blocking(move || {
+            if file.stat().map_err(sandbox_error)?.is_none() {
+                return Err(ToolError::failed(format!(
+                    "`{shown}` does not exist, so there is nothing to delete"
+                )));
+            }
+            let bytes = file.read(file.max_io_bytes()).map_err(sandbox_error)?;
+            Ok((file.path().clone(), bytes))
+        })
+        .await?;
+        let data = DeleteUndo {
+            target,
+            temp: temp_name(ctx),
+        };
+        Ok(Undo {
+            data: undo_data(Self::ID, &data)?,
+            blob: Some(bytes),
+        })
+    }
+
+    async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        let PathArgs { path } = parse_args(args)?;
+        let file = self.files.open(&path)?;
+        let sync = ctx.durability.syncs();
+        let count = blocking(move || {
+            let len = file.stat().map_err(sandbox_error)?;
+            file.remove_file(sync).map_err(sandbox_error)?;
+            Ok(len.unwrap_or(0))
+        })
+        .await?;
+        Ok(ToolOutput::new(json!({ "path": path, "bytes": count }))
+            .with_effect(format!("deleted {path} ({})", byte_count(count))))
+    }
+
+    async fn compensate(
+        &self,
+        ctx: &ToolContext,
+        _args: &Value,
+        undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> Result<(), ToolError> {
+        let DeleteUndo { target, temp } = parse_undo(Self::ID, &undo.data)?;
+        check_temp_name(Self::ID, &temp)?;
+        let Some(bytes) = undo.blob.clone() else {
+            return Err(ToolError::failed(format!(
+                "the undo record of {} for `{target}` lacks the deleted content",
+                Self::ID
+            )));
+        };
+        let sync = ctx.durability.syncs();
+        blocking(move || {
+            // From the undo record alone: the current policy has no say in undoing.
+            let file = target.reopen().map_err(sandbox_error)?;
+            file.remove_temp(&temp, sync).map_err(sandbox_error)?;
+            restore(&file, &bytes, &temp, sync)
+        })
+        .await
+    }
+}

@@ -1,0 +1,188 @@
+//! `fs.write`: replaces a file's content atomically.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use agent_kernel_api::{EffectClass, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo};
+use agent_kernel_sandbox::{ConfinedPath, FsSandbox, MAX_IO_BYTES_LIMIT};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::common::{
+    FileAccess, TOOL_VERSION, blocking, byte_count, check_temp_name, object_schema, parse_args,
+    parse_undo, path_schema, sandbox_error, temp_name, undo_data,
+};
+
+/// `fs.write`: mutating; writes `content` to `path` atomically (temporary file, then rename),
+/// creating the file if absent but never its folder.
+///
+/// Compensation restores the exact previous bytes, or removes the file if it did not exist,
+/// and removes a temporary file a crash may have left behind.
+#[derive(Debug, Clone)]
+pub struct FsWrite {
+    files: FileAccess,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ContentArgs {
+    pub(crate) path: String,
+    pub(crate) content: String,
+}
+
+/// `Undo.data` of `fs.write`; the previous bytes are in `Undo.blob` when `existed`.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteUndo {
+    target: ConfinedPath,
+    existed: bool,
+    temp: String,
+}
+
+impl FsWrite {
+    /// The tool id.
+    pub const ID: &'static str = "fs.write";
+
+    /// A tool confined by `sandbox`; relative paths resolve against `cwd`.
+    pub fn new(sandbox: Arc<FsSandbox>, cwd: PathBuf) -> FsWrite {
+        FsWrite {
+            files: FileAccess::new(sandbox, cwd),
+        }
+    }
+}
+
+/// The schema of `fs.write` and `fs.append`.
+pub(crate) fn content_schema(title: &str) -> Value {
+    object_schema(
+        title,
+        json!({
+            "path": path_schema(),
+            "content": {
+                "type": "string",
+                "description": "the text to write, at most the policy's max_io_bytes in UTF-8",
+            },
+        }),
+        &["path", "content"],
+    )
+}
+
+impl TransactionalTool for FsWrite {
+    fn id(&self) -> &str {
+        Self::ID
+    }
+
+    fn version(&self) -> &str {
+        TOOL_VERSION
+    }
+
+    fn effect(&self) -> EffectClass {
+        EffectClass::Mutating
+    }
+
+    fn args_schema(&self) -> Value {
+        content_schema("fs.write arguments")
+    }
+
+    fn check(&self, args: &Value) -> Result<(), ToolError> {
+        let ContentArgs { path, content } = parse_args(args)?;
+        self.files.resolve(&path)?;
+        self.files.check_size(&path, content.len())
+    }
+
+    async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        self.check(args)?;
+        let ContentArgs { path, .. } = parse_args(args)?;
+        let file = self.files.open(&path)?;
+        let temp = temp_name(ctx);
+        let (target, previous) = blocking(move || {
+            let previous = match file.stat().map_err(sandbox_error)? {
+                Some(_) => Some(file.read(file.max_io_bytes()).map_err(sandbox_error)?),
+                None => None,
+            };
+            Ok((file.path().clone(), previous))
+        })
+        .await?;
+        let data = WriteUndo {
+            target,
+            existed: previous.is_some(),
+            temp,
+        };
+        Ok(Undo {
+            data: undo_data(Self::ID, &data)?,
+            blob: previous,
+        })
+    }
+
+    async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        let ContentArgs { path, content } = parse_args(args)?;
+        let file = self.files.open(&path)?;
+        let temp = temp_name(ctx);
+        let sync = ctx.durability.syncs();
+        let count = content.len() as u64;
+        blocking(move || {
+            file.write_atomic(content.as_bytes(), &temp, sync)
+                .map_err(sandbox_error)
+        })
+        .await?;
+        Ok(ToolOutput::new(json!({ "path": path, "bytes": count }))
+            .with_effect(format!("wrote {} to {path}", byte_count(count))))
+    }
+
+    async fn compensate(
+        &self,
+        ctx: &ToolContext,
+        _args: &Value,
+        undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> Result<(), ToolError> {
+        let WriteUndo {
+            target,
+            existed,
+            temp,
+        } = parse_undo(Self::ID, &undo.data)?;
+        check_temp_name(Self::ID, &temp)?;
+        let previous = match (existed, &undo.blob) {
+            (true, Some(bytes)) => Some(bytes.clone()),
+            (true, None) => {
+                return Err(ToolError::failed(format!(
+                    "the undo record of {} for `{target}` lacks the previous content",
+                    Self::ID
+                )));
+            }
+            (false, _) => None,
+        };
+        let sync = ctx.durability.syncs();
+        blocking(move || {
+            // From the undo record alone: the current policy has no say in undoing.
+            let file = target.reopen().map_err(sandbox_error)?;
+            file.remove_temp(&temp, sync).map_err(sandbox_error)?;
+            match previous {
+                Some(bytes) => restore(&file, &bytes, &temp, sync),
+                None => file
+                    .remove_file_if_exists(sync)
+                    .map(|_| ())
+                    .map_err(sandbox_error),
+            }
+        })
+        .await
+    }
+}
+
+/// Puts `bytes` back atomically unless the file already holds exactly them.
+pub(crate) fn restore(
+    file: &agent_kernel_sandbox::ConfinedFile,
+    bytes: &[u8],
+    temp: &str,
+    sync: bool,
+) -> Result<(), ToolError> {
+    let unchanged = match file.stat().map_err(sandbox_error)? {
+        Some(len) if len == bytes.len() as u64 => {
+            file.read(MAX_IO_BYTES_LIMIT).map_err(sandbox_error)? == bytes
+        }
+        _ => false,
+    };
+    if unchanged {
+        return Ok(());
+    }
+    file.write_atomic(bytes, temp, sync).map_err(sandbox_error)
+}

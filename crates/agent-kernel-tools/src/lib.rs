@@ -1,0 +1,120 @@
+//! The built-in agent-kernel tools.
+//!
+//! | tool | args | effect | compensation |
+//! | --- | --- | --- | --- |
+//! | [`noop`](Noop) | `sleep_ms`? (0..=60000) | read-only | none |
+//! | [`fs.read`](FsRead) | `path` | read-only | none |
+//! | [`fs.write`](FsWrite) | `path`, `content` | mutating | restores the exact previous bytes, or removes a file that did not exist |
+//! | [`fs.append`](FsAppend) | `path`, `content` | mutating | truncates back to the previous length, or removes a file that did not exist |
+//! | [`fs.delete`](FsDelete) | `path` | mutating | restores the file with its previous bytes |
+//! | [`fault.fail`](FaultFail) | `message`? | read-only | none; always fails |
+//! | [`fault.panic`](FaultPanic) | `message`? | read-only | none; panics inside `execute` |
+//!
+//! Each implements [`agent_kernel_api::TransactionalTool`]; [`builtin_tools`] returns them all
+//! as trait objects for a registry.
+//! The crate knows nothing of the log, the saga engine or the command line: a program can use a
+//! tool alone by calling `check`, `prepare`, `execute` and, to undo, `compensate`.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use agent_kernel_api::{Durability, SagaId, ToolContext, TransactionalTool};
+//! use agent_kernel_sandbox::{FsSandbox, Policy};
+//! use agent_kernel_tools::FsWrite;
+//! use serde_json::json;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let base = dir.path().canonicalize()?;
+//! std::fs::create_dir(base.join("workspace"))?;
+//! std::fs::write(base.join("workspace/a.txt"), "old")?;
+//! let policy = Policy::from_toml_str("[fs]\nallow = [\"workspace\"]\n", &base)?;
+//! let tool = FsWrite::new(Arc::new(FsSandbox::new(&policy)?), base.clone());
+//!
+//! let ctx = ToolContext {
+//!     saga_id: SagaId::new("saga-1"),
+//!     step_seq: 0,
+//!     tool_id: "fs.write".to_owned(),
+//!     idempotency_key: None,
+//!     actor: None,
+//!     durability: Durability::Full,
+//! };
+//! let args = json!({ "path": "workspace/a.txt", "content": "new" });
+//! tool.check(&args)?; // arguments and policy, no side effect
+//! let undo = tool.prepare(&ctx, &args).await?; // the old bytes, kept before the effect
+//! let output = tool.execute(&ctx, &args).await?;
+//! assert_eq!(output.effects, ["wrote 3 bytes to workspace/a.txt"]);
+//! assert_eq!(std::fs::read_to_string(base.join("workspace/a.txt"))?, "new");
+//!
+//! tool.compensate(&ctx, &args, &undo, Some(&output)).await?;
+//! assert_eq!(std::fs::read_to_string(base.join("workspace/a.txt"))?, "old");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Design decisions
+//!
+//! - **Arguments are parsed strictly** into typed structs (`deny_unknown_fields`); serde's
+//!   message names the offending field (``unknown field `contnt`, expected `path` or
+//!   `content` ``). `check` also asks the sandbox about the path and the content size, with no
+//!   side effect, so a plan can be checked whole before its first effect.
+//! - **Compensation works from the undo record alone.** `prepare` stores the
+//!   [`ConfinedPath`](agent_kernel_sandbox::ConfinedPath) and the previous bytes or length;
+//!   `compensate` reopens that root without consulting the current policy, so recovery
+//!   undoes what was done even if the policy has changed or is absent.
+//! - **Compensation is state-based, so it is safe whether the effect happened or not**, and
+//!   idempotent: it compares the file with the recorded state and only acts on a difference.
+//! - **Temporary files are named after the step** (`.agent-kernel-<saga>-<step>.tmp`), so
+//!   compensation after a crash removes the one a half-finished atomic write left behind.
+//! - **No blocking on the runtime**: every file operation runs in
+//!   `tokio::task::spawn_blocking`.
+//! - **Errors say whether the effect may have happened**: denials and definite failures
+//!   ([`ToolError::failed`](agent_kernel_api::ToolError::failed)) when nothing changed,
+//!   [`ToolError::uncertain`](agent_kernel_api::ToolError::uncertain) when a mutation failed
+//!   part-way.
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+mod common;
+mod fault;
+mod fs_append;
+mod fs_delete;
+mod fs_read;
+mod fs_write;
+mod noop;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use agent_kernel_api::DynTool;
+use agent_kernel_sandbox::FsSandbox;
+
+pub use common::{TEMP_PREFIX, TEMP_SUFFIX, TOOL_VERSION};
+pub use fault::{
+    FAULT_FAIL_DEFAULT_MESSAGE, FAULT_MESSAGE_BYTES_MAX, FAULT_PANIC_DEFAULT_MESSAGE, FaultFail,
+    FaultPanic,
+};
+pub use fs_append::FsAppend;
+pub use fs_delete::FsDelete;
+pub use fs_read::FsRead;
+pub use fs_write::FsWrite;
+pub use noop::{NOOP_SLEEP_MS_MAX, Noop};
+
+/// Every built-in tool, ready for a registry.
+///
+/// The file tools are confined by `sandbox`; relative paths in their arguments resolve
+/// against `cwd` (the command's working directory, absolute).
+pub fn builtin_tools(sandbox: Arc<FsSandbox>, cwd: PathBuf) -> Vec<Arc<dyn DynTool>> {
+    vec![
+        Arc::new(Noop),
+        Arc::new(FsRead::new(Arc::clone(&sandbox), cwd.clone())),
+        Arc::new(FsWrite::new(Arc::clone(&sandbox), cwd.clone())),
+        Arc::new(FsAppend::new(Arc::clone(&sandbox), cwd.clone())),
+        Arc::new(FsDelete::new(sandbox, cwd)),
+        Arc::new(FaultFail),
+        Arc::new(FaultPanic),
+    ]
+}

@@ -1,0 +1,120 @@
+//! `fs.delete` and its compensation.
+
+use serde_json::json;
+
+use crate::{Fixture, ctx, prepare, run};
+
+#[tokio::test]
+async fn compensation_restores_a_deleted_file() {
+    let fixture = Fixture::new();
+    let tool = fixture.tool("fs.delete");
+    let ctx = ctx("fs.delete", 2);
+    let args = json!({ "path": "workspace/a.txt" });
+    let (undo, output) = run(&tool, &ctx, &args).await;
+    let output = output.expect("execute");
+    assert_eq!(output.effects, ["deleted workspace/a.txt (5 bytes)"]);
+    assert_eq!(fixture.listing("workspace"), Vec::<String>::new());
+    tool.compensate(&ctx, &args, &undo, Some(&output))
+        .await
+        .expect("compensate");
+    assert_eq!(
+        fixture.read("workspace/a.txt").as_deref(),
+        Some(&b"alpha"[..])
+    );
+    tool.compensate(&ctx, &args, &undo, Some(&output))
+        .await
+        .expect("twice");
+    assert_eq!(
+        fixture.read("workspace/a.txt").as_deref(),
+        Some(&b"alpha"[..])
+    );
+    assert_eq!(fixture.listing("workspace"), ["a.txt"]);
+}
+
+#[tokio::test]
+async fn deleting_a_missing_file_fails_before_the_effect() {
+    let fixture = Fixture::new();
+    let tool = fixture.tool("fs.delete");
+    let args = json!({ "path": "workspace/none.txt" });
+    tool.check(&args).expect("check does not look at the disk");
+    let error = tool
+        .prepare(&ctx("fs.delete", 0), &args)
+        .await
+        .expect_err("missing");
+    assert!(!error.is_uncertain() && !error.is_denied(), "{error}");
+    assert!(error.message().contains("does not exist"), "{error}");
+}
+
+#[tokio::test]
+async fn compensation_without_execution_leaves_the_original() {
+    let fixture = Fixture::new();
+    let tool = fixture.tool("fs.delete");
+    let ctx = ctx("fs.delete", 0);
+    let args = json!({ "path": "workspace/a.txt" });
+    let undo = prepare(&tool, &ctx, &args).await.expect("prepare");
+    let before = std::fs::metadata(fixture.path("workspace/a.txt")).expect("metadata");
+    tool.compensate(&ctx, &args, &undo, None)
+        .await
+        .expect("in doubt");
+    let after = std::fs::metadata(fixture.path("workspace/a.txt")).expect("metadata");
+    // Not even rewritten: the same file is still there.
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&before),
+        std::os::unix::fs::MetadataExt::ino(&after)
+    );
+    assert_eq!(
+        fixture.read("workspace/a.txt").as_deref(),
+        Some(&b"alpha"[..])
+    );
+}
+
+#[tokio::test]
+async fn compensation_replaces_different_content_and_removes_a_leftover_temp() {
+    let fixture = Fixture::new();
+    let tool = fixture.tool("fs.delete");
+    let ctx = ctx("fs.delete", 4);
+    let args = json!({ "path": "workspace/a.txt" });
+    let (undo, output) = run(&tool, &ctx, &args).await;
+    output.expect("execute");
+    let temp = undo.data["temp"].as_str().expect("temp").to_owned();
+    // A crash during an earlier compensation left a temporary file and a partial file.
+    fixture.write(&format!("workspace/{temp}"), b"alp");
+    fixture.write("workspace/a.txt", b"something else");
+    tool.compensate(&ctx, &args, &undo, None)
+        .await
+        .expect("compensate");
+    assert_eq!(
+        fixture.read("workspace/a.txt").as_deref(),
+        Some(&b"alpha"[..])
+    );
+    assert_eq!(fixture.listing("workspace"), ["a.txt"]);
+}
+
+#[tokio::test]
+async fn a_damaged_undo_record_cannot_remove_other_files() {
+    let fixture = Fixture::new();
+    let tool = fixture.tool("fs.delete");
+    let ctx = ctx("fs.delete", 0);
+    let args = json!({ "path": "workspace/a.txt" });
+    let mut undo = prepare(&tool, &ctx, &args).await.expect("prepare");
+    fixture.write("workspace/keep.txt", b"keep");
+    undo.data["temp"] = json!("keep.txt");
+    let error = tool
+        .compensate(&ctx, &args, &undo, None)
+        .await
+        .expect_err("refused");
+    assert!(
+        error.message().contains("unexpected temporary file"),
+        "{error}"
+    );
+    assert_eq!(
+        fixture.read("workspace/keep.txt").as_deref(),
+        Some(&b"keep"[..])
+    );
+    undo.data["surprise"] = json!(1);
+    let error = tool
+        .compensate(&ctx, &args, &undo, None)
+        .await
+        .expect_err("malformed");
+    assert!(error.message().contains("malformed"), "{error}");
+}

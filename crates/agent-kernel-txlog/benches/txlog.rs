@@ -1,0 +1,102 @@
+//! Criterion benches of the log: the cost of one steady-state step record
+//! (a step's COMMIT and the next step's BEGIN in one transaction) under each durability mode.
+//!
+//! Run with `cargo bench -p agent-kernel-txlog`.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use agent_kernel_api::{
+    BeginStep, Clock, Durability, EffectClass, LogWrite, NewSaga, Owner, SagaId, SagaState,
+    ToolOutput, TxLog, Undo,
+};
+use agent_kernel_txlog::{LogOptions, SqliteLog};
+use criterion::{Criterion, criterion_group, criterion_main};
+use serde_json::json;
+
+struct WallClock;
+
+impl Clock for WallClock {
+    fn now_ms(&self) -> i64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|elapsed| elapsed.as_millis() as i64)
+            .unwrap_or(0)
+    }
+}
+
+fn begin(saga_id: &SagaId, step_seq: u32) -> LogWrite {
+    LogWrite::BeginStep(BeginStep {
+        saga_id: saga_id.clone(),
+        step_seq,
+        tool_id: "fs.write".into(),
+        tool_version: "1.0.0".into(),
+        effect: EffectClass::Mutating,
+        args: json!({"path": "workspace/a.txt", "content": "hello"}),
+        args_hash: "0".repeat(64),
+        idempotency_key: None,
+        undo: Undo {
+            data: json!({"existed": true}),
+            blob: Some(vec![b'x'; 256]),
+        },
+    })
+}
+
+fn step_records(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let mut group = c.benchmark_group("commit_and_begin");
+    group
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
+    for durability in [Durability::Normal, Durability::Full] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = SqliteLog::open(
+            &dir.path().join("bench.db"),
+            LogOptions {
+                durability,
+                clock: Arc::new(WallClock),
+            },
+        )
+        .expect("opens");
+        let saga_id = SagaId::new("bench");
+        runtime
+            .block_on(log.write(vec![
+                LogWrite::CreateSaga(NewSaga {
+                    saga_id: saga_id.clone(),
+                    name: None,
+                    actor: None,
+                    owner: Owner {
+                        host: "bench".into(),
+                        boot_id: "bench".into(),
+                        pid: 1,
+                        start_ticks: 1,
+                    },
+                    n_steps: u32::MAX,
+                    state: SagaState::Acting,
+                }),
+                begin(&saga_id, 0),
+            ]))
+            .expect("writes");
+        let mut step_seq = 0_u32;
+        group.bench_function(durability.as_str(), |b| {
+            b.iter(|| {
+                let batch = vec![
+                    LogWrite::CommitStep {
+                        saga_id: saga_id.clone(),
+                        step_seq,
+                        output: ToolOutput::new(json!({"bytes": 5})),
+                    },
+                    begin(&saga_id, step_seq + 1),
+                ];
+                runtime.block_on(log.write(batch)).expect("writes");
+                step_seq += 1;
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, step_records);
+criterion_main!(benches);

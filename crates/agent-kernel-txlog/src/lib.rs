@@ -1,0 +1,204 @@
+//! The agent-kernel write-ahead log, on SQLite.
+//!
+//! [`SqliteLog`] implements [`agent_kernel_api::TxLog`]: every saga, every step's intent
+//! (BEGIN, with what compensation needs), outcome (COMMIT or FAIL) and compensation is a row
+//! in an SQLite database in WAL mode, written in transactions that are synced before the
+//! saga engine lets an effect run.
+//!
+//! # Using it alone
+//!
+//! ```
+//! use std::sync::Arc;
+//! use agent_kernel_api::{Clock, Durability, TxLog};
+//! use agent_kernel_txlog::{LogOptions, SqliteLog};
+//!
+//! struct FixedClock;
+//! impl Clock for FixedClock {
+//!     fn now_ms(&self) -> i64 { 1_700_000_000_000 }
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let options = LogOptions { durability: Durability::Full, clock: Arc::new(FixedClock) };
+//! let log = SqliteLog::open(&dir.path().join("agent-kernel.db"), options)?;
+//! let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+//! let sagas = runtime.block_on(log.sagas(20))?;
+//! assert!(sagas.is_empty());
+//! # Ok(()) }
+//! ```
+//!
+//! # Design
+//!
+//! - **One owner thread.** A dedicated OS thread owns the connection; async callers send it
+//!   jobs over a bounded channel and await a oneshot reply, so no async runtime thread ever
+//!   blocks on SQLite.
+//!   Each [`TxLog::write`] batch is one `BEGIN IMMEDIATE` transaction.
+//! - **Durability.** [`Durability::Full`](agent_kernel_api::Durability::Full) sets
+//!   `synchronous = FULL`: each committed batch is fsynced before `write` returns, so it
+//!   survives power loss.
+//!   [`Durability::Normal`](agent_kernel_api::Durability::Normal) sets `synchronous = NORMAL`:
+//!   committed batches survive a crash of the process, not of the machine.
+//! - **Refusing what is not a log.** A file that does not start with the SQLite header, or
+//!   an SQLite database of another application (its `application_id` differs and it has
+//!   tables), is refused with [`TxError::NotALog`](agent_kernel_api::TxError::NotALog) before
+//!   anything is written to it.
+//!   A log from a newer build is refused with
+//!   [`TxError::SchemaTooNew`](agent_kernel_api::TxError::SchemaTooNew).
+//! - **Schema versions.** `PRAGMA user_version` holds the schema version; migrations run in
+//!   order inside one immediate transaction, so concurrent first opens are safe.
+//! - **Idempotency keys** are bound, for good, to the hash of the arguments of their first
+//!   use (table `idempotency_keys`, key unique). A key is held while its step is BEGIN, COMMIT
+//!   or COMPENSATION_FAILED; after FAIL or COMPENSATED it may be claimed again.
+//! - **Records are checked** before they are written (a COMMIT must find its step in BEGIN)
+//!   and after they are read (states, statuses and JSON must parse; steps have no gaps).
+//!
+//! Readers go through the same thread; that keeps one view of the database per process.
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+mod floor;
+mod schema;
+mod store;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread;
+
+use agent_kernel_api::{
+    BoxFuture, Clock, Durability, KeyBinding, LogWrite, Owner, SagaId, SagaRecord, SagaSummary,
+    TxError, TxLog, WriteOutcome,
+};
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot};
+
+pub use floor::{FloorReport, measure_commit_floor};
+
+/// The most jobs that may wait for the writer thread; senders wait when it is full.
+pub const WRITER_QUEUE_MAX: usize = 1024;
+
+/// The schema version this build reads and writes.
+pub const SCHEMA_VERSION: i64 = schema::SCHEMA_VERSION;
+
+/// How a log is opened.
+#[derive(Clone)]
+pub struct LogOptions {
+    /// Sync every batch (`Full`, the default) or only survive process crashes (`Normal`).
+    pub durability: Durability,
+    /// The clock that stamps records.
+    pub clock: Arc<dyn Clock>,
+}
+
+type Job = Box<dyn FnOnce(&mut Connection, i64) + Send>;
+
+/// The SQLite transaction log. Cheap to share behind an `Arc`.
+pub struct SqliteLog {
+    path: PathBuf,
+    durability: Durability,
+    jobs: mpsc::Sender<Job>,
+}
+
+impl std::fmt::Debug for SqliteLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteLog")
+            .field("path", &self.path)
+            .field("durability", &self.durability)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteLog {
+    /// Opens the log at `path`, creating it if absent, and starts its writer thread.
+    ///
+    /// This call blocks while the file is checked and migrated; call it before starting an
+    /// async runtime or from a blocking task.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError::NotALog`] when the file is something else (left untouched),
+    /// [`TxError::SchemaTooNew`] when a newer build wrote it, [`TxError::Storage`] when it
+    /// cannot be opened.
+    pub fn open(path: &Path, options: LogOptions) -> Result<SqliteLog, TxError> {
+        let mut conn = schema::open(path, options.durability)?;
+        let (jobs, mut receiver) = mpsc::channel::<Job>(WRITER_QUEUE_MAX);
+        let clock = options.clock;
+        thread::Builder::new()
+            .name("agent-kernel-txlog".into())
+            .spawn(move || {
+                while let Some(job) = receiver.blocking_recv() {
+                    job(&mut conn, clock.now_ms());
+                }
+            })
+            .map_err(|err| TxError::Storage(format!("cannot start the log writer: {err}")))?;
+        Ok(SqliteLog {
+            path: path.to_owned(),
+            durability: options.durability,
+            jobs,
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The durability mode the log was opened with.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// Runs `job` on the writer thread and returns its result.
+    fn call<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(&mut Connection, i64) -> Result<T, TxError> + Send + 'static,
+    ) -> BoxFuture<'_, Result<T, TxError>> {
+        Box::pin(async move {
+            let (reply, answer) = oneshot::channel();
+            let job: Job = Box::new(move |conn, now_ms| {
+                // The caller may have gone away; its answer is then simply dropped.
+                let _ = reply.send(job(conn, now_ms));
+            });
+            self.jobs.send(job).await.map_err(|_| TxError::Closed)?;
+            answer.await.map_err(|_| TxError::Closed)?
+        })
+    }
+}
+
+impl TxLog for SqliteLog {
+    fn write(&self, batch: Vec<LogWrite>) -> BoxFuture<'_, Result<Vec<WriteOutcome>, TxError>> {
+        self.call(move |conn, now_ms| store::write_batch(conn, &batch, now_ms))
+    }
+
+    fn saga<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<SagaRecord>, TxError>> {
+        let saga_id = saga_id.clone();
+        self.call(move |conn, _| store::saga(conn, &saga_id))
+    }
+
+    fn sagas(&self, limit: u32) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
+        self.call(move |conn, _| store::sagas(conn, limit))
+    }
+
+    fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
+        self.call(|conn, _| store::unfinished_sagas(conn))
+    }
+
+    fn key_binding<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<KeyBinding>, TxError>> {
+        let key = key.to_owned();
+        self.call(move |conn, _| store::key_binding(conn, &key))
+    }
+
+    fn take_over<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        expected_owner: &'a Owner,
+        new_owner: &'a Owner,
+    ) -> BoxFuture<'a, Result<bool, TxError>> {
+        let (saga_id, expected, new) = (saga_id.clone(), expected_owner.clone(), new_owner.clone());
+        self.call(move |conn, now_ms| store::take_over(conn, &saga_id, &expected, &new, now_ms))
+    }
+}

@@ -1,0 +1,240 @@
+//! Opening a log file: refusing what is not a log, creating and migrating the schema.
+
+use std::fs;
+use std::io::Read;
+use std::path::Path;
+use std::time::Duration;
+
+use agent_kernel_api::{Durability, TxError};
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+
+/// `PRAGMA application_id` of every agent-kernel log: the bytes `AKLG`.
+pub(crate) const APPLICATION_ID: i64 = 0x414B_4C47;
+
+/// The schema version this build writes (`PRAGMA user_version`).
+pub(crate) const SCHEMA_VERSION: i64 = 1;
+
+/// How long a writer waits for another process's write lock before giving up.
+pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The first bytes of every SQLite 3 database file.
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+/// The migrations, in order: `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [r"
+CREATE TABLE sagas (
+    saga_id            TEXT PRIMARY KEY NOT NULL,
+    name               TEXT,
+    actor              TEXT,
+    state              TEXT NOT NULL CHECK (state IN ('Idle', 'Planning', 'Acting', 'Validating',
+                           'Compensating', 'Done', 'FailedRolledBack', 'FailedRollbackPartial')),
+    owner_host         TEXT NOT NULL,
+    owner_boot_id      TEXT NOT NULL,
+    owner_pid          INTEGER NOT NULL,
+    owner_start_ticks  INTEGER NOT NULL,
+    n_steps            INTEGER NOT NULL CHECK (n_steps > 0),
+    created_at_ms      INTEGER NOT NULL,
+    updated_at_ms      INTEGER NOT NULL
+) STRICT;
+CREATE INDEX sagas_by_state ON sagas (state);
+CREATE INDEX sagas_by_created ON sagas (created_at_ms, saga_id);
+
+CREATE TABLE saga_steps (
+    id                 INTEGER PRIMARY KEY AUTOINCREMENT,
+    saga_id            TEXT NOT NULL REFERENCES sagas (saga_id),
+    step_seq           INTEGER NOT NULL CHECK (step_seq >= 0),
+    tool_id            TEXT NOT NULL,
+    tool_version       TEXT NOT NULL,
+    effect             TEXT NOT NULL,
+    idempotency_key    TEXT,
+    args               TEXT NOT NULL,
+    args_hash          TEXT NOT NULL,
+    undo               TEXT NOT NULL,
+    undo_blob          BLOB,
+    output             TEXT,
+    status             TEXT NOT NULL CHECK (status IN ('BEGIN', 'COMMIT', 'FAIL', 'COMPENSATED',
+                           'COMPENSATION_FAILED')),
+    error              TEXT,
+    reused_from_saga   TEXT,
+    reused_from_seq    INTEGER,
+    compensation       TEXT,
+    created_at_ms      INTEGER NOT NULL,
+    updated_at_ms      INTEGER NOT NULL,
+    UNIQUE (saga_id, step_seq)
+) STRICT;
+
+CREATE TABLE idempotency_keys (
+    key                TEXT PRIMARY KEY NOT NULL,
+    args_hash          TEXT NOT NULL,
+    saga_id            TEXT NOT NULL,
+    step_seq           INTEGER NOT NULL,
+    FOREIGN KEY (saga_id, step_seq) REFERENCES saga_steps (saga_id, step_seq)
+) STRICT;
+"];
+
+fn storage(err: rusqlite::Error) -> TxError {
+    TxError::Storage(err.to_string())
+}
+
+fn not_a_log(path: &Path, reason: impl Into<String>) -> TxError {
+    TxError::NotALog {
+        path: path.display().to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Refuses a file that exists but does not start like an SQLite database, before SQLite
+/// is allowed anywhere near it.
+fn check_header(path: &Path) -> Result<bool, TxError> {
+    let metadata = match fs::metadata(path) {
+        Ok(metadata) => metadata,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(err) => return Err(TxError::Storage(format!("{}: {err}", path.display()))),
+    };
+    if !metadata.is_file() {
+        return Err(not_a_log(path, "it is not a regular file"));
+    }
+    if metadata.len() == 0 {
+        return Ok(false);
+    }
+    let mut header = [0_u8; 16];
+    let mut file = fs::File::open(path)
+        .map_err(|err| TxError::Storage(format!("{}: {err}", path.display())))?;
+    let n_read = file
+        .read(&mut header)
+        .map_err(|err| TxError::Storage(format!("{}: {err}", path.display())))?;
+    if n_read < header.len() || &header != SQLITE_HEADER {
+        return Err(not_a_log(path, "it is not an SQLite database"));
+    }
+    Ok(true)
+}
+
+/// Opens (creating if absent) the log at `path`, checks it and brings its schema up to date.
+pub(crate) fn open(path: &Path, durability: Durability) -> Result<Connection, TxError> {
+    let existed = check_header(path)?;
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut conn = Connection::open_with_flags(path, flags)
+        .map_err(|err| TxError::Storage(format!("cannot open {}: {err}", path.display())))?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(storage)?;
+
+    // Identify the file before changing anything in it (even the journal mode).
+    if existed {
+        let application_id: i64 = conn
+            .pragma_query_value(None, "application_id", |row| row.get(0))
+            .map_err(|err| not_a_log(path, format!("sqlite cannot read it ({err})")))?;
+        if application_id != APPLICATION_ID {
+            let n_tables: i64 = conn
+                .query_row("SELECT count(*) FROM sqlite_schema", [], |row| row.get(0))
+                .map_err(|err| not_a_log(path, format!("sqlite cannot read it ({err})")))?;
+            if application_id != 0 || n_tables != 0 {
+                return Err(not_a_log(
+                    path,
+                    format!(
+                        "it is an SQLite database of another application (application_id {application_id:#x}, {n_tables} schema objects)"
+                    ),
+                ));
+            }
+        }
+    }
+
+    let journal_mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))
+        .map_err(storage)?;
+    if !journal_mode.eq_ignore_ascii_case("wal") {
+        return Err(TxError::Storage(format!(
+            "{} cannot use write-ahead logging (journal_mode is {journal_mode})",
+            path.display()
+        )));
+    }
+    let synchronous = match durability {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", synchronous)
+        .map_err(storage)?;
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(storage)?;
+
+    migrate(&mut conn, path)?;
+    Ok(conn)
+}
+
+fn migrate(conn: &mut Connection, path: &Path) -> Result<(), TxError> {
+    // An immediate transaction serializes concurrent first opens of a new file.
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(storage)?;
+    let version: i64 = tx
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(storage)?;
+    if version > SCHEMA_VERSION {
+        return Err(TxError::SchemaTooNew {
+            path: path.display().to_string(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if version < 0 {
+        return Err(not_a_log(path, format!("its schema version is {version}")));
+    }
+    for (from_version, migration) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        tx.execute_batch(migration).map_err(|err| {
+            TxError::Storage(format!(
+                "migrating the log schema from version {from_version}: {err}"
+            ))
+        })?;
+    }
+    if version < SCHEMA_VERSION {
+        tx.pragma_update(None, "application_id", APPLICATION_ID)
+            .map_err(storage)?;
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(storage)?;
+    }
+    check_tables(&tx, path)?;
+    tx.commit().map_err(storage)
+}
+
+/// Checks that the tables this build relies on are there, with the columns it reads.
+fn check_tables(conn: &Connection, path: &Path) -> Result<(), TxError> {
+    let expected: [(&str, &[&str]); 3] = [
+        (
+            "sagas",
+            &[
+                "saga_id",
+                "state",
+                "owner_pid",
+                "owner_start_ticks",
+                "n_steps",
+            ],
+        ),
+        (
+            "saga_steps",
+            &["saga_id", "step_seq", "tool_id", "args", "undo", "status"],
+        ),
+        (
+            "idempotency_keys",
+            &["key", "args_hash", "saga_id", "step_seq"],
+        ),
+    ];
+    for (table, columns) in expected {
+        let mut statement = conn
+            .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))
+            .map_err(storage)?;
+        let found: Vec<String> = statement
+            .query_map([], |row| row.get(0))
+            .map_err(storage)?
+            .collect::<Result<_, _>>()
+            .map_err(storage)?;
+        for column in columns {
+            if !found.iter().any(|name| name == column) {
+                return Err(not_a_log(
+                    path,
+                    format!("table `{table}` lacks column `{column}`"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
