@@ -144,7 +144,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
     let out = Output::new(cli.json);
-    let result = tokio::runtime::Builder::new_multi_thread()
+    // One thread drives every saga; SQLite work runs on the log's own writer thread and file
+    // I/O on the blocking pool, so a second async worker would only add cross-thread wake-ups.
+    let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")

@@ -1,20 +1,24 @@
 //! The saga manager: run, roll back, recover.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use agent_kernel_api::Durability;
 use agent_kernel_api::{
     BeginStep, Clock, DynTool, IdSource, LogWrite, NewSaga, Owner, Plan, SagaId, SagaRecord,
-    SagaState, StepRecord, StepStatus, ToolContext, ToolError, ToolOutput, TxLog, Undo,
-    WriteOutcome,
+    SagaState, StepRecord, StepStatus, ToolContext, ToolError, TxLog, Undo, WriteOutcome,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tracing::{debug, info, warn};
 
 use crate::owner::{Liveness, LivenessProbe};
-use crate::report::{Failure, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport};
+use crate::report::{
+    Failure, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport, StepReport,
+};
 use crate::{KernelError, Problem, ProblemKind, ToolRegistry};
 
 /// What the kernel needs from the outside world, injected.
@@ -68,24 +72,35 @@ pub fn args_hash(tool_id: &str, args: &Value) -> String {
         .collect()
 }
 
-/// Runs a tool future on its own task so that a panic inside the tool becomes an error
-/// instead of unwinding through the kernel.
-async fn contained<T: Send + 'static>(
-    future: impl Future<Output = Result<T, ToolError>> + Send + 'static,
-) -> Result<T, ToolError> {
-    match tokio::spawn(future).await {
-        Ok(result) => result,
-        Err(join_error) if join_error.is_panic() => {
-            let payload = join_error.into_panic();
-            let message = payload
-                .downcast_ref::<&str>()
-                .map(|text| (*text).to_owned())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "panic with a non-text payload".to_owned());
-            Err(ToolError::panicked(message))
+/// Polls a tool's future inside `catch_unwind`, so that a panic inside the tool becomes an
+/// error instead of unwinding through the kernel.
+///
+/// This costs nothing on the happy path, unlike spawning a task per call (which would also
+/// move the call to another worker thread and add a cross-thread wake-up per step).
+struct Contained<F>(Pin<Box<F>>);
+
+impl<T, F: Future<Output = Result<T, ToolError>>> Future for Contained<F> {
+    type Output = Result<T, ToolError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // After a panic the future is never polled again: `Ready` is returned at once.
+        let future = self.0.as_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
+            Ok(poll) => poll,
+            Err(payload) => {
+                let message = payload
+                    .downcast_ref::<&str>()
+                    .map(|text| (*text).to_owned())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "panic with a non-text payload".to_owned());
+                Poll::Ready(Err(ToolError::panicked(message)))
+            }
         }
-        Err(_) => Err(ToolError::uncertain("the tool's task was cancelled")),
     }
+}
+
+fn contained<T, F: Future<Output = Result<T, ToolError>>>(future: F) -> Contained<F> {
+    Contained(Box::pin(future))
 }
 
 impl Kernel {
@@ -231,6 +246,9 @@ impl Kernel {
             state: SagaState::Acting,
         })];
         let mut failure = None;
+        // What a `Done` saga's report says, kept as the records are queued, so that success
+        // costs no read of the log.
+        let mut committed: Vec<StepReport> = Vec::with_capacity(plan.steps.len());
 
         for (step_seq, step) in (0_u32..).zip(&plan.steps) {
             let tool = self
@@ -265,6 +283,14 @@ impl Kernel {
                 && let Some(output) = binding.output
             {
                 debug!(saga_id = %saga_id, step_seq, key, from = %binding.saga_id, "reusing committed output");
+                committed.push(StepReport {
+                    seq: step_seq,
+                    tool: step.tool.clone(),
+                    status: StepStatus::Commit,
+                    error: None,
+                    compensation: None,
+                    reused: true,
+                });
                 pending.push(LogWrite::ReuseStep {
                     step: begin,
                     from_saga_id: binding.saga_id,
@@ -279,10 +305,7 @@ impl Kernel {
                 continue;
             }
 
-            let prepared = {
-                let (tool, ctx, args) = (tool.clone(), ctx.clone(), step.args.clone());
-                contained(async move { tool.prepare(&ctx, &args).await }).await
-            };
+            let prepared = contained(tool.prepare(&ctx, &step.args)).await;
             let undo = match prepared {
                 Ok(undo) => undo,
                 Err(error) => {
@@ -312,12 +335,17 @@ impl Kernel {
                 break;
             }
 
-            let executed = {
-                let (tool, ctx, args) = (tool.clone(), ctx.clone(), step.args.clone());
-                contained(async move { tool.execute(&ctx, &args).await }).await
-            };
+            let executed = contained(tool.execute(&ctx, &step.args)).await;
             match executed {
                 Ok(output) => {
+                    committed.push(StepReport {
+                        seq: step_seq,
+                        tool: step.tool.clone(),
+                        status: StepStatus::Commit,
+                        error: None,
+                        compensation: None,
+                        reused: false,
+                    });
                     pending.push(LogWrite::CommitStep {
                         saga_id: saga_id.clone(),
                         step_seq,
@@ -360,8 +388,12 @@ impl Kernel {
                 // `Done` is durable before it is reported.
                 self.log.write(pending).await?;
                 info!(saga_id = %saga_id, "saga done");
-                let record = self.load(&saga_id).await?;
-                Ok(SagaReport::from_record(&record, None))
+                Ok(SagaReport {
+                    saga_id,
+                    state: SagaState::Done,
+                    steps: committed,
+                    failure: None,
+                })
             }
             Some(failure) => {
                 pending.push(LogWrite::SetState {
@@ -480,10 +512,8 @@ impl Kernel {
             step.idempotency_key.as_deref(),
             actor,
         );
-        let (args, undo, output): (Value, Undo, Option<ToolOutput>) =
-            (step.args.clone(), step.undo.clone(), step.output.clone());
         let in_doubt = step.status != StepStatus::Commit;
-        contained(async move { tool.compensate(&ctx, &args, &undo, output.as_ref()).await })
+        contained(tool.compensate(&ctx, &step.args, &step.undo, step.output.as_ref()))
             .await
             .map(|()| {
                 if in_doubt {

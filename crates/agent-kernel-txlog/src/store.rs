@@ -406,7 +406,8 @@ pub(crate) fn unfinished_sagas(conn: &Connection) -> Result<Vec<SagaSummary>, Tx
         conn,
         &format!(
             "SELECT {SAGA_COLUMNS} FROM sagas
-             WHERE state NOT IN ('Done', 'FailedRolledBack', 'FailedRollbackPartial')
+             WHERE state <> 'Done' AND state <> 'FailedRolledBack'
+                 AND state <> 'FailedRollbackPartial'
              ORDER BY created_at_ms, saga_id"
         ),
         [],
