@@ -218,6 +218,16 @@ impl ToolError {
         self
     }
 
+    /// Marks the error as definite: the effect did not happen.
+    ///
+    /// For failures the caller knows happened before any effect (a failing `prepare`, which
+    /// has no side effects by contract, or a panic inside it).
+    #[must_use]
+    pub fn not_applied(mut self) -> Self {
+        self.outcome = Outcome::NotApplied;
+        self
+    }
+
     /// The kind of failure.
     pub fn kind(&self) -> ToolErrorKind {
         self.kind

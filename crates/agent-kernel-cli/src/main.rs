@@ -141,7 +141,10 @@ impl From<TxError> for Failure {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(&error),
+    };
     init_tracing();
     let out = Output::new(cli.json);
     // One thread drives every saga; SQLite work runs on the log's own writer thread and file
@@ -165,6 +168,33 @@ fn main() -> ExitCode {
     }
 }
 
+/// Reports a command-line error: clap's message on stderr (help and version on stdout, exit
+/// 0), and with `--json` also one JSON document on stdout. Usage errors exit 2.
+fn usage_error(error: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) && error.exit_code() == 0
+    {
+        // `error.print` writes help to stdout as clap would.
+        let _ = error.print();
+        return ExitCode::from(exit::OK);
+    }
+    let _ = error.print();
+    if std::env::args().any(|arg| arg == "--json") {
+        let message = error
+            .kind()
+            .as_str()
+            .unwrap_or("invalid command line")
+            .to_owned();
+        Output::new(true).usage_error(&message, &error.render().to_string());
+    }
+    ExitCode::from(exit::BAD_INPUT)
+}
+
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
@@ -179,7 +209,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         Command::Run { plan, durability } => {
             // Everything about the input is checked before the log is opened.
             let plan = read_plan(plan)?;
-            let kernel = open_kernel(cli, *durability)?;
+            let kernel = open_kernel(cli, *durability, Compensation::AndExecution)?;
             let progress = progress::StepProgress::new(plan.steps.len());
             let report = kernel.run(&plan, &progress).await?;
             progress.finish();
@@ -192,7 +222,12 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             })
         }
         Command::Recover => {
-            let kernel = open_kernel(cli, Durability::Full)?;
+            if !db_path(cli).exists() {
+                // Nothing was ever logged here, so nothing can need recovery.
+                out.recovery(&agent_kernel_core::RecoveryReport::default());
+                return Ok(exit::OK);
+            }
+            let kernel = open_kernel(cli, Durability::Full, Compensation::Only)?;
             let report = kernel.recover(&progress::StepProgress::hidden()).await?;
             out.recovery(&report);
             Ok(if report.all_rolled_back() {
@@ -203,7 +238,8 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         }
         Command::Rollback { saga } => {
             let saga_id = parse_saga_id(saga)?;
-            let kernel = open_kernel(cli, Durability::Full)?;
+            require_log(cli)?;
+            let kernel = open_kernel(cli, Durability::Full, Compensation::Only)?;
             let report = kernel
                 .rollback(&saga_id, &progress::StepProgress::hidden())
                 .await?;
@@ -214,6 +250,11 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             })
         }
         Command::Log { saga, limit } => {
+            if saga.is_none() && !db_path(cli).exists() {
+                out.saga_list(&[]);
+                return Ok(exit::OK);
+            }
+            require_log(cli)?;
             let log = open_log(cli, Durability::Full)?;
             match saga {
                 Some(saga) => {
@@ -300,11 +341,41 @@ fn load_policy(cli: &Cli) -> Result<Policy, Failure> {
     }
 }
 
-fn open_kernel(cli: &Cli, durability: Durability) -> Result<Kernel, Failure> {
-    let policy = load_policy(cli)?;
-    let sandbox = FsSandbox::new(&policy)
-        .context("cannot open the sandbox's allowed roots")
-        .map_err(Failure::bad_input)?;
+/// Refuses to go on when the log file does not exist: reading must not create one.
+fn require_log(cli: &Cli) -> Result<(), Failure> {
+    let path = db_path(cli);
+    if path.exists() {
+        Ok(())
+    } else {
+        Err(Failure::bad_input(anyhow::anyhow!(
+            "no log at {} (pass --db PATH or set AGENT_KERNEL_DB)",
+            path.display()
+        )))
+    }
+}
+
+/// What the kernel's tools will be asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Compensation {
+    /// Run plans: the sandbox policy applies.
+    AndExecution,
+    /// Only compensate logged steps (`recover`, `rollback`). Compensation works from the log
+    /// record alone, so the current policy has no say, and a broken or missing policy file
+    /// cannot stand in the way of putting the world back.
+    Only,
+}
+
+fn open_kernel(
+    cli: &Cli,
+    durability: Durability,
+    purpose: Compensation,
+) -> Result<Kernel, Failure> {
+    let sandbox = match purpose {
+        Compensation::AndExecution => FsSandbox::new(&load_policy(cli)?)
+            .context("cannot open the sandbox's allowed roots")
+            .map_err(Failure::bad_input)?,
+        Compensation::Only => FsSandbox::deny_all(),
+    };
     let cwd = std::env::current_dir()
         .context("cannot read the working directory")
         .map_err(Failure::bad_input)?;

@@ -80,6 +80,15 @@ impl Output {
         }
     }
 
+    /// A command-line usage error, as the one JSON document on stdout.
+    pub(crate) fn usage_error(&self, kind: &str, message: &str) {
+        if self.json {
+            print_json(
+                &json!({ "error": { "kind": "usage", "detail": kind, "message": message.trim() } }),
+            );
+        }
+    }
+
     /// The outcome of `run` or `rollback`.
     pub(crate) fn saga(&self, report: &SagaReport) {
         if self.json {

@@ -8,8 +8,9 @@ use std::task::{Context, Poll};
 
 use agent_kernel_api::Durability;
 use agent_kernel_api::{
-    BeginStep, Clock, DynTool, IdSource, LogWrite, NewSaga, Owner, Plan, SagaId, SagaRecord,
-    SagaState, StepRecord, StepStatus, ToolContext, ToolError, TxLog, Undo, WriteOutcome,
+    BeginStep, Clock, DynTool, EffectClass, IdSource, LogWrite, NewSaga, Owner, Plan, SagaId,
+    SagaRecord, SagaState, StepRecord, StepStatus, ToolContext, ToolError, TxLog, Undo,
+    WriteOutcome,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -309,6 +310,8 @@ impl Kernel {
             let undo = match prepared {
                 Ok(undo) => undo,
                 Err(error) => {
+                    // `prepare` has no side effects, so whatever went wrong, nothing happened.
+                    let error = error.not_applied();
                     pending.push(LogWrite::BeginStep(begin));
                     pending.push(LogWrite::FailStep {
                         saga_id: saga_id.clone(),
@@ -495,6 +498,9 @@ impl Kernel {
             return Ok(format!(
                 "output reused from saga {from_saga} step {from_seq}; the effect belongs to that saga and stays"
             ));
+        }
+        if step.effect == EffectClass::ReadOnly {
+            return Ok("read-only: nothing to undo".to_owned());
         }
         let Some(tool) = self.tools.get(&step.tool_id).cloned() else {
             return Err(ToolError::failed(format!(

@@ -258,3 +258,32 @@ fn json_errors_are_one_document_on_stdout() {
         2
     );
 }
+
+#[test]
+fn usage_errors_with_json_are_one_document_on_stdout() {
+    let project = Project::new();
+    let (code, document) = project.run_json(&["run"]);
+    assert_eq!(code, 2);
+    assert_eq!(document["error"]["kind"], "usage");
+    assert!(
+        document["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("--plan")
+    );
+}
+
+#[test]
+fn reading_commands_never_create_a_log() {
+    let project = Project::new();
+    let (code, listed) = project.run_json(&["log"]);
+    assert_eq!((code, &listed["sagas"]), (0, &json!([])));
+    let (code, recovered) = project.run_json(&["recover"]);
+    assert_eq!((code, &recovered["sagas"]), (0, &json!([])));
+    let output = project.run(&["log", "--saga", "abc"]);
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("no log at"));
+    let output = project.run(&["rollback", "--saga", "abc"]);
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    assert!(!project.db().exists(), "no log file was created");
+}

@@ -1,4 +1,4 @@
-//! Crates depend strictly downward: `api` → (`txlog`, `sandbox`, `tools`) → `core` → `cli`.
+//! Crates depend strictly downward: `api` → (`txlog`, `sandbox`) → `tools` → `core` → `cli`.
 
 use std::collections::BTreeMap;
 use std::process::Command;

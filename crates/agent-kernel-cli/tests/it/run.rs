@@ -264,3 +264,36 @@ fn bench_reports_the_contract_fields() {
     // n + 1 commits per saga of n steps.
     assert_eq!(document["n_commits"], 20);
 }
+
+#[test]
+fn recovery_does_not_depend_on_the_current_policy() {
+    let project = Project::new();
+    fs::write(project.path("ws/a.txt"), b"before").expect("writes");
+    let before = project.snapshot();
+    let plan = project.plan(
+        "plan.json",
+        &json!({ "steps": [
+            step("fs.write", json!({"path": "ws/a.txt", "content": "after"})),
+            step("noop", json!({"sleep_ms": 60000})),
+        ]}),
+    );
+    let mut child = project
+        .command(&["run", "--plan", plan.to_str().expect("utf8")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawns");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while fs::read(project.path("ws/a.txt")).expect("reads") != b"after" {
+        assert!(std::time::Instant::now() < deadline, "the saga never wrote");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.kill().expect("kills");
+    child.wait().expect("reaps");
+    // The policy is now broken; recovery must still put the file back.
+    fs::write(project.path("sandbox.toml"), "this is [not toml").expect("writes");
+    let (code, report) = project.run_json(&["recover"]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["sagas"][0]["action"], "rolled_back", "{report}");
+    assert_eq!(project.snapshot(), before);
+}

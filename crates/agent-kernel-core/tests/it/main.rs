@@ -114,7 +114,7 @@ impl TransactionalTool for Ledger {
     }
 }
 
-/// `boom {panic?}`: always fails (or panics).
+/// `boom {panic?, panic_in_prepare?}`: always fails (or panics in `execute` or `prepare`).
 pub(crate) struct Boom;
 
 impl TransactionalTool for Boom {
@@ -133,7 +133,10 @@ impl TransactionalTool for Boom {
     fn check(&self, _args: &Value) -> Result<(), ToolError> {
         Ok(())
     }
-    async fn prepare(&self, _ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {
+    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        if args.get("panic_in_prepare").is_some() {
+            panic!("boom panics in prepare");
+        }
         Ok(Undo::none())
     }
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {

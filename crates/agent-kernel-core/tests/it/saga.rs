@@ -97,6 +97,28 @@ async fn a_panicking_tool_is_contained_and_rolled_back() {
 }
 
 #[tokio::test]
+async fn a_panic_in_prepare_is_a_definite_failure() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let mut panicking = boom();
+    panicking.args = json!({"panic_in_prepare": true});
+    let report = kernel
+        .run(&plan(vec![add("a"), panicking]), &NoObserver)
+        .await
+        .expect("runs");
+    assert_eq!(report.state, SagaState::FailedRolledBack);
+    let failure = report.failure.expect("has a failure");
+    assert!(failure.error.to_string().contains("boom panics in prepare"));
+    assert!(!failure.error.is_uncertain(), "prepare has no side effects");
+    assert_eq!(report.steps[1].status, StepStatus::Fail);
+    assert!(
+        report.steps[1].compensation.is_none(),
+        "nothing to compensate"
+    );
+    assert!(fixture.world.items().is_empty());
+}
+
+#[tokio::test]
 async fn preflight_reports_every_problem_and_runs_nothing() {
     let fixture = Fixture::new();
     let kernel = fixture.kernel(1);
