@@ -128,6 +128,8 @@ pub enum ToolErrorKind {
     Timeout,
     /// The tool panicked; the kernel contained it.
     Panicked,
+    /// A validation check did not hold (the world is not as the plan expects).
+    Validation,
 }
 
 impl ToolErrorKind {
@@ -139,6 +141,7 @@ impl ToolErrorKind {
             ToolErrorKind::Failed => "failed",
             ToolErrorKind::Timeout => "timed out",
             ToolErrorKind::Panicked => "panicked",
+            ToolErrorKind::Validation => "validation failed",
         }
     }
 }
@@ -190,6 +193,11 @@ impl ToolError {
     /// A definite failure: the effect did not happen.
     pub fn failed(message: impl Into<String>) -> Self {
         Self::new(ToolErrorKind::Failed, message, Outcome::NotApplied)
+    }
+
+    /// A validation check that did not hold. Nothing happened (validations only read).
+    pub fn validation(message: impl Into<String>) -> Self {
+        Self::new(ToolErrorKind::Validation, message, Outcome::NotApplied)
     }
 
     /// A failure after which the effect may or may not have happened.
@@ -251,6 +259,11 @@ impl ToolError {
     /// Whether the sandbox denied the call.
     pub fn is_denied(&self) -> bool {
         self.kind == ToolErrorKind::Denied
+    }
+
+    /// Whether a validation check did not hold.
+    pub fn is_validation(&self) -> bool {
+        self.kind == ToolErrorKind::Validation
     }
 
     /// Whether the arguments were invalid.

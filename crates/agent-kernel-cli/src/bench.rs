@@ -266,7 +266,8 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         liveness: Arc::new(ProcessProbe::new(owner.clone())),
         owner,
     };
-    let kernel = Arc::new(Kernel::new(log.clone(), tools, env, args.durability));
+    let fsm = Arc::new(agent_kernel_fsm::Guardrail::builtin());
+    let kernel = Arc::new(Kernel::new(log.clone(), tools, fsm, env, args.durability));
     let plan = Arc::new(Plan {
         name: Some("bench".into()),
         actor: None,

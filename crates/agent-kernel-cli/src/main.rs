@@ -16,6 +16,7 @@ use agent_kernel_core::{
     Environment, Kernel, KernelError, ProcessProbe, SystemClock, ToolRegistry, UuidV7Ids,
     current_owner,
 };
+use agent_kernel_fsm::Guardrail;
 use agent_kernel_sandbox::{FsSandbox, Policy};
 use agent_kernel_txlog::{LogOptions, SqliteLog};
 use anyhow::Context as _;
@@ -41,6 +42,8 @@ pub(crate) mod exit {
 const DEFAULT_DB: &str = "agent-kernel.db";
 /// The default policy file, used when it exists in the working directory.
 const DEFAULT_SANDBOX: &str = "sandbox.toml";
+/// The default FSM table, used when it exists in the working directory.
+const DEFAULT_FSM: &str = "fsm.toml";
 /// Largest `--limit` of `log`.
 const MAX_LOG_LIMIT: u32 = 10_000;
 
@@ -57,6 +60,9 @@ struct Cli {
     /// The sandbox policy [default: ./sandbox.toml if it exists, else deny all]
     #[arg(long, global = true, value_name = "PATH")]
     sandbox: Option<PathBuf>,
+    /// The FSM transition table [default: ./fsm.toml if it exists, else the built-in table]
+    #[arg(long, global = true, value_name = "PATH")]
+    fsm: Option<PathBuf>,
     /// Print exactly one JSON document on stdout instead of human-readable output
     #[arg(long, global = true)]
     json: bool,
@@ -94,6 +100,39 @@ enum Command {
     },
     /// Measure the kernel's per-step cost in a temporary log
     Bench(bench::BenchArgs),
+    /// Show the FSM transition table in use, or check a custom one
+    Fsm {
+        /// Show the table (the default when no subcommand is given)
+        #[arg(long)]
+        show: bool,
+        /// How to show it
+        #[arg(long, value_enum, default_value_t = FsmFormat::Table)]
+        format: FsmFormat,
+        #[command(subcommand)]
+        action: Option<FsmAction>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum FsmAction {
+    /// Validate a custom table: exit 0, or 2 with every problem and its line
+    Check {
+        /// The table to check (TOML)
+        file: PathBuf,
+    },
+}
+
+/// Renderings of the FSM table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum FsmFormat {
+    /// Aligned columns
+    Table,
+    /// A Mermaid state diagram
+    Mermaid,
+    /// A Graphviz digraph
+    Dot,
+    /// `fsm.toml`, loadable with --fsm
+    Toml,
 }
 
 fn parse_durability(text: &str) -> Result<Durability, String> {
@@ -271,6 +310,22 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             }
             Ok(exit::OK)
         }
+        Command::Fsm {
+            show: _,
+            format,
+            action,
+        } => match action {
+            Some(FsmAction::Check { file }) => {
+                let fsm = read_fsm(file)?;
+                out.fsm_checked(file, &fsm);
+                Ok(exit::OK)
+            }
+            None => {
+                let fsm = load_fsm(cli)?;
+                out.fsm(&fsm, *format);
+                Ok(exit::OK)
+            }
+        },
         Command::Bench(args) => {
             let report = bench::run(args).await.map_err(|error| Failure {
                 code: exit::ATTENTION,
@@ -310,6 +365,39 @@ fn read_plan(path: &Path) -> Result<Plan, Failure> {
     Plan::from_json(&text)
         .with_context(|| format!("plan {}", path.display()))
         .map_err(Failure::bad_input)
+}
+
+/// Reads and validates an FSM table file.
+fn read_fsm(path: &Path) -> Result<Guardrail, Failure> {
+    let text = std::fs::read(path)
+        .with_context(|| format!("cannot read FSM table {}", path.display()))
+        .map_err(Failure::bad_input)?;
+    if text.len() > agent_kernel_fsm::MAX_TABLE_BYTES {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "FSM table {} is {} bytes, more than the maximum of {}",
+            path.display(),
+            text.len(),
+            agent_kernel_fsm::MAX_TABLE_BYTES
+        )));
+    }
+    let text = String::from_utf8(text).map_err(|_| {
+        Failure::bad_input(anyhow::anyhow!(
+            "FSM table {} is not UTF-8 text",
+            path.display()
+        ))
+    })?;
+    Guardrail::from_toml_str(&text)
+        .with_context(|| format!("FSM table {}", path.display()))
+        .map_err(Failure::bad_input)
+}
+
+/// The table in force: `--fsm`, else `./fsm.toml` if it exists, else the built-in one.
+fn load_fsm(cli: &Cli) -> Result<Guardrail, Failure> {
+    match &cli.fsm {
+        Some(path) => read_fsm(path),
+        None if Path::new(DEFAULT_FSM).is_file() => read_fsm(Path::new(DEFAULT_FSM)),
+        None => Ok(Guardrail::builtin()),
+    }
 }
 
 fn db_path(cli: &Cli) -> PathBuf {
@@ -370,6 +458,7 @@ fn open_kernel(
     durability: Durability,
     purpose: Compensation,
 ) -> Result<Kernel, Failure> {
+    let fsm = load_fsm(cli)?;
     let sandbox = match purpose {
         Compensation::AndExecution => FsSandbox::new(&load_policy(cli)?)
             .context("cannot open the sandbox's allowed roots")
@@ -397,5 +486,11 @@ fn open_kernel(
         liveness: Arc::new(ProcessProbe::new(owner.clone())),
         owner,
     };
-    Ok(Kernel::new(Arc::new(log), tools, env, durability))
+    Ok(Kernel::new(
+        Arc::new(log),
+        tools,
+        Arc::new(fsm),
+        env,
+        durability,
+    ))
 }

@@ -5,7 +5,30 @@ use agent_kernel_core::{RecoveryAction, RecoveryReport, SagaReport};
 use comfy_table::{ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
 use serde_json::{Value, json};
 
+use crate::FsmFormat;
 use crate::bench::BenchReport;
+use agent_kernel_fsm::Guardrail;
+
+/// The table as one JSON document.
+fn fsm_document(fsm: &Guardrail) -> Value {
+    let transitions: Vec<Value> = fsm
+        .transitions()
+        .iter()
+        .map(|row| {
+            json!({
+                "from": row.from,
+                "event": row.event.as_str(),
+                "to": row.to,
+                "guard": row.guard.map(|guard| guard.as_str()),
+            })
+        })
+        .collect();
+    let terminal: Vec<_> = agent_kernel_api::SagaState::ALL
+        .into_iter()
+        .filter(|state| state.is_terminal())
+        .collect();
+    json!({ "initial": "Idle", "terminal": terminal, "transitions": transitions })
+}
 
 /// Where and how results are printed.
 pub(crate) struct Output {
@@ -61,6 +84,13 @@ impl Output {
         if self.json {
             let mut document =
                 json!({ "error": { "kind": kind, "message": format!("{error:#}") } });
+            if let Some(table) = error.downcast_ref::<agent_kernel_fsm::TableError>() {
+                document["error"]["problems"] = table
+                    .problems
+                    .iter()
+                    .map(|problem| json!({ "line": problem.line, "message": problem.message }))
+                    .collect();
+            }
             if let Some(agent_kernel_core::KernelError::Preflight(problems)) =
                 error.downcast_ref::<agent_kernel_core::KernelError>()
             {
@@ -261,6 +291,37 @@ impl Output {
                 }
             }
         }
+    }
+
+    /// `fsm --show`.
+    pub(crate) fn fsm(&self, fsm: &Guardrail, format: FsmFormat) {
+        if self.json {
+            print_json(&fsm_document(fsm));
+            return;
+        }
+        let text = match format {
+            FsmFormat::Table => fsm.to_text_table(),
+            FsmFormat::Mermaid => fsm.to_mermaid(),
+            FsmFormat::Dot => fsm.to_dot(),
+            FsmFormat::Toml => fsm.to_toml(),
+        };
+        print!("{text}");
+    }
+
+    /// `fsm check FILE` on a valid table.
+    pub(crate) fn fsm_checked(&self, path: &std::path::Path, fsm: &Guardrail) {
+        if self.json {
+            let mut document = fsm_document(fsm);
+            document["ok"] = json!(true);
+            document["file"] = json!(path.display().to_string());
+            print_json(&document);
+            return;
+        }
+        println!(
+            "{}: a valid FSM table ({} transitions)",
+            path.display(),
+            fsm.transitions().len()
+        );
     }
 
     /// `bench`.

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use agent_kernel_api::{Owner, SagaId, SagaState, TxError};
+use agent_kernel_fsm::Denial;
 
 /// One thing wrong with a plan, found before anything ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +68,15 @@ pub enum KernelError {
         /// The process that owns it.
         owner: Owner,
     },
+    /// The FSM guardrail refused: to start the saga (`saga_id` is `None`, nothing was
+    /// written), or to reopen a finished saga.
+    #[error("{}{denial}", .saga_id.as_ref().map(|id| format!("saga {id}: ")).unwrap_or_default())]
+    Denied {
+        /// The saga, if one exists.
+        saga_id: Option<SagaId>,
+        /// The refusal, naming state, event and rule.
+        denial: Denial,
+    },
     /// Another process took the saga over first.
     #[error("saga {0} was taken over by another process; it was not touched")]
     TakenOver(SagaId),
@@ -114,9 +124,15 @@ impl KernelError {
         }
     }
 
-    /// Whether the sandbox denied the plan (and nothing else was wrong with it).
+    /// Whether the sandbox denied the plan (and nothing else was wrong with it), or the FSM
+    /// refused.
     pub fn is_denied(&self) -> bool {
-        matches!(self, KernelError::Preflight(problems)
-            if !problems.is_empty() && problems.iter().all(|p| p.kind == ProblemKind::Denied))
+        match self {
+            KernelError::Preflight(problems) => {
+                !problems.is_empty() && problems.iter().all(|p| p.kind == ProblemKind::Denied)
+            }
+            KernelError::Denied { .. } => true,
+            _ => false,
+        }
     }
 }

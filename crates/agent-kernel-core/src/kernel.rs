@@ -16,6 +16,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tracing::{debug, info, warn};
 
+use agent_kernel_fsm::{Denial, Event, Facts, Guardrail, Rule};
+
 use crate::owner::{Liveness, LivenessProbe};
 use crate::report::{
     Failure, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport, StepReport,
@@ -44,6 +46,7 @@ pub struct Environment {
 pub struct Kernel {
     log: Arc<dyn TxLog>,
     tools: ToolRegistry,
+    fsm: Arc<Guardrail>,
     env: Environment,
     durability: Durability,
 }
@@ -104,17 +107,58 @@ fn contained<T, F: Future<Output = Result<T, ToolError>>>(future: F) -> Containe
     Contained(Box::pin(future))
 }
 
+/// The output hint by which a tool asks for validation next (spec §3.2).
+pub const VALIDATE_HINT: &str = "validate";
+
+/// A saga while `run` drives it.
+struct SagaInFlight {
+    saga_id: SagaId,
+    /// Where the saga stands in memory.
+    state: SagaState,
+    /// Where the log says it stands, once the pending records are written.
+    persisted: SagaState,
+    pending: Vec<LogWrite>,
+    committed: Vec<StepReport>,
+}
+
+impl SagaInFlight {
+    /// The pending records plus the state change they caused, if any, for one write.
+    fn take_batch(&mut self) -> Vec<LogWrite> {
+        if self.state != self.persisted {
+            self.pending.push(LogWrite::SetState {
+                saga_id: self.saga_id.clone(),
+                state: self.state,
+            });
+            self.persisted = self.state;
+        }
+        std::mem::take(&mut self.pending)
+    }
+
+    fn committed(&mut self, seq: u32, tool: &str, reused: bool) {
+        self.committed.push(StepReport {
+            seq,
+            tool: tool.to_owned(),
+            status: StepStatus::Commit,
+            error: None,
+            compensation: None,
+            reused,
+        });
+    }
+}
+
 impl Kernel {
-    /// A kernel over `log` with the tools of `tools`.
+    /// A kernel over `log` with the tools of `tools`, guarded by `fsm`.
     pub fn new(
         log: Arc<dyn TxLog>,
         tools: ToolRegistry,
+        fsm: Arc<Guardrail>,
         env: Environment,
         durability: Durability,
     ) -> Self {
         Self {
             log,
             tools,
+            fsm,
             env,
             durability,
         }
@@ -206,15 +250,19 @@ impl Kernel {
 
     /// Runs `plan` as one saga.
     ///
-    /// Every step's intent is durable in the log before its effect; a step's outcome is
-    /// written together with the next step's intent (one synced commit per step), and the
-    /// last outcome together with `Done`. If a step fails, the steps that ran are compensated
-    /// last-first and the saga ends `FailedRolledBack` (or `FailedRollbackPartial` when a
-    /// compensation fails).
+    /// Every step passes the FSM before any log write for it: the tool must be allowed to
+    /// execute in the saga's state, and the step's success must be a transition the table
+    /// allows. Every step's intent is then durable in the log before its effect; a step's
+    /// outcome is written together with the next step's intent (one synced commit per step),
+    /// and the last outcome together with `Done`. State changes ride in the same transaction
+    /// as the step record that caused them. If a step fails or the FSM denies it, the steps
+    /// that ran are compensated last-first and the saga ends `FailedRolledBack` (or
+    /// `FailedRollbackPartial` when a compensation fails).
     ///
     /// # Errors
     ///
     /// [`KernelError::Preflight`] when the plan is refused (nothing ran);
+    /// [`KernelError::Denied`] when the FSM refuses to start the saga (nothing ran);
     /// [`KernelError::Log`] when the log fails (the saga is then left for `recover`).
     pub async fn run(
         &self,
@@ -230,6 +278,7 @@ impl Kernel {
                 message: "too many steps".into(),
             }])
         })?;
+        let state = self.start_state(plan).await?;
         let saga_id = self.env.ids.new_saga_id();
         let actor = plan.actor.as_deref();
         info!(saga_id = %saga_id, n_steps, "saga started");
@@ -237,19 +286,24 @@ impl Kernel {
             saga_id: &saga_id,
             n_steps,
         });
-        // Records waiting to ride along with the next durable write.
-        let mut pending = vec![LogWrite::CreateSaga(NewSaga {
+        let mut saga = SagaInFlight {
             saga_id: saga_id.clone(),
-            name: plan.name.clone(),
-            actor: plan.actor.clone(),
-            owner: self.env.owner.clone(),
-            n_steps,
-            state: SagaState::Acting,
-        })];
+            state,
+            persisted: state,
+            // Records waiting to ride along with the next durable write.
+            pending: vec![LogWrite::CreateSaga(NewSaga {
+                saga_id: saga_id.clone(),
+                name: plan.name.clone(),
+                actor: plan.actor.clone(),
+                owner: self.env.owner.clone(),
+                n_steps,
+                state,
+            })],
+            // What a `Done` saga's report says, kept as the records are queued, so that
+            // success costs no read of the log.
+            committed: Vec::with_capacity(plan.steps.len()),
+        };
         let mut failure = None;
-        // What a `Done` saga's report says, kept as the records are queued, so that success
-        // costs no read of the log.
-        let mut committed: Vec<StepReport> = Vec::with_capacity(plan.steps.len());
 
         for (step_seq, step) in (0_u32..).zip(&plan.steps) {
             let tool = self
@@ -275,6 +329,25 @@ impl Kernel {
                 idempotency_key: step.idempotency_key.clone(),
                 undo: Undo::none(),
             };
+            let fail = |error: ToolError| Failure {
+                step_seq,
+                tool: step.tool.clone(),
+                error,
+            };
+
+            // The FSM rules on the step before anything about it is written.
+            if let Err(denial) = self.admit_step(saga.state, plan, step_seq, tool.effect()) {
+                let error = ToolError::denied(denial.with_tool(step.tool.as_str()).to_string());
+                warn!(saga_id = %saga_id, step_seq, tool = %step.tool, %error, "step denied");
+                saga.pending.push(LogWrite::BeginStep(begin));
+                saga.pending.push(LogWrite::FailStep {
+                    saga_id: saga_id.clone(),
+                    step_seq,
+                    error: error.clone(),
+                });
+                failure = Some(fail(error));
+                break;
+            }
 
             if let Some(key) = &step.idempotency_key
                 && let Some(binding) = self.log.key_binding(key).await?
@@ -284,25 +357,25 @@ impl Kernel {
                 && let Some(output) = binding.output
             {
                 debug!(saga_id = %saga_id, step_seq, key, from = %binding.saga_id, "reusing committed output");
-                committed.push(StepReport {
-                    seq: step_seq,
-                    tool: step.tool.clone(),
-                    status: StepStatus::Commit,
-                    error: None,
-                    compensation: None,
-                    reused: true,
-                });
-                pending.push(LogWrite::ReuseStep {
+                let hint = output.next_hint.clone();
+                saga.pending.push(LogWrite::ReuseStep {
                     step: begin,
                     from_saga_id: binding.saga_id,
                     from_step_seq: binding.step_seq,
                     output,
                 });
+                saga.committed(step_seq, &step.tool, true);
                 observer.on_event(&SagaEvent::StepFinished {
                     step_seq,
                     tool: &step.tool,
                     status: StepStatus::Commit,
                 });
+                if let Err(denial) = self.advance(&mut saga, plan, step_seq, hint.as_deref()) {
+                    failure = Some(fail(ToolError::denied(
+                        denial.with_tool(step.tool.as_str()).to_string(),
+                    )));
+                    break;
+                }
                 continue;
             }
 
@@ -312,57 +385,50 @@ impl Kernel {
                 Err(error) => {
                     // `prepare` has no side effects, so whatever went wrong, nothing happened.
                     let error = error.not_applied();
-                    pending.push(LogWrite::BeginStep(begin));
-                    pending.push(LogWrite::FailStep {
+                    saga.pending.push(LogWrite::BeginStep(begin));
+                    saga.pending.push(LogWrite::FailStep {
                         saga_id: saga_id.clone(),
                         step_seq,
                         error: error.clone(),
                     });
-                    failure = Some(Failure {
-                        step_seq,
-                        tool: step.tool.clone(),
-                        error,
-                    });
+                    failure = Some(fail(error));
                     break;
                 }
             };
-            pending.push(LogWrite::BeginStep(BeginStep { undo, ..begin }));
+            saga.pending
+                .push(LogWrite::BeginStep(BeginStep { undo, ..begin }));
             // The intent (and the previous step's outcome) is durable before the effect.
-            let outcomes = self.log.write(std::mem::take(&mut pending)).await?;
+            let outcomes = self.log.write(saga.take_batch()).await?;
             if let Some(WriteOutcome::KeyRejected(reason)) = outcomes.last() {
-                failure = Some(Failure {
-                    step_seq,
-                    tool: step.tool.clone(),
-                    error: ToolError::failed(reason.clone()),
-                });
+                failure = Some(fail(ToolError::failed(reason.clone())));
                 break;
             }
 
-            let executed = contained(tool.execute(&ctx, &step.args)).await;
-            match executed {
+            match contained(tool.execute(&ctx, &step.args)).await {
                 Ok(output) => {
-                    committed.push(StepReport {
-                        seq: step_seq,
-                        tool: step.tool.clone(),
-                        status: StepStatus::Commit,
-                        error: None,
-                        compensation: None,
-                        reused: false,
-                    });
-                    pending.push(LogWrite::CommitStep {
+                    let hint = output.next_hint.clone();
+                    saga.pending.push(LogWrite::CommitStep {
                         saga_id: saga_id.clone(),
                         step_seq,
                         output,
                     });
+                    saga.committed(step_seq, &step.tool, false);
                     observer.on_event(&SagaEvent::StepFinished {
                         step_seq,
                         tool: &step.tool,
                         status: StepStatus::Commit,
                     });
+                    if let Err(denial) = self.advance(&mut saga, plan, step_seq, hint.as_deref()) {
+                        // The effect happened and is committed; the saga still cannot go on.
+                        failure = Some(fail(ToolError::denied(
+                            denial.with_tool(step.tool.as_str()).to_string(),
+                        )));
+                        break;
+                    }
                 }
                 Err(error) => {
                     info!(saga_id = %saga_id, step_seq, tool = %step.tool, %error, "step failed");
-                    pending.push(LogWrite::FailStep {
+                    saga.pending.push(LogWrite::FailStep {
                         saga_id: saga_id.clone(),
                         step_seq,
                         error: error.clone(),
@@ -372,11 +438,7 @@ impl Kernel {
                         tool: &step.tool,
                         status: StepStatus::Fail,
                     });
-                    failure = Some(Failure {
-                        step_seq,
-                        tool: step.tool.clone(),
-                        error,
-                    });
+                    failure = Some(fail(error));
                     break;
                 }
             }
@@ -384,28 +446,133 @@ impl Kernel {
 
         match failure {
             None => {
-                pending.push(LogWrite::SetState {
-                    saga_id: saga_id.clone(),
-                    state: SagaState::Done,
-                });
+                assert_eq!(
+                    saga.state,
+                    SagaState::Done,
+                    "a saga without failure ends Done"
+                );
                 // `Done` is durable before it is reported.
-                self.log.write(pending).await?;
+                self.log.write(saga.take_batch()).await?;
                 info!(saga_id = %saga_id, "saga done");
                 Ok(SagaReport {
                     saga_id,
                     state: SagaState::Done,
-                    steps: committed,
+                    steps: saga.committed,
                     failure: None,
                 })
             }
             Some(failure) => {
-                pending.push(LogWrite::SetState {
-                    saga_id: saga_id.clone(),
-                    state: SagaState::Compensating,
-                });
-                self.log.write(pending).await?;
+                saga.state = self.enter_compensating(&saga_id, saga.state);
+                self.log.write(saga.take_batch()).await?;
                 let record = self.load(&saga_id).await?;
                 self.compensate_saga(record, Some(failure), observer).await
+            }
+        }
+    }
+
+    /// `Idle --StartSaga--> Planning --PlanReady--> Acting`, with the facts of the plan.
+    async fn start_state(&self, plan: &Plan) -> Result<SagaState, KernelError> {
+        let actor_idle = match &plan.actor {
+            None => true,
+            Some(actor) => !self
+                .log
+                .unfinished_sagas()
+                .await?
+                .iter()
+                .any(|saga| saga.actor.as_deref() == Some(actor.as_str())),
+        };
+        let facts = Facts {
+            actor_idle,
+            plan_non_empty: !plan.steps.is_empty(),
+            ..Facts::default()
+        };
+        let deny = |denial: Denial| KernelError::Denied {
+            saga_id: None,
+            denial,
+        };
+        let planning = self
+            .fsm
+            .apply(SagaState::Idle, Event::StartSaga, &facts)
+            .map_err(deny)?;
+        self.fsm
+            .apply(planning, Event::PlanReady, &facts)
+            .map_err(deny)
+    }
+
+    /// The facts of step `step_seq` succeeding with output hint `hint`.
+    fn step_facts(&self, plan: &Plan, step_seq: u32, hint: Option<&str>) -> Facts {
+        let next = plan.steps.get(step_seq as usize + 1);
+        let next_is_read_only = next.is_some_and(|next| {
+            self.tools
+                .get(&next.tool)
+                .is_some_and(|tool| tool.effect() == EffectClass::ReadOnly)
+        });
+        Facts {
+            validation_next: hint == Some(VALIDATE_HINT) || next_is_read_only || next.is_none(),
+            more_steps: next.is_some(),
+            saga_complete: next.is_none(),
+            ..Facts::default()
+        }
+    }
+
+    /// Whether the FSM lets step `step_seq` (of class `effect`) execute in `state` and
+    /// succeed there; checked before any log write for the step.
+    fn admit_step(
+        &self,
+        state: SagaState,
+        plan: &Plan,
+        step_seq: u32,
+        effect: EffectClass,
+    ) -> Result<(), Denial> {
+        self.fsm.may_execute(state, effect)?;
+        let event = Guardrail::success_event(state);
+        self.fsm
+            .apply(state, event, &self.step_facts(plan, step_seq, None))
+            .map(|_| ())
+    }
+
+    /// Moves the saga past a successful step; after the last step, through the closing
+    /// validation (`Validating --ValidationPassed--> Done`).
+    fn advance(
+        &self,
+        saga: &mut SagaInFlight,
+        plan: &Plan,
+        step_seq: u32,
+        hint: Option<&str>,
+    ) -> Result<(), Denial> {
+        let facts = self.step_facts(plan, step_seq, hint);
+        let event = Guardrail::success_event(saga.state);
+        saga.state = self.fsm.apply(saga.state, event, &facts)?;
+        if facts.saga_complete && saga.state == SagaState::Validating {
+            // The end of a plan is a validation: every step committed.
+            saga.state = self
+                .fsm
+                .apply(saga.state, Event::ValidationPassed, &facts)?;
+        }
+        if facts.saga_complete && saga.state != SagaState::Done {
+            return Err(Denial {
+                state: saga.state,
+                event: Some(event),
+                tool: None,
+                rule: Rule::NotInTable,
+            });
+        }
+        Ok(())
+    }
+
+    /// The state a failing saga moves to: `Compensating`, through the table's failure event
+    /// for its state. Loaded tables always allow it; a state this build never persists
+    /// (`Idle`, `Planning`) is moved there directly, because rollback must stay possible.
+    fn enter_compensating(&self, saga_id: &SagaId, state: SagaState) -> SagaState {
+        if state == SagaState::Compensating {
+            return state;
+        }
+        let event = Guardrail::failure_event(state);
+        match self.fsm.apply(state, event, &Facts::default()) {
+            Ok(next) => next,
+            Err(denial) => {
+                warn!(saga_id = %saga_id, %denial, "no failure transition; compensating anyway");
+                SagaState::Compensating
             }
         }
     }
@@ -471,11 +638,23 @@ impl Kernel {
                 status,
             });
         }
-        let state = if any_failed {
-            SagaState::FailedRollbackPartial
+        let (event, facts) = if any_failed {
+            let facts = Facts {
+                any_compensation_failed: true,
+                ..Facts::default()
+            };
+            (Event::CompensationFailed, facts)
         } else {
-            SagaState::FailedRolledBack
+            let facts = Facts {
+                all_compensated: true,
+                ..Facts::default()
+            };
+            (Event::CompensationDone, facts)
         };
+        let state = self
+            .fsm
+            .apply(SagaState::Compensating, event, &facts)
+            .expect("loaded tables always let compensation finish");
         self.log
             .write(vec![LogWrite::SetState {
                 saga_id: saga_id.clone(),
@@ -576,15 +755,29 @@ impl Kernel {
         observer: &dyn Observer,
     ) -> Result<SagaReport, KernelError> {
         let record = self.load(saga_id).await?;
-        if record.saga.state == SagaState::FailedRolledBack {
-            return Ok(SagaReport::from_record(&record, None));
+        match record.saga.state {
+            SagaState::FailedRolledBack => return Ok(SagaReport::from_record(&record, None)),
+            state if state.is_terminal() => {
+                // Terminal states absorb every event: a finished saga is never reopened.
+                return Err(KernelError::Denied {
+                    saga_id: Some(saga_id.clone()),
+                    denial: Denial {
+                        state,
+                        event: None,
+                        tool: None,
+                        rule: Rule::Terminal,
+                    },
+                });
+            }
+            _ => {}
         }
         self.take_over(&record).await?;
         info!(saga_id = %saga_id, from = %record.saga.state, "operator rollback");
+        let state = self.enter_compensating(saga_id, record.saga.state);
         self.log
             .write(vec![LogWrite::SetState {
                 saga_id: saga_id.clone(),
-                state: SagaState::Compensating,
+                state,
             }])
             .await?;
         let record = self.load(saga_id).await?;
@@ -628,12 +821,15 @@ impl Kernel {
                 }
                 Err(other) => return Err(other),
             }
-            info!(saga_id = %saga.saga_id, state = %saga.state, "recovering");
+            info!(saga_id = %saga.saga_id, state = %record.saga.state, "recovering");
+            // Recovery resumes from the persisted state: a step was in flight in `Acting` or
+            // `Validating`, so the table's failure event for that state applies.
             if record.saga.state != SagaState::Compensating {
+                let state = self.enter_compensating(&saga.saga_id, record.saga.state);
                 self.log
                     .write(vec![LogWrite::SetState {
                         saga_id: saga.saga_id.clone(),
-                        state: SagaState::Compensating,
+                        state,
                     }])
                     .await?;
             }

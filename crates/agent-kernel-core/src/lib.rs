@@ -17,7 +17,11 @@
 //! 4. **Recovery**: [`Kernel::recover`] rolls back every unfinished saga whose owning
 //!    process is dead (decided from pid, process start time and boot id, so a reused pid is
 //!    not mistaken for the owner). `Done` sagas and sagas of live processes are never touched.
-//! 5. **Exactly-once by key**: a step whose idempotency key is committed in a `Done` saga
+//! 5. **FSM guardrail**: every step passes the [`Guardrail`](agent_kernel_fsm::Guardrail)
+//!    before any log write for it (may this tool run in this state, may it succeed here), and
+//!    every state change is written in the same transaction as the step record that caused
+//!    it; recovery resumes from the persisted state. A denial rolls back what ran.
+//! 6. **Exactly-once by key**: a step whose idempotency key is committed in a `Done` saga
 //!    is not run again; its recorded output is reused.
 //!
 //! Time, ids and process liveness are injected through [`Environment`], so the engine is
@@ -34,6 +38,7 @@
 //!     current_owner, Environment, Kernel, NoObserver, ProcessProbe, SystemClock, ToolRegistry,
 //!     UuidV7Ids,
 //! };
+//! use agent_kernel_fsm::Guardrail;
 //! use agent_kernel_txlog::{LogOptions, SqliteLog};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -51,7 +56,8 @@
 //! };
 //! // Register tools here (see the agent-kernel-tools crate); an empty registry refuses
 //! // every plan in preflight.
-//! let kernel = Kernel::new(Arc::new(log), ToolRegistry::new(), env, Durability::Full);
+//! let fsm = Arc::new(Guardrail::builtin());
+//! let kernel = Kernel::new(Arc::new(log), ToolRegistry::new(), fsm, env, Durability::Full);
 //! let plan = Plan::from_json(r#"{"steps":[{"tool":"noop","args":{}}]}"#)?;
 //! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
 //! let refused = runtime.block_on(kernel.run(&plan, &NoObserver));
@@ -70,7 +76,7 @@ mod report;
 
 pub use env::{SystemClock, UuidV7Ids};
 pub use error::{KernelError, Problem, ProblemKind};
-pub use kernel::{Environment, Kernel, args_hash};
+pub use kernel::{Environment, Kernel, VALIDATE_HINT, args_hash};
 pub use owner::{Liveness, LivenessProbe, ProcessProbe, current_owner};
 pub use registry::{MAX_TOOLS, ToolRegistry};
 pub use report::{

@@ -7,6 +7,7 @@
 //! | [`fs.write`](FsWrite) | `path`, `content` | mutating | restores the exact previous bytes, or removes a file that did not exist |
 //! | [`fs.append`](FsAppend) | `path`, `content` | mutating | truncates back to the previous length, or removes a file that did not exist |
 //! | [`fs.delete`](FsDelete) | `path` | mutating | restores the file with its previous bytes |
+//! | [`validate.file`](ValidateFile) | `path`, and `contains`? / `equals`? | read-only | none; a check that does not hold is a validation failure |
 //! | [`fault.fail`](FaultFail) | `message`? | read-only | none; always fails |
 //! | [`fault.panic`](FaultPanic) | `message`? | read-only | none; panics inside `execute` |
 //!
@@ -75,6 +76,9 @@
 //!   ([`ToolError::failed`](agent_kernel_api::ToolError::failed)) when nothing changed,
 //!   [`ToolError::uncertain`](agent_kernel_api::ToolError::uncertain) when a mutation failed
 //!   part-way.
+//!   A check of `validate.file` that does not hold, a missing file included, is a
+//!   [`ToolError::validation`](agent_kernel_api::ToolError::validation) failure: the world is
+//!   not as the plan expects, so the saga rolls back.
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
@@ -85,6 +89,7 @@ mod fs_delete;
 mod fs_read;
 mod fs_write;
 mod noop;
+mod validate_file;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -102,6 +107,7 @@ pub use fs_delete::FsDelete;
 pub use fs_read::FsRead;
 pub use fs_write::FsWrite;
 pub use noop::{NOOP_SLEEP_MS_MAX, Noop};
+pub use validate_file::ValidateFile;
 
 /// Every built-in tool, ready for a registry.
 ///
@@ -113,7 +119,8 @@ pub fn builtin_tools(sandbox: Arc<FsSandbox>, cwd: PathBuf) -> Vec<Arc<dyn DynTo
         Arc::new(FsRead::new(Arc::clone(&sandbox), cwd.clone())),
         Arc::new(FsWrite::new(Arc::clone(&sandbox), cwd.clone())),
         Arc::new(FsAppend::new(Arc::clone(&sandbox), cwd.clone())),
-        Arc::new(FsDelete::new(sandbox, cwd)),
+        Arc::new(FsDelete::new(Arc::clone(&sandbox), cwd.clone())),
+        Arc::new(ValidateFile::new(sandbox, cwd)),
         Arc::new(FaultFail),
         Arc::new(FaultPanic),
     ]

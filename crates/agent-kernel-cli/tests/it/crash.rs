@@ -34,8 +34,8 @@ fn initial_files() -> Files {
     ])
 }
 
-/// A plan of many mutating steps with short sleeps between them, and the model of its
-/// effects: the files once the saga is `Done`.
+/// A plan of many mutating steps with short sleeps and validation steps between them, and
+/// the model of its effects: the files once the saga is `Done`.
 fn plan_and_model() -> (Value, Files) {
     let mut files = initial_files();
     let mut steps = Vec::new();
@@ -47,6 +47,10 @@ fn plan_and_model() -> (Value, Files) {
         steps.push(json!({ "tool": "fs.write", "args": { "path": "ws/existing.txt", "content": content } }));
         files.insert("existing.txt".into(), content.into_bytes());
         sleep(&mut steps, 4);
+
+        // A validation step: the saga moves to Validating (persisted with the step before
+        // it), so kills also land while a saga stands in Validating.
+        steps.push(json!({ "tool": "validate.file", "args": { "path": "ws/existing.txt", "equals": format!("existing: round {round}\n") } }));
 
         let line = format!("journal line {}\n", round + 1);
         steps.push(
@@ -162,6 +166,7 @@ fn sigkill_at_random_moments_then_recover_restores_before_or_done() {
 
     let mut previous_saga = latest_saga(&project).map(|(saga_id, _)| saga_id);
     let (mut n_killed_running, mut n_done, mut n_rolled_back, mut n_recover_kills) = (0, 0, 0, 0);
+    let mut n_in_validating = 0;
     for attempt in 0..n_kills {
         reset(&project);
         let durability = if attempt % 2 == 0 { "full" } else { "normal" };
@@ -173,6 +178,14 @@ fn sigkill_at_random_moments_then_recover_restores_before_or_done() {
             Duration::from_micros(rng.random_range(0..=full_run.as_micros() as u64 * 11 / 10));
         if kill_after(child, delay) {
             n_killed_running += 1;
+            // Recovery resumes from the state the log holds; count the kills that left a
+            // saga standing in Validating, to show that path is exercised.
+            if let Some((saga_id, state)) = latest_saga(&project)
+                && Some(&saga_id) != previous_saga.as_ref()
+                && state == "Validating"
+            {
+                n_in_validating += 1;
+            }
         }
         // Every third attempt, also kill a recovery midway; the next one must finish the job.
         if attempt % 3 == 0 {
@@ -217,7 +230,11 @@ fn sigkill_at_random_moments_then_recover_restores_before_or_done() {
         }
     }
     eprintln!(
-        "crash test: {n_kills} attempts, {n_killed_running} killed mid-run, {n_recover_kills} recoveries killed, {n_done} Done, {n_rolled_back} restored"
+        "crash test: {n_kills} attempts, {n_killed_running} killed mid-run ({n_in_validating} in Validating), {n_recover_kills} recoveries killed, {n_done} Done, {n_rolled_back} restored"
+    );
+    assert!(
+        n_in_validating > 0,
+        "some kills must leave a saga in Validating"
     );
     assert!(
         n_killed_running >= n_kills / 2,

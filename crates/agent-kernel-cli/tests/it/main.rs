@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod crash;
+mod fsm;
 mod layering;
 mod run;
 

@@ -114,29 +114,26 @@ fn a_failing_plan_restores_every_file_byte_for_byte() {
 }
 
 #[test]
-fn rollback_undoes_a_done_saga() {
+fn rollback_of_a_done_saga_is_denied_by_the_fsm() {
     let project = Project::new();
-    fs::write(project.path("ws/a.txt"), b"original").expect("writes");
-    let before = project.snapshot();
     let plan = project.plan(
         "plan.json",
         &json!({ "steps": [
             step("fs.write", json!({"path": "ws/a.txt", "content": "changed"})),
-            step("fs.write", json!({"path": "ws/b.txt", "content": "created"})),
         ]}),
     );
     let (code, document) = project.run_json(&["run", "--plan", plan.to_str().expect("utf8")]);
     assert_eq!(code, 0, "{document}");
+    let after = project.snapshot();
     let saga_id = document["saga_id"].as_str().expect("id");
-    let (code, rolled_back) = project.run_json(&["rollback", "--saga", saga_id]);
-    assert_eq!(code, 0, "{rolled_back}");
-    assert_eq!(rolled_back["state"], "FailedRolledBack");
-    assert_eq!(statuses(&rolled_back), ["COMPENSATED", "COMPENSATED"]);
-    assert_eq!(project.snapshot(), before);
-    // Recover has nothing to do afterwards.
-    let (code, recovered) = project.run_json(&["recover"]);
-    assert_eq!(code, 0);
-    assert_eq!(recovered["sagas"], json!([]));
+    let output = project.run(&["rollback", "--saga", saga_id]);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("in state Done"),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(project.snapshot(), after, "a Done saga is never reopened");
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Integration tests of the saga engine over a real SQLite log, with in-memory tools whose
 //! "world" is a shared list, so every effect and every compensation is visible.
 
+mod fsm;
 mod idempotency;
 mod recovery;
 mod saga;
@@ -14,6 +15,7 @@ use agent_kernel_api::{
     ToolError, ToolOutput, TransactionalTool, Undo,
 };
 use agent_kernel_core::{Environment, Kernel, Liveness, LivenessProbe, ToolRegistry};
+use agent_kernel_fsm::Guardrail;
 use agent_kernel_txlog::{LogOptions, SqliteLog};
 use serde_json::{Value, json};
 
@@ -38,8 +40,8 @@ impl World {
     }
 }
 
-/// `ledger.add {item, sleep_ms?}`: adds `item` to the world; compensation removes it.
-/// `fail_compensation: true` makes its compensation fail.
+/// `ledger.add {item, sleep_ms?, hint?}`: adds `item` to the world (its output carries
+/// `hint` as `next_hint`); compensation removes it, and fails for items named `stuck…`.
 pub(crate) struct Ledger {
     pub(crate) world: Arc<World>,
 }
@@ -84,9 +86,9 @@ impl TransactionalTool for Ledger {
         if let Some(sleep_ms) = args.get("sleep_ms").and_then(Value::as_u64) {
             tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
         }
-        Ok(ToolOutput::new(
-            json!({ "item": item, "step": ctx.step_seq }),
-        ))
+        let mut output = ToolOutput::new(json!({ "item": item, "step": ctx.step_seq }));
+        output.next_hint = args.get("hint").and_then(Value::as_str).map(str::to_owned);
+        Ok(output)
     }
     async fn compensate(
         &self,
@@ -144,6 +146,58 @@ impl TransactionalTool for Boom {
             panic!("boom panics on purpose");
         }
         Err(ToolError::failed("boom fails on purpose"))
+    }
+    async fn compensate(
+        &self,
+        _ctx: &ToolContext,
+        _args: &Value,
+        _undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> Result<(), ToolError> {
+        Ok(())
+    }
+}
+
+/// `probe {fail?, sleep_ms?}`: read-only; notes the state the log holds for its saga while
+/// it runs (so tests see what was persisted before the step began), then passes or fails.
+pub(crate) struct Probe {
+    pub(crate) world: Arc<World>,
+    pub(crate) log: Arc<SqliteLog>,
+}
+
+impl TransactionalTool for Probe {
+    fn id(&self) -> &str {
+        "probe"
+    }
+    fn version(&self) -> &str {
+        "1.0.0"
+    }
+    fn effect(&self) -> EffectClass {
+        EffectClass::ReadOnly
+    }
+    fn args_schema(&self) -> Value {
+        json!({"type": "object"})
+    }
+    fn check(&self, _args: &Value) -> Result<(), ToolError> {
+        Ok(())
+    }
+    async fn prepare(&self, _ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {
+        Ok(Undo::none())
+    }
+    async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        let record = agent_kernel_api::TxLog::saga(&*self.log, &ctx.saga_id)
+            .await
+            .map_err(|err| ToolError::failed(err.to_string()))?
+            .ok_or_else(|| ToolError::failed("saga not in the log"))?;
+        self.world
+            .note(format!("probe {} saw {}", ctx.step_seq, record.saga.state));
+        if let Some(sleep_ms) = args.get("sleep_ms").and_then(Value::as_u64) {
+            tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
+        }
+        if args.get("fail").is_some() {
+            return Err(ToolError::validation("probe check does not hold"));
+        }
+        Ok(ToolOutput::new(json!({ "state": record.saga.state })))
     }
     async fn compensate(
         &self,
@@ -214,6 +268,7 @@ pub(crate) fn owner(pid: u32) -> Owner {
 /// One test setup: a temp directory with a log, a world, and kernels acting as processes.
 pub(crate) struct Fixture {
     pub(crate) dir: tempfile::TempDir,
+    pub(crate) fsm: Guardrail,
     pub(crate) world: Arc<World>,
     pub(crate) liveness: Arc<StagedLiveness>,
 }
@@ -222,6 +277,7 @@ impl Fixture {
     pub(crate) fn new() -> Self {
         Self {
             dir: tempfile::tempdir().expect("temp dir"),
+            fsm: Guardrail::builtin(),
             world: Arc::new(World::default()),
             liveness: Arc::new(StagedLiveness::default()),
         }
@@ -253,9 +309,16 @@ impl Fixture {
             }))
             .expect("registers");
         tools.register(Arc::new(Boom)).expect("registers");
+        tools
+            .register(Arc::new(Probe {
+                world: self.world.clone(),
+                log: log.clone(),
+            }))
+            .expect("registers");
         Kernel::new(
             log,
             tools,
+            Arc::new(self.fsm.clone()),
             Environment {
                 clock: Arc::new(TickClock(AtomicU64::new(0))),
                 ids: Arc::new(CountingIds {
@@ -289,6 +352,14 @@ pub(crate) fn boom() -> PlanStep {
     PlanStep {
         tool: "boom".into(),
         args: json!({}),
+        idempotency_key: None,
+    }
+}
+
+pub(crate) fn probe(args: Value) -> PlanStep {
+    PlanStep {
+        tool: "probe".into(),
+        args,
         idempotency_key: None,
     }
 }

@@ -19,11 +19,11 @@ async fn crash_mid_saga(fixture: &Fixture, pid: u32, prefix: &str) {
         add(&format!("{prefix}-b")),
         slow,
     ];
-    let abandoned = tokio::time::timeout(
-        Duration::from_millis(200),
-        kernel.run(&plan(steps), &NoObserver),
-    )
-    .await;
+    // One actor per saga: the FSM lets an actor have only one saga in progress.
+    let mut plan = plan(steps);
+    plan.actor = Some(format!("actor-{prefix}"));
+    let abandoned =
+        tokio::time::timeout(Duration::from_millis(200), kernel.run(&plan, &NoObserver)).await;
     assert!(
         abandoned.is_err(),
         "the saga must still be running when abandoned"

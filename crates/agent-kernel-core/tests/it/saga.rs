@@ -144,28 +144,32 @@ async fn preflight_reports_every_problem_and_runs_nothing() {
 }
 
 #[tokio::test]
-async fn rollback_of_a_done_saga_undoes_it_and_a_second_rollback_is_a_no_op() {
+async fn rollback_of_a_finished_saga_is_refused_or_a_no_op() {
     let fixture = Fixture::new();
     let kernel = fixture.kernel(1);
-    let report = kernel
+    let done = kernel
         .run(&plan(vec![add("a"), add("b")]), &NoObserver)
         .await
         .expect("runs");
-    let rolled_back = kernel
-        .rollback(&report.saga_id, &NoObserver)
+    // Done is terminal: the FSM never reopens it.
+    let error = kernel
+        .rollback(&done.saga_id, &NoObserver)
         .await
-        .expect("rolls back");
-    assert_eq!(rolled_back.state, SagaState::FailedRolledBack);
-    assert!(fixture.world.items().is_empty());
+        .expect_err("denied");
+    assert!(error.is_denied(), "{error}");
+    assert!(error.to_string().contains("in state Done"), "{error}");
+    assert_eq!(fixture.world.items(), ["a", "b"]);
+    // A rolled-back saga is reported as it is.
+    let failed = kernel
+        .run(&plan(vec![add("c"), boom()]), &NoObserver)
+        .await
+        .expect("runs");
     let again = kernel
-        .rollback(&report.saga_id, &NoObserver)
+        .rollback(&failed.saga_id, &NoObserver)
         .await
         .expect("no-op");
     assert_eq!(again.state, SagaState::FailedRolledBack);
-    assert_eq!(
-        fixture.world.journal(),
-        ["add a", "add b", "remove b", "remove a"]
-    );
+    assert_eq!(fixture.world.items(), ["a", "b"]);
 }
 
 #[tokio::test]

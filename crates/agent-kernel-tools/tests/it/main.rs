@@ -6,6 +6,7 @@ mod fs_delete;
 mod fs_read;
 mod fs_write;
 mod misc;
+mod validate_file;
 
 use std::fs;
 use std::path::PathBuf;

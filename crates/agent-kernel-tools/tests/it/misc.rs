@@ -17,6 +17,7 @@ fn builtin_tools_lists_every_tool_once() {
         ("fs.write", EffectClass::Mutating),
         ("fs.append", EffectClass::Mutating),
         ("fs.delete", EffectClass::Mutating),
+        ("validate.file", EffectClass::ReadOnly),
         ("fault.fail", EffectClass::ReadOnly),
         ("fault.panic", EffectClass::ReadOnly),
     ];
@@ -36,6 +37,7 @@ fn schemas_are_closed_objects_naming_their_required_fields() {
         ("fs.write", json!(["path", "content"])),
         ("fs.append", json!(["path", "content"])),
         ("fs.delete", json!(["path"])),
+        ("validate.file", json!(["path"])),
         ("fault.fail", json!([])),
         ("fault.panic", json!([])),
     ];

@@ -1,0 +1,198 @@
+//! The FSM guardrail inside the engine: states persisted with the step records that cause
+//! them, denials that roll back what ran, validation flow, recovery from the persisted state.
+
+use std::time::Duration;
+
+use agent_kernel_api::{SagaState, StepStatus};
+use agent_kernel_core::{KernelError, NoObserver, RecoveryAction};
+use agent_kernel_fsm::Guardrail;
+use serde_json::json;
+
+use crate::{Fixture, add, plan, probe};
+
+/// The built-in table without one row, as a custom `fsm.toml` would say.
+fn table_without(row: &str) -> Guardrail {
+    let text = Guardrail::builtin().to_toml();
+    assert!(text.contains(row), "the built-in table has {row:?}");
+    Guardrail::from_toml_str(&text.replacen(row, "", 1)).expect("still a valid table")
+}
+
+#[tokio::test]
+async fn every_step_sees_the_state_its_predecessor_persisted() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let report = kernel
+        .run(
+            &plan(vec![add("a"), probe(json!({})), probe(json!({})), add("b")]),
+            &NoObserver,
+        )
+        .await
+        .expect("runs");
+    assert_eq!(report.state, SagaState::Done);
+    let probes: Vec<_> = fixture
+        .world
+        .journal()
+        .into_iter()
+        .filter(|entry| entry.starts_with("probe"))
+        .collect();
+    // add a (Acting) -> read-only next -> Validating; the first probe passes with more steps
+    // -> Acting; the second probe runs while acting.
+    assert_eq!(probes, ["probe 1 saw Validating", "probe 2 saw Acting"]);
+    let record = kernel
+        .log()
+        .saga(&report.saga_id)
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert_eq!(record.saga.state, SagaState::Done);
+}
+
+#[tokio::test]
+async fn a_failed_validation_rolls_the_saga_back() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let report = kernel
+        .run(
+            &plan(vec![
+                add("a"),
+                add("b"),
+                probe(json!({"fail": true})),
+                add("c"),
+            ]),
+            &NoObserver,
+        )
+        .await
+        .expect("runs");
+    assert_eq!(report.state, SagaState::FailedRolledBack);
+    assert!(fixture.world.items().is_empty());
+    assert!(
+        !report.is_denied(),
+        "a failed check is a rollback (exit 1), not a denial"
+    );
+    let failure = report.failure.expect("failed");
+    assert!(failure.error.is_validation());
+}
+
+#[tokio::test]
+async fn a_mutating_step_while_validating_is_denied_and_what_ran_is_undone() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let mut hinted = add("a");
+    hinted.args = json!({"item": "a", "hint": "validate"});
+    let report = kernel
+        .run(&plan(vec![hinted, add("b")]), &NoObserver)
+        .await
+        .expect("runs");
+    assert_eq!(report.state, SagaState::FailedRolledBack);
+    assert!(report.is_denied());
+    assert!(fixture.world.items().is_empty(), "step 0 was compensated");
+    assert_eq!(
+        fixture.world.journal(),
+        ["add a", "remove a"],
+        "step 1 never ran"
+    );
+    let message = report.failure.expect("failed").error.to_string();
+    assert!(
+        message.contains("in state Validating") && message.contains("tool `ledger.add`"),
+        "{message}"
+    );
+    // The denial is in the log, on the step it refused.
+    let record = kernel
+        .log()
+        .saga(&report.saga_id)
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert_eq!(record.steps[1].status, StepStatus::Fail);
+    assert!(record.steps[1].error.as_ref().expect("error").is_denied());
+}
+
+#[tokio::test]
+async fn a_custom_table_that_forbids_a_needed_transition_denies_and_undoes() {
+    let mut fixture = Fixture::new();
+    fixture.fsm = table_without(
+        "[[transition]]\nfrom = \"Validating\"\nevent = \"ValidationPassed\"\nto = \"Acting\"\nguard = \"more_steps\"\n",
+    );
+    let kernel = fixture.kernel(1);
+    let report = kernel
+        .run(
+            &plan(vec![add("a"), probe(json!({})), add("b")]),
+            &NoObserver,
+        )
+        .await
+        .expect("runs");
+    assert_eq!(report.state, SagaState::FailedRolledBack);
+    assert!(report.is_denied());
+    assert!(fixture.world.items().is_empty());
+    let message = report.failure.expect("failed").error.to_string();
+    assert!(message.contains("event ValidationPassed"), "{message}");
+}
+
+#[tokio::test]
+async fn an_actor_runs_one_saga_at_a_time() {
+    let fixture = Fixture::new();
+    let first = fixture.kernel(1);
+    let mut slow = add("slow");
+    slow.args = json!({"item": "slow", "sleep_ms": 60_000});
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(200),
+        first.run(&plan(vec![slow]), &NoObserver),
+    )
+    .await;
+    assert!(abandoned.is_err());
+    let second = fixture.kernel(2);
+    let error = second
+        .run(&plan(vec![add("x")]), &NoObserver)
+        .await
+        .expect_err("denied");
+    assert!(
+        matches!(error, KernelError::Denied { saga_id: None, .. }),
+        "{error}"
+    );
+    assert!(error.is_denied());
+    assert!(error.to_string().contains("actor_idle"), "{error}");
+    assert_eq!(
+        fixture.world.items(),
+        ["slow"],
+        "nothing of the second saga ran"
+    );
+    let mut other = plan(vec![add("y")]);
+    other.actor = Some("someone else".into());
+    let report = second.run(&other, &NoObserver).await.expect("runs");
+    assert_eq!(report.state, SagaState::Done);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_resumes_from_the_persisted_validating_state() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let steps = vec![add("a"), probe(json!({"sleep_ms": 60_000}))];
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(300),
+        kernel.run(&plan(steps), &NoObserver),
+    )
+    .await;
+    assert!(abandoned.is_err());
+    let unfinished = kernel.log().unfinished_sagas().await.expect("reads");
+    assert_eq!(
+        unfinished[0].state,
+        SagaState::Validating,
+        "persisted before the probe ran"
+    );
+    fixture
+        .liveness
+        .dead_pids
+        .lock()
+        .expect("not poisoned")
+        .push(1);
+    let report = fixture
+        .kernel(2)
+        .recover(&NoObserver)
+        .await
+        .expect("recovers");
+    let [RecoveryAction::RolledBack(saga)] = &report.sagas[..] else {
+        panic!("expected one rolled back saga: {report:?}");
+    };
+    assert_eq!(saga.state, SagaState::FailedRolledBack);
+    assert!(fixture.world.items().is_empty());
+}

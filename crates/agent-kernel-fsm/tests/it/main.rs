@@ -1,0 +1,7 @@
+//! Integration tests of the FSM guardrail.
+
+mod deny;
+mod execute;
+mod props;
+mod rows;
+mod table;
