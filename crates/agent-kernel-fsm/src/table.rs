@@ -416,6 +416,24 @@ pub(crate) fn validate(rows: &[(usize, Transition)]) -> Vec<Problem> {
             SagaState::FailedRollbackPartial,
         ),
     ];
+    // The engine starts every saga with `StartSaga` then `PlanReady`, both guards holding,
+    // and runs its first step in the state that leads to; it must be `Acting`.
+    if reachable.contains(SagaState::Acting.as_str()) {
+        let start_facts = Facts {
+            actor_idle: true,
+            plan_non_empty: true,
+            ..Facts::default()
+        };
+        let started = machine
+            .apply(SagaState::Idle, Event::StartSaga, &start_facts)
+            .and_then(|planning| machine.apply(planning, Event::PlanReady, &start_facts));
+        if started != Ok(SagaState::Acting) {
+            problems.push(Problem {
+                line: first_line_of(SagaState::Idle),
+                message: "a saga could never start: `StartSaga` then `PlanReady` (with their guards holding) must lead from Idle to Acting".to_owned(),
+            });
+        }
+    }
     for (state, event, facts, to) in required {
         if !reachable.contains(state.as_str()) {
             continue;

@@ -192,3 +192,20 @@ fn renderings_show_every_row() {
     let table = fsm.to_text_table();
     assert_eq!(table.lines().count(), 1 + fsm.transitions().len());
 }
+
+#[test]
+fn a_table_that_could_never_start_a_saga_is_refused() {
+    // `PlanReady` leading to Validating: the engine's first step would not run in Acting.
+    let text = builtin_with(|t| {
+        t.replacen(
+            "event = \"PlanReady\"\nto = \"Acting\"",
+            "event = \"PlanReady\"\nto = \"Validating\"",
+            1,
+        )
+    });
+    let problems = Guardrail::from_toml_str(&text).expect_err("refused").problems;
+    assert!(
+        problems.iter().any(|p| p.message.contains("a saga could never start")),
+        "{problems:#?}"
+    );
+}
