@@ -29,7 +29,8 @@
 //!
 //! ```
 //! use agent_kernel_api::{
-//!     DynTool, EffectClass, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
+//!     DynTool, EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool,
+//!     Undo,
 //! };
 //! use serde_json::{json, Value};
 //!
@@ -40,6 +41,8 @@
 //!     fn id(&self) -> &str { "echo" }
 //!     fn version(&self) -> &str { "1.0.0" }
 //!     fn effect(&self) -> EffectClass { EffectClass::ReadOnly }
+//!     fn idempotent(&self) -> bool { true }
+//!     fn settlement(&self) -> Settlement { Settlement::Compensate }
 //!     fn args_schema(&self) -> Value { json!({ "type": "object" }) }
 //!     fn check(&self, _args: &Value) -> Result<(), ToolError> { Ok(()) }
 //!     async fn prepare(&self, _ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {
@@ -83,6 +86,6 @@ pub use plan::{
 };
 pub use state::{Durability, SagaId, SagaState, StepStatus};
 pub use tool::{
-    BoxFuture, DynTool, EffectClass, Outcome, ToolContext, ToolError, ToolErrorKind, ToolOutput,
-    TransactionalTool, Undo,
+    BoxFuture, DynTool, EffectClass, Outcome, ProbeOutcome, Settlement, ToolContext, ToolError,
+    ToolErrorKind, ToolOutput, TransactionalTool, Undo,
 };

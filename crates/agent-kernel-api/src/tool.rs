@@ -39,6 +39,45 @@ impl fmt::Display for EffectClass {
     }
 }
 
+/// How a step whose outcome is unknown (a timeout, a crash, a lost reply between the effect
+/// and its log record) is settled. Every tool declares one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Settlement {
+    /// Compensation is safe whether or not the effect happened: run it.
+    /// (All built-in file tools; read-only tools, whose compensation does nothing.)
+    Compensate,
+    /// The tool can tell whether the effect happened: ask
+    /// [`TransactionalTool::probe`], then compensate if it did.
+    Probe,
+    /// Neither: the saga stops for an operator (`FailedRollbackPartial`, exit 3); the step is
+    /// never assumed done or undone.
+    Operator,
+}
+
+impl Settlement {
+    /// The name used in listings and the log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Settlement::Compensate => "compensate",
+            Settlement::Probe => "probe",
+            Settlement::Operator => "operator",
+        }
+    }
+}
+
+/// What [`TransactionalTool::probe`] found out about a step whose outcome was unknown.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProbeOutcome {
+    /// The effect happened (with the output, if the tool can reconstruct it).
+    Happened(Option<ToolOutput>),
+    /// The effect did not happen.
+    NotHappened,
+    /// The tool cannot tell either.
+    Unknown,
+}
+
 /// Who is running a step, and how: handed to every tool call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolContext {
@@ -307,6 +346,13 @@ pub trait TransactionalTool: Send + Sync + 'static {
     /// Whether the tool changes the world.
     fn effect(&self) -> EffectClass;
 
+    /// Whether running the tool twice with the same arguments has the effect of running it
+    /// once. Only idempotent tools are ever retried.
+    fn idempotent(&self) -> bool;
+
+    /// How a step of this tool whose outcome is unknown is settled.
+    fn settlement(&self) -> Settlement;
+
     /// The JSON Schema of the tool's arguments.
     fn args_schema(&self) -> Value;
 
@@ -340,6 +386,22 @@ pub trait TransactionalTool: Send + Sync + 'static {
         args: &Value,
     ) -> impl Future<Output = Result<ToolOutput, ToolError>> + Send;
 
+    /// Tells whether the effect of a step whose outcome is unknown happened, without
+    /// changing anything. Called only for tools whose [`settlement`](Self::settlement) is
+    /// [`Settlement::Probe`]; the default answers [`ProbeOutcome::Unknown`].
+    ///
+    /// # Errors
+    ///
+    /// A [`ToolError`] when the probe itself failed; the outcome then stays unknown.
+    fn probe(
+        &self,
+        _ctx: &ToolContext,
+        _args: &Value,
+        _undo: &Undo,
+    ) -> impl Future<Output = Result<ProbeOutcome, ToolError>> + Send {
+        std::future::ready(Ok(ProbeOutcome::Unknown))
+    }
+
     /// Undoes the effect of `execute` using what `prepare` captured.
     ///
     /// `output` is `None` when the step's outcome was never recorded (the process died between
@@ -368,6 +430,10 @@ pub trait DynTool: Send + Sync + 'static {
     fn version(&self) -> &str;
     /// See [`TransactionalTool::effect`].
     fn effect(&self) -> EffectClass;
+    /// See [`TransactionalTool::idempotent`].
+    fn idempotent(&self) -> bool;
+    /// See [`TransactionalTool::settlement`].
+    fn settlement(&self) -> Settlement;
     /// See [`TransactionalTool::args_schema`].
     fn args_schema(&self) -> Value;
     /// See [`TransactionalTool::check`].
@@ -388,6 +454,13 @@ pub trait DynTool: Send + Sync + 'static {
         ctx: &'a ToolContext,
         args: &'a Value,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>>;
+    /// See [`TransactionalTool::probe`].
+    fn probe<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+        undo: &'a Undo,
+    ) -> BoxFuture<'a, Result<ProbeOutcome, ToolError>>;
     /// See [`TransactionalTool::compensate`].
     fn compensate<'a>(
         &'a self,
@@ -409,6 +482,14 @@ impl<T: TransactionalTool> DynTool for T {
 
     fn effect(&self) -> EffectClass {
         TransactionalTool::effect(self)
+    }
+
+    fn idempotent(&self) -> bool {
+        TransactionalTool::idempotent(self)
+    }
+
+    fn settlement(&self) -> Settlement {
+        TransactionalTool::settlement(self)
     }
 
     fn args_schema(&self) -> Value {
@@ -433,6 +514,15 @@ impl<T: TransactionalTool> DynTool for T {
         args: &'a Value,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
         Box::pin(TransactionalTool::execute(self, ctx, args))
+    }
+
+    fn probe<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+        undo: &'a Undo,
+    ) -> BoxFuture<'a, Result<ProbeOutcome, ToolError>> {
+        Box::pin(TransactionalTool::probe(self, ctx, args, undo))
     }
 
     fn compensate<'a>(

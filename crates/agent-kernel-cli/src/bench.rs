@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 
 use agent_kernel_api::{
     BoxFuture, Durability, EffectClass, KeyBinding, LogWrite, Owner, Plan, PlanStep, SagaId,
-    SagaRecord, SagaState, SagaSummary, ToolContext, ToolError, ToolOutput, TransactionalTool,
-    TxError, TxLog, Undo, WriteOutcome,
+    SagaRecord, SagaState, SagaSummary, Settlement, ToolContext, ToolError, ToolOutput,
+    TransactionalTool, TxError, TxLog, Undo, WriteOutcome,
 };
 use agent_kernel_core::{
-    Environment, Kernel, Observer, ProcessProbe, SagaEvent, SystemClock, ToolRegistry, UuidV7Ids,
-    current_owner,
+    Environment, Kernel, Observer, ProcessProbe, SagaEvent, SystemClock, UuidV7Ids, current_owner,
 };
+use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
 use agent_kernel_txlog::{LogOptions, SqliteLog, measure_commit_floor};
 use anyhow::{Context as _, bail};
 use serde::Serialize;
@@ -61,6 +61,14 @@ impl TransactionalTool for BenchStep {
 
     fn effect(&self) -> EffectClass {
         EffectClass::Mutating
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn settlement(&self) -> Settlement {
+        Settlement::Compensate
     }
 
     fn args_schema(&self) -> Value {
@@ -257,7 +265,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         inner: log,
         n_writes: AtomicU64::new(0),
     });
-    let mut tools = ToolRegistry::new();
+    let mut tools = Dispatcher::new(Limits::default(), Arc::new(NoJitter))?;
     tools.register(Arc::new(BenchStep))?;
     let owner = current_owner().context("cannot identify this process in /proc")?;
     let env = Environment {
@@ -267,7 +275,13 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         owner,
     };
     let fsm = Arc::new(agent_kernel_fsm::Guardrail::builtin());
-    let kernel = Arc::new(Kernel::new(log.clone(), tools, fsm, env, args.durability));
+    let kernel = Arc::new(Kernel::new(
+        log.clone(),
+        Arc::new(tools),
+        fsm,
+        env,
+        args.durability,
+    ));
     let plan = Arc::new(Plan {
         name: Some("bench".into()),
         actor: None,

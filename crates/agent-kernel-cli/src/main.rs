@@ -13,11 +13,12 @@ use std::sync::Arc;
 
 use agent_kernel_api::{Durability, Plan, SagaId, SagaState, TxError};
 use agent_kernel_core::{
-    Environment, Kernel, KernelError, ProcessProbe, SystemClock, ToolRegistry, UuidV7Ids,
+    Cancellation, Environment, Kernel, KernelError, ProcessProbe, SystemClock, UuidV7Ids,
     current_owner,
 };
+use agent_kernel_dispatcher::{Dispatcher, Limits, SeededJitter};
 use agent_kernel_fsm::Guardrail;
-use agent_kernel_sandbox::{FsSandbox, Policy};
+use agent_kernel_sandbox::{FsSandbox, HttpSandbox, Policy};
 use agent_kernel_txlog::{LogOptions, SqliteLog};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -34,7 +35,7 @@ pub(crate) mod exit {
     pub(crate) const BAD_INPUT: u8 = 2;
     /// Operator attention needed: a compensation failed.
     pub(crate) const ATTENTION: u8 = 3;
-    /// Denied by the sandbox (or, later, the FSM).
+    /// Denied by the sandbox or the FSM.
     pub(crate) const DENIED: u8 = 4;
 }
 
@@ -66,6 +67,15 @@ struct Cli {
     /// Print exactly one JSON document on stdout instead of human-readable output
     #[arg(long, global = true)]
     json: bool,
+    /// More log detail on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    verbose: u8,
+    /// Only errors on stderr
+    #[arg(short, long, global = true)]
+    quiet: bool,
+    /// How logs on stderr are written
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -120,6 +130,15 @@ enum FsmAction {
         /// The table to check (TOML)
         file: PathBuf,
     },
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines
+    Text,
+    /// One JSON object per line, with the saga and step spans
+    Json,
 }
 
 /// Renderings of the FSM table.
@@ -184,7 +203,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => return usage_error(&error),
     };
-    init_tracing();
+    init_tracing(&cli);
     let out = Output::new(cli.json);
     // One thread drives every saga; SQLite work runs on the log's own writer thread and file
     // I/O on the blocking pool, so a second async worker would only add cross-thread wake-ups.
@@ -234,13 +253,60 @@ fn usage_error(error: &clap::Error) -> ExitCode {
     ExitCode::from(exit::BAD_INPUT)
 }
 
-fn init_tracing() {
+/// Logs go to stderr: `RUST_LOG` if set, else the level `-v`/`-q` choose (default `warn`).
+fn init_tracing(cli: &Cli) {
+    let level = match (cli.quiet, cli.verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, 2) => "debug",
+        (false, _) => "trace",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
+}
+
+/// Stops a running saga at the next step boundary on the first SIGINT or SIGTERM; a second
+/// signal exits at once, leaving the saga for `agent-kernel recover`.
+fn watch_signals(cancel: Arc<Cancellation>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        tracing::warn!("cannot install signal handlers; Ctrl-C will stop the process at once");
+        return;
+    };
+    tokio::spawn(async move {
+        let mut n_signals = 0_u32;
+        loop {
+            let name = tokio::select! {
+                _ = interrupt.recv() => "SIGINT",
+                _ = terminate.recv() => "SIGTERM",
+            };
+            n_signals += 1;
+            if n_signals == 1 {
+                eprintln!(
+                    "agent-kernel: {name} received; stopping at the next step boundary and rolling back (send it again to exit at once and leave the saga to `agent-kernel recover`)"
+                );
+                cancel.cancel(format!("{name} received"));
+            } else {
+                eprintln!("agent-kernel: second {name}: exiting now; run `agent-kernel recover`");
+                std::process::exit(130);
+            }
+        }
+    });
 }
 
 async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
@@ -250,7 +316,9 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             let plan = read_plan(plan)?;
             let kernel = open_kernel(cli, *durability, Compensation::AndExecution)?;
             let progress = progress::StepProgress::new(plan.steps.len());
-            let report = kernel.run(&plan, &progress).await?;
+            let cancel = Arc::new(Cancellation::new());
+            watch_signals(cancel.clone());
+            let report = kernel.run_cancellable(&plan, &progress, &cancel).await?;
             progress.finish();
             out.saga(&report);
             Ok(match report.state {
@@ -429,6 +497,24 @@ fn load_policy(cli: &Cli) -> Result<Policy, Failure> {
     }
 }
 
+/// The dispatcher's bounds: the policy's `[limits]` section, else the defaults.
+fn load_limits(policy: &Policy) -> Result<Limits, Failure> {
+    let Some(table) = policy.limits_table() else {
+        return Ok(Limits::default());
+    };
+    let limits: Limits = toml::Value::Table(table.clone())
+        .try_into()
+        .with_context(|| format!("sandbox policy {}: [limits]", policy.origin()))
+        .map_err(Failure::bad_input)?;
+    limits.validate().map_err(|message| {
+        Failure::bad_input(anyhow::anyhow!(
+            "sandbox policy {}: [limits]: {message}",
+            policy.origin()
+        ))
+    })?;
+    Ok(limits)
+}
+
 /// Refuses to go on when the log file does not exist: reading must not create one.
 fn require_log(cli: &Cli) -> Result<(), Failure> {
     let path = db_path(cli);
@@ -458,19 +544,40 @@ fn open_kernel(
     durability: Durability,
     purpose: Compensation,
 ) -> Result<Kernel, Failure> {
-    let fsm = load_fsm(cli)?;
-    let sandbox = match purpose {
-        Compensation::AndExecution => FsSandbox::new(&load_policy(cli)?)
-            .context("cannot open the sandbox's allowed roots")
-            .map_err(Failure::bad_input)?,
-        Compensation::Only => FsSandbox::deny_all(),
+    let (fsm, policy) = match purpose {
+        Compensation::AndExecution => (load_fsm(cli)?, load_policy(cli)?),
+        Compensation::Only => {
+            // Rollback must stay possible: every loaded table lets failures and compensations
+            // finish, so a broken table file falls back to the built-in one here.
+            let fsm = load_fsm(cli).unwrap_or_else(|failure| {
+                tracing::warn!(error = %failure.error, "using the built-in FSM table for recovery");
+                Guardrail::builtin()
+            });
+            (fsm, Policy::deny_all())
+        }
     };
+    let fs_sandbox = FsSandbox::new(&policy)
+        .context("cannot open the sandbox's allowed roots")
+        .map_err(Failure::bad_input)?;
+    let http_sandbox = HttpSandbox::new(&policy);
     let cwd = std::env::current_dir()
         .context("cannot read the working directory")
         .map_err(Failure::bad_input)?;
-    let mut tools = ToolRegistry::new();
-    for tool in agent_kernel_tools::builtin_tools(Arc::new(sandbox), cwd) {
-        tools.register(tool)?;
+    let limits = load_limits(&policy)?;
+    let jitter = Arc::new(SeededJitter::new(u64::from(std::process::id())));
+    let mut tools = Dispatcher::new(limits, jitter)
+        .context("dispatcher limits")
+        .map_err(Failure::bad_input)?;
+    for tool in agent_kernel_tools::builtin_tools(Arc::new(fs_sandbox), Arc::new(http_sandbox), cwd)
+    {
+        tools
+            .register(tool)
+            .context("registering the built-in tools")
+            .map_err(|error| Failure {
+                code: exit::ATTENTION,
+                kind: "internal",
+                error,
+            })?;
     }
     let owner = current_owner()
         .context("cannot identify this process in /proc")
@@ -488,7 +595,7 @@ fn open_kernel(
     };
     Ok(Kernel::new(
         Arc::new(log),
-        tools,
+        Arc::new(tools),
         Arc::new(fsm),
         env,
         durability,

@@ -80,12 +80,6 @@ pub enum KernelError {
     /// Another process took the saga over first.
     #[error("saga {0} was taken over by another process; it was not touched")]
     TakenOver(SagaId),
-    /// Two tools with one id were registered.
-    #[error("tool `{0}` is registered twice")]
-    DuplicateTool(String),
-    /// A registry holds at most this many tools.
-    #[error("a registry holds at most {0} tools")]
-    TooManyTools(usize),
     /// The log holds a saga the kernel cannot make sense of.
     #[error("saga {saga_id}: {reason}")]
     Inconsistent {

@@ -1,28 +1,26 @@
 //! The saga manager: run, roll back, recover.
 
 use std::collections::HashMap;
-use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use agent_kernel_api::Durability;
 use agent_kernel_api::{
-    BeginStep, Clock, DynTool, EffectClass, IdSource, LogWrite, NewSaga, Owner, Plan, SagaId,
-    SagaRecord, SagaState, StepRecord, StepStatus, ToolContext, ToolError, TxLog, Undo,
-    WriteOutcome,
+    BeginStep, Clock, DynTool, EffectClass, IdSource, LogWrite, NewSaga, Owner, Plan, ProbeOutcome,
+    SagaId, SagaRecord, SagaState, Settlement, StepRecord, StepStatus, ToolContext, ToolError,
+    TxLog, Undo, WriteOutcome,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, field, info, info_span, warn};
 
+use agent_kernel_dispatcher::Dispatcher;
 use agent_kernel_fsm::{Denial, Event, Facts, Guardrail, Rule};
 
 use crate::owner::{Liveness, LivenessProbe};
 use crate::report::{
     Failure, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport, StepReport,
 };
-use crate::{KernelError, Problem, ProblemKind, ToolRegistry};
+use crate::{Cancellation, KernelError, Problem, ProblemKind};
 
 /// What the kernel needs from the outside world, injected.
 #[derive(Clone)]
@@ -45,7 +43,7 @@ pub struct Environment {
 /// sagas left unfinished by dead processes.
 pub struct Kernel {
     log: Arc<dyn TxLog>,
-    tools: ToolRegistry,
+    tools: Arc<Dispatcher>,
     fsm: Arc<Guardrail>,
     env: Environment,
     durability: Durability,
@@ -74,37 +72,6 @@ pub fn args_hash(tool_id: &str, args: &Value) -> String {
         .iter()
         .map(|byte| format!("{byte:02x}"))
         .collect()
-}
-
-/// Polls a tool's future inside `catch_unwind`, so that a panic inside the tool becomes an
-/// error instead of unwinding through the kernel.
-///
-/// This costs nothing on the happy path, unlike spawning a task per call (which would also
-/// move the call to another worker thread and add a cross-thread wake-up per step).
-struct Contained<F>(Pin<Box<F>>);
-
-impl<T, F: Future<Output = Result<T, ToolError>>> Future for Contained<F> {
-    type Output = Result<T, ToolError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // After a panic the future is never polled again: `Ready` is returned at once.
-        let future = self.0.as_mut();
-        match std::panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
-            Ok(poll) => poll,
-            Err(payload) => {
-                let message = payload
-                    .downcast_ref::<&str>()
-                    .map(|text| (*text).to_owned())
-                    .or_else(|| payload.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "panic with a non-text payload".to_owned());
-                Poll::Ready(Err(ToolError::panicked(message)))
-            }
-        }
-    }
-}
-
-fn contained<T, F: Future<Output = Result<T, ToolError>>>(future: F) -> Contained<F> {
-    Contained(Box::pin(future))
 }
 
 /// The output hint by which a tool asks for validation next (spec §3.2).
@@ -147,10 +114,11 @@ impl SagaInFlight {
 }
 
 impl Kernel {
-    /// A kernel over `log` with the tools of `tools`, guarded by `fsm`.
+    /// A kernel over `log` running the tools of `tools` (through its checks and bounds),
+    /// guarded by `fsm`.
     pub fn new(
         log: Arc<dyn TxLog>,
-        tools: ToolRegistry,
+        tools: Arc<Dispatcher>,
         fsm: Arc<Guardrail>,
         env: Environment,
         durability: Durability,
@@ -186,15 +154,15 @@ impl Kernel {
                 kind,
                 message,
             };
-            let Some(tool) = self.tools.get(&step.tool) else {
+            if self.tools.get(&step.tool).is_none() {
                 let known: Vec<&str> = self.tools.ids().collect();
                 problems.push(problem(
                     ProblemKind::UnknownTool,
                     format!("unknown tool (known tools: {})", known.join(", ")),
                 ));
                 continue;
-            };
-            if let Err(error) = tool.check(&step.args) {
+            }
+            if let Err(error) = self.tools.check(&step.tool, &step.args) {
                 let kind = if error.is_denied() {
                     ProblemKind::Denied
                 } else {
@@ -269,6 +237,23 @@ impl Kernel {
         plan: &Plan,
         observer: &dyn Observer,
     ) -> Result<SagaReport, KernelError> {
+        self.run_cancellable(plan, observer, &Cancellation::new())
+            .await
+    }
+
+    /// [`Kernel::run`], stopping at the next step boundary once `cancel` is cancelled: no
+    /// further step begins, the reason is recorded on the step that did not run, and the
+    /// steps that ran are compensated (the saga ends `FailedRolledBack`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Kernel::run`].
+    pub async fn run_cancellable(
+        &self,
+        plan: &Plan,
+        observer: &dyn Observer,
+        cancel: &Cancellation,
+    ) -> Result<SagaReport, KernelError> {
         self.preflight(plan).await?;
         let n_steps = u32::try_from(plan.steps.len()).map_err(|_| {
             KernelError::Preflight(vec![Problem {
@@ -280,8 +265,29 @@ impl Kernel {
         })?;
         let state = self.start_state(plan).await?;
         let saga_id = self.env.ids.new_saga_id();
+        let span = info_span!("saga", saga_id = %saga_id, n_steps, state = field::Empty);
+        let report = self
+            .drive(plan, observer, cancel, saga_id, state, n_steps)
+            .instrument(span.clone())
+            .await;
+        if let Ok(report) = &report {
+            span.record("state", report.state.as_str());
+        }
+        report
+    }
+
+    /// Runs a started saga's steps, then finishes or compensates it.
+    async fn drive(
+        &self,
+        plan: &Plan,
+        observer: &dyn Observer,
+        cancel: &Cancellation,
+        saga_id: SagaId,
+        state: SagaState,
+        n_steps: u32,
+    ) -> Result<SagaReport, KernelError> {
         let actor = plan.actor.as_deref();
-        info!(saga_id = %saga_id, n_steps, "saga started");
+        info!(n_steps, "saga started");
         observer.on_event(&SagaEvent::Started {
             saga_id: &saga_id,
             n_steps,
@@ -335,6 +341,19 @@ impl Kernel {
                 error,
             };
 
+            if let Some(reason) = cancel.reason() {
+                let error = ToolError::failed(format!("cancelled before this step: {reason}"));
+                warn!(saga_id = %saga_id, step_seq, %error, "saga cancelled");
+                saga.pending.push(LogWrite::BeginStep(begin));
+                saga.pending.push(LogWrite::FailStep {
+                    saga_id: saga_id.clone(),
+                    step_seq,
+                    error: error.clone(),
+                });
+                failure = Some(fail(error));
+                break;
+            }
+
             // The FSM rules on the step before anything about it is written.
             if let Err(denial) = self.admit_step(saga.state, plan, step_seq, tool.effect()) {
                 let error = ToolError::denied(denial.with_tool(step.tool.as_str()).to_string());
@@ -379,7 +398,16 @@ impl Kernel {
                 continue;
             }
 
-            let prepared = contained(tool.prepare(&ctx, &step.args)).await;
+            let step_span =
+                info_span!("step", step = step_seq, tool = %step.tool, outcome = field::Empty);
+            let prepared = self
+                .tools
+                .prepare(&ctx, &step.args)
+                .instrument(step_span.clone())
+                .await;
+            if prepared.is_err() {
+                step_span.record("outcome", "fail");
+            }
             let undo = match prepared {
                 Ok(undo) => undo,
                 Err(error) => {
@@ -404,7 +432,13 @@ impl Kernel {
                 break;
             }
 
-            match contained(tool.execute(&ctx, &step.args)).await {
+            let executed = self
+                .tools
+                .execute(&ctx, &step.args)
+                .instrument(step_span.clone())
+                .await;
+            step_span.record("outcome", if executed.is_ok() { "commit" } else { "fail" });
+            match executed {
                 Ok(output) => {
                     let hint = output.next_hint.clone();
                     saga.pending.push(LogWrite::CommitStep {
@@ -569,9 +603,9 @@ impl Kernel {
         }
         let event = Guardrail::failure_event(state);
         match self.fsm.apply(state, event, &Facts::default()) {
-            Ok(next) => next,
-            Err(denial) => {
-                warn!(saga_id = %saga_id, %denial, "no failure transition; compensating anyway");
+            Ok(SagaState::Compensating) => SagaState::Compensating,
+            other => {
+                warn!(saga_id = %saga_id, %state, %event, ?other, "no failure transition to Compensating; compensating anyway");
                 SagaState::Compensating
             }
         }
@@ -615,7 +649,19 @@ impl Kernel {
             if !Self::needs_compensation(step) {
                 continue;
             }
-            let result = self.compensate_step(&saga_id, actor, step).await;
+            let span = info_span!("compensate", step = step.step_seq, tool = %step.tool_id, outcome = field::Empty);
+            let result = self
+                .compensate_step(&saga_id, actor, step)
+                .instrument(span.clone())
+                .await;
+            span.record(
+                "outcome",
+                if result.is_ok() {
+                    "compensated"
+                } else {
+                    "compensation_failed"
+                },
+            );
             if let Err(error) = &result {
                 any_failed = true;
                 warn!(saga_id = %saga_id, step_seq = step.step_seq, tool = %step.tool_id, %error, "compensation failed");
@@ -697,16 +743,47 @@ impl Kernel {
             step.idempotency_key.as_deref(),
             actor,
         );
-        let in_doubt = step.status != StepStatus::Commit;
-        contained(tool.compensate(&ctx, &step.args, &step.undo, step.output.as_ref()))
-            .await
-            .map(|()| {
-                if in_doubt {
-                    "compensated (outcome was in doubt)".to_owned()
-                } else {
-                    "compensated".to_owned()
+        // A committed step's effect happened: undo it. Otherwise the outcome is unknown (the
+        // process died before the outcome was logged, or the tool failed with an uncertain
+        // outcome) and the tool's declared settlement decides.
+        if step.status == StepStatus::Commit || step.output.is_some() {
+            return self
+                .tools
+                .compensate(&ctx, &step.args, &step.undo, step.output.as_ref())
+                .await
+                .map(|()| "compensated".to_owned());
+        }
+        match tool.settlement() {
+            Settlement::Compensate => self
+                .tools
+                .compensate(&ctx, &step.args, &step.undo, None)
+                .await
+                .map(|()| {
+                    "compensated (outcome was in doubt; compensation is safe either way)".to_owned()
+                }),
+            Settlement::Probe => match self.tools.probe(&ctx, &step.args, &step.undo).await {
+                Ok(ProbeOutcome::Happened(output)) => self
+                    .tools
+                    .compensate(&ctx, &step.args, &step.undo, output.as_ref())
+                    .await
+                    .map(|()| "probe: the effect happened; compensated".to_owned()),
+                Ok(ProbeOutcome::NotHappened) => {
+                    Ok("probe: the effect did not happen; nothing to undo".to_owned())
                 }
-            })
+                Ok(ProbeOutcome::Unknown) => Err(ToolError::failed(format!(
+                    "outcome unknown: `{}` could not tell whether the effect happened; an operator must settle this step",
+                    step.tool_id
+                ))),
+                Err(error) => Err(ToolError::failed(format!(
+                    "outcome unknown: the probe of `{}` failed ({error}); an operator must settle this step",
+                    step.tool_id
+                ))),
+            },
+            Settlement::Operator | _ => Err(ToolError::failed(format!(
+                "outcome unknown: `{}` can neither tell whether its effect happened nor undo it blindly; an operator must settle this step",
+                step.tool_id
+            ))),
+        }
     }
 
     /// Takes a saga over from `owner` (who must be dead, or the saga terminal), or fails.
@@ -740,15 +817,17 @@ impl Kernel {
     /// reverse order.
     ///
     /// - A saga still owned by a live process is refused ([`KernelError::SagaBusy`]).
-    /// - An unfinished saga of a dead process is rolled back as `recover` would.
-    /// - A `Done` saga is undone: every committed step is compensated.
-    /// - A `FailedRollbackPartial` saga gets its failed compensations retried.
+    /// - An unfinished saga of a dead process is rolled back as `recover` would, from its
+    ///   persisted state.
     /// - A `FailedRolledBack` saga is already rolled back; it is reported as is.
+    /// - A `Done` or `FailedRollbackPartial` saga is refused by the FSM
+    ///   ([`KernelError::Denied`]): terminal states absorb every event, so a finished saga is
+    ///   never reopened.
     ///
     /// # Errors
     ///
     /// [`KernelError::SagaNotFound`], [`KernelError::SagaBusy`], [`KernelError::TakenOver`],
-    /// or [`KernelError::Log`].
+    /// [`KernelError::Denied`], or [`KernelError::Log`].
     pub async fn rollback(
         &self,
         saga_id: &SagaId,
@@ -781,7 +860,10 @@ impl Kernel {
             }])
             .await?;
         let record = self.load(saga_id).await?;
-        self.compensate_saga(record, None, observer).await
+        let span = info_span!("saga", saga_id = %saga_id, rollback = true);
+        self.compensate_saga(record, None, observer)
+            .instrument(span)
+            .await
     }
 
     /// Rolls back every saga left unfinished by a process that is no longer running.
@@ -834,7 +916,11 @@ impl Kernel {
                     .await?;
             }
             let record = self.load(&saga.saga_id).await?;
-            let saga_report = self.compensate_saga(record, None, observer).await?;
+            let span = info_span!("saga", saga_id = %saga.saga_id, recovery = true);
+            let saga_report = self
+                .compensate_saga(record, None, observer)
+                .instrument(span)
+                .await?;
             report.sagas.push(RecoveryAction::RolledBack(saga_report));
         }
         Ok(report)

@@ -26,8 +26,14 @@
 //!
 //! Time, ids and process liveness are injected through [`Environment`], so the engine is
 //! deterministic under test.
-//! Tool futures run on their own tasks: a panicking tool becomes a failed step, not a
-//! crashed kernel.
+//! Every tool call goes through the [`Dispatcher`](agent_kernel_dispatcher::Dispatcher):
+//! arguments checked against the tool's JSON Schema, calls bounded in time and concurrency,
+//! retriable failures of idempotent tools retried, and a panicking tool contained as a failed
+//! step. A step whose outcome is unknown (a timeout, a crash) is settled by the tool's declared
+//! [`Settlement`](agent_kernel_api::Settlement): compensated blindly when that is safe, probed
+//! when the tool can tell, or left to an operator (`FailedRollbackPartial`, never assumed done
+//! or undone).
+//! A [`Cancellation`] stops a saga at the next step boundary and rolls back what ran.
 //!
 //! # Example
 //!
@@ -35,9 +41,9 @@
 //! use std::sync::Arc;
 //! use agent_kernel_api::{Durability, Plan, SagaState};
 //! use agent_kernel_core::{
-//!     current_owner, Environment, Kernel, NoObserver, ProcessProbe, SystemClock, ToolRegistry,
-//!     UuidV7Ids,
+//!     current_owner, Environment, Kernel, NoObserver, ProcessProbe, SystemClock, UuidV7Ids,
 //! };
+//! use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
 //! use agent_kernel_fsm::Guardrail;
 //! use agent_kernel_txlog::{LogOptions, SqliteLog};
 //!
@@ -54,10 +60,11 @@
 //!     liveness: Arc::new(ProcessProbe::new(owner.clone())),
 //!     owner,
 //! };
-//! // Register tools here (see the agent-kernel-tools crate); an empty registry refuses
+//! // Register tools here (see the agent-kernel-tools crate); an empty dispatcher refuses
 //! // every plan in preflight.
+//! let tools = Arc::new(Dispatcher::new(Limits::default(), Arc::new(NoJitter))?);
 //! let fsm = Arc::new(Guardrail::builtin());
-//! let kernel = Kernel::new(Arc::new(log), ToolRegistry::new(), fsm, env, Durability::Full);
+//! let kernel = Kernel::new(Arc::new(log), tools, fsm, env, Durability::Full);
 //! let plan = Plan::from_json(r#"{"steps":[{"tool":"noop","args":{}}]}"#)?;
 //! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
 //! let refused = runtime.block_on(kernel.run(&plan, &NoObserver));
@@ -67,18 +74,18 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+mod cancel;
 mod env;
 mod error;
 mod kernel;
 mod owner;
-mod registry;
 mod report;
 
+pub use cancel::Cancellation;
 pub use env::{SystemClock, UuidV7Ids};
 pub use error::{KernelError, Problem, ProblemKind};
 pub use kernel::{Environment, Kernel, VALIDATE_HINT, args_hash};
 pub use owner::{Liveness, LivenessProbe, ProcessProbe, current_owner};
-pub use registry::{MAX_TOOLS, ToolRegistry};
 pub use report::{
     Failure, NoObserver, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport,
     StepReport,

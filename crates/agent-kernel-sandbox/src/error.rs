@@ -3,11 +3,13 @@
 use std::io;
 use std::path::PathBuf;
 
-/// Everything that can go wrong while loading a policy, ruling on a path or touching a file.
+/// Everything that can go wrong while loading a policy, ruling on a path, a URL or an
+/// address, or touching a file.
 ///
 /// Callers ask questions rather than match on variants:
 /// [`is_denied`](Self::is_denied) (the policy forbids it),
 /// [`is_invalid_path`](Self::is_invalid_path) (the path itself is malformed),
+/// [`is_invalid_url`](Self::is_invalid_url) (the URL itself is malformed),
 /// [`is_not_found`](Self::is_not_found) and
 /// [`may_have_changed`](Self::may_have_changed) (a mutation failed part-way).
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +52,40 @@ pub enum SandboxError {
         /// The path as the caller gave it (or the confined path).
         path: String,
         /// Why, in words.
+        reason: String,
+    },
+
+    /// The policy forbids a network request: the scheme, credentials in the URL, a host not in
+    /// `[http] allow_domains`, a special address (loopback, private, ...) not listed, or no
+    /// `[http]` section at all.
+    #[error("request to `{target}` denied: {reason}")]
+    HostDenied {
+        /// The URL, or the host name that resolved to a denied address.
+        target: String,
+        /// Why, in words.
+        reason: String,
+    },
+
+    /// A response body is larger than the policy's `max_response_bytes` (a denial).
+    #[error(
+        "response from `{url}` denied: its body of at least {len} bytes exceeds the limit of \
+         {max_bytes} bytes ([http] max_response_bytes)"
+    )]
+    ResponseTooLarge {
+        /// The URL the response came from.
+        url: String,
+        /// How many bytes the body has at least (its announced length, or what was read).
+        len: u64,
+        /// The limit in force.
+        max_bytes: u64,
+    },
+
+    /// The URL is malformed: not an absolute URL, no host, or over-long.
+    #[error("invalid URL `{url}`: {reason}")]
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
         reason: String,
     },
 
@@ -133,7 +169,8 @@ pub enum SandboxError {
 
 impl SandboxError {
     /// Whether the policy forbids the access (outside the roots, a denied name, over the size
-    /// limit, through a symbolic link, no `[fs]` section).
+    /// limit, through a symbolic link, no `[fs]` section; a URL or address the `[http]`
+    /// section does not allow, a response over `max_response_bytes`, no `[http]` section).
     /// Nothing was touched.
     pub fn is_denied(&self) -> bool {
         matches!(
@@ -141,7 +178,14 @@ impl SandboxError {
             SandboxError::Denied { .. }
                 | SandboxError::TooLarge { .. }
                 | SandboxError::Symlink { .. }
+                | SandboxError::HostDenied { .. }
+                | SandboxError::ResponseTooLarge { .. }
         )
+    }
+
+    /// Whether the URL itself is malformed (bad input rather than a policy decision).
+    pub fn is_invalid_url(&self) -> bool {
+        matches!(self, SandboxError::InvalidUrl { .. })
     }
 
     /// Whether the path itself is malformed (bad input rather than a policy decision).
@@ -168,7 +212,10 @@ impl SandboxError {
         match self {
             SandboxError::PolicyRead { .. }
             | SandboxError::PolicyInvalid { .. }
-            | SandboxError::Root { .. } => None,
+            | SandboxError::Root { .. }
+            | SandboxError::HostDenied { .. }
+            | SandboxError::ResponseTooLarge { .. }
+            | SandboxError::InvalidUrl { .. } => None,
             SandboxError::Denied { path, .. }
             | SandboxError::TooLarge { path, .. }
             | SandboxError::Symlink { path, .. }

@@ -1,15 +1,18 @@
-//! The agent-kernel sandbox: the one crate that rules on paths.
+//! The agent-kernel sandbox: the one crate that rules on paths and hosts.
 //!
 //! It parses the sandbox policy (`sandbox.toml`) strictly, rules on every path a file tool is
 //! given, and performs the file operations themselves through directory handles, so that no
 //! check can be raced.
-//! It knows nothing of sagas, tools, the log or async runtimes.
+//! It also rules on every URL, redirect hop and resolved address a network tool may reach,
+//! without doing any network I/O itself.
+//! It knows nothing of sagas, tools, the log, HTTP clients or async runtimes.
 //!
 //! # The pieces
 //!
 //! - [`Policy`]: the policy file. `[fs]` lists the allowed roots (relative to the policy's
-//!   folder, canonicalized at load), the denied names and `max_io_bytes`; `[http]` is parsed
-//!   and stored for the network tools. A missing section denies that kind of access.
+//!   folder, canonicalized at load), the denied names and `max_io_bytes`; `[http]` lists the
+//!   allowed hosts (normalized at load) and `max_response_bytes`. A missing section denies
+//!   that kind of access.
 //! - [`FsSandbox`]: one open [`cap_std::fs::Dir`] per allowed root.
 //!   [`FsSandbox::resolve`] turns a path argument into a [`ConfinedPath`] without touching the
 //!   disk (a pure ruling, fit for checking a plan), and [`FsSandbox::open`] binds it to its
@@ -19,6 +22,10 @@
 //! - [`ConfinedPath`]: serializable, so an undo record can hold it;
 //!   [`ConfinedPath::reopen`] opens its root again without any policy, so compensation and
 //!   recovery never depend on the policy in force later.
+//! - [`HttpSandbox`]: the `[http]` rules. [`HttpSandbox::check_url`] rules on a URL (the first
+//!   one and every redirect hop), [`HttpSandbox::check_name`] on a name before it is looked
+//!   up, [`HttpSandbox::check_resolved`] on each address an allowed name resolved to,
+//!   [`HttpSandbox::check_response_bytes`] on the body's size.
 //! - [`SandboxError`]: the one error type, with [`SandboxError::is_denied`].
 //!
 //! # Example
@@ -53,6 +60,36 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! Hosts:
+//!
+//! ```
+//! use agent_kernel_sandbox::{HttpSandbox, Policy};
+//!
+//! let policy = Policy::from_toml_str(
+//!     r#"
+//!     [http]
+//!     allow_domains = ["example.com", "*.example.org"]
+//!     "#,
+//!     std::path::Path::new("."),
+//! )?;
+//! let http = HttpSandbox::new(&policy);
+//!
+//! assert_eq!(http.check_url("https://EXAMPLE.com./a")?.as_str(), "https://example.com./a");
+//! assert!(http.check_url("https://docs.example.org/").is_ok());
+//! // `*.example.org` does not match `example.org` itself, nor `evilexample.org`.
+//! assert!(http.check_url("https://example.org/").is_err_and(|e| e.is_denied()));
+//! assert!(http.check_url("https://evilexample.org/").is_err_and(|e| e.is_denied()));
+//! // IP addresses in any notation are addresses, allowed only when listed.
+//! assert!(http.check_url("http://0x7f000001/").is_err_and(|e| e.is_denied()));
+//! // Credentials and other schemes are refused.
+//! assert!(http.check_url("http://example.com@127.0.0.1/").is_err_and(|e| e.is_denied()));
+//! assert!(http.check_url("file:///etc/passwd").is_err_and(|e| e.is_denied()));
+//! // An allowed name that resolves to a private address is denied.
+//! let private = "10.0.0.7".parse()?;
+//! assert!(http.check_resolved("example.com", private).is_err_and(|e| e.is_denied()));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Design decisions
 //!
 //! - **Two lines of defence.** [`FsSandbox::resolve`] is lexical: the joined path must start
@@ -72,18 +109,31 @@
 //! - **Atomic replacement** is temp file + rename in the same folder; the caller names the
 //!   temporary file, so that compensation after a crash knows what to clean up.
 //! - **Security settings have no permissive default**: no policy, or no `[fs]`, means no file
-//!   access; unknown keys in the policy are errors (they are usually typos).
+//!   access; no `[http]` means no network access; unknown keys in the policy are errors (they
+//!   are usually typos), and so are `allow_domains` entries that are not a host, an IP
+//!   address or `*.` and a domain.
+//! - **Hosts are compared after the URL standard's normalization**, which the `url` crate
+//!   applies: lowercase, IDNA, every IPv4 notation read as an address. Policy entries go
+//!   through the same parser at load, so `Example.COM.` in a policy and `example.com` in a URL
+//!   agree, and `0x7f000001` in a URL is `127.0.0.1`.
+//! - **Addresses are checked twice**: a host that is an address is checked in the URL; a name
+//!   is checked in the URL and each address it resolves to is checked before connecting, so a
+//!   name that an attacker points at `127.0.0.1` or `169.254.169.254` gets nowhere unless the
+//!   policy lists that address.
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
 mod confined;
 mod error;
+mod hosts;
+mod http;
 mod names;
 mod policy;
 mod sandbox;
 
 pub use confined::{ConfinedFile, ConfinedPath};
 pub use error::SandboxError;
+pub use http::{HttpSandbox, MAX_URL_BYTES};
 pub use policy::{
     DEFAULT_MAX_IO_BYTES, DEFAULT_MAX_RESPONSE_BYTES, FsPolicy, HttpPolicy, MAX_ALLOW_DOMAINS,
     MAX_ALLOW_ROOTS, MAX_DENY_NAMES, MAX_IO_BYTES_LIMIT, MAX_POLICY_BYTES,

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::SandboxError;
+use crate::hosts::HostRule;
 use crate::names::DenyNames;
 
 /// The `max_io_bytes` used when `[fs]` does not set one: 1 MiB.
@@ -43,6 +44,7 @@ pub struct Policy {
     source: Option<PathBuf>,
     fs: Option<FsPolicy>,
     http: Option<HttpPolicy>,
+    limits: Option<toml::Table>,
 }
 
 /// The `[fs]` section, with every allowed root canonicalized.
@@ -53,10 +55,12 @@ pub struct FsPolicy {
     max_io_bytes: u64,
 }
 
-/// The `[http]` section, parsed and stored; enforcement belongs to the network tools.
+/// The `[http]` section, with every `allow_domains` entry normalized (lowercase, IDNA, one
+/// trailing dot removed, IP addresses parsed); [`HttpSandbox`](crate::HttpSandbox) enforces it.
 #[derive(Debug, Clone)]
 pub struct HttpPolicy {
     allow_domains: Vec<String>,
+    rules: Vec<HostRule>,
     max_response_bytes: u64,
 }
 
@@ -65,6 +69,8 @@ pub struct HttpPolicy {
 struct RawPolicy {
     fs: Option<RawFs>,
     http: Option<RawHttp>,
+    /// The dispatcher's bounds; the sandbox carries them without ruling on them.
+    limits: Option<toml::Table>,
 }
 
 #[derive(Deserialize)]
@@ -142,6 +148,7 @@ impl Policy {
             source: None,
             fs: None,
             http: None,
+            limits: None,
         }
     }
 
@@ -158,6 +165,12 @@ impl Policy {
     /// The `[http]` section; `None` means no network access at all.
     pub fn http(&self) -> Option<&HttpPolicy> {
         self.http.as_ref()
+    }
+
+    /// The `[limits]` section as written (timeouts, concurrency, retries of tool calls). The
+    /// sandbox does not rule on it; the tool dispatcher reads it.
+    pub fn limits_table(&self) -> Option<&toml::Table> {
+        self.limits.as_ref()
     }
 
     /// How to name the policy in messages: its file, or a stand-in.
@@ -185,6 +198,7 @@ impl Policy {
             source: source.map(Path::to_path_buf),
             fs,
             http,
+            limits: raw.limits,
         })
     }
 }
@@ -275,15 +289,39 @@ impl HttpPolicy {
                 raw.max_response_bytes
             )));
         }
+        let mut rules: Vec<HostRule> = Vec::with_capacity(raw.allow_domains.len());
+        for entry in &raw.allow_domains {
+            let rule = HostRule::parse(entry).map_err(|reason| {
+                invalid(format!(
+                    "[http] allow_domains entry `{}` is invalid: {reason}",
+                    entry.escape_debug()
+                ))
+            })?;
+            if !rules.contains(&rule) {
+                rules.push(rule);
+            }
+        }
         Ok(HttpPolicy {
             allow_domains: raw.allow_domains,
+            rules,
             max_response_bytes: raw.max_response_bytes,
         })
     }
 
-    /// The allowed hosts, as written: an exact host, or `*.` and a suffix.
+    /// The allowed hosts, as written: an exact host or IP address, or `*.` and a suffix.
     pub fn allow_domains(&self) -> &[String] {
         &self.allow_domains
+    }
+
+    /// The allowed hosts, normalized as they are compared: lowercase, IDNA (punycode) applied,
+    /// one trailing dot removed, IP addresses in their usual form (an IPv4-mapped IPv6
+    /// address as its IPv4 address), duplicates removed.
+    pub fn normalized_allow_domains(&self) -> Vec<String> {
+        self.rules.iter().map(ToString::to_string).collect()
+    }
+
+    pub(crate) fn host_rules(&self) -> &[HostRule] {
+        &self.rules
     }
 
     /// The largest response body, in bytes.

@@ -48,7 +48,7 @@ pub(crate) fn sandbox_error(error: SandboxError) -> ToolError {
     let message = error.to_string();
     if error.is_denied() {
         ToolError::denied(message)
-    } else if error.is_invalid_path() {
+    } else if error.is_invalid_path() || error.is_invalid_url() {
         ToolError::invalid_args(message)
     } else if error.may_have_changed() {
         ToolError::uncertain(message)

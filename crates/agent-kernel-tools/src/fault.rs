@@ -1,6 +1,8 @@
 //! `fault.fail` and `fault.panic`: deliberate failures for drills and demos.
 
-use agent_kernel_api::{EffectClass, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo};
+use agent_kernel_api::{
+    EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -71,6 +73,14 @@ impl TransactionalTool for FaultFail {
         EffectClass::ReadOnly
     }
 
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn settlement(&self) -> Settlement {
+        Settlement::Compensate
+    }
+
     fn args_schema(&self) -> Value {
         fault_schema("fault.fail arguments")
     }
@@ -123,6 +133,14 @@ impl TransactionalTool for FaultPanic {
 
     fn effect(&self) -> EffectClass {
         EffectClass::ReadOnly
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn settlement(&self) -> Settlement {
+        Settlement::Compensate
     }
 
     fn args_schema(&self) -> Value {

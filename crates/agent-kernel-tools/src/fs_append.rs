@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agent_kernel_api::{EffectClass, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo};
+use agent_kernel_api::{
+    EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
+};
 use agent_kernel_sandbox::{ConfinedPath, FsSandbox};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -56,6 +58,14 @@ impl TransactionalTool for FsAppend {
 
     fn effect(&self) -> EffectClass {
         EffectClass::Mutating
+    }
+
+    fn idempotent(&self) -> bool {
+        false
+    }
+
+    fn settlement(&self) -> Settlement {
+        Settlement::Compensate
     }
 
     fn args_schema(&self) -> Value {

@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agent_kernel_api::{EffectClass, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo};
+use agent_kernel_api::{
+    EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
+};
 use agent_kernel_sandbox::FsSandbox;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -51,6 +53,14 @@ impl TransactionalTool for FsRead {
 
     fn effect(&self) -> EffectClass {
         EffectClass::ReadOnly
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn settlement(&self) -> Settlement {
+        Settlement::Compensate
     }
 
     fn args_schema(&self) -> Value {

@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agent_kernel_api::{EffectClass, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo};
+use agent_kernel_api::{
+    EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
+};
 use agent_kernel_sandbox::{ConfinedPath, FsSandbox, MAX_IO_BYTES_LIMIT};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -77,6 +79,14 @@ impl TransactionalTool for FsWrite {
 
     fn effect(&self) -> EffectClass {
         EffectClass::Mutating
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn settlement(&self) -> Settlement {
+        Settlement::Compensate
     }
 
     fn args_schema(&self) -> Value {

@@ -8,6 +8,7 @@
 //! | [`fs.append`](FsAppend) | `path`, `content` | mutating | truncates back to the previous length, or removes a file that did not exist |
 //! | [`fs.delete`](FsDelete) | `path` | mutating | restores the file with its previous bytes |
 //! | [`validate.file`](ValidateFile) | `path`, and `contains`? / `equals`? | read-only | none; a check that does not hold is a validation failure |
+//! | [`http.get`](HttpGet) | `url` | read-only (network) | none; every redirect hop and resolved address is checked against `[http]` |
 //! | [`fault.fail`](FaultFail) | `message`? | read-only | none; always fails |
 //! | [`fault.panic`](FaultPanic) | `message`? | read-only | none; panics inside `execute` |
 //!
@@ -79,6 +80,13 @@
 //!   A check of `validate.file` that does not hold, a missing file included, is a
 //!   [`ToolError::validation`](agent_kernel_api::ToolError::validation) failure: the world is
 //!   not as the plan expects, so the saga rolls back.
+//! - **`http.get` is checked at every step of the way**: the URL, each redirect hop before it
+//!   is followed (at most [`HTTP_GET_REDIRECTS_MAX`]), each address a name resolves to before
+//!   connecting (through a custom resolver), and the body's size while it is read.
+//!   The client uses rustls, no system proxy, no cookies, no decompression, and is built once
+//!   per tool on first use. A denial anywhere is
+//!   [`ToolError::denied`](agent_kernel_api::ToolError::denied); connection failures and
+//!   timeouts are retriable definite failures, since a GET changes nothing.
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
@@ -88,6 +96,7 @@ mod fs_append;
 mod fs_delete;
 mod fs_read;
 mod fs_write;
+mod http_get;
 mod noop;
 mod validate_file;
 
@@ -95,7 +104,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use agent_kernel_api::DynTool;
-use agent_kernel_sandbox::FsSandbox;
+use agent_kernel_sandbox::{FsSandbox, HttpSandbox};
 
 pub use common::{TEMP_PREFIX, TEMP_SUFFIX, TOOL_VERSION};
 pub use fault::{
@@ -106,21 +115,30 @@ pub use fs_append::FsAppend;
 pub use fs_delete::FsDelete;
 pub use fs_read::FsRead;
 pub use fs_write::FsWrite;
+pub use http_get::{
+    HTTP_GET_CONNECT_TIMEOUT_MS, HTTP_GET_REDIRECTS_MAX, HTTP_GET_RESOLVED_ADDRS_MAX,
+    HTTP_GET_TIMEOUT_MS, HttpGet,
+};
 pub use noop::{NOOP_SLEEP_MS_MAX, Noop};
 pub use validate_file::ValidateFile;
 
 /// Every built-in tool, ready for a registry.
 ///
-/// The file tools are confined by `sandbox`; relative paths in their arguments resolve
-/// against `cwd` (the command's working directory, absolute).
-pub fn builtin_tools(sandbox: Arc<FsSandbox>, cwd: PathBuf) -> Vec<Arc<dyn DynTool>> {
+/// The file tools are confined by `fs`; relative paths in their arguments resolve against
+/// `cwd` (the command's working directory, absolute). `http.get` is confined by `http`.
+pub fn builtin_tools(
+    fs: Arc<FsSandbox>,
+    http: Arc<HttpSandbox>,
+    cwd: PathBuf,
+) -> Vec<Arc<dyn DynTool>> {
     vec![
         Arc::new(Noop),
-        Arc::new(FsRead::new(Arc::clone(&sandbox), cwd.clone())),
-        Arc::new(FsWrite::new(Arc::clone(&sandbox), cwd.clone())),
-        Arc::new(FsAppend::new(Arc::clone(&sandbox), cwd.clone())),
-        Arc::new(FsDelete::new(Arc::clone(&sandbox), cwd.clone())),
-        Arc::new(ValidateFile::new(sandbox, cwd)),
+        Arc::new(FsRead::new(Arc::clone(&fs), cwd.clone())),
+        Arc::new(FsWrite::new(Arc::clone(&fs), cwd.clone())),
+        Arc::new(FsAppend::new(Arc::clone(&fs), cwd.clone())),
+        Arc::new(FsDelete::new(Arc::clone(&fs), cwd.clone())),
+        Arc::new(ValidateFile::new(fs, cwd)),
+        Arc::new(HttpGet::new(http)),
         Arc::new(FaultFail),
         Arc::new(FaultPanic),
     ]

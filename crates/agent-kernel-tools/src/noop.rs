@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use agent_kernel_api::{EffectClass, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo};
+use agent_kernel_api::{
+    EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -50,6 +52,14 @@ impl TransactionalTool for Noop {
 
     fn effect(&self) -> EffectClass {
         EffectClass::ReadOnly
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn settlement(&self) -> Settlement {
+        Settlement::Compensate
     }
 
     fn args_schema(&self) -> Value {

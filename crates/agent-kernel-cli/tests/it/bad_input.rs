@@ -110,19 +110,19 @@ fn malformed_plans_are_refused() {
         ),
         (
             r#"{"steps": [{"tool": "fs.write", "args": {"path": "ws/x.txt", "contnt": "x"}}]}"#,
-            "unknown field `contnt`",
+            "`/`: additionalProperties: Additional properties are not allowed ('contnt' was unexpected)",
         ),
         (
             r#"{"steps": [{"tool": "fs.write", "args": {"path": 5, "content": "x"}}]}"#,
-            "invalid type",
+            "`/path`: type",
         ),
         (
             r#"{"steps": [{"tool": "noop", "args": {"sleep_ms": "soon"}}]}"#,
-            "invalid type",
+            "`/sleep_ms`: type",
         ),
         (
             r#"{"steps": [{"tool": "noop", "args": {"sleep_ms": 600000}}]}"#,
-            "sleep_ms",
+            "`/sleep_ms`: maximum",
         ),
     ];
     for (text, fragment) in cases {

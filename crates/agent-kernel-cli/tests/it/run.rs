@@ -294,3 +294,66 @@ fn recovery_does_not_depend_on_the_current_policy() {
     assert_eq!(report["sagas"][0]["action"], "rolled_back", "{report}");
     assert_eq!(project.snapshot(), before);
 }
+
+#[test]
+fn sigint_stops_at_the_next_step_boundary_and_rolls_back() {
+    let project = Project::new();
+    fs::write(project.path("ws/a.txt"), b"before").expect("writes");
+    let before = project.snapshot();
+    let plan = project.plan(
+        "plan.json",
+        &json!({ "steps": [
+            step("fs.write", json!({"path": "ws/a.txt", "content": "after"})),
+            step("noop", json!({"sleep_ms": 400})),
+            step("fs.write", json!({"path": "ws/b.txt", "content": "b"})),
+            step("noop", json!({"sleep_ms": 400})),
+            step("fs.write", json!({"path": "ws/c.txt", "content": "c"})),
+        ]}),
+    );
+    let child = project
+        .command(&["--json", "run", "--plan", plan.to_str().expect("utf8")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawns");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while fs::read(project.path("ws/a.txt")).expect("reads") != b"after" {
+        assert!(std::time::Instant::now() < deadline, "the saga never wrote");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let output = child.wait_with_output().expect("finishes");
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let document: Value = serde_json::from_slice(&output.stdout).expect("one JSON document");
+    assert_eq!(document["state"], "FailedRolledBack");
+    let message = document["failure"]["error"]["message"]
+        .as_str()
+        .expect("message");
+    assert!(message.contains("SIGINT"), "{message}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("stopping at the next step boundary"),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(
+        project.snapshot(),
+        before,
+        "what ran was rolled back, nothing else ran"
+    );
+    // Why is in the log, on the step that did not run.
+    let saga_id = document["saga_id"].as_str().expect("id");
+    let (_, shown) = project.run_json(&["log", "--saga", saga_id]);
+    let steps = shown["steps"].as_array().expect("steps");
+    let cancelled = steps.last().expect("a step");
+    assert_eq!(cancelled["status"], "FAIL");
+    assert!(
+        cancelled["error"]
+            .as_str()
+            .expect("error")
+            .contains("SIGINT")
+    );
+}

@@ -5,16 +5,18 @@ mod fsm;
 mod idempotency;
 mod recovery;
 mod saga;
+mod settlement;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_kernel_api::{
-    Clock, Durability, EffectClass, IdSource, Owner, Plan, PlanStep, SagaId, ToolContext,
-    ToolError, ToolOutput, TransactionalTool, Undo,
+    Clock, Durability, EffectClass, IdSource, Owner, Plan, PlanStep, ProbeOutcome, SagaId,
+    Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
 };
-use agent_kernel_core::{Environment, Kernel, Liveness, LivenessProbe, ToolRegistry};
+use agent_kernel_core::{Environment, Kernel, Liveness, LivenessProbe};
+use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
 use agent_kernel_fsm::Guardrail;
 use agent_kernel_txlog::{LogOptions, SqliteLog};
 use serde_json::{Value, json};
@@ -62,6 +64,14 @@ impl TransactionalTool for Ledger {
     }
     fn effect(&self) -> EffectClass {
         EffectClass::Mutating
+    }
+
+    fn idempotent(&self) -> bool {
+        false
+    }
+
+    fn settlement(&self) -> Settlement {
+        Settlement::Compensate
     }
     fn args_schema(&self) -> Value {
         json!({"type": "object"})
@@ -129,6 +139,14 @@ impl TransactionalTool for Boom {
     fn effect(&self) -> EffectClass {
         EffectClass::ReadOnly
     }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn settlement(&self) -> Settlement {
+        Settlement::Compensate
+    }
     fn args_schema(&self) -> Value {
         json!({"type": "object"})
     }
@@ -175,6 +193,14 @@ impl TransactionalTool for Probe {
     fn effect(&self) -> EffectClass {
         EffectClass::ReadOnly
     }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn settlement(&self) -> Settlement {
+        Settlement::Compensate
+    }
     fn args_schema(&self) -> Value {
         json!({"type": "object"})
     }
@@ -206,6 +232,90 @@ impl TransactionalTool for Probe {
         _undo: &Undo,
         _output: Option<&ToolOutput>,
     ) -> Result<(), ToolError> {
+        Ok(())
+    }
+}
+
+/// `<id> {item, hang_before?, hang_after?}`: adds `item` to the world, hanging before or
+/// after the effect on request; declares `settlement`; its probe looks in the world.
+pub(crate) struct Settled {
+    pub(crate) id: &'static str,
+    pub(crate) settlement: Settlement,
+    pub(crate) world: Arc<World>,
+}
+
+impl TransactionalTool for Settled {
+    fn id(&self) -> &str {
+        self.id
+    }
+    fn version(&self) -> &str {
+        "1.0.0"
+    }
+    fn effect(&self) -> EffectClass {
+        EffectClass::Mutating
+    }
+    fn idempotent(&self) -> bool {
+        false
+    }
+    fn settlement(&self) -> Settlement {
+        self.settlement
+    }
+    fn args_schema(&self) -> Value {
+        json!({"type": "object"})
+    }
+    fn check(&self, args: &Value) -> Result<(), ToolError> {
+        item_of(args).map(|_| ())
+    }
+    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        Ok(Undo {
+            data: json!({ "item": item_of(args)? }),
+            blob: None,
+        })
+    }
+    async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        let item = item_of(args)?;
+        if args.get("hang_before").is_some() {
+            std::future::pending::<()>().await;
+        }
+        self.world
+            .items
+            .lock()
+            .expect("not poisoned")
+            .push(item.clone());
+        self.world.note(format!("add {item}"));
+        if args.get("hang_after").is_some() {
+            std::future::pending::<()>().await;
+        }
+        Ok(ToolOutput::new(json!({ "item": item })))
+    }
+    async fn probe(
+        &self,
+        _ctx: &ToolContext,
+        _args: &Value,
+        undo: &Undo,
+    ) -> Result<ProbeOutcome, ToolError> {
+        let item = undo.data["item"].as_str().unwrap_or_default();
+        self.world.note(format!("probe {item}"));
+        if self.world.items().iter().any(|existing| existing == item) {
+            Ok(ProbeOutcome::Happened(None))
+        } else {
+            Ok(ProbeOutcome::NotHappened)
+        }
+    }
+    async fn compensate(
+        &self,
+        _ctx: &ToolContext,
+        _args: &Value,
+        undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> Result<(), ToolError> {
+        let item = undo.data["item"].as_str().unwrap_or_default().to_owned();
+        let mut items = self.world.items.lock().expect("not poisoned");
+        if let Some(position) = items.iter().rposition(|existing| *existing == item) {
+            items.remove(position);
+        }
+        drop(items);
+        self.world.note(format!("remove {item}"));
         Ok(())
     }
 }
@@ -269,6 +379,7 @@ pub(crate) fn owner(pid: u32) -> Owner {
 pub(crate) struct Fixture {
     pub(crate) dir: tempfile::TempDir,
     pub(crate) fsm: Guardrail,
+    pub(crate) limits: Limits,
     pub(crate) world: Arc<World>,
     pub(crate) liveness: Arc<StagedLiveness>,
 }
@@ -278,6 +389,7 @@ impl Fixture {
         Self {
             dir: tempfile::tempdir().expect("temp dir"),
             fsm: Guardrail::builtin(),
+            limits: Limits::default(),
             world: Arc::new(World::default()),
             liveness: Arc::new(StagedLiveness::default()),
         }
@@ -302,13 +414,27 @@ impl Fixture {
     }
 
     pub(crate) fn kernel_on(&self, log: Arc<SqliteLog>, pid: u32) -> Kernel {
-        let mut tools = ToolRegistry::new();
+        let mut tools =
+            Dispatcher::new(self.limits.clone(), Arc::new(NoJitter)).expect("valid limits");
         tools
             .register(Arc::new(Ledger {
                 world: self.world.clone(),
             }))
             .expect("registers");
         tools.register(Arc::new(Boom)).expect("registers");
+        for (id, settlement) in [
+            ("blind.add", Settlement::Compensate),
+            ("probed.add", Settlement::Probe),
+            ("opaque.add", Settlement::Operator),
+        ] {
+            tools
+                .register(Arc::new(Settled {
+                    id,
+                    settlement,
+                    world: self.world.clone(),
+                }))
+                .expect("registers");
+        }
         tools
             .register(Arc::new(Probe {
                 world: self.world.clone(),
@@ -317,7 +443,7 @@ impl Fixture {
             .expect("registers");
         Kernel::new(
             log,
-            tools,
+            Arc::new(tools),
             Arc::new(self.fsm.clone()),
             Environment {
                 clock: Arc::new(TickClock(AtomicU64::new(0))),

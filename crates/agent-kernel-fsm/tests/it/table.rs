@@ -203,9 +203,13 @@ fn a_table_that_could_never_start_a_saga_is_refused() {
             1,
         )
     });
-    let problems = Guardrail::from_toml_str(&text).expect_err("refused").problems;
+    let problems = Guardrail::from_toml_str(&text)
+        .expect_err("refused")
+        .problems;
     assert!(
-        problems.iter().any(|p| p.message.contains("a saga could never start")),
+        problems
+            .iter()
+            .any(|p| p.message.contains("a saga could never start")),
         "{problems:#?}"
     );
 }

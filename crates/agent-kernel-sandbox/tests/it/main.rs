@@ -1,5 +1,6 @@
 //! Integration tests of the sandbox, one module per topic, on real temporary folders.
 
+mod http;
 mod ops;
 mod policy;
 mod props;

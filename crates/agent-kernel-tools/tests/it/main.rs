@@ -5,6 +5,7 @@ mod fs_append;
 mod fs_delete;
 mod fs_read;
 mod fs_write;
+mod http_get;
 mod misc;
 mod validate_file;
 
@@ -13,12 +14,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use agent_kernel_api::{Durability, DynTool, SagaId, ToolContext, ToolError, ToolOutput, Undo};
-use agent_kernel_sandbox::{FsSandbox, Policy};
+use agent_kernel_sandbox::{FsSandbox, HttpSandbox, Policy};
 use agent_kernel_tools::builtin_tools;
 use serde_json::Value;
 
 /// A temporary tree: `base/workspace` (allowed, holding `a.txt` = "alpha") and
-/// `base/outside` (holding `secret.txt`), with every built-in tool confined to `workspace`.
+/// `base/outside` (holding `secret.txt`), with every built-in tool confined to `workspace`
+/// and no network access.
 pub(crate) struct Fixture {
     _dir: tempfile::TempDir,
     pub(crate) base: PathBuf,
@@ -39,7 +41,7 @@ impl Fixture {
         )
         .expect("policy");
         let sandbox = Arc::new(FsSandbox::new(&policy).expect("sandbox"));
-        let tools = builtin_tools(sandbox, base.clone());
+        let tools = builtin_tools(sandbox, Arc::new(HttpSandbox::deny_all()), base.clone());
         Fixture {
             _dir: dir,
             base,
@@ -57,10 +59,14 @@ impl Fixture {
 
     /// The same tools with no file access at all: compensation must not need it.
     pub(crate) fn deny_all_tool(&self, id: &str) -> Arc<dyn DynTool> {
-        builtin_tools(Arc::new(FsSandbox::deny_all()), self.base.clone())
-            .into_iter()
-            .find(|tool| tool.id() == id)
-            .unwrap_or_else(|| panic!("no tool {id}"))
+        builtin_tools(
+            Arc::new(FsSandbox::deny_all()),
+            Arc::new(HttpSandbox::deny_all()),
+            self.base.clone(),
+        )
+        .into_iter()
+        .find(|tool| tool.id() == id)
+        .unwrap_or_else(|| panic!("no tool {id}"))
     }
 
     pub(crate) fn path(&self, rel: &str) -> PathBuf {

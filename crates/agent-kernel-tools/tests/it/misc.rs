@@ -18,6 +18,7 @@ fn builtin_tools_lists_every_tool_once() {
         ("fs.append", EffectClass::Mutating),
         ("fs.delete", EffectClass::Mutating),
         ("validate.file", EffectClass::ReadOnly),
+        ("http.get", EffectClass::ReadOnly),
         ("fault.fail", EffectClass::ReadOnly),
         ("fault.panic", EffectClass::ReadOnly),
     ];
@@ -38,6 +39,7 @@ fn schemas_are_closed_objects_naming_their_required_fields() {
         ("fs.append", json!(["path", "content"])),
         ("fs.delete", json!(["path"])),
         ("validate.file", json!(["path"])),
+        ("http.get", json!(["url"])),
         ("fault.fail", json!([])),
         ("fault.panic", json!([])),
     ];

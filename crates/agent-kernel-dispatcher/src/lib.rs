@@ -1,0 +1,102 @@
+//! The agent-kernel tool dispatcher: where the world gets touched, guarded.
+//!
+//! [`Dispatcher`] is the registry of tools (`tool id → tool`, ids unique) and the one path
+//! every call takes:
+//!
+//! - **Arguments** are checked against the tool's JSON Schema before anything runs
+//!   ([`Dispatcher::check`]); every violation is reported with its path and rule, and
+//!   unknown fields are errors (the built-in schemas say `additionalProperties: false`).
+//! - **Time**: every call is bounded by a timeout (a default and per-tool overrides); a call
+//!   that times out has an uncertain outcome.
+//! - **Concurrency**: a global limit and optional per-tool limits (semaphores).
+//! - **Retries**: a failure is retried only when the error says a retry is safe *and* the
+//!   tool is idempotent, at most `retries_max` times, with exponential backoff and jitter.
+//! - **Containment**: a tool that panics becomes an error; the caller survives.
+//!
+//! Every bound is named in [`Limits`] and its constants.
+//! The dispatcher does not decide the order of steps and never writes the log: that is the
+//! saga engine's job.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use agent_kernel_api::{
+//!     Durability, EffectClass, SagaId, Settlement, ToolContext, ToolError, ToolOutput,
+//!     TransactionalTool, Undo,
+//! };
+//! use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
+//! use serde_json::{json, Value};
+//!
+//! struct Echo;
+//! impl TransactionalTool for Echo {
+//!     fn id(&self) -> &str { "echo" }
+//!     fn version(&self) -> &str { "1.0.0" }
+//!     fn effect(&self) -> EffectClass { EffectClass::ReadOnly }
+//!     fn idempotent(&self) -> bool { true }
+//!     fn settlement(&self) -> Settlement { Settlement::Compensate }
+//!     fn args_schema(&self) -> Value {
+//!         json!({"type": "object", "properties": {"text": {"type": "string"}},
+//!                "required": ["text"], "additionalProperties": false})
+//!     }
+//!     fn check(&self, _args: &Value) -> Result<(), ToolError> { Ok(()) }
+//!     async fn prepare(&self, _: &ToolContext, _: &Value) -> Result<Undo, ToolError> {
+//!         Ok(Undo::none())
+//!     }
+//!     async fn execute(&self, _: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+//!         Ok(ToolOutput::new(args.clone()))
+//!     }
+//!     async fn compensate(&self, _: &ToolContext, _: &Value, _: &Undo, _: Option<&ToolOutput>)
+//!         -> Result<(), ToolError> { Ok(()) }
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut dispatcher = Dispatcher::new(Limits::default(), Arc::new(NoJitter))?;
+//! dispatcher.register(Arc::new(Echo))?;
+//! let error = dispatcher.check("echo", &json!({"txt": "hi"})).unwrap_err();
+//! assert!(error.to_string().contains("required"), "{error}");
+//!
+//! let ctx = ToolContext {
+//!     saga_id: SagaId::new("s"), step_seq: 0, tool_id: "echo".into(),
+//!     idempotency_key: None, actor: None, durability: Durability::Full,
+//! };
+//! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+//! let output = runtime.block_on(dispatcher.execute(&ctx, &json!({"text": "hi"})))?;
+//! assert_eq!(output.data["text"], "hi");
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+mod dispatcher;
+mod limits;
+
+pub use dispatcher::{Dispatcher, Jitter, MAX_ARG_PROBLEMS, MAX_TOOLS, NoJitter, SeededJitter};
+pub use limits::{
+    DEFAULT_BACKOFF_BASE_MS, DEFAULT_BACKOFF_MAX_MS, DEFAULT_COMPENSATION_TIMEOUT_MS,
+    DEFAULT_CONCURRENCY_MAX, DEFAULT_RETRIES_MAX, DEFAULT_TIMEOUT_MS, Limits, MAX_CONCURRENCY,
+    MAX_RETRIES, MAX_TIMEOUT_MS, ToolLimits,
+};
+
+/// Why the dispatcher could not be built or a tool registered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DispatchError {
+    /// Two tools with one id.
+    #[error("tool `{0}` is registered twice")]
+    DuplicateTool(String),
+    /// Past [`MAX_TOOLS`].
+    #[error("a dispatcher holds at most {0} tools")]
+    TooManyTools(usize),
+    /// A tool's schema is not a valid JSON Schema.
+    #[error("tool `{tool}` publishes an invalid JSON Schema: {reason}")]
+    Schema {
+        /// The tool.
+        tool: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A limit is out of range.
+    #[error("dispatcher limits: {0}")]
+    Limits(String),
+}

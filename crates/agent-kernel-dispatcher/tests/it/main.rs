@@ -1,0 +1,337 @@
+//! Integration tests of the dispatcher with instrumented tools: schemas, timeouts,
+//! concurrency limits measured by the tool itself, retries, panics.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use agent_kernel_api::{
+    Durability, EffectClass, SagaId, Settlement, ToolContext, ToolError, ToolOutput,
+    TransactionalTool, Undo,
+};
+use agent_kernel_dispatcher::{DispatchError, Dispatcher, Limits, NoJitter, ToolLimits};
+use serde_json::{Value, json};
+
+/// `work {sleep_ms?, fail_retriable_times?, panic?, hang?}`: records how many calls run at
+/// once (the peak is what the limit must hold) and how many attempts it saw.
+#[derive(Default)]
+struct Work {
+    id: &'static str,
+    idempotent: bool,
+    running: AtomicUsize,
+    peak: AtomicUsize,
+    attempts: AtomicU32,
+    /// Shared by every tool of a test: calls of any tool running at once.
+    all: Arc<(AtomicUsize, AtomicUsize)>,
+}
+
+impl Work {
+    fn new(id: &'static str, idempotent: bool) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            idempotent,
+            ..Self::default()
+        })
+    }
+
+    fn sharing(id: &'static str, all: &Arc<(AtomicUsize, AtomicUsize)>) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            idempotent: true,
+            all: all.clone(),
+            ..Self::default()
+        })
+    }
+}
+
+impl TransactionalTool for Work {
+    fn id(&self) -> &str {
+        self.id
+    }
+    fn version(&self) -> &str {
+        "1.0.0"
+    }
+    fn effect(&self) -> EffectClass {
+        EffectClass::Mutating
+    }
+    fn idempotent(&self) -> bool {
+        self.idempotent
+    }
+    fn settlement(&self) -> Settlement {
+        Settlement::Compensate
+    }
+    fn args_schema(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "sleep_ms": {"type": "integer", "minimum": 0, "maximum": 60000},
+                "fail_retriable_times": {"type": "integer", "minimum": 0},
+                "panic": {"type": "boolean"},
+                "hang": {"type": "boolean"},
+                "target": {
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}},
+                    "required": ["path"],
+                    "additionalProperties": false
+                }
+            },
+            "additionalProperties": false
+        })
+    }
+    fn check(&self, _args: &Value) -> Result<(), ToolError> {
+        Ok(())
+    }
+    async fn prepare(&self, _ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {
+        Ok(Undo::none())
+    }
+    async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        let attempt = self.attempts.fetch_add(1, Ordering::SeqCst) + 1;
+        let now_running = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now_running, Ordering::SeqCst);
+        let all_running = self.all.0.fetch_add(1, Ordering::SeqCst) + 1;
+        self.all.1.fetch_max(all_running, Ordering::SeqCst);
+        if let Some(sleep_ms) = args["sleep_ms"].as_u64() {
+            tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
+        }
+        self.all.0.fetch_sub(1, Ordering::SeqCst);
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        if args["panic"].as_bool() == Some(true) {
+            panic!("work panics on purpose");
+        }
+        if args["hang"].as_bool() == Some(true) {
+            std::future::pending::<()>().await;
+        }
+        if u64::from(attempt) <= args["fail_retriable_times"].as_u64().unwrap_or(0) {
+            return Err(ToolError::failed(format!("transient failure {attempt}")).retriable());
+        }
+        Ok(ToolOutput::new(json!({ "attempt": attempt })))
+    }
+    async fn compensate(
+        &self,
+        _ctx: &ToolContext,
+        _args: &Value,
+        _undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> Result<(), ToolError> {
+        Ok(())
+    }
+}
+
+fn ctx(tool: &str) -> ToolContext {
+    ToolContext {
+        saga_id: SagaId::new("s"),
+        step_seq: 0,
+        tool_id: tool.to_owned(),
+        idempotency_key: None,
+        actor: None,
+        durability: Durability::Normal,
+    }
+}
+
+fn dispatcher(limits: Limits, tools: &[Arc<Work>]) -> Dispatcher {
+    let mut dispatcher = Dispatcher::new(limits, Arc::new(NoJitter)).expect("valid limits");
+    for tool in tools {
+        dispatcher.register(tool.clone()).expect("registers");
+    }
+    dispatcher
+}
+
+/// `check(args, expected)`: `Ok` or an error containing every fragment.
+fn check(args: Value, expected: Result<(), &[&str]>) {
+    let dispatcher = dispatcher(Limits::default(), &[Work::new("work", true)]);
+    match (dispatcher.check("work", &args), expected) {
+        (Ok(()), Ok(())) => {}
+        (Err(error), Err(fragments)) => {
+            let message = error.to_string();
+            assert!(error.is_invalid_args(), "{message}");
+            for fragment in fragments {
+                assert!(message.contains(fragment), "`{message}` lacks `{fragment}`");
+            }
+        }
+        (actual, expected) => panic!("{args}: got {actual:?}, expected {expected:?}"),
+    }
+}
+
+#[test]
+fn schema_errors_name_the_path_and_the_rule() {
+    check(json!({"sleep_ms": 5}), Ok(()));
+    check(json!({"sleep_ms": "soon"}), Err(&["`/sleep_ms`", "type"]));
+    check(json!({"sleep_ms": 70000}), Err(&["`/sleep_ms`", "maximum"]));
+    check(
+        json!({"slep_ms": 5}),
+        Err(&["`/`", "additionalProperties", "slep_ms"]),
+    );
+    check(
+        json!({"target": {}}),
+        Err(&["`/target`", "required", "path"]),
+    );
+    check(
+        json!({"target": {"path": 5}}),
+        Err(&["`/target/path`", "type"]),
+    );
+    // Every violation is reported, not just the first.
+    check(
+        json!({"sleep_ms": -1, "panic": "yes"}),
+        Err(&["`/sleep_ms`", "minimum", "`/panic`", "type"]),
+    );
+}
+
+#[test]
+fn duplicate_ids_and_bad_limits_are_refused() {
+    let mut dispatcher = dispatcher(Limits::default(), &[Work::new("work", true)]);
+    assert_eq!(
+        dispatcher.register(Work::new("work", true)),
+        Err(DispatchError::DuplicateTool("work".into()))
+    );
+    let limits = Limits {
+        timeout_ms: 0,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        Dispatcher::new(limits, Arc::new(NoJitter)),
+        Err(DispatchError::Limits(message)) if message.contains("timeout_ms")
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_tool_times_out_with_an_uncertain_outcome() {
+    let work = Work::new("work", true);
+    let mut limits = Limits::default();
+    limits.tools.insert(
+        "work".into(),
+        ToolLimits {
+            timeout_ms: Some(250),
+            ..ToolLimits::default()
+        },
+    );
+    let dispatcher = dispatcher(limits, std::slice::from_ref(&work));
+    let started = tokio::time::Instant::now();
+    let error = dispatcher
+        .execute(&ctx("work"), &json!({"hang": true}))
+        .await
+        .expect_err("times out");
+    assert!(error.is_uncertain(), "a timeout leaves the outcome unknown");
+    assert!(error.to_string().contains("250 ms"), "{error}");
+    assert_eq!(started.elapsed(), Duration::from_millis(250));
+    assert_eq!(
+        work.attempts.load(Ordering::SeqCst),
+        1,
+        "timeouts are not retried"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_concurrency_limits_hold_under_100_concurrent_calls() {
+    let all = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+    let limited = Work::sharing("limited", &all);
+    let other = Work::sharing("other", &all);
+    let mut limits = Limits {
+        concurrency_max: 8,
+        ..Limits::default()
+    };
+    limits.tools.insert(
+        "limited".into(),
+        ToolLimits {
+            concurrency_max: Some(3),
+            ..ToolLimits::default()
+        },
+    );
+    let dispatcher = Arc::new(dispatcher(limits, &[limited.clone(), other.clone()]));
+    let calls: Vec<_> = (0..100)
+        .map(|call_idx| {
+            let dispatcher = dispatcher.clone();
+            tokio::spawn(async move {
+                let tool = if call_idx % 2 == 0 {
+                    "limited"
+                } else {
+                    "other"
+                };
+                dispatcher
+                    .execute(&ctx(tool), &json!({"sleep_ms": 5}))
+                    .await
+            })
+        })
+        .collect();
+    for call in calls {
+        call.await.expect("joins").expect("succeeds");
+    }
+    let (limited_peak, other_peak) = (
+        limited.peak.load(Ordering::SeqCst),
+        other.peak.load(Ordering::SeqCst),
+    );
+    let all_peak = all.1.load(Ordering::SeqCst);
+    assert!(limited_peak <= 3, "per-tool limit exceeded: {limited_peak}");
+    assert!(all_peak <= 8, "global limit exceeded: {all_peak}");
+    assert!(
+        other_peak >= 4,
+        "the global limit was reached, not just approached ({other_peak})"
+    );
+    assert!(
+        limited_peak >= 2,
+        "calls really ran concurrently ({limited_peak})"
+    );
+    assert_eq!(limited.attempts.load(Ordering::SeqCst), 50);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retriable_errors_of_idempotent_tools_are_retried_the_configured_number_of_times() {
+    let work = Work::new("work", true);
+    let limits = Limits {
+        retries_max: 3,
+        backoff_base_ms: 100,
+        backoff_max_ms: 250,
+        ..Limits::default()
+    };
+    let dispatcher = dispatcher(limits, std::slice::from_ref(&work));
+    let started = tokio::time::Instant::now();
+    let output = dispatcher
+        .execute(&ctx("work"), &json!({"fail_retriable_times": 3}))
+        .await
+        .expect("succeeds on the fourth attempt");
+    assert_eq!(output.data["attempt"], 4);
+    // Backoffs 100 + 200 + 250 (capped), no jitter.
+    assert_eq!(started.elapsed(), Duration::from_millis(550));
+
+    let error = dispatcher
+        .execute(&ctx("work"), &json!({"fail_retriable_times": 100}))
+        .await
+        .expect_err("gives up");
+    assert!(error.to_string().contains("transient failure 8"), "{error}");
+    assert_eq!(work.attempts.load(Ordering::SeqCst), 8, "4 + 4 attempts");
+}
+
+#[tokio::test(start_paused = true)]
+async fn non_idempotent_tools_and_non_retriable_errors_are_never_retried() {
+    let once = Work::new("once", false);
+    let dispatcher = dispatcher(Limits::default(), std::slice::from_ref(&once));
+    let error = dispatcher
+        .execute(&ctx("once"), &json!({"fail_retriable_times": 1}))
+        .await
+        .expect_err("not retried");
+    assert!(error.is_retriable(), "the error said a retry was safe");
+    assert_eq!(
+        once.attempts.load(Ordering::SeqCst),
+        1,
+        "but the tool is not idempotent"
+    );
+}
+
+#[tokio::test]
+async fn a_panicking_tool_is_contained() {
+    let work = Work::new("work", true);
+    let dispatcher = dispatcher(Limits::default(), &[work]);
+    let error = dispatcher
+        .execute(&ctx("work"), &json!({"panic": true}))
+        .await
+        .expect_err("contained");
+    assert!(
+        error.to_string().contains("work panics on purpose"),
+        "{error}"
+    );
+    assert!(error.is_uncertain());
+    // The dispatcher still works afterwards.
+    dispatcher
+        .execute(&ctx("work"), &json!({}))
+        .await
+        .expect("runs");
+}
