@@ -110,6 +110,8 @@ enum Command {
     },
     /// Measure the kernel's per-step cost in a temporary log
     Bench(bench::BenchArgs),
+    /// List the tools with their classes and the limits in force
+    Tools,
     /// Show the FSM transition table in use, or check a custom one
     Fsm {
         /// Show the table (the default when no subcommand is given)
@@ -319,6 +321,11 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             let cancel = Arc::new(Cancellation::new());
             watch_signals(cancel.clone());
             let report = kernel.run_cancellable(&plan, &progress, &cancel).await?;
+            if cancel.is_cancelled() && report.state == SagaState::Done {
+                eprintln!(
+                    "agent-kernel: the signal came while the last step was running; no step was left to stop before, so the saga completed"
+                );
+            }
             progress.finish();
             out.saga(&report);
             Ok(match report.state {
@@ -355,6 +362,11 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 SagaState::FailedRolledBack => exit::OK,
                 _ => exit::ATTENTION,
             })
+        }
+        Command::Tools => {
+            let tools = build_dispatcher(&load_policy(cli)?, None)?;
+            out.tools(&tools);
+            Ok(exit::OK)
         }
         Command::Log { saga, limit } => {
             if saga.is_none() && !db_path(cli).exists() {
@@ -497,6 +509,52 @@ fn load_policy(cli: &Cli) -> Result<Policy, Failure> {
     }
 }
 
+/// The built-in tools behind a dispatcher with the policy's sandbox and limits (or
+/// `limits`, when given).
+fn build_dispatcher(policy: &Policy, limits: Option<Limits>) -> Result<Dispatcher, Failure> {
+    let fs_sandbox = FsSandbox::new(policy)
+        .context("cannot open the sandbox's allowed roots")
+        .map_err(Failure::bad_input)?;
+    let http_sandbox = HttpSandbox::new(policy);
+    let cwd = std::env::current_dir()
+        .context("cannot read the working directory")
+        .map_err(Failure::bad_input)?;
+    let limits = match limits {
+        Some(limits) => limits,
+        None => load_limits(policy)?,
+    };
+    let jitter = Arc::new(SeededJitter::new(u64::from(std::process::id())));
+    let mut tools = Dispatcher::new(limits, jitter)
+        .context("dispatcher limits")
+        .map_err(Failure::bad_input)?;
+    for tool in agent_kernel_tools::builtin_tools(Arc::new(fs_sandbox), Arc::new(http_sandbox), cwd)
+    {
+        tools
+            .register(tool)
+            .context("registering the built-in tools")
+            .map_err(|error| Failure {
+                code: exit::ATTENTION,
+                kind: "internal",
+                error,
+            })?;
+    }
+    // A misspelled tool id would silently leave that tool unbounded by its override.
+    if let Some(unknown) = tools
+        .limits()
+        .tools
+        .keys()
+        .find(|id| tools.get(id).is_none())
+    {
+        let known: Vec<&str> = tools.ids().collect();
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "sandbox policy {}: [limits.tools.\"{unknown}\"] names no tool (known tools: {})",
+            policy.origin(),
+            known.join(", ")
+        )));
+    }
+    Ok(tools)
+}
+
 /// The dispatcher's bounds: the policy's `[limits]` section, else the defaults.
 fn load_limits(policy: &Policy) -> Result<Limits, Failure> {
     let Some(table) = policy.limits_table() else {
@@ -544,41 +602,27 @@ fn open_kernel(
     durability: Durability,
     purpose: Compensation,
 ) -> Result<Kernel, Failure> {
-    let (fsm, policy) = match purpose {
-        Compensation::AndExecution => (load_fsm(cli)?, load_policy(cli)?),
+    let (fsm, policy, limits) = match purpose {
+        Compensation::AndExecution => (load_fsm(cli)?, load_policy(cli)?, None),
         Compensation::Only => {
             // Rollback must stay possible: every loaded table lets failures and compensations
-            // finish, so a broken table file falls back to the built-in one here.
+            // finish, so a broken table file falls back to the built-in one here; and
+            // compensation works from the log alone, so the policy is read only for its
+            // [limits], and a broken policy falls back to the default limits.
             let fsm = load_fsm(cli).unwrap_or_else(|failure| {
                 tracing::warn!(error = %failure.error, "using the built-in FSM table for recovery");
                 Guardrail::builtin()
             });
-            (fsm, Policy::deny_all())
+            let limits = load_policy(cli)
+                .and_then(|policy| load_limits(&policy))
+                .unwrap_or_else(|failure| {
+                    tracing::warn!(error = %failure.error, "using the default limits for recovery");
+                    Limits::default()
+                });
+            (fsm, Policy::deny_all(), Some(limits))
         }
     };
-    let fs_sandbox = FsSandbox::new(&policy)
-        .context("cannot open the sandbox's allowed roots")
-        .map_err(Failure::bad_input)?;
-    let http_sandbox = HttpSandbox::new(&policy);
-    let cwd = std::env::current_dir()
-        .context("cannot read the working directory")
-        .map_err(Failure::bad_input)?;
-    let limits = load_limits(&policy)?;
-    let jitter = Arc::new(SeededJitter::new(u64::from(std::process::id())));
-    let mut tools = Dispatcher::new(limits, jitter)
-        .context("dispatcher limits")
-        .map_err(Failure::bad_input)?;
-    for tool in agent_kernel_tools::builtin_tools(Arc::new(fs_sandbox), Arc::new(http_sandbox), cwd)
-    {
-        tools
-            .register(tool)
-            .context("registering the built-in tools")
-            .map_err(|error| Failure {
-                code: exit::ATTENTION,
-                kind: "internal",
-                error,
-            })?;
-    }
+    let tools = build_dispatcher(&policy, limits)?;
     let owner = current_owner()
         .context("cannot identify this process in /proc")
         .map_err(|error| Failure {

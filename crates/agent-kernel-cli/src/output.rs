@@ -324,6 +324,71 @@ impl Output {
         );
     }
 
+    /// `tools`.
+    pub(crate) fn tools(&self, tools: &agent_kernel_dispatcher::Dispatcher) {
+        let limits = tools.limits();
+        let rows: Vec<Value> = tools
+            .ids()
+            .filter_map(|id| tools.get(id).map(|tool| (id, tool)))
+            .map(|(id, tool)| {
+                json!({
+                    "tool": id,
+                    "version": tool.version(),
+                    "effect": tool.effect().as_str(),
+                    "idempotent": tool.idempotent(),
+                    "settlement": tool.settlement().as_str(),
+                    "timeout_ms": limits.timeout_ms_for(id),
+                    "retries_max": if tool.idempotent() { limits.retries_max_for(id) } else { 0 },
+                    "concurrency_max": limits.tools.get(id).and_then(|l| l.concurrency_max),
+                })
+            })
+            .collect();
+        if self.json {
+            print_json(&json!({
+                "tools": rows,
+                "limits": {
+                    "timeout_ms": limits.timeout_ms,
+                    "compensation_timeout_ms": limits.compensation_timeout_ms,
+                    "concurrency_max": limits.concurrency_max,
+                    "retries_max": limits.retries_max,
+                    "backoff_base_ms": limits.backoff_base_ms,
+                    "backoff_max_ms": limits.backoff_max_ms,
+                },
+            }));
+            return;
+        }
+        let mut list = table(&[
+            "tool",
+            "effect",
+            "idempotent",
+            "unknown outcome",
+            "timeout",
+            "retries",
+            "concurrency",
+        ]);
+        for row in &rows {
+            list.add_row(vec![
+                row["tool"].as_str().unwrap_or_default().to_owned(),
+                row["effect"].as_str().unwrap_or_default().to_owned(),
+                row["idempotent"].to_string(),
+                row["settlement"].as_str().unwrap_or_default().to_owned(),
+                format!("{} ms", row["timeout_ms"]),
+                row["retries_max"].to_string(),
+                row["concurrency_max"]
+                    .as_u64()
+                    .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+            ]);
+        }
+        println!("{list}");
+        println!(
+            "all tools: at most {} calls at once; compensation timeout {} ms; backoff {}..{} ms",
+            limits.concurrency_max,
+            limits.compensation_timeout_ms,
+            limits.backoff_base_ms,
+            limits.backoff_max_ms
+        );
+    }
+
     /// `bench`.
     pub(crate) fn bench(&self, report: &BenchReport) {
         if self.json {

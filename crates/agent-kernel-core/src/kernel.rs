@@ -272,6 +272,7 @@ impl Kernel {
             .await;
         if let Ok(report) = &report {
             span.record("state", report.state.as_str());
+            debug!(parent: &span, "saga ended");
         }
         report
     }
@@ -438,6 +439,8 @@ impl Kernel {
                 .instrument(step_span.clone())
                 .await;
             step_span.record("outcome", if executed.is_ok() { "commit" } else { "fail" });
+            // An event after the record, so logs show the span with its outcome.
+            debug!(parent: &step_span, "step executed");
             match executed {
                 Ok(output) => {
                     let hint = output.next_hint.clone();
@@ -662,6 +665,7 @@ impl Kernel {
                     "compensation_failed"
                 },
             );
+            debug!(parent: &span, "step compensation finished");
             if let Err(error) = &result {
                 any_failed = true;
                 warn!(saga_id = %saga_id, step_seq = step.step_seq, tool = %step.tool_id, %error, "compensation failed");

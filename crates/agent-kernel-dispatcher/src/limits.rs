@@ -4,10 +4,11 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-/// Default time a tool call may take, in milliseconds.
-pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+/// Default time a tool call may take, in milliseconds: above the tools' own bounds
+/// (`noop` sleeps at most 60 s, `http.get` gives up after 30 s), so those fire first.
+pub const DEFAULT_TIMEOUT_MS: u64 = 120_000;
 /// Default time a compensation may take, in milliseconds.
-pub const DEFAULT_COMPENSATION_TIMEOUT_MS: u64 = 60_000;
+pub const DEFAULT_COMPENSATION_TIMEOUT_MS: u64 = 120_000;
 /// Longest timeout that may be configured, in milliseconds (one hour).
 pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
 /// Default number of tool calls running at once, all tools together.

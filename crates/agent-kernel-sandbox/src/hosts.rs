@@ -201,8 +201,8 @@ fn special_kind_v6(address: Ipv6Addr) -> Option<&'static str> {
         Some("multicast")
     } else if segments[0] == 0x2001 && segments[1] == 0x0db8 {
         Some("documentation")
-    } else if segments[0] & 0xfff0 == 0x3ff0 {
-        // 3fff::/20 (RFC 9637).
+    } else if segments[0] == 0x3fff && segments[1] & 0xf000 == 0 {
+        // 3fff::/20 (RFC 9637): the first 20 bits are 0x3fff0.
         Some("documentation")
     } else if segments[0] == 0x2001 && segments[1] < 0x0200 {
         // 2001::/23: Teredo, benchmarking, ORCHID and other protocol assignments.
@@ -281,6 +281,9 @@ mod tests {
             ("ff02::1", Some("multicast")),
             ("2001:db8::1", Some("documentation")),
             ("3fff::1", Some("documentation")),
+            ("3fff:0fff::1", Some("documentation")),
+            ("3fff:1000::1", None),
+            ("3ff0::1", None),
             ("2001::1", Some("IETF protocol assignment")),
             ("100::1", Some("discard-only")),
             ("2606:4700::1111", None),

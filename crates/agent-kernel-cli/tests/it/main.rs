@@ -4,6 +4,7 @@
 mod bad_input;
 mod crash;
 mod fsm;
+mod http;
 mod layering;
 mod run;
 

@@ -357,3 +357,128 @@ fn sigint_stops_at_the_next_step_boundary_and_rolls_back() {
             .contains("SIGINT")
     );
 }
+
+#[test]
+fn limits_from_the_policy_bound_every_call() {
+    let project = Project::new();
+    fs::write(
+        project.path("sandbox.toml"),
+        "[fs]\nallow = [\"ws\"]\n\n[limits]\ntimeout_ms = 20000\n\n[limits.tools.noop]\ntimeout_ms = 200\n",
+    )
+    .expect("writes policy");
+    let (code, listed) = project.run_json(&["tools"]);
+    assert_eq!(code, 0, "{listed}");
+    let noop = listed["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .find(|tool| tool["tool"] == "noop")
+        .expect("noop listed")
+        .clone();
+    assert_eq!(noop["timeout_ms"], 200);
+    assert_eq!(listed["limits"]["timeout_ms"], 20000);
+
+    fs::write(project.path("ws/a.txt"), b"before").expect("writes");
+    let before = project.snapshot();
+    let plan = project.plan(
+        "plan.json",
+        &json!({ "steps": [
+            step("fs.write", json!({"path": "ws/a.txt", "content": "after"})),
+            step("noop", json!({"sleep_ms": 5000})),
+        ]}),
+    );
+    let started = std::time::Instant::now();
+    let (code, document) = project.run_json(&["run", "--plan", plan.to_str().expect("utf8")]);
+    assert_eq!(code, 1, "{document}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(4),
+        "the timeout cut the sleep"
+    );
+    assert_eq!(document["failure"]["error"]["kind"], "timeout");
+    assert_eq!(project.snapshot(), before);
+}
+
+#[test]
+fn bad_limits_are_bad_input() {
+    let project = Project::new();
+    let plan = project.plan(
+        "plan.json",
+        &json!({ "steps": [ step("noop", json!({})) ] }),
+    );
+    for (limits, fragment) in [
+        ("[limits]\ntimeout = 5\n", "unknown field `timeout`"),
+        ("[limits]\nconcurrency_max = 0\n", "concurrency_max is 0"),
+        (
+            "[limits.tools.noop]\nretries_max = 99\n",
+            "retries_max is 99",
+        ),
+        (
+            "[limits.tools.\"fs.wrte\"]\ntimeout_ms = 5\n",
+            "names no tool",
+        ),
+    ] {
+        fs::write(
+            project.path("sandbox.toml"),
+            format!("[fs]\nallow = [\"ws\"]\n\n{limits}"),
+        )
+        .expect("writes policy");
+        let output = project.run(&["run", "--plan", plan.to_str().expect("utf8")]);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{limits}: {}",
+            describe(&output)
+        );
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains(fragment),
+            "{limits}: {}",
+            describe(&output)
+        );
+    }
+}
+
+#[test]
+fn json_logs_carry_saga_and_step_spans() {
+    let project = Project::new();
+    let plan = project.plan(
+        "plan.json",
+        &json!({ "steps": [
+            step("fs.write", json!({"path": "ws/a.txt", "content": "x"})),
+            step("fault.fail", json!({})),
+        ]}),
+    );
+    let output = project.run(&[
+        "-vv",
+        "--log-format",
+        "json",
+        "run",
+        "--plan",
+        plan.to_str().expect("utf8"),
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let lines: Vec<Value> = String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).expect("each log line is JSON"))
+        .collect();
+    assert!(!lines.is_empty(), "{}", describe(&output));
+    let failed = lines
+        .iter()
+        .find(|line| line["fields"]["message"] == "step failed")
+        .expect("the failure is logged");
+    assert!(
+        failed["span"]["saga_id"].is_string() || failed["spans"][0]["saga_id"].is_string(),
+        "{failed}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["spans"].as_array().is_some_and(|spans| spans
+                .iter()
+                .any(|span| span["name"] == "step" && span["tool"] == "fs.write"))),
+        "a step span names its tool"
+    );
+    // -q silences all but errors.
+    let output = project.run(&["-q", "run", "--plan", plan.to_str().expect("utf8")]);
+    assert!(output.stderr.is_empty() || !String::from_utf8_lossy(&output.stderr).contains("WARN"));
+}

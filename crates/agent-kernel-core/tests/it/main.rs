@@ -296,6 +296,9 @@ impl TransactionalTool for Settled {
     ) -> Result<ProbeOutcome, ToolError> {
         let item = undo.data["item"].as_str().unwrap_or_default();
         self.world.note(format!("probe {item}"));
+        if item.starts_with("unknowable") {
+            return Ok(ProbeOutcome::Unknown);
+        }
         if self.world.items().iter().any(|existing| existing == item) {
             Ok(ProbeOutcome::Happened(None))
         } else {

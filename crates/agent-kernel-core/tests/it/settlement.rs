@@ -163,3 +163,42 @@ async fn crash_operator_class_stops_for_an_operator() {
     let report = after_crash(&fixture, "opaque.add", "hang_after").await;
     check_left_to_operator(&report, &fixture);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_that_cannot_tell_stops_for_an_operator() {
+    let fixture = Fixture::new();
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(200),
+        fixture.kernel(1).run(
+            &plan(vec![
+                add("first"),
+                settled("probed.add", "unknowable", "hang_after"),
+            ]),
+            &NoObserver,
+        ),
+    )
+    .await;
+    assert!(abandoned.is_err());
+    fixture
+        .liveness
+        .dead_pids
+        .lock()
+        .expect("not poisoned")
+        .push(1);
+    let report = fixture
+        .kernel(2)
+        .recover(&NoObserver)
+        .await
+        .expect("recovers");
+    let Some(RecoveryAction::RolledBack(saga)) = report.sagas.into_iter().next() else {
+        panic!("expected a rolled back saga");
+    };
+    assert_eq!(saga.state, SagaState::FailedRollbackPartial);
+    let compensation = saga.steps[1].compensation.as_deref().unwrap_or_default();
+    assert!(compensation.contains("could not tell"), "{compensation}");
+    assert_eq!(
+        fixture.world.items(),
+        ["unknowable"],
+        "never assumed undone"
+    );
+}
