@@ -91,6 +91,7 @@
 #![forbid(unsafe_code)]
 
 mod common;
+mod drill;
 mod fault;
 mod fs_append;
 mod fs_delete;
@@ -107,6 +108,7 @@ use agent_kernel_api::DynTool;
 use agent_kernel_sandbox::{FsSandbox, HttpSandbox};
 
 pub use common::{TEMP_PREFIX, TEMP_SUFFIX, TOOL_VERSION};
+pub use drill::{DRILL_PAUSE_MS_MAX, DrillWrite};
 pub use fault::{
     FAULT_FAIL_DEFAULT_MESSAGE, FAULT_MESSAGE_BYTES_MAX, FAULT_PANIC_DEFAULT_MESSAGE, FaultFail,
     FaultPanic,
@@ -137,9 +139,11 @@ pub fn builtin_tools(
         Arc::new(FsWrite::new(Arc::clone(&fs), cwd.clone())),
         Arc::new(FsAppend::new(Arc::clone(&fs), cwd.clone())),
         Arc::new(FsDelete::new(Arc::clone(&fs), cwd.clone())),
-        Arc::new(ValidateFile::new(fs, cwd)),
+        Arc::new(ValidateFile::new(Arc::clone(&fs), cwd.clone())),
         Arc::new(HttpGet::new(http)),
         Arc::new(FaultFail),
         Arc::new(FaultPanic),
+        Arc::new(DrillWrite::probed(Arc::clone(&fs), cwd.clone())),
+        Arc::new(DrillWrite::opaque(fs, cwd)),
     ]
 }

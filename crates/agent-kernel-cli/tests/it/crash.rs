@@ -323,3 +323,93 @@ fn several_processes_share_one_log() {
     assert_eq!(sagas.len(), n_processes);
     assert!(sagas.iter().all(|saga| saga["state"] == "Done"));
 }
+
+/// Runs `[fs.write ws/a.txt, <drill> ws/b.txt]` where the drill pauses before or after its
+/// effect, SIGKILLs the process once the pause has surely begun, and recovers.
+/// Returns the recover exit code, its report, and the files afterwards.
+fn kill_during_drill(drill: &str, pause: &str) -> (i32, Value, BTreeMap<String, Vec<u8>>) {
+    let project = Project::new();
+    fs::write(project.path("ws/a.txt"), b"a before").expect("writes");
+    fs::write(project.path("ws/b.txt"), b"b before").expect("writes");
+    let plan = project.plan(
+        "plan.json",
+        &json!({ "steps": [
+            { "tool": "fs.write", "args": { "path": "ws/a.txt", "content": "a after" } },
+            { "tool": drill, "args": { "path": "ws/b.txt", "content": "b after", pause: 60_000 } },
+        ]}),
+    );
+    let child = spawn(&project, &["run", "--plan", plan.to_str().expect("utf8")]);
+    // Step 0 has run once a.txt changed; give step 1 time to begin and reach its pause.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fs::read(project.path("ws/a.txt")).expect("reads") != b"a after" {
+        assert!(Instant::now() < deadline, "the saga never started");
+        thread::sleep(Duration::from_millis(5));
+    }
+    if pause == "pause_after_ms" {
+        while fs::read(project.path("ws/b.txt")).expect("reads") != b"b after" {
+            assert!(Instant::now() < deadline, "the drill never wrote");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+    thread::sleep(Duration::from_millis(300));
+    assert!(
+        kill_after(child, Duration::ZERO),
+        "killed while the drill paused"
+    );
+    let (code, report) = project.run_json(&["recover"]);
+    (code, report, project.snapshot())
+}
+
+fn files(a: &str, b: &str) -> BTreeMap<String, Vec<u8>> {
+    BTreeMap::from([
+        ("a.txt".to_owned(), a.as_bytes().to_vec()),
+        ("b.txt".to_owned(), b.as_bytes().to_vec()),
+    ])
+}
+
+/// CONTRACT-level settlement after a real SIGKILL, for the `probe` and `operator` classes
+/// (the drill tools `fault.probed_write` and `fault.opaque_write`).
+#[test]
+fn sigkill_settles_each_unknown_outcome_by_its_class() {
+    // The `compensate` class is the file tools', killed 60 times above. Here the other two.
+    // Probe class, killed before its effect: the probe finds nothing happened.
+    let (code, report, after) = kill_during_drill("fault.probed_write", "pause_before_ms");
+    assert_eq!(code, 0, "{report}");
+    let saga = &report["sagas"][0];
+    assert_eq!(saga["state"], "FailedRolledBack", "{report}");
+    assert!(
+        saga["steps"][1]["compensation"]
+            .as_str()
+            .expect("note")
+            .contains("did not happen"),
+        "{report}"
+    );
+    assert_eq!(after, files("a before", "b before"));
+
+    // Probe class, killed after its effect: the probe finds it and it is compensated.
+    let (code, report, after) = kill_during_drill("fault.probed_write", "pause_after_ms");
+    assert_eq!(code, 0, "{report}");
+    let saga = &report["sagas"][0];
+    assert_eq!(saga["state"], "FailedRolledBack", "{report}");
+    assert!(
+        saga["steps"][1]["compensation"]
+            .as_str()
+            .expect("note")
+            .contains("effect happened"),
+        "{report}"
+    );
+    assert_eq!(after, files("a before", "b before"));
+
+    // Operator class, killed after its effect: never assumed undone; exit 3.
+    let (code, report, after) = kill_during_drill("fault.opaque_write", "pause_after_ms");
+    assert_eq!(code, 3, "{report}");
+    let saga = &report["sagas"][0];
+    assert_eq!(saga["state"], "FailedRollbackPartial", "{report}");
+    assert_eq!(saga["steps"][1]["status"], "COMPENSATION_FAILED");
+    assert_eq!(saga["steps"][0]["status"], "COMPENSATED");
+    assert_eq!(
+        after,
+        files("a before", "b after"),
+        "the unknown write is left for an operator"
+    );
+}

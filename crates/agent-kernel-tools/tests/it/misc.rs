@@ -21,7 +21,19 @@ fn builtin_tools_lists_every_tool_once() {
         ("http.get", EffectClass::ReadOnly),
         ("fault.fail", EffectClass::ReadOnly),
         ("fault.panic", EffectClass::ReadOnly),
+        ("fault.probed_write", EffectClass::Mutating),
+        ("fault.opaque_write", EffectClass::Mutating),
     ];
+    assert_eq!(
+        agent_kernel_tools::builtin_tools(
+            std::sync::Arc::new(agent_kernel_sandbox::FsSandbox::deny_all()),
+            std::sync::Arc::new(agent_kernel_sandbox::HttpSandbox::deny_all()),
+            std::path::PathBuf::from("/"),
+        )
+        .len(),
+        expected.len(),
+        "every built-in tool is listed here"
+    );
     for (id, effect) in expected {
         let tool = fixture.tool(id);
         assert_eq!(tool.effect(), effect, "{id}");
