@@ -92,6 +92,15 @@ pub enum LogWrite {
         /// What went wrong.
         error: ToolError,
     },
+    /// Records a step that was refused before it began (a denial, a cancellation, a failing
+    /// `prepare`): status `FAIL` with `error`, its idempotency key neither claimed nor
+    /// released, nothing to compensate.
+    RefuseStep {
+        /// The step, as it would have begun (its `undo` is ignored).
+        step: BeginStep,
+        /// Why it never began.
+        error: ToolError,
+    },
     /// Records a step whose idempotency key was already committed: status `COMMIT`, the
     /// recorded output reused, nothing executed, nothing to compensate.
     ReuseStep {
@@ -144,6 +153,21 @@ pub struct KeyBinding {
     pub status: StepStatus,
     /// That step's output, when committed.
     pub output: Option<ToolOutput>,
+    /// That step's error, when it failed: a failure with an uncertain outcome keeps the key
+    /// held until the step is compensated.
+    pub error: Option<ToolError>,
+}
+
+impl KeyBinding {
+    /// Whether the key is free to be claimed again by a step with the same arguments: its
+    /// holder failed with nothing applied, or was compensated.
+    pub fn is_released(&self) -> bool {
+        match self.status {
+            StepStatus::Compensated => true,
+            StepStatus::Fail => !self.error.as_ref().is_some_and(ToolError::is_uncertain),
+            StepStatus::Begin | StepStatus::Commit | StepStatus::CompensationFailed => false,
+        }
+    }
 }
 
 /// One saga, without its steps.
@@ -302,8 +326,9 @@ pub trait TxLog: Send + Sync + 'static {
         key: &'a str,
     ) -> BoxFuture<'a, Result<Option<KeyBinding>, TxError>>;
 
-    /// Makes `new_owner` the owner of a saga if `expected_owner` still is.
-    /// Returns whether it did; `false` means another process took it first.
+    /// Makes `new_owner` the owner of a saga if `expected_owner` still is and the saga is
+    /// still in `expected_state`. Returns whether it did; `false` means another process took
+    /// it first or the saga moved on (it may have just reached `Done`).
     ///
     /// # Errors
     ///
@@ -312,6 +337,7 @@ pub trait TxLog: Send + Sync + 'static {
         &'a self,
         saga_id: &'a SagaId,
         expected_owner: &'a Owner,
+        expected_state: SagaState,
         new_owner: &'a Owner,
     ) -> BoxFuture<'a, Result<bool, TxError>>;
 }

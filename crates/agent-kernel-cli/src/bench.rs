@@ -139,9 +139,11 @@ impl TxLog for CountingLog {
         &'a self,
         saga_id: &'a SagaId,
         expected_owner: &'a Owner,
+        expected_state: SagaState,
         new_owner: &'a Owner,
     ) -> BoxFuture<'a, Result<bool, TxError>> {
-        self.inner.take_over(saga_id, expected_owner, new_owner)
+        self.inner
+            .take_over(saga_id, expected_owner, expected_state, new_owner)
     }
 }
 

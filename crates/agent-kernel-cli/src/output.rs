@@ -289,6 +289,9 @@ impl Output {
                 RecoveryAction::SkippedTakenOver { saga_id } => {
                     println!("saga {saga_id}: skipped, another process is recovering it");
                 }
+                RecoveryAction::Failed { saga_id, error } => {
+                    println!("saga {saga_id}: NOT recovered: {error}");
+                }
             }
         }
     }

@@ -345,10 +345,9 @@ impl Kernel {
             if let Some(reason) = cancel.reason() {
                 let error = ToolError::failed(format!("cancelled before this step: {reason}"));
                 warn!(saga_id = %saga_id, step_seq, %error, "saga cancelled");
-                saga.pending.push(LogWrite::BeginStep(begin));
-                saga.pending.push(LogWrite::FailStep {
-                    saga_id: saga_id.clone(),
-                    step_seq,
+                // Never begun: recorded as refused, its idempotency key left alone.
+                saga.pending.push(LogWrite::RefuseStep {
+                    step: begin,
                     error: error.clone(),
                 });
                 failure = Some(fail(error));
@@ -359,10 +358,9 @@ impl Kernel {
             if let Err(denial) = self.admit_step(saga.state, plan, step_seq, tool.effect()) {
                 let error = ToolError::denied(denial.with_tool(step.tool.as_str()).to_string());
                 warn!(saga_id = %saga_id, step_seq, tool = %step.tool, %error, "step denied");
-                saga.pending.push(LogWrite::BeginStep(begin));
-                saga.pending.push(LogWrite::FailStep {
-                    saga_id: saga_id.clone(),
-                    step_seq,
+                // Never begun: recorded as refused, its idempotency key left alone.
+                saga.pending.push(LogWrite::RefuseStep {
+                    step: begin,
                     error: error.clone(),
                 });
                 failure = Some(fail(error));
@@ -414,10 +412,9 @@ impl Kernel {
                 Err(error) => {
                     // `prepare` has no side effects, so whatever went wrong, nothing happened.
                     let error = error.not_applied();
-                    saga.pending.push(LogWrite::BeginStep(begin));
-                    saga.pending.push(LogWrite::FailStep {
-                        saga_id: saga_id.clone(),
-                        step_seq,
+                    // Never begun: recorded as refused, its idempotency key left alone.
+                    saga.pending.push(LogWrite::RefuseStep {
+                        step: begin,
                         error: error.clone(),
                     });
                     failure = Some(fail(error));
@@ -427,8 +424,13 @@ impl Kernel {
             saga.pending
                 .push(LogWrite::BeginStep(BeginStep { undo, ..begin }));
             // The intent (and the previous step's outcome) is durable before the effect.
-            let outcomes = self.log.write(saga.take_batch()).await?;
-            if let Some(WriteOutcome::KeyRejected(reason)) = outcomes.last() {
+            let batch = saga.take_batch();
+            let begin_idx = batch
+                .iter()
+                .position(|write| matches!(write, LogWrite::BeginStep(_)))
+                .expect("the batch holds this step's BEGIN");
+            let outcomes = self.log.write(batch).await?;
+            if let Some(WriteOutcome::KeyRejected(reason)) = outcomes.get(begin_idx) {
                 failure = Some(fail(ToolError::failed(reason.clone())));
                 break;
             }
@@ -639,11 +641,15 @@ impl Kernel {
         observer: &dyn Observer,
     ) -> Result<SagaReport, KernelError> {
         let saga_id = record.saga.saga_id.clone();
-        assert_eq!(
-            record.saga.state,
-            SagaState::Compensating,
-            "only a saga in Compensating is compensated"
-        );
+        if record.saga.state != SagaState::Compensating {
+            return Err(KernelError::Inconsistent {
+                saga_id,
+                reason: format!(
+                    "only a saga in Compensating is compensated; it is {}",
+                    record.saga.state
+                ),
+            });
+        }
         observer.on_event(&SagaEvent::Compensating { saga_id: &saga_id });
         info!(saga_id = %saga_id, "compensating");
         let actor = record.saga.actor.as_deref();
@@ -808,7 +814,7 @@ impl Kernel {
         }
         if self
             .log
-            .take_over(&saga.saga_id, &saga.owner, &self.env.owner)
+            .take_over(&saga.saga_id, &saga.owner, saga.state, &self.env.owner)
             .await?
         {
             Ok(())
@@ -883,51 +889,69 @@ impl Kernel {
     pub async fn recover(&self, observer: &dyn Observer) -> Result<RecoveryReport, KernelError> {
         let mut report = RecoveryReport::default();
         for saga in self.log.unfinished_sagas().await? {
-            let record = self.load(&saga.saga_id).await?;
-            if record.saga.state.is_terminal() {
-                // Another recovery finished it since the list was read.
-                continue;
-            }
-            match self.take_over(&record).await {
-                Ok(()) => {}
-                Err(KernelError::SagaBusy { saga_id, owner, .. }) => {
-                    info!(saga_id = %saga_id, pid = owner.pid, "owner alive; skipped");
-                    report.sagas.push(RecoveryAction::SkippedLive {
-                        saga_id,
-                        pid: owner.pid,
-                        host: owner.host,
-                    });
-                    continue;
-                }
-                Err(KernelError::TakenOver(saga_id)) => {
-                    report
-                        .sagas
-                        .push(RecoveryAction::SkippedTakenOver { saga_id });
-                    continue;
-                }
-                Err(other) => return Err(other),
-            }
-            info!(saga_id = %saga.saga_id, state = %record.saga.state, "recovering");
-            // Recovery resumes from the persisted state: a step was in flight in `Acting` or
-            // `Validating`, so the table's failure event for that state applies.
-            if record.saga.state != SagaState::Compensating {
-                let state = self.enter_compensating(&saga.saga_id, record.saga.state);
-                self.log
-                    .write(vec![LogWrite::SetState {
+            // One saga that cannot be recovered must not stop the recovery of the others.
+            match self.recover_one(&saga.saga_id, observer).await {
+                Ok(Some(action)) => report.sagas.push(action),
+                Ok(None) => {}
+                Err(error) => {
+                    warn!(saga_id = %saga.saga_id, %error, "cannot recover this saga");
+                    report.sagas.push(RecoveryAction::Failed {
                         saga_id: saga.saga_id.clone(),
-                        state,
-                    }])
-                    .await?;
+                        error: error.to_string(),
+                    });
+                }
             }
-            let record = self.load(&saga.saga_id).await?;
-            let span = info_span!("saga", saga_id = %saga.saga_id, recovery = true);
-            let saga_report = self
-                .compensate_saga(record, None, observer)
-                .instrument(span)
-                .await?;
-            report.sagas.push(RecoveryAction::RolledBack(saga_report));
         }
         Ok(report)
+    }
+
+    /// Recovers one unfinished saga; `None` when another recovery finished it meanwhile.
+    async fn recover_one(
+        &self,
+        saga_id: &SagaId,
+        observer: &dyn Observer,
+    ) -> Result<Option<RecoveryAction>, KernelError> {
+        let record = self.load(saga_id).await?;
+        if record.saga.state.is_terminal() {
+            // Another recovery finished it since the list was read.
+            return Ok(None);
+        }
+        match self.take_over(&record).await {
+            Ok(()) => {}
+            Err(KernelError::SagaBusy { saga_id, owner, .. }) => {
+                info!(saga_id = %saga_id, pid = owner.pid, "owner alive; skipped");
+                return Ok(Some(RecoveryAction::SkippedLive {
+                    saga_id,
+                    pid: owner.pid,
+                    host: owner.host,
+                }));
+            }
+            Err(KernelError::TakenOver(saga_id)) => {
+                return Ok(Some(RecoveryAction::SkippedTakenOver { saga_id }));
+            }
+            Err(other) => return Err(other),
+        }
+        // The take-over held only if the saga was still in the state just read, so that
+        // state is current: no one else writes to it now.
+        info!(saga_id = %saga_id, state = %record.saga.state, "recovering");
+        // Recovery resumes from the persisted state: a step was in flight in `Acting` or
+        // `Validating`, so the table's failure event for that state applies.
+        if record.saga.state != SagaState::Compensating {
+            let state = self.enter_compensating(saga_id, record.saga.state);
+            self.log
+                .write(vec![LogWrite::SetState {
+                    saga_id: saga_id.clone(),
+                    state,
+                }])
+                .await?;
+        }
+        let record = self.load(saga_id).await?;
+        let span = info_span!("saga", saga_id = %saga_id, recovery = true);
+        let saga_report = self
+            .compensate_saga(record, None, observer)
+            .instrument(span)
+            .await?;
+        Ok(Some(RecoveryAction::RolledBack(saga_report)))
     }
 
     /// The tool registered under `id`.

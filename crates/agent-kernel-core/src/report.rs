@@ -93,10 +93,17 @@ pub enum RecoveryAction {
         /// The owner's host.
         host: String,
     },
-    /// Another process took it over first; it was not touched.
+    /// Another process took it over first, or it finished meanwhile; it was not touched.
     SkippedTakenOver {
         /// The saga.
         saga_id: SagaId,
+    },
+    /// It could not be recovered (its record is unreadable, the log failed); the others were.
+    Failed {
+        /// The saga.
+        saga_id: SagaId,
+        /// Why.
+        error: String,
     },
 }
 
@@ -108,11 +115,12 @@ pub struct RecoveryReport {
 }
 
 impl RecoveryReport {
-    /// Whether every rolled-back saga ended fully rolled back.
+    /// Whether every saga recovery took on ended fully rolled back.
     pub fn all_rolled_back(&self) -> bool {
         self.sagas.iter().all(|action| match action {
             RecoveryAction::RolledBack(report) => report.state == SagaState::FailedRolledBack,
-            _ => true,
+            RecoveryAction::Failed { .. } => false,
+            RecoveryAction::SkippedLive { .. } | RecoveryAction::SkippedTakenOver { .. } => true,
         })
     }
 }

@@ -66,8 +66,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use agent_kernel_api::{
-    BoxFuture, Clock, Durability, KeyBinding, LogWrite, Owner, SagaId, SagaRecord, SagaSummary,
-    TxError, TxLog, WriteOutcome,
+    BoxFuture, Clock, Durability, KeyBinding, LogWrite, Owner, SagaId, SagaRecord, SagaState,
+    SagaSummary, TxError, TxLog, WriteOutcome,
 };
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
@@ -236,9 +236,12 @@ impl TxLog for SqliteLog {
         &'a self,
         saga_id: &'a SagaId,
         expected_owner: &'a Owner,
+        expected_state: SagaState,
         new_owner: &'a Owner,
     ) -> BoxFuture<'a, Result<bool, TxError>> {
         let (saga_id, expected, new) = (saga_id.clone(), expected_owner.clone(), new_owner.clone());
-        self.call(move |conn, now_ms| store::take_over(conn, &saga_id, &expected, &new, now_ms))
+        self.call(move |conn, now_ms| {
+            store::take_over(conn, &saga_id, &expected, expected_state, &new, now_ms)
+        })
     }
 }

@@ -91,6 +91,19 @@ fn apply(conn: &Connection, write: &LogWrite, now_ms: i64) -> Result<WriteOutcom
                 format!("saga {saga_id} has no step {step_seq} in BEGIN to fail")
             })
         }
+        LogWrite::RefuseStep { step, error } => {
+            insert_step(
+                conn,
+                step,
+                &Undo::none(),
+                StepStatus::Fail,
+                None,
+                Some(error),
+                None,
+                now_ms,
+            )?;
+            Ok(WriteOutcome::Written)
+        }
         LogWrite::ReuseStep {
             step,
             from_saga_id,
@@ -243,15 +256,13 @@ fn claim_key(conn: &Connection, key: &str, step: &BeginStep) -> Result<Option<St
             binding.saga_id, binding.step_seq
         )));
     }
-    match binding.status {
-        StepStatus::Fail | StepStatus::Compensated => Ok(None),
-        StepStatus::Begin | StepStatus::Commit | StepStatus::CompensationFailed => {
-            Ok(Some(format!(
-                "idempotency key `{key}` is held by saga {} step {} (status {}, saga {})",
-                binding.saga_id, binding.step_seq, binding.status, binding.saga_state
-            )))
-        }
+    if binding.is_released() {
+        return Ok(None);
     }
+    Ok(Some(format!(
+        "idempotency key `{key}` is held by saga {} step {} (status {}, saga {})",
+        binding.saga_id, binding.step_seq, binding.status, binding.saga_state
+    )))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -310,7 +321,7 @@ fn insert_step(
 pub(crate) fn key_binding(conn: &Connection, key: &str) -> Result<Option<KeyBinding>, TxError> {
     let row = conn
         .prepare_cached(
-            "SELECT k.args_hash, k.saga_id, k.step_seq, s.status, s.output, g.state
+            "SELECT k.args_hash, k.saga_id, k.step_seq, s.status, s.output, g.state, s.error
              FROM idempotency_keys k
              JOIN saga_steps s ON s.saga_id = k.saga_id AND s.step_seq = k.step_seq
              JOIN sagas g ON g.saga_id = k.saga_id
@@ -325,12 +336,13 @@ pub(crate) fn key_binding(conn: &Connection, key: &str) -> Result<Option<KeyBind
                     row.get::<_, String>(3)?,
                     row.get::<_, Option<String>>(4)?,
                     row.get::<_, String>(5)?,
+                    row.get::<_, Option<String>>(6)?,
                 ))
             })
             .optional()
         })
         .map_err(storage)?;
-    let Some((args_hash, saga_id, step_seq, status, output, state)) = row else {
+    let Some((args_hash, saga_id, step_seq, status, output, state, error)) = row else {
         return Ok(None);
     };
     Ok(Some(KeyBinding {
@@ -341,6 +353,7 @@ pub(crate) fn key_binding(conn: &Connection, key: &str) -> Result<Option<KeyBind
         step_seq,
         status: status.parse().map_err(corrupt)?,
         output: output.map(|text| from_json("output", &text)).transpose()?,
+        error: error.map(|text| from_json("error", &text)).transpose()?,
     }))
 }
 
@@ -526,6 +539,7 @@ pub(crate) fn take_over(
     conn: &mut Connection,
     saga_id: &SagaId,
     expected: &Owner,
+    expected_state: SagaState,
     new: &Owner,
     now_ms: i64,
 ) -> Result<bool, TxError> {
@@ -537,7 +551,7 @@ pub(crate) fn take_over(
             "UPDATE sagas SET owner_host = ?6, owner_boot_id = ?7, owner_pid = ?8,
                  owner_start_ticks = ?9, updated_at_ms = ?10
              WHERE saga_id = ?1 AND owner_host = ?2 AND owner_boot_id = ?3 AND owner_pid = ?4
-                 AND owner_start_ticks = ?5",
+                 AND owner_start_ticks = ?5 AND state = ?11",
             params![
                 saga_id.as_str(),
                 expected.host,
@@ -548,7 +562,8 @@ pub(crate) fn take_over(
                 new.boot_id,
                 new.pid,
                 new.start_ticks as i64,
-                now_ms
+                now_ms,
+                expected_state.as_str()
             ],
         )
         .map_err(storage)?;

@@ -133,3 +133,89 @@ async fn a_failed_key_may_run_again() {
     assert_eq!(again.state, SagaState::FailedRolledBack);
     assert!(!again.steps[0].reused);
 }
+
+/// Abandons, as process 9 with its own actor, a saga whose keyed step is still running, so
+/// key `k` stays held (BEGIN) for the given arguments.
+async fn hold_key(fixture: &crate::Fixture, held: &agent_kernel_api::PlanStep) {
+    let mut plan = plan(vec![held.clone()]);
+    plan.actor = Some("holder".into());
+    let abandoned = tokio::time::timeout(
+        std::time::Duration::from_millis(200),
+        fixture.kernel(9).run(&plan, &NoObserver),
+    )
+    .await;
+    assert!(abandoned.is_err(), "the holder is still running");
+}
+
+fn held_step() -> agent_kernel_api::PlanStep {
+    let mut held = add_keyed("held", "k");
+    held.args = serde_json::json!({"item": "held", "sleep_ms": 60_000});
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_key_is_refused_even_when_a_state_change_rides_in_the_same_batch() {
+    let fixture = Fixture::new();
+    hold_key(&fixture, &held_step()).await;
+    // After the probe the saga moves Validating -> Acting: that state change is written in
+    // the same batch as the keyed step's BEGIN, whose refusal must still be seen.
+    let report = fixture
+        .kernel(1)
+        .run(
+            &plan(vec![
+                add("a"),
+                crate::probe(serde_json::json!({})),
+                held_step(),
+            ]),
+            &NoObserver,
+        )
+        .await
+        .expect("runs");
+    assert_eq!(report.state, SagaState::FailedRolledBack);
+    assert!(
+        report
+            .failure
+            .expect("failed")
+            .error
+            .to_string()
+            .contains("is held by saga"),
+    );
+    assert_eq!(fixture.world.items(), ["held"], "only the holder's effect");
+}
+
+/// Cancels the saga as soon as its first step has run.
+struct CancelAfterFirstStep(std::sync::Arc<agent_kernel_core::Cancellation>);
+
+impl agent_kernel_core::Observer for CancelAfterFirstStep {
+    fn on_event(&self, event: &agent_kernel_core::SagaEvent<'_>) {
+        if let agent_kernel_core::SagaEvent::StepFinished { step_seq: 0, .. } = event {
+            self.0.cancel("test cancel");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_step_with_a_held_key_still_rolls_back_cleanly() {
+    let fixture = Fixture::new();
+    hold_key(&fixture, &held_step()).await;
+    let cancel = std::sync::Arc::new(agent_kernel_core::Cancellation::new());
+    let report = fixture
+        .kernel(1)
+        .run_cancellable(
+            &plan(vec![add("a"), held_step()]),
+            &CancelAfterFirstStep(cancel.clone()),
+            &cancel,
+        )
+        .await
+        .expect("runs, and the cancellation is recorded without touching the key");
+    assert_eq!(report.state, SagaState::FailedRolledBack);
+    assert!(
+        report
+            .failure
+            .expect("failed")
+            .error
+            .to_string()
+            .contains("test cancel")
+    );
+    assert_eq!(fixture.world.items(), ["held"]);
+}

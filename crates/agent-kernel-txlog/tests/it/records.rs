@@ -161,25 +161,104 @@ async fn keys_are_held_while_live_and_released_after_compensation() {
 }
 
 #[tokio::test]
-async fn take_over_is_a_compare_and_swap_on_the_owner() {
+async fn take_over_is_a_compare_and_swap_on_owner_and_state() {
     let dir = tempfile::tempdir().expect("temp dir");
     let log = open(&dir.path().join("log.db")).expect("opens");
     log.write(vec![new_saga("s"), begin("s", 0, None, "h")])
         .await
         .expect("writes");
     let saga_id = SagaId::new("s");
+    let acting = SagaState::Acting;
     assert!(
-        log.take_over(&saga_id, &owner(1), &owner(2))
+        log.take_over(&saga_id, &owner(1), acting, &owner(2))
             .await
             .expect("writes")
     );
     assert!(
-        !log.take_over(&saga_id, &owner(1), &owner(3))
+        !log.take_over(&saga_id, &owner(1), acting, &owner(3))
             .await
-            .expect("writes")
+            .expect("writes"),
+        "the owner changed"
+    );
+    // The saga reached Done after it was read: the take-over must not happen.
+    log.write(vec![set_state("s", SagaState::Done)])
+        .await
+        .expect("writes");
+    assert!(
+        !log.take_over(&saga_id, &owner(2), acting, &owner(4))
+            .await
+            .expect("writes"),
+        "the state changed"
     );
     let record = log.saga(&saga_id).await.expect("reads").expect("exists");
     assert_eq!(record.saga.owner, owner(2));
+    assert_eq!(record.saga.state, SagaState::Done);
+}
+
+#[tokio::test]
+async fn a_key_whose_step_failed_with_an_uncertain_outcome_stays_held() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = open(&dir.path().join("log.db")).expect("opens");
+    log.write(vec![new_saga("a"), begin("a", 0, Some("k"), "h")])
+        .await
+        .expect("writes");
+    log.write(vec![LogWrite::FailStep {
+        saga_id: SagaId::new("a"),
+        step_seq: 0,
+        error: ToolError::uncertain("timed out mid-append"),
+    }])
+    .await
+    .expect("writes");
+    let outcomes = log
+        .write(vec![new_saga("b"), begin("b", 0, Some("k"), "h")])
+        .await
+        .expect("writes");
+    assert!(
+        matches!(&outcomes[1], WriteOutcome::KeyRejected(reason) if reason.contains("held by saga a")),
+        "{outcomes:?}"
+    );
+    // Once compensated, it is free.
+    log.write(vec![LogWrite::Compensation {
+        saga_id: SagaId::new("a"),
+        step_seq: 0,
+        result: Ok("compensated".into()),
+    }])
+    .await
+    .expect("writes");
+    let outcomes = log
+        .write(vec![new_saga("c"), begin("c", 0, Some("k"), "h")])
+        .await
+        .expect("writes");
+    assert_eq!(outcomes[1], WriteOutcome::Written);
+}
+
+#[tokio::test]
+async fn a_refused_step_leaves_its_key_alone() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = open(&dir.path().join("log.db")).expect("opens");
+    log.write(vec![new_saga("a"), begin("a", 0, Some("k"), "h")])
+        .await
+        .expect("writes");
+    let agent_kernel_api::LogWrite::BeginStep(step) = begin("b", 0, Some("k"), "h") else {
+        unreachable!("begin builds a BeginStep")
+    };
+    log.write(vec![
+        new_saga("b"),
+        LogWrite::RefuseStep {
+            step,
+            error: ToolError::denied("fsm denied"),
+        },
+    ])
+    .await
+    .expect("a refused step never conflicts with a held key");
+    let binding = log.key_binding("k").await.expect("reads").expect("bound");
+    assert_eq!(binding.saga_id, SagaId::new("a"), "still held by a");
+    let record = log
+        .saga(&SagaId::new("b"))
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert_eq!(record.steps[0].status, StepStatus::Fail);
 }
 
 async fn write_many(log: &agent_kernel_txlog::SqliteLog, parity: u32) {
