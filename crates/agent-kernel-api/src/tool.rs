@@ -386,6 +386,22 @@ pub trait TransactionalTool: Send + Sync + 'static {
         args: &Value,
     ) -> impl Future<Output = Result<ToolOutput, ToolError>> + Send;
 
+    /// What `execute` would plausibly return, computed without touching anything: used by
+    /// dry runs. The default describes the call; tools override it with a likelier output.
+    ///
+    /// # Errors
+    ///
+    /// A [`ToolError`] when the call could not succeed even in simulation.
+    fn simulate(
+        &self,
+        ctx: &ToolContext,
+        _args: &Value,
+    ) -> impl Future<Output = Result<ToolOutput, ToolError>> + Send {
+        let output = ToolOutput::new(serde_json::json!({ "dry_run": true }))
+            .with_effect(format!("would run {}", ctx.tool_id));
+        std::future::ready(Ok(output))
+    }
+
     /// Tells whether the effect of a step whose outcome is unknown happened, without
     /// changing anything. Called only for tools whose [`settlement`](Self::settlement) is
     /// [`Settlement::Probe`]; the default answers [`ProbeOutcome::Unknown`].
@@ -454,6 +470,12 @@ pub trait DynTool: Send + Sync + 'static {
         ctx: &'a ToolContext,
         args: &'a Value,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>>;
+    /// See [`TransactionalTool::simulate`].
+    fn simulate<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>>;
     /// See [`TransactionalTool::probe`].
     fn probe<'a>(
         &'a self,
@@ -514,6 +536,14 @@ impl<T: TransactionalTool> DynTool for T {
         args: &'a Value,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
         Box::pin(TransactionalTool::execute(self, ctx, args))
+    }
+
+    fn simulate<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+        Box::pin(TransactionalTool::simulate(self, ctx, args))
     }
 
     fn probe<'a>(

@@ -90,6 +90,9 @@ enum Command {
         /// `full` survives power loss; `normal` survives process crashes only
         #[arg(long, default_value = "full", value_parser = parse_durability)]
         durability: Durability,
+        /// Check and simulate the plan: nothing is executed and nothing is logged
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Roll back every saga left unfinished by a process that is no longer running
     Recover,
@@ -313,10 +316,23 @@ fn watch_signals(cancel: Arc<Cancellation>) {
 
 async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
     match &cli.command {
-        Command::Run { plan, durability } => {
+        Command::Run {
+            plan,
+            durability,
+            dry_run,
+        } => {
             // Everything about the input is checked before the log is opened.
             let plan = read_plan(plan)?;
             let kernel = open_kernel(cli, *durability, Compensation::AndExecution)?;
+            if *dry_run {
+                let report = kernel.dry_run(&plan).await?;
+                out.saga(&report);
+                return Ok(match report.state {
+                    SagaState::Done => exit::OK,
+                    _ if report.is_denied() => exit::DENIED,
+                    _ => exit::ROLLED_BACK,
+                });
+            }
             let progress = progress::StepProgress::new(plan.steps.len());
             let cancel = Arc::new(Cancellation::new());
             watch_signals(cancel.clone());

@@ -142,6 +142,19 @@ impl Output {
             ]);
         }
         println!("{steps}");
+        if report.dry_run {
+            println!(
+                "dry run: nothing was executed or logged; a run would end {}",
+                report.state
+            );
+            if let Some(failure) = &report.failure {
+                println!(
+                    "step {} ({}) would fail: {}",
+                    failure.step_seq, failure.tool, failure.error
+                );
+            }
+            return;
+        }
         println!("saga {}: {}", report.saga_id, report.state);
         if let Some(failure) = &report.failure {
             println!(

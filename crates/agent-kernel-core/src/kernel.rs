@@ -498,6 +498,7 @@ impl Kernel {
                     state: SagaState::Done,
                     steps: saga.committed,
                     failure: None,
+                    dry_run: false,
                 })
             }
             Some(failure) => {
@@ -507,6 +508,95 @@ impl Kernel {
                 self.compensate_saga(record, Some(failure), observer).await
             }
         }
+    }
+
+    /// Checks and simulates `plan` without touching anything: the preflight of
+    /// [`Kernel::run`], the FSM's ruling on every step, idempotency keys, and each tool's
+    /// [`simulate`](agent_kernel_api::TransactionalTool::simulate) output in place of its
+    /// effect. Nothing is written to the log and no tool's `prepare` or `execute` runs.
+    ///
+    /// The report says what a run would do: `Done` with every step `COMMIT` (outputs
+    /// simulated, or reused by key), or `FailedRolledBack` with the step the FSM would deny
+    /// (and `is_denied`). A run can still fail where the simulation passed: a simulation does
+    /// not know what the world will answer.
+    ///
+    /// # Errors
+    ///
+    /// As [`Kernel::run`]'s refusals: [`KernelError::Preflight`], [`KernelError::Denied`],
+    /// [`KernelError::Log`].
+    pub async fn dry_run(&self, plan: &Plan) -> Result<SagaReport, KernelError> {
+        self.preflight(plan).await?;
+        let state = self.start_state(plan).await?;
+        let saga_id = self.env.ids.new_saga_id();
+        let mut saga = SagaInFlight {
+            saga_id: saga_id.clone(),
+            state,
+            persisted: state,
+            pending: Vec::new(),
+            committed: Vec::with_capacity(plan.steps.len()),
+        };
+        let mut failure = None;
+        for (step_seq, step) in (0_u32..).zip(&plan.steps) {
+            let tool = self
+                .tools
+                .get(&step.tool)
+                .expect("preflight checked that every tool is registered")
+                .clone();
+            let fail = |error: ToolError| Failure {
+                step_seq,
+                tool: step.tool.clone(),
+                error,
+            };
+            if let Err(denial) = self.admit_step(saga.state, plan, step_seq, tool.effect()) {
+                failure = Some(fail(ToolError::denied(
+                    denial.with_tool(step.tool.as_str()).to_string(),
+                )));
+                break;
+            }
+            let reused = match &step.idempotency_key {
+                Some(key) => self.log.key_binding(key).await?.is_some_and(|binding| {
+                    binding.status == StepStatus::Commit && binding.saga_state == SagaState::Done
+                }),
+                None => false,
+            };
+            let ctx = self.context(
+                &saga_id,
+                step_seq,
+                &step.tool,
+                step.idempotency_key.as_deref(),
+                plan.actor.as_deref(),
+            );
+            let hint = if reused {
+                None
+            } else {
+                match tool.simulate(&ctx, &step.args).await {
+                    Ok(output) => output.next_hint,
+                    Err(error) => {
+                        failure = Some(fail(error));
+                        break;
+                    }
+                }
+            };
+            saga.committed(step_seq, &step.tool, reused);
+            if let Err(denial) = self.advance(&mut saga, plan, step_seq, hint.as_deref()) {
+                failure = Some(fail(ToolError::denied(
+                    denial.with_tool(step.tool.as_str()).to_string(),
+                )));
+                break;
+            }
+        }
+        let state = if failure.is_some() {
+            SagaState::FailedRolledBack
+        } else {
+            SagaState::Done
+        };
+        Ok(SagaReport {
+            saga_id,
+            state,
+            steps: saga.committed,
+            failure,
+            dry_run: true,
+        })
     }
 
     /// `Idle --StartSaga--> Planning --PlanReady--> Acting`, with the facts of the plan.

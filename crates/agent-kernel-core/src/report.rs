@@ -46,6 +46,9 @@ pub struct SagaReport {
     /// The failure that started a rollback, if one did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,
+    /// Whether this is the report of a dry run: nothing ran and nothing was logged.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 impl SagaReport {
@@ -67,6 +70,7 @@ impl SagaReport {
                 })
                 .collect(),
             failure,
+            dry_run: false,
         }
     }
 

@@ -94,6 +94,11 @@ impl TransactionalTool for FaultFail {
         Ok(Undo::none())
     }
 
+    async fn simulate(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        // It always fails, in a dry run too.
+        self.execute(ctx, args).await
+    }
+
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         let FaultArgs { message } = fault_args(args)?;
         Err(ToolError::failed(
@@ -159,6 +164,14 @@ impl TransactionalTool for FaultPanic {
     /// # Panics
     ///
     /// Always, on purpose (after checking the arguments).
+    async fn simulate(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        let FaultArgs { message } = fault_args(args)?;
+        Err(ToolError::panicked(format!(
+            "would panic: {}",
+            message.unwrap_or_else(|| FAULT_PANIC_DEFAULT_MESSAGE.to_owned())
+        )))
+    }
+
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         let FaultArgs { message } = fault_args(args)?;
         let message = message.unwrap_or_else(|| FAULT_PANIC_DEFAULT_MESSAGE.to_owned());

@@ -104,6 +104,12 @@ impl TransactionalTool for FsDelete {
         })
     }
 
+    async fn simulate(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        let PathArgs { path } = parse_args(args)?;
+        Ok(ToolOutput::new(json!({ "path": path, "dry_run": true }))
+            .with_effect(format!("would delete {path}")))
+    }
+
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         let PathArgs { path } = parse_args(args)?;
         let file = self.files.open(&path)?;

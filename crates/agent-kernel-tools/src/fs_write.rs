@@ -123,6 +123,15 @@ impl TransactionalTool for FsWrite {
         })
     }
 
+    async fn simulate(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        let ContentArgs { path, content } = parse_args(args)?;
+        let count = content.len() as u64;
+        Ok(
+            ToolOutput::new(json!({ "path": path, "bytes": count, "dry_run": true }))
+                .with_effect(format!("would write {} to {path}", byte_count(count))),
+        )
+    }
+
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         let ContentArgs { path, content } = parse_args(args)?;
         let file = self.files.open(&path)?;

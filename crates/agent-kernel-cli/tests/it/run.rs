@@ -482,3 +482,58 @@ fn json_logs_carry_saga_and_step_spans() {
     let output = project.run(&["-q", "run", "--plan", plan.to_str().expect("utf8")]);
     assert!(output.stderr.is_empty() || !String::from_utf8_lossy(&output.stderr).contains("WARN"));
 }
+
+#[test]
+fn dry_run_checks_and_simulates_without_touching_anything() {
+    let project = Project::new();
+    fs::write(project.path("ws/a.txt"), b"before").expect("writes");
+    let before = project.snapshot();
+    let plan = project.plan(
+        "plan.json",
+        &json!({ "steps": [
+            step("fs.write", json!({"path": "ws/a.txt", "content": "after"})),
+            step("fs.append", json!({"path": "ws/log.txt", "content": "x"})),
+            step("validate.file", json!({"path": "ws/a.txt", "contains": "after"})),
+            step("fs.delete", json!({"path": "ws/a.txt"})),
+        ]}),
+    );
+    let plan_arg = plan.to_str().expect("utf8");
+    let (code, document) = project.run_json(&["run", "--plan", plan_arg, "--dry-run"]);
+    assert_eq!(code, 0, "{document}");
+    assert_eq!(document["dry_run"], true);
+    assert_eq!(document["state"], "Done");
+    assert_eq!(statuses(&document), ["COMMIT"; 4]);
+    assert_eq!(project.snapshot(), before, "no file touched");
+    let (_, listed) = project.run_json(&["log"]);
+    assert_eq!(listed["sagas"], json!([]), "nothing logged");
+
+    // A step that would fail, and a sandbox denial, are reported the same way a run would.
+    let failing = project.plan(
+        "failing.json",
+        &json!({ "steps": [
+            step("fs.write", json!({"path": "ws/a.txt", "content": "after"})),
+            step("fault.fail", json!({"message": "would not pass"})),
+        ]}),
+    );
+    let (code, document) = project.run_json(&[
+        "run",
+        "--plan",
+        failing.to_str().expect("utf8"),
+        "--dry-run",
+    ]);
+    assert_eq!(code, 1, "{document}");
+    assert!(
+        document["failure"]["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("would not pass")
+    );
+    let denied = project.plan(
+        "denied.json",
+        &json!({ "steps": [ step("fs.write", json!({"path": "../outside.txt", "content": "x"})) ]}),
+    );
+    let output = project.run(&["run", "--plan", denied.to_str().expect("utf8"), "--dry-run"]);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    assert_eq!(project.snapshot(), before);
+    assert!(!project.path("outside.txt").exists());
+}
