@@ -364,6 +364,7 @@ impl ConfinedFile {
             .metadata()
             .map_err(|error| self.io_error(error, "inspect", existing.is_none()))?;
         self.ensure_regular(&metadata)?;
+        self.ensure_single_link(&metadata, "append to")?;
         file.write_all(bytes)
             .map_err(|error| self.io_error(error, "append to", true))?;
         if sync {
@@ -404,6 +405,7 @@ impl ConfinedFile {
             .metadata()
             .map_err(|error| self.io_error(error, "inspect", false))?;
         self.ensure_regular(&metadata)?;
+        self.ensure_single_link(&metadata, "truncate")?;
         if metadata.len() < len {
             return Err(SandboxError::Conflict {
                 path: self.path.to_string(),
@@ -559,6 +561,23 @@ impl ConfinedFile {
             Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(error) => Err(self.io_error(error, "inspect", false)),
         }
+    }
+
+    /// Refuses to change a file in place when other hard links share its content: one of
+    /// them may be outside the roots, and an in-place write would change it there too.
+    /// (Atomic writes replace the file by rename, so they never write through a link.)
+    fn ensure_single_link(&self, metadata: &Metadata, action: &str) -> Result<(), SandboxError> {
+        use cap_std::fs::MetadataExt as _;
+        let n_links = metadata.nlink();
+        if n_links > 1 {
+            return Err(SandboxError::Denied {
+                path: self.path.to_string(),
+                reason: format!(
+                    "refusing to {action} a file with {n_links} hard links: its content is shared with another path, possibly outside the allowed roots"
+                ),
+            });
+        }
+        Ok(())
     }
 
     fn ensure_regular(&self, metadata: &Metadata) -> Result<(), SandboxError> {

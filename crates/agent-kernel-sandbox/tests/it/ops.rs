@@ -326,3 +326,23 @@ fn open_refuses_a_path_from_another_root() {
         "{message}"
     );
 }
+
+#[test]
+fn in_place_writes_through_a_hard_link_to_outside_are_refused() {
+    let fixture = Fixture::new();
+    fs::hard_link(
+        fixture.path("outside/secret.txt"),
+        fixture.path("workspace/linked.txt"),
+    )
+    .expect("links");
+    let message = assert_denied(open(&fixture, "workspace/linked.txt").append(b"pwned", false));
+    assert!(message.contains("hard links"), "{message}");
+    assert_denied(open(&fixture, "workspace/linked.txt").truncate(0, false));
+    assert_eq!(fixture.read("outside/secret.txt"), "secret");
+    // An atomic write replaces the link by rename: the other name keeps its content.
+    open(&fixture, "workspace/linked.txt")
+        .write_atomic(b"new", ".l.tmp", false)
+        .expect("writes");
+    assert_eq!(fixture.read("workspace/linked.txt"), "new");
+    assert_eq!(fixture.read("outside/secret.txt"), "secret");
+}
