@@ -18,7 +18,7 @@ use agent_kernel_core::{
 };
 use agent_kernel_dispatcher::{Dispatcher, Limits, SeededJitter};
 use agent_kernel_fsm::Guardrail;
-use agent_kernel_sandbox::{FsSandbox, HttpSandbox, Policy};
+use agent_kernel_sandbox::{FsSandbox, HttpSandbox, Policy, SecondLine, restrict_to_roots};
 use agent_kernel_txlog::{LogOptions, SqliteLog};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -115,6 +115,11 @@ enum Command {
     Bench(bench::BenchArgs),
     /// List the tools with their classes and the limits in force
     Tools,
+    /// Which lines of the sandbox are active
+    Sandbox {
+        #[command(subcommand)]
+        action: SandboxAction,
+    },
     /// Show the FSM transition table in use, or check a custom one
     Fsm {
         /// Show the table (the default when no subcommand is given)
@@ -125,6 +130,17 @@ enum Command {
         format: FsmFormat,
         #[command(subcommand)]
         action: Option<FsmAction>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum SandboxAction {
+    /// Report the policy (first line) and whether the kernel confines tools (second line)
+    Status {
+        /// After confining this process as `run` would, try to read PATH directly, beside
+        /// the first line, to show whether the kernel refuses it
+        #[arg(long, value_name = "PATH")]
+        probe: Option<PathBuf>,
     },
 }
 
@@ -378,6 +394,21 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 SagaState::FailedRolledBack => exit::OK,
                 _ => exit::ATTENTION,
             })
+        }
+        Command::Sandbox {
+            action: SandboxAction::Status { probe },
+        } => {
+            let policy = load_policy(cli)?;
+            let second_line = restrict_to_roots(&policy);
+            let probe = probe.as_ref().map(|path| {
+                let result = std::fs::File::open(path);
+                (
+                    path.clone(),
+                    result.map(|_| ()).map_err(|error| error.to_string()),
+                )
+            });
+            out.sandbox_status(&policy, &second_line, probe.as_ref());
+            Ok(exit::OK)
         }
         Command::Tools => {
             let tools = build_dispatcher(&load_policy(cli)?, None)?;
@@ -647,6 +678,20 @@ fn open_kernel(
             error,
         })?;
     let log = open_log(cli, durability)?;
+    if purpose == Compensation::AndExecution {
+        // The second line: from here on, this thread and every thread it starts (the tools'
+        // blocking work included) can reach only the allowed roots. The log's writer thread
+        // started above and keeps its access to the log.
+        match restrict_to_roots(&policy) {
+            SecondLine::Enforced { fully } => {
+                tracing::debug!(fully, "landlock confines tools to the allowed roots");
+            }
+            SecondLine::Unavailable { reason } => {
+                tracing::warn!(%reason, "no OS second line; the capability handles alone confine file tools");
+            }
+            _ => {}
+        }
+    }
     let env = Environment {
         clock: Arc::new(SystemClock),
         ids: Arc::new(UuidV7Ids),

@@ -340,6 +340,93 @@ impl Output {
         );
     }
 
+    /// `sandbox status`.
+    pub(crate) fn sandbox_status(
+        &self,
+        policy: &agent_kernel_sandbox::Policy,
+        second_line: &agent_kernel_sandbox::SecondLine,
+        probe: Option<&(std::path::PathBuf, Result<(), String>)>,
+    ) {
+        use agent_kernel_sandbox::SecondLine;
+        let roots: Vec<String> = policy
+            .fs()
+            .map(|fs| {
+                fs.allow()
+                    .iter()
+                    .map(|root| root.display().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let domains: Vec<String> = policy
+            .http()
+            .map(|http| http.allow_domains().to_vec())
+            .unwrap_or_default();
+        let (landlock, detail) = match second_line {
+            SecondLine::Enforced { fully: true } => ("enforced", String::new()),
+            SecondLine::Enforced { fully: false } => (
+                "partially enforced",
+                "an older Landlock ABI enforces a subset of the rights".to_owned(),
+            ),
+            SecondLine::Unavailable { reason } => ("unavailable", reason.clone()),
+            _ => ("unknown", String::new()),
+        };
+        if self.json {
+            let mut document = json!({
+                "policy": policy.origin(),
+                "first_line": {
+                    "fs_roots": roots,
+                    "http_allow_domains": domains,
+                    "files": policy.fs().is_some(),
+                    "network": policy.http().is_some(),
+                },
+                "second_line": {
+                    "landlock": landlock,
+                    "detail": detail,
+                    "read_only": agent_kernel_sandbox::SYSTEM_READ_ONLY,
+                    "network": "not restricted by the second line",
+                },
+            });
+            if let Some((path, result)) = probe {
+                document["probe"] = json!({
+                    "path": path.display().to_string(),
+                    "refused": result.is_err(),
+                    "error": result.as_ref().err(),
+                });
+            }
+            print_json(&document);
+            return;
+        }
+        println!("policy      {}", policy.origin());
+        println!(
+            "first line  capability handles on {} root(s){}; network {}",
+            roots.len(),
+            if roots.is_empty() {
+                " (no file access)".to_owned()
+            } else {
+                format!(": {}", roots.join(", "))
+            },
+            if domains.is_empty() {
+                "denied".to_owned()
+            } else {
+                format!("limited to {}", domains.join(", "))
+            }
+        );
+        println!(
+            "second line landlock {landlock}{}",
+            if detail.is_empty() {
+                String::new()
+            } else {
+                format!(" ({detail})")
+            }
+        );
+        if let Some((path, result)) = probe {
+            match result {
+                Ok(()) => println!("probe       {} could be read", path.display()),
+                Err(error) => println!("probe       {} was refused: {error}", path.display()),
+            }
+        }
+    }
+
     /// `tools`.
     pub(crate) fn tools(&self, tools: &agent_kernel_dispatcher::Dispatcher) {
         let limits = tools.limits();

@@ -130,6 +130,7 @@ mod http;
 mod names;
 mod policy;
 mod sandbox;
+mod second_line;
 
 pub use confined::{ConfinedFile, ConfinedPath};
 pub use error::SandboxError;
@@ -140,3 +141,4 @@ pub use policy::{
     MAX_RESPONSE_BYTES_LIMIT, Policy,
 };
 pub use sandbox::{FsSandbox, MAX_NAME_BYTES, MAX_PATH_BYTES};
+pub use second_line::{SYSTEM_READ_ONLY, SecondLine, restrict_to_roots};

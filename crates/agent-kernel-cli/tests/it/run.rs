@@ -537,3 +537,34 @@ fn dry_run_checks_and_simulates_without_touching_anything() {
     assert_eq!(project.snapshot(), before);
     assert!(!project.path("outside.txt").exists());
 }
+
+#[test]
+fn landlock_refuses_what_the_first_line_would_not_see() {
+    let project = Project::new();
+    fs::write(project.path("outside.txt"), b"secret").expect("writes");
+    fs::write(project.path("ws/inside.txt"), b"fine").expect("writes");
+    let (code, outside) = project.run_json(&["sandbox", "status", "--probe", "outside.txt"]);
+    assert_eq!(code, 0, "{outside}");
+    assert_eq!(outside["first_line"]["files"], true);
+    let landlock = outside["second_line"]["landlock"].as_str().expect("status");
+    let (_, inside) = project.run_json(&["sandbox", "status", "--probe", "ws/inside.txt"]);
+    assert_eq!(inside["probe"]["refused"], false, "{inside}");
+    if landlock == "unavailable" {
+        // No second line on this kernel: say so, and the direct read goes through.
+        eprintln!(
+            "landlock unavailable here: {}",
+            outside["second_line"]["detail"]
+        );
+        assert_eq!(outside["probe"]["refused"], false);
+    } else {
+        // The process read the file directly, beside the first line: the kernel refused.
+        assert_eq!(outside["probe"]["refused"], true, "{outside}");
+        assert!(
+            outside["probe"]["error"]
+                .as_str()
+                .expect("error")
+                .contains("Permission denied"),
+            "{outside}"
+        );
+    }
+}
