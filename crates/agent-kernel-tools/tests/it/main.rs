@@ -5,6 +5,7 @@ mod fs_append;
 mod fs_delete;
 mod fs_read;
 mod fs_write;
+mod hostile;
 mod http_get;
 mod misc;
 mod validate_file;
