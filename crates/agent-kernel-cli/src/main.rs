@@ -3,6 +3,7 @@
 //! See `agent-kernel --help`, the README and SPEC.md for the commands, and CONTRACT-level
 //! exit codes: 0 success, 1 rolled back, 2 bad input, 3 operator attention, 4 denied.
 
+mod audit;
 mod bench;
 mod output;
 mod progress;
@@ -58,6 +59,9 @@ struct Cli {
     /// The log database [default: $AGENT_KERNEL_DB, else ./agent-kernel.db]
     #[arg(long, global = true, env = "AGENT_KERNEL_DB", value_name = "PATH")]
     db: Option<PathBuf>,
+    /// The audit key file, hex digits [default: $AGENT_KERNEL_AUDIT_KEY, else no key]
+    #[arg(long, global = true, value_name = "PATH")]
+    audit_key_file: Option<PathBuf>,
     /// The sandbox policy [default: ./sandbox.toml if it exists, else deny all]
     #[arg(long, global = true, value_name = "PATH")]
     sandbox: Option<PathBuf>,
@@ -115,6 +119,11 @@ enum Command {
     Bench(bench::BenchArgs),
     /// List the tools with their classes and the limits in force
     Tools,
+    /// Check the tamper-evident audit log
+    Audit {
+        #[command(subcommand)]
+        action: AuditAction,
+    },
     /// Which lines of the sandbox are active
     Sandbox {
         #[command(subcommand)]
@@ -131,6 +140,12 @@ enum Command {
         #[command(subcommand)]
         action: Option<FsmAction>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditAction {
+    /// Check every record, the head file and the tables; name the first bad record (exit 1)
+    Verify,
 }
 
 #[derive(Debug, Subcommand)]
@@ -395,6 +410,13 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 _ => exit::ATTENTION,
             })
         }
+        Command::Audit {
+            action: AuditAction::Verify,
+        } => {
+            let key = audit::audit_key_from_env_or_file(cli.audit_key_file.as_deref())
+                .map_err(Failure::bad_input)?;
+            audit::verify_command(&db_path(cli), key, cli.json).await
+        }
         Command::Sandbox {
             action: SandboxAction::Status { probe },
         } => {
@@ -533,12 +555,15 @@ fn db_path(cli: &Cli) -> PathBuf {
 
 fn open_log(cli: &Cli, durability: Durability) -> Result<SqliteLog, Failure> {
     let path = db_path(cli);
-    SqliteLog::open(
+    let audit_key = audit::audit_key_from_env_or_file(cli.audit_key_file.as_deref())
+        .map_err(Failure::bad_input)?;
+    SqliteLog::open_with_audit_key(
         &path,
         LogOptions {
             durability,
             clock: Arc::new(SystemClock),
         },
+        audit_key,
     )
     .with_context(|| format!("cannot open the log {}", path.display()))
     .map_err(Failure::bad_input)

@@ -35,7 +35,15 @@ pub fn measure_commit_floor(
     payload_bytes: usize,
 ) -> Result<FloorReport, TxError> {
     let storage = |err: rusqlite::Error| TxError::Storage(err.to_string());
-    let mut conn = crate::schema::open(path, durability)?;
+    // Only a migrated log holding sagas asks for the time (for its genesis audit record).
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| {
+                i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+            })
+    };
+    let mut conn = crate::schema::open(path, durability, None, &now_ms)?;
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS floor_commits (id INTEGER PRIMARY KEY, payload TEXT NOT NULL)",
     )

@@ -51,14 +51,44 @@
 //!   or COMPENSATION_FAILED; after FAIL or COMPENSATED it may be claimed again.
 //! - **Records are checked** before they are written (a COMMIT must find its step in BEGIN)
 //!   and after they are read (states, statuses and JSON must parse; steps have no gaps).
+//! - **Audit chain** (schema version 2). Every record the log writes is also chained, in
+//!   the same transaction, into the table `audit_log`: one record per [`LogWrite`] and per
+//!   successful [`TxLog::take_over`], with a sequence number, its kind, the saga, a body
+//!   in canonical JSON (identifiers, states and statuses, error kinds and messages, and
+//!   the SHA-256 of arguments, undo data and bytes, outputs and errors — never the bytes
+//!   themselves), the previous record's hash and its own SHA-256 hash.
+//!   With a key ([`SqliteLog::open_with_audit_key`]) each record also carries an
+//!   HMAC-SHA256, so a rewrite of the whole chain by someone without the key is detected.
+//!   A version 1 log that holds sagas is migrated with one `Genesis` record that fixes
+//!   every saga's state and every step's status at that moment; history before it is not
+//!   covered.
+//! - **Head file.** The newest sequence number and hash are also kept outside the
+//!   database, in `<database file name>.audit-head` next to it ([`audit_head_path`]),
+//!   replaced atomically (temporary file, rename; both synced under `Full`).
+//!   It is updated after each batch that ends a saga (a terminal `SetState`), after each
+//!   take-over, and when a log without one is opened — not after every step, which would
+//!   add two syncs to each.
+//!   So records written after its last update (an unfinished saga, a crash) can be removed
+//!   from the end, with the tables edited to match, without the head file noticing.
+//!   The head file must be protected like the database, and copied and backed up with it:
+//!   whoever can replace both with an older pair, or rewrite both without the key, is not
+//!   detected.
+//!   Under `Normal`, a power loss can lose the newest committed batches while the head file
+//!   that names them survives; `verify` then reports them missing, which they are.
+//! - **Verification.** [`verify`] opens the database read-only and checks the chain, the
+//!   head file, and that the tables agree with the chain replayed (so an edit of
+//!   `saga_steps` alone is caught). It names the first bad record.
 //!
 //! Readers go through the same thread; that keeps one view of the database per process.
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+mod audit;
 mod floor;
+mod head;
 mod schema;
 mod store;
+mod verify;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -72,7 +102,11 @@ use agent_kernel_api::{
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
+pub use audit::{AUDIT_BODY_BYTES_MAX, AUDIT_KEY_BYTES_MAX, AUDIT_KEY_BYTES_MIN, AuditKey};
 pub use floor::{FloorReport, measure_commit_floor};
+pub use verify::{AuditHead, AuditReport, BadRecord, verify};
+
+use crate::audit::AuditSettings;
 
 /// The most jobs that may wait for the writer thread; senders wait when it is full.
 pub const WRITER_QUEUE_MAX: usize = 1024;
@@ -118,6 +152,7 @@ fn next_job(receiver: &mut mpsc::Receiver<Job>) -> Option<Job> {
 pub struct SqliteLog {
     path: PathBuf,
     durability: Durability,
+    audit: Arc<AuditSettings>,
     jobs: mpsc::Sender<Job>,
 }
 
@@ -126,8 +161,16 @@ impl std::fmt::Debug for SqliteLog {
         f.debug_struct("SqliteLog")
             .field("path", &self.path)
             .field("durability", &self.durability)
+            .field("audit_key", &self.audit.key.is_some())
             .finish_non_exhaustive()
     }
+}
+
+/// The head file of the log at `db`: `<db file name>.audit-head`, in the same folder.
+///
+/// It must be protected like the database, and copied, moved and backed up with it.
+pub fn audit_head_path(db: &Path) -> PathBuf {
+    head::head_path(db)
 }
 
 impl SqliteLog {
@@ -142,7 +185,40 @@ impl SqliteLog {
     /// [`TxError::SchemaTooNew`] when a newer build wrote it, [`TxError::Storage`] when it
     /// cannot be opened.
     pub fn open(path: &Path, options: LogOptions) -> Result<SqliteLog, TxError> {
-        let mut conn = schema::open(path, options.durability)?;
+        SqliteLog::open_with_audit_key(path, options, None)
+    }
+
+    /// Opens the log at `path` as [`open`](Self::open) does; with `audit_key`, every audit
+    /// record it writes from now on carries a MAC under that key, so that
+    /// [`verify`] given the same key detects a rewrite of the whole chain.
+    ///
+    /// Use the same key from a log's first run on: records written without a key cannot be
+    /// verified with one.
+    ///
+    /// # Errors
+    ///
+    /// As for [`open`](Self::open).
+    pub fn open_with_audit_key(
+        path: &Path,
+        options: LogOptions,
+        audit_key: Option<AuditKey>,
+    ) -> Result<SqliteLog, TxError> {
+        let clock = options.clock.clone();
+        let mut conn = schema::open(path, options.durability, audit_key.as_ref(), &|| {
+            clock.now_ms()
+        })?;
+        let audit = Arc::new(AuditSettings {
+            key: audit_key,
+            db_path: path.to_owned(),
+            durability: options.durability,
+        });
+        // The first open after the migration (or of a new log, or of a log whose head file
+        // was lost) writes the head file; afterwards the writer keeps it up to date.
+        // An existing head file is never overwritten here: if it disagrees with the
+        // database, that is for `verify` to report.
+        if !head::exists(path) {
+            audit.update_head(&audit::read_head(&conn, audit.key.as_ref())?);
+        }
         let (jobs, mut receiver) = mpsc::channel::<Job>(WRITER_QUEUE_MAX);
         let clock = options.clock;
         thread::Builder::new()
@@ -156,6 +232,7 @@ impl SqliteLog {
         Ok(SqliteLog {
             path: path.to_owned(),
             durability: options.durability,
+            audit,
             jobs,
         })
     }
@@ -205,7 +282,8 @@ impl SqliteLog {
 
 impl TxLog for SqliteLog {
     fn write(&self, batch: Vec<LogWrite>) -> BoxFuture<'_, Result<Vec<WriteOutcome>, TxError>> {
-        self.call(move |conn, now_ms| store::write_batch(conn, &batch, now_ms))
+        let audit = self.audit.clone();
+        self.call(move |conn, now_ms| store::write_batch(conn, &audit, &batch, now_ms))
     }
 
     fn saga<'a>(
@@ -240,8 +318,17 @@ impl TxLog for SqliteLog {
         new_owner: &'a Owner,
     ) -> BoxFuture<'a, Result<bool, TxError>> {
         let (saga_id, expected, new) = (saga_id.clone(), expected_owner.clone(), new_owner.clone());
+        let audit = self.audit.clone();
         self.call(move |conn, now_ms| {
-            store::take_over(conn, &saga_id, &expected, expected_state, &new, now_ms)
+            store::take_over(
+                conn,
+                &audit,
+                &saga_id,
+                &expected,
+                expected_state,
+                &new,
+                now_ms,
+            )
         })
     }
 }

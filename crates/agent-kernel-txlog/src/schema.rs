@@ -8,11 +8,16 @@ use std::time::Duration;
 use agent_kernel_api::{Durability, TxError};
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
+use crate::audit::{self, AuditKey};
+
 /// `PRAGMA application_id` of every agent-kernel log: the bytes `AKLG`.
 pub(crate) const APPLICATION_ID: i64 = 0x414B_4C47;
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+pub(crate) const SCHEMA_VERSION: i64 = 2;
+
+/// The first schema version with the audit chain.
+pub(crate) const AUDIT_SCHEMA_VERSION: i64 = 2;
 
 /// How long a writer waits for another process's write lock before giving up.
 pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -21,7 +26,8 @@ pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
 
 /// The migrations, in order: `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [r"
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
+    r"
 CREATE TABLE sagas (
     saga_id            TEXT PRIMARY KEY NOT NULL,
     name               TEXT,
@@ -77,7 +83,22 @@ CREATE TABLE idempotency_keys (
     step_seq           INTEGER NOT NULL,
     FOREIGN KEY (saga_id, step_seq) REFERENCES saga_steps (saga_id, step_seq)
 ) STRICT;
-"];
+",
+    // Version 2: the tamper-evident audit chain (see `audit.rs`). A version 1 log that
+    // holds sagas also gets a `Genesis` record, written by `migrate`.
+    r"
+CREATE TABLE audit_log (
+    seq                INTEGER PRIMARY KEY,
+    at_ms              INTEGER NOT NULL,
+    kind               TEXT NOT NULL,
+    saga_id            TEXT,
+    body               TEXT NOT NULL,
+    prev_hash          TEXT NOT NULL,
+    hash               TEXT NOT NULL,
+    mac                TEXT
+) STRICT;
+",
+];
 
 fn storage(err: rusqlite::Error) -> TxError {
     TxError::Storage(err.to_string())
@@ -117,7 +138,15 @@ fn check_header(path: &Path) -> Result<bool, TxError> {
 }
 
 /// Opens (creating if absent) the log at `path`, checks it and brings its schema up to date.
-pub(crate) fn open(path: &Path, durability: Durability) -> Result<Connection, TxError> {
+///
+/// A migration that starts the audit chain of a log holding sagas writes a `Genesis`
+/// record stamped `now_ms()` (called only then) and MACed with `audit_key`.
+pub(crate) fn open(
+    path: &Path,
+    durability: Durability,
+    audit_key: Option<&AuditKey>,
+    now_ms: &dyn Fn() -> i64,
+) -> Result<Connection, TxError> {
     let existed = check_header(path)?;
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
@@ -128,22 +157,7 @@ pub(crate) fn open(path: &Path, durability: Durability) -> Result<Connection, Tx
 
     // Identify the file before changing anything in it (even the journal mode).
     if existed {
-        let application_id: i64 = conn
-            .pragma_query_value(None, "application_id", |row| row.get(0))
-            .map_err(|err| not_a_log(path, format!("sqlite cannot read it ({err})")))?;
-        if application_id != APPLICATION_ID {
-            let n_tables: i64 = conn
-                .query_row("SELECT count(*) FROM sqlite_schema", [], |row| row.get(0))
-                .map_err(|err| not_a_log(path, format!("sqlite cannot read it ({err})")))?;
-            if application_id != 0 || n_tables != 0 {
-                return Err(not_a_log(
-                    path,
-                    format!(
-                        "it is an SQLite database of another application (application_id {application_id:#x}, {n_tables} schema objects)"
-                    ),
-                ));
-            }
-        }
+        check_identity(&conn, path)?;
     }
 
     let journal_mode: String = conn
@@ -164,11 +178,71 @@ pub(crate) fn open(path: &Path, durability: Durability) -> Result<Connection, Tx
     conn.pragma_update(None, "foreign_keys", "ON")
         .map_err(storage)?;
 
-    migrate(&mut conn, path)?;
+    migrate(&mut conn, path, audit_key, now_ms)?;
     Ok(conn)
 }
 
-fn migrate(conn: &mut Connection, path: &Path) -> Result<(), TxError> {
+/// Refuses an SQLite database that belongs to another application. Returns whether the
+/// file is marked as a log (an empty database is not, yet).
+fn check_identity(conn: &Connection, path: &Path) -> Result<bool, TxError> {
+    let application_id: i64 = conn
+        .pragma_query_value(None, "application_id", |row| row.get(0))
+        .map_err(|err| not_a_log(path, format!("sqlite cannot read it ({err})")))?;
+    if application_id == APPLICATION_ID {
+        return Ok(true);
+    }
+    let n_tables: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |row| row.get(0))
+        .map_err(|err| not_a_log(path, format!("sqlite cannot read it ({err})")))?;
+    if application_id != 0 || n_tables != 0 {
+        return Err(not_a_log(
+            path,
+            format!(
+                "it is an SQLite database of another application (application_id {application_id:#x}, {n_tables} schema objects)"
+            ),
+        ));
+    }
+    Ok(false)
+}
+
+/// Opens an existing log read-only, without migrating it or changing its journal mode,
+/// after the same checks as [`open`]; returns the connection and the schema version.
+pub(crate) fn open_read_only(path: &Path) -> Result<(Connection, i64), TxError> {
+    if !check_header(path)? {
+        return Err(TxError::Storage(format!(
+            "no log at {} (the file does not exist or is empty)",
+            path.display()
+        )));
+    }
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)
+        .map_err(|err| TxError::Storage(format!("cannot open {}: {err}", path.display())))?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(storage)?;
+    if !check_identity(&conn, path)? {
+        return Err(not_a_log(path, "it is an empty SQLite database"));
+    }
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(storage)?;
+    if version > SCHEMA_VERSION {
+        return Err(TxError::SchemaTooNew {
+            path: path.display().to_string(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if version < 1 {
+        return Err(not_a_log(path, format!("its schema version is {version}")));
+    }
+    Ok((conn, version))
+}
+
+fn migrate(
+    conn: &mut Connection,
+    path: &Path,
+    audit_key: Option<&AuditKey>,
+    now_ms: &dyn Fn() -> i64,
+) -> Result<(), TxError> {
     // An immediate transaction serializes concurrent first opens of a new file.
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -193,6 +267,11 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), TxError> {
             ))
         })?;
     }
+    // A log created before the audit chain may hold sagas: the chain starts with a record
+    // of what they are now. A new log (version 0) holds none.
+    if (1..AUDIT_SCHEMA_VERSION).contains(&version) {
+        audit::write_genesis(&tx, version, audit_key, now_ms)?;
+    }
     if version < SCHEMA_VERSION {
         tx.pragma_update(None, "application_id", APPLICATION_ID)
             .map_err(storage)?;
@@ -205,7 +284,7 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), TxError> {
 
 /// Checks that the tables this build relies on are there, with the columns it reads.
 fn check_tables(conn: &Connection, path: &Path) -> Result<(), TxError> {
-    let expected: [(&str, &[&str]); 3] = [
+    let expected: [(&str, &[&str]); 4] = [
         (
             "sagas",
             &[
@@ -223,6 +302,19 @@ fn check_tables(conn: &Connection, path: &Path) -> Result<(), TxError> {
         (
             "idempotency_keys",
             &["key", "args_hash", "saga_id", "step_seq"],
+        ),
+        (
+            "audit_log",
+            &[
+                "seq",
+                "at_ms",
+                "kind",
+                "saga_id",
+                "body",
+                "prev_hash",
+                "hash",
+                "mac",
+            ],
         ),
     ];
     for (table, columns) in expected {

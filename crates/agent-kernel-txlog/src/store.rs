@@ -7,6 +7,11 @@ use agent_kernel_api::{
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use serde_json::Value;
 
+use crate::audit::{
+    ARGS_SUMMARY_BYTES_MAX, Appender, AuditSettings, CanonicalObject, KIND_TAKE_OVER,
+    QUOTE_BYTES_MAX, error_summary, quote, sha256_hex,
+};
+
 fn storage(err: rusqlite::Error) -> TxError {
     TxError::Storage(err.to_string())
 }
@@ -28,25 +33,76 @@ fn effect_from_str(text: &str) -> Result<EffectClass, TxError> {
 }
 
 /// Writes a batch in one immediate transaction; all of it or none of it.
+///
+/// Each record is chained into the audit log in the same transaction. After a batch that
+/// ends a saga, the head file is brought up to date.
 pub(crate) fn write_batch(
     conn: &mut Connection,
+    audit: &AuditSettings,
     batch: &[LogWrite],
     now_ms: i64,
 ) -> Result<Vec<WriteOutcome>, TxError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(storage)?;
+    let mut chain = Appender::start(&tx, audit.key.as_ref())?;
     let mut outcomes = Vec::with_capacity(batch.len());
+    let mut ends_a_saga = false;
     for write in batch {
-        outcomes.push(apply(&tx, write, now_ms)?);
+        let applied = apply(&tx, write, now_ms)?;
+        chain.append(
+            &tx,
+            now_ms,
+            applied.kind,
+            Some(applied.saga_id),
+            &applied.body,
+        )?;
+        ends_a_saga |= matches!(write, LogWrite::SetState { state, .. } if state.is_terminal());
+        outcomes.push(applied.outcome);
     }
     tx.commit().map_err(storage)?;
+    // Only here, not after every batch: a head update costs two more syncs under
+    // `Durability::Full`, which every step would otherwise pay.
+    if ends_a_saga {
+        audit.update_head(chain.head());
+    }
     Ok(outcomes)
 }
 
-fn apply(conn: &Connection, write: &LogWrite, now_ms: i64) -> Result<WriteOutcome, TxError> {
+/// What one [`LogWrite`] did, and the audit record that describes it.
+struct Applied<'w> {
+    outcome: WriteOutcome,
+    kind: &'static str,
+    saga_id: &'w SagaId,
+    /// Canonical JSON.
+    body: String,
+}
+
+impl<'w> Applied<'w> {
+    fn written(kind: &'static str, saga_id: &'w SagaId, body: String) -> Self {
+        Applied {
+            outcome: WriteOutcome::Written,
+            kind,
+            saga_id,
+            body,
+        }
+    }
+}
+
+fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Applied<'w>, TxError> {
     match write {
-        LogWrite::CreateSaga(saga) => create_saga(conn, saga, now_ms),
+        LogWrite::CreateSaga(saga) => {
+            create_saga(conn, saga, now_ms)?;
+            let body = CanonicalObject::new()
+                .opt_str("actor", saga.actor.as_deref())
+                .int("n_steps", saga.n_steps)
+                .opt_str("name", saga.name.as_deref())
+                .object("owner", owner_body(&saga.owner))
+                .str("saga_id", saga.saga_id.as_str())
+                .str("state", saga.state.as_str())
+                .finish();
+            Ok(Applied::written("CreateSaga", &saga.saga_id, body))
+        }
         LogWrite::SetState { saga_id, state } => {
             let n_changed = conn
                 .prepare_cached(
@@ -54,9 +110,22 @@ fn apply(conn: &Connection, write: &LogWrite, now_ms: i64) -> Result<WriteOutcom
                 )
                 .and_then(|mut s| s.execute(params![saga_id.as_str(), state.as_str(), now_ms]))
                 .map_err(storage)?;
-            expect_one(n_changed, || format!("no saga {saga_id}"))
+            expect_one(n_changed, || format!("no saga {saga_id}"))?;
+            let body = CanonicalObject::new()
+                .str("saga_id", saga_id.as_str())
+                .str("state", state.as_str())
+                .finish();
+            Ok(Applied::written("SetState", saga_id, body))
         }
-        LogWrite::BeginStep(step) => begin_step(conn, step, now_ms),
+        LogWrite::BeginStep(step) => {
+            let (outcome, body) = begin_step(conn, step, now_ms)?;
+            Ok(Applied {
+                outcome,
+                kind: "BeginStep",
+                saga_id: &step.saga_id,
+                body,
+            })
+        }
         LogWrite::CommitStep {
             saga_id,
             step_seq,
@@ -72,27 +141,45 @@ fn apply(conn: &Connection, write: &LogWrite, now_ms: i64) -> Result<WriteOutcom
                 .map_err(storage)?;
             expect_one(n_changed, || {
                 format!("saga {saga_id} has no step {step_seq} in BEGIN to commit")
-            })
+            })?;
+            let body = CanonicalObject::new()
+                .str("output_sha256", &sha256_hex(output.as_bytes()))
+                .str("saga_id", saga_id.as_str())
+                .str("status", StepStatus::Commit.as_str())
+                .int("step_seq", *step_seq)
+                .finish();
+            Ok(Applied::written("CommitStep", saga_id, body))
         }
         LogWrite::FailStep {
             saga_id,
             step_seq,
             error,
         } => {
-            let error = to_json(error)?;
+            let error_text = to_json(error)?;
             let n_changed = conn
                 .prepare_cached(
                     "UPDATE saga_steps SET status = 'FAIL', error = ?3, updated_at_ms = ?4
                      WHERE saga_id = ?1 AND step_seq = ?2 AND status = 'BEGIN'",
                 )
-                .and_then(|mut s| s.execute(params![saga_id.as_str(), step_seq, error, now_ms]))
+                .and_then(|mut s| {
+                    s.execute(params![saga_id.as_str(), step_seq, error_text, now_ms])
+                })
                 .map_err(storage)?;
             expect_one(n_changed, || {
                 format!("saga {saga_id} has no step {step_seq} in BEGIN to fail")
-            })
+            })?;
+            let body = CanonicalObject::new()
+                .object("error", error_summary(error))
+                .str("error_sha256", &sha256_hex(error_text.as_bytes()))
+                .str("saga_id", saga_id.as_str())
+                .str("status", StepStatus::Fail.as_str())
+                .int("step_seq", *step_seq)
+                .finish();
+            Ok(Applied::written("FailStep", saga_id, body))
         }
         LogWrite::RefuseStep { step, error } => {
-            insert_step(
+            // A refusal is usually a denial: its record says what was asked for.
+            let body = insert_step(
                 conn,
                 step,
                 &Undo::none(),
@@ -101,8 +188,9 @@ fn apply(conn: &Connection, write: &LogWrite, now_ms: i64) -> Result<WriteOutcom
                 Some(error),
                 None,
                 now_ms,
+                ArgsSummary::Quoted,
             )?;
-            Ok(WriteOutcome::Written)
+            Ok(Applied::written("RefuseStep", &step.saga_id, body))
         }
         LogWrite::ReuseStep {
             step,
@@ -110,7 +198,7 @@ fn apply(conn: &Connection, write: &LogWrite, now_ms: i64) -> Result<WriteOutcom
             from_step_seq,
             output,
         } => {
-            insert_step(
+            let body = insert_step(
                 conn,
                 step,
                 &Undo::none(),
@@ -119,8 +207,9 @@ fn apply(conn: &Connection, write: &LogWrite, now_ms: i64) -> Result<WriteOutcom
                 None,
                 Some((from_saga_id, *from_step_seq)),
                 now_ms,
+                ArgsSummary::Omitted,
             )?;
-            Ok(WriteOutcome::Written)
+            Ok(Applied::written("ReuseStep", &step.saga_id, body))
         }
         LogWrite::Compensation {
             saga_id,
@@ -148,10 +237,35 @@ fn apply(conn: &Connection, write: &LogWrite, now_ms: i64) -> Result<WriteOutcom
                 .map_err(storage)?;
             expect_one(n_changed, || {
                 format!("saga {saga_id} has no uncompensated step {step_seq}")
-            })
+            })?;
+            let body = CanonicalObject::new()
+                .str("compensation", &quote(&note, QUOTE_BYTES_MAX))
+                .str("compensation_sha256", &sha256_hex(note.as_bytes()))
+                .str("saga_id", saga_id.as_str())
+                .str("status", status.as_str())
+                .int("step_seq", *step_seq)
+                .finish();
+            Ok(Applied::written("Compensation", saga_id, body))
         }
         other => Err(corrupt(format!("unsupported log record {other:?}"))),
     }
+}
+
+/// An owner as audit bodies show it.
+fn owner_body(owner: &Owner) -> CanonicalObject {
+    CanonicalObject::new()
+        .str("boot_id", &owner.boot_id)
+        .str("host", &owner.host)
+        .int("pid", owner.pid)
+        .int("start_ticks", owner.start_ticks)
+}
+
+/// Whether a step's audit record quotes the start of its arguments (refusals do: they are
+/// usually denials, and the record should say what was asked for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ArgsSummary {
+    Quoted,
+    Omitted,
 }
 
 fn expect_one(n_changed: usize, what: impl FnOnce() -> String) -> Result<WriteOutcome, TxError> {
@@ -162,7 +276,7 @@ fn expect_one(n_changed: usize, what: impl FnOnce() -> String) -> Result<WriteOu
     }
 }
 
-fn create_saga(conn: &Connection, saga: &NewSaga, now_ms: i64) -> Result<WriteOutcome, TxError> {
+fn create_saga(conn: &Connection, saga: &NewSaga, now_ms: i64) -> Result<(), TxError> {
     if saga.n_steps == 0 {
         return Err(corrupt("a saga needs at least one step"));
     }
@@ -186,11 +300,16 @@ fn create_saga(conn: &Connection, saga: &NewSaga, now_ms: i64) -> Result<WriteOu
         ])
     })
     .map_err(storage)?;
-    Ok(WriteOutcome::Written)
+    Ok(())
 }
 
-/// Claims the step's idempotency key (if any) and records its intent.
-fn begin_step(conn: &Connection, step: &BeginStep, now_ms: i64) -> Result<WriteOutcome, TxError> {
+/// Claims the step's idempotency key (if any) and records its intent; returns the outcome
+/// and the audit body.
+fn begin_step(
+    conn: &Connection,
+    step: &BeginStep,
+    now_ms: i64,
+) -> Result<(WriteOutcome, String), TxError> {
     if step.step_seq as i64 > i64::from(u32::MAX) {
         return Err(corrupt("step_seq out of range"));
     }
@@ -200,7 +319,7 @@ fn begin_step(conn: &Connection, step: &BeginStep, now_ms: i64) -> Result<WriteO
     };
     match rejection {
         None => {
-            insert_step(
+            let body = insert_step(
                 conn,
                 step,
                 &step.undo,
@@ -209,6 +328,7 @@ fn begin_step(conn: &Connection, step: &BeginStep, now_ms: i64) -> Result<WriteO
                 None,
                 None,
                 now_ms,
+                ArgsSummary::Omitted,
             )?;
             if let Some(key) = &step.idempotency_key {
                 conn.prepare_cached(
@@ -226,11 +346,11 @@ fn begin_step(conn: &Connection, step: &BeginStep, now_ms: i64) -> Result<WriteO
                 })
                 .map_err(storage)?;
             }
-            Ok(WriteOutcome::Written)
+            Ok((WriteOutcome::Written, body))
         }
         Some(reason) => {
             let error = ToolError::failed(reason.clone());
-            insert_step(
+            let body = insert_step(
                 conn,
                 step,
                 &Undo::none(),
@@ -239,8 +359,9 @@ fn begin_step(conn: &Connection, step: &BeginStep, now_ms: i64) -> Result<WriteO
                 Some(&error),
                 None,
                 now_ms,
+                ArgsSummary::Omitted,
             )?;
-            Ok(WriteOutcome::KeyRejected(reason))
+            Ok((WriteOutcome::KeyRejected(reason), body))
         }
     }
 }
@@ -265,6 +386,9 @@ fn claim_key(conn: &Connection, key: &str, step: &BeginStep) -> Result<Option<St
     )))
 }
 
+/// Inserts a step row; returns the audit body describing it: small fields as they are,
+/// large ones (arguments, undo data and bytes, output, error) by the SHA-256 of exactly
+/// what was stored.
 #[allow(clippy::too_many_arguments)]
 fn insert_step(
     conn: &Connection,
@@ -275,9 +399,12 @@ fn insert_step(
     error: Option<&ToolError>,
     reused_from: Option<(&SagaId, u32)>,
     now_ms: i64,
-) -> Result<(), TxError> {
-    let output = output.map(to_json).transpose()?;
-    let error = error.map(to_json).transpose()?;
+    args_summary: ArgsSummary,
+) -> Result<String, TxError> {
+    let output_text = output.map(to_json).transpose()?;
+    let error_text = error.map(to_json).transpose()?;
+    let args_text = step.args.to_string();
+    let undo_text = undo.data.to_string();
     conn.prepare_cached(
         "INSERT INTO saga_steps (saga_id, step_seq, tool_id, tool_version, effect,
              idempotency_key, args, args_hash, undo, undo_blob, output, status, error,
@@ -292,13 +419,13 @@ fn insert_step(
             step.tool_version,
             step.effect.as_str(),
             step.idempotency_key,
-            step.args.to_string(),
+            args_text,
             step.args_hash,
-            undo.data.to_string(),
+            undo_text,
             undo.blob,
-            output,
+            output_text,
             status.as_str(),
-            error,
+            error_text,
             reused_from.map(|(saga_id, _)| saga_id.as_str().to_owned()),
             reused_from.map(|(_, step_seq)| step_seq),
             now_ms
@@ -315,7 +442,38 @@ fn insert_step(
         }
         other => storage(other),
     })?;
-    Ok(())
+    let sha256_of = |text: &Option<String>| text.as_ref().map(|text| sha256_hex(text.as_bytes()));
+    let mut body = CanonicalObject::new()
+        .str("args_hash", &step.args_hash)
+        .str("args_sha256", &sha256_hex(args_text.as_bytes()));
+    if args_summary == ArgsSummary::Quoted {
+        body = body.str("args_summary", &quote(&args_text, ARGS_SUMMARY_BYTES_MAX));
+    }
+    Ok(body
+        .str("effect", step.effect.as_str())
+        .opt_object("error", error.map(error_summary))
+        .opt_str("error_sha256", sha256_of(&error_text).as_deref())
+        .opt_str("idempotency_key", step.idempotency_key.as_deref())
+        .opt_str("output_sha256", sha256_of(&output_text).as_deref())
+        .opt_object(
+            "reused_from",
+            reused_from.map(|(saga_id, step_seq)| {
+                CanonicalObject::new()
+                    .str("saga_id", saga_id.as_str())
+                    .int("step_seq", step_seq)
+            }),
+        )
+        .str("saga_id", step.saga_id.as_str())
+        .str("status", status.as_str())
+        .int("step_seq", step.step_seq)
+        .str("tool", &step.tool_id)
+        .str("tool_version", &step.tool_version)
+        .opt_str(
+            "undo_blob_sha256",
+            undo.blob.as_deref().map(sha256_hex).as_deref(),
+        )
+        .str("undo_sha256", &sha256_hex(undo_text.as_bytes()))
+        .finish())
 }
 
 pub(crate) fn key_binding(conn: &Connection, key: &str) -> Result<Option<KeyBinding>, TxError> {
@@ -535,8 +693,11 @@ pub(crate) fn saga(conn: &Connection, saga_id: &SagaId) -> Result<Option<SagaRec
     Ok(Some(SagaRecord { saga, steps }))
 }
 
+/// Changes a saga's owner if it still has `expected` and is still in `expected_state`; the
+/// change is chained into the audit log and the head file brought up to date.
 pub(crate) fn take_over(
     conn: &mut Connection,
+    audit: &AuditSettings,
     saga_id: &SagaId,
     expected: &Owner,
     expected_state: SagaState,
@@ -567,6 +728,18 @@ pub(crate) fn take_over(
             ],
         )
         .map_err(storage)?;
+    if n_changed != 1 {
+        return Ok(false);
+    }
+    let mut chain = Appender::start(&tx, audit.key.as_ref())?;
+    let body = CanonicalObject::new()
+        .object("from_owner", owner_body(expected))
+        .str("saga_id", saga_id.as_str())
+        .str("state", expected_state.as_str())
+        .object("to_owner", owner_body(new))
+        .finish();
+    chain.append(&tx, now_ms, KIND_TAKE_OVER, Some(saga_id), &body)?;
     tx.commit().map_err(storage)?;
-    Ok(n_changed == 1)
+    audit.update_head(chain.head());
+    Ok(true)
 }

@@ -1,6 +1,7 @@
 //! End-to-end tests of the `agent-kernel` binary: real processes, real files, real SQLite,
 //! real SIGKILLs.
 
+mod audit;
 mod bad_input;
 mod crash;
 mod fsm;
@@ -58,6 +59,7 @@ impl Project {
         command
             .current_dir(self.dir.path())
             .env_remove("AGENT_KERNEL_DB")
+            .env_remove("AGENT_KERNEL_AUDIT_KEY")
             .env_remove("RUST_LOG")
             .arg("--db")
             .arg(self.db())

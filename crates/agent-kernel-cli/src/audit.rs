@@ -1,0 +1,161 @@
+//! `audit verify`: checks the log's tamper-evident audit chain and names the first bad
+//! record. Exit 0 when the log is intact, 1 when tampering was found, 2 when the log
+//! cannot be verified (missing, not a log, a bad key).
+//!
+//! The audit key (optional) comes from `--audit-key-file PATH`, else from the
+//! environment variable `AGENT_KERNEL_AUDIT_KEY`, written as hex digits
+//! (`openssl rand -hex 32`). Every command that writes the log uses it, so that each
+//! record carries a MAC; `audit verify` needs the same key to check the MACs.
+
+use std::env::VarError;
+use std::io::Read;
+use std::path::Path;
+
+use agent_kernel_txlog::{AUDIT_KEY_BYTES_MAX, AuditKey, AuditReport};
+use anyhow::Context as _;
+use serde_json::json;
+
+use crate::{Failure, exit};
+
+/// The environment variable that holds the audit key, as hex digits.
+pub(crate) const AUDIT_KEY_ENV: &str = "AGENT_KERNEL_AUDIT_KEY";
+
+/// The largest key file read: the longest hex key and a line break.
+const KEY_FILE_BYTES_MAX: u64 = 2 * AUDIT_KEY_BYTES_MAX as u64 + 2;
+
+/// `audit verify` found tampering (CONTRACT §5).
+const EXIT_TAMPERED: u8 = 1;
+
+/// The audit key: from `file` when given (hex digits; surrounding whitespace ignored),
+/// else from `$AGENT_KERNEL_AUDIT_KEY`, else none.
+///
+/// A key that is set but unusable (unreadable file, not hex, too short) is an error, never
+/// silently no key.
+///
+/// # Errors
+///
+/// When the file cannot be read, or the key is malformed, shorter than 16 bytes or
+/// longer than 1024.
+pub(crate) fn audit_key_from_env_or_file(file: Option<&Path>) -> anyhow::Result<Option<AuditKey>> {
+    if let Some(path) = file {
+        return read_key_file(path).map(Some);
+    }
+    match std::env::var(AUDIT_KEY_ENV) {
+        Ok(text) => AuditKey::from_hex(&text)
+            .map(Some)
+            .map_err(|message| anyhow::anyhow!("${AUDIT_KEY_ENV}: {message}")),
+        Err(VarError::NotPresent) => Ok(None),
+        Err(VarError::NotUnicode(_)) => Err(anyhow::anyhow!(
+            "${AUDIT_KEY_ENV}: the audit key must be written as hex digits"
+        )),
+    }
+}
+
+fn read_key_file(path: &Path) -> anyhow::Result<AuditKey> {
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("cannot read the audit key file {}", path.display()))?;
+    warn_if_readable_by_others(path, &file);
+    let mut text = String::new();
+    file.take(KEY_FILE_BYTES_MAX + 1)
+        .read_to_string(&mut text)
+        .with_context(|| format!("cannot read the audit key file {}", path.display()))?;
+    if text.len() as u64 > KEY_FILE_BYTES_MAX {
+        anyhow::bail!(
+            "the audit key file {} is larger than any audit key ({KEY_FILE_BYTES_MAX} bytes)",
+            path.display()
+        );
+    }
+    AuditKey::from_hex(&text)
+        .map_err(|message| anyhow::anyhow!("audit key file {}: {message}", path.display()))
+}
+
+/// A key that others can read protects nothing; say so (once, on stderr).
+fn warn_if_readable_by_others(path: &Path, file: &std::fs::File) {
+    use std::os::unix::fs::PermissionsExt as _;
+    if let Ok(metadata) = file.metadata()
+        && metadata.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(
+            path = %path.display(),
+            mode = format!("{:o}", metadata.permissions().mode() & 0o777),
+            "the audit key file is readable by other users; `chmod 600` it"
+        );
+    }
+}
+
+/// Runs `audit verify` on the log at `db` and prints the verdict: one line, or with `json`
+/// one document `{"ok", "n_records", "first_bad": {"seq", "reason"} | null, …}`.
+/// Returns the exit code: 0 intact, 1 tampering found.
+///
+/// # Errors
+///
+/// A bad-input [`Failure`] (exit 2) when there is no log at `db` or it cannot be verified
+/// (not a log, a newer schema, a log from before the audit chain).
+pub(crate) async fn verify_command(
+    db: &Path,
+    key: Option<AuditKey>,
+    json: bool,
+) -> Result<u8, Failure> {
+    if !db.exists() {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "no log at {} (pass --db PATH or set AGENT_KERNEL_DB)",
+            db.display()
+        )));
+    }
+    let path = db.to_owned();
+    let report =
+        tokio::task::spawn_blocking(move || agent_kernel_txlog::verify(&path, key.as_ref()))
+            .await
+            .map_err(|error| Failure {
+                code: exit::ATTENTION,
+                kind: "internal",
+                error: anyhow::anyhow!("the verification stopped: {error}"),
+            })?
+            .with_context(|| format!("cannot verify the log {}", db.display()))
+            .map_err(Failure::bad_input)?;
+    print_report(&report, json);
+    Ok(if report.is_intact() {
+        exit::OK
+    } else {
+        EXIT_TAMPERED
+    })
+}
+
+fn print_report(report: &AuditReport, json: bool) {
+    if json {
+        let document = json!({
+            "ok": report.is_intact(),
+            "n_records": report.n_records,
+            "first_bad": report.first_bad.as_ref().map(|bad| json!({
+                "seq": bad.seq,
+                "reason": bad.reason,
+            })),
+            "head": report.head,
+            "head_file": report.head_file,
+            "macs_verified": report.macs_verified,
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&document).expect("a JSON value always serializes")
+        );
+    } else {
+        match &report.first_bad {
+            None => println!(
+                "audit: {} records verified, head at seq {}{}",
+                report.n_records,
+                report.head.as_ref().map_or(0, |head| head.seq),
+                if report.macs_verified {
+                    ", MACs checked"
+                } else {
+                    ""
+                }
+            ),
+            Some(bad) => println!("audit: record {} is bad: {}", bad.seq, bad.reason),
+        }
+    }
+    if !report.macs_verified && report.n_records_with_mac > 0 {
+        eprintln!(
+            "agent-kernel: the records carry MACs but no audit key was given, so the MACs were not checked (set ${AUDIT_KEY_ENV} or pass --audit-key-file)"
+        );
+    }
+}

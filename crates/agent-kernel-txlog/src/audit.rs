@@ -1,0 +1,837 @@
+//! The tamper-evident audit chain: one record per change the log makes, each hashed over
+//! the previous record's hash, optionally MACed with a key.
+//!
+//! A record is a row of `audit_log`:
+//! `seq` (1, 2, 3, … without gaps), `at_ms`, `kind` (the [`LogWrite`] variant's name,
+//! `TakeOver` or `Genesis`), `saga_id`, `body` (canonical JSON: object keys sorted, no
+//! spaces), `prev_hash`, `hash` and `mac`.
+//!
+//! `hash` is the lowercase hex SHA-256 of
+//! `prev_hash \n seq \n at_ms \n kind \n saga_id-or-empty \n body`, with decimal numbers;
+//! the first record's `prev_hash` is 64 zeros.
+//! `mac`, when a key is configured, is the lowercase hex HMAC-SHA256 under the key of the
+//! 64 ASCII characters of `hash`.
+//!
+//! [`LogWrite`]: agent_kernel_api::LogWrite
+
+use std::fmt;
+
+use agent_kernel_api::{SagaId, ToolError, TxError};
+use hmac::{Hmac, KeyInit, Mac};
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+/// The fewest bytes an audit key may have: shorter keys can be guessed.
+pub const AUDIT_KEY_BYTES_MIN: usize = 16;
+
+/// The most bytes an audit key may have.
+pub const AUDIT_KEY_BYTES_MAX: usize = 1024;
+
+/// The largest body of an ordinary audit record, in bytes.
+///
+/// Bodies hold identifiers, hashes and truncated messages, so they stay far below this;
+/// the `Genesis` record, which lists every saga that existed when the chain started, is
+/// exempt.
+pub const AUDIT_BODY_BYTES_MAX: usize = 1024 * 1024;
+
+/// The most bytes of a message (an error, a compensation note, an argument summary) an
+/// audit body quotes; the whole text is bound by its SHA-256.
+pub(crate) const QUOTE_BYTES_MAX: usize = 1024;
+
+/// The most bytes of a refused step's arguments the audit body quotes.
+pub(crate) const ARGS_SUMMARY_BYTES_MAX: usize = 256;
+
+/// The `prev_hash` of the first record.
+pub(crate) const ZERO_HASH: &str =
+    "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// Every record kind the chain may hold.
+pub(crate) const KINDS: [&str; 10] = [
+    KIND_GENESIS,
+    "CreateSaga",
+    "SetState",
+    "BeginStep",
+    "CommitStep",
+    "FailStep",
+    "RefuseStep",
+    "ReuseStep",
+    "Compensation",
+    KIND_TAKE_OVER,
+];
+
+/// The record that starts a chain in a log that already held sagas (a version 1 log).
+pub(crate) const KIND_GENESIS: &str = "Genesis";
+
+/// An owner change made by [`TxLog::take_over`](agent_kernel_api::TxLog::take_over).
+pub(crate) const KIND_TAKE_OVER: &str = "TakeOver";
+
+/// The secret that MACs every audit record, so that a rewrite of the whole chain by someone
+/// without the key is detected.
+///
+/// Its bytes are never printed (`Debug` shows only the length).
+#[derive(Clone, PartialEq, Eq)]
+pub struct AuditKey(Vec<u8>);
+
+impl AuditKey {
+    /// Wraps a key of [`AUDIT_KEY_BYTES_MIN`] to [`AUDIT_KEY_BYTES_MAX`] bytes.
+    ///
+    /// # Errors
+    ///
+    /// A message when the key is too short or too long.
+    pub fn new(bytes: Vec<u8>) -> Result<AuditKey, String> {
+        if bytes.len() < AUDIT_KEY_BYTES_MIN {
+            return Err(format!(
+                "the audit key has {} bytes; at least {AUDIT_KEY_BYTES_MIN} are needed",
+                bytes.len()
+            ));
+        }
+        if bytes.len() > AUDIT_KEY_BYTES_MAX {
+            return Err(format!(
+                "the audit key has {} bytes; at most {AUDIT_KEY_BYTES_MAX} are allowed",
+                bytes.len()
+            ));
+        }
+        Ok(AuditKey(bytes))
+    }
+
+    /// Parses a key written as hex digits (surrounding whitespace ignored), e.g. the output
+    /// of `openssl rand -hex 32`.
+    ///
+    /// # Errors
+    ///
+    /// A message when the text is not an even number of hex digits, or the key is too
+    /// short or too long.
+    pub fn from_hex(text: &str) -> Result<AuditKey, String> {
+        let text = text.trim();
+        let bytes = unhex(text).ok_or_else(|| {
+            "the audit key must be written as hex digits (e.g. `openssl rand -hex 32`)".to_owned()
+        })?;
+        AuditKey::new(bytes)
+    }
+
+    fn hmac(&self) -> Hmac<Sha256> {
+        <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).expect("HMAC accepts keys of any length")
+    }
+
+    /// The hex MAC of a record's hash.
+    pub(crate) fn mac(&self, hash: &str) -> String {
+        let mut mac = self.hmac();
+        mac.update(hash.as_bytes());
+        hex(&mac.finalize().into_bytes())
+    }
+
+    /// Whether `mac_hex` is the MAC of `hash` (compared in constant time).
+    pub(crate) fn verifies(&self, hash: &str, mac_hex: &str) -> bool {
+        let Some(expected) = unhex(mac_hex) else {
+            return false;
+        };
+        let mut mac = self.hmac();
+        mac.update(hash.as_bytes());
+        mac.verify_slice(&expected).is_ok()
+    }
+}
+
+impl fmt::Debug for AuditKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AuditKey(<{} bytes, not shown>)", self.0.len())
+    }
+}
+
+/// Lowercase hex.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = Vec::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        text.push(DIGITS[usize::from(byte >> 4)]);
+        text.push(DIGITS[usize::from(byte & 0xf)]);
+    }
+    String::from_utf8(text).expect("hex digits are ASCII")
+}
+
+/// Parses hex digits (either case); `None` unless every character is one and they pair up.
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    let digit = |byte: u8| char::from(byte).to_digit(16);
+    text.as_bytes()
+        .chunks_exact(2)
+        .map(|pair| Some((digit(pair[0])? * 16 + digit(pair[1])?) as u8))
+        .collect()
+}
+
+/// The lowercase hex SHA-256 of `bytes`.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+/// Whether `text` is a lowercase hex SHA-256 (or HMAC-SHA256).
+pub(crate) fn is_hex_digest(text: &str) -> bool {
+    text.len() == 64
+        && text
+            .bytes()
+            .all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte))
+}
+
+/// `value` as canonical JSON: object keys sorted (by their UTF-8 bytes), no whitespace.
+///
+/// Written out rather than left to `serde_json`, whose maps keep insertion order when any
+/// crate in the build turns on its `preserve_order` feature.
+pub(crate) fn canonical_json(value: &Value) -> String {
+    let mut text = String::new();
+    write_canonical(value, &mut text);
+    text
+}
+
+fn write_canonical(value: &Value, text: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_by(|(a, _), (b, _)| a.as_bytes().cmp(b.as_bytes()));
+            text.push('{');
+            for (entry_idx, (key, value)) in entries.into_iter().enumerate() {
+                if entry_idx > 0 {
+                    text.push(',');
+                }
+                text.push_str(&Value::String(key.clone()).to_string());
+                text.push(':');
+                write_canonical(value, text);
+            }
+            text.push('}');
+        }
+        Value::Array(items) => {
+            text.push('[');
+            for (item_idx, item) in items.iter().enumerate() {
+                if item_idx > 0 {
+                    text.push(',');
+                }
+                write_canonical(item, text);
+            }
+            text.push(']');
+        }
+        scalar => text.push_str(&scalar.to_string()),
+    }
+}
+
+/// Appends `value` as a JSON string, escaped exactly as `serde_json` escapes it.
+fn write_json_str(text: &mut String, value: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    text.push('"');
+    let mut start = 0;
+    for (idx, byte) in value.bytes().enumerate() {
+        let escape = match byte {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0x00..=0x1f => "",
+            _ => continue,
+        };
+        text.push_str(&value[start..idx]);
+        if escape.is_empty() {
+            text.push_str("\\u00");
+            text.push(char::from(HEX[usize::from(byte >> 4)]));
+            text.push(char::from(HEX[usize::from(byte & 0xf)]));
+        } else {
+            text.push_str(escape);
+        }
+        start = idx + 1;
+    }
+    text.push_str(&value[start..]);
+    text.push('"');
+}
+
+/// A JSON object written in canonical form as it is built: keys must be added in
+/// ascending byte order (asserted), values are escaped as `serde_json` escapes them, so
+/// the result equals [`canonical_json`] of the same object without building a `Value`.
+#[must_use]
+pub(crate) struct CanonicalObject {
+    text: String,
+    last_key: Option<&'static str>,
+}
+
+impl CanonicalObject {
+    pub(crate) fn new() -> CanonicalObject {
+        let mut text = String::with_capacity(256);
+        text.push('{');
+        CanonicalObject {
+            text,
+            last_key: None,
+        }
+    }
+
+    fn key(&mut self, key: &'static str) {
+        debug_assert!(
+            key.bytes()
+                .all(|byte| byte.is_ascii_alphanumeric() || byte == b'_'),
+            "keys need no escaping"
+        );
+        if let Some(last_key) = self.last_key {
+            assert!(
+                last_key < key,
+                "canonical keys are added in order: {last_key} then {key}"
+            );
+            self.text.push(',');
+        }
+        self.last_key = Some(key);
+        self.text.push('"');
+        self.text.push_str(key);
+        self.text.push_str("\":");
+    }
+
+    pub(crate) fn str(mut self, key: &'static str, value: &str) -> CanonicalObject {
+        self.key(key);
+        write_json_str(&mut self.text, value);
+        self
+    }
+
+    pub(crate) fn opt_str(mut self, key: &'static str, value: Option<&str>) -> CanonicalObject {
+        match value {
+            Some(value) => self.str(key, value),
+            None => {
+                self.key(key);
+                self.text.push_str("null");
+                self
+            }
+        }
+    }
+
+    pub(crate) fn int(mut self, key: &'static str, value: impl Into<i128>) -> CanonicalObject {
+        use std::fmt::Write as _;
+        self.key(key);
+        write!(self.text, "{}", value.into()).expect("writing to a String cannot fail");
+        self
+    }
+
+    pub(crate) fn object(mut self, key: &'static str, value: CanonicalObject) -> CanonicalObject {
+        self.key(key);
+        self.text.push_str(&value.finish());
+        self
+    }
+
+    pub(crate) fn opt_object(
+        mut self,
+        key: &'static str,
+        value: Option<CanonicalObject>,
+    ) -> CanonicalObject {
+        match value {
+            Some(value) => self.object(key, value),
+            None => {
+                self.key(key);
+                self.text.push_str("null");
+                self
+            }
+        }
+    }
+
+    pub(crate) fn finish(mut self) -> String {
+        self.text.push('}');
+        self.text
+    }
+}
+
+/// At most `bytes_max` bytes of `text`, cut at a character boundary, with `…` when cut.
+pub(crate) fn quote(text: &str, bytes_max: usize) -> String {
+    if text.len() <= bytes_max {
+        return text.to_owned();
+    }
+    let mut end = bytes_max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// What an audit body says about an error: its kind and (quoted) message.
+pub(crate) fn error_summary(error: &ToolError) -> CanonicalObject {
+    CanonicalObject::new()
+        .str("kind", error.kind().as_str())
+        .str("message", &quote(error.message(), QUOTE_BYTES_MAX))
+}
+
+/// The hash of one record.
+pub(crate) fn record_hash(
+    prev_hash: &str,
+    seq: i64,
+    at_ms: i64,
+    kind: &str,
+    saga_id: Option<&str>,
+    body: &str,
+) -> String {
+    let mut hasher = Sha256::new();
+    let mut number = [0_u8; 24];
+    hasher.update(prev_hash.as_bytes());
+    hasher.update(b"\n");
+    hasher.update(decimal(seq, &mut number));
+    hasher.update(b"\n");
+    hasher.update(decimal(at_ms, &mut number));
+    hasher.update(b"\n");
+    hasher.update(kind.as_bytes());
+    hasher.update(b"\n");
+    hasher.update(saga_id.unwrap_or("").as_bytes());
+    hasher.update(b"\n");
+    hasher.update(body.as_bytes());
+    hex(&hasher.finalize())
+}
+
+/// `value` in decimal, written into `buffer`.
+fn decimal(value: i64, buffer: &mut [u8; 24]) -> &[u8] {
+    use std::io::Write as _;
+    let mut cursor = std::io::Cursor::new(&mut buffer[..]);
+    write!(cursor, "{value}").expect("an i64 has at most 20 characters");
+    let len = usize::try_from(cursor.position()).expect("at most 24");
+    &buffer[..len]
+}
+
+/// One record of the chain, as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Record {
+    pub(crate) seq: i64,
+    pub(crate) at_ms: i64,
+    pub(crate) kind: String,
+    pub(crate) saga_id: Option<String>,
+    pub(crate) body: String,
+    pub(crate) prev_hash: String,
+    pub(crate) hash: String,
+    pub(crate) mac: Option<String>,
+}
+
+impl Record {
+    /// The record, borrowed.
+    pub(crate) fn view(&self) -> RecordView<'_> {
+        RecordView {
+            seq: self.seq,
+            at_ms: self.at_ms,
+            kind: &self.kind,
+            saga_id: self.saga_id.as_deref(),
+            body: &self.body,
+            prev_hash: &self.prev_hash,
+            hash: &self.hash,
+            mac: self.mac.as_deref(),
+        }
+    }
+}
+
+/// One record of the chain, borrowed: what is checked before it is written and after it
+/// is read back.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecordView<'a> {
+    pub(crate) seq: i64,
+    pub(crate) at_ms: i64,
+    pub(crate) kind: &'a str,
+    pub(crate) saga_id: Option<&'a str>,
+    pub(crate) body: &'a str,
+    pub(crate) prev_hash: &'a str,
+    pub(crate) hash: &'a str,
+    pub(crate) mac: Option<&'a str>,
+}
+
+impl RecordView<'_> {
+    /// Checks the record's form (not its place in the chain): run before it is written and
+    /// after it is read back.
+    pub(crate) fn check_form(&self) -> Result<(), String> {
+        if self.seq < 1 {
+            return Err(format!("its seq {} is not positive", self.seq));
+        }
+        if !KINDS.contains(&self.kind) {
+            return Err(format!("its kind `{}` is unknown", quote(self.kind, 64)));
+        }
+        match self.saga_id {
+            None if self.kind != KIND_GENESIS => {
+                return Err(format!("a {} record needs a saga id", self.kind));
+            }
+            Some(_) if self.kind == KIND_GENESIS => {
+                return Err("a Genesis record has no saga id".to_owned());
+            }
+            // A newline would make the hashed text ambiguous.
+            Some(saga_id) if saga_id.is_empty() || saga_id.contains('\n') => {
+                return Err("its saga id is empty or contains a newline".to_owned());
+            }
+            _ => {}
+        }
+        if self.kind != KIND_GENESIS && self.body.len() > AUDIT_BODY_BYTES_MAX {
+            return Err(format!(
+                "its body has {} bytes, more than the maximum of {AUDIT_BODY_BYTES_MAX}",
+                self.body.len()
+            ));
+        }
+        if !self.body.starts_with('{') {
+            return Err("its body is not a JSON object".to_owned());
+        }
+        if !is_hex_digest(self.prev_hash) {
+            return Err("its prev_hash is not a hex SHA-256".to_owned());
+        }
+        if !is_hex_digest(self.hash) {
+            return Err("its hash is not a hex SHA-256".to_owned());
+        }
+        if let Some(mac) = self.mac
+            && !is_hex_digest(mac)
+        {
+            return Err("its MAC is not a hex HMAC-SHA256".to_owned());
+        }
+        Ok(())
+    }
+
+    /// The hash its content should have.
+    pub(crate) fn expected_hash(&self) -> String {
+        record_hash(
+            self.prev_hash,
+            self.seq,
+            self.at_ms,
+            self.kind,
+            self.saga_id,
+            self.body,
+        )
+    }
+}
+
+/// The newest record of a chain: what the head file holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Head {
+    /// 0 for an empty chain.
+    pub(crate) seq: i64,
+    /// [`ZERO_HASH`] for an empty chain.
+    pub(crate) hash: String,
+    pub(crate) mac: Option<String>,
+}
+
+impl Head {
+    fn empty(key: Option<&AuditKey>) -> Head {
+        Head {
+            seq: 0,
+            hash: ZERO_HASH.to_owned(),
+            mac: key.map(|key| key.mac(ZERO_HASH)),
+        }
+    }
+}
+
+/// What the writer thread needs to keep the chain: the key, and where and how to write the
+/// head file.
+#[derive(Debug)]
+pub(crate) struct AuditSettings {
+    pub(crate) key: Option<AuditKey>,
+    pub(crate) db_path: std::path::PathBuf,
+    pub(crate) durability: agent_kernel_api::Durability,
+}
+
+impl AuditSettings {
+    /// Replaces the head file with `head`. A failure is logged, not returned: the records
+    /// are committed by now, and a stale head file only weakens what `verify` can tell
+    /// (it then vouches for fewer of the newest records).
+    pub(crate) fn update_head(&self, head: &Head) {
+        if let Err(err) = crate::head::write(&self.db_path, head, self.durability) {
+            tracing::warn!(
+                path = %crate::head::head_path(&self.db_path).display(),
+                error = %err,
+                "cannot update the audit head file; `audit verify` will vouch only for the records up to its previous head"
+            );
+        }
+    }
+}
+
+fn storage(err: rusqlite::Error) -> TxError {
+    TxError::Storage(err.to_string())
+}
+
+/// The newest record in the database, checked as it is read.
+pub(crate) fn read_head(conn: &Connection, key: Option<&AuditKey>) -> Result<Head, TxError> {
+    let row = conn
+        .prepare_cached("SELECT seq, hash, mac FROM audit_log ORDER BY seq DESC LIMIT 1")
+        .and_then(|mut statement| {
+            statement
+                .query_row([], |row| {
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, Option<String>>(2)?,
+                    ))
+                })
+                .optional()
+        })
+        .map_err(|err| {
+            TxError::Corrupt(format!(
+                "the audit chain's newest record cannot be read ({err}); run `agent-kernel audit verify`"
+            ))
+        })?;
+    let Some((seq, hash, mac)) = row else {
+        return Ok(Head::empty(key));
+    };
+    if seq < 1 || !is_hex_digest(&hash) {
+        return Err(TxError::Corrupt(format!(
+            "the audit chain's newest record (seq {seq}) is malformed; run `agent-kernel audit verify`"
+        )));
+    }
+    Ok(Head { seq, hash, mac })
+}
+
+/// Appends records to the chain inside the caller's write transaction.
+pub(crate) struct Appender<'key> {
+    key: Option<&'key AuditKey>,
+    head: Head,
+}
+
+impl<'key> Appender<'key> {
+    /// Starts after the newest record. Call inside the write transaction, so that no other
+    /// writer can append in between.
+    pub(crate) fn start(
+        conn: &Connection,
+        key: Option<&'key AuditKey>,
+    ) -> Result<Appender<'key>, TxError> {
+        Ok(Appender {
+            key,
+            head: read_head(conn, key)?,
+        })
+    }
+
+    /// The newest record, including those appended so far.
+    pub(crate) fn head(&self) -> &Head {
+        &self.head
+    }
+
+    /// Appends one record; `body` is a JSON object in canonical form
+    /// ([`CanonicalObject`] or [`canonical_json`]).
+    pub(crate) fn append(
+        &mut self,
+        conn: &Connection,
+        at_ms: i64,
+        kind: &str,
+        saga_id: Option<&SagaId>,
+        body: &str,
+    ) -> Result<(), TxError> {
+        let seq = self
+            .head
+            .seq
+            .checked_add(1)
+            .ok_or_else(|| TxError::Corrupt("the audit chain is full".to_owned()))?;
+        let saga_id = saga_id.map(SagaId::as_str);
+        let hash = record_hash(&self.head.hash, seq, at_ms, kind, saga_id, body);
+        let mac = self.key.map(|key| key.mac(&hash));
+        let record = RecordView {
+            seq,
+            at_ms,
+            kind,
+            saga_id,
+            body,
+            prev_hash: &self.head.hash,
+            hash: &hash,
+            mac: mac.as_deref(),
+        };
+        record
+            .check_form()
+            .map_err(|reason| TxError::Corrupt(format!("audit record {seq}: {reason}")))?;
+        conn.prepare_cached(
+            "INSERT INTO audit_log (seq, at_ms, kind, saga_id, body, prev_hash, hash, mac)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )
+        .and_then(|mut statement| {
+            statement.execute(params![
+                record.seq,
+                record.at_ms,
+                record.kind,
+                record.saga_id,
+                record.body,
+                record.prev_hash,
+                record.hash,
+                record.mac
+            ])
+        })
+        .map_err(storage)?;
+        self.head = Head { seq, hash, mac };
+        Ok(())
+    }
+}
+
+/// Starts the chain of a log migrated from schema version 1 with one `Genesis` record that
+/// fixes what the log held then: every saga's state, every step's status, every
+/// idempotency key's binding.
+/// Writes nothing when the log held no saga. Runs inside the migration's transaction.
+///
+/// History before the migration is not covered: the genesis record vouches for the state
+/// it found, not for how the log got there.
+pub(crate) fn write_genesis(
+    conn: &Connection,
+    from_version: i64,
+    key: Option<&AuditKey>,
+    now_ms: &dyn Fn() -> i64,
+) -> Result<bool, TxError> {
+    let mut sagas = serde_json::Map::new();
+    {
+        let mut statement = conn
+            .prepare("SELECT saga_id, state FROM sagas ORDER BY saga_id")
+            .map_err(storage)?;
+        let rows = statement
+            .query_map([], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+            })
+            .map_err(storage)?;
+        for row in rows {
+            let (saga_id, state) = row.map_err(storage)?;
+            sagas.insert(saga_id, json!({ "state": state, "steps": [] }));
+        }
+    }
+    if sagas.is_empty() {
+        return Ok(false);
+    }
+    {
+        let mut statement = conn
+            .prepare("SELECT saga_id, step_seq, status FROM saga_steps ORDER BY saga_id, step_seq")
+            .map_err(storage)?;
+        let rows = statement
+            .query_map([], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, i64>(1)?,
+                    row.get::<_, String>(2)?,
+                ))
+            })
+            .map_err(storage)?;
+        for row in rows {
+            let (saga_id, step_seq, status) = row.map_err(storage)?;
+            let steps = sagas
+                .get_mut(&saga_id)
+                .and_then(|saga| saga.get_mut("steps"))
+                .and_then(Value::as_array_mut)
+                .ok_or_else(|| {
+                    TxError::Corrupt(format!("a step of saga {saga_id}, which does not exist"))
+                })?;
+            steps.push(json!([step_seq, status]));
+        }
+    }
+    let mut keys = serde_json::Map::new();
+    {
+        let mut statement = conn
+            .prepare("SELECT key, args_hash, saga_id, step_seq FROM idempotency_keys ORDER BY key")
+            .map_err(storage)?;
+        let rows = statement
+            .query_map([], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, i64>(3)?,
+                ))
+            })
+            .map_err(storage)?;
+        for row in rows {
+            let (key, args_hash, saga_id, step_seq) = row.map_err(storage)?;
+            keys.insert(
+                key,
+                json!({ "args_hash": args_hash, "saga_id": saga_id, "step_seq": step_seq }),
+            );
+        }
+    }
+    let body = json!({
+        "note": "the audit chain starts here; earlier history is not covered",
+        "migrated_from_version": from_version,
+        "sagas": sagas,
+        "idempotency_keys": keys,
+    });
+    let mut appender = Appender::start(conn, key)?;
+    assert_eq!(appender.head().seq, 0, "a genesis record starts the chain");
+    appender.append(conn, now_ms(), KIND_GENESIS, None, &canonical_json(&body))?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_json_sorts_keys_at_every_depth() {
+        let value = json!({"b": [{"z": 1, "a": null}], "a": "x\ny", "é": 1.5, "A": true});
+        assert_eq!(
+            canonical_json(&value),
+            r#"{"A":true,"a":"x\ny","b":[{"a":null,"z":1}],"é":1.5}"#
+        );
+    }
+
+    #[test]
+    fn the_object_writer_matches_canonical_json() {
+        let tricky = "q\"b\\s\n\r\t\u{8}\u{c}\u{0}\u{1f}\u{7f}é日本";
+        let written = CanonicalObject::new()
+            .str("a", tricky)
+            .opt_str("b", None)
+            .int("c", -5_i64)
+            .int("d", u64::MAX)
+            .object("e", CanonicalObject::new().str("x", "y"))
+            .opt_object("f", None)
+            .finish();
+        let value = json!({
+            "f": null, "e": {"x": "y"}, "d": u64::MAX, "c": -5, "b": null, "a": tricky,
+        });
+        assert_eq!(written, canonical_json(&value));
+        assert_eq!(written, serde_json::to_string(&value).expect("serializes"));
+        assert_eq!(CanonicalObject::new().finish(), "{}");
+    }
+
+    #[test]
+    #[should_panic(expected = "canonical keys are added in order")]
+    fn the_object_writer_refuses_keys_out_of_order() {
+        let _ = CanonicalObject::new().str("b", "").str("a", "");
+    }
+
+    #[test]
+    fn decimals_are_written_in_full() {
+        let mut buffer = [0_u8; 24];
+        assert_eq!(decimal(i64::MIN, &mut buffer), b"-9223372036854775808");
+        assert_eq!(decimal(0, &mut buffer), b"0");
+    }
+
+    #[test]
+    fn hex_round_trips_and_refuses_junk() {
+        assert_eq!(hex(&[0, 0xab, 0xff]), "00abff");
+        assert_eq!(unhex("00ABff"), Some(vec![0, 0xab, 0xff]));
+        assert_eq!(unhex("0"), None);
+        assert_eq!(unhex("zz"), None);
+        assert_eq!(unhex("é0"), None);
+    }
+
+    #[test]
+    fn keys_are_checked_and_never_shown() {
+        assert!(AuditKey::from_hex("00ff").is_err(), "too short");
+        assert!(AuditKey::from_hex("not hex at all!!").is_err());
+        let key = AuditKey::from_hex(&"ab".repeat(32)).expect("32 bytes");
+        assert!(!format!("{key:?}").contains("ab"));
+        let mac = key.mac(ZERO_HASH);
+        assert!(is_hex_digest(&mac));
+        assert!(key.verifies(ZERO_HASH, &mac));
+        assert!(!key.verifies(&"1".repeat(64), &mac));
+        assert!(!key.verifies(ZERO_HASH, "xyz"));
+    }
+
+    #[test]
+    fn quote_cuts_at_a_character_boundary() {
+        assert_eq!(quote("abc", 5), "abc");
+        assert_eq!(quote("ééé", 3), "é…");
+    }
+
+    #[test]
+    fn the_hash_covers_every_field() {
+        let base = record_hash(ZERO_HASH, 1, 2, "SetState", Some("s"), "{}");
+        assert_ne!(
+            base,
+            record_hash(ZERO_HASH, 2, 2, "SetState", Some("s"), "{}")
+        );
+        assert_ne!(
+            base,
+            record_hash(ZERO_HASH, 1, 3, "SetState", Some("s"), "{}")
+        );
+        assert_ne!(
+            base,
+            record_hash(ZERO_HASH, 1, 2, "FailStep", Some("s"), "{}")
+        );
+        assert_ne!(base, record_hash(ZERO_HASH, 1, 2, "SetState", None, "{}"));
+        assert_ne!(
+            base,
+            record_hash(ZERO_HASH, 1, 2, "SetState", Some("s"), "{ }")
+        );
+        assert_ne!(
+            base,
+            record_hash(&"1".repeat(64), 1, 2, "SetState", Some("s"), "{}")
+        );
+    }
+}

@@ -1,0 +1,1120 @@
+//! [`verify`]: checks a log's audit chain, its head file, and that the tables the kernel
+//! reads say what the chain says.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use agent_kernel_api::{SagaState, StepStatus, TxError};
+use rusqlite::types::Value as SqlValue;
+use rusqlite::{Connection, Row, params};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::audit::{AuditKey, KIND_GENESIS, KIND_TAKE_OVER, Record, ZERO_HASH, sha256_hex};
+use crate::head;
+use crate::schema::{self, AUDIT_SCHEMA_VERSION};
+
+/// What [`verify`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AuditReport {
+    /// How many records passed every check of the chain, from the first on (all of them
+    /// when the log is intact).
+    pub n_records: u64,
+    /// The newest record that passed, if any.
+    pub head: Option<AuditHead>,
+    /// What the head file next to the database says, when it could be read.
+    pub head_file: Option<AuditHead>,
+    /// Whether MACs were checked (a key was given).
+    pub macs_verified: bool,
+    /// How many of the records read carry a MAC.
+    pub n_records_with_mac: u64,
+    /// The first problem found; `None` when the log is intact.
+    pub first_bad: Option<BadRecord>,
+}
+
+impl AuditReport {
+    /// Whether nothing was found wrong.
+    pub fn is_intact(&self) -> bool {
+        self.first_bad.is_none()
+    }
+}
+
+/// A position in the chain: a record's sequence number and hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AuditHead {
+    /// The sequence number (0 for an empty chain).
+    pub seq: u64,
+    /// The record's hash (64 zeros for an empty chain).
+    pub hash: String,
+}
+
+/// The first record found bad, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BadRecord {
+    /// The record the problem was found at: the record that is missing, edited or
+    /// contradicted, or, for a row of the tables that no record accounts for, the first
+    /// sequence number after the chain's end (where such a record would have had to be).
+    pub seq: u64,
+    /// What is wrong, in a sentence.
+    pub reason: String,
+}
+
+/// Checks the log at `path` without changing anything.
+///
+/// The database is opened read-only (no migration, no journal-mode change) after the same
+/// checks [`SqliteLog::open`](crate::SqliteLog::open) makes, and read in one snapshot.
+/// The checks, in order:
+///
+/// 1. the chain: sequence numbers run 1, 2, 3, … without gaps; each record's hash
+///    recomputes from its content; each `prev_hash` is the previous record's hash; with
+///    `key`, each record carries a MAC that verifies;
+///    then each record must make sense after the ones before it (a step is committed only
+///    after it was begun, a saga is created once, …);
+/// 2. the head file: it exists when the chain is not empty, names a record the chain has,
+///    with that record's hash (and, with `key`, a MAC that verifies);
+/// 3. the tables: replaying the chain gives every saga's state, owner and timestamps,
+///    every step's status and content hashes, and every idempotency key's binding; the
+///    tables `sagas`, `saga_steps` and `idempotency_keys` must hold exactly that.
+///
+/// The first problem found is reported in [`AuditReport::first_bad`]; a problem with the
+/// chain (1) stops the check there, and among problems with the tables (3) the one at the
+/// earliest record is reported.
+///
+/// Without `key`, someone who can write the database and the head file can rewrite the
+/// whole chain consistently, and this check cannot tell. Records written after the head
+/// file's last update (an unfinished saga, a crash) can be removed from the end, with the
+/// tables edited to match, without the head file noticing.
+///
+/// The head file is read before the database: a writer updates it only after committing,
+/// so a log in use never looks tampered with.
+/// The database's content is never changed; SQLite may still create the `-wal` and `-shm`
+/// files of a log in WAL mode, as any reader does.
+/// Memory grows with the number of sagas and steps (the replayed tables are held).
+///
+/// # Errors
+///
+/// [`TxError::NotALog`] or [`TxError::SchemaTooNew`] as for
+/// [`SqliteLog::open`](crate::SqliteLog::open), [`TxError::Storage`] when the file does not
+/// exist or cannot be opened, or when its schema predates the audit chain (version 1) and
+/// it has no head file (open it once with this build to start the chain).
+pub fn verify(path: &Path, key: Option<&AuditKey>) -> Result<AuditReport, TxError> {
+    let head_file = head::read(path);
+    let (mut conn, version) = schema::open_read_only(path)?;
+    let mut report = AuditReport {
+        n_records: 0,
+        head: None,
+        head_file: head_file
+            .as_ref()
+            .ok()
+            .and_then(Option::as_ref)
+            .map(|head| AuditHead {
+                seq: head.seq.unsigned_abs(),
+                hash: head.hash.clone(),
+            }),
+        macs_verified: key.is_some(),
+        n_records_with_mac: 0,
+        first_bad: None,
+    };
+    if version < AUDIT_SCHEMA_VERSION {
+        let head = match head_file {
+            Ok(None) => {
+                return Err(TxError::Storage(format!(
+                    "{} has schema version {version}, which has no audit chain; open it once with this build (for example `agent-kernel log`) to start one",
+                    path.display()
+                )));
+            }
+            Ok(Some(head)) => format!("names record {}", head.seq),
+            Err(reason) => reason,
+        };
+        report.first_bad = Some(BadRecord {
+            seq: 1,
+            reason: format!(
+                "the log has schema version {version}, without an audit chain, but it has a head file ({head}): the chain was removed"
+            ),
+        });
+        return Ok(report);
+    }
+    // One snapshot for everything below, even while writers go on.
+    let tx = conn
+        .transaction()
+        .map_err(|err| TxError::Storage(err.to_string()))?;
+    let mut replay = Replay::default();
+    let last = match check_chain(&tx, key, &mut replay, &mut report) {
+        Ok(last) => last,
+        Err(bad) => {
+            report.first_bad = Some(bad);
+            return Ok(report);
+        }
+    };
+    report.head = (last.seq > 0).then(|| AuditHead {
+        seq: last.seq.unsigned_abs(),
+        hash: last.hash.clone(),
+    });
+    if let Err(bad) = check_head_file(&tx, path, head_file, &last, key) {
+        report.first_bad = Some(bad);
+        return Ok(report);
+    }
+    report.first_bad = replay.compare(&tx, last.seq);
+    Ok(report)
+}
+
+fn bad(seq: i64, reason: impl Into<String>) -> BadRecord {
+    BadRecord {
+        seq: seq.max(0).unsigned_abs(),
+        reason: reason.into(),
+    }
+}
+
+/// The newest record that passed.
+struct Last {
+    seq: i64,
+    hash: String,
+}
+
+/// Walks the chain in order; returns its newest record, or the first bad one.
+fn check_chain(
+    conn: &Connection,
+    key: Option<&AuditKey>,
+    replay: &mut Replay,
+    report: &mut AuditReport,
+) -> Result<Last, BadRecord> {
+    let mut last = Last {
+        seq: 0,
+        hash: ZERO_HASH.to_owned(),
+    };
+    let mut statement = conn
+        .prepare(
+            "SELECT seq, at_ms, kind, saga_id, body, prev_hash, hash, mac
+             FROM audit_log ORDER BY seq",
+        )
+        .map_err(|err| bad(1, format!("the audit_log table cannot be read: {err}")))?;
+    let mut rows = statement
+        .query([])
+        .map_err(|err| bad(1, format!("the audit_log table cannot be read: {err}")))?;
+    loop {
+        let expected_seq = last.seq + 1;
+        let row = match rows.next() {
+            Ok(Some(row)) => row,
+            Ok(None) => return Ok(last),
+            Err(err) => {
+                return Err(bad(
+                    expected_seq,
+                    format!(
+                        "the database cannot be read past record {}: {err}",
+                        last.seq
+                    ),
+                ));
+            }
+        };
+        let record = record_from_row(row)
+            .map_err(|(seq, reason)| bad(seq.unwrap_or(expected_seq), reason))?;
+        let seq = record.seq;
+        if record.mac.is_some() {
+            report.n_records_with_mac += 1;
+        }
+        if seq < 1 {
+            return Err(bad(
+                expected_seq,
+                format!("a record has the sequence number {seq}; the chain starts at 1"),
+            ));
+        }
+        if seq > expected_seq {
+            return Err(bad(
+                expected_seq,
+                format!(
+                    "record {expected_seq} is missing: the chain jumps from record {} to record {seq}",
+                    last.seq
+                ),
+            ));
+        }
+        if seq < expected_seq {
+            return Err(bad(
+                seq,
+                format!("record {seq} appears twice or out of order"),
+            ));
+        }
+        record
+            .view()
+            .check_form()
+            .map_err(|reason| bad(seq, reason))?;
+        if record.view().expected_hash() != record.hash {
+            return Err(bad(
+                seq,
+                "its hash does not match its content: the record was edited, or moved or copied from another place in the chain",
+            ));
+        }
+        if record.prev_hash != last.hash {
+            return Err(bad(
+                seq,
+                format!(
+                    "its prev_hash is not the hash of record {}: records were removed, inserted or reordered before it",
+                    last.seq
+                ),
+            ));
+        }
+        if let Some(key) = key {
+            match &record.mac {
+                None => {
+                    return Err(bad(
+                        seq,
+                        "it has no MAC, but a key was given: it was written without the key, or its MAC was removed",
+                    ));
+                }
+                Some(mac) if !key.verifies(&record.hash, mac) => {
+                    return Err(bad(
+                        seq,
+                        "its MAC does not verify with the key: the chain was rewritten without the key, or the key is wrong",
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        replay.apply(&record).map_err(|reason| bad(seq, reason))?;
+        report.n_records += 1;
+        last = Last {
+            seq,
+            hash: record.hash,
+        };
+    }
+}
+
+/// Reads one row without trusting its types: a tampered table need not be STRICT.
+/// On failure, the row's seq (when readable) and why.
+fn record_from_row(row: &Row<'_>) -> Result<Record, (Option<i64>, String)> {
+    let column = |idx: usize| -> Result<SqlValue, (Option<i64>, String)> {
+        row.get::<_, SqlValue>(idx)
+            .map_err(|err| (None, format!("a record cannot be read: {err}")))
+    };
+    let seq = match column(0)? {
+        SqlValue::Integer(seq) => seq,
+        _ => return Err((None, "a record's seq is not an integer".to_owned())),
+    };
+    let wrong = |name: &str, what: &str| (Some(seq), format!("its {name} is not {what}"));
+    let integer = |idx: usize, name: &str| match column(idx) {
+        Ok(SqlValue::Integer(value)) => Ok(value),
+        Ok(_) => Err(wrong(name, "an integer")),
+        Err((_, reason)) => Err((Some(seq), reason)),
+    };
+    let text = |idx: usize, name: &str| match column(idx) {
+        Ok(SqlValue::Text(value)) => Ok(Some(value)),
+        Ok(SqlValue::Null) => Ok(None),
+        Ok(_) => Err(wrong(name, "text")),
+        Err((_, reason)) => Err((Some(seq), reason)),
+    };
+    let required = |value: Option<String>, name: &str| value.ok_or_else(|| wrong(name, "set"));
+    Ok(Record {
+        seq,
+        at_ms: integer(1, "at_ms")?,
+        kind: required(text(2, "kind")?, "kind")?,
+        saga_id: text(3, "saga_id")?,
+        body: required(text(4, "body")?, "body")?,
+        prev_hash: required(text(5, "prev_hash")?, "prev_hash")?,
+        hash: required(text(6, "hash")?, "hash")?,
+        mac: text(7, "mac")?,
+    })
+}
+
+fn check_head_file(
+    conn: &Connection,
+    path: &Path,
+    head_file: Result<Option<crate::audit::Head>, String>,
+    last: &Last,
+    key: Option<&AuditKey>,
+) -> Result<(), BadRecord> {
+    let head_path = head::head_path(path);
+    let head = match head_file {
+        Err(reason) => return Err(bad(last.seq.max(1), reason)),
+        Ok(None) if last.seq == 0 => return Ok(()),
+        Ok(None) => {
+            return Err(bad(
+                last.seq,
+                format!(
+                    "the head file {} is missing, so nothing vouches for the newest records",
+                    head_path.display()
+                ),
+            ));
+        }
+        Ok(Some(head)) => head,
+    };
+    if head.seq > last.seq {
+        return Err(bad(
+            head.seq,
+            format!(
+                "the head file names record {}, but the log ends at record {}: records were deleted at the end, or an older copy of the database was put in its place",
+                head.seq, last.seq
+            ),
+        ));
+    }
+    let hash = if head.seq == 0 {
+        ZERO_HASH.to_owned()
+    } else {
+        conn.query_row(
+            "SELECT hash FROM audit_log WHERE seq = ?1",
+            params![head.seq],
+            |row| row.get::<_, String>(0),
+        )
+        .map_err(|err| {
+            bad(
+                head.seq,
+                format!("record {} cannot be read: {err}", head.seq),
+            )
+        })?
+    };
+    if head.hash != hash {
+        return Err(bad(
+            head.seq.max(1),
+            format!(
+                "the head file's hash for record {} is not the record's: the database holds a different history than the one the head file recorded",
+                head.seq
+            ),
+        ));
+    }
+    // A head at record 0 vouches for nothing, so its MAC does not matter (it has none when
+    // the log was first opened without the key).
+    if let Some(key) = key.filter(|_| head.seq > 0) {
+        match &head.mac {
+            None => {
+                return Err(bad(
+                    head.seq,
+                    "the head file has no MAC, but a key was given",
+                ));
+            }
+            Some(mac) if !key.verifies(&head.hash, mac) => {
+                return Err(bad(
+                    head.seq,
+                    "the head file's MAC does not verify with the key: it was rewritten without the key, or the key is wrong",
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// A process that owns a saga, as the `sagas` table stores it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct OwnerModel {
+    host: String,
+    boot_id: String,
+    pid: i64,
+    /// Stored as the `i64` with the same bits as the `u64`.
+    start_ticks: i64,
+}
+
+/// What the chain says a saga row holds. `None` fields are not known: the saga predates
+/// the chain (it came from a `Genesis` record) and no record has set them since.
+#[derive(Debug)]
+struct SagaModel {
+    /// The record that last changed the row.
+    last_seq: i64,
+    state: SagaState,
+    owner: Option<OwnerModel>,
+    n_steps: Option<i64>,
+    name: Option<Option<String>>,
+    actor: Option<Option<String>>,
+    created_at_ms: Option<i64>,
+    updated_at_ms: Option<i64>,
+    steps: BTreeMap<i64, StepModel>,
+}
+
+/// What a step was begun with; unknown for steps that predate the chain.
+#[derive(Debug, PartialEq, Eq)]
+struct StepContent {
+    tool_id: String,
+    tool_version: String,
+    effect: String,
+    idempotency_key: Option<String>,
+    args_hash: String,
+    args_sha256: String,
+    undo_sha256: String,
+    undo_blob_sha256: Option<String>,
+    reused_from: Option<(String, i64)>,
+}
+
+/// What the chain says a step row holds (`None`: not known, as for [`SagaModel`]).
+#[derive(Debug)]
+struct StepModel {
+    last_seq: i64,
+    status: StepStatus,
+    content: Option<StepContent>,
+    output_sha256: Option<Option<String>>,
+    error_sha256: Option<Option<String>>,
+    compensation_sha256: Option<Option<String>>,
+    created_at_ms: Option<i64>,
+    updated_at_ms: Option<i64>,
+}
+
+/// What the chain says an idempotency key is bound to.
+#[derive(Debug)]
+struct KeyModel {
+    last_seq: i64,
+    args_hash: String,
+    saga_id: String,
+    step_seq: i64,
+}
+
+/// The tables as the chain describes them, built record by record.
+#[derive(Debug, Default)]
+struct Replay {
+    sagas: BTreeMap<String, SagaModel>,
+    keys: BTreeMap<String, KeyModel>,
+}
+
+/// Typed access to a record body, with messages naming the missing field.
+struct Body<'a>(&'a Map<String, Value>);
+
+impl<'a> Body<'a> {
+    fn field(&self, name: &str) -> Result<&'a Value, String> {
+        self.0
+            .get(name)
+            .ok_or_else(|| format!("its body lacks `{name}`"))
+    }
+
+    fn str(&self, name: &str) -> Result<&'a str, String> {
+        self.field(name)?
+            .as_str()
+            .ok_or_else(|| format!("its body's `{name}` is not text"))
+    }
+
+    fn opt_str(&self, name: &str) -> Result<Option<String>, String> {
+        match self.field(name)? {
+            Value::Null => Ok(None),
+            Value::String(text) => Ok(Some(text.clone())),
+            _ => Err(format!("its body's `{name}` is neither text nor null")),
+        }
+    }
+
+    fn int(&self, name: &str) -> Result<i64, String> {
+        self.field(name)?
+            .as_i64()
+            .ok_or_else(|| format!("its body's `{name}` is not an integer"))
+    }
+
+    fn object(&self, name: &str) -> Result<Body<'a>, String> {
+        self.field(name)?
+            .as_object()
+            .map(Body)
+            .ok_or_else(|| format!("its body's `{name}` is not an object"))
+    }
+
+    fn state(&self, name: &str) -> Result<SagaState, String> {
+        self.str(name)?
+            .parse()
+            .map_err(|err| format!("its body's `{name}`: {err}"))
+    }
+
+    fn status(&self, name: &str) -> Result<StepStatus, String> {
+        self.str(name)?
+            .parse()
+            .map_err(|err| format!("its body's `{name}`: {err}"))
+    }
+
+    fn owner(&self, name: &str) -> Result<OwnerModel, String> {
+        let owner = self.object(name)?;
+        let start_ticks = owner
+            .field("start_ticks")?
+            .as_u64()
+            .ok_or_else(|| format!("its body's `{name}.start_ticks` is not an integer"))?;
+        Ok(OwnerModel {
+            host: owner.str("host")?.to_owned(),
+            boot_id: owner.str("boot_id")?.to_owned(),
+            pid: owner.int("pid")?,
+            // The same conversion the store makes.
+            start_ticks: start_ticks as i64,
+        })
+    }
+}
+
+impl Replay {
+    fn saga_mut(&mut self, saga_id: &str) -> Result<&mut SagaModel, String> {
+        self.sagas
+            .get_mut(saga_id)
+            .ok_or_else(|| format!("it refers to saga {saga_id}, which no earlier record created"))
+    }
+
+    fn step_mut(&mut self, saga_id: &str, step_seq: i64) -> Result<&mut StepModel, String> {
+        self.saga_mut(saga_id)?
+            .steps
+            .get_mut(&step_seq)
+            .ok_or_else(|| {
+                format!(
+                    "it refers to step {step_seq} of saga {saga_id}, which no earlier record began"
+                )
+            })
+    }
+
+    /// Applies one record that passed the chain checks; `Err` when it cannot follow the
+    /// records before it.
+    fn apply(&mut self, record: &Record) -> Result<(), String> {
+        let body: Value = serde_json::from_str(&record.body)
+            .map_err(|_| "its body is not valid JSON".to_owned())?;
+        let body = Body(
+            body.as_object()
+                .ok_or_else(|| "its body is not a JSON object".to_owned())?,
+        );
+        if record.kind == KIND_GENESIS {
+            return self.genesis(record, &body);
+        }
+        let saga_id = body.str("saga_id")?;
+        if record.saga_id.as_deref() != Some(saga_id) {
+            return Err("its saga_id column differs from its body's".to_owned());
+        }
+        let (seq, at_ms) = (record.seq, record.at_ms);
+        match record.kind.as_str() {
+            "CreateSaga" => {
+                if self.sagas.contains_key(saga_id) {
+                    return Err(format!("it creates saga {saga_id}, which already exists"));
+                }
+                let n_steps = body.int("n_steps")?;
+                if n_steps <= 0 {
+                    return Err("it creates a saga without steps".to_owned());
+                }
+                self.sagas.insert(
+                    saga_id.to_owned(),
+                    SagaModel {
+                        last_seq: seq,
+                        state: body.state("state")?,
+                        owner: Some(body.owner("owner")?),
+                        n_steps: Some(n_steps),
+                        name: Some(body.opt_str("name")?),
+                        actor: Some(body.opt_str("actor")?),
+                        created_at_ms: Some(at_ms),
+                        updated_at_ms: Some(at_ms),
+                        steps: BTreeMap::new(),
+                    },
+                );
+            }
+            "SetState" => {
+                let state = body.state("state")?;
+                let saga = self.saga_mut(saga_id)?;
+                saga.state = state;
+                saga.updated_at_ms = Some(at_ms);
+                saga.last_seq = seq;
+            }
+            KIND_TAKE_OVER => {
+                let state = body.state("state")?;
+                let from = body.owner("from_owner")?;
+                let to = body.owner("to_owner")?;
+                let saga = self.saga_mut(saga_id)?;
+                if saga.state != state {
+                    return Err(format!(
+                        "it takes over saga {saga_id} in state {state}, but the saga was {}",
+                        saga.state
+                    ));
+                }
+                if saga.owner.as_ref().is_some_and(|owner| *owner != from) {
+                    return Err(format!(
+                        "it takes over saga {saga_id} from a process that did not own it"
+                    ));
+                }
+                saga.owner = Some(to);
+                saga.updated_at_ms = Some(at_ms);
+                saga.last_seq = seq;
+            }
+            "BeginStep" | "RefuseStep" | "ReuseStep" => {
+                self.insert_step(record, &body, saga_id)?;
+            }
+            "CommitStep" => {
+                let status = body.status("status")?;
+                let output_sha256 = body.str("output_sha256")?.to_owned();
+                let step = self.step_mut(saga_id, body.int("step_seq")?)?;
+                if status != StepStatus::Commit || step.status != StepStatus::Begin {
+                    return Err(format!(
+                        "it commits a step that was {}, not BEGIN",
+                        step.status.as_str()
+                    ));
+                }
+                step.status = status;
+                step.output_sha256 = Some(Some(output_sha256));
+                step.updated_at_ms = Some(at_ms);
+                step.last_seq = seq;
+            }
+            "FailStep" => {
+                let status = body.status("status")?;
+                let error_sha256 = body.str("error_sha256")?.to_owned();
+                let step = self.step_mut(saga_id, body.int("step_seq")?)?;
+                if status != StepStatus::Fail || step.status != StepStatus::Begin {
+                    return Err(format!(
+                        "it fails a step that was {}, not BEGIN",
+                        step.status.as_str()
+                    ));
+                }
+                step.status = status;
+                step.error_sha256 = Some(Some(error_sha256));
+                step.updated_at_ms = Some(at_ms);
+                step.last_seq = seq;
+            }
+            "Compensation" => {
+                let status = body.status("status")?;
+                let compensation_sha256 = body.str("compensation_sha256")?.to_owned();
+                let step = self.step_mut(saga_id, body.int("step_seq")?)?;
+                if !matches!(
+                    status,
+                    StepStatus::Compensated | StepStatus::CompensationFailed
+                ) {
+                    return Err(format!("its compensation sets status {}", status.as_str()));
+                }
+                if step.status == StepStatus::Compensated {
+                    return Err("it compensates a step that was already COMPENSATED".to_owned());
+                }
+                step.status = status;
+                step.compensation_sha256 = Some(Some(compensation_sha256));
+                step.updated_at_ms = Some(at_ms);
+                step.last_seq = seq;
+            }
+            other => return Err(format!("its kind `{other}` is unknown")),
+        }
+        Ok(())
+    }
+
+    fn insert_step(
+        &mut self,
+        record: &Record,
+        body: &Body<'_>,
+        saga_id: &str,
+    ) -> Result<(), String> {
+        let step_seq = body.int("step_seq")?;
+        if !(0..=i64::from(u32::MAX)).contains(&step_seq) {
+            return Err(format!("its step_seq {step_seq} is out of range"));
+        }
+        let status = body.status("status")?;
+        let allowed: &[StepStatus] = match record.kind.as_str() {
+            "BeginStep" => &[StepStatus::Begin, StepStatus::Fail],
+            "RefuseStep" => &[StepStatus::Fail],
+            _ => &[StepStatus::Commit],
+        };
+        if !allowed.contains(&status) {
+            return Err(format!(
+                "a {} record cannot leave a step {}",
+                record.kind,
+                status.as_str()
+            ));
+        }
+        let reused_from = match body.field("reused_from")? {
+            Value::Null => None,
+            Value::Object(map) => {
+                let from = Body(map);
+                Some((from.str("saga_id")?.to_owned(), from.int("step_seq")?))
+            }
+            _ => return Err("its body's `reused_from` is neither an object nor null".to_owned()),
+        };
+        let content = StepContent {
+            tool_id: body.str("tool")?.to_owned(),
+            tool_version: body.str("tool_version")?.to_owned(),
+            effect: body.str("effect")?.to_owned(),
+            idempotency_key: body.opt_str("idempotency_key")?,
+            args_hash: body.str("args_hash")?.to_owned(),
+            args_sha256: body.str("args_sha256")?.to_owned(),
+            undo_sha256: body.str("undo_sha256")?.to_owned(),
+            undo_blob_sha256: body.opt_str("undo_blob_sha256")?,
+            reused_from,
+        };
+        let output_sha256 = body.opt_str("output_sha256")?;
+        let error_sha256 = body.opt_str("error_sha256")?;
+        let claims_key = record.kind == "BeginStep" && status == StepStatus::Begin;
+        let key_claim = content
+            .idempotency_key
+            .clone()
+            .filter(|_| claims_key)
+            .map(|key| (key, content.args_hash.clone()));
+        let saga = self.saga_mut(saga_id)?;
+        if saga.steps.contains_key(&step_seq) {
+            return Err(format!(
+                "it begins step {step_seq} of saga {saga_id}, which was already begun"
+            ));
+        }
+        saga.steps.insert(
+            step_seq,
+            StepModel {
+                last_seq: record.seq,
+                status,
+                content: Some(content),
+                output_sha256: Some(output_sha256),
+                error_sha256: Some(error_sha256),
+                compensation_sha256: Some(None),
+                created_at_ms: Some(record.at_ms),
+                updated_at_ms: Some(record.at_ms),
+            },
+        );
+        // The store binds a key to its first arguments for good and moves it to each new
+        // step that claims it.
+        if let Some((key, args_hash)) = key_claim {
+            let binding = self.keys.entry(key).or_insert(KeyModel {
+                last_seq: record.seq,
+                args_hash,
+                saga_id: String::new(),
+                step_seq: 0,
+            });
+            binding.saga_id = saga_id.to_owned();
+            binding.step_seq = step_seq;
+            binding.last_seq = record.seq;
+        }
+        Ok(())
+    }
+
+    fn genesis(&mut self, record: &Record, body: &Body<'_>) -> Result<(), String> {
+        if record.seq != 1 {
+            return Err("a Genesis record can only start the chain".to_owned());
+        }
+        for (saga_id, saga) in body.object("sagas")?.0 {
+            let saga = saga
+                .as_object()
+                .map(Body)
+                .ok_or_else(|| format!("its saga {saga_id} is not an object"))?;
+            let mut steps = BTreeMap::new();
+            let listed = saga
+                .field("steps")?
+                .as_array()
+                .ok_or_else(|| format!("the steps of its saga {saga_id} are not a list"))?;
+            for step in listed {
+                let (step_seq, status) = match step.as_array().map(Vec::as_slice) {
+                    Some([Value::Number(step_seq), Value::String(status)]) => {
+                        (step_seq.as_i64(), status.parse::<StepStatus>().ok())
+                    }
+                    _ => (None, None),
+                };
+                let (Some(step_seq), Some(status)) = (step_seq, status) else {
+                    return Err(format!("a step of its saga {saga_id} is malformed"));
+                };
+                steps.insert(
+                    step_seq,
+                    StepModel {
+                        last_seq: record.seq,
+                        status,
+                        content: None,
+                        output_sha256: None,
+                        error_sha256: None,
+                        compensation_sha256: None,
+                        created_at_ms: None,
+                        updated_at_ms: None,
+                    },
+                );
+            }
+            self.sagas.insert(
+                saga_id.clone(),
+                SagaModel {
+                    last_seq: record.seq,
+                    state: saga.state("state")?,
+                    owner: None,
+                    n_steps: None,
+                    name: None,
+                    actor: None,
+                    created_at_ms: None,
+                    updated_at_ms: None,
+                    steps,
+                },
+            );
+        }
+        for (key, binding) in body.object("idempotency_keys")?.0 {
+            let binding = binding
+                .as_object()
+                .map(Body)
+                .ok_or_else(|| format!("its idempotency key {key} is not an object"))?;
+            self.keys.insert(
+                key.clone(),
+                KeyModel {
+                    last_seq: record.seq,
+                    args_hash: binding.str("args_hash")?.to_owned(),
+                    saga_id: binding.str("saga_id")?.to_owned(),
+                    step_seq: binding.int("step_seq")?,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Compares the tables with the replayed chain; the problem at the earliest record, if
+    /// any. `last_seq` is the chain's newest record.
+    fn compare(&self, conn: &Connection, last_seq: i64) -> Option<BadRecord> {
+        let mut found = Found {
+            first: None,
+            unaccounted_seq: last_seq + 1,
+        };
+        if let Err(err) = self.compare_sagas(conn, &mut found) {
+            found.note(
+                last_seq + 1,
+                format!("the sagas table cannot be read: {err}"),
+            );
+        }
+        if let Err(err) = self.compare_steps(conn, &mut found) {
+            found.note(
+                last_seq + 1,
+                format!("the saga_steps table cannot be read: {err}"),
+            );
+        }
+        if let Err(err) = self.compare_keys(conn, &mut found) {
+            found.note(
+                last_seq + 1,
+                format!("the idempotency_keys table cannot be read: {err}"),
+            );
+        }
+        found.first
+    }
+
+    fn compare_sagas(&self, conn: &Connection, found: &mut Found) -> rusqlite::Result<()> {
+        let mut statement = conn.prepare(
+            "SELECT saga_id, state, owner_host, owner_boot_id, owner_pid, owner_start_ticks,
+                 n_steps, name, actor, created_at_ms, updated_at_ms
+             FROM sagas",
+        )?;
+        let mut rows = statement.query([])?;
+        let mut n_seen = 0_usize;
+        while let Some(row) = rows.next()? {
+            let saga_id: String = row.get(0)?;
+            let Some(saga) = self.sagas.get(&saga_id) else {
+                found.unaccounted(format!(
+                    "saga {saga_id} is in the sagas table, but no audit record creates it"
+                ));
+                continue;
+            };
+            n_seen += 1;
+            let state: String = row.get(1)?;
+            let owner = OwnerModel {
+                host: row.get(2)?,
+                boot_id: row.get(3)?,
+                pid: row.get(4)?,
+                start_ticks: row.get(5)?,
+            };
+            let n_steps: i64 = row.get(6)?;
+            let name: Option<String> = row.get(7)?;
+            let actor: Option<String> = row.get(8)?;
+            let created_at_ms: i64 = row.get(9)?;
+            let updated_at_ms: i64 = row.get(10)?;
+            let mut differences = Vec::new();
+            if state != saga.state.as_str() {
+                differences.push("state");
+            }
+            if saga.owner.as_ref().is_some_and(|known| *known != owner) {
+                differences.push("owner");
+            }
+            if saga.n_steps.is_some_and(|known| known != n_steps) {
+                differences.push("n_steps");
+            }
+            if saga.name.as_ref().is_some_and(|known| *known != name) {
+                differences.push("name");
+            }
+            if saga.actor.as_ref().is_some_and(|known| *known != actor) {
+                differences.push("actor");
+            }
+            if saga
+                .created_at_ms
+                .is_some_and(|known| known != created_at_ms)
+            {
+                differences.push("created_at_ms");
+            }
+            if saga
+                .updated_at_ms
+                .is_some_and(|known| known != updated_at_ms)
+            {
+                differences.push("updated_at_ms");
+            }
+            if !differences.is_empty() {
+                found.note(
+                    saga.last_seq,
+                    format!(
+                        "saga {saga_id} in the sagas table differs from the audit chain in its {}",
+                        differences.join(", ")
+                    ),
+                );
+            }
+        }
+        if n_seen < self.sagas.len() {
+            for (saga_id, saga) in &self.sagas {
+                let exists: bool = conn.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM sagas WHERE saga_id = ?1)",
+                    params![saga_id],
+                    |row| row.get(0),
+                )?;
+                if !exists {
+                    found.note(
+                        saga.last_seq,
+                        format!("saga {saga_id} is in the audit chain but not in the sagas table"),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn compare_steps(&self, conn: &Connection, found: &mut Found) -> rusqlite::Result<()> {
+        let mut statement = conn.prepare(
+            "SELECT saga_id, step_seq, status, tool_id, tool_version, effect, idempotency_key,
+                 args, args_hash, undo, undo_blob, output, error, reused_from_saga,
+                 reused_from_seq, compensation, created_at_ms, updated_at_ms
+             FROM saga_steps",
+        )?;
+        let mut rows = statement.query([])?;
+        let mut n_seen = 0_usize;
+        let sha256_of = |text: Option<String>| text.map(|text| sha256_hex(text.as_bytes()));
+        while let Some(row) = rows.next()? {
+            let saga_id: String = row.get(0)?;
+            let step_seq: i64 = row.get(1)?;
+            let Some(step) = self
+                .sagas
+                .get(&saga_id)
+                .and_then(|saga| saga.steps.get(&step_seq))
+            else {
+                found.unaccounted(format!(
+                    "step {step_seq} of saga {saga_id} is in the saga_steps table, but no audit record begins it"
+                ));
+                continue;
+            };
+            n_seen += 1;
+            let mut differences = Vec::new();
+            if row.get::<_, String>(2)? != step.status.as_str() {
+                differences.push("status");
+            }
+            if let Some(content) = &step.content {
+                let reused_from = match (
+                    row.get::<_, Option<String>>(13)?,
+                    row.get::<_, Option<i64>>(14)?,
+                ) {
+                    (Some(saga), Some(seq)) => Some((saga, seq)),
+                    _ => None,
+                };
+                let actual = StepContent {
+                    tool_id: row.get(3)?,
+                    tool_version: row.get(4)?,
+                    effect: row.get(5)?,
+                    idempotency_key: row.get(6)?,
+                    args_sha256: sha256_hex(row.get::<_, String>(7)?.as_bytes()),
+                    args_hash: row.get(8)?,
+                    undo_sha256: sha256_hex(row.get::<_, String>(9)?.as_bytes()),
+                    undo_blob_sha256: row
+                        .get::<_, Option<Vec<u8>>>(10)?
+                        .map(|blob| sha256_hex(&blob)),
+                    reused_from,
+                };
+                if actual != *content {
+                    differences.push("content (tool, arguments, undo data or reuse)");
+                }
+            }
+            let columns = [
+                (&step.output_sha256, 11, "output"),
+                (&step.error_sha256, 12, "error"),
+                (&step.compensation_sha256, 15, "compensation"),
+            ];
+            for (known, idx, what) in columns {
+                if let Some(known) = known
+                    && *known != sha256_of(row.get(idx)?)
+                {
+                    differences.push(what);
+                }
+            }
+            let created_at_ms: i64 = row.get(16)?;
+            let updated_at_ms: i64 = row.get(17)?;
+            if step
+                .created_at_ms
+                .is_some_and(|known| known != created_at_ms)
+            {
+                differences.push("created_at_ms");
+            }
+            if step
+                .updated_at_ms
+                .is_some_and(|known| known != updated_at_ms)
+            {
+                differences.push("updated_at_ms");
+            }
+            if !differences.is_empty() {
+                found.note(
+                    step.last_seq,
+                    format!(
+                        "step {step_seq} of saga {saga_id} in the saga_steps table differs from the audit chain in its {}",
+                        differences.join(", ")
+                    ),
+                );
+            }
+        }
+        let n_known: usize = self.sagas.values().map(|saga| saga.steps.len()).sum();
+        if n_seen < n_known {
+            for (saga_id, saga) in &self.sagas {
+                for (step_seq, step) in &saga.steps {
+                    let exists: bool = conn.query_row(
+                        "SELECT EXISTS (SELECT 1 FROM saga_steps WHERE saga_id = ?1 AND step_seq = ?2)",
+                        params![saga_id, step_seq],
+                        |row| row.get(0),
+                    )?;
+                    if !exists {
+                        found.note(
+                            step.last_seq,
+                            format!(
+                                "step {step_seq} of saga {saga_id} is in the audit chain but not in the saga_steps table"
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn compare_keys(&self, conn: &Connection, found: &mut Found) -> rusqlite::Result<()> {
+        let mut statement =
+            conn.prepare("SELECT key, args_hash, saga_id, step_seq FROM idempotency_keys")?;
+        let mut rows = statement.query([])?;
+        let mut n_seen = 0_usize;
+        while let Some(row) = rows.next()? {
+            let key: String = row.get(0)?;
+            let Some(binding) = self.keys.get(&key) else {
+                found.unaccounted(format!(
+                    "idempotency key `{key}` is in the idempotency_keys table, but no audit record claims it"
+                ));
+                continue;
+            };
+            n_seen += 1;
+            if row.get::<_, String>(1)? != binding.args_hash
+                || row.get::<_, String>(2)? != binding.saga_id
+                || row.get::<_, i64>(3)? != binding.step_seq
+            {
+                found.note(
+                    binding.last_seq,
+                    format!(
+                        "idempotency key `{key}` is bound to other arguments or another step in the idempotency_keys table than the audit chain says"
+                    ),
+                );
+            }
+        }
+        if n_seen < self.keys.len() {
+            for (key, binding) in &self.keys {
+                let exists: bool = conn.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM idempotency_keys WHERE key = ?1)",
+                    params![key],
+                    |row| row.get(0),
+                )?;
+                if !exists {
+                    found.note(
+                        binding.last_seq,
+                        format!(
+                            "idempotency key `{key}` is in the audit chain but not in the idempotency_keys table"
+                        ),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The problem at the earliest record found so far.
+struct Found {
+    first: Option<BadRecord>,
+    /// Where rows that no record accounts for are reported: just past the chain's end.
+    unaccounted_seq: i64,
+}
+
+impl Found {
+    fn note(&mut self, seq: i64, reason: String) {
+        let candidate = bad(seq, reason);
+        if self
+            .first
+            .as_ref()
+            .is_none_or(|first| candidate.seq < first.seq)
+        {
+            self.first = Some(candidate);
+        }
+    }
+
+    fn unaccounted(&mut self, reason: String) {
+        self.note(self.unaccounted_seq, reason);
+    }
+}
