@@ -66,10 +66,12 @@ pub(crate) fn write(db: &Path, head: &Head, durability: Durability) -> std::io::
     let temp = path.with_file_name(temp_name);
     let result = (|| {
         // `create_new` never follows a symlink planted at the temporary name.
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp)?;
+        // Private like the log itself.
+        let mut file = std::os::unix::fs::OpenOptionsExt::mode(
+            fs::OpenOptions::new().write(true).create_new(true),
+            0o600,
+        )
+        .open(&temp)?;
         file.write_all(text.as_bytes())?;
         if durability == Durability::Full {
             file.sync_all()?;

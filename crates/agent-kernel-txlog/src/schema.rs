@@ -137,6 +137,26 @@ fn check_header(path: &Path) -> Result<bool, TxError> {
     Ok(true)
 }
 
+/// Creates a missing log file readable and writable by its owner only: undo records hold
+/// files' previous bytes. SQLite gives its `-wal` and `-shm` files the same permissions.
+fn create_private(path: &Path) -> Result<(), TxError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        // An empty file another process just created, or one that was already there.
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(err) => Err(TxError::Storage(format!(
+            "cannot create {}: {err}",
+            path.display()
+        ))),
+    }
+}
+
 /// Opens (creating if absent) the log at `path`, checks it and brings its schema up to date.
 ///
 /// A migration that starts the audit chain of a log holding sagas writes a `Genesis`
@@ -148,6 +168,9 @@ pub(crate) fn open(
     now_ms: &dyn Fn() -> i64,
 ) -> Result<Connection, TxError> {
     let existed = check_header(path)?;
+    if !existed {
+        create_private(path)?;
+    }
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;

@@ -91,3 +91,24 @@ fn a_directory_is_refused() {
     let error = open(dir.path()).expect_err("refused");
     assert!(error.to_string().contains("not a regular file"), "{error}");
 }
+
+#[tokio::test]
+async fn a_new_log_is_private_to_its_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    let log = open(&path).expect("creates");
+    log.write(vec![
+        crate::new_saga("s1"),
+        crate::begin("s1", 0, None, "h"),
+    ])
+    .await
+    .expect("writes");
+    for file in ["log.db", "log.db-wal", "log.db-shm"] {
+        let mode = fs::metadata(dir.path().join(file))
+            .expect("exists")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{file} is readable by others: {mode:o}");
+    }
+}
