@@ -354,7 +354,9 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     })
     .await
     .context("the floor measurement panicked")??;
-    let floor_latency = percentiles(floor.latencies_us.clone());
+    let n_floor_commits = floor.n_commits;
+    let floor_elapsed = floor.elapsed;
+    let floor_latency = percentiles(floor.latencies_us);
 
     Ok(BenchReport {
         durability: args.durability,
@@ -369,12 +371,12 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         n_commits,
         commits_per_step: n_commits as f64 / n_steps as f64,
         floor: FloorSummary {
-            n_commits: floor.n_commits as u64,
-            elapsed_ms: floor.elapsed.as_secs_f64() * 1e3,
-            commits_per_sec: floor.n_commits as f64 / floor.elapsed.as_secs_f64(),
+            n_commits: n_floor_commits as u64,
+            elapsed_ms: floor_elapsed.as_secs_f64() * 1e3,
+            commits_per_sec: n_floor_commits as f64 / floor_elapsed.as_secs_f64(),
             p50_us: floor_latency.p50_us,
             p99_us: floor_latency.p99_us,
         },
-        overhead_ratio: elapsed.as_secs_f64() / floor.elapsed.as_secs_f64(),
+        overhead_ratio: elapsed.as_secs_f64() / floor_elapsed.as_secs_f64(),
     })
 }

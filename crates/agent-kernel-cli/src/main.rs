@@ -496,21 +496,31 @@ fn parse_saga_id(text: &str) -> Result<SagaId, Failure> {
     Ok(SagaId::new(text.trim()))
 }
 
-fn read_plan(path: &Path) -> Result<Plan, Failure> {
-    let text = std::fs::read(path)
-        .with_context(|| format!("cannot read plan {}", path.display()))
+/// Reads a UTF-8 text file of at most `max_bytes`, naming it `what` in errors; never reads
+/// more than one byte past the bound, so a huge file is refused without being loaded.
+fn read_text_file(path: &Path, what: &str, max_bytes: usize) -> Result<String, Failure> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(max_bytes as u64 + 1).read_to_end(&mut bytes))
+        .with_context(|| format!("cannot read {what} {}", path.display()))
         .map_err(Failure::bad_input)?;
-    if text.len() > agent_kernel_api::MAX_PLAN_BYTES {
+    if bytes.len() > max_bytes {
         return Err(Failure::bad_input(anyhow::anyhow!(
-            "plan {} is {} bytes, more than the maximum of {}",
-            path.display(),
-            text.len(),
-            agent_kernel_api::MAX_PLAN_BYTES
+            "{what} {} is more than the maximum of {max_bytes} bytes",
+            path.display()
         )));
     }
-    let text = String::from_utf8(text).map_err(|_| {
-        Failure::bad_input(anyhow::anyhow!("plan {} is not UTF-8 text", path.display()))
-    })?;
+    String::from_utf8(bytes).map_err(|_| {
+        Failure::bad_input(anyhow::anyhow!(
+            "{what} {} is not UTF-8 text",
+            path.display()
+        ))
+    })
+}
+
+fn read_plan(path: &Path) -> Result<Plan, Failure> {
+    let text = read_text_file(path, "plan", agent_kernel_api::MAX_PLAN_BYTES)?;
     Plan::from_json(&text)
         .with_context(|| format!("plan {}", path.display()))
         .map_err(Failure::bad_input)
@@ -518,23 +528,7 @@ fn read_plan(path: &Path) -> Result<Plan, Failure> {
 
 /// Reads and validates an FSM table file.
 fn read_fsm(path: &Path) -> Result<Guardrail, Failure> {
-    let text = std::fs::read(path)
-        .with_context(|| format!("cannot read FSM table {}", path.display()))
-        .map_err(Failure::bad_input)?;
-    if text.len() > agent_kernel_fsm::MAX_TABLE_BYTES {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "FSM table {} is {} bytes, more than the maximum of {}",
-            path.display(),
-            text.len(),
-            agent_kernel_fsm::MAX_TABLE_BYTES
-        )));
-    }
-    let text = String::from_utf8(text).map_err(|_| {
-        Failure::bad_input(anyhow::anyhow!(
-            "FSM table {} is not UTF-8 text",
-            path.display()
-        ))
-    })?;
+    let text = read_text_file(path, "FSM table", agent_kernel_fsm::MAX_TABLE_BYTES)?;
     Guardrail::from_toml_str(&text)
         .with_context(|| format!("FSM table {}", path.display()))
         .map_err(Failure::bad_input)

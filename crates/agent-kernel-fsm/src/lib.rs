@@ -30,20 +30,24 @@
 //! use agent_kernel_api::{EffectClass, SagaState};
 //! use agent_kernel_fsm::{Event, Facts, Guardrail};
 //!
+//! # fn main() -> Result<(), agent_kernel_fsm::Denial> {
 //! let fsm = Guardrail::builtin();
 //! let facts = Facts { actor_idle: true, plan_non_empty: true, ..Facts::default() };
-//! let planning = fsm.apply(SagaState::Idle, Event::StartSaga, &facts).unwrap();
-//! let acting = fsm.apply(planning, Event::PlanReady, &facts).unwrap();
+//! let planning = fsm.apply(SagaState::Idle, Event::StartSaga, &facts)?;
+//! let acting = fsm.apply(planning, Event::PlanReady, &facts)?;
 //! assert_eq!(acting, SagaState::Acting);
 //!
 //! // A mutating tool may run while acting, not while validating.
 //! assert!(fsm.may_execute(SagaState::Acting, EffectClass::Mutating).is_ok());
-//! let denial = fsm.may_execute(SagaState::Validating, EffectClass::Mutating).unwrap_err();
+//! let denial = fsm
+//!     .may_execute(SagaState::Validating, EffectClass::Mutating)
+//!     .expect_err("a mutating tool may not run while validating");
 //! assert!(denial.to_string().contains("only read-only tools"));
 //!
 //! // `Done` is reached only when the saga is complete, and it absorbs everything.
 //! assert!(!fsm.can_transition(SagaState::Validating, Event::ValidationPassed, &Facts::default()));
 //! assert!(fsm.apply(SagaState::Done, Event::ToolFailed, &facts).is_err());
+//! # Ok(()) }
 //! ```
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]

@@ -40,6 +40,26 @@ impl World {
     fn note(&self, entry: String) {
         self.journal.lock().expect("not poisoned").push(entry);
     }
+
+    /// The effect of the test tools: `item` enters the world.
+    fn add(&self, item: &str) {
+        self.items
+            .lock()
+            .expect("not poisoned")
+            .push(item.to_owned());
+        self.note(format!("add {item}"));
+    }
+
+    /// Their compensation, safe whether or not the effect happened: the last occurrence of
+    /// `item`, if any, leaves the world.
+    fn remove(&self, item: &str) {
+        let mut items = self.items.lock().expect("not poisoned");
+        if let Some(position) = items.iter().rposition(|existing| existing == item) {
+            items.remove(position);
+        }
+        drop(items);
+        self.note(format!("remove {item}"));
+    }
 }
 
 /// `ledger.add {item, sleep_ms?, hint?}`: adds `item` to the world (its output carries
@@ -87,12 +107,7 @@ impl TransactionalTool for Ledger {
     }
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         let item = item_of(args)?;
-        self.world
-            .items
-            .lock()
-            .expect("not poisoned")
-            .push(item.clone());
-        self.world.note(format!("add {item}"));
+        self.world.add(&item);
         if let Some(sleep_ms) = args.get("sleep_ms").and_then(Value::as_u64) {
             tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
         }
@@ -115,13 +130,7 @@ impl TransactionalTool for Ledger {
             self.world.note(format!("cannot remove {item}"));
             return Err(ToolError::failed(format!("{item} cannot be removed")));
         }
-        let mut items = self.world.items.lock().expect("not poisoned");
-        // Safe whether or not the effect happened: remove the last occurrence if present.
-        if let Some(position) = items.iter().rposition(|existing| *existing == item) {
-            items.remove(position);
-        }
-        drop(items);
-        self.world.note(format!("remove {item}"));
+        self.world.remove(&item);
         Ok(())
     }
 }
@@ -277,12 +286,7 @@ impl TransactionalTool for Settled {
         if args.get("hang_before").is_some() {
             std::future::pending::<()>().await;
         }
-        self.world
-            .items
-            .lock()
-            .expect("not poisoned")
-            .push(item.clone());
-        self.world.note(format!("add {item}"));
+        self.world.add(&item);
         if args.get("hang_after").is_some() {
             std::future::pending::<()>().await;
         }
@@ -313,12 +317,7 @@ impl TransactionalTool for Settled {
         _output: Option<&ToolOutput>,
     ) -> Result<(), ToolError> {
         let item = undo.data["item"].as_str().unwrap_or_default().to_owned();
-        let mut items = self.world.items.lock().expect("not poisoned");
-        if let Some(position) = items.iter().rposition(|existing| *existing == item) {
-            items.remove(position);
-        }
-        drop(items);
-        self.world.note(format!("remove {item}"));
+        self.world.remove(&item);
         Ok(())
     }
 }
