@@ -77,8 +77,8 @@ mod tool;
 
 pub use clock::{Clock, IdSource};
 pub use log::{
-    BeginStep, KeyBinding, LogWrite, NewSaga, Owner, SagaRecord, SagaSummary, StepRecord, TxError,
-    TxLog, WriteOutcome,
+    AuditEvent, BeginStep, KeyBinding, LogWrite, NewSaga, OperatorCommand, Owner, PlanDenial,
+    SagaRecord, SagaSummary, StepDenial, StepRecord, TxError, TxLog, WriteOutcome,
 };
 pub use plan::{
     MAX_IDEMPOTENCY_KEY_BYTES, MAX_LABEL_BYTES, MAX_PLAN_BYTES, MAX_PLAN_STEPS, Plan, PlanError,

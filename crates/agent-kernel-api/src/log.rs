@@ -34,6 +34,9 @@ pub struct NewSaga {
     pub n_steps: u32,
     /// The initial state.
     pub state: SagaState,
+    /// Whether the saga is a dry run: its steps are simulated
+    /// ([`LogWrite::SimulateStep`]), nothing ran and nothing is to be compensated.
+    pub dry_run: bool,
 }
 
 /// The intent of one step, written durably before its effect.
@@ -113,6 +116,18 @@ pub enum LogWrite {
         /// The output recorded there.
         output: ToolOutput,
     },
+    /// Records a simulated step of a dry-run saga (see [`NewSaga::dry_run`]): status
+    /// `COMMIT` with the simulated output, or `FAIL` with the simulation's error. Nothing
+    /// ran: no idempotency key is claimed and there is nothing to compensate. Only a dry-run
+    /// saga may hold simulated steps, and a dry-run saga holds no begun step.
+    SimulateStep {
+        /// The step, as it would have begun (its `undo` is ignored).
+        step: BeginStep,
+        /// What the simulation answered.
+        result: Result<ToolOutput, ToolError>,
+    },
+    /// Records an event in the audit chain only: no saga or step changes.
+    Audit(AuditEvent),
     /// Records the outcome of compensating a step.
     Compensation {
         /// The saga.
@@ -123,6 +138,60 @@ pub enum LogWrite {
         /// (status `COMPENSATION_FAILED`).
         result: Result<String, ToolError>,
     },
+}
+
+/// An event the audit chain records although it changes no saga.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum AuditEvent {
+    /// An operator command, recorded before it acts.
+    Operator(OperatorCommand),
+    /// A plan refused before any step began, because the sandbox or the FSM denied it.
+    PlanDenied(PlanDenial),
+}
+
+/// An operator command (`rollback`, `recover`, …) as the audit chain records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperatorCommand {
+    /// The command, e.g. `rollback`.
+    pub command: String,
+    /// The saga it acts on, when it names one.
+    pub saga_id: Option<SagaId>,
+    /// Options that change what it does (e.g. `--skip-verify`), as given.
+    pub options: Vec<String>,
+    /// The process that runs it.
+    pub by: Owner,
+    /// The operating-system user that runs it, when known.
+    pub uid: Option<u32>,
+}
+
+/// A plan refused before any step began, as the audit chain records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanDenial {
+    /// The plan's label.
+    pub name: Option<String>,
+    /// Who asked for it.
+    pub actor: Option<String>,
+    /// Whether it was asked for as a dry run.
+    pub dry_run: bool,
+    /// The process that refused it.
+    pub by: Owner,
+    /// What was denied, in plan order.
+    pub denials: Vec<StepDenial>,
+}
+
+/// One denial of a refused plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepDenial {
+    /// The step's position in the plan, when the denial is about one step (`None`: the
+    /// whole plan, e.g. the FSM refused to start the saga).
+    pub step_idx: Option<u32>,
+    /// The step's tool.
+    pub tool: Option<String>,
+    /// The step's arguments (the audit record quotes their start and hashes them whole).
+    pub args: Option<Value>,
+    /// Why it was denied.
+    pub reason: String,
 }
 
 /// What a [`LogWrite`] did.
@@ -185,6 +254,9 @@ pub struct SagaSummary {
     pub owner: Owner,
     /// How many steps the plan has.
     pub n_steps: u32,
+    /// Whether it is a dry run (see [`NewSaga::dry_run`]).
+    #[serde(default)]
+    pub dry_run: bool,
     /// When it was created, in ms since the Unix epoch.
     pub created_at_ms: i64,
     /// When it last changed, in ms since the Unix epoch.

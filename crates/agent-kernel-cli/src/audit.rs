@@ -102,23 +102,31 @@ pub(crate) async fn verify_command(
             db.display()
         )));
     }
-    let path = db.to_owned();
-    let report =
-        tokio::task::spawn_blocking(move || agent_kernel_txlog::verify(&path, key.as_ref()))
-            .await
-            .map_err(|error| Failure {
-                code: exit::ATTENTION,
-                kind: "internal",
-                error: anyhow::anyhow!("the verification stopped: {error}"),
-            })?
-            .with_context(|| format!("cannot verify the log {}", db.display()))
-            .map_err(Failure::bad_input)?;
+    let report = verify_log(db, key).await?;
     print_report(&report, json);
     Ok(if report.is_intact() {
         exit::OK
     } else {
         EXIT_TAMPERED
     })
+}
+
+/// Verifies the log at `db` on the blocking pool (it reads the whole log).
+///
+/// # Errors
+///
+/// A bad-input [`Failure`] (exit 2) when the log cannot be verified.
+pub(crate) async fn verify_log(db: &Path, key: Option<AuditKey>) -> Result<AuditReport, Failure> {
+    let path = db.to_owned();
+    tokio::task::spawn_blocking(move || agent_kernel_txlog::verify(&path, key.as_ref()))
+        .await
+        .map_err(|error| Failure {
+            code: exit::ATTENTION,
+            kind: "internal",
+            error: anyhow::anyhow!("the verification stopped: {error}"),
+        })?
+        .with_context(|| format!("cannot verify the log {}", db.display()))
+        .map_err(Failure::bad_input)
 }
 
 fn print_report(report: &AuditReport, json: bool) {

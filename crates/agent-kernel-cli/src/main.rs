@@ -94,17 +94,24 @@ enum Command {
         /// `full` survives power loss; `normal` survives process crashes only
         #[arg(long, default_value = "full", value_parser = parse_durability)]
         durability: Durability,
-        /// Check and simulate the plan: nothing is executed and nothing is logged
+        /// Check and simulate the plan: nothing is executed; the log records it as a dry run
         #[arg(long)]
         dry_run: bool,
     },
     /// Roll back every saga left unfinished by a process that is no longer running
-    Recover,
+    Recover {
+        /// Act even if `audit verify` finds the log tampered with (recorded in the audit chain)
+        #[arg(long)]
+        skip_verify: bool,
+    },
     /// Compensate a saga's committed steps in reverse order
     Rollback {
         /// The saga id
         #[arg(long, value_name = "ID")]
         saga: String,
+        /// Act even if `audit verify` finds the log tampered with (recorded in the audit chain)
+        #[arg(long)]
+        skip_verify: bool,
     },
     /// Show one saga with its steps, or list recent sagas
     Log {
@@ -382,13 +389,15 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 _ => exit::ATTENTION,
             })
         }
-        Command::Recover => {
+        Command::Recover { skip_verify } => {
             if !db_path(cli).exists() {
                 // Nothing was ever logged here, so nothing can need recovery.
                 out.recovery(&agent_kernel_core::RecoveryReport::default());
                 return Ok(exit::OK);
             }
-            let kernel = open_kernel(cli, Durability::Full, Compensation::Only)?;
+            let options = verify_before_acting(cli, *skip_verify).await?;
+            let kernel = open_kernel(cli, Durability::Full, Compensation::Only)?
+                .with_operator_options(options);
             let report = kernel.recover(&progress::StepProgress::hidden()).await?;
             out.recovery(&report);
             Ok(if report.all_rolled_back() {
@@ -397,15 +406,19 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 exit::ATTENTION
             })
         }
-        Command::Rollback { saga } => {
+        Command::Rollback { saga, skip_verify } => {
             let saga_id = parse_saga_id(saga)?;
             require_log(cli)?;
-            let kernel = open_kernel(cli, Durability::Full, Compensation::Only)?;
+            let options = verify_before_acting(cli, *skip_verify).await?;
+            let kernel = open_kernel(cli, Durability::Full, Compensation::Only)?
+                .with_operator_options(options);
             let report = kernel
                 .rollback(&saga_id, &progress::StepProgress::hidden())
                 .await?;
             out.saga(&report);
             Ok(match report.state {
+                // A dry run has nothing to undo.
+                _ if report.dry_run => exit::OK,
                 SagaState::FailedRolledBack => exit::OK,
                 _ => exit::ATTENTION,
             })
@@ -637,6 +650,36 @@ fn load_limits(policy: &Policy) -> Result<Limits, Failure> {
         ))
     })?;
     Ok(limits)
+}
+
+/// `recover` and `rollback` act on undo records (previous file contents, paths): before
+/// they do, the audit chain must vouch for the log, unless the operator passed
+/// `--skip-verify`. Returns the options to record with the command in the audit chain.
+///
+/// The check runs before the log is opened for writing, since opening recreates a missing
+/// head file.
+async fn verify_before_acting(cli: &Cli, skip: bool) -> Result<Vec<String>, Failure> {
+    if skip {
+        tracing::warn!("--skip-verify: acting on the log without checking its audit chain");
+        return Ok(vec!["--skip-verify".to_owned()]);
+    }
+    let key = audit::audit_key_from_env_or_file(cli.audit_key_file.as_deref())
+        .map_err(Failure::bad_input)?;
+    let path = db_path(cli);
+    let report = audit::verify_log(&path, key).await?;
+    match &report.first_bad {
+        None => Ok(Vec::new()),
+        Some(bad) => Err(Failure {
+            code: exit::ATTENTION,
+            kind: "tampered",
+            error: anyhow::anyhow!(
+                "the log {} failed its audit check at record {}: {}; nothing was undone, since its undo records cannot be trusted. See `agent-kernel audit verify`; to act anyway, pass --skip-verify",
+                path.display(),
+                bad.seq,
+                bad.reason
+            ),
+        }),
+    }
 }
 
 /// Refuses to go on when the log file does not exist: reading must not create one.

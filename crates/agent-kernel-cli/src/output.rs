@@ -144,8 +144,8 @@ impl Output {
         println!("{steps}");
         if report.dry_run {
             println!(
-                "dry run: nothing was executed or logged; a run would end {}",
-                report.state
+                "saga {} is a dry run (recorded as one): nothing was executed; a run would end {}",
+                report.saga_id, report.state
             );
             if let Some(failure) = &report.failure {
                 println!(
@@ -194,6 +194,7 @@ impl Output {
                 "name": saga.name,
                 "actor": saga.actor,
                 "n_steps": saga.n_steps,
+                "dry_run": saga.dry_run,
                 "owner": saga.owner,
                 "created_at_ms": saga.created_at_ms,
                 "updated_at_ms": saga.updated_at_ms,
@@ -203,6 +204,9 @@ impl Output {
         }
         println!("saga    {}", saga.saga_id);
         println!("state   {}", saga.state);
+        if saga.dry_run {
+            println!("mode    dry run: every step was simulated, nothing ran");
+        }
         if let Some(name) = &saga.name {
             println!("name    {name}");
         }
@@ -256,6 +260,7 @@ impl Output {
                         "name": saga.name,
                         "actor": saga.actor,
                         "n_steps": saga.n_steps,
+                        "dry_run": saga.dry_run,
                         "created_at_ms": saga.created_at_ms,
                         "updated_at_ms": saga.updated_at_ms,
                     })
@@ -270,9 +275,14 @@ impl Output {
         }
         let mut list = table(&["saga", "state", "steps", "name", "created"]);
         for saga in sagas {
+            let state = if saga.dry_run {
+                format!("{} (dry run)", saga.state)
+            } else {
+                saga.state.to_string()
+            };
             list.add_row(vec![
                 saga.saga_id.to_string(),
-                saga.state.to_string(),
+                state,
                 saga.n_steps.to_string(),
                 saga.name.clone().unwrap_or_default(),
                 format_ms(saga.created_at_ms),

@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use agent_kernel_api::Durability;
 use agent_kernel_api::{
-    BeginStep, Clock, DynTool, EffectClass, IdSource, LogWrite, NewSaga, Owner, Plan, ProbeOutcome,
-    SagaId, SagaRecord, SagaState, Settlement, StepRecord, StepStatus, ToolContext, ToolError,
-    TxLog, Undo, WriteOutcome,
+    AuditEvent, BeginStep, Clock, DynTool, EffectClass, IdSource, LogWrite, NewSaga,
+    OperatorCommand, Owner, Plan, PlanDenial, ProbeOutcome, SagaId, SagaRecord, SagaState,
+    Settlement, StepDenial, StepRecord, StepStatus, ToolContext, ToolError, TxLog, Undo,
+    WriteOutcome,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -47,6 +48,10 @@ pub struct Kernel {
     fsm: Arc<Guardrail>,
     env: Environment,
     durability: Durability,
+    /// The user recorded with operator commands.
+    uid: Option<u32>,
+    /// Options recorded with operator commands.
+    operator_options: Vec<String>,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -129,7 +134,35 @@ impl Kernel {
             fsm,
             env,
             durability,
+            uid: crate::owner::current_uid(),
+            operator_options: Vec::new(),
         }
+    }
+
+    /// The options that changed how the operator command at hand was carried out (for
+    /// example `--skip-verify`); [`Kernel::rollback`] and [`Kernel::recover`] record them
+    /// in the audit chain with the command.
+    #[must_use]
+    pub fn with_operator_options(mut self, options: Vec<String>) -> Self {
+        self.operator_options = options;
+        self
+    }
+
+    /// Records an operator command in the audit chain, before it acts.
+    async fn record_operator_command(
+        &self,
+        command: &str,
+        saga_id: Option<&SagaId>,
+    ) -> Result<(), KernelError> {
+        let event = AuditEvent::Operator(OperatorCommand {
+            command: command.to_owned(),
+            saga_id: saga_id.cloned(),
+            options: self.operator_options.clone(),
+            by: self.env.owner.clone(),
+            uid: self.uid,
+        });
+        self.log.write(vec![LogWrite::Audit(event)]).await?;
+        Ok(())
     }
 
     /// The log.
@@ -254,16 +287,7 @@ impl Kernel {
         observer: &dyn Observer,
         cancel: &Cancellation,
     ) -> Result<SagaReport, KernelError> {
-        self.preflight(plan).await?;
-        let n_steps = u32::try_from(plan.steps.len()).map_err(|_| {
-            KernelError::Preflight(vec![Problem {
-                step_idx: 0,
-                tool: String::new(),
-                kind: ProblemKind::InvalidArgs,
-                message: "too many steps".into(),
-            }])
-        })?;
-        let state = self.start_state(plan).await?;
+        let (state, n_steps) = self.admit_plan(plan, false).await?;
         let saga_id = self.env.ids.new_saga_id();
         let span = info_span!("saga", saga_id = %saga_id, n_steps, state = field::Empty);
         let report = self
@@ -305,6 +329,7 @@ impl Kernel {
                 owner: self.env.owner.clone(),
                 n_steps,
                 state,
+                dry_run: false,
             })],
             // What a `Done` saga's report says, kept as the records are queued, so that
             // success costs no read of the log.
@@ -510,10 +535,16 @@ impl Kernel {
         }
     }
 
-    /// Checks and simulates `plan` without touching anything: the preflight of
+    /// Checks and simulates `plan` without touching anything but the log: the preflight of
     /// [`Kernel::run`], the FSM's ruling on every step, idempotency keys, and each tool's
     /// [`simulate`](agent_kernel_api::TransactionalTool::simulate) output in place of its
-    /// effect. Nothing is written to the log and no tool's `prepare` or `execute` runs.
+    /// effect. No tool's `prepare` or `execute` runs.
+    ///
+    /// The dry run is recorded as a saga marked as a dry run
+    /// ([`NewSaga::dry_run`](agent_kernel_api::NewSaga::dry_run)), written whole in one
+    /// batch once the simulation ends: its steps are simulated (`COMMIT` with the simulated
+    /// output, or `FAIL`), it claims no idempotency key and holds the actor for no time, and
+    /// it is never found unfinished, so recovery never acts on it.
     ///
     /// The report says what a run would do: `Done` with every step `COMMIT` (outputs
     /// simulated, or reused by key), or `FailedRolledBack` with the step the FSM would deny
@@ -525,18 +556,28 @@ impl Kernel {
     /// As [`Kernel::run`]'s refusals: [`KernelError::Preflight`], [`KernelError::Denied`],
     /// [`KernelError::Log`].
     pub async fn dry_run(&self, plan: &Plan) -> Result<SagaReport, KernelError> {
-        self.preflight(plan).await?;
-        let state = self.start_state(plan).await?;
+        let (state, n_steps) = self.admit_plan(plan, true).await?;
         let saga_id = self.env.ids.new_saga_id();
         let mut saga = SagaInFlight {
             saga_id: saga_id.clone(),
             state,
             persisted: state,
-            pending: Vec::new(),
+            pending: vec![LogWrite::CreateSaga(NewSaga {
+                saga_id: saga_id.clone(),
+                name: plan.name.clone(),
+                actor: plan.actor.clone(),
+                owner: self.env.owner.clone(),
+                n_steps,
+                state,
+                dry_run: true,
+            })],
             committed: Vec::with_capacity(plan.steps.len()),
         };
+        // Every record of the dry run, written in one batch at the end.
+        let mut records = Vec::with_capacity(2 * plan.steps.len() + 2);
         let mut failure = None;
         for (step_seq, step) in (0_u32..).zip(&plan.steps) {
+            records.extend(saga.take_batch());
             let tool = self
                 .tools
                 .get(&step.tool)
@@ -547,37 +588,70 @@ impl Kernel {
                 tool: step.tool.clone(),
                 error,
             };
+            let simulated_step = BeginStep {
+                saga_id: saga_id.clone(),
+                step_seq,
+                tool_id: step.tool.clone(),
+                tool_version: tool.version().to_owned(),
+                effect: tool.effect(),
+                args: step.args.clone(),
+                args_hash: args_hash(&step.tool, &step.args),
+                idempotency_key: step.idempotency_key.clone(),
+                undo: Undo::none(),
+            };
             if let Err(denial) = self.admit_step(saga.state, plan, step_seq, tool.effect()) {
-                failure = Some(fail(ToolError::denied(
-                    denial.with_tool(step.tool.as_str()).to_string(),
-                )));
+                let error = ToolError::denied(denial.with_tool(step.tool.as_str()).to_string());
+                saga.pending.push(LogWrite::RefuseStep {
+                    step: simulated_step,
+                    error: error.clone(),
+                });
+                failure = Some(fail(error));
                 break;
             }
             let reused = match &step.idempotency_key {
-                Some(key) => self.log.key_binding(key).await?.is_some_and(|binding| {
-                    binding.status == StepStatus::Commit && binding.saga_state == SagaState::Done
+                Some(key) => self.log.key_binding(key).await?.filter(|binding| {
+                    binding.args_hash == simulated_step.args_hash
+                        && binding.status == StepStatus::Commit
+                        && binding.saga_state == SagaState::Done
                 }),
-                None => false,
+                None => None,
             };
-            let ctx = self.context(
-                &saga_id,
-                step_seq,
-                &step.tool,
-                step.idempotency_key.as_deref(),
-                plan.actor.as_deref(),
-            );
-            let hint = if reused {
+            let hint = if let Some(binding) = reused
+                && let Some(output) = binding.output
+            {
+                saga.pending.push(LogWrite::ReuseStep {
+                    step: simulated_step,
+                    from_saga_id: binding.saga_id,
+                    from_step_seq: binding.step_seq,
+                    output,
+                });
+                saga.committed(step_seq, &step.tool, true);
                 None
             } else {
-                match tool.simulate(&ctx, &step.args).await {
-                    Ok(output) => output.next_hint,
-                    Err(error) => {
-                        failure = Some(fail(error));
-                        break;
-                    }
+                let ctx = self.context(
+                    &saga_id,
+                    step_seq,
+                    &step.tool,
+                    step.idempotency_key.as_deref(),
+                    plan.actor.as_deref(),
+                );
+                let simulated = tool.simulate(&ctx, &step.args).await;
+                let hint = simulated
+                    .as_ref()
+                    .ok()
+                    .and_then(|output| output.next_hint.clone());
+                let error = simulated.as_ref().err().cloned();
+                saga.pending.push(LogWrite::SimulateStep {
+                    step: simulated_step,
+                    result: simulated,
+                });
+                if let Some(error) = error {
+                    failure = Some(fail(error));
+                    break;
                 }
+                saga.committed(step_seq, &step.tool, false);
+                hint
             };
-            saga.committed(step_seq, &step.tool, reused);
             if let Err(denial) = self.advance(&mut saga, plan, step_seq, hint.as_deref()) {
                 failure = Some(fail(ToolError::denied(
                     denial.with_tool(step.tool.as_str()).to_string(),
@@ -585,18 +659,84 @@ impl Kernel {
                 break;
             }
         }
-        let state = if failure.is_some() {
-            SagaState::FailedRolledBack
-        } else {
-            SagaState::Done
-        };
+        if failure.is_some() {
+            // As a run would end: through Compensating, with nothing to compensate.
+            saga.state = self.enter_compensating(&saga_id, saga.state);
+            records.extend(saga.take_batch());
+            saga.state = SagaState::FailedRolledBack;
+        }
+        records.extend(saga.take_batch());
+        self.log.write(records).await?;
+        info!(saga_id = %saga_id, state = %saga.state, "dry run recorded");
         Ok(SagaReport {
             saga_id,
-            state,
+            state: saga.state,
             steps: saga.committed,
             failure,
             dry_run: true,
         })
+    }
+
+    /// The checks before a saga starts: [`Kernel::preflight`] and the FSM's start
+    /// (`Idle --StartSaga--> Planning --PlanReady--> Acting`). Returns the state the saga
+    /// starts in and its number of steps.
+    ///
+    /// A refusal that is a denial (by the sandbox or the FSM) is recorded in the audit chain
+    /// ([`AuditEvent::PlanDenied`]) with each denied step's tool, arguments and reason.
+    async fn admit_plan(
+        &self,
+        plan: &Plan,
+        dry_run: bool,
+    ) -> Result<(SagaState, u32), KernelError> {
+        let checked = match self.preflight(plan).await {
+            Ok(()) => self.start_state(plan).await,
+            Err(error) => Err(error),
+        };
+        let denials: Vec<StepDenial> = match &checked {
+            Err(KernelError::Preflight(problems)) => problems
+                .iter()
+                .filter(|problem| problem.kind == ProblemKind::Denied)
+                .map(|problem| StepDenial {
+                    step_idx: u32::try_from(problem.step_idx).ok(),
+                    tool: Some(problem.tool.clone()),
+                    args: plan
+                        .steps
+                        .get(problem.step_idx)
+                        .map(|step| step.args.clone()),
+                    reason: problem.message.clone(),
+                })
+                .collect(),
+            Err(KernelError::Denied { denial, .. }) => vec![StepDenial {
+                step_idx: None,
+                tool: None,
+                args: None,
+                reason: denial.to_string(),
+            }],
+            _ => Vec::new(),
+        };
+        if !denials.is_empty() {
+            let event = AuditEvent::PlanDenied(PlanDenial {
+                name: plan.name.clone(),
+                actor: plan.actor.clone(),
+                dry_run,
+                by: self.env.owner.clone(),
+                denials,
+            });
+            // The denial stands whether or not it could be recorded.
+            if let Err(error) = self.log.write(vec![LogWrite::Audit(event)]).await {
+                warn!(%error, "the denied plan could not be recorded in the audit chain");
+            }
+        }
+        let state = checked?;
+        let n_steps = u32::try_from(plan.steps.len()).map_err(|_| {
+            KernelError::Preflight(vec![Problem {
+                step_idx: 0,
+                tool: String::new(),
+                kind: ProblemKind::InvalidArgs,
+                message: "too many steps".into(),
+            }])
+        })?;
+        Ok((state, n_steps))
     }
 
     /// `Idle --StartSaga--> Planning --PlanReady--> Acting`, with the facts of the plan.
@@ -744,8 +884,12 @@ impl Kernel {
         info!(saga_id = %saga_id, "compensating");
         let actor = record.saga.actor.as_deref();
         let mut any_failed = false;
+        // A dry run's steps were simulated: nothing ran, so nothing is undone. (The kernel
+        // writes a dry run whole in one batch, so it is never found unfinished; this guards
+        // a log written otherwise.)
+        let simulated = record.saga.dry_run;
         for step in record.steps.iter().rev() {
-            if !Self::needs_compensation(step) {
+            if simulated || !Self::needs_compensation(step) {
                 continue;
             }
             let span = info_span!("compensate", step = step.step_seq, tool = %step.tool_id, outcome = field::Empty);
@@ -923,6 +1067,10 @@ impl Kernel {
     /// - A `Done` or `FailedRollbackPartial` saga is refused by the FSM
     ///   ([`KernelError::Denied`]): terminal states absorb every event, so a finished saga is
     ///   never reopened.
+    /// - A dry run has nothing to undo: it is reported as it is (its report has `dry_run`).
+    ///
+    /// The request is recorded in the audit chain ([`AuditEvent::Operator`]) before anything
+    /// else, whatever comes of it.
     ///
     /// # Errors
     ///
@@ -933,7 +1081,13 @@ impl Kernel {
         saga_id: &SagaId,
         observer: &dyn Observer,
     ) -> Result<SagaReport, KernelError> {
+        self.record_operator_command("rollback", Some(saga_id))
+            .await?;
         let record = self.load(saga_id).await?;
+        if record.saga.dry_run && record.saga.state.is_terminal() {
+            // Nothing ran, so the world is already as it was before the saga.
+            return Ok(SagaReport::from_record(&record, None));
+        }
         match record.saga.state {
             SagaState::FailedRolledBack => return Ok(SagaReport::from_record(&record, None)),
             state if state.is_terminal() => {
@@ -968,6 +1122,8 @@ impl Kernel {
 
     /// Rolls back every saga left unfinished by a process that is no longer running.
     ///
+    /// The command is recorded in the audit chain ([`AuditEvent::Operator`]) before it acts.
+    ///
     /// Sagas in a terminal state are never touched; sagas whose owner is alive (or cannot
     /// be checked from this host) are skipped and reported. Each saga is taken over with a
     /// compare-and-swap on its owner, so concurrent recoveries never compensate one saga
@@ -977,6 +1133,7 @@ impl Kernel {
     ///
     /// [`KernelError::Log`] when the log fails.
     pub async fn recover(&self, observer: &dyn Observer) -> Result<RecoveryReport, KernelError> {
+        self.record_operator_command("recover", None).await?;
         let mut report = RecoveryReport::default();
         for saga in self.log.unfinished_sagas().await? {
             // One saga that cannot be recovered must not stop the recovery of the others.

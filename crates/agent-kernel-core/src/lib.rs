@@ -85,7 +85,7 @@ pub use cancel::Cancellation;
 pub use env::{SystemClock, UuidV7Ids};
 pub use error::{KernelError, Problem, ProblemKind};
 pub use kernel::{Environment, Kernel, VALIDATE_HINT, args_hash};
-pub use owner::{Liveness, LivenessProbe, ProcessProbe, current_owner};
+pub use owner::{Liveness, LivenessProbe, ProcessProbe, current_owner, current_uid};
 pub use report::{
     Failure, NoObserver, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport,
     StepReport,

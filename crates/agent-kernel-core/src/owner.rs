@@ -115,9 +115,35 @@ pub fn current_owner() -> io::Result<Owner> {
     })
 }
 
+/// The real user id of the current process (from `/proc/self/status`), recorded with
+/// operator commands; `None` when it cannot be read.
+pub fn current_uid() -> Option<u32> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    parse_uid(&status)
+}
+
+/// The real uid on the `Uid:` line of a `/proc/<pid>/status` text.
+fn parse_uid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uid_is_the_real_uid_of_the_status_text() {
+        let status = "Name:\tagent-kernel\nUmask:\t0022\nUid:\t1000\t0\t0\t0\nGid:\t100\n";
+        assert_eq!(parse_uid(status), Some(1000));
+        assert_eq!(parse_uid("Name:\tx\n"), None);
+        assert_eq!(current_uid().is_some(), cfg!(target_os = "linux"));
+    }
 
     #[test]
     fn stat_with_spaces_and_parens_in_name() {

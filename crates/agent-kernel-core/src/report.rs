@@ -46,7 +46,8 @@ pub struct SagaReport {
     /// The failure that started a rollback, if one did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,
-    /// Whether this is the report of a dry run: nothing ran and nothing was logged.
+    /// Whether this is the report of a dry run: nothing ran; the log holds the saga marked
+    /// as a dry run, with its steps simulated.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub dry_run: bool,
 }
@@ -70,7 +71,7 @@ impl SagaReport {
                 })
                 .collect(),
             failure,
-            dry_run: false,
+            dry_run: record.saga.dry_run,
         }
     }
 

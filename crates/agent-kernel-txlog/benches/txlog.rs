@@ -75,6 +75,7 @@ fn step_records(c: &mut Criterion) {
                     },
                     n_steps: u32::MAX,
                     state: SagaState::Acting,
+                    dry_run: false,
                 }),
                 begin(&saga_id, 0),
             ]))

@@ -47,7 +47,7 @@ pub(crate) const ZERO_HASH: &str =
     "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// Every record kind the chain may hold.
-pub(crate) const KINDS: [&str; 10] = [
+pub(crate) const KINDS: [&str; 13] = [
     KIND_GENESIS,
     "CreateSaga",
     "SetState",
@@ -56,9 +56,23 @@ pub(crate) const KINDS: [&str; 10] = [
     "FailStep",
     "RefuseStep",
     "ReuseStep",
+    "SimulateStep",
     "Compensation",
     KIND_TAKE_OVER,
+    KIND_OPERATOR,
+    KIND_PLAN_DENIED,
 ];
+
+/// An operator command ([`AuditEvent::Operator`](agent_kernel_api::AuditEvent::Operator)):
+/// changes no table; its saga id, when present, names the saga it acts on.
+pub(crate) const KIND_OPERATOR: &str = "Operator";
+
+/// A refused plan ([`AuditEvent::PlanDenied`](agent_kernel_api::AuditEvent::PlanDenied)):
+/// changes no table and has no saga id.
+pub(crate) const KIND_PLAN_DENIED: &str = "PlanDenied";
+
+/// The most denials a `PlanDenied` record lists; `n_denials` counts them all.
+pub(crate) const DENIALS_LISTED_MAX: usize = 64;
 
 /// The record that starts a chain in a log that already held sagas (a version 1 log).
 pub(crate) const KIND_GENESIS: &str = "Genesis";
@@ -307,6 +321,15 @@ impl CanonicalObject {
         self
     }
 
+    /// `"key":true` when `value` holds; nothing otherwise (the key's absence means false).
+    pub(crate) fn flag(mut self, key: &'static str, value: bool) -> CanonicalObject {
+        if value {
+            self.key(key);
+            self.text.push_str("true");
+        }
+        self
+    }
+
     pub(crate) fn object(mut self, key: &'static str, value: CanonicalObject) -> CanonicalObject {
         self.key(key);
         self.text.push_str(&value.finish());
@@ -440,12 +463,14 @@ impl RecordView<'_> {
         if !KINDS.contains(&self.kind) {
             return Err(format!("its kind `{}` is unknown", quote(self.kind, 64)));
         }
+        let saga_id_optional = self.kind == KIND_OPERATOR;
+        let saga_id_absent = self.kind == KIND_GENESIS || self.kind == KIND_PLAN_DENIED;
         match self.saga_id {
-            None if self.kind != KIND_GENESIS => {
+            None if !saga_id_optional && !saga_id_absent => {
                 return Err(format!("a {} record needs a saga id", self.kind));
             }
-            Some(_) if self.kind == KIND_GENESIS => {
-                return Err("a Genesis record has no saga id".to_owned());
+            Some(_) if saga_id_absent => {
+                return Err(format!("a {} record has no saga id", self.kind));
             }
             // A newline would make the hashed text ambiguous.
             Some(saga_id) if saga_id.is_empty() || saga_id.contains('\n') => {

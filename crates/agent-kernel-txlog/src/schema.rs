@@ -14,7 +14,7 @@ use crate::audit::{self, AuditKey};
 pub(crate) const APPLICATION_ID: i64 = 0x414B_4C47;
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub(crate) const SCHEMA_VERSION: i64 = 2;
+pub(crate) const SCHEMA_VERSION: i64 = 3;
 
 /// The first schema version with the audit chain.
 pub(crate) const AUDIT_SCHEMA_VERSION: i64 = 2;
@@ -97,6 +97,11 @@ CREATE TABLE audit_log (
     hash               TEXT NOT NULL,
     mac                TEXT
 ) STRICT;
+",
+    // Version 3: dry runs are recorded, marked as such (their steps are simulated).
+    r"
+ALTER TABLE sagas ADD COLUMN dry_run INTEGER NOT NULL DEFAULT 0
+    CHECK (dry_run = 0 OR dry_run = 1);
 ",
 ];
 
@@ -316,6 +321,7 @@ fn check_tables(conn: &Connection, path: &Path) -> Result<(), TxError> {
                 "owner_pid",
                 "owner_start_ticks",
                 "n_steps",
+                "dry_run",
             ],
         ),
         (

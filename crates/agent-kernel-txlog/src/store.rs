@@ -1,15 +1,17 @@
 //! The SQL behind each log operation. Runs only on the writer thread.
 
 use agent_kernel_api::{
-    BeginStep, EffectClass, KeyBinding, LogWrite, NewSaga, Owner, SagaId, SagaRecord, SagaState,
-    SagaSummary, StepRecord, StepStatus, ToolError, ToolOutput, TxError, Undo, WriteOutcome,
+    AuditEvent, BeginStep, EffectClass, KeyBinding, LogWrite, NewSaga, Owner, SagaId, SagaRecord,
+    SagaState, SagaSummary, StepRecord, StepStatus, ToolError, ToolOutput, TxError, Undo,
+    WriteOutcome,
 };
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::audit::{
-    ARGS_SUMMARY_BYTES_MAX, Appender, AuditSettings, CanonicalObject, KIND_TAKE_OVER,
-    QUOTE_BYTES_MAX, error_summary, quote, sha256_hex,
+    ARGS_SUMMARY_BYTES_MAX, Appender, AuditSettings, CanonicalObject, DENIALS_LISTED_MAX,
+    KIND_OPERATOR, KIND_PLAN_DENIED, KIND_TAKE_OVER, QUOTE_BYTES_MAX, canonical_json,
+    error_summary, quote, sha256_hex,
 };
 
 fn storage(err: rusqlite::Error) -> TxError {
@@ -50,14 +52,10 @@ pub(crate) fn write_batch(
     let mut ends_a_saga = false;
     for write in batch {
         let applied = apply(&tx, write, now_ms)?;
-        chain.append(
-            &tx,
-            now_ms,
-            applied.kind,
-            Some(applied.saga_id),
-            &applied.body,
-        )?;
-        ends_a_saga |= matches!(write, LogWrite::SetState { state, .. } if state.is_terminal());
+        chain.append(&tx, now_ms, applied.kind, applied.saga_id, &applied.body)?;
+        // Audit events are rare and each one should be covered by the head file at once.
+        ends_a_saga |= matches!(write, LogWrite::SetState { state, .. } if state.is_terminal())
+            || matches!(write, LogWrite::Audit(_));
         outcomes.push(applied.outcome);
     }
     tx.commit().map_err(storage)?;
@@ -73,7 +71,7 @@ pub(crate) fn write_batch(
 struct Applied<'w> {
     outcome: WriteOutcome,
     kind: &'static str,
-    saga_id: &'w SagaId,
+    saga_id: Option<&'w SagaId>,
     /// Canonical JSON.
     body: String,
 }
@@ -83,7 +81,7 @@ impl<'w> Applied<'w> {
         Applied {
             outcome: WriteOutcome::Written,
             kind,
-            saga_id,
+            saga_id: Some(saga_id),
             body,
         }
     }
@@ -95,6 +93,7 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
             create_saga(conn, saga, now_ms)?;
             let body = CanonicalObject::new()
                 .opt_str("actor", saga.actor.as_deref())
+                .flag("dry_run", saga.dry_run)
                 .int("n_steps", saga.n_steps)
                 .opt_str("name", saga.name.as_deref())
                 .object("owner", owner_body(&saga.owner))
@@ -122,7 +121,7 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
             Ok(Applied {
                 outcome,
                 kind: "BeginStep",
-                saga_id: &step.saga_id,
+                saga_id: Some(&step.saga_id),
                 body,
             })
         }
@@ -211,6 +210,39 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
             )?;
             Ok(Applied::written("ReuseStep", &step.saga_id, body))
         }
+        LogWrite::SimulateStep { step, result } => {
+            if !is_dry_run(conn, &step.saga_id)? {
+                return Err(corrupt(format!(
+                    "saga {} is not a dry run: it cannot hold simulated steps",
+                    step.saga_id
+                )));
+            }
+            let (status, output, error) = match result {
+                Ok(output) => (StepStatus::Commit, Some(output), None),
+                Err(error) => (StepStatus::Fail, None, Some(error)),
+            };
+            let body = insert_step(
+                conn,
+                step,
+                &Undo::none(),
+                status,
+                output,
+                error,
+                None,
+                now_ms,
+                ArgsSummary::Omitted,
+            )?;
+            Ok(Applied::written("SimulateStep", &step.saga_id, body))
+        }
+        LogWrite::Audit(event) => {
+            let (kind, saga_id, body) = audit_event_body(event)?;
+            Ok(Applied {
+                outcome: WriteOutcome::Written,
+                kind,
+                saga_id,
+                body,
+            })
+        }
         LogWrite::Compensation {
             saga_id,
             step_seq,
@@ -251,6 +283,84 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
     }
 }
 
+/// Whether the saga is a dry run; an error if the log has no such saga.
+fn is_dry_run(conn: &Connection, saga_id: &SagaId) -> Result<bool, TxError> {
+    conn.prepare_cached("SELECT dry_run FROM sagas WHERE saga_id = ?1")
+        .and_then(|mut s| {
+            s.query_row(params![saga_id.as_str()], |row| row.get::<_, i64>(0))
+                .optional()
+        })
+        .map_err(storage)?
+        .map(|flag| flag != 0)
+        .ok_or_else(|| TxError::NotFound(format!("no saga {saga_id}")))
+}
+
+/// The audit record of an event that changes no table: its kind, saga id and body.
+fn audit_event_body(
+    event: &AuditEvent,
+) -> Result<(&'static str, Option<&SagaId>, String), TxError> {
+    match event {
+        AuditEvent::Operator(command) => {
+            let options: Vec<Value> = command
+                .options
+                .iter()
+                .map(|option| Value::String(quote(option, QUOTE_BYTES_MAX)))
+                .collect();
+            let body = json!({
+                "by": owner_json(&command.by),
+                "command": quote(&command.command, QUOTE_BYTES_MAX),
+                "options": options,
+                "saga_id": command.saga_id.as_ref().map(SagaId::as_str),
+                "uid": command.uid,
+            });
+            Ok((
+                KIND_OPERATOR,
+                command.saga_id.as_ref(),
+                canonical_json(&body),
+            ))
+        }
+        AuditEvent::PlanDenied(plan) => {
+            let denials: Vec<Value> = plan
+                .denials
+                .iter()
+                .take(DENIALS_LISTED_MAX)
+                .map(|denial| {
+                    let args_text = denial.args.as_ref().map(Value::to_string);
+                    json!({
+                        "args_sha256": args_text.as_deref().map(|text| sha256_hex(text.as_bytes())),
+                        "args_summary": args_text
+                            .as_deref()
+                            .map(|text| quote(text, ARGS_SUMMARY_BYTES_MAX)),
+                        "reason": quote(&denial.reason, QUOTE_BYTES_MAX),
+                        "step_idx": denial.step_idx,
+                        "tool": denial.tool.as_deref().map(|tool| quote(tool, QUOTE_BYTES_MAX)),
+                    })
+                })
+                .collect();
+            let body = json!({
+                "actor": plan.actor,
+                "by": owner_json(&plan.by),
+                "denials": denials,
+                "dry_run": plan.dry_run,
+                "n_denials": plan.denials.len(),
+                "name": plan.name,
+            });
+            Ok((KIND_PLAN_DENIED, None, canonical_json(&body)))
+        }
+        other => Err(corrupt(format!("unsupported audit event {other:?}"))),
+    }
+}
+
+/// An owner as audit bodies built from a [`Value`] show it (as [`owner_body`] does).
+fn owner_json(owner: &Owner) -> Value {
+    json!({
+        "boot_id": owner.boot_id,
+        "host": owner.host,
+        "pid": owner.pid,
+        "start_ticks": owner.start_ticks,
+    })
+}
+
 /// An owner as audit bodies show it.
 fn owner_body(owner: &Owner) -> CanonicalObject {
     CanonicalObject::new()
@@ -282,8 +392,8 @@ fn create_saga(conn: &Connection, saga: &NewSaga, now_ms: i64) -> Result<(), TxE
     }
     conn.prepare_cached(
         "INSERT INTO sagas (saga_id, name, actor, state, owner_host, owner_boot_id, owner_pid,
-             owner_start_ticks, n_steps, created_at_ms, updated_at_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+             owner_start_ticks, n_steps, created_at_ms, updated_at_ms, dry_run)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
     )
     .and_then(|mut s| {
         s.execute(params![
@@ -296,7 +406,8 @@ fn create_saga(conn: &Connection, saga: &NewSaga, now_ms: i64) -> Result<(), TxE
             saga.owner.pid,
             saga.owner.start_ticks as i64,
             saga.n_steps,
-            now_ms
+            now_ms,
+            i64::from(saga.dry_run)
         ])
     })
     .map_err(storage)?;
@@ -312,6 +423,12 @@ fn begin_step(
 ) -> Result<(WriteOutcome, String), TxError> {
     if step.step_seq as i64 > i64::from(u32::MAX) {
         return Err(corrupt("step_seq out of range"));
+    }
+    if is_dry_run(conn, &step.saga_id)? {
+        return Err(corrupt(format!(
+            "saga {} is a dry run: none of its steps may begin",
+            step.saga_id
+        )));
     }
     let rejection = match &step.idempotency_key {
         None => None,
@@ -516,7 +633,7 @@ pub(crate) fn key_binding(conn: &Connection, key: &str) -> Result<Option<KeyBind
 }
 
 const SAGA_COLUMNS: &str = "saga_id, name, actor, state, owner_host, owner_boot_id, owner_pid,
-    owner_start_ticks, n_steps, created_at_ms, updated_at_ms";
+    owner_start_ticks, n_steps, created_at_ms, updated_at_ms, dry_run";
 
 fn saga_from_row(row: &Row<'_>) -> rusqlite::Result<Result<SagaSummary, TxError>> {
     let state: String = row.get(3)?;
@@ -541,6 +658,7 @@ fn saga_from_row(row: &Row<'_>) -> rusqlite::Result<Result<SagaSummary, TxError>
             start_ticks: start_ticks as u64,
         },
         n_steps: row.get(8)?,
+        dry_run: row.get::<_, i64>(11)? != 0,
         created_at_ms: row.get(9)?,
         updated_at_ms: row.get(10)?,
     }))

@@ -10,7 +10,10 @@ use rusqlite::{Connection, Row, params};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::audit::{AuditKey, KIND_GENESIS, KIND_TAKE_OVER, Record, ZERO_HASH, sha256_hex};
+use crate::audit::{
+    AuditKey, KIND_GENESIS, KIND_OPERATOR, KIND_PLAN_DENIED, KIND_TAKE_OVER, Record, ZERO_HASH,
+    sha256_hex,
+};
 use crate::head;
 use crate::schema::{self, AUDIT_SCHEMA_VERSION};
 
@@ -410,6 +413,7 @@ struct SagaModel {
     state: SagaState,
     owner: Option<OwnerModel>,
     n_steps: Option<i64>,
+    dry_run: Option<bool>,
     name: Option<Option<String>>,
     actor: Option<Option<String>>,
     created_at_ms: Option<i64>,
@@ -490,6 +494,15 @@ impl<'a> Body<'a> {
             .ok_or_else(|| format!("its body's `{name}` is not an integer"))
     }
 
+    /// A flag written only when true: absent means false.
+    fn flag(&self, name: &str) -> Result<bool, String> {
+        match self.0.get(name) {
+            None => Ok(false),
+            Some(Value::Bool(true)) => Ok(true),
+            Some(_) => Err(format!("its body's `{name}` is present but not `true`")),
+        }
+    }
+
     fn object(&self, name: &str) -> Result<Body<'a>, String> {
         self.field(name)?
             .as_object()
@@ -555,6 +568,19 @@ impl Replay {
         if record.kind == KIND_GENESIS {
             return self.genesis(record, &body);
         }
+        if record.kind == KIND_OPERATOR || record.kind == KIND_PLAN_DENIED {
+            // Changes no table; its body must still name what the column names.
+            let saga_id = match body.0.get("saga_id") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(saga_id)) => Some(saga_id.as_str()),
+                Some(_) => return Err("its body's `saga_id` is neither text nor null".to_owned()),
+            };
+            if record.saga_id.as_deref() != saga_id {
+                return Err("its saga_id column differs from its body's".to_owned());
+            }
+            body.object("by")?;
+            return Ok(());
+        }
         let saga_id = body.str("saga_id")?;
         if record.saga_id.as_deref() != Some(saga_id) {
             return Err("its saga_id column differs from its body's".to_owned());
@@ -576,6 +602,7 @@ impl Replay {
                         state: body.state("state")?,
                         owner: Some(body.owner("owner")?),
                         n_steps: Some(n_steps),
+                        dry_run: Some(body.flag("dry_run")?),
                         name: Some(body.opt_str("name")?),
                         actor: Some(body.opt_str("actor")?),
                         created_at_ms: Some(at_ms),
@@ -611,7 +638,7 @@ impl Replay {
                 saga.updated_at_ms = Some(at_ms);
                 saga.last_seq = seq;
             }
-            "BeginStep" | "RefuseStep" | "ReuseStep" => {
+            "BeginStep" | "RefuseStep" | "ReuseStep" | "SimulateStep" => {
                 self.insert_step(record, &body, saga_id)?;
             }
             "CommitStep" => {
@@ -681,6 +708,7 @@ impl Replay {
         let allowed: &[StepStatus] = match record.kind.as_str() {
             "BeginStep" => &[StepStatus::Begin, StepStatus::Fail],
             "RefuseStep" => &[StepStatus::Fail],
+            "SimulateStep" => &[StepStatus::Commit, StepStatus::Fail],
             _ => &[StepStatus::Commit],
         };
         if !allowed.contains(&status) {
@@ -718,6 +746,17 @@ impl Replay {
             .filter(|_| claims_key)
             .map(|key| (key, content.args_hash.clone()));
         let saga = self.saga_mut(saga_id)?;
+        let dry_run = saga.dry_run == Some(true);
+        if record.kind == "SimulateStep" && !dry_run {
+            return Err(format!(
+                "it simulates a step of saga {saga_id}, which is not a dry run"
+            ));
+        }
+        if record.kind == "BeginStep" && dry_run {
+            return Err(format!(
+                "it begins a step of saga {saga_id}, which is a dry run"
+            ));
+        }
         if saga.steps.contains_key(&step_seq) {
             return Err(format!(
                 "it begins step {step_seq} of saga {saga_id}, which was already begun"
@@ -797,6 +836,7 @@ impl Replay {
                     state: saga.state("state")?,
                     owner: None,
                     n_steps: None,
+                    dry_run: None,
                     name: None,
                     actor: None,
                     created_at_ms: None,
@@ -852,11 +892,18 @@ impl Replay {
     }
 
     fn compare_sagas(&self, conn: &Connection, found: &mut Found) -> rusqlite::Result<()> {
-        let mut statement = conn.prepare(
-            "SELECT saga_id, state, owner_host, owner_boot_id, owner_pid, owner_start_ticks,
-                 n_steps, name, actor, created_at_ms, updated_at_ms
-             FROM sagas",
+        // Logs of schema version 2 have no `dry_run` column: none of their sagas is one.
+        let has_dry_run: bool = conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('sagas') WHERE name = 'dry_run')",
+            [],
+            |row| row.get(0),
         )?;
+        let dry_run_column = if has_dry_run { "dry_run" } else { "0" };
+        let mut statement = conn.prepare(&format!(
+            "SELECT saga_id, state, owner_host, owner_boot_id, owner_pid, owner_start_ticks,
+                 n_steps, name, actor, created_at_ms, updated_at_ms, {dry_run_column}
+             FROM sagas"
+        ))?;
         let mut rows = statement.query([])?;
         let mut n_seen = 0_usize;
         while let Some(row) = rows.next()? {
@@ -880,6 +927,7 @@ impl Replay {
             let actor: Option<String> = row.get(8)?;
             let created_at_ms: i64 = row.get(9)?;
             let updated_at_ms: i64 = row.get(10)?;
+            let dry_run: i64 = row.get(11)?;
             let mut differences = Vec::new();
             if state != saga.state.as_str() {
                 differences.push("state");
@@ -889,6 +937,12 @@ impl Replay {
             }
             if saga.n_steps.is_some_and(|known| known != n_steps) {
                 differences.push("n_steps");
+            }
+            if saga
+                .dry_run
+                .is_some_and(|known| i64::from(known) != dry_run)
+            {
+                differences.push("dry_run");
             }
             if saga.name.as_ref().is_some_and(|known| *known != name) {
                 differences.push("name");

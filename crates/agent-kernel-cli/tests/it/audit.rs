@@ -219,3 +219,194 @@ fn a_malformed_key_is_bad_input_never_silently_no_key() {
     );
     assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
 }
+
+/// Every audit record's kind and body, in order.
+fn audit_records(project: &Project) -> Vec<(String, Value)> {
+    let conn = rusqlite::Connection::open(project.db()).expect("opens the log");
+    let mut statement = conn
+        .prepare("SELECT kind, body FROM audit_log ORDER BY seq")
+        .expect("prepares");
+    statement
+        .query_map([], |row| Ok((row.get(0)?, row.get::<_, String>(1)?)))
+        .expect("queries")
+        .map(|row| {
+            let (kind, body) = row.expect("reads");
+            (kind, serde_json::from_str(&body).expect("a JSON body"))
+        })
+        .collect()
+}
+
+#[test]
+fn a_denied_plan_is_audited_with_tool_arguments_and_reason() {
+    let project = Project::new();
+    let denied = project.plan(
+        "denied.json",
+        &json!({ "name": "exfiltrate", "steps": [
+            { "tool": "fs.write", "args": { "path": "ws/fine.txt", "content": "ok" } },
+            { "tool": "fs.write", "args": { "path": "../escape.txt", "content": "pwned" } },
+        ]}),
+    );
+    let output = project.run(&["run", "--plan", denied.to_str().expect("utf8")]);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    assert!(!project.path("ws/fine.txt").exists(), "nothing ran");
+    assert!(!project.path("escape.txt").exists());
+
+    let records = audit_records(&project);
+    let (kind, body) = records.last().expect("the denial is recorded");
+    assert_eq!(kind, "PlanDenied");
+    assert_eq!(body["name"], "exfiltrate");
+    assert_eq!(body["dry_run"], false);
+    assert_eq!(body["n_denials"], 1);
+    let denial = &body["denials"][0];
+    assert_eq!(denial["step_idx"], 1);
+    assert_eq!(denial["tool"], "fs.write");
+    assert!(
+        denial["args_summary"]
+            .as_str()
+            .expect("quoted")
+            .contains("../escape.txt"),
+        "{denial}"
+    );
+    assert!(
+        denial["reason"]
+            .as_str()
+            .expect("a reason")
+            .contains("denied"),
+        "{denial}"
+    );
+    // No saga was created, and the log verifies.
+    let (_, listed) = project.run_json(&["log"]);
+    assert_eq!(listed["sagas"], json!([]));
+    let (code, document) = verify_json(&project, None, &[]);
+    assert_eq!(code, 0, "{document}");
+}
+
+/// Starts a saga that writes `ws/slow.txt` and then sleeps, and SIGKILLs it once the write
+/// is visible: the saga is left unfinished, owned by a dead process.
+fn leave_a_saga_unfinished(project: &Project) {
+    let plan = project.plan(
+        "slow.json",
+        &json!({ "steps": [
+            { "tool": "fs.write", "args": { "path": "ws/slow.txt", "content": "slow" } },
+            { "tool": "noop", "args": { "sleep_ms": 60000 } },
+        ]}),
+    );
+    let mut runner = project
+        .command(&["run", "--plan", plan.to_str().expect("utf8")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawns");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !project.path("ws/slow.txt").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slow saga never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    runner.kill().expect("SIGKILLs");
+    runner.wait().expect("reaps");
+}
+
+#[test]
+fn recover_and_rollback_refuse_a_tampered_log_unless_told_and_record_the_command() {
+    let project = Project::new();
+    write_log(&project, None, "a");
+    leave_a_saga_unfinished(&project);
+    let (_, listed) = project.run_json(&["log", "--limit", "1"]);
+    let saga_id = listed["sagas"][0]["saga_id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    // Unfinished: the sleep that follows the write is read-only, so the FSM stands in
+    // Validating.
+    assert_eq!(listed["sagas"][0]["state"], "Validating");
+
+    // Someone removes the head file: the undo records can no longer be vouched for.
+    fs::remove_file(head_file(&project.db())).expect("removes the head file");
+    for args in [
+        vec!["--json", "recover"],
+        vec!["--json", "rollback", "--saga", saga_id.as_str()],
+    ] {
+        let output = run_with_key(&project, None, &args);
+        assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+        let document: Value = serde_json::from_slice(&output.stdout).expect("one JSON document");
+        assert_eq!(document["error"]["kind"], "tampered", "{document}");
+        let message = document["error"]["message"].as_str().expect("a message");
+        assert!(
+            message.contains("audit check at record") && message.contains("--skip-verify"),
+            "{message}"
+        );
+        assert_eq!(
+            fs::read(project.path("ws/slow.txt")).expect("still there"),
+            b"slow",
+            "nothing was undone"
+        );
+    }
+
+    // The operator decides to act anyway: the saga is rolled back, and the choice recorded.
+    let (code, report) = project.run_json(&["recover", "--skip-verify"]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["sagas"][0]["action"], "rolled_back", "{report}");
+    assert!(
+        !project.path("ws/slow.txt").exists(),
+        "the write was undone"
+    );
+    let records = audit_records(&project);
+    let operator: Vec<&Value> = records
+        .iter()
+        .filter(|(kind, _)| kind == "Operator")
+        .map(|(_, body)| body)
+        .collect();
+    assert_eq!(
+        operator.len(),
+        1,
+        "refused commands act on nothing and record nothing"
+    );
+    assert_eq!(operator[0]["command"], "recover");
+    assert_eq!(operator[0]["options"], json!(["--skip-verify"]));
+    assert!(operator[0]["by"]["pid"].as_u64().is_some());
+    // The command comes before what it did.
+    let operator_at = records
+        .iter()
+        .position(|(kind, _)| kind == "Operator")
+        .expect("recorded");
+    assert!(
+        records[operator_at + 1..]
+            .iter()
+            .any(|(kind, _)| kind == "TakeOver"),
+        "{records:?}"
+    );
+}
+
+#[test]
+fn operator_commands_on_an_intact_log_are_recorded_before_they_act() {
+    let project = Project::new();
+    write_log(&project, None, "a");
+    leave_a_saga_unfinished(&project);
+    let (_, listed) = project.run_json(&["log", "--limit", "1"]);
+    let saga_id = listed["sagas"][0]["saga_id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let (code, report) = project.run_json(&["rollback", "--saga", &saga_id]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["state"], "FailedRolledBack");
+    assert!(!project.path("ws/slow.txt").exists());
+    let (code, recovered) = project.run_json(&["recover"]);
+    assert_eq!(code, 0, "{recovered}");
+
+    let records = audit_records(&project);
+    let commands: Vec<(&str, &Value)> = records
+        .iter()
+        .filter(|(kind, _)| kind == "Operator")
+        .map(|(_, body)| (body["command"].as_str().expect("text"), &body["saga_id"]))
+        .collect();
+    assert_eq!(
+        commands,
+        [("rollback", &json!(saga_id)), ("recover", &Value::Null)]
+    );
+    let (code, document) = verify_json(&project, None, &[]);
+    assert_eq!(code, 0, "{document}");
+}

@@ -504,8 +504,31 @@ fn dry_run_checks_and_simulates_without_touching_anything() {
     assert_eq!(document["state"], "Done");
     assert_eq!(statuses(&document), ["COMMIT"; 4]);
     assert_eq!(project.snapshot(), before, "no file touched");
+    // Recorded, marked as a dry run, with its steps simulated.
+    let saga_id = document["saga_id"].as_str().expect("an id").to_owned();
     let (_, listed) = project.run_json(&["log"]);
-    assert_eq!(listed["sagas"], json!([]), "nothing logged");
+    assert_eq!(listed["sagas"].as_array().expect("sagas").len(), 1);
+    assert_eq!(listed["sagas"][0]["saga_id"], saga_id.as_str());
+    assert_eq!(listed["sagas"][0]["dry_run"], true);
+    let (code, record) = project.run_json(&["log", "--saga", &saga_id]);
+    assert_eq!(code, 0, "{record}");
+    assert_eq!(record["dry_run"], true);
+    assert_eq!(record["state"], "Done");
+    assert_eq!(statuses(&record), ["COMMIT"; 4]);
+    assert_eq!(
+        record["steps"][0]["output"]["data"]["dry_run"], true,
+        "{record}"
+    );
+    // Nothing to recover and nothing to roll back; the log is intact.
+    let (code, recovered) = project.run_json(&["recover"]);
+    assert_eq!(code, 0, "{recovered}");
+    assert_eq!(recovered["sagas"], json!([]));
+    let (code, rolled_back) = project.run_json(&["rollback", "--saga", &saga_id]);
+    assert_eq!(code, 0, "{rolled_back}");
+    assert_eq!(rolled_back["dry_run"], true);
+    assert_eq!(project.snapshot(), before, "no file touched");
+    let output = project.run(&["audit", "verify"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
 
     // A step that would fail, and a sandbox denial, are reported the same way a run would.
     let failing = project.plan(

@@ -152,3 +152,105 @@ async fn rollback_refuses_a_saga_whose_owner_is_alive() {
     assert!(error.to_string().contains("still running"), "{error}");
     assert_eq!(fixture.world.items().len(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_is_recorded_claims_no_key_and_is_never_compensated() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(7);
+    let keyed = plan(vec![add("d-a"), crate::add_keyed("d-b", "order-7")]);
+    let report = kernel.dry_run(&keyed).await.expect("simulates");
+    assert!(report.dry_run);
+    assert_eq!(report.state, SagaState::Done);
+    assert!(fixture.world.journal().is_empty(), "nothing ran");
+    let record = kernel
+        .log()
+        .saga(&report.saga_id)
+        .await
+        .expect("reads")
+        .expect("recorded");
+    assert!(record.saga.dry_run);
+    assert_eq!(record.saga.state, SagaState::Done);
+    assert!(
+        record
+            .steps
+            .iter()
+            .all(|step| step.status == StepStatus::Commit)
+    );
+    assert!(
+        kernel
+            .log()
+            .key_binding("order-7")
+            .await
+            .expect("reads")
+            .is_none(),
+        "a dry run claims no key"
+    );
+    // The real run executes the keyed step: nothing is reused from the dry run.
+    let real = kernel.run(&keyed, &NoObserver).await.expect("runs");
+    assert_eq!(real.state, SagaState::Done);
+    assert!(real.steps.iter().all(|step| !step.reused));
+    assert_eq!(fixture.world.items(), ["d-a", "d-b"]);
+
+    // A dry run found unfinished (written by hand: the kernel writes a dry run whole) is
+    // finished by recovery without compensating anything.
+    let log = kernel.log();
+    let saga_id = agent_kernel_api::SagaId::new("hand-written-dry-run");
+    let step = agent_kernel_api::BeginStep {
+        saga_id: saga_id.clone(),
+        step_seq: 0,
+        tool_id: "ledger.add".into(),
+        tool_version: "1.0.0".into(),
+        effect: agent_kernel_api::EffectClass::Mutating,
+        args: json!({ "item": "d-a" }),
+        args_hash: agent_kernel_core::args_hash("ledger.add", &json!({ "item": "d-a" })),
+        idempotency_key: None,
+        undo: agent_kernel_api::Undo::none(),
+    };
+    log.write(vec![
+        agent_kernel_api::LogWrite::CreateSaga(agent_kernel_api::NewSaga {
+            saga_id: saga_id.clone(),
+            name: None,
+            actor: None,
+            owner: crate::owner(8),
+            n_steps: 1,
+            state: SagaState::Acting,
+            dry_run: true,
+        }),
+        agent_kernel_api::LogWrite::SimulateStep {
+            step,
+            result: Ok(agent_kernel_api::ToolOutput::new(
+                json!({ "dry_run": true }),
+            )),
+        },
+    ])
+    .await
+    .expect("writes");
+    fixture
+        .liveness
+        .dead_pids
+        .lock()
+        .expect("not poisoned")
+        .push(8);
+    let journal_before = fixture.world.journal();
+    let report = fixture
+        .kernel(9)
+        .recover(&NoObserver)
+        .await
+        .expect("recovers");
+    let [RecoveryAction::RolledBack(saga)] = &report.sagas[..] else {
+        panic!("expected the dry run to be finished, got {report:?}");
+    };
+    assert_eq!(saga.state, SagaState::FailedRolledBack);
+    assert!(saga.dry_run);
+    assert_eq!(
+        saga.steps[0].status,
+        StepStatus::Commit,
+        "a simulated step is left as is"
+    );
+    assert_eq!(
+        fixture.world.journal(),
+        journal_before,
+        "nothing compensated"
+    );
+    assert_eq!(fixture.world.items(), ["d-a", "d-b"]);
+}

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 
 use agent_kernel_api::{
-    BeginStep, Durability, EffectClass, LogWrite, NewSaga, SagaId, SagaState, ToolError,
-    ToolOutput, TxError, TxLog, Undo, WriteOutcome,
+    AuditEvent, BeginStep, Durability, EffectClass, LogWrite, NewSaga, OperatorCommand, PlanDenial,
+    SagaId, SagaState, StepDenial, ToolError, ToolOutput, TxError, TxLog, Undo, WriteOutcome,
 };
 use agent_kernel_txlog::{AuditKey, AuditReport, LogOptions, SqliteLog, audit_head_path, verify};
 use rusqlite::{Connection, params};
@@ -101,7 +101,86 @@ fn create(saga: &str, n_steps: u32) -> LogWrite {
         owner: owner(1),
         n_steps,
         state: SagaState::Acting,
+        dry_run: false,
     })
+}
+
+/// A dry run as the kernel records it: one batch, simulated steps, a terminal state.
+fn dry_run(rng: &mut Rng, saga: &str, n_steps: u32) -> Vec<LogWrite> {
+    let mut batch = vec![LogWrite::CreateSaga(NewSaga {
+        saga_id: SagaId::new(saga),
+        name: Some(format!("dry {saga}")),
+        actor: None,
+        owner: owner(1),
+        n_steps,
+        state: SagaState::Acting,
+        dry_run: true,
+    })];
+    let failing = rng.chance(30).then(|| rng.below(u64::from(n_steps)) as u32);
+    for step_seq in 0..n_steps {
+        // Keys are never claimed by simulated steps, so any key may appear.
+        let key = rng
+            .chance(50)
+            .then(|| format!("shared-key-{}", rng.below(3)));
+        let simulated = step(rng, saga, step_seq, key);
+        let result = if failing == Some(step_seq) {
+            Err(ToolError::denied("the FSM would deny it"))
+        } else {
+            Ok(ToolOutput::new(json!({"dry_run": true, "n": step_seq})))
+        };
+        batch.push(LogWrite::SimulateStep {
+            step: simulated,
+            result,
+        });
+        if failing == Some(step_seq) {
+            break;
+        }
+    }
+    let end = if failing.is_some() {
+        SagaState::FailedRolledBack
+    } else {
+        SagaState::Done
+    };
+    batch.push(set_state(saga, end));
+    batch
+}
+
+/// An operator command or a refused plan: records that change no table.
+fn audit_event(rng: &mut Rng, n: u64) -> LogWrite {
+    if rng.chance(50) {
+        LogWrite::Audit(AuditEvent::Operator(OperatorCommand {
+            command: "rollback".into(),
+            saga_id: rng.chance(50).then(|| SagaId::new(format!("target-{n}"))),
+            options: if rng.chance(30) {
+                vec!["--skip-verify".into()]
+            } else {
+                Vec::new()
+            },
+            by: owner(3),
+            uid: Some(1000),
+        }))
+    } else {
+        LogWrite::Audit(AuditEvent::PlanDenied(PlanDenial {
+            name: Some(rng.text()),
+            actor: None,
+            dry_run: rng.chance(30),
+            by: owner(3),
+            denials: vec![
+                StepDenial {
+                    step_idx: Some(0),
+                    tool: Some("fs.write".into()),
+                    args: Some(json!({"path": "/etc/passwd", "content": rng.text()})),
+                    reason: format!("outside every allowed root {}", rng.text()),
+                },
+                StepDenial {
+                    step_idx: None,
+                    tool: None,
+                    args: None,
+                    reason: "actor busy".into(),
+                },
+            ],
+        }))
+    }
 }
 
 fn commit(rng: &mut Rng, saga: &str, step_seq: u32) -> LogWrite {
@@ -144,7 +223,7 @@ async fn write_saga(log: &SqliteLog, rng: &mut Rng, saga: &str, leave_unfinished
         |rng: &mut Rng, step_seq: u32| rng.chance(40).then(|| format!("key-{saga}-{step_seq}"));
     let first_key = keyed(rng, 0);
     let first = step(rng, saga, 0, first_key);
-    match rng.below(6) {
+    match rng.below(7) {
         // Every step commits.
         0 | 1 => {
             write(log, vec![create(saga, n_steps), LogWrite::BeginStep(first)]).await;
@@ -220,6 +299,11 @@ async fn write_saga(log: &SqliteLog, rng: &mut Rng, saga: &str, leave_unfinished
             }
             write(log, vec![set_state(saga, SagaState::FailedRolledBack)]).await;
         }
+        // A dry run: written whole in one batch, never unfinished.
+        6 => {
+            let batch = dry_run(rng, saga, n_steps);
+            write(log, batch).await;
+        }
         // Its owner died: another process takes it over and rolls it back.
         _ => {
             if rng.chance(50) {
@@ -266,6 +350,10 @@ async fn build_log(path: &Path, seed: u64, n_sagas: u32, key: Option<AuditKey>) 
             unfinished,
         )
         .await;
+        if rng.chance(10) {
+            let event = audit_event(&mut rng, u64::from(saga_idx));
+            write(&log, vec![event]).await;
+        }
     }
     // Key contention: the second claim is rejected and recorded as FAIL.
     let (holder, rival) = (format!("hold-{seed}"), format!("rival-{seed}"));
@@ -670,7 +758,7 @@ async fn editing_a_saga_state_or_output_in_the_tables_is_detected() {
     let (path, conn) = fixture.copy("inserted.db");
     conn.execute(
         "INSERT INTO sagas SELECT 'forged', name, actor, state, owner_host, owner_boot_id,
-             owner_pid, owner_start_ticks, n_steps, created_at_ms, updated_at_ms
+             owner_pid, owner_start_ticks, n_steps, created_at_ms, updated_at_ms, dry_run
          FROM sagas LIMIT 1",
         [],
     )
@@ -933,8 +1021,10 @@ async fn a_version_1_log_starts_its_chain_with_a_genesis_record() {
     let fixture = Fixture::new(None).await;
     // A log as version 1 left it: no audit_log, no head file.
     let (path, conn) = fixture.copy("v1.db");
-    conn.execute_batch("DROP TABLE audit_log; PRAGMA user_version = 1;")
-        .expect("downgrades");
+    conn.execute_batch(
+        "DROP TABLE audit_log; ALTER TABLE sagas DROP COLUMN dry_run; PRAGMA user_version = 1;",
+    )
+    .expect("downgrades");
     fs::remove_file(audit_head_path(&path)).expect("removes");
     let error = verify(&path, None).expect_err("no chain to verify");
     assert!(matches!(error, TxError::Storage(_)), "{error:?}");
@@ -943,7 +1033,9 @@ async fn a_version_1_log_starts_its_chain_with_a_genesis_record() {
     // A version 1 log whose chain was removed but whose head file remains: tampering.
     let (stripped, stripped_conn) = fixture.copy("stripped.db");
     stripped_conn
-        .execute_batch("DROP TABLE audit_log; PRAGMA user_version = 1;")
+        .execute_batch(
+            "DROP TABLE audit_log; ALTER TABLE sagas DROP COLUMN dry_run; PRAGMA user_version = 1;",
+        )
         .expect("downgrades");
     let (_, reason) = first_bad(&stripped, None);
     assert!(reason.contains("chain was removed"), "{reason}");
@@ -1073,4 +1165,197 @@ fn verify_refuses_what_is_not_a_log() {
         .execute_batch("CREATE TABLE t (x)")
         .expect("creates");
     assert!(matches!(verify(&other, None), Err(TxError::NotALog { .. })));
+}
+
+#[tokio::test]
+async fn a_version_2_log_migrates_to_dry_runs_with_its_chain_intact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("v2.db");
+    {
+        let log = open_log(&path, None, Durability::Normal);
+        let mut rng = Rng(11);
+        for saga in ["a", "b"] {
+            let first = step(&mut rng, saga, 0, None);
+            write(&log, vec![create(saga, 1), LogWrite::BeginStep(first)]).await;
+            write(
+                &log,
+                vec![commit(&mut rng, saga, 0), set_state(saga, SagaState::Done)],
+            )
+            .await;
+        }
+    }
+    // As version 2 left it: no `dry_run` column.
+    {
+        let conn = Connection::open(&path).expect("opens");
+        conn.execute_batch("ALTER TABLE sagas DROP COLUMN dry_run; PRAGMA user_version = 2;")
+            .expect("downgrades");
+    }
+    let report = assert_intact(&path, None);
+    assert_eq!(report.n_records, 8);
+
+    let log = open_log(&path, None, Durability::Normal);
+    let version: i64 = Connection::open(&path)
+        .expect("opens")
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .expect("reads");
+    assert_eq!(version, agent_kernel_txlog::SCHEMA_VERSION);
+    assert_intact(&path, None);
+    let mut rng = Rng(12);
+    let batch = dry_run(&mut rng, "dry", 3);
+    write(&log, batch).await;
+    let record = log
+        .saga(&SagaId::new("dry"))
+        .await
+        .expect("reads")
+        .expect("recorded");
+    assert!(record.saga.dry_run);
+    assert!(
+        !log.saga(&SagaId::new("a"))
+            .await
+            .expect("reads")
+            .expect("there")
+            .saga
+            .dry_run
+    );
+    let report = assert_intact(&path, None);
+    assert!(report.n_records > 8);
+}
+
+#[tokio::test]
+async fn dry_runs_hold_only_simulated_steps_and_claim_no_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("dry.db");
+    let log = open_log(&path, None, Durability::Normal);
+    let mut rng = Rng(21);
+
+    // A simulated step in a saga that is not a dry run is refused, and nothing is written.
+    let simulated = step(&mut rng, "live", 0, None);
+    let error = log
+        .write(vec![
+            create("live", 1),
+            LogWrite::SimulateStep {
+                step: simulated,
+                result: Ok(ToolOutput::new(json!({}))),
+            },
+        ])
+        .await
+        .expect_err("refused");
+    assert!(error.to_string().contains("not a dry run"), "{error}");
+    assert!(
+        log.saga(&SagaId::new("live"))
+            .await
+            .expect("reads")
+            .is_none()
+    );
+
+    // A begun step in a dry run is refused too.
+    let mut batch = dry_run(&mut rng, "dry", 1);
+    batch.truncate(1);
+    batch.push(LogWrite::BeginStep(step(&mut rng, "dry", 0, None)));
+    let error = log.write(batch).await.expect_err("refused");
+    assert!(error.to_string().contains("is a dry run"), "{error}");
+
+    // A dry run's keyed step leaves the key free.
+    let mut keyed = step(&mut rng, "dry2", 0, Some("order-1".into()));
+    keyed.args_hash = "h".repeat(64);
+    write(
+        &log,
+        vec![
+            LogWrite::CreateSaga(NewSaga {
+                saga_id: SagaId::new("dry2"),
+                name: None,
+                actor: None,
+                owner: owner(1),
+                n_steps: 1,
+                state: SagaState::Acting,
+                dry_run: true,
+            }),
+            LogWrite::SimulateStep {
+                step: keyed,
+                result: Ok(ToolOutput::new(json!({"dry_run": true}))),
+            },
+            set_state("dry2", SagaState::Done),
+        ],
+    )
+    .await;
+    assert!(log.key_binding("order-1").await.expect("reads").is_none());
+    let sagas = log.sagas(10).await.expect("lists");
+    assert!(
+        sagas
+            .iter()
+            .any(|saga| saga.saga_id.as_str() == "dry2" && saga.dry_run)
+    );
+    let report = assert_intact(&path, None);
+    assert_eq!(report.n_records, 3);
+
+    // Marking the dry run as a live saga in the table (so that recovery would compensate its
+    // simulated steps) is detected at the record that last changed the row.
+    let conn = Connection::open(&path).expect("opens");
+    conn.execute("UPDATE sagas SET dry_run = 0 WHERE saga_id = 'dry2'", [])
+        .expect("edits");
+    let (bad, reason) = first_bad(&path, None);
+    assert_eq!(bad, 3, "{reason}");
+    assert!(reason.contains("dry_run"), "{reason}");
+}
+
+#[tokio::test]
+async fn operator_commands_and_denied_plans_are_chained_and_move_the_head() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("events.db");
+    let log = open_log(&path, Some(key()), Durability::Normal);
+    let mut rng = Rng(31);
+    for n in 0..6 {
+        let event = audit_event(&mut rng, n);
+        write(&log, vec![event]).await;
+        // Each event is covered by the head file at once.
+        let report = assert_intact(&path, Some(&key()));
+        assert_eq!(report.head_file.expect("written").seq, n + 1);
+    }
+    let conn = Connection::open(&path).expect("opens");
+    let kinds: Vec<String> = conn
+        .prepare("SELECT kind FROM audit_log ORDER BY seq")
+        .expect("prepares")
+        .query_map([], |row| row.get(0))
+        .expect("queries")
+        .collect::<Result<_, _>>()
+        .expect("reads");
+    assert!(
+        kinds
+            .iter()
+            .all(|kind| kind == "Operator" || kind == "PlanDenied"),
+        "{kinds:?}"
+    );
+    let denied: Option<String> = conn
+        .query_row(
+            "SELECT body FROM audit_log WHERE kind = 'PlanDenied' LIMIT 1",
+            [],
+            |row| row.get(0),
+        )
+        .ok();
+    if let Some(body) = denied {
+        let body: Value = serde_json::from_str(&body).expect("json");
+        assert_eq!(body["n_denials"], 2);
+        assert_eq!(body["denials"][0]["tool"], "fs.write");
+        assert!(
+            body["denials"][0]["args_summary"]
+                .as_str()
+                .expect("quoted")
+                .contains("/etc/passwd")
+        );
+        assert!(
+            body["denials"][0]["reason"]
+                .as_str()
+                .expect("quoted")
+                .contains("outside every allowed root")
+        );
+    }
+
+    // Deleting the newest event is detected by the head file.
+    conn.execute(
+        "DELETE FROM audit_log WHERE seq = (SELECT max(seq) FROM audit_log)",
+        [],
+    )
+    .expect("deletes");
+    let (bad, reason) = first_bad(&path, Some(&key()));
+    assert_eq!(bad, 6, "{reason}");
 }

@@ -49,6 +49,7 @@ pub(crate) fn new_saga(id: &str) -> LogWrite {
         owner: owner(1),
         n_steps: 3,
         state: SagaState::Acting,
+        dry_run: false,
     })
 }
 
