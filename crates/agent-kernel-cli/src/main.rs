@@ -19,7 +19,9 @@ use agent_kernel_core::{
 };
 use agent_kernel_dispatcher::{Dispatcher, Limits, SeededJitter};
 use agent_kernel_fsm::Guardrail;
-use agent_kernel_sandbox::{FsSandbox, HttpSandbox, Policy, SecondLine, restrict_to_roots};
+use agent_kernel_sandbox::{
+    FsSandbox, HttpSandbox, NetworkLine, Policy, SecondLine, restrict_network, restrict_to_roots,
+};
 use agent_kernel_txlog::{LogOptions, SqliteLog};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -48,6 +50,9 @@ const DEFAULT_SANDBOX: &str = "sandbox.toml";
 const DEFAULT_FSM: &str = "fsm.toml";
 /// Largest `--limit` of `log`.
 const MAX_LOG_LIMIT: u32 = 10_000;
+
+/// How long `sandbox status --probe-connect` waits for a connection.
+const PROBE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -163,6 +168,10 @@ enum SandboxAction {
         /// the first line, to show whether the kernel refuses it
         #[arg(long, value_name = "PATH")]
         probe: Option<PathBuf>,
+        /// After confining this process as `run` would, open a TCP connection to ADDRESS
+        /// (`ip:port`) directly, beside the first line, to show whether the kernel refuses it
+        #[arg(long, value_name = "ADDRESS")]
+        probe_connect: Option<std::net::SocketAddr>,
     },
 }
 
@@ -431,10 +440,15 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             audit::verify_command(&db_path(cli), key, cli.json).await
         }
         Command::Sandbox {
-            action: SandboxAction::Status { probe },
+            action:
+                SandboxAction::Status {
+                    probe,
+                    probe_connect,
+                },
         } => {
             let policy = load_policy(cli)?;
-            let second_line = restrict_to_roots(&policy);
+            let files = restrict_to_roots(&policy);
+            let network = restrict_network(&policy);
             let probe = probe.as_ref().map(|path| {
                 let result = std::fs::File::open(path);
                 (
@@ -442,7 +456,20 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                     result.map(|_| ()).map_err(|error| error.to_string()),
                 )
             });
-            out.sandbox_status(&policy, &second_line, probe.as_ref());
+            let probe_connect = probe_connect.map(|address| {
+                let result = std::net::TcpStream::connect_timeout(&address, PROBE_CONNECT_TIMEOUT);
+                (
+                    address.to_string(),
+                    result.map(|_| ()).map_err(|error| error.to_string()),
+                )
+            });
+            out.sandbox_status(&output::SandboxStatus {
+                policy: &policy,
+                files: &files,
+                network: &network,
+                probe: probe.as_ref(),
+                probe_connect: probe_connect.as_ref(),
+            });
             Ok(exit::OK)
         }
         Command::Tools => {
@@ -752,6 +779,12 @@ fn open_kernel(
                 tracing::warn!(%reason, "no OS second line; the capability handles alone confine file tools");
             }
             _ => {}
+        }
+        match restrict_network(&policy) {
+            NetworkLine::Unavailable { reason } => {
+                tracing::info!(%reason, "no OS second line for the network; the first line alone rules on URLs");
+            }
+            line => tracing::debug!(?line, "landlock confines TCP"),
         }
     }
     let env = Environment {

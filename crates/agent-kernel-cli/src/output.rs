@@ -351,13 +351,9 @@ impl Output {
     }
 
     /// `sandbox status`.
-    pub(crate) fn sandbox_status(
-        &self,
-        policy: &agent_kernel_sandbox::Policy,
-        second_line: &agent_kernel_sandbox::SecondLine,
-        probe: Option<&(std::path::PathBuf, Result<(), String>)>,
-    ) {
-        use agent_kernel_sandbox::SecondLine;
+    pub(crate) fn sandbox_status(&self, status: &SandboxStatus<'_>) {
+        use agent_kernel_sandbox::{NetworkLine, SecondLine};
+        let policy = status.policy;
         let roots: Vec<String> = policy
             .fs()
             .map(|fs| {
@@ -371,7 +367,10 @@ impl Output {
             .http()
             .map(|http| http.allow_domains().to_vec())
             .unwrap_or_default();
-        let (landlock, detail) = match second_line {
+        let ports: Option<Vec<u16>> = policy
+            .http()
+            .and_then(|http| http.allow_ports().map(<[u16]>::to_vec));
+        let (landlock, detail) = match status.files {
             SecondLine::Enforced { fully: true } => ("enforced", String::new()),
             SecondLine::Enforced { fully: false } => (
                 "partially enforced",
@@ -380,12 +379,47 @@ impl Output {
             SecondLine::Unavailable { reason } => ("unavailable", reason.clone()),
             _ => ("unknown", String::new()),
         };
+        let (network, network_detail) = match status.network {
+            NetworkLine::NoTcp => ("no_tcp", "every TCP connection and bind refused".to_owned()),
+            NetworkLine::Ports(ports) => {
+                let listed: Vec<String> = ports.iter().map(u16::to_string).collect();
+                (
+                    "ports",
+                    format!(
+                        "TCP connections only to ports {}; binds refused",
+                        listed.join(", ")
+                    ),
+                )
+            }
+            NetworkLine::AnyPort => (
+                "any_port",
+                "binds refused; connections left to the first line (set [http] allow_ports to confine them)"
+                    .to_owned(),
+            ),
+            NetworkLine::Unavailable { reason } => ("unavailable", reason.clone()),
+            _ => ("unknown", String::new()),
+        };
+        let probe = status.probe.map(|(path, result)| {
+            json!({
+                "path": path.display().to_string(),
+                "refused": result.is_err(),
+                "error": result.as_ref().err(),
+            })
+        });
+        let probe_connect = status.probe_connect.map(|(address, result)| {
+            json!({
+                "address": address,
+                "refused": result.is_err(),
+                "error": result.as_ref().err(),
+            })
+        });
         if self.json {
             let mut document = json!({
                 "policy": policy.origin(),
                 "first_line": {
                     "fs_roots": roots,
                     "http_allow_domains": domains,
+                    "http_allow_ports": ports,
                     "files": policy.fs().is_some(),
                     "network": policy.http().is_some(),
                 },
@@ -393,22 +427,22 @@ impl Output {
                     "landlock": landlock,
                     "detail": detail,
                     "read_only": agent_kernel_sandbox::SYSTEM_READ_ONLY,
-                    "network": "not restricted by the second line",
+                    "network": network,
+                    "network_detail": network_detail,
                 },
             });
-            if let Some((path, result)) = probe {
-                document["probe"] = json!({
-                    "path": path.display().to_string(),
-                    "refused": result.is_err(),
-                    "error": result.as_ref().err(),
-                });
+            if let Some(probe) = probe {
+                document["probe"] = probe;
+            }
+            if let Some(probe_connect) = probe_connect {
+                document["probe_connect"] = probe_connect;
             }
             print_json(&document);
             return;
         }
         println!("policy      {}", policy.origin());
         println!(
-            "first line  capability handles on {} root(s){}; network {}",
+            "first line  capability handles on {} root(s){}; network {}{}",
             roots.len(),
             if roots.is_empty() {
                 " (no file access)".to_owned()
@@ -419,6 +453,17 @@ impl Output {
                 "denied".to_owned()
             } else {
                 format!("limited to {}", domains.join(", "))
+            },
+            match &ports {
+                Some(ports) => format!(
+                    " on ports {}",
+                    ports
+                        .iter()
+                        .map(u16::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                None => String::new(),
             }
         );
         println!(
@@ -429,10 +474,17 @@ impl Output {
                 format!(" ({detail})")
             }
         );
-        if let Some((path, result)) = probe {
+        println!("            network {network}: {network_detail}");
+        if let Some((path, result)) = status.probe {
             match result {
                 Ok(()) => println!("probe       {} could be read", path.display()),
                 Err(error) => println!("probe       {} was refused: {error}", path.display()),
+            }
+        }
+        if let Some((address, result)) = status.probe_connect {
+            match result {
+                Ok(()) => println!("probe       a TCP connection to {address} was made"),
+                Err(error) => println!("probe       a TCP connection to {address} failed: {error}"),
             }
         }
     }
@@ -510,6 +562,17 @@ impl Output {
         }
         println!("{report}");
     }
+}
+
+/// What `sandbox status` reports.
+pub(crate) struct SandboxStatus<'a> {
+    pub(crate) policy: &'a agent_kernel_sandbox::Policy,
+    pub(crate) files: &'a agent_kernel_sandbox::SecondLine,
+    pub(crate) network: &'a agent_kernel_sandbox::NetworkLine,
+    /// A direct read of a path, after confinement.
+    pub(crate) probe: Option<&'a (std::path::PathBuf, Result<(), String>)>,
+    /// A direct TCP connection, after confinement.
+    pub(crate) probe_connect: Option<&'a (String, Result<(), String>)>,
 }
 
 #[cfg(test)]

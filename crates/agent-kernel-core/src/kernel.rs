@@ -6,8 +6,8 @@ use std::sync::Arc;
 use agent_kernel_api::Durability;
 use agent_kernel_api::{
     AuditEvent, BeginStep, Clock, DynTool, EffectClass, IdSource, LogWrite, NewSaga,
-    OperatorCommand, Owner, Plan, PlanDenial, ProbeOutcome, SagaId, SagaRecord, SagaState,
-    Settlement, StepDenial, StepRecord, StepStatus, ToolContext, ToolError, TxLog, Undo,
+    OperatorCommand, Owner, Plan, PlanDenial, PlanStep, ProbeOutcome, SagaId, SagaRecord,
+    SagaState, Settlement, StepDenial, StepRecord, StepStatus, ToolContext, ToolError, TxLog, Undo,
     WriteOutcome,
 };
 use serde_json::Value;
@@ -77,6 +77,21 @@ pub fn args_hash(tool_id: &str, args: &Value) -> String {
         .iter()
         .map(|byte| format!("{byte:02x}"))
         .collect()
+}
+
+/// Step `step_seq` of a plan as the log records it before it begins (no undo data yet).
+fn step_record(saga_id: &SagaId, step_seq: u32, step: &PlanStep, tool: &dyn DynTool) -> BeginStep {
+    BeginStep {
+        saga_id: saga_id.clone(),
+        step_seq,
+        tool_id: step.tool.clone(),
+        tool_version: tool.version().to_owned(),
+        effect: tool.effect(),
+        args: step.args.clone(),
+        args_hash: args_hash(&step.tool, &step.args),
+        idempotency_key: step.idempotency_key.clone(),
+        undo: Undo::none(),
+    }
 }
 
 /// The output hint by which a tool asks for validation next (spec §3.2).
@@ -350,17 +365,7 @@ impl Kernel {
                 step.idempotency_key.as_deref(),
                 actor,
             );
-            let begin = BeginStep {
-                saga_id: saga_id.clone(),
-                step_seq,
-                tool_id: step.tool.clone(),
-                tool_version: tool.version().to_owned(),
-                effect: tool.effect(),
-                args: step.args.clone(),
-                args_hash: args_hash(&step.tool, &step.args),
-                idempotency_key: step.idempotency_key.clone(),
-                undo: Undo::none(),
-            };
+            let begin = step_record(&saga_id, step_seq, step, tool.as_ref());
             let fail = |error: ToolError| Failure {
                 step_seq,
                 tool: step.tool.clone(),
@@ -588,17 +593,7 @@ impl Kernel {
                 tool: step.tool.clone(),
                 error,
             };
-            let simulated_step = BeginStep {
-                saga_id: saga_id.clone(),
-                step_seq,
-                tool_id: step.tool.clone(),
-                tool_version: tool.version().to_owned(),
-                effect: tool.effect(),
-                args: step.args.clone(),
-                args_hash: args_hash(&step.tool, &step.args),
-                idempotency_key: step.idempotency_key.clone(),
-                undo: Undo::none(),
-            };
+            let simulated_step = step_record(&saga_id, step_seq, step, tool.as_ref());
             if let Err(denial) = self.admit_step(saga.state, plan, step_seq, tool.effect()) {
                 let error = ToolError::denied(denial.with_tool(step.tool.as_str()).to_string());
                 saga.pending.push(LogWrite::RefuseStep {

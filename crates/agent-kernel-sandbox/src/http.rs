@@ -28,6 +28,7 @@ const SHOWN_RULES_MAX: usize = 8;
 /// # Rules
 ///
 /// - Only `http` and `https`; URLs with credentials (`user:pass@`) are refused.
+/// - With `allow_ports`, only those ports (a URL without a port names 80 or 443).
 /// - Hosts are compared after normalization: lowercase, IDNA (punycode), one trailing dot
 ///   removed. `allow_domains` entries are normalized the same way when the policy is loaded.
 /// - A domain is allowed if it equals an entry, or ends in `.suffix` for an entry
@@ -48,6 +49,7 @@ pub struct HttpSandbox {
 #[derive(Debug)]
 struct Access {
     rules: Vec<HostRule>,
+    allow_ports: Option<Vec<u16>>,
     max_response_bytes: u64,
 }
 
@@ -59,6 +61,7 @@ impl HttpSandbox {
         let origin = policy.source().map(|source| source.display().to_string());
         let access = policy.http().map(|http| Access {
             rules: http.host_rules().to_vec(),
+            allow_ports: http.allow_ports().map(<[u16]>::to_vec),
             max_response_bytes: http.max_response_bytes(),
         });
         HttpSandbox { access, origin }
@@ -129,6 +132,17 @@ impl HttpSandbox {
         let Some(host) = parsed.host() else {
             return Err(invalid("it has no host".to_owned()));
         };
+        if let Some(ports) = &access.allow_ports {
+            // http and https always have a port: the URL's, or the scheme's default.
+            let port = parsed.port_or_known_default().unwrap_or(0);
+            if !ports.contains(&port) {
+                let listed: Vec<String> = ports.iter().map(u16::to_string).collect();
+                return Err(denied(format!(
+                    "the port {port} is not in [http] allow_ports ({})",
+                    listed.join(", ")
+                )));
+            }
+        }
         match normalize_host(host) {
             NormalHost::Domain(domain) => {
                 if domain.is_empty() {

@@ -137,8 +137,10 @@ pub use error::SandboxError;
 pub use http::{HttpSandbox, MAX_URL_BYTES};
 pub use policy::{
     DEFAULT_MAX_IO_BYTES, DEFAULT_MAX_RESPONSE_BYTES, FsPolicy, HttpPolicy, MAX_ALLOW_DOMAINS,
-    MAX_ALLOW_ROOTS, MAX_DENY_NAMES, MAX_IO_BYTES_LIMIT, MAX_POLICY_BYTES,
+    MAX_ALLOW_PORTS, MAX_ALLOW_ROOTS, MAX_DENY_NAMES, MAX_IO_BYTES_LIMIT, MAX_POLICY_BYTES,
     MAX_RESPONSE_BYTES_LIMIT, Policy,
 };
 pub use sandbox::{FsSandbox, MAX_NAME_BYTES, MAX_PATH_BYTES};
-pub use second_line::{SYSTEM_READ_ONLY, SecondLine, restrict_to_roots};
+pub use second_line::{
+    DNS_TCP_PORT, NetworkLine, SYSTEM_READ_ONLY, SecondLine, restrict_network, restrict_to_roots,
+};

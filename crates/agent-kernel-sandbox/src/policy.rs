@@ -35,6 +35,9 @@ pub const MAX_DENY_NAMES: usize = 256;
 /// The most entries `[http] allow_domains` may list.
 pub const MAX_ALLOW_DOMAINS: usize = 256;
 
+/// The most entries `[http] allow_ports` may list.
+pub const MAX_ALLOW_PORTS: usize = 64;
+
 /// A sandbox policy: which subtrees the file tools may touch and which hosts the network tools
 /// may reach.
 ///
@@ -61,6 +64,7 @@ pub struct FsPolicy {
 pub struct HttpPolicy {
     allow_domains: Vec<String>,
     rules: Vec<HostRule>,
+    allow_ports: Option<Vec<u16>>,
     max_response_bytes: u64,
 }
 
@@ -87,6 +91,8 @@ struct RawFs {
 #[serde(deny_unknown_fields)]
 struct RawHttp {
     allow_domains: Vec<String>,
+    #[serde(default)]
+    allow_ports: Option<Vec<u16>>,
     #[serde(default = "default_max_response_bytes")]
     max_response_bytes: u64,
 }
@@ -289,6 +295,30 @@ impl HttpPolicy {
                 raw.max_response_bytes
             )));
         }
+        let allow_ports = match raw.allow_ports {
+            None => None,
+            Some(ports) if ports.is_empty() => {
+                return Err(invalid(
+                    "[http] allow_ports is empty, which would allow no URL; leave it out to allow every port, or list the ports (e.g. [443])".to_owned(),
+                ));
+            }
+            Some(ports) if ports.len() > MAX_ALLOW_PORTS => {
+                return Err(invalid(format!(
+                    "[http] allow_ports lists {} ports; the limit is {MAX_ALLOW_PORTS}",
+                    ports.len()
+                )));
+            }
+            Some(ports) if ports.contains(&0) => {
+                return Err(invalid(
+                    "[http] allow_ports lists port 0, which no URL can name".to_owned(),
+                ));
+            }
+            Some(mut ports) => {
+                ports.sort_unstable();
+                ports.dedup();
+                Some(ports)
+            }
+        };
         let mut rules: Vec<HostRule> = Vec::with_capacity(raw.allow_domains.len());
         for entry in &raw.allow_domains {
             let rule = HostRule::parse(entry).map_err(|reason| {
@@ -304,6 +334,7 @@ impl HttpPolicy {
         Ok(HttpPolicy {
             allow_domains: raw.allow_domains,
             rules,
+            allow_ports,
             max_response_bytes: raw.max_response_bytes,
         })
     }
@@ -322,6 +353,15 @@ impl HttpPolicy {
 
     pub(crate) fn host_rules(&self) -> &[HostRule] {
         &self.rules
+    }
+
+    /// The TCP ports URLs may name (a URL without a port names its scheme's: 80 or 443),
+    /// sorted; `None` when `allow_ports` is left out and every port is allowed.
+    ///
+    /// With a list, the OS second line also confines the process's TCP connections to these
+    /// ports (and 53, for name resolution over TCP).
+    pub fn allow_ports(&self) -> Option<&[u16]> {
+        self.allow_ports.as_deref()
     }
 
     /// The largest response body, in bytes.

@@ -122,3 +122,38 @@ fn an_unlisted_host_is_denied_before_anything_runs() {
     assert!(project.snapshot().is_empty());
     assert!(seen.lock().expect("not poisoned").is_empty());
 }
+
+#[test]
+fn allow_ports_lets_listed_ports_through_both_lines_and_denies_the_rest() {
+    let (port, seen) = serve();
+    let project = Project::new();
+    fs::write(
+        project.path("sandbox.toml"),
+        format!(
+            "[fs]\nallow = [\"ws\"]\n\n[http]\nallow_domains = [\"127.0.0.1\"]\nallow_ports = [{port}]\n"
+        ),
+    )
+    .expect("writes policy");
+    // The listed port: allowed by the first line, and by the kernel's TCP rules in `run`.
+    let plan = project.plan(
+        "ok.json",
+        &json!({ "steps": [ { "tool": "http.get", "args": { "url": format!("http://127.0.0.1:{port}/ok") } } ] }),
+    );
+    let (code, document) = project.run_json(&["run", "--plan", plan.to_str().expect("utf8")]);
+    assert_eq!(code, 0, "{document}");
+    assert_eq!(*seen.lock().expect("not poisoned"), ["/ok"]);
+
+    // Another port on the same allowed host: denied before anything ran.
+    let other = if port == 1 { 2 } else { port - 1 };
+    let plan = project.plan(
+        "other.json",
+        &json!({ "steps": [ { "tool": "http.get", "args": { "url": format!("http://127.0.0.1:{other}/ok") } } ] }),
+    );
+    let output = project.run(&["run", "--plan", plan.to_str().expect("utf8")]);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("is not in [http] allow_ports"),
+        "{}",
+        describe(&output)
+    );
+}

@@ -591,3 +591,71 @@ fn landlock_refuses_what_the_first_line_would_not_see() {
         );
     }
 }
+
+#[test]
+fn landlock_confines_tcp_to_what_the_policy_needs() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+    let port = listener.local_addr().expect("address").port();
+    let other_port = if port == 8443 { 8444 } else { 8443 };
+    let project = Project::new();
+    let target = format!("127.0.0.1:{port}");
+    let probe = |policy: &str| {
+        fs::write(project.path("sandbox.toml"), policy).expect("writes policy");
+        let (code, document) =
+            project.run_json(&["sandbox", "status", "--probe-connect", target.as_str()]);
+        assert_eq!(code, 0, "{document}");
+        document
+    };
+    let cases = [
+        // No [http]: no TCP at all.
+        ("[fs]\nallow = [\"ws\"]\n".to_owned(), "no_tcp", true),
+        // allow_ports that do not include the port.
+        (
+            format!("[http]\nallow_domains = [\"127.0.0.1\"]\nallow_ports = [{other_port}]\n"),
+            "ports",
+            true,
+        ),
+        // allow_ports that include it.
+        (
+            format!("[http]\nallow_domains = [\"127.0.0.1\"]\nallow_ports = [{port}]\n"),
+            "ports",
+            false,
+        ),
+        // No allow_ports: connections are the first line's business.
+        (
+            "[http]\nallow_domains = [\"127.0.0.1\"]\n".to_owned(),
+            "any_port",
+            false,
+        ),
+    ];
+    for (policy, line, refused) in cases {
+        let document = probe(&policy);
+        let network = document["second_line"]["network"]
+            .as_str()
+            .expect("network");
+        if network == "unavailable" {
+            // An older kernel: no network rules; the connection goes through.
+            eprintln!(
+                "landlock network rules unavailable here: {}",
+                document["second_line"]["network_detail"]
+            );
+            assert_eq!(document["probe_connect"]["refused"], false, "{document}");
+            continue;
+        }
+        assert_eq!(network, line, "{policy}: {document}");
+        assert_eq!(
+            document["probe_connect"]["refused"], refused,
+            "{policy}: {document}"
+        );
+        if refused {
+            assert!(
+                document["probe_connect"]["error"]
+                    .as_str()
+                    .expect("error")
+                    .contains("Permission denied"),
+                "{document}"
+            );
+        }
+    }
+    drop(listener);
+}

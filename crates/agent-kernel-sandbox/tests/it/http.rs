@@ -413,3 +413,57 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn allow_ports_limits_every_url_to_the_listed_ports() {
+    let policy = Policy::from_toml_str(
+        "[http]\nallow_domains = [\"example.com\"]\nallow_ports = [8443, 443, 443]\n",
+        Path::new("."),
+    )
+    .expect("policy");
+    assert_eq!(
+        policy.http().expect("[http]").allow_ports(),
+        Some(&[443_u16, 8443][..]),
+        "sorted, duplicates removed"
+    );
+    let sandbox = HttpSandbox::new(&policy);
+    for (url, expect) in [
+        ("https://example.com/", Allow),
+        ("https://example.com:443/", Allow),
+        ("https://example.com:8443/x", Allow),
+        // No port: the scheme's, 80, which is not listed.
+        ("http://example.com/", Deny),
+        ("http://example.com:8443/", Allow),
+        ("https://example.com:22/", Deny),
+        ("https://example.com:0443/", Allow),
+        ("https://example.com:65535/", Deny),
+    ] {
+        assert_eq!(outcome(&sandbox.check_url(url)), expect, "{url}");
+    }
+    let message = sandbox
+        .check_url("https://example.com:22/")
+        .expect_err("denied")
+        .to_string();
+    assert!(
+        message.contains("the port 22 is not in [http] allow_ports (443, 8443)"),
+        "{message}"
+    );
+    // Without allow_ports, every port of an allowed host is allowed.
+    assert_eq!(
+        outcome(&sandbox_with(r#"["example.com"]"#).check_url("https://example.com:22/")),
+        Allow
+    );
+    for (bad, needle) in [
+        ("[]", "allow_ports is empty"),
+        ("[0]", "port 0"),
+        ("[70000]", "expected u16"),
+        ("[\"443\"]", "expected u16"),
+    ] {
+        let error = Policy::from_toml_str(
+            &format!("[http]\nallow_domains = [\"example.com\"]\nallow_ports = {bad}\n"),
+            Path::new("."),
+        )
+        .expect_err(bad);
+        assert!(error.to_string().contains(needle), "{bad}: {error}");
+    }
+}
