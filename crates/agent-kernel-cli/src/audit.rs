@@ -111,6 +111,77 @@ pub(crate) async fn verify_command(
     })
 }
 
+/// Runs `audit seal`: checks the chain and the tables of the log at `db` (not its head
+/// file), and if they hold, records the seal (by `owner`) in the chain and writes a head
+/// file naming that record. Prints the verdict as `audit verify` does, plus the new head.
+/// Returns the exit code: 0 sealed, 1 not sealed (a bad record).
+///
+/// # Errors
+///
+/// A [`Failure`] when the log cannot be verified, opened or written.
+pub(crate) async fn seal_command(
+    db: &Path,
+    key: Option<AuditKey>,
+    json: bool,
+    owner: agent_kernel_api::Owner,
+    open: impl FnOnce() -> Result<agent_kernel_txlog::SqliteLog, Failure>,
+) -> Result<u8, Failure> {
+    let path = db.to_owned();
+    let check_key = key.clone();
+    let report = tokio::task::spawn_blocking(move || {
+        agent_kernel_txlog::verify_ignoring_head_file(&path, check_key.as_ref())
+    })
+    .await
+    .map_err(|error| Failure {
+        code: exit::ATTENTION,
+        kind: "internal",
+        error: anyhow::anyhow!("the verification stopped: {error}"),
+    })?
+    .with_context(|| format!("cannot verify the log {}", db.display()))
+    .map_err(Failure::bad_input)?;
+    if !report.is_intact() {
+        print_report(&report, json);
+        eprintln!("agent-kernel: the log was not sealed: its records or tables are bad");
+        return Ok(EXIT_TAMPERED);
+    }
+    let log = open()?;
+    let head = log
+        .seal(agent_kernel_api::AuditEvent::Operator(
+            agent_kernel_api::OperatorCommand {
+                command: "audit seal".to_owned(),
+                saga_id: None,
+                options: Vec::new(),
+                by: owner,
+                uid: agent_kernel_core::current_uid(),
+            },
+        ))
+        .await
+        .map_err(|error| Failure {
+            code: exit::ATTENTION,
+            kind: "internal",
+            error: anyhow::Error::new(error).context("cannot seal the log"),
+        })?;
+    if json {
+        let document = json!({
+            "ok": true,
+            "sealed": true,
+            "n_records": report.n_records + 1,
+            "head": head,
+            "previous_head_file": report.head_file,
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&document).expect("a JSON value always serializes")
+        );
+    } else {
+        println!(
+            "audit: {} records verified; sealed with record {}, which the head file now names",
+            report.n_records, head.seq
+        );
+    }
+    Ok(exit::OK)
+}
+
 /// Verifies the log at `db` on the blocking pool (it reads the whole log).
 ///
 /// # Errors

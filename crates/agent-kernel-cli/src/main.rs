@@ -158,6 +158,10 @@ enum Command {
 enum AuditAction {
     /// Check every record, the head file and the tables; name the first bad record (exit 1)
     Verify,
+    /// Put a log back in service after its head file was lost or left behind (a restore, a
+    /// power loss): check the records and the tables, then record the seal and write a head
+    /// file naming it. It cannot tell whether the newest records were removed: look first
+    Seal,
 }
 
 #[derive(Debug, Subcommand)]
@@ -438,6 +442,24 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             let key = audit::audit_key_from_env_or_file(cli.audit_key_file.as_deref())
                 .map_err(Failure::bad_input)?;
             audit::verify_command(&db_path(cli), key, cli.json).await
+        }
+        Command::Audit {
+            action: AuditAction::Seal,
+        } => {
+            let key = audit::audit_key_from_env_or_file(cli.audit_key_file.as_deref())
+                .map_err(Failure::bad_input)?;
+            require_log(cli)?;
+            let owner = current_owner()
+                .context("cannot identify this process in /proc")
+                .map_err(|error| Failure {
+                    code: exit::ATTENTION,
+                    kind: "internal",
+                    error,
+                })?;
+            audit::seal_command(&db_path(cli), key, cli.json, owner, || {
+                open_log(cli, Durability::Full)
+            })
+            .await
         }
         Command::Sandbox {
             action:

@@ -547,8 +547,64 @@ impl AuditSettings {
     /// Replaces the head file with `head`. A failure is logged, not returned: the records
     /// are committed by now, and a stale head file only weakens what `verify` can tell
     /// (it then vouches for fewer of the newest records).
-    pub(crate) fn update_head(&self, head: &Head) {
-        if let Err(err) = crate::head::write(&self.db_path, head, self.durability) {
+    /// Moves the head file forward to `head`, just committed by this process, unless the
+    /// head file is evidence: when it is missing, unreadable, or names a record the chain
+    /// does not hold with that hash, the log may have been tampered with (newest records
+    /// deleted, an older database put back), and overwriting it would erase what `verify`
+    /// needs to tell. It is then left as is, with a warning, until an operator has looked
+    /// (`audit verify`) and sealed the log again ([`SqliteLog::seal`](crate::SqliteLog::seal)).
+    /// A head file already at or past `head` (another process's) is left as is too.
+    pub(crate) fn advance_head(&self, conn: &Connection, head: &Head) {
+        let path = crate::head::head_path(&self.db_path);
+        let current = match crate::head::read(&self.db_path) {
+            Ok(Some(current)) => current,
+            Ok(None) => {
+                tracing::warn!(
+                    path = %path.display(),
+                    "the audit head file is missing, so it is not moved: run `agent-kernel audit verify`, then `agent-kernel audit seal` once the log is known good"
+                );
+                return;
+            }
+            Err(reason) => {
+                tracing::warn!(%reason, "the audit head file is not moved: run `agent-kernel audit verify`");
+                return;
+            }
+        };
+        if current.seq >= head.seq {
+            return;
+        }
+        let holds = if current.seq == 0 {
+            current.hash == ZERO_HASH
+        } else {
+            conn.prepare_cached("SELECT hash FROM audit_log WHERE seq = ?1")
+                .and_then(|mut s| {
+                    s.query_row(params![current.seq], |row| row.get::<_, String>(0))
+                        .optional()
+                })
+                .ok()
+                .flatten()
+                .is_some_and(|hash| hash == current.hash)
+        };
+        if !holds {
+            tracing::warn!(
+                path = %path.display(),
+                head_seq = current.seq,
+                "the audit head file names a record the log does not hold as it was, so it is not moved: run `agent-kernel audit verify`"
+            );
+            return;
+        }
+        self.write_head_or_warn(head);
+    }
+
+    /// Writes the head file, whatever it held.
+    pub(crate) fn write_head(&self, head: &Head) -> std::io::Result<()> {
+        crate::head::write(&self.db_path, head, self.durability)
+    }
+
+    /// [`write_head`](Self::write_head), with a warning when it fails: the records stay
+    /// committed, and `verify` vouches for them up to the previous head.
+    pub(crate) fn write_head_or_warn(&self, head: &Head) {
+        if let Err(err) = self.write_head(head) {
             tracing::warn!(
                 path = %crate::head::head_path(&self.db_path).display(),
                 error = %err,

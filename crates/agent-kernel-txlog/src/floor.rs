@@ -43,7 +43,7 @@ pub fn measure_commit_floor(
                 i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
             })
     };
-    let mut conn = crate::schema::open(path, durability, None, &now_ms)?;
+    let (mut conn, _) = crate::schema::open(path, durability, None, &now_ms)?;
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS floor_commits (id INTEGER PRIMARY KEY, payload TEXT NOT NULL)",
     )

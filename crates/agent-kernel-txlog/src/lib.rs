@@ -96,15 +96,15 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use agent_kernel_api::{
-    BoxFuture, Clock, Durability, KeyBinding, LogWrite, Owner, SagaId, SagaRecord, SagaState,
-    SagaSummary, TxError, TxLog, WriteOutcome,
+    AuditEvent, BoxFuture, Clock, Durability, KeyBinding, LogWrite, Owner, SagaId, SagaRecord,
+    SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
 };
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 pub use audit::{AUDIT_BODY_BYTES_MAX, AUDIT_KEY_BYTES_MAX, AUDIT_KEY_BYTES_MIN, AuditKey};
 pub use floor::{FloorReport, measure_commit_floor};
-pub use verify::{AuditHead, AuditReport, BadRecord, verify};
+pub use verify::{AuditHead, AuditReport, BadRecord, verify, verify_ignoring_head_file};
 
 use crate::audit::AuditSettings;
 
@@ -204,20 +204,31 @@ impl SqliteLog {
         audit_key: Option<AuditKey>,
     ) -> Result<SqliteLog, TxError> {
         let clock = options.clock.clone();
-        let mut conn = schema::open(path, options.durability, audit_key.as_ref(), &|| {
-            clock.now_ms()
-        })?;
+        let (mut conn, started_chain) =
+            schema::open(path, options.durability, audit_key.as_ref(), &|| {
+                clock.now_ms()
+            })?;
         let audit = Arc::new(AuditSettings {
             key: audit_key,
             db_path: path.to_owned(),
             durability: options.durability,
         });
-        // The first open after the migration (or of a new log, or of a log whose head file
-        // was lost) writes the head file; afterwards the writer keeps it up to date.
-        // An existing head file is never overwritten here: if it disagrees with the
+        // The open that starts the chain (a new log, a migrated one) writes the head file;
+        // afterwards the writer moves it forward. A head file missing from a chain that has
+        // records is evidence (the newest records may have been deleted with it): it is not
+        // recreated here, and the writer leaves it missing, until an operator seals the log.
+        // An existing head file is never overwritten here either: if it disagrees with the
         // database, that is for `verify` to report.
         if !head::exists(path) {
-            audit.update_head(&audit::read_head(&conn, audit.key.as_ref())?);
+            let chain_head = audit::read_head(&conn, audit.key.as_ref())?;
+            if started_chain || chain_head.seq == 0 {
+                audit.write_head_or_warn(&chain_head);
+            } else {
+                tracing::warn!(
+                    path = %head::head_path(path).display(),
+                    "the audit head file is missing: run `agent-kernel audit verify`, then `agent-kernel audit seal` once the log is known good"
+                );
+            }
         }
         let (jobs, mut receiver) = mpsc::channel::<Job>(WRITER_QUEUE_MAX);
         let clock = options.clock;
@@ -245,6 +256,24 @@ impl SqliteLog {
     /// The durability mode the log was opened with.
     pub fn durability(&self) -> Durability {
         self.durability
+    }
+
+    /// Appends `event` (the operator's seal command) to the audit chain and writes the head
+    /// file naming it, whatever the head file held: the operator vouches that the log is as
+    /// it should be, after [`verify_ignoring_head_file`] found the chain and the tables
+    /// consistent. Returns the new head.
+    ///
+    /// This is how a log whose head file was lost, or disagrees with the database after a
+    /// power loss under [`Durability::Normal`], is put back in service: until then the
+    /// writer leaves such a head file as it is, so that `verify` keeps reporting it.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the record cannot be written, or [`TxError::Storage`] when the head
+    /// file cannot be (the record is then written, and the head file left as it was).
+    pub fn seal(&self, event: AuditEvent) -> BoxFuture<'_, Result<AuditHead, TxError>> {
+        let audit = self.audit.clone();
+        self.call(move |conn, now_ms| store::seal(conn, &audit, &event, now_ms))
     }
 
     /// Runs `job` on the writer thread and returns its result.

@@ -163,6 +163,8 @@ fn create_private(path: &Path) -> Result<(), TxError> {
 }
 
 /// Opens (creating if absent) the log at `path`, checks it and brings its schema up to date.
+/// Returns the connection and whether this open started the audit chain (a new log, or one
+/// migrated from before the chain).
 ///
 /// A migration that starts the audit chain of a log holding sagas writes a `Genesis`
 /// record stamped `now_ms()` (called only then) and MACed with `audit_key`.
@@ -171,7 +173,7 @@ pub(crate) fn open(
     durability: Durability,
     audit_key: Option<&AuditKey>,
     now_ms: &dyn Fn() -> i64,
-) -> Result<Connection, TxError> {
+) -> Result<(Connection, bool), TxError> {
     let existed = check_header(path)?;
     if !existed {
         create_private(path)?;
@@ -206,8 +208,8 @@ pub(crate) fn open(
     conn.pragma_update(None, "foreign_keys", "ON")
         .map_err(storage)?;
 
-    migrate(&mut conn, path, audit_key, now_ms)?;
-    Ok(conn)
+    let started_chain = migrate(&mut conn, path, audit_key, now_ms)?;
+    Ok((conn, started_chain))
 }
 
 /// Refuses an SQLite database that belongs to another application. Returns whether the
@@ -265,12 +267,13 @@ pub(crate) fn open_read_only(path: &Path) -> Result<(Connection, i64), TxError> 
     Ok((conn, version))
 }
 
+/// Returns whether the migration started the audit chain.
 fn migrate(
     conn: &mut Connection,
     path: &Path,
     audit_key: Option<&AuditKey>,
     now_ms: &dyn Fn() -> i64,
-) -> Result<(), TxError> {
+) -> Result<bool, TxError> {
     // An immediate transaction serializes concurrent first opens of a new file.
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -307,7 +310,8 @@ fn migrate(
             .map_err(storage)?;
     }
     check_tables(&tx, path)?;
-    tx.commit().map_err(storage)
+    tx.commit().map_err(storage)?;
+    Ok(version < AUDIT_SCHEMA_VERSION)
 }
 
 /// Checks that the tables this build relies on are there, with the columns it reads.

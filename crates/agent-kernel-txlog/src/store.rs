@@ -8,6 +8,8 @@ use agent_kernel_api::{
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use serde_json::{Value, json};
 
+use crate::AuditHead;
+
 use crate::audit::{
     ARGS_SUMMARY_BYTES_MAX, Appender, AuditSettings, CanonicalObject, DENIALS_LISTED_MAX,
     KIND_OPERATOR, KIND_PLAN_DENIED, KIND_TAKE_OVER, QUOTE_BYTES_MAX, canonical_json,
@@ -62,9 +64,36 @@ pub(crate) fn write_batch(
     // Only here, not after every batch: a head update costs two more syncs under
     // `Durability::Full`, which every step would otherwise pay.
     if ends_a_saga {
-        audit.update_head(chain.head());
+        audit.advance_head(conn, chain.head());
     }
     Ok(outcomes)
+}
+
+/// Appends `event` and writes the head file naming it, whatever the head file held.
+pub(crate) fn seal(
+    conn: &mut Connection,
+    audit: &AuditSettings,
+    event: &AuditEvent,
+    now_ms: i64,
+) -> Result<AuditHead, TxError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(storage)?;
+    let mut chain = Appender::start(&tx, audit.key.as_ref())?;
+    let (kind, saga_id, body) = audit_event_body(event)?;
+    chain.append(&tx, now_ms, kind, saga_id, &body)?;
+    tx.commit().map_err(storage)?;
+    let head = chain.head();
+    audit.write_head(head).map_err(|err| {
+        TxError::Storage(format!(
+            "the seal record {} is written, but the head file cannot be: {err}",
+            head.seq
+        ))
+    })?;
+    Ok(AuditHead {
+        seq: head.seq.unsigned_abs(),
+        hash: head.hash.clone(),
+    })
 }
 
 /// What one [`LogWrite`] did, and the audit record that describes it.
@@ -858,6 +887,6 @@ pub(crate) fn take_over(
         .finish();
     chain.append(&tx, now_ms, KIND_TAKE_OVER, Some(saga_id), &body)?;
     tx.commit().map_err(storage)?;
-    audit.update_head(chain.head());
+    audit.advance_head(conn, chain.head());
     Ok(true)
 }

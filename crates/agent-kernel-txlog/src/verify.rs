@@ -101,6 +101,37 @@ pub struct BadRecord {
 /// exist or cannot be opened, or when its schema predates the audit chain (version 1) and
 /// it has no head file (open it once with this build to start the chain).
 pub fn verify(path: &Path, key: Option<&AuditKey>) -> Result<AuditReport, TxError> {
+    verify_with(path, key, HeadFile::Check)
+}
+
+/// [`verify`] without check 2 (the head file): the chain and the tables only.
+///
+/// What an operator runs before sealing a log whose head file was lost or disagrees with
+/// the database ([`SqliteLog::seal`](crate::SqliteLog::seal)); it cannot tell whether the
+/// newest records were removed.
+///
+/// # Errors
+///
+/// As [`verify`].
+pub fn verify_ignoring_head_file(
+    path: &Path,
+    key: Option<&AuditKey>,
+) -> Result<AuditReport, TxError> {
+    verify_with(path, key, HeadFile::Ignore)
+}
+
+/// Whether [`verify_with`] checks the head file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeadFile {
+    Check,
+    Ignore,
+}
+
+fn verify_with(
+    path: &Path,
+    key: Option<&AuditKey>,
+    head_check: HeadFile,
+) -> Result<AuditReport, TxError> {
     let head_file = head::read(path);
     let (mut conn, version) = schema::open_read_only(path)?;
     let mut report = AuditReport {
@@ -153,7 +184,9 @@ pub fn verify(path: &Path, key: Option<&AuditKey>) -> Result<AuditReport, TxErro
         seq: last.seq.unsigned_abs(),
         hash: last.hash.clone(),
     });
-    if let Err(bad) = check_head_file(&tx, path, head_file, &last, key) {
+    if head_check == HeadFile::Check
+        && let Err(bad) = check_head_file(&tx, path, head_file, &last, key)
+    {
         report.first_bad = Some(bad);
         return Ok(report);
     }

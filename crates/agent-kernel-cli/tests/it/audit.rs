@@ -386,6 +386,51 @@ fn recover_and_rollback_refuse_a_tampered_log_unless_told_and_record_the_command
             .any(|(kind, _)| kind == "TakeOver"),
         "{records:?}"
     );
+
+    // The writer did not recreate the head file: the evidence stays until the operator
+    // seals the log, after which it verifies and recover runs without --skip-verify.
+    assert!(!head_file(&project.db()).exists());
+    let (code, document) = verify_json(&project, None, &[]);
+    assert_eq!(code, 1, "{document}");
+    let output = run_with_key(&project, None, &["--json", "audit", "seal"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let sealed: Value = serde_json::from_slice(&output.stdout).expect("one JSON document");
+    assert_eq!(sealed["sealed"], true, "{sealed}");
+    let (code, document) = verify_json(&project, None, &[]);
+    assert_eq!(code, 0, "{document}");
+    assert_eq!(document["head"], sealed["head"]);
+    assert_eq!(
+        audit_records(&project).last().expect("a record").1["command"],
+        "audit seal"
+    );
+    let (code, report) = project.run_json(&["recover"]);
+    assert_eq!(code, 0, "{report}");
+}
+
+#[test]
+fn audit_seal_refuses_a_log_whose_records_are_bad() {
+    let project = Project::new();
+    write_log(&project, None, "a");
+    let conn = rusqlite::Connection::open(project.db()).expect("opens the log");
+    conn.execute(
+        "UPDATE audit_log SET body = replace(body, 'ok', 'OK') WHERE kind = 'CreateSaga'",
+        [],
+    )
+    .expect("edits");
+    drop(conn);
+    let head_before = fs::read(head_file(&project.db())).expect("reads");
+    let output = run_with_key(&project, None, &["audit", "seal"]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("not sealed"),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(
+        fs::read(head_file(&project.db())).expect("reads"),
+        head_before,
+        "the head file is untouched"
+    );
 }
 
 #[test]

@@ -11,7 +11,10 @@ use agent_kernel_api::{
     AuditEvent, BeginStep, Durability, EffectClass, LogWrite, NewSaga, OperatorCommand, PlanDenial,
     SagaId, SagaState, StepDenial, ToolError, ToolOutput, TxError, TxLog, Undo, WriteOutcome,
 };
-use agent_kernel_txlog::{AuditKey, AuditReport, LogOptions, SqliteLog, audit_head_path, verify};
+use agent_kernel_txlog::{
+    AuditKey, AuditReport, LogOptions, SqliteLog, audit_head_path, verify,
+    verify_ignoring_head_file,
+};
 use rusqlite::{Connection, params};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -891,6 +894,68 @@ async fn an_older_copy_of_the_database_is_detected_by_the_newer_head_file() {
     // Today's limit, stated: an older copy *with its own* head file verifies. The head
     // file must be protected like the database.
     assert_intact(&older, None);
+
+    // Life goes on in the swapped log: the writer does not move a head file the chain
+    // contradicts, so the evidence stays until an operator looks.
+    let head_before = fs::read(audit_head_path(&swapped)).expect("reads");
+    {
+        let log = open_log(&swapped, None, Durability::Full);
+        for n in 0..4 {
+            write_saga(&log, &mut rng, &format!("after{n}"), false).await;
+        }
+    }
+    assert_eq!(
+        fs::read(audit_head_path(&swapped)).expect("reads"),
+        head_before,
+        "the head file was left as it was"
+    );
+    let (_, reason) = first_bad(&swapped, None);
+    assert!(reason.contains("head file"), "{reason}");
+}
+
+#[tokio::test]
+async fn a_lost_head_file_is_not_recreated_until_the_operator_seals_the_log() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    let mut rng = Rng(13);
+    {
+        let log = open_log(&path, Some(key()), Durability::Full);
+        for n in 0..3 {
+            write_saga(&log, &mut rng, &format!("before{n}"), false).await;
+        }
+    }
+    fs::remove_file(audit_head_path(&path)).expect("removes the head file");
+    // Neither opening the log nor writing to it recreates the head file: its absence is
+    // what `verify` reports.
+    let log = open_log(&path, Some(key()), Durability::Full);
+    for n in 0..2 {
+        write_saga(&log, &mut rng, &format!("during{n}"), false).await;
+    }
+    assert!(!audit_head_path(&path).exists());
+    let (_, reason) = first_bad(&path, Some(&key()));
+    assert!(reason.contains("missing"), "{reason}");
+    // The chain and tables alone are consistent.
+    let report = verify_ignoring_head_file(&path, Some(&key())).expect("verifies");
+    assert!(report.is_intact(), "{report:#?}");
+
+    // The operator seals: a record of it, and a head file naming it.
+    let head = log
+        .seal(AuditEvent::Operator(OperatorCommand {
+            command: "audit seal".into(),
+            saga_id: None,
+            options: Vec::new(),
+            by: owner(4),
+            uid: Some(0),
+        }))
+        .await
+        .expect("seals");
+    let report = assert_intact(&path, Some(&key()));
+    assert_eq!(report.head.as_ref(), Some(&head));
+    assert_eq!(report.head_file.as_ref(), Some(&head));
+    // And the writer moves it forward again.
+    write_saga(&log, &mut rng, "after", false).await;
+    let report = assert_intact(&path, Some(&key()));
+    assert!(report.head_file.expect("a head file").seq > head.seq);
 }
 
 #[tokio::test]
