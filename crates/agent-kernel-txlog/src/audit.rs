@@ -555,27 +555,12 @@ impl AuditSettings {
     /// (`audit verify`) and sealed the log again ([`SqliteLog::seal`](crate::SqliteLog::seal)).
     /// A head file already at or past `head` (another process's) is left as is too.
     pub(crate) fn advance_head(&self, conn: &Connection, head: &Head) {
+        use crate::head::Advance;
         let path = crate::head::head_path(&self.db_path);
-        let current = match crate::head::read(&self.db_path) {
-            Ok(Some(current)) => current,
-            Ok(None) => {
-                tracing::warn!(
-                    path = %path.display(),
-                    "the audit head file is missing, so it is not moved: run `agent-kernel audit verify`, then `agent-kernel audit seal` once the log is known good"
-                );
-                return;
+        let holds = |current: &Head| {
+            if current.seq == 0 {
+                return current.hash == ZERO_HASH;
             }
-            Err(reason) => {
-                tracing::warn!(%reason, "the audit head file is not moved: run `agent-kernel audit verify`");
-                return;
-            }
-        };
-        if current.seq >= head.seq {
-            return;
-        }
-        let holds = if current.seq == 0 {
-            current.hash == ZERO_HASH
-        } else {
             conn.prepare_cached("SELECT hash FROM audit_log WHERE seq = ?1")
                 .and_then(|mut s| {
                     s.query_row(params![current.seq], |row| row.get::<_, String>(0))
@@ -585,15 +570,27 @@ impl AuditSettings {
                 .flatten()
                 .is_some_and(|hash| hash == current.hash)
         };
-        if !holds {
-            tracing::warn!(
+        match crate::head::advance(&self.db_path, head, self.durability, holds) {
+            Ok(Advance::Moved | Advance::AlreadyPast) => {}
+            Ok(Advance::Missing) => tracing::warn!(
+                path = %path.display(),
+                "the audit head file is missing, so it is not moved: run `agent-kernel audit verify`, then `agent-kernel audit seal` once the log is known good"
+            ),
+            Ok(Advance::Unusable(reason)) => tracing::warn!(
+                %reason,
+                "the audit head file is not moved: run `agent-kernel audit verify`"
+            ),
+            Ok(Advance::Contradicted(current)) => tracing::warn!(
                 path = %path.display(),
                 head_seq = current.seq,
                 "the audit head file names a record the log does not hold as it was, so it is not moved: run `agent-kernel audit verify`"
-            );
-            return;
+            ),
+            Err(err) => tracing::warn!(
+                path = %path.display(),
+                error = %err,
+                "cannot update the audit head file; `audit verify` will vouch only for the records up to its previous head"
+            ),
         }
-        self.write_head_or_warn(head);
     }
 
     /// Writes the head file, whatever it held.

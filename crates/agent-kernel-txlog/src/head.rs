@@ -2,24 +2,43 @@
 //! database (`<database file name>.audit-head` in the same folder) so that deleting the
 //! newest records, or swapping in an older copy of the database, is detected.
 //!
-//! It is one line of canonical JSON, `{"hash":"…","mac":"…","seq":n}` (`mac` only with a
-//! key), replaced atomically: written to a new temporary file in the same folder (synced
-//! with [`Durability::Full`]), renamed over the old one, and the folder synced (with
-//! [`Durability::Full`]).
+//! It holds two slots of [`SLOT_BYTES`] each: a line of canonical JSON,
+//! `{"hash":"…","mac":"…","seq":n,"sum":"…"}` (`mac` only with a key; `sum` the SHA-256 of
+//! the same object without `sum`), padded with spaces and ended by a newline; a blank slot
+//! is all spaces. The head is the valid slot with the larger `seq`.
+//!
+//! A writer moves the head ([`advance`]) by overwriting, in place, the slot that does not
+//! hold it, under an exclusive advisory lock on the file, and syncs the file's data under
+//! [`Durability::Full`]: a write torn by a crash or seen half-done by a reader damages only
+//! that slot, whose `sum` then fails, and the other slot still holds the previous head.
+//! No rename, so no new file for the file system to allocate and flush at each saga's end.
+//! The file is created, and replaced by an operator's seal ([`write`]), atomically: a new
+//! temporary file in the same folder (synced under [`Durability::Full`]), renamed over the
+//! old one, and the folder synced (under [`Durability::Full`]).
+//!
+//! A head file written by an earlier build, one line `{"hash":"…","mac":"…","seq":n}`, is
+//! read as its one head, and replaced by the two-slot form the first time a writer moves it.
 
 use std::ffi::OsString;
 use std::fs;
 use std::io::{Read, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use agent_kernel_api::Durability;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
-use crate::audit::{Head, canonical_json, is_hex_digest};
+use crate::audit::{Head, canonical_json, is_hex_digest, sha256_hex};
 
-/// The largest head file read; a real one is under 200 bytes.
+/// The largest head file read; a real one is [`SLOT_BYTES`] times [`N_SLOTS`].
 const HEAD_FILE_BYTES_MAX: u64 = 4096;
+
+/// The bytes of one slot, its newline included; a slot's JSON is under 250 bytes.
+pub(crate) const SLOT_BYTES: usize = 256;
+
+/// The slots of a head file.
+const N_SLOTS: usize = 2;
 
 /// Tells apart the temporary files of the writers of one process.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -42,20 +61,122 @@ fn folder_of(path: &Path) -> &Path {
     }
 }
 
-/// Replaces the head file of `db` with `head`.
+/// The fields of a head, as a JSON object without `sum`.
+fn head_document(head: &Head) -> Map<String, Value> {
+    let mut document = Map::new();
+    document.insert("hash".to_owned(), Value::String(head.hash.clone()));
+    if let Some(mac) = &head.mac {
+        document.insert("mac".to_owned(), Value::String(mac.clone()));
+    }
+    document.insert("seq".to_owned(), json!(head.seq));
+    document
+}
+
+/// One slot holding `head`: its line, padded to [`SLOT_BYTES`].
+fn slot(head: &Head) -> Vec<u8> {
+    debug_assert!(head.seq >= 0, "a head has a non-negative seq");
+    debug_assert!(is_hex_digest(&head.hash), "a head has a hex hash");
+    let mut document = head_document(head);
+    let sum = sha256_hex(canonical_json(&Value::Object(document.clone())).as_bytes());
+    document.insert("sum".to_owned(), Value::String(sum));
+    let mut line = canonical_json(&Value::Object(document)).into_bytes();
+    assert!(
+        line.len() < SLOT_BYTES,
+        "a head slot fits in {SLOT_BYTES} bytes"
+    );
+    line.resize(SLOT_BYTES - 1, b' ');
+    line.push(b'\n');
+    line
+}
+
+/// A slot holding nothing.
+fn blank_slot() -> Vec<u8> {
+    let mut line = vec![b' '; SLOT_BYTES - 1];
+    line.push(b'\n');
+    line
+}
+
+/// A head from a JSON object's `seq`, `hash` and `mac`, if they are well formed.
+fn head_of(document: &Map<String, Value>) -> Option<Head> {
+    let seq = document.get("seq")?.as_i64().filter(|seq| *seq >= 0)?;
+    let hash = document
+        .get("hash")?
+        .as_str()
+        .filter(|hash| is_hex_digest(hash))?;
+    let mac = match document.get("mac") {
+        None => None,
+        Some(Value::String(mac)) if is_hex_digest(mac) => Some(mac.clone()),
+        Some(_) => return None,
+    };
+    Some(Head {
+        seq,
+        hash: hash.to_owned(),
+        mac,
+    })
+}
+
+/// What a head file holds.
+#[derive(Debug, PartialEq)]
+enum Content {
+    /// The one-line form of earlier builds.
+    OneLine(Head),
+    /// The two-slot form, with the slot that holds the head.
+    Slots { head: Head, slot: usize },
+}
+
+impl Content {
+    fn head(&self) -> &Head {
+        match self {
+            Content::OneLine(head) | Content::Slots { head, .. } => head,
+        }
+    }
+}
+
+/// Parses a head file's text; `None` when it is not a head file.
+fn parse(text: &[u8]) -> Option<Content> {
+    if text.len() == SLOT_BYTES * N_SLOTS {
+        let mut best: Option<(Head, usize)> = None;
+        for (index, line) in text.chunks(SLOT_BYTES).enumerate() {
+            let Some(head) = parse_slot(line) else {
+                continue;
+            };
+            if best.as_ref().is_none_or(|(kept, _)| head.seq > kept.seq) {
+                best = Some((head, index));
+            }
+        }
+        return best.map(|(head, slot)| Content::Slots { head, slot });
+    }
+    let document: Value = serde_json::from_slice(text).ok()?;
+    let document = document.as_object()?;
+    if document.contains_key("sum") {
+        return None;
+    }
+    head_of(document).map(Content::OneLine)
+}
+
+/// One slot's head: `None` for a blank slot, a torn one, or one whose `sum` fails.
+fn parse_slot(line: &[u8]) -> Option<Head> {
+    let document: Value = serde_json::from_slice(line).ok()?;
+    let mut document = document.as_object()?.clone();
+    let Some(Value::String(sum)) = document.remove("sum") else {
+        return None;
+    };
+    let head = head_of(&document)?;
+    if head_document(&head) != document {
+        return None;
+    }
+    (sha256_hex(canonical_json(&Value::Object(document)).as_bytes()) == sum).then_some(head)
+}
+
+/// Replaces the head file of `db` with one whose head is `head`, whatever it held.
 ///
 /// # Errors
 ///
 /// The I/O error; the previous head file is then left as it was.
 pub(crate) fn write(db: &Path, head: &Head, durability: Durability) -> std::io::Result<()> {
-    debug_assert!(head.seq >= 0, "a head has a non-negative seq");
-    debug_assert!(is_hex_digest(&head.hash), "a head has a hex hash");
     let path = head_path(db);
-    let mut document = json!({ "seq": head.seq, "hash": head.hash });
-    if let Some(mac) = &head.mac {
-        document["mac"] = Value::String(mac.clone());
-    }
-    let text = format!("{}\n", canonical_json(&document));
+    let mut text = slot(head);
+    text.extend(blank_slot());
 
     let mut temp_name = path.file_name().map(OsString::from).unwrap_or_default();
     temp_name.push(format!(
@@ -67,12 +188,12 @@ pub(crate) fn write(db: &Path, head: &Head, durability: Durability) -> std::io::
     let result = (|| {
         // `create_new` never follows a symlink planted at the temporary name.
         // Private like the log itself.
-        let mut file = std::os::unix::fs::OpenOptionsExt::mode(
-            fs::OpenOptions::new().write(true).create_new(true),
-            0o600,
-        )
-        .open(&temp)?;
-        file.write_all(text.as_bytes())?;
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temp)?;
+        file.write_all(&text)?;
         if durability == Durability::Full {
             file.sync_all()?;
         }
@@ -87,6 +208,93 @@ pub(crate) fn write(db: &Path, head: &Head, durability: Durability) -> std::io::
         let _ = fs::remove_file(&temp);
     }
     result
+}
+
+/// What [`advance`] did.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Advance {
+    /// The head file now names the new head.
+    Moved,
+    /// The head file already names a record at or past the new head (another process's).
+    AlreadyPast,
+    /// There is no head file.
+    Missing,
+    /// The head file cannot be read, is not a head file, or is not a plain file of its own
+    /// (a symbolic link, a hard link): it was left as it is.
+    Unusable(String),
+    /// The head file names this head, which the chain does not hold as it was.
+    Contradicted(Head),
+}
+
+/// Moves the head file of `db` forward to `head`, if the head it names is one `holds`
+/// confirms (the chain holds that record with that hash) and is older than `head`.
+///
+/// The file is opened without following a symbolic link, refused if it has other hard
+/// links, read and written under an exclusive advisory lock, and written in place (the
+/// slot not holding the current head); a head file of the one-line form is replaced by
+/// [`write`].
+///
+/// # Errors
+///
+/// The I/O error of writing; the file then still names its previous head in one slot.
+pub(crate) fn advance(
+    db: &Path,
+    head: &Head,
+    durability: Durability,
+    holds: impl FnOnce(&Head) -> bool,
+) -> std::io::Result<Advance> {
+    let path = head_path(db);
+    let mut file = match fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+    {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Advance::Missing),
+        Err(err) => {
+            return Ok(Advance::Unusable(format!(
+                "the head file {} cannot be opened: {err}",
+                path.display()
+            )));
+        }
+    };
+    let metadata = file.metadata()?;
+    if !metadata.is_file() || metadata.nlink() != 1 {
+        return Ok(Advance::Unusable(format!(
+            "the head file {} is not a plain file of its own",
+            path.display()
+        )));
+    }
+    // Writers of every process take turns; the lock goes with the file handle.
+    file.lock()?;
+    let mut text = Vec::with_capacity(SLOT_BYTES * N_SLOTS);
+    (&mut file)
+        .take(HEAD_FILE_BYTES_MAX + 1)
+        .read_to_end(&mut text)?;
+    let Some(content) = parse(&text) else {
+        return Ok(Advance::Unusable(format!(
+            "the head file {} is not a head file",
+            path.display()
+        )));
+    };
+    if content.head().seq >= head.seq {
+        return Ok(Advance::AlreadyPast);
+    }
+    if !holds(content.head()) {
+        return Ok(Advance::Contradicted(content.head().clone()));
+    }
+    match content {
+        Content::OneLine(_) => write(db, head, durability)?,
+        Content::Slots { slot: current, .. } => {
+            let other = (current + 1) % N_SLOTS;
+            file.write_all_at(&slot(head), (other * SLOT_BYTES) as u64)?;
+            if durability == Durability::Full {
+                file.sync_data()?;
+            }
+        }
+    }
+    Ok(Advance::Moved)
 }
 
 /// Whether the head file of `db` exists (as anything, a dangling symlink included).
@@ -108,36 +316,30 @@ pub(crate) fn read(db: &Path) -> Result<Option<Head>, String> {
             ));
         }
     };
-    let mut text = String::new();
+    let mut text = Vec::new();
     file.take(HEAD_FILE_BYTES_MAX + 1)
-        .read_to_string(&mut text)
+        .read_to_end(&mut text)
         .map_err(|err| format!("the head file {} cannot be read: {err}", path.display()))?;
     if text.len() as u64 > HEAD_FILE_BYTES_MAX {
         return Err(format!("the head file {} is too large", path.display()));
     }
-    let garbled = || format!("the head file {} is not a head file", path.display());
-    let document: Value = serde_json::from_str(&text).map_err(|_| garbled())?;
-    let seq = document["seq"].as_i64().filter(|seq| *seq >= 0);
-    let hash = document["hash"].as_str().filter(|hash| is_hex_digest(hash));
-    let mac = match document.get("mac") {
-        None => Some(None),
-        Some(Value::String(mac)) if is_hex_digest(mac) => Some(Some(mac.clone())),
-        Some(_) => None,
-    };
-    match (seq, hash, mac) {
-        (Some(seq), Some(hash), Some(mac)) => Ok(Some(Head {
-            seq,
-            hash: hash.to_owned(),
-            mac,
-        })),
-        _ => Err(garbled()),
-    }
+    parse(&text)
+        .map(|content| Some(content.head().clone()))
+        .ok_or_else(|| format!("the head file {} is not a head file", path.display()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::audit::ZERO_HASH;
+
+    fn head(seq: i64, digit: &str) -> Head {
+        Head {
+            seq,
+            hash: ZERO_HASH.replace('0', digit),
+            mac: (seq % 2 == 0).then(|| ZERO_HASH.replace('0', "b")),
+        }
+    }
 
     #[test]
     fn the_head_file_sits_next_to_the_database() {
@@ -157,30 +359,124 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let db = dir.path().join("log.db");
         assert_eq!(read(&db), Ok(None));
-        let head = Head {
-            seq: 7,
-            hash: ZERO_HASH.replace('0', "a"),
-            mac: Some(ZERO_HASH.replace('0', "b")),
-        };
-        write(&db, &head, Durability::Full).expect("writes");
-        assert_eq!(read(&db), Ok(Some(head)));
+        let written = head(7, "a");
+        write(&db, &written, Durability::Full).expect("writes");
+        assert_eq!(read(&db), Ok(Some(written)));
+        assert_eq!(
+            fs::metadata(head_path(&db)).expect("stat").len(),
+            (SLOT_BYTES * N_SLOTS) as u64
+        );
         let names: Vec<_> = fs::read_dir(dir.path())
             .expect("lists")
             .map(|entry| entry.expect("entry").file_name())
             .collect();
         assert_eq!(names, ["log.db.audit-head"], "no temporary file left");
+        let blank_pair = [blank_slot(), blank_slot()].concat();
         for junk in [
-            "",
-            "{}",
-            "[1]",
-            r#"{"seq": -1, "hash": "00"}"#,
-            r#"{"seq": 1, "hash": "XYZ"}"#,
-            r#"{"seq": 1, "hash": "0000000000000000000000000000000000000000000000000000000000000000", "mac": 5}"#,
+            b"".to_vec(),
+            b"{}".to_vec(),
+            b"[1]".to_vec(),
+            br#"{"seq": -1, "hash": "00"}"#.to_vec(),
+            br#"{"seq": 1, "hash": "XYZ"}"#.to_vec(),
+            br#"{"seq": 1, "hash": "0000000000000000000000000000000000000000000000000000000000000000", "mac": 5}"#.to_vec(),
+            blank_pair,
         ] {
-            fs::write(head_path(&db), junk).expect("writes");
-            assert!(read(&db).is_err(), "{junk}");
+            fs::write(head_path(&db), &junk).expect("writes");
+            assert!(read(&db).is_err(), "{}", String::from_utf8_lossy(&junk));
         }
         fs::write(head_path(&db), vec![b' '; 5000]).expect("writes");
         assert!(read(&db).is_err(), "too large");
+    }
+
+    #[test]
+    fn a_one_line_head_file_of_an_earlier_build_is_read_and_upgraded() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("log.db");
+        let old = head(3, "c");
+        let line = format!("{}\n", canonical_json(&Value::Object(head_document(&old))));
+        fs::write(head_path(&db), line).expect("writes");
+        assert_eq!(read(&db), Ok(Some(old.clone())));
+        let new = head(9, "d");
+        let moved =
+            advance(&db, &new, Durability::Normal, |current| *current == old).expect("moves");
+        assert_eq!(moved, Advance::Moved);
+        assert_eq!(read(&db), Ok(Some(new)));
+        assert_eq!(
+            fs::metadata(head_path(&db)).expect("stat").len(),
+            (SLOT_BYTES * N_SLOTS) as u64,
+            "the two-slot form"
+        );
+    }
+
+    #[test]
+    fn advancing_alternates_slots_and_a_torn_slot_falls_back_to_the_other() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("log.db");
+        assert_eq!(
+            advance(&db, &head(1, "1"), Durability::Full, |_| true).expect("runs"),
+            Advance::Missing
+        );
+        write(&db, &head(2, "2"), Durability::Full).expect("writes");
+        for (seq, digit) in [(5, "5"), (6, "6"), (11, "e")] {
+            let moved = advance(&db, &head(seq, digit), Durability::Full, |_| true).expect("moves");
+            assert_eq!(moved, Advance::Moved);
+            assert_eq!(read(&db), Ok(Some(head(seq, digit))));
+        }
+        // Never backwards, and never from a head the chain contradicts.
+        assert_eq!(
+            advance(&db, &head(8, "8"), Durability::Full, |_| true).expect("runs"),
+            Advance::AlreadyPast
+        );
+        assert_eq!(
+            advance(&db, &head(12, "f"), Durability::Full, |_| false).expect("runs"),
+            Advance::Contradicted(head(11, "e"))
+        );
+        assert_eq!(read(&db), Ok(Some(head(11, "e"))));
+
+        // A write torn in the newest slot leaves the previous head readable.
+        let path = head_path(&db);
+        let mut text = fs::read(&path).expect("reads");
+        let newest = parse(&text).expect("parses");
+        let Content::Slots {
+            slot: newest_slot, ..
+        } = newest
+        else {
+            panic!("two slots expected");
+        };
+        text[newest_slot * SLOT_BYTES + 20] ^= 0x01;
+        fs::write(&path, &text).expect("writes");
+        assert_eq!(read(&db), Ok(Some(head(6, "6"))));
+    }
+
+    #[test]
+    fn advancing_refuses_links() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("log.db");
+        let elsewhere = dir.path().join("elsewhere");
+        write(
+            &dir.path().join("other.db"),
+            &head(1, "1"),
+            Durability::Normal,
+        )
+        .expect("writes");
+        fs::rename(head_path(&dir.path().join("other.db")), &elsewhere).expect("moves");
+        let before = fs::read(&elsewhere).expect("reads");
+
+        std::os::unix::fs::symlink(&elsewhere, head_path(&db)).expect("links");
+        let symlinked = advance(&db, &head(5, "5"), Durability::Normal, |_| true).expect("runs");
+        assert!(matches!(symlinked, Advance::Unusable(_)), "{symlinked:?}");
+        fs::remove_file(head_path(&db)).expect("removes");
+
+        fs::hard_link(&elsewhere, head_path(&db)).expect("links");
+        let hard_linked = advance(&db, &head(5, "5"), Durability::Normal, |_| true).expect("runs");
+        assert!(
+            matches!(hard_linked, Advance::Unusable(_)),
+            "{hard_linked:?}"
+        );
+        assert_eq!(
+            fs::read(&elsewhere).expect("reads"),
+            before,
+            "nothing written through"
+        );
     }
 }
