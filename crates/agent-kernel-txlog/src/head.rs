@@ -25,6 +25,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use agent_kernel_api::Durability;
 use serde_json::{Map, Value, json};
@@ -39,6 +40,13 @@ pub(crate) const SLOT_BYTES: usize = 256;
 
 /// The slots of a head file.
 const N_SLOTS: usize = 2;
+
+/// How long a writer waits for another process's lock on the head file before leaving the
+/// head as it is (the next saga's end tries again).
+pub(crate) const HEAD_LOCK_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a writer sleeps between attempts to lock the head file.
+const HEAD_LOCK_RETRY: Duration = Duration::from_millis(1);
 
 /// Tells apart the temporary files of the writers of one process.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -266,8 +274,24 @@ pub(crate) fn advance(
             path.display()
         )));
     }
-    // Writers of every process take turns; the lock goes with the file handle.
-    file.lock()?;
+    // Writers of every process take turns; the lock goes with the file handle. A lock held
+    // longer than `HEAD_LOCK_WAIT` (by a stuck or hostile process) leaves the head as it is.
+    let waited_since = Instant::now();
+    loop {
+        match file.try_lock() {
+            Ok(()) => break,
+            Err(fs::TryLockError::WouldBlock) if waited_since.elapsed() < HEAD_LOCK_WAIT => {
+                std::thread::sleep(HEAD_LOCK_RETRY);
+            }
+            Err(fs::TryLockError::WouldBlock) => {
+                return Ok(Advance::Unusable(format!(
+                    "the head file {} stayed locked by another process for {HEAD_LOCK_WAIT:?}",
+                    path.display()
+                )));
+            }
+            Err(fs::TryLockError::Error(err)) => return Err(err),
+        }
+    }
     let mut text = Vec::with_capacity(SLOT_BYTES * N_SLOTS);
     (&mut file)
         .take(HEAD_FILE_BYTES_MAX + 1)
@@ -446,6 +470,28 @@ mod tests {
         text[newest_slot * SLOT_BYTES + 20] ^= 0x01;
         fs::write(&path, &text).expect("writes");
         assert_eq!(read(&db), Ok(Some(head(6, "6"))));
+    }
+
+    #[test]
+    fn a_head_file_locked_too_long_is_left_as_it_is() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("log.db");
+        write(&db, &head(2, "2"), Durability::Normal).expect("writes");
+        let holder = fs::File::open(head_path(&db)).expect("opens");
+        holder.lock().expect("locks");
+        let started = Instant::now();
+        let outcome = advance(&db, &head(5, "5"), Durability::Normal, |_| true).expect("runs");
+        assert!(
+            matches!(outcome, Advance::Unusable(ref reason) if reason.contains("locked")),
+            "{outcome:?}"
+        );
+        assert!(started.elapsed() >= HEAD_LOCK_WAIT);
+        drop(holder);
+        assert_eq!(read(&db), Ok(Some(head(2, "2"))));
+        assert_eq!(
+            advance(&db, &head(5, "5"), Durability::Normal, |_| true).expect("runs"),
+            Advance::Moved
+        );
     }
 
     #[test]
