@@ -51,10 +51,30 @@ impl LivenessProbe for ProcessProbe {
             Ok(Some(stat)) if !stat.is_zombie && stat.start_ticks == owner.start_ticks => {
                 Liveness::Alive
             }
-            Ok(_) => Liveness::Dead,
+            Ok(Some(_)) => Liveness::Dead,
+            // Not in /proc: gone, unless /proc hides it (`hidepid`: another user's process).
+            Ok(None) => match process_exists(owner.pid) {
+                Some(false) => Liveness::Dead,
+                // It exists, but its start time cannot be read to tell a reused pid: do not
+                // guess.
+                Some(true) | None => Liveness::Unknown,
+            },
             // /proc unreadable for another reason: do not guess.
             Err(_) => Liveness::Unknown,
         }
+    }
+}
+
+/// Whether a process with this pid exists, asked of the kernel without `/proc` (a null
+/// signal: `ESRCH` means none; success or `EPERM` means one exists, perhaps another
+/// user's that `/proc` mounted with `hidepid` does not show); `None` when it cannot tell.
+fn process_exists(pid: u32) -> Option<bool> {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).ok()?)?;
+    match rustix::process::test_kill_process(pid) {
+        Ok(()) => Some(true),
+        Err(rustix::io::Errno::PERM) => Some(true),
+        Err(rustix::io::Errno::SRCH) => Some(false),
+        Err(_) => None,
     }
 }
 
@@ -136,6 +156,16 @@ fn parse_uid(status: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pid_is_asked_of_the_kernel_when_proc_does_not_show_it() {
+        assert_eq!(process_exists(std::process::id()), Some(true));
+        // pid 1 exists in every pid namespace; as another user's, the answer is EPERM.
+        assert_eq!(process_exists(1), Some(true));
+        // Above the largest pid Linux allocates (2^22).
+        assert_eq!(process_exists(4_194_304 + 17), Some(false));
+        assert_eq!(process_exists(0), None, "not a pid");
+    }
 
     #[test]
     fn uid_is_the_real_uid_of_the_status_text() {
