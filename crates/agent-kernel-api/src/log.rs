@@ -37,6 +37,11 @@ pub struct NewSaga {
     /// Whether the saga is a dry run: its steps are simulated
     /// ([`LogWrite::SimulateStep`]), nothing ran and nothing is to be compensated.
     pub dry_run: bool,
+    /// Whether the saga may be created only while its actor has no other unfinished saga
+    /// (the FSM's `actor_idle` guard): the log checks it in the transaction that creates the
+    /// saga and fails the batch with [`TxError::ActorBusy`] otherwise, so two processes
+    /// starting sagas for one actor at once cannot both succeed. Dry runs are not counted.
+    pub require_actor_idle: bool,
 }
 
 /// The intent of one step, written durably before its effect.
@@ -341,6 +346,15 @@ pub enum TxError {
     /// The thread that owns the log is gone (it panicked or the log was closed).
     #[error("the log writer has stopped")]
     Closed,
+    /// A saga created with [`NewSaga::require_actor_idle`] found its actor with another
+    /// unfinished saga; nothing of the batch was written.
+    #[error("actor `{actor}` already has an unfinished saga, {saga_id}")]
+    ActorBusy {
+        /// The actor.
+        actor: String,
+        /// Its unfinished saga.
+        saga_id: SagaId,
+    },
 }
 
 /// The write-ahead log the saga engine records every step in.

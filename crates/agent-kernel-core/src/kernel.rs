@@ -7,8 +7,8 @@ use agent_kernel_api::Durability;
 use agent_kernel_api::{
     AuditEvent, BeginStep, Clock, DynTool, EffectClass, IdSource, LogWrite, NewSaga,
     OperatorCommand, Owner, Plan, PlanDenial, PlanStep, ProbeOutcome, SagaId, SagaRecord,
-    SagaState, Settlement, StepDenial, StepRecord, StepStatus, ToolContext, ToolError, TxLog, Undo,
-    WriteOutcome,
+    SagaState, Settlement, StepDenial, StepRecord, StepStatus, ToolContext, ToolError, TxError,
+    TxLog, Undo, WriteOutcome,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -92,6 +92,15 @@ fn step_record(saga_id: &SagaId, step_seq: u32, step: &PlanStep, tool: &dyn DynT
         idempotency_key: step.idempotency_key.clone(),
         undo: Undo::none(),
     }
+}
+
+/// What the checks before a saga found: where it starts, its length, and whether the log
+/// must check its actor idle when it creates it.
+#[derive(Debug, Clone, Copy)]
+struct Admitted {
+    state: SagaState,
+    n_steps: u32,
+    require_actor_idle: bool,
 }
 
 /// The output hint by which a tool asks for validation next (spec §3.2).
@@ -302,11 +311,11 @@ impl Kernel {
         observer: &dyn Observer,
         cancel: &Cancellation,
     ) -> Result<SagaReport, KernelError> {
-        let (state, n_steps) = self.admit_plan(plan, false).await?;
+        let admitted = self.admit_plan(plan, false).await?;
         let saga_id = self.env.ids.new_saga_id();
-        let span = info_span!("saga", saga_id = %saga_id, n_steps, state = field::Empty);
+        let span = info_span!("saga", saga_id = %saga_id, n_steps = admitted.n_steps, state = field::Empty);
         let report = self
-            .drive(plan, observer, cancel, saga_id, state, n_steps)
+            .drive(plan, observer, cancel, saga_id, admitted)
             .instrument(span.clone())
             .await;
         if let Ok(report) = &report {
@@ -323,9 +332,13 @@ impl Kernel {
         observer: &dyn Observer,
         cancel: &Cancellation,
         saga_id: SagaId,
-        state: SagaState,
-        n_steps: u32,
+        admitted: Admitted,
     ) -> Result<SagaReport, KernelError> {
+        let Admitted {
+            state,
+            n_steps,
+            require_actor_idle,
+        } = admitted;
         let actor = plan.actor.as_deref();
         info!(n_steps, "saga started");
         observer.on_event(&SagaEvent::Started {
@@ -345,6 +358,7 @@ impl Kernel {
                 n_steps,
                 state,
                 dry_run: false,
+                require_actor_idle,
             })],
             // What a `Done` saga's report says, kept as the records are queued, so that
             // success costs no read of the log.
@@ -459,7 +473,7 @@ impl Kernel {
                 .iter()
                 .position(|write| matches!(write, LogWrite::BeginStep(_)))
                 .expect("the batch holds this step's BEGIN");
-            let outcomes = self.log.write(batch).await?;
+            let outcomes = self.write_saga_batch(plan, batch).await?;
             if let Some(WriteOutcome::KeyRejected(reason)) = outcomes.get(begin_idx) {
                 failure = Some(fail(ToolError::failed(reason.clone())));
                 break;
@@ -521,7 +535,7 @@ impl Kernel {
                     "a saga without failure ends Done"
                 );
                 // `Done` is durable before it is reported.
-                self.log.write(saga.take_batch()).await?;
+                self.write_saga_batch(plan, saga.take_batch()).await?;
                 info!(saga_id = %saga_id, "saga done");
                 Ok(SagaReport {
                     saga_id,
@@ -533,7 +547,7 @@ impl Kernel {
             }
             Some(failure) => {
                 saga.state = self.enter_compensating(&saga_id, saga.state);
-                self.log.write(saga.take_batch()).await?;
+                self.write_saga_batch(plan, saga.take_batch()).await?;
                 let record = self.load(&saga_id).await?;
                 self.compensate_saga(record, Some(failure), observer).await
             }
@@ -561,7 +575,7 @@ impl Kernel {
     /// As [`Kernel::run`]'s refusals: [`KernelError::Preflight`], [`KernelError::Denied`],
     /// [`KernelError::Log`].
     pub async fn dry_run(&self, plan: &Plan) -> Result<SagaReport, KernelError> {
-        let (state, n_steps) = self.admit_plan(plan, true).await?;
+        let Admitted { state, n_steps, .. } = self.admit_plan(plan, true).await?;
         let saga_id = self.env.ids.new_saga_id();
         let mut saga = SagaInFlight {
             saga_id: saga_id.clone(),
@@ -575,6 +589,8 @@ impl Kernel {
                 n_steps,
                 state,
                 dry_run: true,
+                // A dry run holds its actor for no time.
+                require_actor_idle: false,
             })],
             committed: Vec::with_capacity(plan.steps.len()),
         };
@@ -678,11 +694,7 @@ impl Kernel {
     ///
     /// A refusal that is a denial (by the sandbox or the FSM) is recorded in the audit chain
     /// ([`AuditEvent::PlanDenied`]) with each denied step's tool, arguments and reason.
-    async fn admit_plan(
-        &self,
-        plan: &Plan,
-        dry_run: bool,
-    ) -> Result<(SagaState, u32), KernelError> {
+    async fn admit_plan(&self, plan: &Plan, dry_run: bool) -> Result<Admitted, KernelError> {
         let checked = match self.preflight(plan).await {
             Ok(()) => self.start_state(plan).await,
             Err(error) => Err(error),
@@ -710,19 +722,9 @@ impl Kernel {
             _ => Vec::new(),
         };
         if !denials.is_empty() {
-            let event = AuditEvent::PlanDenied(PlanDenial {
-                name: plan.name.clone(),
-                actor: plan.actor.clone(),
-                dry_run,
-                by: self.env.owner.clone(),
-                denials,
-            });
-            // The denial stands whether or not it could be recorded.
-            if let Err(error) = self.log.write(vec![LogWrite::Audit(event)]).await {
-                warn!(%error, "the denied plan could not be recorded in the audit chain");
-            }
+            self.record_plan_denied(plan, dry_run, denials).await;
         }
-        let state = checked?;
+        let (state, require_actor_idle) = checked?;
         let n_steps = u32::try_from(plan.steps.len()).map_err(|_| {
             KernelError::Preflight(vec![Problem {
                 step_idx: 0,
@@ -731,11 +733,85 @@ impl Kernel {
                 message: "too many steps".into(),
             }])
         })?;
-        Ok((state, n_steps))
+        Ok(Admitted {
+            state,
+            n_steps,
+            require_actor_idle,
+        })
+    }
+
+    /// Records a plan refused for denials in the audit chain; the denial stands whether or
+    /// not it could be recorded.
+    async fn record_plan_denied(&self, plan: &Plan, dry_run: bool, denials: Vec<StepDenial>) {
+        let event = AuditEvent::PlanDenied(PlanDenial {
+            name: plan.name.clone(),
+            actor: plan.actor.clone(),
+            dry_run,
+            by: self.env.owner.clone(),
+            denials,
+        });
+        if let Err(error) = self.log.write(vec![LogWrite::Audit(event)]).await {
+            warn!(%error, "the denied plan could not be recorded in the audit chain");
+        }
+    }
+
+    /// Writes a batch of a running saga. The batch that creates the saga may find its actor
+    /// busy (another process started a saga for it since `start_state` looked): nothing of
+    /// it is written, and the plan is denied as the FSM's `actor_idle` guard would.
+    async fn write_saga_batch(
+        &self,
+        plan: &Plan,
+        batch: Vec<LogWrite>,
+    ) -> Result<Vec<WriteOutcome>, KernelError> {
+        match self.log.write(batch).await {
+            Err(TxError::ActorBusy { actor, saga_id }) => {
+                warn!(%actor, busy = %saga_id, "actor busy: another saga started first");
+                let denial = self.actor_busy_denial(plan);
+                self.record_plan_denied(
+                    plan,
+                    false,
+                    vec![StepDenial {
+                        step_idx: None,
+                        tool: None,
+                        args: None,
+                        reason: format!(
+                            "{denial} (saga {saga_id} of actor `{actor}` is unfinished)"
+                        ),
+                    }],
+                )
+                .await;
+                Err(KernelError::Denied {
+                    saga_id: None,
+                    denial,
+                })
+            }
+            other => Ok(other?),
+        }
+    }
+
+    /// The FSM's denial of a saga whose actor is busy.
+    fn actor_busy_denial(&self, plan: &Plan) -> Denial {
+        let facts = Facts {
+            actor_idle: false,
+            plan_non_empty: !plan.steps.is_empty(),
+            ..Facts::default()
+        };
+        match self.fsm.apply(SagaState::Idle, Event::StartSaga, &facts) {
+            Err(denial) => denial,
+            // Only asked when the table's start needs the actor idle.
+            Ok(_) => Denial {
+                state: SagaState::Idle,
+                event: Some(Event::StartSaga),
+                tool: None,
+                rule: Rule::NotInTable,
+            },
+        }
     }
 
     /// `Idle --StartSaga--> Planning --PlanReady--> Acting`, with the facts of the plan.
-    async fn start_state(&self, plan: &Plan) -> Result<SagaState, KernelError> {
+    /// Also returns whether the table's start needs the actor idle, which the log then
+    /// checks again when it creates the saga ([`NewSaga::require_actor_idle`]).
+    async fn start_state(&self, plan: &Plan) -> Result<(SagaState, bool), KernelError> {
         let actor_idle = match &plan.actor {
             None => true,
             Some(actor) => !self
@@ -758,9 +834,23 @@ impl Kernel {
             .fsm
             .apply(SagaState::Idle, Event::StartSaga, &facts)
             .map_err(deny)?;
-        self.fsm
+        let state = self
+            .fsm
             .apply(planning, Event::PlanReady, &facts)
-            .map_err(deny)
+            .map_err(deny)?;
+        let require_actor_idle = plan.actor.is_some()
+            && self
+                .fsm
+                .apply(
+                    SagaState::Idle,
+                    Event::StartSaga,
+                    &Facts {
+                        actor_idle: false,
+                        ..facts
+                    },
+                )
+                .is_err();
+        Ok((state, require_actor_idle))
     }
 
     /// The facts of step `step_seq` succeeding with output hint `hint`.

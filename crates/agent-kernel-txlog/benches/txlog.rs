@@ -76,6 +76,7 @@ fn step_records(c: &mut Criterion) {
                     n_steps: u32::MAX,
                     state: SagaState::Acting,
                     dry_run: false,
+                    require_actor_idle: false,
                 }),
                 begin(&saga_id, 0),
             ]))

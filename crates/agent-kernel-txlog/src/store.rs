@@ -419,6 +419,27 @@ fn create_saga(conn: &Connection, saga: &NewSaga, now_ms: i64) -> Result<(), TxE
     if saga.n_steps == 0 {
         return Err(corrupt("a saga needs at least one step"));
     }
+    if saga.require_actor_idle
+        && let Some(actor) = &saga.actor
+    {
+        // Inside the batch's immediate transaction: no other writer can create one between
+        // this check and the insert. Served by the partial index of unfinished sagas.
+        let busy: Option<String> = conn
+            .prepare_cached(
+                "SELECT saga_id FROM sagas
+                 WHERE state <> 'Done' AND state <> 'FailedRolledBack'
+                     AND state <> 'FailedRollbackPartial' AND actor = ?1 AND dry_run = 0
+                 LIMIT 1",
+            )
+            .and_then(|mut s| s.query_row(params![actor], |row| row.get(0)).optional())
+            .map_err(storage)?;
+        if let Some(busy) = busy {
+            return Err(TxError::ActorBusy {
+                actor: actor.clone(),
+                saga_id: SagaId::new(busy),
+            });
+        }
+    }
     conn.prepare_cached(
         "INSERT INTO sagas (saga_id, name, actor, state, owner_host, owner_boot_id, owner_pid,
              owner_start_ticks, n_steps, created_at_ms, updated_at_ms, dry_run)

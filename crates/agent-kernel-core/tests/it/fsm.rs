@@ -162,6 +162,115 @@ async fn an_actor_runs_one_saga_at_a_time() {
     assert_eq!(report.state, SagaState::Done);
 }
 
+/// A view of the log whose list of unfinished sagas is always empty, as a read taken just
+/// before another process created its saga would be.
+struct StaleReads(std::sync::Arc<agent_kernel_txlog::SqliteLog>);
+
+impl agent_kernel_api::TxLog for StaleReads {
+    fn write(
+        &self,
+        batch: Vec<agent_kernel_api::LogWrite>,
+    ) -> agent_kernel_api::BoxFuture<
+        '_,
+        Result<Vec<agent_kernel_api::WriteOutcome>, agent_kernel_api::TxError>,
+    > {
+        self.0.write(batch)
+    }
+    fn saga<'a>(
+        &'a self,
+        saga_id: &'a agent_kernel_api::SagaId,
+    ) -> agent_kernel_api::BoxFuture<
+        'a,
+        Result<Option<agent_kernel_api::SagaRecord>, agent_kernel_api::TxError>,
+    > {
+        self.0.saga(saga_id)
+    }
+    fn sagas(
+        &self,
+        limit: u32,
+    ) -> agent_kernel_api::BoxFuture<
+        '_,
+        Result<Vec<agent_kernel_api::SagaSummary>, agent_kernel_api::TxError>,
+    > {
+        self.0.sagas(limit)
+    }
+    fn unfinished_sagas(
+        &self,
+    ) -> agent_kernel_api::BoxFuture<
+        '_,
+        Result<Vec<agent_kernel_api::SagaSummary>, agent_kernel_api::TxError>,
+    > {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    fn key_binding<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> agent_kernel_api::BoxFuture<
+        'a,
+        Result<Option<agent_kernel_api::KeyBinding>, agent_kernel_api::TxError>,
+    > {
+        self.0.key_binding(key)
+    }
+    fn take_over<'a>(
+        &'a self,
+        saga_id: &'a agent_kernel_api::SagaId,
+        expected_owner: &'a agent_kernel_api::Owner,
+        expected_state: SagaState,
+        new_owner: &'a agent_kernel_api::Owner,
+    ) -> agent_kernel_api::BoxFuture<'a, Result<bool, agent_kernel_api::TxError>> {
+        self.0
+            .take_over(saga_id, expected_owner, expected_state, new_owner)
+    }
+}
+
+#[tokio::test]
+async fn the_log_refuses_a_second_saga_for_a_busy_actor_even_after_a_stale_read() {
+    let fixture = Fixture::new();
+    let first = fixture.kernel(1);
+    let mut slow = add("slow");
+    slow.args = json!({"item": "slow", "sleep_ms": 60_000});
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(200),
+        first.run(&plan(vec![slow]), &NoObserver),
+    )
+    .await;
+    assert!(abandoned.is_err());
+
+    // The second process looked before the first created its saga: the FSM's read passes,
+    // and the log, which checks again in the transaction that creates the saga, refuses.
+    let sqlite = fixture.open_log();
+    let second = fixture.kernel_over(
+        std::sync::Arc::new(StaleReads(sqlite.clone())),
+        sqlite.clone(),
+        2,
+    );
+    let error = second
+        .run(&plan(vec![add("x"), add("y")]), &NoObserver)
+        .await
+        .expect_err("denied");
+    assert!(
+        matches!(error, KernelError::Denied { saga_id: None, .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("actor_idle"), "{error}");
+    assert_eq!(
+        fixture.world.items(),
+        ["slow"],
+        "nothing of the second saga ran"
+    );
+    let sagas = agent_kernel_api::TxLog::sagas(sqlite.as_ref(), 10)
+        .await
+        .expect("lists");
+    assert_eq!(sagas.len(), 1, "no second saga was created: {sagas:?}");
+
+    // A dry run does not hold the actor, and is not refused for it either.
+    let report = second
+        .dry_run(&plan(vec![add("x")]))
+        .await
+        .expect("simulates");
+    assert_eq!(report.state, SagaState::Done);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_resumes_from_the_persisted_validating_state() {
     let fixture = Fixture::new();

@@ -416,6 +416,17 @@ impl Fixture {
     }
 
     pub(crate) fn kernel_on(&self, log: Arc<SqliteLog>, pid: u32) -> Kernel {
+        self.kernel_over(log.clone(), log, pid)
+    }
+
+    /// A kernel acting as process `pid` that sees the log through `log` (a wrapper, say);
+    /// `sqlite` is the log underneath, which the `probe` tool reads.
+    pub(crate) fn kernel_over(
+        &self,
+        log: Arc<dyn agent_kernel_api::TxLog>,
+        sqlite: Arc<SqliteLog>,
+        pid: u32,
+    ) -> Kernel {
         let mut tools =
             Dispatcher::new(self.limits.clone(), Arc::new(NoJitter)).expect("valid limits");
         tools
@@ -440,7 +451,7 @@ impl Fixture {
         tools
             .register(Arc::new(Probe {
                 world: self.world.clone(),
-                log: log.clone(),
+                log: sqlite,
             }))
             .expect("registers");
         Kernel::new(

@@ -215,6 +215,7 @@ async fn a_dry_run_is_recorded_claims_no_key_and_is_never_compensated() {
             n_steps: 1,
             state: SagaState::Acting,
             dry_run: true,
+            require_actor_idle: false,
         }),
         agent_kernel_api::LogWrite::SimulateStep {
             step,

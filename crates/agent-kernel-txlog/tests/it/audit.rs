@@ -105,6 +105,7 @@ fn create(saga: &str, n_steps: u32) -> LogWrite {
         n_steps,
         state: SagaState::Acting,
         dry_run: false,
+        require_actor_idle: false,
     })
 }
 
@@ -118,6 +119,7 @@ fn dry_run(rng: &mut Rng, saga: &str, n_steps: u32) -> Vec<LogWrite> {
         n_steps,
         state: SagaState::Acting,
         dry_run: true,
+        require_actor_idle: false,
     })];
     let failing = rng.chance(30).then(|| rng.below(u64::from(n_steps)) as u32);
     for step_seq in 0..n_steps {
@@ -1347,6 +1349,7 @@ async fn dry_runs_hold_only_simulated_steps_and_claim_no_key() {
                 n_steps: 1,
                 state: SagaState::Acting,
                 dry_run: true,
+                require_actor_idle: false,
             }),
             LogWrite::SimulateStep {
                 step: keyed,

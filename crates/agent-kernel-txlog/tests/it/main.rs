@@ -50,6 +50,7 @@ pub(crate) fn new_saga(id: &str) -> LogWrite {
         n_steps: 3,
         state: SagaState::Acting,
         dry_run: false,
+        require_actor_idle: false,
     })
 }
 

@@ -279,3 +279,81 @@ async fn two_connections_write_one_log_at_once() {
     tokio::join!(write_many(&first, 0), write_many(&second, 1));
     assert_eq!(first.sagas(100).await.expect("reads").len(), 20);
 }
+
+/// A saga of `actor`, created with `require_actor_idle` as given.
+fn saga_of(id: &str, actor: &str, require_actor_idle: bool, dry_run: bool) -> LogWrite {
+    let LogWrite::CreateSaga(mut saga) = new_saga(id) else {
+        unreachable!("new_saga creates a saga")
+    };
+    saga.actor = Some(actor.to_owned());
+    saga.require_actor_idle = require_actor_idle;
+    saga.dry_run = dry_run;
+    LogWrite::CreateSaga(saga)
+}
+
+#[tokio::test]
+async fn a_saga_that_needs_its_actor_idle_is_refused_while_another_is_unfinished() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = open(&dir.path().join("log.db")).expect("opens");
+    // A dry run of the actor does not hold it.
+    log.write(vec![
+        saga_of("dry", "alice", false, true),
+        set_state("dry", SagaState::Done),
+    ])
+    .await
+    .expect("writes");
+    log.write(vec![
+        saga_of("a", "alice", true, false),
+        begin("a", 0, None, "h"),
+    ])
+    .await
+    .expect("the actor is idle");
+
+    let error = log
+        .write(vec![
+            saga_of("b", "alice", true, false),
+            begin("b", 0, None, "h"),
+        ])
+        .await
+        .expect_err("refused");
+    match &error {
+        TxError::ActorBusy { actor, saga_id } => {
+            assert_eq!(actor, "alice");
+            assert_eq!(saga_id.as_str(), "a");
+        }
+        other => panic!("expected ActorBusy, got {other:?}"),
+    }
+    assert!(error.to_string().contains("alice"), "{error}");
+    assert!(
+        log.saga(&SagaId::new("b")).await.expect("reads").is_none(),
+        "nothing written"
+    );
+
+    // Another actor, or a saga that does not ask, goes through.
+    log.write(vec![
+        saga_of("c", "bob", true, false),
+        begin("c", 0, None, "h"),
+    ])
+    .await
+    .expect("bob is idle");
+    log.write(vec![
+        saga_of("d", "alice", false, false),
+        begin("d", 0, None, "h"),
+    ])
+    .await
+    .expect("not asked");
+    // Once alice's sagas end, she is idle again.
+    log.write(vec![
+        commit("a", 0),
+        set_state("a", SagaState::Done),
+        set_state("d", SagaState::FailedRolledBack),
+    ])
+    .await
+    .expect("writes");
+    log.write(vec![
+        saga_of("e", "alice", true, false),
+        begin("e", 0, None, "h"),
+    ])
+    .await
+    .expect("alice is idle again");
+}
