@@ -53,6 +53,9 @@ pub const HTTP_GET_RESOLVED_ADDRS_MAX: usize = 16;
 pub struct HttpGet {
     sandbox: Arc<HttpSandbox>,
     resolver: Arc<GuardedResolver>,
+    /// The only roots HTTPS servers are verified against, when set; the platform's
+    /// otherwise.
+    roots: Option<Vec<reqwest::Certificate>>,
     /// Built on first use, then shared by every call (it holds the connection pool).
     client: OnceLock<Result<reqwest::Client, String>>,
 }
@@ -97,8 +100,28 @@ impl HttpGet {
         HttpGet {
             sandbox,
             resolver,
+            roots: None,
             client: OnceLock::new(),
         }
+    }
+
+    /// The same tool, verifying HTTPS servers against the certificates of `pem_bundle`
+    /// only (one or more PEM `CERTIFICATE` blocks), instead of the platform's trust store:
+    /// for a private certificate authority, or a test server's own certificate.
+    /// Host names are checked as always.
+    ///
+    /// # Errors
+    ///
+    /// A message when the bundle holds no certificate or one that does not parse.
+    pub fn trusting_only(mut self, pem_bundle: &[u8]) -> Result<HttpGet, String> {
+        let roots = reqwest::Certificate::from_pem_bundle(pem_bundle)
+            .map_err(|error| format!("the trusted certificates cannot be read: {error}"))?;
+        if roots.is_empty() {
+            return Err("the trusted certificates hold no PEM certificate".to_owned());
+        }
+        self.roots = Some(roots);
+        self.client = OnceLock::new();
+        Ok(self)
     }
 
     fn client(&self) -> Result<&reqwest::Client, ToolError> {
@@ -130,7 +153,11 @@ impl HttpGet {
                 ))),
             }
         });
-        reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if let Some(roots) = &self.roots {
+            builder = builder.tls_certs_only(roots.iter().cloned());
+        }
+        builder
             .redirect(redirects)
             .dns_resolver(Arc::clone(&self.resolver))
             // A proxy would resolve names itself, out of reach of the address checks.

@@ -640,3 +640,122 @@ async fn hostile_urls_never_reach_the_canary() {
         canary.paths()
     );
 }
+
+/// A loopback HTTPS server with a self-signed certificate for `names`: every request gets
+/// 200 and the body `hello over tls`. Returns its port and the certificate (PEM).
+async fn tls_server(names: &[&str]) -> (u16, String) {
+    use tokio_rustls::rustls::ServerConfig;
+    use tokio_rustls::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+
+    let rcgen::CertifiedKey { cert, signing_key } = rcgen::generate_simple_self_signed(
+        names
+            .iter()
+            .map(|name| (*name).to_owned())
+            .collect::<Vec<_>>(),
+    )
+    .expect("a certificate");
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(signing_key.serialize_der()));
+    let config = ServerConfig::builder_with_provider(Arc::new(
+        tokio_rustls::rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .with_no_client_auth()
+    .with_single_cert(vec![cert.der().clone()], key)
+    .expect("a server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                // A client that refuses the certificate ends the handshake: not an error here.
+                let Ok(mut tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let mut request = Vec::new();
+                let mut buffer = [0_u8; 1024];
+                while !request.windows(4).any(|window| window == b"\r\n\r\n") {
+                    match tls.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let body = "hello over tls";
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.write_all(response.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    (port, cert.pem())
+}
+
+/// `http.get` allowed to reach `localhost` (resolved to 127.0.0.1 without DNS).
+fn localhost_tool() -> HttpGet {
+    HttpGet::with_resolver_overrides(
+        http_sandbox(r#"["localhost"]"#, 1024 * 1024),
+        HashMap::from([(
+            "localhost".to_owned(),
+            vec!["127.0.0.1".parse().expect("ip")],
+        )]),
+    )
+}
+
+#[tokio::test]
+async fn https_verifies_the_server_certificate_and_its_name() {
+    let (port, pem) = tls_server(&["localhost"]).await;
+    let url = format!("https://localhost:{port}/secure");
+
+    // Trusted, and for the right name: fetched.
+    let trusted: Arc<dyn DynTool> = Arc::new(
+        localhost_tool()
+            .trusting_only(pem.as_bytes())
+            .expect("a PEM"),
+    );
+    let output = get(&trusted, &url).await.expect("fetched over TLS");
+    assert_eq!(output.data["status"], 200);
+    assert_eq!(output.data["body"], "hello over tls");
+    assert_eq!(output.data["url"], url.as_str());
+
+    // The platform's trust store does not know a self-signed certificate: refused, and the
+    // failure is the certificate's, not a denial.
+    let platform: Arc<dyn DynTool> = Arc::new(localhost_tool());
+    let error = get(&platform, &url).await.expect_err("untrusted");
+    assert!(!error.is_denied(), "{error}");
+    assert!(!error.is_uncertain(), "{error}");
+    assert!(
+        error.message().to_lowercase().contains("certificate"),
+        "{error}"
+    );
+
+    // Trusted, but issued for another name: refused.
+    let (other_port, other_pem) = tls_server(&["other.test"]).await;
+    let wrong_name: Arc<dyn DynTool> = Arc::new(
+        localhost_tool()
+            .trusting_only(other_pem.as_bytes())
+            .expect("a PEM"),
+    );
+    let error = get(&wrong_name, &format!("https://localhost:{other_port}/"))
+        .await
+        .expect_err("wrong name");
+    assert!(!error.is_denied(), "{error}");
+    assert!(
+        error.message().to_lowercase().contains("certificate"),
+        "{error}"
+    );
+
+    // What is not a PEM certificate is refused when the tool is built.
+    assert!(
+        localhost_tool()
+            .trusting_only(b"not a certificate")
+            .is_err()
+    );
+}
