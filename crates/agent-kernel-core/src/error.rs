@@ -77,6 +77,19 @@ pub enum KernelError {
         /// The refusal, naming state, event and rule.
         denial: Denial,
     },
+    /// The log failed while a saga ran (a full disk, an I/O error): the saga stopped at
+    /// that point. What it began before is in the log, unfinished, for `recover` (once the
+    /// log can be written again) to roll back; a step whose intent could not be written did
+    /// not run.
+    #[error(
+        "saga {saga_id} stopped because the log failed ({source}); what it began is left for `agent-kernel recover` once the log can be written again"
+    )]
+    Interrupted {
+        /// The saga.
+        saga_id: SagaId,
+        /// The log's error.
+        source: TxError,
+    },
     /// Another process took the saga over first.
     #[error("saga {0} was taken over by another process; it was not touched")]
     TakenOver(SagaId),

@@ -288,7 +288,9 @@ impl Kernel {
     ///
     /// [`KernelError::Preflight`] when the plan is refused (nothing ran);
     /// [`KernelError::Denied`] when the FSM refuses to start the saga (nothing ran);
-    /// [`KernelError::Log`] when the log fails (the saga is then left for `recover`).
+    /// [`KernelError::Log`] when the log cannot be read before the saga starts;
+    /// [`KernelError::Interrupted`] when the log fails while the saga runs (it is then left
+    /// for `recover`).
     pub async fn run(
         &self,
         plan: &Plan,
@@ -315,9 +317,13 @@ impl Kernel {
         let saga_id = self.env.ids.new_saga_id();
         let span = info_span!("saga", saga_id = %saga_id, n_steps = admitted.n_steps, state = field::Empty);
         let report = self
-            .drive(plan, observer, cancel, saga_id, admitted)
+            .drive(plan, observer, cancel, saga_id.clone(), admitted)
             .instrument(span.clone())
-            .await;
+            .await
+            .map_err(|error| match error {
+                KernelError::Log(source) => KernelError::Interrupted { saga_id, source },
+                other => other,
+            });
         if let Ok(report) = &report {
             span.record("state", report.state.as_str());
             debug!(parent: &span, "saga ended");

@@ -8,6 +8,7 @@ mod fsm;
 mod http;
 mod layering;
 mod run;
+mod storage;
 
 use std::collections::BTreeMap;
 use std::fs;
