@@ -1,9 +1,11 @@
 //! What every tool shares: argument parsing, schemas, blocking I/O, error mapping.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
-use agent_kernel_api::{ToolContext, ToolError};
+use agent_kernel_api::{SagaId, ToolContext, ToolError};
 use agent_kernel_sandbox::{ConfinedFile, ConfinedPath, FsSandbox, SandboxError};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -73,6 +75,97 @@ where
         Err(error) => Err(ToolError::uncertain(format!(
             "the blocking file task did not finish: {error}"
         ))),
+    }
+}
+
+/// The blocking file work of each step that may still be running in this process.
+///
+/// The dispatcher's timeout drops a tool's future, but blocking work handed to the pool
+/// runs on to its end: an `fs.write` stalled on a slow disk may rename its new bytes into
+/// place after it timed out. Its step's compensation must not run before that, or the late
+/// effect would land on top of the restored file; [`settle`] waits for it.
+static IN_FLIGHT: LazyLock<Mutex<HashMap<StepKey, Arc<Flight>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// A step: its saga and position.
+type StepKey = (SagaId, u32);
+
+/// The blocking work of one step: how much is running, and a signal when none is.
+#[derive(Debug, Default)]
+struct Flight {
+    running: AtomicUsize,
+    ended: tokio::sync::Notify,
+}
+
+/// One piece of a step's blocking work, counted while it exists: it moves into the
+/// blocking closure, so it is dropped when the work really ends.
+struct FlightGuard {
+    key: StepKey,
+    flight: Arc<Flight>,
+}
+
+impl FlightGuard {
+    fn enter(ctx: &ToolContext) -> FlightGuard {
+        let key = (ctx.saga_id.clone(), ctx.step_seq);
+        let mut in_flight = IN_FLIGHT.lock().unwrap_or_else(PoisonError::into_inner);
+        let flight = Arc::clone(in_flight.entry(key.clone()).or_default());
+        flight.running.fetch_add(1, Ordering::SeqCst);
+        FlightGuard { key, flight }
+    }
+}
+
+impl Drop for FlightGuard {
+    fn drop(&mut self) {
+        let mut in_flight = IN_FLIGHT.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.flight.running.fetch_sub(1, Ordering::SeqCst) == 1 {
+            if in_flight
+                .get(&self.key)
+                .is_some_and(|current| Arc::ptr_eq(current, &self.flight))
+            {
+                in_flight.remove(&self.key);
+            }
+            self.flight.ended.notify_waiters();
+        }
+    }
+}
+
+/// [`blocking`], counted as work of `ctx`'s step until it really ends, even when the caller
+/// stops waiting for it (a timeout): see [`settle`].
+pub(crate) async fn step_blocking<T, F>(ctx: &ToolContext, work: F) -> Result<T, ToolError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, ToolError> + Send + 'static,
+{
+    let guard = FlightGuard::enter(ctx);
+    blocking(move || {
+        let _counted = guard;
+        work()
+    })
+    .await
+}
+
+/// Waits until no blocking work of `ctx`'s step started by [`step_blocking`] is running in
+/// this process: a compensation calls it first, so that an effect that timed out but is
+/// still under way cannot land after the undo. Work of another process (a crashed one) is
+/// gone with it. The wait is bounded by the compensation's own timeout.
+pub(crate) async fn settle(ctx: &ToolContext) {
+    let key = (ctx.saga_id.clone(), ctx.step_seq);
+    loop {
+        let flight = {
+            let in_flight = IN_FLIGHT.lock().unwrap_or_else(PoisonError::into_inner);
+            match in_flight.get(&key) {
+                None => return,
+                Some(flight) => Arc::clone(flight),
+            }
+        };
+        let ended = flight.ended.notified();
+        tokio::pin!(ended);
+        // Registered before the count is read, so an end in between still wakes us.
+        ended.as_mut().enable();
+        if flight.running.load(Ordering::SeqCst) == 0 {
+            continue;
+        }
+        ended.await;
     }
 }
 
@@ -164,5 +257,60 @@ pub(crate) fn byte_count(n: u64) -> String {
         "1 byte".to_owned()
     } else {
         format!("{n} bytes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    use agent_kernel_api::Durability;
+
+    use super::*;
+
+    fn ctx(step_seq: u32) -> ToolContext {
+        ToolContext {
+            saga_id: SagaId::new("settle-test"),
+            step_seq,
+            tool_id: "fs.write".into(),
+            idempotency_key: None,
+            actor: None,
+            durability: Durability::Normal,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_compensation_waits_for_blocking_work_that_outlived_its_timeout() {
+        let landed = Arc::new(AtomicBool::new(false));
+        let effect = Arc::clone(&landed);
+        let timed_out = tokio::time::timeout(
+            Duration::from_millis(20),
+            step_blocking(&ctx(1), move || {
+                std::thread::sleep(Duration::from_millis(300));
+                effect.store(true, Ordering::SeqCst);
+                Ok(())
+            }),
+        )
+        .await;
+        assert!(timed_out.is_err(), "the caller stopped waiting");
+        assert!(
+            !landed.load(Ordering::SeqCst),
+            "the work is still under way"
+        );
+        settle(&ctx(1)).await;
+        assert!(
+            landed.load(Ordering::SeqCst),
+            "settle returned only once the late effect had landed"
+        );
+        // Nothing left in flight: another step, or this one again, does not wait.
+        settle(&ctx(1)).await;
+        settle(&ctx(2)).await;
+        assert!(
+            !IN_FLIGHT
+                .lock()
+                .expect("not poisoned")
+                .contains_key(&(SagaId::new("settle-test"), 1))
+        );
     }
 }

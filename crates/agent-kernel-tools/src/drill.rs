@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use crate::FsWrite;
 use crate::common::{
-    TOOL_VERSION, blocking, object_schema, parse_args, path_schema, sandbox_error,
+    TOOL_VERSION, blocking, object_schema, parse_args, path_schema, sandbox_error, settle,
 };
 
 /// Longest pause before or after the effect, in milliseconds.
@@ -143,10 +143,12 @@ impl TransactionalTool for DrillWrite {
 
     async fn probe(
         &self,
-        _ctx: &ToolContext,
+        ctx: &ToolContext,
         args: &Value,
         undo: &Undo,
     ) -> Result<ProbeOutcome, ToolError> {
+        // A write that timed out but is still under way lands before the file is looked at.
+        settle(ctx).await;
         let (parsed, _) = Self::parse(args)?;
         let target: ConfinedPath = serde_json::from_value(undo.data["target"].clone())
             .map_err(|err| ToolError::failed(format!("the undo record lacks its target: {err}")))?;

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::common::{
-    FileAccess, TOOL_VERSION, blocking, byte_count, parse_args, parse_undo, sandbox_error,
-    undo_data,
+    FileAccess, TOOL_VERSION, blocking, byte_count, parse_args, parse_undo, sandbox_error, settle,
+    step_blocking, undo_data,
 };
 use crate::fs_write::{ContentArgs, content_schema};
 
@@ -112,8 +112,10 @@ impl TransactionalTool for FsAppend {
         let file = self.files.open(&path)?;
         let sync = ctx.durability.syncs();
         let count = content.len() as u64;
-        let len =
-            blocking(move || file.append(content.as_bytes(), sync).map_err(sandbox_error)).await?;
+        let len = step_blocking(ctx, move || {
+            file.append(content.as_bytes(), sync).map_err(sandbox_error)
+        })
+        .await?;
         Ok(
             ToolOutput::new(json!({ "path": path, "bytes": count, "len": len }))
                 .with_effect(format!("appended {} to {path}", byte_count(count))),
@@ -133,7 +135,9 @@ impl TransactionalTool for FsAppend {
             len,
         } = parse_undo(Self::ID, &undo.data)?;
         let sync = ctx.durability.syncs();
-        blocking(move || {
+        // An effect that timed out but is still under way lands first, then is undone.
+        settle(ctx).await;
+        step_blocking(ctx, move || {
             // From the undo record alone: the current policy has no say in undoing.
             let file = target.reopen().map_err(sandbox_error)?;
             if existed {

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::common::{
     FileAccess, TOOL_VERSION, blocking, byte_count, check_temp_name, object_schema, parse_args,
-    parse_undo, path_schema, sandbox_error, temp_name, undo_data,
+    parse_undo, path_schema, sandbox_error, settle, step_blocking, temp_name, undo_data,
 };
 use crate::fs_read::PathArgs;
 use crate::fs_write::restore;
@@ -114,7 +114,7 @@ impl TransactionalTool for FsDelete {
         let PathArgs { path } = parse_args(args)?;
         let file = self.files.open(&path)?;
         let sync = ctx.durability.syncs();
-        let count = blocking(move || {
+        let count = step_blocking(ctx, move || {
             let len = file.stat().map_err(sandbox_error)?;
             file.remove_file(sync).map_err(sandbox_error)?;
             Ok(len.unwrap_or(0))
@@ -140,7 +140,9 @@ impl TransactionalTool for FsDelete {
             )));
         };
         let sync = ctx.durability.syncs();
-        blocking(move || {
+        // An effect that timed out but is still under way lands first, then is undone.
+        settle(ctx).await;
+        step_blocking(ctx, move || {
             // From the undo record alone: the current policy has no say in undoing.
             let file = target.reopen().map_err(sandbox_error)?;
             file.remove_temp(&temp, sync).map_err(sandbox_error)?;

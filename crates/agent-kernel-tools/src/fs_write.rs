@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::common::{
     FileAccess, TOOL_VERSION, blocking, byte_count, check_temp_name, object_schema, parse_args,
-    parse_undo, path_schema, sandbox_error, temp_name, undo_data,
+    parse_undo, path_schema, sandbox_error, settle, step_blocking, temp_name, undo_data,
 };
 
 /// `fs.write`: mutating; writes `content` to `path` atomically (temporary file, then rename),
@@ -138,7 +138,7 @@ impl TransactionalTool for FsWrite {
         let temp = temp_name(ctx);
         let sync = ctx.durability.syncs();
         let count = content.len() as u64;
-        blocking(move || {
+        step_blocking(ctx, move || {
             file.write_atomic(content.as_bytes(), &temp, sync)
                 .map_err(sandbox_error)
         })
@@ -171,7 +171,9 @@ impl TransactionalTool for FsWrite {
             (false, _) => None,
         };
         let sync = ctx.durability.syncs();
-        blocking(move || {
+        // An effect that timed out but is still under way lands first, then is undone.
+        settle(ctx).await;
+        step_blocking(ctx, move || {
             // From the undo record alone: the current policy has no say in undoing.
             let file = target.reopen().map_err(sandbox_error)?;
             file.remove_temp(&temp, sync).map_err(sandbox_error)?;
