@@ -550,12 +550,19 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
 }
 
 fn parse_saga_id(text: &str) -> Result<SagaId, Failure> {
-    if text.trim().is_empty() {
+    let text = text.trim();
+    if text.is_empty() {
         return Err(Failure::bad_input(anyhow::anyhow!(
             "--saga needs a saga id"
         )));
     }
-    Ok(SagaId::new(text.trim()))
+    if text.chars().any(char::is_control) {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--saga `{}` is not a saga id: it holds control characters",
+            text.escape_debug()
+        )));
+    }
+    Ok(SagaId::new(text))
 }
 
 /// Reads a UTF-8 text file of at most `max_bytes`, naming it `what` in errors; never reads
@@ -705,7 +712,7 @@ fn load_limits(policy: &Policy) -> Result<Limits, Failure> {
 /// they do, the audit chain must vouch for the log, unless the operator passed
 /// `--skip-verify`. Returns the options to record with the command in the audit chain.
 ///
-/// The check runs before the log is opened for writing, since opening recreates a missing
+/// The check runs before the log is opened for writing, which could migrate it or write its
 /// head file.
 async fn verify_before_acting(cli: &Cli, skip: bool) -> Result<Vec<String>, Failure> {
     if skip {
@@ -715,7 +722,43 @@ async fn verify_before_acting(cli: &Cli, skip: bool) -> Result<Vec<String>, Fail
     let key = audit::audit_key_from_env_or_file(cli.audit_key_file.as_deref())
         .map_err(Failure::bad_input)?;
     let path = db_path(cli);
-    let report = audit::verify_log(&path, key).await?;
+    let checked = path.clone();
+    let verified =
+        tokio::task::spawn_blocking(move || agent_kernel_txlog::verify(&checked, key.as_ref()))
+            .await
+            .map_err(|error| Failure {
+                code: exit::ATTENTION,
+                kind: "internal",
+                error: anyhow::anyhow!("the audit check stopped: {error}"),
+            })?;
+    let report = match verified {
+        Ok(report) => report,
+        // What is not a log, or a newer one, is refused as opening it would be.
+        Err(error @ (TxError::NotALog { .. } | TxError::SchemaTooNew { .. })) => {
+            return Err(Failure::bad_input(error));
+        }
+        Err(error) => {
+            // A log from before the audit chain has nothing to verify yet; opening it starts
+            // its chain.
+            if agent_kernel_txlog::schema_version(&path)
+                .is_ok_and(|version| version < agent_kernel_txlog::AUDIT_SCHEMA_VERSION)
+            {
+                tracing::warn!(
+                    path = %path.display(),
+                    "the log predates the audit chain, so there is nothing to verify before acting; opening it starts the chain"
+                );
+                return Ok(Vec::new());
+            }
+            return Err(Failure {
+                code: exit::ATTENTION,
+                kind: "internal",
+                error: anyhow::Error::new(error).context(format!(
+                    "cannot check the log {} before acting on it; nothing was undone (to act anyway, pass --skip-verify)",
+                    path.display()
+                )),
+            });
+        }
+    };
     match &report.first_bad {
         None => Ok(Vec::new()),
         Some(bad) => Err(Failure {

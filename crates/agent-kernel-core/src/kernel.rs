@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use agent_kernel_api::Durability;
 use agent_kernel_api::{
-    AuditEvent, BeginStep, Clock, DynTool, EffectClass, IdSource, LogWrite, NewSaga,
+    AuditEvent, BeginStep, Clock, DynTool, EffectClass, IdSource, KeyBinding, LogWrite, NewSaga,
     OperatorCommand, Owner, Plan, PlanDenial, PlanStep, ProbeOutcome, SagaId, SagaRecord,
     SagaState, Settlement, StepDenial, StepRecord, StepStatus, ToolContext, ToolError, TxError,
     TxLog, Undo, WriteOutcome,
@@ -625,14 +625,38 @@ impl Kernel {
                 failure = Some(fail(error));
                 break;
             }
-            let reused = match &step.idempotency_key {
-                Some(key) => self.log.key_binding(key).await?.filter(|binding| {
-                    binding.args_hash == simulated_step.args_hash
-                        && binding.status == StepStatus::Commit
-                        && binding.saga_state == SagaState::Done
-                }),
+            let binding = match &step.idempotency_key {
+                Some(key) => self
+                    .log
+                    .key_binding(key)
+                    .await?
+                    .filter(|binding| binding.args_hash == simulated_step.args_hash),
                 None => None,
             };
+            let reusable = |binding: &KeyBinding| {
+                binding.status == StepStatus::Commit && binding.saga_state == SagaState::Done
+            };
+            if let Some(binding) = &binding
+                && !reusable(binding)
+                && !binding.is_released()
+            {
+                // A run would find the key held and stop here, as the log's claim would.
+                let error = ToolError::failed(format!(
+                    "idempotency key `{}` is held by saga {} step {} (status {}, saga {})",
+                    binding.key,
+                    binding.saga_id,
+                    binding.step_seq,
+                    binding.status,
+                    binding.saga_state
+                ));
+                saga.pending.push(LogWrite::RefuseStep {
+                    step: simulated_step,
+                    error: error.clone(),
+                });
+                failure = Some(fail(error));
+                break;
+            }
+            let reused = binding.filter(reusable);
             let hint = if let Some(binding) = reused
                 && let Some(output) = binding.output
             {

@@ -544,9 +544,6 @@ pub(crate) struct AuditSettings {
 }
 
 impl AuditSettings {
-    /// Replaces the head file with `head`. A failure is logged, not returned: the records
-    /// are committed by now, and a stale head file only weakens what `verify` can tell
-    /// (it then vouches for fewer of the newest records).
     /// Moves the head file forward to `head`, just committed by this process, unless the
     /// head file is evidence: when it is missing, unreadable, or names a record the chain
     /// does not hold with that hash, the log may have been tampered with (newest records
@@ -559,16 +556,15 @@ impl AuditSettings {
         let path = crate::head::head_path(&self.db_path);
         let holds = |current: &Head| {
             if current.seq == 0 {
-                return current.hash == ZERO_HASH;
+                return Ok(current.hash == ZERO_HASH);
             }
             conn.prepare_cached("SELECT hash FROM audit_log WHERE seq = ?1")
                 .and_then(|mut s| {
                     s.query_row(params![current.seq], |row| row.get::<_, String>(0))
                         .optional()
                 })
-                .ok()
-                .flatten()
-                .is_some_and(|hash| hash == current.hash)
+                .map(|hash| hash.is_some_and(|hash| hash == current.hash))
+                .map_err(|err| format!("the record the head file names cannot be read: {err}"))
         };
         match crate::head::advance(&self.db_path, head, self.durability, holds) {
             Ok(Advance::Moved | Advance::AlreadyPast) => {}
@@ -596,18 +592,6 @@ impl AuditSettings {
     /// Writes the head file, whatever it held.
     pub(crate) fn write_head(&self, head: &Head) -> std::io::Result<()> {
         crate::head::write(&self.db_path, head, self.durability)
-    }
-
-    /// [`write_head`](Self::write_head), with a warning when it fails: the records stay
-    /// committed, and `verify` vouches for them up to the previous head.
-    pub(crate) fn write_head_or_warn(&self, head: &Head) {
-        if let Err(err) = self.write_head(head) {
-            tracing::warn!(
-                path = %crate::head::head_path(&self.db_path).display(),
-                error = %err,
-                "cannot update the audit head file; `audit verify` will vouch only for the records up to its previous head"
-            );
-        }
     }
 }
 

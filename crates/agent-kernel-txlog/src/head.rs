@@ -45,6 +45,10 @@ const N_SLOTS: usize = 2;
 /// head as it is (the next saga's end tries again).
 pub(crate) const HEAD_LOCK_WAIT: Duration = Duration::from_secs(1);
 
+/// How many times a writer opens the head file again when it was replaced (renamed over)
+/// between opening and locking it.
+const HEAD_REPLACED_RETRIES: usize = 3;
+
 /// How long a writer sleeps between attempts to lock the head file.
 const HEAD_LOCK_RETRY: Duration = Duration::from_millis(1);
 
@@ -235,7 +239,8 @@ pub(crate) enum Advance {
 }
 
 /// Moves the head file of `db` forward to `head`, if the head it names is one `holds`
-/// confirms (the chain holds that record with that hash) and is older than `head`.
+/// confirms (the chain holds that record with that hash; `Err` when it cannot tell) and is
+/// older than `head`.
 ///
 /// The file is opened without following a symbolic link, refused if it has other hard
 /// links, read and written under an exclusive advisory lock, and written in place (the
@@ -249,30 +254,61 @@ pub(crate) fn advance(
     db: &Path,
     head: &Head,
     durability: Durability,
-    holds: impl FnOnce(&Head) -> bool,
+    holds: impl FnOnce(&Head) -> Result<bool, String>,
 ) -> std::io::Result<Advance> {
     let path = head_path(db);
+    // The file may be replaced by a rename (an upgrade from the one-line form, a seal)
+    // between opening it and locking it; the lock is then on a file no one reads, so look
+    // again.
+    for _ in 0..HEAD_REPLACED_RETRIES {
+        match advance_once(&path, head)? {
+            Step::Replaced => continue,
+            Step::Locked(file, content) => {
+                return finish(db, file, content, head, durability, holds);
+            }
+            Step::Done(outcome) => return Ok(outcome),
+        }
+    }
+    Ok(Advance::Unusable(format!(
+        "the head file {} kept being replaced while it was being moved",
+        path.display()
+    )))
+}
+
+/// What one attempt at opening and locking the head file found.
+enum Step {
+    /// Locked, with what it holds.
+    Locked(fs::File, Content),
+    /// Replaced by a rename after it was opened.
+    Replaced,
+    /// Nothing to move, or nothing that may be moved.
+    Done(Advance),
+}
+
+fn advance_once(path: &Path, head: &Head) -> std::io::Result<Step> {
     let mut file = match fs::OpenOptions::new()
         .read(true)
         .write(true)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
+        .open(path)
     {
         Ok(file) => file,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Advance::Missing),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Step::Done(Advance::Missing));
+        }
         Err(err) => {
-            return Ok(Advance::Unusable(format!(
+            return Ok(Step::Done(Advance::Unusable(format!(
                 "the head file {} cannot be opened: {err}",
                 path.display()
-            )));
+            ))));
         }
     };
     let metadata = file.metadata()?;
     if !metadata.is_file() || metadata.nlink() != 1 {
-        return Ok(Advance::Unusable(format!(
+        return Ok(Step::Done(Advance::Unusable(format!(
             "the head file {} is not a plain file of its own",
             path.display()
-        )));
+        ))));
     }
     // Writers of every process take turns; the lock goes with the file handle. A lock held
     // longer than `HEAD_LOCK_WAIT` (by a stuck or hostile process) leaves the head as it is.
@@ -284,29 +320,48 @@ pub(crate) fn advance(
                 std::thread::sleep(HEAD_LOCK_RETRY);
             }
             Err(fs::TryLockError::WouldBlock) => {
-                return Ok(Advance::Unusable(format!(
+                return Ok(Step::Done(Advance::Unusable(format!(
                     "the head file {} stayed locked by another process for {HEAD_LOCK_WAIT:?}",
                     path.display()
-                )));
+                ))));
             }
             Err(fs::TryLockError::Error(err)) => return Err(err),
         }
+    }
+    // Still the file at the path? (Compared after locking: a rename is what changes it.)
+    let at_path = fs::symlink_metadata(path);
+    if !at_path.is_ok_and(|now| now.ino() == metadata.ino() && now.dev() == metadata.dev()) {
+        return Ok(Step::Replaced);
     }
     let mut text = Vec::with_capacity(SLOT_BYTES * N_SLOTS);
     (&mut file)
         .take(HEAD_FILE_BYTES_MAX + 1)
         .read_to_end(&mut text)?;
     let Some(content) = parse(&text) else {
-        return Ok(Advance::Unusable(format!(
+        return Ok(Step::Done(Advance::Unusable(format!(
             "the head file {} is not a head file",
             path.display()
-        )));
+        ))));
     };
     if content.head().seq >= head.seq {
-        return Ok(Advance::AlreadyPast);
+        return Ok(Step::Done(Advance::AlreadyPast));
     }
-    if !holds(content.head()) {
-        return Ok(Advance::Contradicted(content.head().clone()));
+    Ok(Step::Locked(file, content))
+}
+
+/// Moves the locked head file `file`, which holds `content`, to `head`.
+fn finish(
+    db: &Path,
+    file: fs::File,
+    content: Content,
+    head: &Head,
+    durability: Durability,
+    holds: impl FnOnce(&Head) -> Result<bool, String>,
+) -> std::io::Result<Advance> {
+    match holds(content.head()) {
+        Ok(true) => {}
+        Ok(false) => return Ok(Advance::Contradicted(content.head().clone())),
+        Err(reason) => return Ok(Advance::Unusable(reason)),
     }
     match content {
         Content::OneLine(_) => write(db, head, durability)?,
@@ -422,7 +477,7 @@ mod tests {
         assert_eq!(read(&db), Ok(Some(old.clone())));
         let new = head(9, "d");
         let moved =
-            advance(&db, &new, Durability::Normal, |current| *current == old).expect("moves");
+            advance(&db, &new, Durability::Normal, |current| Ok(*current == old)).expect("moves");
         assert_eq!(moved, Advance::Moved);
         assert_eq!(read(&db), Ok(Some(new)));
         assert_eq!(
@@ -437,25 +492,32 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let db = dir.path().join("log.db");
         assert_eq!(
-            advance(&db, &head(1, "1"), Durability::Full, |_| true).expect("runs"),
+            advance(&db, &head(1, "1"), Durability::Full, |_| Ok(true)).expect("runs"),
             Advance::Missing
         );
         write(&db, &head(2, "2"), Durability::Full).expect("writes");
         for (seq, digit) in [(5, "5"), (6, "6"), (11, "e")] {
-            let moved = advance(&db, &head(seq, digit), Durability::Full, |_| true).expect("moves");
+            let moved =
+                advance(&db, &head(seq, digit), Durability::Full, |_| Ok(true)).expect("moves");
             assert_eq!(moved, Advance::Moved);
             assert_eq!(read(&db), Ok(Some(head(seq, digit))));
         }
         // Never backwards, and never from a head the chain contradicts.
         assert_eq!(
-            advance(&db, &head(8, "8"), Durability::Full, |_| true).expect("runs"),
+            advance(&db, &head(8, "8"), Durability::Full, |_| Ok(true)).expect("runs"),
             Advance::AlreadyPast
         );
         assert_eq!(
-            advance(&db, &head(12, "f"), Durability::Full, |_| false).expect("runs"),
+            advance(&db, &head(12, "f"), Durability::Full, |_| Ok(false)).expect("runs"),
             Advance::Contradicted(head(11, "e"))
         );
         assert_eq!(read(&db), Ok(Some(head(11, "e"))));
+        // A chain that cannot be read is not taken for a contradiction.
+        assert!(matches!(
+            advance(&db, &head(12, "f"), Durability::Full, |_| Err("busy".to_owned()))
+                .expect("runs"),
+            Advance::Unusable(reason) if reason == "busy"
+        ));
 
         // A write torn in the newest slot leaves the previous head readable.
         let path = head_path(&db);
@@ -480,7 +542,7 @@ mod tests {
         let holder = fs::File::open(head_path(&db)).expect("opens");
         holder.lock().expect("locks");
         let started = Instant::now();
-        let outcome = advance(&db, &head(5, "5"), Durability::Normal, |_| true).expect("runs");
+        let outcome = advance(&db, &head(5, "5"), Durability::Normal, |_| Ok(true)).expect("runs");
         assert!(
             matches!(outcome, Advance::Unusable(ref reason) if reason.contains("locked")),
             "{outcome:?}"
@@ -489,7 +551,7 @@ mod tests {
         drop(holder);
         assert_eq!(read(&db), Ok(Some(head(2, "2"))));
         assert_eq!(
-            advance(&db, &head(5, "5"), Durability::Normal, |_| true).expect("runs"),
+            advance(&db, &head(5, "5"), Durability::Normal, |_| Ok(true)).expect("runs"),
             Advance::Moved
         );
     }
@@ -509,12 +571,14 @@ mod tests {
         let before = fs::read(&elsewhere).expect("reads");
 
         std::os::unix::fs::symlink(&elsewhere, head_path(&db)).expect("links");
-        let symlinked = advance(&db, &head(5, "5"), Durability::Normal, |_| true).expect("runs");
+        let symlinked =
+            advance(&db, &head(5, "5"), Durability::Normal, |_| Ok(true)).expect("runs");
         assert!(matches!(symlinked, Advance::Unusable(_)), "{symlinked:?}");
         fs::remove_file(head_path(&db)).expect("removes");
 
         fs::hard_link(&elsewhere, head_path(&db)).expect("links");
-        let hard_linked = advance(&db, &head(5, "5"), Durability::Normal, |_| true).expect("runs");
+        let hard_linked =
+            advance(&db, &head(5, "5"), Durability::Normal, |_| Ok(true)).expect("runs");
         assert!(
             matches!(hard_linked, Advance::Unusable(_)),
             "{hard_linked:?}"

@@ -63,11 +63,13 @@
 //!   every saga's state and every step's status at that moment; history before it is not
 //!   covered.
 //! - **Head file.** The newest sequence number and hash are also kept outside the
-//!   database, in `<database file name>.audit-head` next to it ([`audit_head_path`]),
-//!   replaced atomically (temporary file, rename; both synced under `Full`).
-//!   It is updated after each batch that ends a saga (a terminal `SetState`), after each
-//!   take-over, and when a log without one is opened — not after every step, which would
-//!   add two syncs to each.
+//!   database, in `<database file name>.audit-head` next to it ([`audit_head_path`]), in
+//!   two checksummed slots, moved in place under an advisory lock (synced under `Full`).
+//!   It is written when the chain starts, and moved after each batch that ends a saga (a
+//!   terminal `SetState`) or holds an audit event and after each take-over — not after
+//!   every step, which would add a sync to each. A writer never moves a head file the chain
+//!   contradicts and never recreates a missing one: that is evidence, until an operator
+//!   seals the log again ([`SqliteLog::seal`]).
 //!   So records written after its last update (an unfinished saga, a crash) can be removed
 //!   from the end, with the tables edited to match, without the head file noticing.
 //!   The head file must be protected like the database, and copied and backed up with it:
@@ -113,6 +115,20 @@ pub const WRITER_QUEUE_MAX: usize = 1024;
 
 /// The schema version this build reads and writes.
 pub const SCHEMA_VERSION: i64 = schema::SCHEMA_VERSION;
+
+/// The first schema version with the audit chain: an older log has nothing to verify
+/// until it is opened (and migrated) once.
+pub const AUDIT_SCHEMA_VERSION: i64 = schema::AUDIT_SCHEMA_VERSION;
+
+/// The schema version of the existing log at `path`, read without changing anything.
+///
+/// # Errors
+///
+/// As [`verify`]: [`TxError::NotALog`], [`TxError::SchemaTooNew`], or [`TxError::Storage`]
+/// when there is no log or it cannot be read.
+pub fn schema_version(path: &std::path::Path) -> Result<i64, TxError> {
+    schema::open_read_only(path).map(|(_, version)| version)
+}
 
 /// How a log is opened.
 #[derive(Clone)]
@@ -222,7 +238,13 @@ impl SqliteLog {
         if !head::exists(path) {
             let chain_head = audit::read_head(&conn, audit.key.as_ref())?;
             if started_chain || chain_head.seq == 0 {
-                audit.write_head_or_warn(&chain_head);
+                // Without it, every later check would report the chain's head missing.
+                audit.write_head(&chain_head).map_err(|err| {
+                    TxError::Storage(format!(
+                        "cannot write the audit head file {}: {err}",
+                        head::head_path(path).display()
+                    ))
+                })?;
             } else {
                 tracing::warn!(
                     path = %head::head_path(path).display(),

@@ -869,7 +869,8 @@ impl Replay {
                     state: saga.state("state")?,
                     owner: None,
                     n_steps: None,
-                    dry_run: None,
+                    // No log before schema version 3 holds a dry run.
+                    dry_run: Some(false),
                     name: None,
                     actor: None,
                     created_at_ms: None,

@@ -459,3 +459,31 @@ fn operator_commands_on_an_intact_log_are_recorded_before_they_act() {
     let (code, document) = verify_json(&project, None, &[]);
     assert_eq!(code, 0, "{document}");
 }
+
+#[test]
+fn recover_acts_on_a_log_from_before_the_audit_chain_and_starts_its_chain() {
+    let project = Project::new();
+    write_log(&project, None, "a");
+    leave_a_saga_unfinished(&project);
+    // As schema version 1 left it: no chain, no dry-run column, no head file.
+    let conn = rusqlite::Connection::open(project.db()).expect("opens the log");
+    conn.execute_batch(
+        "DROP TABLE audit_log; ALTER TABLE sagas DROP COLUMN dry_run; PRAGMA user_version = 1;",
+    )
+    .expect("downgrades");
+    drop(conn);
+    fs::remove_file(head_file(&project.db())).expect("removes the head file");
+
+    let (code, report) = project.run_json(&["recover"]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["sagas"][0]["action"], "rolled_back", "{report}");
+    assert!(
+        !project.path("ws/slow.txt").exists(),
+        "the write was undone"
+    );
+    let records = audit_records(&project);
+    assert_eq!(records[0].0, "Genesis");
+    assert!(records.iter().any(|(kind, _)| kind == "Operator"));
+    let (code, document) = verify_json(&project, None, &[]);
+    assert_eq!(code, 0, "{document}");
+}

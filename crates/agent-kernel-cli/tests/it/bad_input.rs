@@ -175,6 +175,11 @@ fn usage_errors_exit_2() {
     );
     check(
         &project,
+        &["rollback", "--saga", "a\nb"],
+        "holds control characters",
+    );
+    check(
+        &project,
         &["bench", "--durability", "sometimes"],
         "unknown durability",
     );

@@ -255,3 +255,38 @@ async fn a_dry_run_is_recorded_claims_no_key_and_is_never_compensated() {
     );
     assert_eq!(fixture.world.items(), ["d-a", "d-b"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_stops_where_a_run_would_find_its_key_held() {
+    let fixture = Fixture::new();
+    let holder = fixture.kernel(11);
+    let mut slow = crate::add_keyed("held", "key-held");
+    slow.args = json!({ "item": "held", "sleep_ms": 60_000 });
+    let mut holding = plan(vec![slow]);
+    holding.actor = Some("holder".into());
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(200),
+        holder.run(&holding, &NoObserver),
+    )
+    .await;
+    assert!(abandoned.is_err(), "still running when abandoned");
+
+    // The same key and arguments, while the holder's step is in flight.
+    let mut same = plan(vec![add("first"), crate::add_keyed("held", "key-held")]);
+    same.steps[1].args = json!({ "item": "held", "sleep_ms": 60_000 });
+    let report = fixture.kernel(12).dry_run(&same).await.expect("simulates");
+    assert!(report.dry_run);
+    assert_eq!(report.state, SagaState::FailedRolledBack);
+    let failure = report.failure.expect("the step a run would stop at");
+    assert_eq!(failure.step_seq, 1);
+    assert!(
+        failure.error.to_string().contains("is held by saga"),
+        "{}",
+        failure.error
+    );
+    assert_eq!(
+        fixture.world.items(),
+        ["held"],
+        "nothing of the dry run ran"
+    );
+}

@@ -1187,6 +1187,31 @@ async fn a_version_1_log_starts_its_chain_with_a_genesis_record() {
 }
 
 #[tokio::test]
+async fn a_saga_older_than_the_chain_marked_as_a_dry_run_is_detected() {
+    let fixture = Fixture::new(None).await;
+    let (path, conn) = fixture.copy("v1.db");
+    conn.execute_batch(
+        "DROP TABLE audit_log; ALTER TABLE sagas DROP COLUMN dry_run; PRAGMA user_version = 1;",
+    )
+    .expect("downgrades");
+    fs::remove_file(audit_head_path(&path)).expect("removes");
+    drop(conn);
+    drop(open_log(&path, None, Durability::Full));
+    assert_intact(&path, None);
+    // A dry run's steps are never compensated: marking an old saga as one would spare its
+    // effects from recovery. No log before version 3 holds a dry run.
+    let conn = Connection::open(&path).expect("opens");
+    conn.execute(
+        "UPDATE sagas SET dry_run = 1 WHERE saga_id = (SELECT min(saga_id) FROM sagas)",
+        [],
+    )
+    .expect("edits");
+    let (bad, reason) = first_bad(&path, None);
+    assert_eq!(bad, 1, "{reason}");
+    assert!(reason.contains("dry_run"), "{reason}");
+}
+
+#[tokio::test]
 async fn hostile_rows_are_reported_without_panicking() {
     let fixture = Fixture::new(None).await;
     let edits = [
