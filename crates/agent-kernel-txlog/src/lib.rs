@@ -33,17 +33,17 @@
 //!   jobs over a bounded channel and await a oneshot reply, so no async runtime thread ever
 //!   blocks on SQLite.
 //!   Each [`TxLog::write`] batch is one `BEGIN IMMEDIATE` transaction.
-//! - **Durability.** [`Durability::Full`](agent_kernel_api::Durability::Full) sets
+//! - **Durability.** [`Durability::Full`] sets
 //!   `synchronous = FULL`: each committed batch is fsynced before `write` returns, so it
 //!   survives power loss.
-//!   [`Durability::Normal`](agent_kernel_api::Durability::Normal) sets `synchronous = NORMAL`:
+//!   [`Durability::Normal`] sets `synchronous = NORMAL`:
 //!   committed batches survive a crash of the process, not of the machine.
 //! - **Refusing what is not a log.** A file that does not start with the SQLite header, or
 //!   an SQLite database of another application (its `application_id` differs and it has
-//!   tables), is refused with [`TxError::NotALog`](agent_kernel_api::TxError::NotALog) before
+//!   tables), is refused with [`TxError::NotALog`] before
 //!   anything is written to it.
 //!   A log from a newer build is refused with
-//!   [`TxError::SchemaTooNew`](agent_kernel_api::TxError::SchemaTooNew).
+//!   [`TxError::SchemaTooNew`].
 //! - **Schema versions.** `PRAGMA user_version` holds the schema version; migrations run in
 //!   order inside one immediate transaction, so concurrent first opens are safe.
 //! - **Idempotency keys** are bound, for good, to the hash of the arguments of their first
