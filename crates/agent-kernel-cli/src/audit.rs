@@ -182,6 +182,132 @@ pub(crate) async fn seal_command(
     Ok(exit::OK)
 }
 
+/// Runs `audit list`: the records `query` selects, newest first, as a table (sequence
+/// number, time, kind, saga, what it says) or with `json` one document
+/// `{"records": [{"seq", "at_ms", "kind", "saga_id", "body"}]}`. Returns exit 0.
+///
+/// # Errors
+///
+/// A bad-input [`Failure`] (exit 2) for an unknown kind or a log that cannot be read.
+pub(crate) async fn list_command(
+    db: &Path,
+    query: agent_kernel_txlog::AuditQuery,
+    json: bool,
+) -> Result<u8, Failure> {
+    let path = db.to_owned();
+    let records =
+        tokio::task::spawn_blocking(move || agent_kernel_txlog::audit_records(&path, &query))
+            .await
+            .map_err(|error| Failure {
+                code: exit::ATTENTION,
+                kind: "internal",
+                error: anyhow::anyhow!("reading the audit records stopped: {error}"),
+            })?
+            .with_context(|| format!("cannot read the audit records of {}", db.display()))
+            .map_err(Failure::bad_input)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({ "records": records }))
+                .expect("a JSON value always serializes")
+        );
+        return Ok(exit::OK);
+    }
+    if records.is_empty() {
+        println!("no audit records match");
+        return Ok(exit::OK);
+    }
+    let mut table = crate::output::table(&["seq", "at", "kind", "saga", "what"]);
+    for record in &records {
+        table.add_row(vec![
+            record.seq.to_string(),
+            crate::output::format_ms(record.at_ms),
+            record.kind.clone(),
+            record.saga_id.clone().unwrap_or_default(),
+            summary(record),
+        ]);
+    }
+    println!("{table}");
+    Ok(exit::OK)
+}
+
+/// One line saying what a record recorded.
+fn summary(record: &agent_kernel_txlog::AuditRecord) -> String {
+    let body = &record.body;
+    let text = |value: &serde_json::Value| value.as_str().unwrap_or_default().to_owned();
+    match record.kind.as_str() {
+        "PlanDenied" => {
+            let denials = body["denials"].as_array().cloned().unwrap_or_default();
+            let first = denials.first().map_or_else(String::new, |denial| {
+                let tool = text(&denial["tool"]);
+                let args = text(&denial["args_summary"]);
+                let step = denial["step_idx"]
+                    .as_u64()
+                    .map_or_else(String::new, |step| format!("step {step} "));
+                format!("{step}{tool} {args}: {}", text(&denial["reason"]))
+            });
+            let more = body["n_denials"].as_u64().unwrap_or(0).saturating_sub(1);
+            let dry = if body["dry_run"] == true {
+                " (dry run)"
+            } else {
+                ""
+            };
+            if more > 0 {
+                format!("denied{dry}: {first} (and {more} more)")
+            } else {
+                format!("denied{dry}: {first}")
+            }
+        }
+        "Operator" => {
+            let options = body["options"]
+                .as_array()
+                .map(|options| options.iter().map(text).collect::<Vec<_>>().join(" "))
+                .unwrap_or_default();
+            let uid = body["uid"]
+                .as_u64()
+                .map_or_else(String::new, |uid| format!(", uid {uid}"));
+            format!(
+                "{}{}{} (pid {}{uid})",
+                text(&body["command"]),
+                if options.is_empty() { "" } else { " " },
+                options,
+                body["by"]["pid"]
+            )
+        }
+        "RefuseStep" => format!(
+            "step {} {} refused: {}",
+            body["step_seq"],
+            text(&body["tool"]),
+            text(&body["error"]["message"])
+        ),
+        "CreateSaga" => format!(
+            "created ({} steps{}) in {}",
+            body["n_steps"],
+            if body["dry_run"] == true {
+                ", dry run"
+            } else {
+                ""
+            },
+            text(&body["state"])
+        ),
+        "SetState" => format!("now {}", text(&body["state"])),
+        "TakeOver" => format!(
+            "taken over by pid {} (it was {})",
+            body["to_owner"]["pid"], body["from_owner"]["pid"]
+        ),
+        "Compensation" => format!("step {} {}", body["step_seq"], text(&body["status"])),
+        "Genesis" => "the chain starts".to_owned(),
+        _ => format!(
+            "step {} {} {}",
+            body["step_seq"],
+            text(&body["tool"]),
+            text(&body["status"])
+        )
+        .trim_end()
+        .to_owned(),
+    }
+}
+
 /// Verifies the log at `db` on the blocking pool (it reads the whole log).
 ///
 /// # Errors

@@ -162,6 +162,18 @@ enum AuditAction {
     /// power loss): check the records and the tables, then record the seal and write a head
     /// file naming it. It cannot tell whether the newest records were removed: look first
     Seal,
+    /// List the audit records, newest first: denials, operator commands, every change
+    List {
+        /// Only records of this kind (PlanDenied, Operator, RefuseStep, …); repeatable
+        #[arg(long, value_name = "KIND")]
+        kind: Vec<String>,
+        /// Only records about this saga
+        #[arg(long, value_name = "ID")]
+        saga: Option<String>,
+        /// How many records, newest first
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=i64::from(agent_kernel_txlog::AUDIT_RECORDS_MAX)))]
+        limit: u32,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -442,6 +454,21 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             let key = audit::audit_key_from_env_or_file(cli.audit_key_file.as_deref())
                 .map_err(Failure::bad_input)?;
             audit::verify_command(&db_path(cli), key, cli.json).await
+        }
+        Command::Audit {
+            action: AuditAction::List { kind, saga, limit },
+        } => {
+            require_log(cli)?;
+            let query = agent_kernel_txlog::AuditQuery {
+                kinds: kind.clone(),
+                saga_id: saga
+                    .as_deref()
+                    .map(parse_saga_id)
+                    .transpose()?
+                    .map(|id| id.as_str().to_owned()),
+                limit: *limit,
+            };
+            audit::list_command(&db_path(cli), query, cli.json).await
         }
         Command::Audit {
             action: AuditAction::Seal,

@@ -35,7 +35,7 @@ pub(crate) struct Output {
     json: bool,
 }
 
-fn table(header: &[&str]) -> Table {
+pub(crate) fn table(header: &[&str]) -> Table {
     let mut table = Table::new();
     table
         .load_preset(UTF8_FULL_CONDENSED)
@@ -51,7 +51,7 @@ fn print_json(document: &Value) {
     );
 }
 
-fn format_ms(at_ms: i64) -> String {
+pub(crate) fn format_ms(at_ms: i64) -> String {
     let secs = at_ms.div_euclid(1000);
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);

@@ -274,6 +274,22 @@ fn a_denied_plan_is_audited_with_tool_arguments_and_reason() {
             .contains("denied"),
         "{denial}"
     );
+    // An operator reads it back with `audit list`.
+    let (code, document) = project.run_json(&["audit", "list", "--kind", "PlanDenied"]);
+    assert_eq!(code, 0, "{document}");
+    let listed = document["records"].as_array().expect("records");
+    assert_eq!(listed.len(), 1, "{document}");
+    assert_eq!(listed[0]["body"], *body);
+    let output = project.run(&["audit", "list"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        table.contains("PlanDenied") && table.contains("../escape.txt"),
+        "{table}"
+    );
+    let output = project.run(&["audit", "list", "--kind", "NoSuchKind"]);
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+
     // No saga was created, and the log verifies.
     let (_, listed) = project.run_json(&["log"]);
     assert_eq!(listed["sagas"], json!([]));
@@ -455,6 +471,22 @@ fn operator_commands_on_an_intact_log_are_recorded_before_they_act() {
     assert_eq!(
         commands,
         [("rollback", &json!(saga_id)), ("recover", &Value::Null)]
+    );
+    // `audit list --saga` shows the saga's records, the operator's rollback among them.
+    let (code, document) =
+        project.run_json(&["audit", "list", "--saga", &saga_id, "--limit", "100"]);
+    assert_eq!(code, 0, "{document}");
+    let kinds: Vec<&str> = document["records"]
+        .as_array()
+        .expect("records")
+        .iter()
+        .map(|record| record["kind"].as_str().expect("kind"))
+        .collect();
+    assert_eq!(kinds.first(), Some(&"SetState"), "newest first: {kinds:?}");
+    assert_eq!(kinds.last(), Some(&"CreateSaga"), "{kinds:?}");
+    assert!(
+        kinds.contains(&"Operator") && kinds.contains(&"TakeOver"),
+        "{kinds:?}"
     );
     let (code, document) = verify_json(&project, None, &[]);
     assert_eq!(code, 0, "{document}");

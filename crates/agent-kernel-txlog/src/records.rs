@@ -1,0 +1,121 @@
+//! [`audit_records`]: the audit chain's records, read back for operators (denials, operator
+//! commands, and every other change), newest first.
+
+use std::path::Path;
+
+use agent_kernel_api::TxError;
+use rusqlite::params_from_iter;
+use rusqlite::types::Value as SqlValue;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::audit::KINDS;
+use crate::schema::{self, AUDIT_SCHEMA_VERSION};
+
+/// The most records one [`audit_records`] call returns.
+pub const AUDIT_RECORDS_MAX: u32 = 10_000;
+
+/// Which records [`audit_records`] returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditQuery {
+    /// Only these kinds (`PlanDenied`, `Operator`, `RefuseStep`, …); all when empty.
+    pub kinds: Vec<String>,
+    /// Only the records about this saga.
+    pub saga_id: Option<String>,
+    /// At most this many, newest first (at most [`AUDIT_RECORDS_MAX`]).
+    pub limit: u32,
+}
+
+/// One record of the audit chain, as stored.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuditRecord {
+    /// Its sequence number.
+    pub seq: i64,
+    /// When it was written, in ms since the Unix epoch.
+    pub at_ms: i64,
+    /// Its kind.
+    pub kind: String,
+    /// The saga it is about, if any.
+    pub saga_id: Option<String>,
+    /// What it recorded (its canonical JSON body, parsed).
+    pub body: Value,
+}
+
+/// The record kinds an [`AuditQuery`] may name.
+pub fn audit_record_kinds() -> &'static [&'static str] {
+    &KINDS
+}
+
+/// The records of the log at `path` that `query` selects, newest first. Read-only, like
+/// [`verify`](crate::verify), and without checking the chain: run `verify` to know whether
+/// they can be trusted.
+///
+/// # Errors
+///
+/// [`TxError::Corrupt`] naming an unknown kind in `query`, or a record whose body is not
+/// JSON; otherwise as [`verify`](crate::verify) when the log cannot be opened, and
+/// [`TxError::Storage`] for a log from before the audit chain.
+pub fn audit_records(path: &Path, query: &AuditQuery) -> Result<Vec<AuditRecord>, TxError> {
+    if let Some(unknown) = query
+        .kinds
+        .iter()
+        .find(|kind| !KINDS.contains(&kind.as_str()))
+    {
+        return Err(TxError::Corrupt(format!(
+            "no audit record is of kind `{unknown}` (kinds: {})",
+            KINDS.join(", ")
+        )));
+    }
+    let (conn, version) = schema::open_read_only(path)?;
+    if version < AUDIT_SCHEMA_VERSION {
+        return Err(TxError::Storage(format!(
+            "{} has schema version {version}, which has no audit chain; open it once with this build to start one",
+            path.display()
+        )));
+    }
+    let mut sql = "SELECT seq, at_ms, kind, saga_id, body FROM audit_log WHERE 1 = 1".to_owned();
+    let mut bound: Vec<SqlValue> = Vec::new();
+    if !query.kinds.is_empty() {
+        let marks = vec!["?"; query.kinds.len()].join(", ");
+        sql.push_str(&format!(" AND kind IN ({marks})"));
+        bound.extend(query.kinds.iter().cloned().map(SqlValue::Text));
+    }
+    if let Some(saga_id) = &query.saga_id {
+        sql.push_str(" AND saga_id = ?");
+        bound.push(SqlValue::Text(saga_id.clone()));
+    }
+    sql.push_str(" ORDER BY seq DESC LIMIT ?");
+    bound.push(SqlValue::Integer(i64::from(
+        query.limit.min(AUDIT_RECORDS_MAX),
+    )));
+    let storage = |err: rusqlite::Error| TxError::Storage(err.to_string());
+    let mut statement = conn.prepare(&sql).map_err(storage)?;
+    let rows = statement
+        .query_map(params_from_iter(bound), |row| {
+            Ok((
+                row.get::<_, i64>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, Option<String>>(3)?,
+                row.get::<_, String>(4)?,
+            ))
+        })
+        .map_err(storage)?;
+    let mut records = Vec::new();
+    for row in rows {
+        let (seq, at_ms, kind, saga_id, body) = row.map_err(storage)?;
+        let body = serde_json::from_str(&body).map_err(|_| {
+            TxError::Corrupt(format!(
+                "audit record {seq} has a body that is not JSON; run `agent-kernel audit verify`"
+            ))
+        })?;
+        records.push(AuditRecord {
+            seq,
+            at_ms,
+            kind,
+            saga_id,
+            body,
+        });
+    }
+    Ok(records)
+}
