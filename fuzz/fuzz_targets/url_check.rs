@@ -1,5 +1,6 @@
 //! The HTTP sandbox's URL ruling on arbitrary input: never panics, and whatever it allows
-//! is http(s), has no credentials and names an allowed host.
+//! is http(s), has no credentials, names an allowed host and, under a policy with
+//! `allow_ports`, a listed port.
 
 #![no_main]
 
@@ -21,10 +22,31 @@ fn sandbox() -> &'static HttpSandbox {
     })
 }
 
+/// The same hosts, with `allow_ports = [443, 8443]`.
+fn sandbox_with_ports() -> &'static HttpSandbox {
+    static SANDBOX: OnceLock<HttpSandbox> = OnceLock::new();
+    SANDBOX.get_or_init(|| {
+        let policy = Policy::from_toml_str(
+            "[http]\nallow_domains = [\"example.com\", \"*.example.org\", \"203.0.113.7\"]\nallow_ports = [443, 8443]\n",
+            Path::new("/"),
+        )
+        .expect("the fuzz policy is valid");
+        HttpSandbox::new(&policy)
+    })
+}
+
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
+    if let Ok(url) = sandbox_with_ports().check_url(text) {
+        let port = url.port_or_known_default();
+        assert!(matches!(port, Some(443 | 8443)), "{text:?} allowed port {port:?}");
+        assert!(
+            sandbox().check_url(text).is_ok(),
+            "{text:?}: allowed with a port list but not without"
+        );
+    }
     if let Ok(url) = sandbox().check_url(text) {
         assert!(matches!(url.scheme(), "http" | "https"), "{text:?}: scheme");
         assert!(
