@@ -2,10 +2,12 @@
 //! database (`<database file name>.audit-head` in the same folder) so that deleting the
 //! newest records, or swapping in an older copy of the database, is detected.
 //!
-//! It holds two slots of [`SLOT_BYTES`] each: a line of canonical JSON,
+//! It holds two slots of [`SLOT_BYTES`] each, [`SLOT_STRIDE`] bytes apart so that no disk
+//! sector or page holds both: a line of canonical JSON,
 //! `{"hash":"…","mac":"…","seq":n,"sum":"…"}` (`mac` only with a key; `sum` the SHA-256 of
 //! the same object without `sum`), padded with spaces and ended by a newline; a blank slot
-//! is all spaces. The head is the valid slot with the larger `seq`.
+//! is all spaces, and so is the filler between the slots (ended by a newline). The head is
+//! the valid slot with the larger `seq`.
 //!
 //! A writer moves the head ([`advance`]) by overwriting, in place, the slot that does not
 //! hold it, under an exclusive advisory lock on the file, and syncs the file's data under
@@ -32,8 +34,15 @@ use serde_json::{Map, Value, json};
 
 use crate::audit::{Head, canonical_json, is_hex_digest, sha256_hex};
 
-/// The largest head file read; a real one is [`SLOT_BYTES`] times [`N_SLOTS`].
-const HEAD_FILE_BYTES_MAX: u64 = 4096;
+/// The largest head file read; a real one is [`HEAD_FILE_BYTES`].
+const HEAD_FILE_BYTES_MAX: u64 = 8192;
+
+/// How far apart the slots start: a page, so that a write torn at a power loss by a device
+/// that garbles the sector or page it writes cannot reach the other slot.
+pub(crate) const SLOT_STRIDE: usize = 4096;
+
+/// The size of a head file: the last slot ends it.
+const HEAD_FILE_BYTES: usize = SLOT_STRIDE * (N_SLOTS - 1) + SLOT_BYTES;
 
 /// The bytes of one slot, its newline included; a slot's JSON is under 250 bytes.
 pub(crate) const SLOT_BYTES: usize = 256;
@@ -146,10 +155,11 @@ impl Content {
 
 /// Parses a head file's text; `None` when it is not a head file.
 fn parse(text: &[u8]) -> Option<Content> {
-    if text.len() == SLOT_BYTES * N_SLOTS {
+    if text.len() == HEAD_FILE_BYTES {
         let mut best: Option<(Head, usize)> = None;
-        for (index, line) in text.chunks(SLOT_BYTES).enumerate() {
-            let Some(head) = parse_slot(line) else {
+        for index in 0..N_SLOTS {
+            let start = index * SLOT_STRIDE;
+            let Some(head) = parse_slot(&text[start..start + SLOT_BYTES]) else {
                 continue;
             };
             if best.as_ref().is_none_or(|(kept, _)| head.seq > kept.seq) {
@@ -187,8 +197,10 @@ fn parse_slot(line: &[u8]) -> Option<Head> {
 /// The I/O error; the previous head file is then left as it was.
 pub(crate) fn write(db: &Path, head: &Head, durability: Durability) -> std::io::Result<()> {
     let path = head_path(db);
-    let mut text = slot(head);
-    text.extend(blank_slot());
+    let mut text = vec![b' '; HEAD_FILE_BYTES];
+    text[..SLOT_BYTES].copy_from_slice(&slot(head));
+    text[SLOT_STRIDE - 1] = b'\n';
+    text[SLOT_STRIDE..].copy_from_slice(&blank_slot());
 
     let mut temp_name = path.file_name().map(OsString::from).unwrap_or_default();
     temp_name.push(format!(
@@ -333,7 +345,7 @@ fn advance_once(path: &Path, head: &Head) -> std::io::Result<Step> {
     if !at_path.is_ok_and(|now| now.ino() == metadata.ino() && now.dev() == metadata.dev()) {
         return Ok(Step::Replaced);
     }
-    let mut text = Vec::with_capacity(SLOT_BYTES * N_SLOTS);
+    let mut text = Vec::with_capacity(HEAD_FILE_BYTES);
     (&mut file)
         .take(HEAD_FILE_BYTES_MAX + 1)
         .read_to_end(&mut text)?;
@@ -367,7 +379,7 @@ fn finish(
         Content::OneLine(_) => write(db, head, durability)?,
         Content::Slots { slot: current, .. } => {
             let other = (current + 1) % N_SLOTS;
-            file.write_all_at(&slot(head), (other * SLOT_BYTES) as u64)?;
+            file.write_all_at(&slot(head), (other * SLOT_STRIDE) as u64)?;
             if durability == Durability::Full {
                 file.sync_data()?;
             }
@@ -443,14 +455,16 @@ mod tests {
         assert_eq!(read(&db), Ok(Some(written)));
         assert_eq!(
             fs::metadata(head_path(&db)).expect("stat").len(),
-            (SLOT_BYTES * N_SLOTS) as u64
+            HEAD_FILE_BYTES as u64
         );
         let names: Vec<_> = fs::read_dir(dir.path())
             .expect("lists")
             .map(|entry| entry.expect("entry").file_name())
             .collect();
         assert_eq!(names, ["log.db.audit-head"], "no temporary file left");
-        let blank_pair = [blank_slot(), blank_slot()].concat();
+        let mut blank_pair = vec![b' '; HEAD_FILE_BYTES];
+        blank_pair[SLOT_STRIDE - 1] = b'\n';
+        blank_pair[SLOT_STRIDE..].copy_from_slice(&blank_slot());
         for junk in [
             b"".to_vec(),
             b"{}".to_vec(),
@@ -463,7 +477,7 @@ mod tests {
             fs::write(head_path(&db), &junk).expect("writes");
             assert!(read(&db).is_err(), "{}", String::from_utf8_lossy(&junk));
         }
-        fs::write(head_path(&db), vec![b' '; 5000]).expect("writes");
+        fs::write(head_path(&db), vec![b' '; 9000]).expect("writes");
         assert!(read(&db).is_err(), "too large");
     }
 
@@ -482,7 +496,7 @@ mod tests {
         assert_eq!(read(&db), Ok(Some(new)));
         assert_eq!(
             fs::metadata(head_path(&db)).expect("stat").len(),
-            (SLOT_BYTES * N_SLOTS) as u64,
+            HEAD_FILE_BYTES as u64,
             "the two-slot form"
         );
     }
@@ -529,7 +543,11 @@ mod tests {
         else {
             panic!("two slots expected");
         };
-        text[newest_slot * SLOT_BYTES + 20] ^= 0x01;
+        // The whole page that holds the newest slot garbled, as a device that does not
+        // write pages atomically could leave it at a power loss.
+        let page =
+            newest_slot * SLOT_STRIDE..(newest_slot * SLOT_STRIDE + SLOT_STRIDE).min(text.len());
+        text[page].fill(0xa5);
         fs::write(&path, &text).expect("writes");
         assert_eq!(read(&db), Ok(Some(head(6, "6"))));
     }
