@@ -219,12 +219,14 @@ pub(crate) async fn list_command(
     }
     let mut table = crate::output::table(&["seq", "at", "kind", "saga", "what"]);
     for record in &records {
+        // Records hold text from plans and from whoever edited the log: no control
+        // character reaches the terminal.
         table.add_row(vec![
             record.seq.to_string(),
             crate::output::format_ms(record.at_ms),
-            record.kind.clone(),
-            record.saga_id.clone().unwrap_or_default(),
-            summary(record),
+            crate::output::printable(&record.kind),
+            crate::output::printable(record.saga_id.as_deref().unwrap_or_default()),
+            crate::output::printable(&summary(record)),
         ]);
     }
     println!("{table}");
@@ -296,6 +298,12 @@ fn summary(record: &agent_kernel_txlog::AuditRecord) -> String {
             body["to_owner"]["pid"], body["from_owner"]["pid"]
         ),
         "Compensation" => format!("step {} {}", body["step_seq"], text(&body["status"])),
+        "CommitStep" => format!("step {} COMMIT", body["step_seq"]),
+        "FailStep" => format!(
+            "step {} FAIL: {}",
+            body["step_seq"],
+            text(&body["error"]["message"])
+        ),
         "Genesis" => "the chain starts".to_owned(),
         _ => format!(
             "step {} {} {}",

@@ -51,6 +51,22 @@ fn print_json(document: &Value) {
     );
 }
 
+/// `text` with every control character escaped (`\n`, `\u{1b}`, …), fit for a terminal.
+pub(crate) fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 pub(crate) fn format_ms(at_ms: i64) -> String {
     let secs = at_ms.div_euclid(1000);
     let days = secs.div_euclid(86_400);
@@ -80,7 +96,11 @@ impl Output {
 
     /// Reports an error: always on stderr; with `--json`, also as the one document on stdout.
     pub(crate) fn error(&self, kind: &str, error: &anyhow::Error) {
-        eprintln!("error: {error:#}");
+        // Messages quote plans and files: line breaks are kept, other control characters
+        // are escaped.
+        let message = format!("{error:#}");
+        let shown: Vec<String> = message.split('\n').map(printable).collect();
+        eprintln!("error: {}", shown.join("\n"));
         if self.json {
             let mut document =
                 json!({ "error": { "kind": kind, "message": format!("{error:#}") } });
@@ -136,9 +156,9 @@ impl Output {
             };
             steps.add_row(vec![
                 step.seq.to_string(),
-                step.tool.clone(),
+                printable(&step.tool),
                 step.status.to_string(),
-                detail,
+                printable(&detail),
             ]);
         }
         println!("{steps}");
@@ -202,16 +222,16 @@ impl Output {
             }));
             return;
         }
-        println!("saga    {}", saga.saga_id);
+        println!("saga    {}", printable(saga.saga_id.as_str()));
         println!("state   {}", saga.state);
         if saga.dry_run {
             println!("mode    dry run: every step was simulated, nothing ran");
         }
         if let Some(name) = &saga.name {
-            println!("name    {name}");
+            println!("name    {}", printable(name));
         }
         if let Some(actor) = &saga.actor {
-            println!("actor   {actor}");
+            println!("actor   {}", printable(actor));
         }
         println!(
             "owner   pid {} on {}",
@@ -239,10 +259,10 @@ impl Output {
             .join("; ");
             steps.add_row(vec![
                 step.step_seq.to_string(),
-                step.tool_id.clone(),
+                printable(&step.tool_id),
                 step.status.to_string(),
-                step.idempotency_key.clone().unwrap_or_default(),
-                detail,
+                printable(step.idempotency_key.as_deref().unwrap_or_default()),
+                printable(&detail),
             ]);
         }
         println!("{steps}");
@@ -281,10 +301,10 @@ impl Output {
                 saga.state.to_string()
             };
             list.add_row(vec![
-                saga.saga_id.to_string(),
+                printable(saga.saga_id.as_str()),
                 state,
                 saga.n_steps.to_string(),
-                saga.name.clone().unwrap_or_default(),
+                printable(saga.name.as_deref().unwrap_or_default()),
                 format_ms(saga.created_at_ms),
             ]);
         }
@@ -577,7 +597,13 @@ pub(crate) struct SandboxStatus<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::format_ms;
+    use super::{format_ms, printable};
+
+    #[test]
+    fn control_characters_never_reach_the_terminal() {
+        assert_eq!(printable("plain é 日本"), "plain é 日本");
+        assert_eq!(printable("a\u{1b}[2Jb\nc"), "a\\u{1b}[2Jb\\nc");
+    }
 
     #[test]
     fn formats_utc_timestamps() {

@@ -139,7 +139,8 @@ fn head_of(document: &Map<String, Value>) -> Option<Head> {
 /// What a head file holds.
 #[derive(Debug, PartialEq)]
 enum Content {
-    /// The one-line form of earlier builds.
+    /// An earlier form (one line, or two adjacent slots): read, and rewritten in the
+    /// current form when the head next moves.
     OneLine(Head),
     /// The two-slot form, with the slot that holds the head.
     Slots { head: Head, slot: usize },
@@ -167,6 +168,14 @@ fn parse(text: &[u8]) -> Option<Content> {
             }
         }
         return best.map(|(head, slot)| Content::Slots { head, slot });
+    }
+    if text.len() == SLOT_BYTES * N_SLOTS {
+        // Two adjacent slots, as a development build wrote them.
+        return text
+            .chunks(SLOT_BYTES)
+            .filter_map(parse_slot)
+            .max_by_key(|head| head.seq)
+            .map(Content::OneLine);
     }
     let document: Value = serde_json::from_slice(text).ok()?;
     let document = document.as_object()?;
@@ -397,7 +406,13 @@ pub(crate) fn exists(db: &Path) -> bool {
 /// cannot be read or is not a head file.
 pub(crate) fn read(db: &Path) -> Result<Option<Head>, String> {
     let path = head_path(db);
-    let file = match fs::File::open(&path) {
+    // Never through a symbolic link (a writer would not move it either), and never blocking
+    // on a FIFO planted at the path.
+    let file = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+    {
         Ok(file) => file,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(err) => {
@@ -407,6 +422,12 @@ pub(crate) fn read(db: &Path) -> Result<Option<Head>, String> {
             ));
         }
     };
+    if !file.metadata().is_ok_and(|metadata| metadata.is_file()) {
+        return Err(format!(
+            "the head file {} is not a regular file",
+            path.display()
+        ));
+    }
     let mut text = Vec::new();
     file.take(HEAD_FILE_BYTES_MAX + 1)
         .read_to_end(&mut text)
@@ -572,6 +593,44 @@ mod tests {
             advance(&db, &head(5, "5"), Durability::Normal, |_| Ok(true)).expect("runs"),
             Advance::Moved
         );
+    }
+
+    #[test]
+    fn a_head_file_of_adjacent_slots_is_read_and_upgraded() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("log.db");
+        let old = head(4, "4");
+        fs::write(head_path(&db), [slot(&old), blank_slot()].concat()).expect("writes");
+        assert_eq!(read(&db), Ok(Some(old.clone())));
+        assert_eq!(
+            advance(&db, &head(9, "9"), Durability::Normal, |current| Ok(
+                *current == old
+            ))
+            .expect("moves"),
+            Advance::Moved
+        );
+        assert_eq!(read(&db), Ok(Some(head(9, "9"))));
+        assert_eq!(
+            fs::metadata(head_path(&db)).expect("stat").len(),
+            HEAD_FILE_BYTES as u64
+        );
+    }
+
+    #[test]
+    fn reading_refuses_links_and_fifos_without_blocking() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("log.db");
+        let elsewhere = dir.path().join("elsewhere.db");
+        write(&elsewhere, &head(3, "3"), Durability::Normal).expect("writes");
+        std::os::unix::fs::symlink(head_path(&elsewhere), head_path(&db)).expect("links");
+        assert!(read(&db).is_err(), "a symbolic link is not a head file");
+        fs::remove_file(head_path(&db)).expect("removes");
+        let made = std::process::Command::new("mkfifo")
+            .arg(head_path(&db))
+            .status()
+            .expect("mkfifo runs");
+        assert!(made.success());
+        assert!(read(&db).is_err(), "a FIFO is refused, at once");
     }
 
     #[test]

@@ -107,7 +107,10 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use audit::{AUDIT_BODY_BYTES_MAX, AUDIT_KEY_BYTES_MAX, AUDIT_KEY_BYTES_MIN, AuditKey};
 pub use floor::{FloorReport, measure_commit_floor};
-pub use records::{AUDIT_RECORDS_MAX, AuditQuery, AuditRecord, audit_record_kinds, audit_records};
+pub use records::{
+    AUDIT_RECORDS_DEFAULT, AUDIT_RECORDS_MAX, AuditQuery, AuditRecord, audit_record_kinds,
+    audit_records,
+};
 pub use verify::{AuditHead, AuditReport, BadRecord, verify, verify_ignoring_head_file};
 
 use crate::audit::AuditSettings;

@@ -15,8 +15,12 @@ use crate::schema::{self, AUDIT_SCHEMA_VERSION};
 /// The most records one [`audit_records`] call returns.
 pub const AUDIT_RECORDS_MAX: u32 = 10_000;
 
-/// Which records [`audit_records`] returns.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// How many records an [`AuditQuery::default`] asks for.
+pub const AUDIT_RECORDS_DEFAULT: u32 = 20;
+
+/// Which records [`audit_records`] returns; the default asks for the newest
+/// [`AUDIT_RECORDS_DEFAULT`] of every kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditQuery {
     /// Only these kinds (`PlanDenied`, `Operator`, `RefuseStep`, …); all when empty.
     pub kinds: Vec<String>,
@@ -24,6 +28,16 @@ pub struct AuditQuery {
     pub saga_id: Option<String>,
     /// At most this many, newest first (at most [`AUDIT_RECORDS_MAX`]).
     pub limit: u32,
+}
+
+impl Default for AuditQuery {
+    fn default() -> Self {
+        AuditQuery {
+            kinds: Vec::new(),
+            saga_id: None,
+            limit: AUDIT_RECORDS_DEFAULT,
+        }
+    }
 }
 
 /// One record of the audit chain, as stored.
@@ -52,8 +66,8 @@ pub fn audit_record_kinds() -> &'static [&'static str] {
 ///
 /// # Errors
 ///
-/// [`TxError::Corrupt`] naming an unknown kind in `query`, or a record whose body is not
-/// JSON; otherwise as [`verify`](crate::verify) when the log cannot be opened, and
+/// [`TxError::NotFound`] naming an unknown kind in `query`; [`TxError::Corrupt`] for a
+/// record whose body is not JSON; otherwise as [`verify`](crate::verify) when the log cannot be opened, and
 /// [`TxError::Storage`] for a log from before the audit chain.
 pub fn audit_records(path: &Path, query: &AuditQuery) -> Result<Vec<AuditRecord>, TxError> {
     if let Some(unknown) = query
@@ -61,7 +75,7 @@ pub fn audit_records(path: &Path, query: &AuditQuery) -> Result<Vec<AuditRecord>
         .iter()
         .find(|kind| !KINDS.contains(&kind.as_str()))
     {
-        return Err(TxError::Corrupt(format!(
+        return Err(TxError::NotFound(format!(
             "no audit record is of kind `{unknown}` (kinds: {})",
             KINDS.join(", ")
         )));

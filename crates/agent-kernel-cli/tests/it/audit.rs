@@ -287,6 +287,22 @@ fn a_denied_plan_is_audited_with_tool_arguments_and_reason() {
         table.contains("PlanDenied") && table.contains("../escape.txt"),
         "{table}"
     );
+    // A terminal escape in the plan reaches the table escaped.
+    let escape = project.plan(
+        "escape.json",
+        &json!({ "steps": [
+            { "tool": "fs.write", "args": { "path": "../\u{1b}[2J.txt", "content": "x" } },
+        ]}),
+    );
+    let output = project.run(&["run", "--plan", escape.to_str().expect("utf8")]);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    let output = project.run(&["audit", "list", "--kind", "PlanDenied"]);
+    assert!(!output.stdout.contains(&0x1b), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("\\u{1b}"),
+        "{}",
+        describe(&output)
+    );
     let output = project.run(&["audit", "list", "--kind", "NoSuchKind"]);
     assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
 
