@@ -22,6 +22,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::schema::storage;
+
 /// The fewest bytes an audit key may have: shorter keys can be guessed.
 pub const AUDIT_KEY_BYTES_MIN: usize = 16;
 
@@ -49,15 +51,15 @@ pub(crate) const ZERO_HASH: &str =
 /// Every record kind the chain may hold.
 pub(crate) const KINDS: [&str; 13] = [
     KIND_GENESIS,
-    "CreateSaga",
-    "SetState",
-    "BeginStep",
-    "CommitStep",
-    "FailStep",
-    "RefuseStep",
-    "ReuseStep",
-    "SimulateStep",
-    "Compensation",
+    KIND_CREATE_SAGA,
+    KIND_SET_STATE,
+    KIND_BEGIN_STEP,
+    KIND_COMMIT_STEP,
+    KIND_FAIL_STEP,
+    KIND_REFUSE_STEP,
+    KIND_REUSE_STEP,
+    KIND_SIMULATE_STEP,
+    KIND_COMPENSATION,
     KIND_TAKE_OVER,
     KIND_OPERATOR,
     KIND_PLAN_DENIED,
@@ -73,6 +75,33 @@ pub(crate) const KIND_PLAN_DENIED: &str = "PlanDenied";
 
 /// The most denials a `PlanDenied` record lists; `n_denials` counts them all.
 pub(crate) const DENIALS_LISTED_MAX: usize = 64;
+
+/// The record of a [`LogWrite::CreateSaga`](agent_kernel_api::LogWrite::CreateSaga).
+pub(crate) const KIND_CREATE_SAGA: &str = "CreateSaga";
+
+/// The record of a [`LogWrite::SetState`](agent_kernel_api::LogWrite::SetState).
+pub(crate) const KIND_SET_STATE: &str = "SetState";
+
+/// The record of a [`LogWrite::BeginStep`](agent_kernel_api::LogWrite::BeginStep).
+pub(crate) const KIND_BEGIN_STEP: &str = "BeginStep";
+
+/// The record of a [`LogWrite::CommitStep`](agent_kernel_api::LogWrite::CommitStep).
+pub(crate) const KIND_COMMIT_STEP: &str = "CommitStep";
+
+/// The record of a [`LogWrite::FailStep`](agent_kernel_api::LogWrite::FailStep).
+pub(crate) const KIND_FAIL_STEP: &str = "FailStep";
+
+/// The record of a [`LogWrite::RefuseStep`](agent_kernel_api::LogWrite::RefuseStep).
+pub(crate) const KIND_REFUSE_STEP: &str = "RefuseStep";
+
+/// The record of a [`LogWrite::ReuseStep`](agent_kernel_api::LogWrite::ReuseStep).
+pub(crate) const KIND_REUSE_STEP: &str = "ReuseStep";
+
+/// The record of a [`LogWrite::SimulateStep`](agent_kernel_api::LogWrite::SimulateStep).
+pub(crate) const KIND_SIMULATE_STEP: &str = "SimulateStep";
+
+/// The record of a [`LogWrite::Compensation`](agent_kernel_api::LogWrite::Compensation).
+pub(crate) const KIND_COMPENSATION: &str = "Compensation";
 
 /// The record that starts a chain in a log that already held sagas (a version 1 log).
 pub(crate) const KIND_GENESIS: &str = "Genesis";
@@ -208,7 +237,7 @@ fn write_canonical(value: &Value, text: &mut String) {
                 if entry_idx > 0 {
                     text.push(',');
                 }
-                text.push_str(&Value::String(key.clone()).to_string());
+                write_json_str(text, key);
                 text.push(':');
                 write_canonical(value, text);
             }
@@ -558,11 +587,7 @@ impl AuditSettings {
             if current.seq == 0 {
                 return Ok(current.hash == ZERO_HASH);
             }
-            conn.prepare_cached("SELECT hash FROM audit_log WHERE seq = ?1")
-                .and_then(|mut s| {
-                    s.query_row(params![current.seq], |row| row.get::<_, String>(0))
-                        .optional()
-                })
+            hash_at(conn, current.seq)
                 .map(|hash| hash.is_some_and(|hash| hash == current.hash))
                 .map_err(|err| format!("the record the head file names cannot be read: {err}"))
         };
@@ -595,8 +620,11 @@ impl AuditSettings {
     }
 }
 
-fn storage(err: rusqlite::Error) -> TxError {
-    TxError::Storage(err.to_string())
+/// The hash of record `seq`, if the chain holds it.
+pub(crate) fn hash_at(conn: &Connection, seq: i64) -> rusqlite::Result<Option<String>> {
+    conn.prepare_cached("SELECT hash FROM audit_log WHERE seq = ?1")?
+        .query_row(params![seq], |row| row.get(0))
+        .optional()
 }
 
 /// The newest record in the database, checked as it is read.
@@ -719,7 +747,7 @@ pub(crate) fn write_genesis(
     from_version: i64,
     key: Option<&AuditKey>,
     now_ms: &dyn Fn() -> i64,
-) -> Result<bool, TxError> {
+) -> Result<(), TxError> {
     let mut sagas = serde_json::Map::new();
     {
         let mut statement = conn
@@ -736,7 +764,7 @@ pub(crate) fn write_genesis(
         }
     }
     if sagas.is_empty() {
-        return Ok(false);
+        return Ok(());
     }
     {
         let mut statement = conn
@@ -794,8 +822,7 @@ pub(crate) fn write_genesis(
     });
     let mut appender = Appender::start(conn, key)?;
     assert_eq!(appender.head().seq, 0, "a genesis record starts the chain");
-    appender.append(conn, now_ms(), KIND_GENESIS, None, &canonical_json(&body))?;
-    Ok(true)
+    appender.append(conn, now_ms(), KIND_GENESIS, None, &canonical_json(&body))
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 use agent_kernel_api::{Durability, TxError};
 use rusqlite::{TransactionBehavior, params};
 
+use crate::schema::storage;
+
 /// What [`measure_commit_floor`] measured.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FloorReport {
@@ -34,7 +36,6 @@ pub fn measure_commit_floor(
     n_commits: usize,
     payload_bytes: usize,
 ) -> Result<FloorReport, TxError> {
-    let storage = |err: rusqlite::Error| TxError::Storage(err.to_string());
     // Only a migrated log holding sagas asks for the time (for its genesis audit record).
     let now_ms = || {
         std::time::SystemTime::now()

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::audit::KINDS;
-use crate::schema::{self, AUDIT_SCHEMA_VERSION};
+use crate::schema::{self, AUDIT_SCHEMA_VERSION, storage};
 
 /// The most records one [`audit_records`] call returns.
 pub const AUDIT_RECORDS_MAX: u32 = 10_000;
@@ -102,7 +102,6 @@ pub fn audit_records(path: &Path, query: &AuditQuery) -> Result<Vec<AuditRecord>
     bound.push(SqlValue::Integer(i64::from(
         query.limit.min(AUDIT_RECORDS_MAX),
     )));
-    let storage = |err: rusqlite::Error| TxError::Storage(err.to_string());
     let mut statement = conn.prepare(&sql).map_err(storage)?;
     let rows = statement
         .query_map(params_from_iter(bound), |row| {

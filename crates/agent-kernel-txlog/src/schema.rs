@@ -105,7 +105,8 @@ ALTER TABLE sagas ADD COLUMN dry_run INTEGER NOT NULL DEFAULT 0
 ",
 ];
 
-fn storage(err: rusqlite::Error) -> TxError {
+/// An SQLite error as the log reports it.
+pub(crate) fn storage(err: rusqlite::Error) -> TxError {
     TxError::Storage(err.to_string())
 }
 

@@ -9,16 +9,15 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use serde_json::{Value, json};
 
 use crate::AuditHead;
+use crate::schema::storage;
 
 use crate::audit::{
     ARGS_SUMMARY_BYTES_MAX, Appender, AuditSettings, CanonicalObject, DENIALS_LISTED_MAX,
-    KIND_OPERATOR, KIND_PLAN_DENIED, KIND_TAKE_OVER, QUOTE_BYTES_MAX, canonical_json,
-    error_summary, quote, sha256_hex,
+    KIND_BEGIN_STEP, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA, KIND_FAIL_STEP,
+    KIND_OPERATOR, KIND_PLAN_DENIED, KIND_REFUSE_STEP, KIND_REUSE_STEP, KIND_SET_STATE,
+    KIND_SIMULATE_STEP, KIND_TAKE_OVER, QUOTE_BYTES_MAX, canonical_json, error_summary, quote,
+    sha256_hex,
 };
-
-fn storage(err: rusqlite::Error) -> TxError {
-    TxError::Storage(err.to_string())
-}
 
 fn corrupt(what: impl std::fmt::Display) -> TxError {
     TxError::Corrupt(what.to_string())
@@ -90,10 +89,7 @@ pub(crate) fn seal(
             head.seq
         ))
     })?;
-    Ok(AuditHead {
-        seq: head.seq.unsigned_abs(),
-        hash: head.hash.clone(),
-    })
+    Ok(AuditHead::from(head))
 }
 
 /// What one [`LogWrite`] did, and the audit record that describes it.
@@ -129,7 +125,7 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
                 .str("saga_id", saga.saga_id.as_str())
                 .str("state", saga.state.as_str())
                 .finish();
-            Ok(Applied::written("CreateSaga", &saga.saga_id, body))
+            Ok(Applied::written(KIND_CREATE_SAGA, &saga.saga_id, body))
         }
         LogWrite::SetState { saga_id, state } => {
             let n_changed = conn
@@ -143,13 +139,13 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
                 .str("saga_id", saga_id.as_str())
                 .str("state", state.as_str())
                 .finish();
-            Ok(Applied::written("SetState", saga_id, body))
+            Ok(Applied::written(KIND_SET_STATE, saga_id, body))
         }
         LogWrite::BeginStep(step) => {
             let (outcome, body) = begin_step(conn, step, now_ms)?;
             Ok(Applied {
                 outcome,
-                kind: "BeginStep",
+                kind: KIND_BEGIN_STEP,
                 saga_id: Some(&step.saga_id),
                 body,
             })
@@ -176,7 +172,7 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
                 .str("status", StepStatus::Commit.as_str())
                 .int("step_seq", *step_seq)
                 .finish();
-            Ok(Applied::written("CommitStep", saga_id, body))
+            Ok(Applied::written(KIND_COMMIT_STEP, saga_id, body))
         }
         LogWrite::FailStep {
             saga_id,
@@ -203,7 +199,7 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
                 .str("status", StepStatus::Fail.as_str())
                 .int("step_seq", *step_seq)
                 .finish();
-            Ok(Applied::written("FailStep", saga_id, body))
+            Ok(Applied::written(KIND_FAIL_STEP, saga_id, body))
         }
         LogWrite::RefuseStep { step, error } => {
             // A refusal is usually a denial: its record says what was asked for.
@@ -218,7 +214,7 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
                 now_ms,
                 ArgsSummary::Quoted,
             )?;
-            Ok(Applied::written("RefuseStep", &step.saga_id, body))
+            Ok(Applied::written(KIND_REFUSE_STEP, &step.saga_id, body))
         }
         LogWrite::ReuseStep {
             step,
@@ -237,7 +233,7 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
                 now_ms,
                 ArgsSummary::Omitted,
             )?;
-            Ok(Applied::written("ReuseStep", &step.saga_id, body))
+            Ok(Applied::written(KIND_REUSE_STEP, &step.saga_id, body))
         }
         LogWrite::SimulateStep { step, result } => {
             if !is_dry_run(conn, &step.saga_id)? {
@@ -261,7 +257,7 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
                 now_ms,
                 ArgsSummary::Omitted,
             )?;
-            Ok(Applied::written("SimulateStep", &step.saga_id, body))
+            Ok(Applied::written(KIND_SIMULATE_STEP, &step.saga_id, body))
         }
         LogWrite::Audit(event) => {
             let (kind, saga_id, body) = audit_event_body(event)?;
@@ -306,7 +302,7 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
                 .str("status", status.as_str())
                 .int("step_seq", *step_seq)
                 .finish();
-            Ok(Applied::written("Compensation", saga_id, body))
+            Ok(Applied::written(KIND_COMPENSATION, saga_id, body))
         }
         other => Err(corrupt(format!("unsupported log record {other:?}"))),
     }
@@ -407,9 +403,9 @@ enum ArgsSummary {
     Omitted,
 }
 
-fn expect_one(n_changed: usize, what: impl FnOnce() -> String) -> Result<WriteOutcome, TxError> {
+fn expect_one(n_changed: usize, what: impl FnOnce() -> String) -> Result<(), TxError> {
     if n_changed == 1 {
-        Ok(WriteOutcome::Written)
+        Ok(())
     } else {
         Err(TxError::NotFound(what()))
     }

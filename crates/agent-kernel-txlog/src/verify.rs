@@ -11,7 +11,9 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::audit::{
-    AuditKey, KIND_GENESIS, KIND_OPERATOR, KIND_PLAN_DENIED, KIND_TAKE_OVER, Record, ZERO_HASH,
+    self, AuditKey, Head, KIND_BEGIN_STEP, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA,
+    KIND_FAIL_STEP, KIND_GENESIS, KIND_OPERATOR, KIND_PLAN_DENIED, KIND_REFUSE_STEP,
+    KIND_REUSE_STEP, KIND_SET_STATE, KIND_SIMULATE_STEP, KIND_TAKE_OVER, Record, ZERO_HASH,
     sha256_hex,
 };
 use crate::head;
@@ -49,6 +51,15 @@ pub struct AuditHead {
     pub seq: u64,
     /// The record's hash (64 zeros for an empty chain).
     pub hash: String,
+}
+
+impl From<&Head> for AuditHead {
+    fn from(head: &Head) -> AuditHead {
+        AuditHead {
+            seq: head.seq.unsigned_abs(),
+            hash: head.hash.clone(),
+        }
+    }
 }
 
 /// The first record found bad, and why.
@@ -141,10 +152,7 @@ fn verify_with(
             .as_ref()
             .ok()
             .and_then(Option::as_ref)
-            .map(|head| AuditHead {
-                seq: head.seq.unsigned_abs(),
-                hash: head.hash.clone(),
-            }),
+            .map(AuditHead::from),
         macs_verified: key.is_some(),
         n_records_with_mac: 0,
         first_bad: None,
@@ -169,9 +177,7 @@ fn verify_with(
         return Ok(report);
     }
     // One snapshot for everything below, even while writers go on.
-    let tx = conn
-        .transaction()
-        .map_err(|err| TxError::Storage(err.to_string()))?;
+    let tx = conn.transaction().map_err(schema::storage)?;
     let mut replay = Replay::default();
     let last = match check_chain(&tx, key, &mut replay, &mut report) {
         Ok(last) => last,
@@ -384,17 +390,14 @@ fn check_head_file(
     let hash = if head.seq == 0 {
         ZERO_HASH.to_owned()
     } else {
-        conn.query_row(
-            "SELECT hash FROM audit_log WHERE seq = ?1",
-            params![head.seq],
-            |row| row.get::<_, String>(0),
-        )
-        .map_err(|err| {
-            bad(
-                head.seq,
-                format!("record {} cannot be read: {err}", head.seq),
-            )
-        })?
+        audit::hash_at(conn, head.seq)
+            .and_then(|hash| hash.ok_or(rusqlite::Error::QueryReturnedNoRows))
+            .map_err(|err| {
+                bad(
+                    head.seq,
+                    format!("record {} cannot be read: {err}", head.seq),
+                )
+            })?
     };
     if head.hash != hash {
         return Err(bad(
@@ -620,7 +623,7 @@ impl Replay {
         }
         let (seq, at_ms) = (record.seq, record.at_ms);
         match record.kind.as_str() {
-            "CreateSaga" => {
+            KIND_CREATE_SAGA => {
                 if self.sagas.contains_key(saga_id) {
                     return Err(format!("it creates saga {saga_id}, which already exists"));
                 }
@@ -644,7 +647,7 @@ impl Replay {
                     },
                 );
             }
-            "SetState" => {
+            KIND_SET_STATE => {
                 let state = body.state("state")?;
                 let saga = self.saga_mut(saga_id)?;
                 saga.state = state;
@@ -671,10 +674,10 @@ impl Replay {
                 saga.updated_at_ms = Some(at_ms);
                 saga.last_seq = seq;
             }
-            "BeginStep" | "RefuseStep" | "ReuseStep" | "SimulateStep" => {
+            KIND_BEGIN_STEP | KIND_REFUSE_STEP | KIND_REUSE_STEP | KIND_SIMULATE_STEP => {
                 self.insert_step(record, &body, saga_id)?;
             }
-            "CommitStep" => {
+            KIND_COMMIT_STEP => {
                 let status = body.status("status")?;
                 let output_sha256 = body.str("output_sha256")?.to_owned();
                 let step = self.step_mut(saga_id, body.int("step_seq")?)?;
@@ -689,7 +692,7 @@ impl Replay {
                 step.updated_at_ms = Some(at_ms);
                 step.last_seq = seq;
             }
-            "FailStep" => {
+            KIND_FAIL_STEP => {
                 let status = body.status("status")?;
                 let error_sha256 = body.str("error_sha256")?.to_owned();
                 let step = self.step_mut(saga_id, body.int("step_seq")?)?;
@@ -704,7 +707,7 @@ impl Replay {
                 step.updated_at_ms = Some(at_ms);
                 step.last_seq = seq;
             }
-            "Compensation" => {
+            KIND_COMPENSATION => {
                 let status = body.status("status")?;
                 let compensation_sha256 = body.str("compensation_sha256")?.to_owned();
                 let step = self.step_mut(saga_id, body.int("step_seq")?)?;
@@ -739,9 +742,9 @@ impl Replay {
         }
         let status = body.status("status")?;
         let allowed: &[StepStatus] = match record.kind.as_str() {
-            "BeginStep" => &[StepStatus::Begin, StepStatus::Fail],
-            "RefuseStep" => &[StepStatus::Fail],
-            "SimulateStep" => &[StepStatus::Commit, StepStatus::Fail],
+            KIND_BEGIN_STEP => &[StepStatus::Begin, StepStatus::Fail],
+            KIND_REFUSE_STEP => &[StepStatus::Fail],
+            KIND_SIMULATE_STEP => &[StepStatus::Commit, StepStatus::Fail],
             _ => &[StepStatus::Commit],
         };
         if !allowed.contains(&status) {
@@ -772,7 +775,7 @@ impl Replay {
         };
         let output_sha256 = body.opt_str("output_sha256")?;
         let error_sha256 = body.opt_str("error_sha256")?;
-        let claims_key = record.kind == "BeginStep" && status == StepStatus::Begin;
+        let claims_key = record.kind == KIND_BEGIN_STEP && status == StepStatus::Begin;
         let key_claim = content
             .idempotency_key
             .clone()
@@ -780,12 +783,12 @@ impl Replay {
             .map(|key| (key, content.args_hash.clone()));
         let saga = self.saga_mut(saga_id)?;
         let dry_run = saga.dry_run == Some(true);
-        if record.kind == "SimulateStep" && !dry_run {
+        if record.kind == KIND_SIMULATE_STEP && !dry_run {
             return Err(format!(
                 "it simulates a step of saga {saga_id}, which is not a dry run"
             ));
         }
-        if record.kind == "BeginStep" && dry_run {
+        if record.kind == KIND_BEGIN_STEP && dry_run {
             return Err(format!(
                 "it begins a step of saga {saga_id}, which is a dry run"
             ));
