@@ -103,6 +103,25 @@ struct Admitted {
     require_actor_idle: bool,
 }
 
+/// The facts of a saga's start (`StartSaga`, `PlanReady`) for `plan`.
+fn start_facts(plan: &Plan, actor_idle: bool) -> Facts {
+    Facts {
+        actor_idle,
+        plan_non_empty: !plan.steps.is_empty(),
+        ..Facts::default()
+    }
+}
+
+/// The error of a step the FSM denied.
+fn step_denied(denial: Denial, tool: &str) -> ToolError {
+    ToolError::denied(denial.with_tool(tool).to_string())
+}
+
+/// Whether a key's binding holds an output a step may reuse: committed, in a `Done` saga.
+fn is_reusable(binding: &KeyBinding) -> bool {
+    binding.status == StepStatus::Commit && binding.saga_state == SagaState::Done
+}
+
 /// The output hint by which a tool asks for validation next (spec §3.2).
 pub const VALIDATE_HINT: &str = "validate";
 
@@ -118,6 +137,27 @@ struct SagaInFlight {
 }
 
 impl SagaInFlight {
+    /// A saga about to be created by `saga`, which rides with its first write.
+    fn start(saga: NewSaga, n_steps: usize) -> SagaInFlight {
+        SagaInFlight {
+            saga_id: saga.saga_id.clone(),
+            state: saga.state,
+            persisted: saga.state,
+            pending: vec![LogWrite::CreateSaga(saga)],
+            committed: Vec::with_capacity(n_steps),
+        }
+    }
+
+    /// Records `step` as refused before it began (a denial, a cancellation, a failing
+    /// `prepare`, a held key): its idempotency key is left alone. Returns `error`.
+    fn refuse(&mut self, step: BeginStep, error: ToolError) -> ToolError {
+        self.pending.push(LogWrite::RefuseStep {
+            step,
+            error: error.clone(),
+        });
+        error
+    }
+
     /// The pending records plus the state change they caused, if any, for one write.
     fn take_batch(&mut self) -> Vec<LogWrite> {
         if self.state != self.persisted {
@@ -185,8 +225,37 @@ impl Kernel {
             by: self.env.owner.clone(),
             uid: self.uid,
         });
-        self.log.write(vec![LogWrite::Audit(event)]).await?;
-        Ok(())
+        Ok(self.audit(event).await?)
+    }
+
+    /// Writes an event to the audit chain alone.
+    async fn audit(&self, event: AuditEvent) -> Result<(), TxError> {
+        self.log
+            .write(vec![LogWrite::Audit(event)])
+            .await
+            .map(|_| ())
+    }
+
+    /// The record that creates a saga of `plan`.
+    fn new_saga(
+        &self,
+        plan: &Plan,
+        saga_id: &SagaId,
+        n_steps: u32,
+        state: SagaState,
+        dry_run: bool,
+        require_actor_idle: bool,
+    ) -> NewSaga {
+        NewSaga {
+            saga_id: saga_id.clone(),
+            name: plan.name.clone(),
+            actor: plan.actor.clone(),
+            owner: self.env.owner.clone(),
+            n_steps,
+            state,
+            dry_run,
+            require_actor_idle,
+        }
     }
 
     /// The log.
@@ -351,25 +420,12 @@ impl Kernel {
             saga_id: &saga_id,
             n_steps,
         });
-        let mut saga = SagaInFlight {
-            saga_id: saga_id.clone(),
-            state,
-            persisted: state,
-            // Records waiting to ride along with the next durable write.
-            pending: vec![LogWrite::CreateSaga(NewSaga {
-                saga_id: saga_id.clone(),
-                name: plan.name.clone(),
-                actor: plan.actor.clone(),
-                owner: self.env.owner.clone(),
-                n_steps,
-                state,
-                dry_run: false,
-                require_actor_idle,
-            })],
-            // What a `Done` saga's report says, kept as the records are queued, so that
-            // success costs no read of the log.
-            committed: Vec::with_capacity(plan.steps.len()),
-        };
+        // `committed` keeps what a `Done` saga's report says as the records are queued, so
+        // that success costs no read of the log.
+        let mut saga = SagaInFlight::start(
+            self.new_saga(plan, &saga_id, n_steps, state, false, require_actor_idle),
+            plan.steps.len(),
+        );
         let mut failure = None;
 
         for (step_seq, step) in (0_u32..).zip(&plan.steps) {
@@ -396,32 +452,23 @@ impl Kernel {
                 let error = ToolError::failed(format!("cancelled before this step: {reason}"));
                 warn!(saga_id = %saga_id, step_seq, %error, "saga cancelled");
                 // Never begun: recorded as refused, its idempotency key left alone.
-                saga.pending.push(LogWrite::RefuseStep {
-                    step: begin,
-                    error: error.clone(),
-                });
-                failure = Some(fail(error));
+                failure = Some(fail(saga.refuse(begin, error)));
                 break;
             }
 
             // The FSM rules on the step before anything about it is written.
             if let Err(denial) = self.admit_step(saga.state, plan, step_seq, tool.effect()) {
-                let error = ToolError::denied(denial.with_tool(step.tool.as_str()).to_string());
+                let error = step_denied(denial, &step.tool);
                 warn!(saga_id = %saga_id, step_seq, tool = %step.tool, %error, "step denied");
                 // Never begun: recorded as refused, its idempotency key left alone.
-                saga.pending.push(LogWrite::RefuseStep {
-                    step: begin,
-                    error: error.clone(),
-                });
-                failure = Some(fail(error));
+                failure = Some(fail(saga.refuse(begin, error)));
                 break;
             }
 
             if let Some(key) = &step.idempotency_key
                 && let Some(binding) = self.log.key_binding(key).await?
                 && binding.args_hash == begin.args_hash
-                && binding.status == StepStatus::Commit
-                && binding.saga_state == SagaState::Done
+                && is_reusable(&binding)
                 && let Some(output) = binding.output
             {
                 debug!(saga_id = %saga_id, step_seq, key, from = %binding.saga_id, "reusing committed output");
@@ -439,9 +486,7 @@ impl Kernel {
                     status: StepStatus::Commit,
                 });
                 if let Err(denial) = self.advance(&mut saga, plan, step_seq, hint.as_deref()) {
-                    failure = Some(fail(ToolError::denied(
-                        denial.with_tool(step.tool.as_str()).to_string(),
-                    )));
+                    failure = Some(fail(step_denied(denial, &step.tool)));
                     break;
                 }
                 continue;
@@ -463,11 +508,7 @@ impl Kernel {
                     // `prepare` has no side effects, so whatever went wrong, nothing happened.
                     let error = error.not_applied();
                     // Never begun: recorded as refused, its idempotency key left alone.
-                    saga.pending.push(LogWrite::RefuseStep {
-                        step: begin,
-                        error: error.clone(),
-                    });
-                    failure = Some(fail(error));
+                    failure = Some(fail(saga.refuse(begin, error)));
                     break;
                 }
             };
@@ -509,9 +550,7 @@ impl Kernel {
                     });
                     if let Err(denial) = self.advance(&mut saga, plan, step_seq, hint.as_deref()) {
                         // The effect happened and is committed; the saga still cannot go on.
-                        failure = Some(fail(ToolError::denied(
-                            denial.with_tool(step.tool.as_str()).to_string(),
-                        )));
+                        failure = Some(fail(step_denied(denial, &step.tool)));
                         break;
                     }
                 }
@@ -583,23 +622,11 @@ impl Kernel {
     pub async fn dry_run(&self, plan: &Plan) -> Result<SagaReport, KernelError> {
         let Admitted { state, n_steps, .. } = self.admit_plan(plan, true).await?;
         let saga_id = self.env.ids.new_saga_id();
-        let mut saga = SagaInFlight {
-            saga_id: saga_id.clone(),
-            state,
-            persisted: state,
-            pending: vec![LogWrite::CreateSaga(NewSaga {
-                saga_id: saga_id.clone(),
-                name: plan.name.clone(),
-                actor: plan.actor.clone(),
-                owner: self.env.owner.clone(),
-                n_steps,
-                state,
-                dry_run: true,
-                // A dry run holds its actor for no time.
-                require_actor_idle: false,
-            })],
-            committed: Vec::with_capacity(plan.steps.len()),
-        };
+        // A dry run holds its actor for no time.
+        let mut saga = SagaInFlight::start(
+            self.new_saga(plan, &saga_id, n_steps, state, true, false),
+            plan.steps.len(),
+        );
         // Every record of the dry run, written in one batch at the end.
         let mut records = Vec::with_capacity(2 * plan.steps.len() + 2);
         let mut failure = None;
@@ -617,12 +644,8 @@ impl Kernel {
             };
             let simulated_step = step_record(&saga_id, step_seq, step, tool.as_ref());
             if let Err(denial) = self.admit_step(saga.state, plan, step_seq, tool.effect()) {
-                let error = ToolError::denied(denial.with_tool(step.tool.as_str()).to_string());
-                saga.pending.push(LogWrite::RefuseStep {
-                    step: simulated_step,
-                    error: error.clone(),
-                });
-                failure = Some(fail(error));
+                let error = step_denied(denial, &step.tool);
+                failure = Some(fail(saga.refuse(simulated_step, error)));
                 break;
             }
             let binding = match &step.idempotency_key {
@@ -633,11 +656,8 @@ impl Kernel {
                     .filter(|binding| binding.args_hash == simulated_step.args_hash),
                 None => None,
             };
-            let reusable = |binding: &KeyBinding| {
-                binding.status == StepStatus::Commit && binding.saga_state == SagaState::Done
-            };
             if let Some(binding) = &binding
-                && !reusable(binding)
+                && !is_reusable(binding)
                 && !binding.is_released()
             {
                 // A run would find the key held and stop here, as the log's claim would.
@@ -649,14 +669,10 @@ impl Kernel {
                     binding.status,
                     binding.saga_state
                 ));
-                saga.pending.push(LogWrite::RefuseStep {
-                    step: simulated_step,
-                    error: error.clone(),
-                });
-                failure = Some(fail(error));
+                failure = Some(fail(saga.refuse(simulated_step, error)));
                 break;
             }
-            let reused = binding.filter(reusable);
+            let reused = binding.filter(is_reusable);
             let hint = if let Some(binding) = reused
                 && let Some(output) = binding.output
             {
@@ -694,9 +710,7 @@ impl Kernel {
                 hint
             };
             if let Err(denial) = self.advance(&mut saga, plan, step_seq, hint.as_deref()) {
-                failure = Some(fail(ToolError::denied(
-                    denial.with_tool(step.tool.as_str()).to_string(),
-                )));
+                failure = Some(fail(step_denied(denial, &step.tool)));
                 break;
             }
         }
@@ -780,7 +794,7 @@ impl Kernel {
             by: self.env.owner.clone(),
             denials,
         });
-        if let Err(error) = self.log.write(vec![LogWrite::Audit(event)]).await {
+        if let Err(error) = self.audit(event).await {
             warn!(%error, "the denied plan could not be recorded in the audit chain");
         }
     }
@@ -821,12 +835,7 @@ impl Kernel {
 
     /// The FSM's denial of a saga whose actor is busy.
     fn actor_busy_denial(&self, plan: &Plan) -> Denial {
-        let facts = Facts {
-            actor_idle: false,
-            plan_non_empty: !plan.steps.is_empty(),
-            ..Facts::default()
-        };
-        match self.fsm.apply(SagaState::Idle, Event::StartSaga, &facts) {
+        match self.start_with_actor_busy(plan) {
             Err(denial) => denial,
             // Only asked when the table's start needs the actor idle.
             Ok(_) => Denial {
@@ -836,6 +845,13 @@ impl Kernel {
                 rule: Rule::NotInTable,
             },
         }
+    }
+
+    /// `Idle --StartSaga-->` for `plan` as if its actor had another saga in progress: a
+    /// denial when the table's start needs the actor idle.
+    fn start_with_actor_busy(&self, plan: &Plan) -> Result<SagaState, Denial> {
+        self.fsm
+            .apply(SagaState::Idle, Event::StartSaga, &start_facts(plan, false))
     }
 
     /// `Idle --StartSaga--> Planning --PlanReady--> Acting`, with the facts of the plan.
@@ -851,11 +867,7 @@ impl Kernel {
                 .iter()
                 .any(|saga| saga.actor.as_deref() == Some(actor.as_str())),
         };
-        let facts = Facts {
-            actor_idle,
-            plan_non_empty: !plan.steps.is_empty(),
-            ..Facts::default()
-        };
+        let facts = start_facts(plan, actor_idle);
         let deny = |denial: Denial| KernelError::Denied {
             saga_id: None,
             denial,
@@ -868,18 +880,7 @@ impl Kernel {
             .fsm
             .apply(planning, Event::PlanReady, &facts)
             .map_err(deny)?;
-        let require_actor_idle = plan.actor.is_some()
-            && self
-                .fsm
-                .apply(
-                    SagaState::Idle,
-                    Event::StartSaga,
-                    &Facts {
-                        actor_idle: false,
-                        ..facts
-                    },
-                )
-                .is_err();
+        let require_actor_idle = plan.actor.is_some() && self.start_with_actor_busy(plan).is_err();
         Ok((state, require_actor_idle))
     }
 

@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use agent_kernel_api::{SagaState, StepStatus};
+use agent_kernel_api::{
+    BoxFuture, KeyBinding, LogWrite, Owner, SagaId, SagaRecord, SagaState, SagaSummary, StepStatus,
+    TxError, TxLog, WriteOutcome,
+};
 use agent_kernel_core::{KernelError, NoObserver, RecoveryAction};
 use agent_kernel_fsm::Guardrail;
 use serde_json::json;
@@ -134,12 +137,7 @@ async fn an_actor_runs_one_saga_at_a_time() {
     let first = fixture.kernel(1);
     let mut slow = add("slow");
     slow.args = json!({"item": "slow", "sleep_ms": 60_000});
-    let abandoned = tokio::time::timeout(
-        Duration::from_millis(200),
-        first.run(&plan(vec![slow]), &NoObserver),
-    )
-    .await;
-    assert!(abandoned.is_err());
+    crate::abandon(&first, &plan(vec![slow]), Duration::from_millis(200)).await;
     let second = fixture.kernel(2);
     let error = second
         .run(&plan(vec![add("x")]), &NoObserver)
@@ -166,58 +164,35 @@ async fn an_actor_runs_one_saga_at_a_time() {
 /// before another process created its saga would be.
 struct StaleReads(std::sync::Arc<agent_kernel_txlog::SqliteLog>);
 
-impl agent_kernel_api::TxLog for StaleReads {
-    fn write(
-        &self,
-        batch: Vec<agent_kernel_api::LogWrite>,
-    ) -> agent_kernel_api::BoxFuture<
-        '_,
-        Result<Vec<agent_kernel_api::WriteOutcome>, agent_kernel_api::TxError>,
-    > {
+impl TxLog for StaleReads {
+    fn write(&self, batch: Vec<LogWrite>) -> BoxFuture<'_, Result<Vec<WriteOutcome>, TxError>> {
         self.0.write(batch)
     }
     fn saga<'a>(
         &'a self,
-        saga_id: &'a agent_kernel_api::SagaId,
-    ) -> agent_kernel_api::BoxFuture<
-        'a,
-        Result<Option<agent_kernel_api::SagaRecord>, agent_kernel_api::TxError>,
-    > {
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<SagaRecord>, TxError>> {
         self.0.saga(saga_id)
     }
-    fn sagas(
-        &self,
-        limit: u32,
-    ) -> agent_kernel_api::BoxFuture<
-        '_,
-        Result<Vec<agent_kernel_api::SagaSummary>, agent_kernel_api::TxError>,
-    > {
+    fn sagas(&self, limit: u32) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
         self.0.sagas(limit)
     }
-    fn unfinished_sagas(
-        &self,
-    ) -> agent_kernel_api::BoxFuture<
-        '_,
-        Result<Vec<agent_kernel_api::SagaSummary>, agent_kernel_api::TxError>,
-    > {
+    fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
         Box::pin(async { Ok(Vec::new()) })
     }
     fn key_binding<'a>(
         &'a self,
         key: &'a str,
-    ) -> agent_kernel_api::BoxFuture<
-        'a,
-        Result<Option<agent_kernel_api::KeyBinding>, agent_kernel_api::TxError>,
-    > {
+    ) -> BoxFuture<'a, Result<Option<KeyBinding>, TxError>> {
         self.0.key_binding(key)
     }
     fn take_over<'a>(
         &'a self,
-        saga_id: &'a agent_kernel_api::SagaId,
-        expected_owner: &'a agent_kernel_api::Owner,
+        saga_id: &'a SagaId,
+        expected_owner: &'a Owner,
         expected_state: SagaState,
-        new_owner: &'a agent_kernel_api::Owner,
-    ) -> agent_kernel_api::BoxFuture<'a, Result<bool, agent_kernel_api::TxError>> {
+        new_owner: &'a Owner,
+    ) -> BoxFuture<'a, Result<bool, TxError>> {
         self.0
             .take_over(saga_id, expected_owner, expected_state, new_owner)
     }
@@ -229,12 +204,7 @@ async fn the_log_refuses_a_second_saga_for_a_busy_actor_even_after_a_stale_read(
     let first = fixture.kernel(1);
     let mut slow = add("slow");
     slow.args = json!({"item": "slow", "sleep_ms": 60_000});
-    let abandoned = tokio::time::timeout(
-        Duration::from_millis(200),
-        first.run(&plan(vec![slow]), &NoObserver),
-    )
-    .await;
-    assert!(abandoned.is_err());
+    crate::abandon(&first, &plan(vec![slow]), Duration::from_millis(200)).await;
 
     // The second process looked before the first created its saga: the FSM's read passes,
     // and the log, which checks again in the transaction that creates the saga, refuses.
@@ -258,9 +228,7 @@ async fn the_log_refuses_a_second_saga_for_a_busy_actor_even_after_a_stale_read(
         ["slow"],
         "nothing of the second saga ran"
     );
-    let sagas = agent_kernel_api::TxLog::sagas(sqlite.as_ref(), 10)
-        .await
-        .expect("lists");
+    let sagas = TxLog::sagas(sqlite.as_ref(), 10).await.expect("lists");
     assert_eq!(sagas.len(), 1, "no second saga was created: {sagas:?}");
 
     // A dry run does not hold the actor, and is not refused for it either.
@@ -276,24 +244,14 @@ async fn recovery_resumes_from_the_persisted_validating_state() {
     let fixture = Fixture::new();
     let kernel = fixture.kernel(1);
     let steps = vec![add("a"), probe(json!({"sleep_ms": 60_000}))];
-    let abandoned = tokio::time::timeout(
-        Duration::from_millis(300),
-        kernel.run(&plan(steps), &NoObserver),
-    )
-    .await;
-    assert!(abandoned.is_err());
+    crate::abandon(&kernel, &plan(steps), Duration::from_millis(300)).await;
     let unfinished = kernel.log().unfinished_sagas().await.expect("reads");
     assert_eq!(
         unfinished[0].state,
         SagaState::Validating,
         "persisted before the probe ran"
     );
-    fixture
-        .liveness
-        .dead_pids
-        .lock()
-        .expect("not poisoned")
-        .push(1);
+    fixture.kill([1]);
     let report = fixture
         .kernel(2)
         .recover(&NoObserver)

@@ -15,7 +15,7 @@ use agent_kernel_api::{
     Clock, Durability, EffectClass, IdSource, Owner, Plan, PlanStep, ProbeOutcome, SagaId,
     Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
 };
-use agent_kernel_core::{Environment, Kernel, Liveness, LivenessProbe};
+use agent_kernel_core::{Environment, Kernel, Liveness, LivenessProbe, NoObserver};
 use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
 use agent_kernel_fsm::Guardrail;
 use agent_kernel_txlog::{LogOptions, SqliteLog};
@@ -397,6 +397,15 @@ impl Fixture {
         }
     }
 
+    /// The processes `pids` die: recovery may take their sagas over.
+    pub(crate) fn kill(&self, pids: impl IntoIterator<Item = u32>) {
+        self.liveness
+            .dead_pids
+            .lock()
+            .expect("not poisoned")
+            .extend(pids);
+    }
+
     pub(crate) fn open_log(&self) -> Arc<SqliteLog> {
         Arc::new(
             SqliteLog::open(
@@ -470,6 +479,16 @@ impl Fixture {
             Durability::Normal,
         )
     }
+}
+
+/// Runs `plan` on `kernel` and abandons it after `after`, as a killed process would leave it:
+/// the saga must still be running then.
+pub(crate) async fn abandon(kernel: &Kernel, plan: &Plan, after: std::time::Duration) {
+    let abandoned = tokio::time::timeout(after, kernel.run(plan, &NoObserver)).await;
+    assert!(
+        abandoned.is_err(),
+        "the saga must still be running when abandoned"
+    );
 }
 
 pub(crate) fn add(item: &str) -> PlanStep {

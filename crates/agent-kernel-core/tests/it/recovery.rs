@@ -22,12 +22,7 @@ async fn crash_mid_saga(fixture: &Fixture, pid: u32, prefix: &str) {
     // One actor per saga: the FSM lets an actor have only one saga in progress.
     let mut plan = plan(steps);
     plan.actor = Some(format!("actor-{prefix}"));
-    let abandoned =
-        tokio::time::timeout(Duration::from_millis(200), kernel.run(&plan, &NoObserver)).await;
-    assert!(
-        abandoned.is_err(),
-        "the saga must still be running when abandoned"
-    );
+    crate::abandon(&kernel, &plan, Duration::from_millis(200)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -45,12 +40,7 @@ async fn an_in_doubt_step_of_a_dead_owner_is_compensated_with_the_rest() {
     ));
     assert_eq!(fixture.world.items().len(), 3);
 
-    fixture
-        .liveness
-        .dead_pids
-        .lock()
-        .expect("not poisoned")
-        .push(1);
+    fixture.kill([1]);
     let report = recoverer.recover(&NoObserver).await.expect("recovers");
     let [RecoveryAction::RolledBack(saga)] = &report.sagas[..] else {
         panic!("expected one rolled back saga, got {report:?}");
@@ -83,12 +73,7 @@ async fn done_sagas_are_never_touched_by_recovery() {
         .await
         .expect("runs");
     assert_eq!(done.state, SagaState::Done);
-    fixture
-        .liveness
-        .dead_pids
-        .lock()
-        .expect("not poisoned")
-        .push(3);
+    fixture.kill([3]);
     let report = fixture
         .kernel(4)
         .recover(&NoObserver)
@@ -111,12 +96,7 @@ async fn concurrent_recoveries_compensate_each_saga_exactly_once() {
     for (pid, prefix) in [(11, "p"), (12, "q"), (13, "r")] {
         crash_mid_saga(&fixture, pid, prefix).await;
     }
-    fixture
-        .liveness
-        .dead_pids
-        .lock()
-        .expect("not poisoned")
-        .extend([11, 12, 13]);
+    fixture.kill([11, 12, 13]);
     let (first, second) = (fixture.kernel(21), fixture.kernel(22));
     let (a, b) = tokio::join!(first.recover(&NoObserver), second.recover(&NoObserver));
     let (a, b) = (a.expect("recovers"), b.expect("recovers"));
@@ -226,12 +206,7 @@ async fn a_dry_run_is_recorded_claims_no_key_and_is_never_compensated() {
     ])
     .await
     .expect("writes");
-    fixture
-        .liveness
-        .dead_pids
-        .lock()
-        .expect("not poisoned")
-        .push(8);
+    fixture.kill([8]);
     let journal_before = fixture.world.journal();
     let report = fixture
         .kernel(9)
@@ -264,12 +239,7 @@ async fn a_dry_run_stops_where_a_run_would_find_its_key_held() {
     slow.args = json!({ "item": "held", "sleep_ms": 60_000 });
     let mut holding = plan(vec![slow]);
     holding.actor = Some("holder".into());
-    let abandoned = tokio::time::timeout(
-        Duration::from_millis(200),
-        holder.run(&holding, &NoObserver),
-    )
-    .await;
-    assert!(abandoned.is_err(), "still running when abandoned");
+    crate::abandon(&holder, &holding, Duration::from_millis(200)).await;
 
     // The same key and arguments, while the holder's step is in flight.
     let mut same = plan(vec![add("first"), crate::add_keyed("held", "key-held")]);

@@ -45,21 +45,18 @@ async fn after_timeout(fixture: &mut Fixture, tool: &str, hang: &str) -> SagaRep
 /// Starts the same saga as process 1, abandons it while the second step hangs (as a
 /// SIGKILL would leave it: BEGIN without outcome), then recovers it as process 2.
 async fn after_crash(fixture: &Fixture, tool: &str, hang: &str) -> SagaReport {
-    let abandoned = tokio::time::timeout(
+    after_crash_of(fixture, tool, "x", hang).await
+}
+
+/// [`after_crash`], with the hanging step adding `item`.
+async fn after_crash_of(fixture: &Fixture, tool: &str, item: &str, hang: &str) -> SagaReport {
+    crate::abandon(
+        &fixture.kernel(1),
+        &plan(vec![add("first"), settled(tool, item, hang)]),
         Duration::from_millis(200),
-        fixture.kernel(1).run(
-            &plan(vec![add("first"), settled(tool, "x", hang)]),
-            &NoObserver,
-        ),
     )
     .await;
-    assert!(abandoned.is_err(), "the saga was still running");
-    fixture
-        .liveness
-        .dead_pids
-        .lock()
-        .expect("not poisoned")
-        .push(1);
+    fixture.kill([1]);
     let report = fixture
         .kernel(2)
         .recover(&NoObserver)
@@ -167,32 +164,7 @@ async fn crash_operator_class_stops_for_an_operator() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_that_cannot_tell_stops_for_an_operator() {
     let fixture = Fixture::new();
-    let abandoned = tokio::time::timeout(
-        Duration::from_millis(200),
-        fixture.kernel(1).run(
-            &plan(vec![
-                add("first"),
-                settled("probed.add", "unknowable", "hang_after"),
-            ]),
-            &NoObserver,
-        ),
-    )
-    .await;
-    assert!(abandoned.is_err());
-    fixture
-        .liveness
-        .dead_pids
-        .lock()
-        .expect("not poisoned")
-        .push(1);
-    let report = fixture
-        .kernel(2)
-        .recover(&NoObserver)
-        .await
-        .expect("recovers");
-    let Some(RecoveryAction::RolledBack(saga)) = report.sagas.into_iter().next() else {
-        panic!("expected a rolled back saga");
-    };
+    let saga = after_crash_of(&fixture, "probed.add", "unknowable", "hang_after").await;
     assert_eq!(saga.state, SagaState::FailedRollbackPartial);
     let compensation = saga.steps[1].compensation.as_deref().unwrap_or_default();
     assert!(compensation.contains("could not tell"), "{compensation}");
