@@ -89,19 +89,13 @@ fn warn_if_readable_by_others(path: &Path, file: &std::fs::File) {
 ///
 /// # Errors
 ///
-/// A bad-input [`Failure`] (exit 2) when there is no log at `db` or it cannot be verified
-/// (not a log, a newer schema, a log from before the audit chain).
+/// A bad-input [`Failure`] (exit 2) when the log at `db` cannot be verified (not a log, a
+/// newer schema, a log from before the audit chain); the caller checks that it exists.
 pub(crate) async fn verify_command(
     db: &Path,
     key: Option<AuditKey>,
     json: bool,
 ) -> Result<u8, Failure> {
-    if !db.exists() {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "no log at {} (pass --db PATH or set AGENT_KERNEL_DB)",
-            db.display()
-        )));
-    }
     let report = verify_log(db, key).await?;
     print_report(&report, json);
     Ok(if report.is_intact() {
@@ -126,19 +120,12 @@ pub(crate) async fn seal_command(
     owner: agent_kernel_api::Owner,
     open: impl FnOnce() -> Result<agent_kernel_txlog::SqliteLog, Failure>,
 ) -> Result<u8, Failure> {
-    let path = db.to_owned();
-    let check_key = key.clone();
-    let report = tokio::task::spawn_blocking(move || {
-        agent_kernel_txlog::verify_ignoring_head_file(&path, check_key.as_ref())
-    })
-    .await
-    .map_err(|error| Failure {
-        code: exit::ATTENTION,
-        kind: "internal",
-        error: anyhow::anyhow!("the verification stopped: {error}"),
-    })?
-    .with_context(|| format!("cannot verify the log {}", db.display()))
-    .map_err(Failure::bad_input)?;
+    let report = verify_log_with(
+        db,
+        key.clone(),
+        agent_kernel_txlog::verify_ignoring_head_file,
+    )
+    .await?;
     if !report.is_intact() {
         print_report(&report, json);
         eprintln!("agent-kernel: the log was not sealed: its records or tables are bad");
@@ -156,10 +143,8 @@ pub(crate) async fn seal_command(
             },
         ))
         .await
-        .map_err(|error| Failure {
-            code: exit::ATTENTION,
-            kind: "internal",
-            error: anyhow::Error::new(error).context("cannot seal the log"),
+        .map_err(|error| {
+            Failure::internal(anyhow::Error::new(error).context("cannot seal the log"))
         })?;
     if json {
         let document = json!({
@@ -169,10 +154,7 @@ pub(crate) async fn seal_command(
             "head": head,
             "previous_head_file": report.head_file,
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&document).expect("a JSON value always serializes")
-        );
+        crate::output::print_json(&document);
     } else {
         println!(
             "audit: {} records verified; sealed with record {}, which the head file now names",
@@ -195,22 +177,14 @@ pub(crate) async fn list_command(
     json: bool,
 ) -> Result<u8, Failure> {
     let path = db.to_owned();
-    let records =
-        tokio::task::spawn_blocking(move || agent_kernel_txlog::audit_records(&path, &query))
-            .await
-            .map_err(|error| Failure {
-                code: exit::ATTENTION,
-                kind: "internal",
-                error: anyhow::anyhow!("reading the audit records stopped: {error}"),
-            })?
-            .with_context(|| format!("cannot read the audit records of {}", db.display()))
-            .map_err(Failure::bad_input)?;
+    let records = off_thread("reading the audit records", move || {
+        agent_kernel_txlog::audit_records(&path, &query)
+    })
+    .await?
+    .with_context(|| format!("cannot read the audit records of {}", db.display()))
+    .map_err(Failure::bad_input)?;
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json!({ "records": records }))
-                .expect("a JSON value always serializes")
-        );
+        crate::output::print_json(&json!({ "records": records }));
         return Ok(exit::OK);
     }
     if records.is_empty() {
@@ -322,16 +296,35 @@ fn summary(record: &agent_kernel_txlog::AuditRecord) -> String {
 ///
 /// A bad-input [`Failure`] (exit 2) when the log cannot be verified.
 pub(crate) async fn verify_log(db: &Path, key: Option<AuditKey>) -> Result<AuditReport, Failure> {
+    verify_log_with(db, key, agent_kernel_txlog::verify).await
+}
+
+/// [`verify_log`] with another check of the same shape (`verify_ignoring_head_file`).
+async fn verify_log_with(
+    db: &Path,
+    key: Option<AuditKey>,
+    verifier: fn(&Path, Option<&AuditKey>) -> Result<AuditReport, agent_kernel_api::TxError>,
+) -> Result<AuditReport, Failure> {
     let path = db.to_owned();
-    tokio::task::spawn_blocking(move || agent_kernel_txlog::verify(&path, key.as_ref()))
-        .await
-        .map_err(|error| Failure {
-            code: exit::ATTENTION,
-            kind: "internal",
-            error: anyhow::anyhow!("the verification stopped: {error}"),
-        })?
+    off_thread("the verification", move || verifier(&path, key.as_ref()))
+        .await?
         .with_context(|| format!("cannot verify the log {}", db.display()))
         .map_err(Failure::bad_input)
+}
+
+/// Runs `work`, which reads a whole log, on the blocking pool. `what` names it if the
+/// blocking task itself fails.
+///
+/// # Errors
+///
+/// An internal [`Failure`] (exit 3) when the task panicked or was cancelled.
+pub(crate) async fn off_thread<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Failure> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|error| Failure::internal(anyhow::anyhow!("{what} stopped: {error}")))
 }
 
 fn print_report(report: &AuditReport, json: bool) {
@@ -347,10 +340,7 @@ fn print_report(report: &AuditReport, json: bool) {
             "head_file": report.head_file,
             "macs_verified": report.macs_verified,
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&document).expect("a JSON value always serializes")
-        );
+        crate::output::print_json(&document);
     } else {
         match &report.first_bad {
             None => println!(

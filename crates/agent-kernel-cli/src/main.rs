@@ -241,6 +241,15 @@ impl Failure {
             error: error.into(),
         }
     }
+
+    /// Something went wrong inside, not in the input: operator attention (exit 3).
+    fn internal(error: impl Into<anyhow::Error>) -> Self {
+        Self {
+            code: exit::ATTENTION,
+            kind: "internal",
+            error: error.into(),
+        }
+    }
 }
 
 impl From<KernelError> for Failure {
@@ -279,11 +288,7 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .context("cannot start the async runtime")
-        .map_err(|error| Failure {
-            code: exit::ATTENTION,
-            kind: "internal",
-            error,
-        })
+        .map_err(Failure::internal)
         .and_then(|runtime| runtime.block_on(dispatch(&cli, &out)));
     match result {
         Ok(code) => ExitCode::from(code),
@@ -451,8 +456,8 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         Command::Audit {
             action: AuditAction::Verify,
         } => {
-            let key = audit::audit_key_from_env_or_file(cli.audit_key_file.as_deref())
-                .map_err(Failure::bad_input)?;
+            let key = audit_key(cli)?;
+            require_log(cli)?;
             audit::verify_command(&db_path(cli), key, cli.json).await
         }
         Command::Audit {
@@ -473,16 +478,9 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         Command::Audit {
             action: AuditAction::Seal,
         } => {
-            let key = audit::audit_key_from_env_or_file(cli.audit_key_file.as_deref())
-                .map_err(Failure::bad_input)?;
+            let key = audit_key(cli)?;
             require_log(cli)?;
-            let owner = current_owner()
-                .context("cannot identify this process in /proc")
-                .map_err(|error| Failure {
-                    code: exit::ATTENTION,
-                    kind: "internal",
-                    error,
-                })?;
+            let owner = this_process()?;
             audit::seal_command(&db_path(cli), key, cli.json, owner, || {
                 open_log(cli, Durability::Full)
             })
@@ -565,11 +563,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             }
         },
         Command::Bench(args) => {
-            let report = bench::run(args).await.map_err(|error| Failure {
-                code: exit::ATTENTION,
-                kind: "internal",
-                error,
-            })?;
+            let report = bench::run(args).await.map_err(Failure::internal)?;
             out.bench(&report);
             Ok(exit::OK)
         }
@@ -643,10 +637,30 @@ fn db_path(cli: &Cli) -> PathBuf {
     cli.db.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DB))
 }
 
+/// The audit key (`--audit-key-file`, else `$AGENT_KERNEL_AUDIT_KEY`), read once per
+/// process: a command that both checks and opens the log reads the key file (and warns about
+/// its mode) once.
+fn audit_key(cli: &Cli) -> Result<Option<agent_kernel_txlog::AuditKey>, Failure> {
+    static KEY: std::sync::OnceLock<Result<Option<agent_kernel_txlog::AuditKey>, String>> =
+        std::sync::OnceLock::new();
+    KEY.get_or_init(|| {
+        audit::audit_key_from_env_or_file(cli.audit_key_file.as_deref())
+            .map_err(|error| format!("{error:#}"))
+    })
+    .clone()
+    .map_err(|message| Failure::bad_input(anyhow::anyhow!(message)))
+}
+
+/// The owner record of this process.
+fn this_process() -> Result<agent_kernel_api::Owner, Failure> {
+    current_owner()
+        .context("cannot identify this process in /proc")
+        .map_err(Failure::internal)
+}
+
 fn open_log(cli: &Cli, durability: Durability) -> Result<SqliteLog, Failure> {
     let path = db_path(cli);
-    let audit_key = audit::audit_key_from_env_or_file(cli.audit_key_file.as_deref())
-        .map_err(Failure::bad_input)?;
+    let audit_key = audit_key(cli)?;
     SqliteLog::open_with_audit_key(
         &path,
         LogOptions {
@@ -694,11 +708,7 @@ fn build_dispatcher(policy: &Policy, limits: Option<Limits>) -> Result<Dispatche
         tools
             .register(tool)
             .context("registering the built-in tools")
-            .map_err(|error| Failure {
-                code: exit::ATTENTION,
-                kind: "internal",
-                error,
-            })?;
+            .map_err(Failure::internal)?;
     }
     // A misspelled tool id would silently leave that tool unbounded by its override.
     if let Some(unknown) = tools
@@ -746,18 +756,13 @@ async fn verify_before_acting(cli: &Cli, skip: bool) -> Result<Vec<String>, Fail
         tracing::warn!("--skip-verify: acting on the log without checking its audit chain");
         return Ok(vec!["--skip-verify".to_owned()]);
     }
-    let key = audit::audit_key_from_env_or_file(cli.audit_key_file.as_deref())
-        .map_err(Failure::bad_input)?;
+    let key = audit_key(cli)?;
     let path = db_path(cli);
     let checked = path.clone();
-    let verified =
-        tokio::task::spawn_blocking(move || agent_kernel_txlog::verify(&checked, key.as_ref()))
-            .await
-            .map_err(|error| Failure {
-                code: exit::ATTENTION,
-                kind: "internal",
-                error: anyhow::anyhow!("the audit check stopped: {error}"),
-            })?;
+    let verified = audit::off_thread("the audit check", move || {
+        agent_kernel_txlog::verify(&checked, key.as_ref())
+    })
+    .await?;
     let report = match verified {
         Ok(report) => report,
         // What is not a log, or a newer one, is refused as opening it would be.
@@ -776,14 +781,10 @@ async fn verify_before_acting(cli: &Cli, skip: bool) -> Result<Vec<String>, Fail
                 );
                 return Ok(Vec::new());
             }
-            return Err(Failure {
-                code: exit::ATTENTION,
-                kind: "internal",
-                error: anyhow::Error::new(error).context(format!(
-                    "cannot check the log {} before acting on it; nothing was undone (to act anyway, pass --skip-verify)",
-                    path.display()
-                )),
-            });
+            return Err(Failure::internal(anyhow::Error::new(error).context(format!(
+                "cannot check the log {} before acting on it; nothing was undone (to act anyway, pass --skip-verify)",
+                path.display()
+            ))));
         }
     };
     match &report.first_bad {
@@ -851,13 +852,7 @@ fn open_kernel(
         }
     };
     let tools = build_dispatcher(&policy, limits)?;
-    let owner = current_owner()
-        .context("cannot identify this process in /proc")
-        .map_err(|error| Failure {
-            code: exit::ATTENTION,
-            kind: "internal",
-            error,
-        })?;
+    let owner = this_process()?;
     let log = open_log(cli, durability)?;
     if purpose == Compensation::AndExecution {
         // The second line: from here on, this thread and every thread it starts (the tools'

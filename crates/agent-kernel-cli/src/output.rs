@@ -44,7 +44,8 @@ pub(crate) fn table(header: &[&str]) -> Table {
     table
 }
 
-fn print_json(document: &Value) {
+/// Prints one JSON document on stdout.
+pub(crate) fn print_json(document: &Value) {
     println!(
         "{}",
         serde_json::to_string_pretty(document).expect("a JSON value always serializes")

@@ -220,6 +220,14 @@ impl ConfinedFile {
     pub fn max_io_bytes(&self) -> u64 {
         self.max_io_bytes
     }
+    /// The whole file, up to `max_io_bytes`: [`read`](Self::read) with the policy's bound.
+    ///
+    /// # Errors
+    ///
+    /// As [`read`](Self::read).
+    pub fn read_all(&self) -> Result<Vec<u8>, SandboxError> {
+        self.read(self.max_io_bytes)
+    }
 
     /// Reads the whole file, following symbolic links inside the root.
     ///

@@ -149,11 +149,7 @@ impl HttpSandbox {
                     return Err(invalid("its host is empty".to_owned()));
                 }
                 if !access.allows_domain(&domain) {
-                    return Err(denied(format!(
-                        "the host `{}` is not in [http] allow_domains ({})",
-                        shown(&domain),
-                        access.listing()
-                    )));
+                    return Err(denied(access.unlisted(&domain)));
                 }
             }
             NormalHost::Address(address) => {
@@ -241,11 +237,7 @@ impl HttpSandbox {
             Err(error) => return Err(denied(format!("it is not a valid host name: {error}"))),
         };
         if domain.is_empty() || !access.allows_domain(&domain) {
-            return Err(denied(format!(
-                "the host `{}` is not in [http] allow_domains ({})",
-                shown(&domain),
-                access.listing()
-            )));
+            return Err(denied(access.unlisted(&domain)));
         }
         Ok((access, domain))
     }
@@ -303,6 +295,15 @@ impl Access {
         self.rules
             .iter()
             .any(|rule| matches!(rule, HostRule::Address(listed) if *listed == address))
+    }
+
+    /// Why `domain` is denied: `allow_domains` does not list it.
+    fn unlisted(&self, domain: &str) -> String {
+        format!(
+            "the host `{}` is not in [http] allow_domains ({})",
+            shown(domain),
+            self.listing()
+        )
     }
 
     /// The entries for a message, the first few only.

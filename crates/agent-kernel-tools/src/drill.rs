@@ -159,7 +159,7 @@ impl TransactionalTool for DrillWrite {
             let file = target.reopen().map_err(sandbox_error)?;
             let current = match file.stat().map_err(sandbox_error)? {
                 None => None,
-                Some(_) => Some(file.read(file.max_io_bytes()).map_err(sandbox_error)?),
+                Some(_) => Some(file.read_all().map_err(sandbox_error)?),
             };
             Ok(match current {
                 Some(bytes) if bytes == wanted => ProbeOutcome::Happened(None),

@@ -90,7 +90,7 @@ impl TransactionalTool for FsDelete {
                     "`{shown}` does not exist, so there is nothing to delete"
                 )));
             }
-            let bytes = file.read(file.max_io_bytes()).map_err(sandbox_error)?;
+            let bytes = file.read_all().map_err(sandbox_error)?;
             Ok((file.path().clone(), bytes))
         })
         .await?;

@@ -84,8 +84,7 @@ impl TransactionalTool for FsRead {
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         let PathArgs { path } = parse_args(args)?;
         let file = self.files.open(&path)?;
-        let max_bytes = file.max_io_bytes();
-        let bytes = blocking(move || file.read(max_bytes).map_err(sandbox_error)).await?;
+        let bytes = blocking(move || file.read_all().map_err(sandbox_error)).await?;
         let count = bytes.len() as u64;
         let content = String::from_utf8(bytes).map_err(|error| {
             ToolError::failed(format!(

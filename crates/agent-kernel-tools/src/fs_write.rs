@@ -106,7 +106,7 @@ impl TransactionalTool for FsWrite {
         let temp = temp_name(ctx);
         let (target, previous) = blocking(move || {
             let previous = match file.stat().map_err(sandbox_error)? {
-                Some(_) => Some(file.read(file.max_io_bytes()).map_err(sandbox_error)?),
+                Some(_) => Some(file.read_all().map_err(sandbox_error)?),
                 None => None,
             };
             Ok((file.path().clone(), previous))

@@ -111,8 +111,7 @@ impl TransactionalTool for ValidateFile {
             equals,
         } = parse_args(args)?;
         let file = self.files.open(&path)?;
-        let max_bytes = file.max_io_bytes();
-        let read = blocking(move || Ok(file.read(max_bytes))).await?;
+        let read = blocking(move || Ok(file.read_all())).await?;
         // Absence is the world differing from the plan, not a tool failure.
         let bytes = match read {
             Ok(bytes) => bytes,

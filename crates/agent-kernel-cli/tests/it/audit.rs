@@ -21,8 +21,8 @@ fn head_file(db: &Path) -> PathBuf {
 
 /// Runs the binary with `key` (or none) in `$AGENT_KERNEL_AUDIT_KEY`.
 fn run_with_key(project: &Project, key: Option<&str>, args: &[&str]) -> Output {
+    // `Project::command` has already removed any key of the environment.
     let mut command = project.command(args);
-    command.env_remove("AGENT_KERNEL_AUDIT_KEY");
     if let Some(key) = key {
         command.env("AGENT_KERNEL_AUDIT_KEY", key);
     }
@@ -58,10 +58,7 @@ fn write_log(project: &Project, key: Option<&str>, tag: &str) {
 fn verify_json(project: &Project, key: Option<&str>, extra: &[&str]) -> (i32, Value) {
     let mut args = vec!["--json", "audit", "verify"];
     args.extend_from_slice(extra);
-    let output = run_with_key(project, key, &args);
-    let document = serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|err| panic!("not one JSON document ({err}): {}", describe(&output)));
-    (output.status.code().expect("exited"), document)
+    crate::json_output(&run_with_key(project, key, &args))
 }
 
 #[test]
@@ -315,12 +312,7 @@ fn a_denied_plan_is_audited_with_tool_arguments_and_reason() {
 
 /// The id of the most recent saga.
 fn latest_saga_id(project: &Project) -> String {
-    let (code, listed) = project.run_json(&["log", "--limit", "1"]);
-    assert_eq!(code, 0, "{listed}");
-    listed["sagas"][0]["saga_id"]
-        .as_str()
-        .expect("an id")
-        .to_owned()
+    project.latest_saga().expect("a saga in the log").0
 }
 
 /// Starts a saga that writes `ws/slow.txt` and then sleeps, and SIGKILLs it once the write
@@ -339,14 +331,9 @@ fn leave_a_saga_unfinished(project: &Project) {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("spawns");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !project.path("ws/slow.txt").exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the slow saga never started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    crate::wait_until("the slow saga never started", || {
+        project.path("ws/slow.txt").exists()
+    });
     runner.kill().expect("SIGKILLs");
     runner.wait().expect("reaps");
 }

@@ -226,8 +226,8 @@ fn a_database_that_is_not_a_log_is_refused_and_left_untouched() {
     );
     let notes = project.path("notes.txt");
     fs::write(&notes, b"my precious notes\n").expect("writes");
-    let output = std::process::Command::new(crate::bin())
-        .current_dir(project.dir.path())
+    let output = project
+        .isolated(crate::bin())
         .arg("--db")
         .arg(&notes)
         .args(["run", "--plan", plan.to_str().expect("utf8")])

@@ -106,22 +106,6 @@ fn kill_after(mut child: Child, delay: Duration) -> bool {
     running
 }
 
-/// The id and state of the most recent saga, if any.
-fn latest_saga(project: &Project) -> Option<(String, String)> {
-    let (code, document) = project.run_json(&["log", "--limit", "1"]);
-    assert_eq!(code, 0, "{document}");
-    document["sagas"]
-        .as_array()
-        .expect("sagas")
-        .first()
-        .map(|saga| {
-            (
-                saga["saga_id"].as_str().expect("id").to_owned(),
-                saga["state"].as_str().expect("state").to_owned(),
-            )
-        })
-}
-
 fn seed() -> u64 {
     std::env::var("AGENT_KERNEL_CRASH_SEED")
         .ok()
@@ -164,7 +148,7 @@ fn sigkill_at_random_moments_then_recover_restores_before_or_done() {
         "the model matches a full run"
     );
 
-    let mut previous_saga = latest_saga(&project).map(|(saga_id, _)| saga_id);
+    let mut previous_saga = project.latest_saga().map(|(saga_id, _)| saga_id);
     let (mut n_killed_running, mut n_done, mut n_rolled_back, mut n_recover_kills) = (0, 0, 0, 0);
     let mut n_in_validating = 0;
     for attempt in 0..n_kills {
@@ -180,7 +164,7 @@ fn sigkill_at_random_moments_then_recover_restores_before_or_done() {
             n_killed_running += 1;
             // Recovery resumes from the state the log holds; count the kills that left a
             // saga standing in Validating, to show that path is exercised.
-            if let Some((saga_id, state)) = latest_saga(&project)
+            if let Some((saga_id, state)) = project.latest_saga()
                 && Some(&saga_id) != previous_saga.as_ref()
                 && state == "Validating"
             {
@@ -203,7 +187,7 @@ fn sigkill_at_random_moments_then_recover_restores_before_or_done() {
             describe(&output)
         );
         // A run killed before it created its saga leaves the previous attempt's saga latest.
-        let state = match latest_saga(&project) {
+        let state = match project.latest_saga() {
             Some((saga_id, state)) if Some(&saga_id) != previous_saga.as_ref() => {
                 previous_saga = Some(saga_id);
                 Some(state)
@@ -261,11 +245,9 @@ fn recover_leaves_a_live_processs_saga_alone() {
         .spawn()
         .expect("spawns");
     // Wait until the first write is visible, so the saga is surely in the log.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !project.path("ws/slow.txt").exists() {
-        assert!(Instant::now() < deadline, "the slow saga never started");
-        thread::sleep(Duration::from_millis(10));
-    }
+    crate::wait_until("the slow saga never started", || {
+        project.path("ws/slow.txt").exists()
+    });
     let (code, report) = project.run_json(&["recover"]);
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["sagas"][0]["action"], "skipped_live", "{report}");
@@ -340,16 +322,13 @@ fn kill_during_drill(drill: &str, pause: &str) -> (i32, Value, BTreeMap<String, 
     );
     let child = spawn(&project, &["run", "--plan", plan.to_str().expect("utf8")]);
     // Step 0 has run once a.txt changed; give step 1 time to begin and reach its pause.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while fs::read(project.path("ws/a.txt")).expect("reads") != b"a after" {
-        assert!(Instant::now() < deadline, "the saga never started");
-        thread::sleep(Duration::from_millis(5));
-    }
+    crate::wait_until("the saga never started", || {
+        fs::read(project.path("ws/a.txt")).expect("reads") == b"a after"
+    });
     if pause == "pause_after_ms" {
-        while fs::read(project.path("ws/b.txt")).expect("reads") != b"b after" {
-            assert!(Instant::now() < deadline, "the drill never wrote");
-            thread::sleep(Duration::from_millis(5));
-        }
+        crate::wait_until("the drill never wrote", || {
+            fs::read(project.path("ws/b.txt")).expect("reads") == b"b after"
+        });
     }
     thread::sleep(Duration::from_millis(300));
     assert!(

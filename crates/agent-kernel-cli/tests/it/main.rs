@@ -17,6 +17,33 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+/// How long a test waits for a spawned binary to reach a point it watches for.
+const WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Polls `done` every few milliseconds until it holds; fails with `what` after `WAIT_MAX`.
+#[track_caller]
+pub(crate) fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT_MAX;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// The exit code of a finished binary and the one JSON document it printed on stdout.
+#[track_caller]
+pub(crate) fn json_output(output: &Output) -> (i32, Value) {
+    let code = output.status.code().expect("exited normally");
+    let document = serde_json::from_slice(&output.stdout).unwrap_or_else(|err| {
+        panic!(
+            "stdout is not one JSON document ({err}):\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    (code, document)
+}
+
 /// The binary under test.
 pub(crate) fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_agent-kernel"))
@@ -54,18 +81,40 @@ impl Project {
         path
     }
 
-    /// A command running the binary in the project folder on the project's log.
-    pub(crate) fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(bin());
+    /// A command running `program` in the project folder, without the environment variables
+    /// that would change what the binary does (`AGENT_KERNEL_DB`, `AGENT_KERNEL_AUDIT_KEY`,
+    /// `RUST_LOG`).
+    pub(crate) fn isolated(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut command = Command::new(program);
         command
             .current_dir(self.dir.path())
             .env_remove("AGENT_KERNEL_DB")
             .env_remove("AGENT_KERNEL_AUDIT_KEY")
-            .env_remove("RUST_LOG")
-            .arg("--db")
-            .arg(self.db())
-            .args(args);
+            .env_remove("RUST_LOG");
         command
+    }
+
+    /// A command running the binary in the project folder on the project's log.
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
+        let mut command = self.isolated(bin());
+        command.arg("--db").arg(self.db()).args(args);
+        command
+    }
+
+    /// The id and state of the most recent saga, if any.
+    pub(crate) fn latest_saga(&self) -> Option<(String, String)> {
+        let (code, document) = self.run_json(&["log", "--limit", "1"]);
+        assert_eq!(code, 0, "{document}");
+        document["sagas"]
+            .as_array()
+            .expect("sagas")
+            .first()
+            .map(|saga| {
+                (
+                    saga["saga_id"].as_str().expect("id").to_owned(),
+                    saga["state"].as_str().expect("state").to_owned(),
+                )
+            })
     }
 
     /// Runs the binary to completion.
@@ -77,16 +126,7 @@ impl Project {
     pub(crate) fn run_json(&self, args: &[&str]) -> (i32, Value) {
         let mut all = vec!["--json"];
         all.extend_from_slice(args);
-        let output = self.run(&all);
-        let code = output.status.code().expect("exited normally");
-        let document = serde_json::from_slice(&output.stdout).unwrap_or_else(|err| {
-            panic!(
-                "stdout is not one JSON document ({err}):\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            )
-        });
-        (code, document)
+        json_output(&self.run(&all))
     }
 
     /// Every file under `ws/`, by relative path, with its bytes.

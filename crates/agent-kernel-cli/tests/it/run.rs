@@ -280,11 +280,9 @@ fn recovery_does_not_depend_on_the_current_policy() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("spawns");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while fs::read(project.path("ws/a.txt")).expect("reads") != b"after" {
-        assert!(std::time::Instant::now() < deadline, "the saga never wrote");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    crate::wait_until("the saga never wrote", || {
+        fs::read(project.path("ws/a.txt")).expect("reads") == b"after"
+    });
     child.kill().expect("kills");
     child.wait().expect("reaps");
     // The policy is now broken; recovery must still put the file back.
@@ -316,11 +314,9 @@ fn sigint_stops_at_the_next_step_boundary_and_rolls_back() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawns");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while fs::read(project.path("ws/a.txt")).expect("reads") != b"after" {
-        assert!(std::time::Instant::now() < deadline, "the saga never wrote");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    crate::wait_until("the saga never wrote", || {
+        fs::read(project.path("ws/a.txt")).expect("reads") == b"after"
+    });
     let status = std::process::Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()

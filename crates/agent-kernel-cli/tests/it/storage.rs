@@ -5,7 +5,6 @@
 //! I/O error on the log write that would have crossed it, partway through the saga.
 
 use std::fs;
-use std::process::Command;
 
 use serde_json::json;
 
@@ -31,11 +30,8 @@ fn a_log_that_cannot_grow_stops_the_saga_and_recover_restores_the_files() {
 
     // `exec` keeps the ignored SIGXFSZ; prlimit sets the limit for the binary alone.
     let script = format!("trap '' XFSZ; exec prlimit --fsize={FILE_SIZE_LIMIT} -- \"$0\" \"$@\"");
-    let output = Command::new("sh")
-        .current_dir(project.path(""))
-        .env_remove("AGENT_KERNEL_DB")
-        .env_remove("AGENT_KERNEL_AUDIT_KEY")
-        .env_remove("RUST_LOG")
+    let output = project
+        .isolated("sh")
         .arg("-c")
         .arg(script)
         .arg(bin())
