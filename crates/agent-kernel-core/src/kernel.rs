@@ -953,13 +953,11 @@ impl Kernel {
             return state;
         }
         let event = Guardrail::failure_event(state);
-        match self.fsm.apply(state, event, &Facts::default()) {
-            Ok(SagaState::Compensating) => SagaState::Compensating,
-            other => {
-                warn!(saga_id = %saga_id, %state, %event, ?other, "no failure transition to Compensating; compensating anyway");
-                SagaState::Compensating
-            }
+        let table_says = self.fsm.apply(state, event, &Facts::default());
+        if table_says != Ok(SagaState::Compensating) {
+            warn!(saga_id = %saga_id, %state, %event, other = ?table_says, "no failure transition to Compensating; compensating anyway");
         }
+        SagaState::Compensating
     }
 
     async fn load(&self, saga_id: &SagaId) -> Result<SagaRecord, KernelError> {

@@ -291,11 +291,34 @@ impl Dispatcher {
         } else {
             0
         };
+        let (result, attempts) = self
+            .retrying(entry, ctx, timeout_ms, retries_max, || {
+                entry.tool.execute(ctx, args)
+            })
+            .await;
+        debug!(tool = %ctx.tool_id, step_seq = ctx.step_seq, attempts, ok = result.is_ok(), "executed");
+        result
+    }
+
+    /// Calls `call` under the tool's permits and `timeout_ms`, again after a backoff with
+    /// jitter while it fails with a retriable error, at most `retries_max` more times.
+    /// Returns the last result and the number of attempts.
+    async fn retrying<T, Fut>(
+        &self,
+        entry: &Entry,
+        ctx: &ToolContext,
+        timeout_ms: u64,
+        retries_max: u32,
+        call: impl Fn() -> Fut,
+    ) -> (Result<T, ToolError>, u32)
+    where
+        Fut: Future<Output = Result<T, ToolError>>,
+    {
         let mut retry_idx = 0;
         loop {
             let result = {
                 let _permits = self.permits(entry).await;
-                guarded(timeout_ms, entry.tool.execute(ctx, args)).await
+                guarded(timeout_ms, call()).await
             };
             match result {
                 Err(error) if error.is_retriable() && retry_idx < retries_max => {
@@ -305,10 +328,7 @@ impl Dispatcher {
                     tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
                     retry_idx += 1;
                 }
-                other => {
-                    debug!(tool = %ctx.tool_id, step_seq = ctx.step_seq, attempts = retry_idx + 1, ok = other.is_ok(), "executed");
-                    return other;
-                }
+                other => return (other, retry_idx + 1),
             }
         }
     }
@@ -349,25 +369,15 @@ impl Dispatcher {
     ) -> Result<(), ToolError> {
         let entry = self.entry(&ctx.tool_id)?;
         let retries_max = self.limits.retries_max_for(&ctx.tool_id);
-        let mut retry_idx = 0;
-        loop {
-            let result = {
-                let _permits = self.permits(entry).await;
-                guarded(
-                    self.limits.compensation_timeout_ms,
-                    entry.tool.compensate(ctx, args, undo, output),
-                )
-                .await
-            };
-            match result {
-                Err(error) if error.is_retriable() && retry_idx < retries_max => {
-                    let backoff_ms = self.limits.backoff_ms(retry_idx);
-                    let backoff_ms = backoff_ms + self.jitter.jitter_ms(backoff_ms / 2);
-                    tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
-                    retry_idx += 1;
-                }
-                other => return other,
-            }
-        }
+        let (result, _) = self
+            .retrying(
+                entry,
+                ctx,
+                self.limits.compensation_timeout_ms,
+                retries_max,
+                || entry.tool.compensate(ctx, args, undo, output),
+            )
+            .await;
+        result
     }
 }

@@ -164,8 +164,8 @@ impl Guardrail {
         for row in &file.transition {
             let line = line_of(text, row.span().start);
             let row = row.get_ref();
-            let mut field = |value: &Spanned<String>, what: &str, parsed: Result<(), String>| {
-                if let Err(message) = parsed {
+            let mut field = |value: &Spanned<String>, what: &str, parsed: Option<&String>| {
+                if let Some(message) = parsed {
                     problems.push(Problem {
                         line: Some(line_of(text, value.span().start)),
                         message: format!("{message} in `{what}`"),
@@ -173,28 +173,16 @@ impl Guardrail {
                 }
             };
             let from = parse_state(row.from.get_ref());
-            field(
-                &row.from,
-                "from",
-                from.as_ref().map(|_| ()).map_err(Clone::clone),
-            );
+            field(&row.from, "from", from.as_ref().err());
             let to = parse_state(row.to.get_ref());
-            field(&row.to, "to", to.as_ref().map(|_| ()).map_err(Clone::clone));
+            field(&row.to, "to", to.as_ref().err());
             let event = row.event.get_ref().parse::<Event>();
-            field(
-                &row.event,
-                "event",
-                event.as_ref().map(|_| ()).map_err(Clone::clone),
-            );
+            field(&row.event, "event", event.as_ref().err());
             let guard = match &row.guard {
                 None => Ok(None),
                 Some(guard) => {
                     let parsed = guard.get_ref().parse::<Guard>();
-                    field(
-                        guard,
-                        "guard",
-                        parsed.as_ref().map(|_| ()).map_err(Clone::clone),
-                    );
+                    field(guard, "guard", parsed.as_ref().err());
                     parsed.map(Some)
                 }
             };
