@@ -110,6 +110,26 @@ pub(crate) fn storage(err: rusqlite::Error) -> TxError {
     TxError::Storage(err.to_string())
 }
 
+/// A connection to `path` with `flags`, waiting [`BUSY_TIMEOUT`] for other writers.
+fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, TxError> {
+    let conn = Connection::open_with_flags(path, flags)
+        .map_err(|err| TxError::Storage(format!("cannot open {}: {err}", path.display())))?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(storage)?;
+    Ok(conn)
+}
+
+/// Refuses a log written by a newer build.
+fn check_not_newer(path: &Path, version: i64) -> Result<(), TxError> {
+    if version > SCHEMA_VERSION {
+        return Err(TxError::SchemaTooNew {
+            path: path.display().to_string(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    Ok(())
+}
+
 fn not_a_log(path: &Path, reason: impl Into<String>) -> TxError {
     TxError::NotALog {
         path: path.display().to_string(),
@@ -182,9 +202,7 @@ pub(crate) fn open(
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let mut conn = Connection::open_with_flags(path, flags)
-        .map_err(|err| TxError::Storage(format!("cannot open {}: {err}", path.display())))?;
-    conn.busy_timeout(BUSY_TIMEOUT).map_err(storage)?;
+    let mut conn = connect(path, flags)?;
 
     // Identify the file before changing anything in it (even the journal mode).
     if existed {
@@ -246,22 +264,14 @@ pub(crate) fn open_read_only(path: &Path) -> Result<(Connection, i64), TxError> 
         )));
     }
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = Connection::open_with_flags(path, flags)
-        .map_err(|err| TxError::Storage(format!("cannot open {}: {err}", path.display())))?;
-    conn.busy_timeout(BUSY_TIMEOUT).map_err(storage)?;
+    let conn = connect(path, flags)?;
     if !check_identity(&conn, path)? {
         return Err(not_a_log(path, "it is an empty SQLite database"));
     }
     let version: i64 = conn
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .map_err(storage)?;
-    if version > SCHEMA_VERSION {
-        return Err(TxError::SchemaTooNew {
-            path: path.display().to_string(),
-            found: version,
-            supported: SCHEMA_VERSION,
-        });
-    }
+    check_not_newer(path, version)?;
     if version < 1 {
         return Err(not_a_log(path, format!("its schema version is {version}")));
     }
@@ -282,13 +292,7 @@ fn migrate(
     let version: i64 = tx
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .map_err(storage)?;
-    if version > SCHEMA_VERSION {
-        return Err(TxError::SchemaTooNew {
-            path: path.display().to_string(),
-            found: version,
-            supported: SCHEMA_VERSION,
-        });
-    }
+    check_not_newer(path, version)?;
     if version < 0 {
         return Err(not_a_log(path, format!("its schema version is {version}")));
     }

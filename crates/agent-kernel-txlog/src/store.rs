@@ -12,7 +12,7 @@ use crate::AuditHead;
 use crate::schema::storage;
 
 use crate::audit::{
-    ARGS_SUMMARY_BYTES_MAX, Appender, AuditSettings, CanonicalObject, DENIALS_LISTED_MAX,
+    ARGS_SUMMARY_BYTES_MAX, Appender, AuditSettings, CanonicalObject, DENIALS_LISTED_MAX, Head,
     KIND_BEGIN_STEP, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA, KIND_FAIL_STEP,
     KIND_OPERATOR, KIND_PLAN_DENIED, KIND_REFUSE_STEP, KIND_REUSE_STEP, KIND_SET_STATE,
     KIND_SIMULATE_STEP, KIND_TAKE_OVER, QUOTE_BYTES_MAX, canonical_json, error_summary, quote,
@@ -45,27 +45,51 @@ pub(crate) fn write_batch(
     batch: &[LogWrite],
     now_ms: i64,
 ) -> Result<Vec<WriteOutcome>, TxError> {
+    let committed = commit_chained(conn, audit, batch, now_ms)?;
+    // Only here, not after every batch: a head update costs a sync under
+    // `Durability::Full`, which every step would otherwise pay.
+    if committed.moves_head {
+        audit.advance_head(conn, &committed.head);
+    }
+    Ok(committed.outcomes)
+}
+
+/// What [`commit_chained`] committed.
+struct Committed {
+    outcomes: Vec<WriteOutcome>,
+    /// The chain's newest record, the batch's last.
+    head: Head,
+    /// Whether the batch ends a saga or holds an audit event: the head file should move.
+    moves_head: bool,
+}
+
+/// Applies `batch` and chains each record into the audit log, in one immediate transaction.
+fn commit_chained(
+    conn: &mut Connection,
+    audit: &AuditSettings,
+    batch: &[LogWrite],
+    now_ms: i64,
+) -> Result<Committed, TxError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(storage)?;
     let mut chain = Appender::start(&tx, audit.key.as_ref())?;
     let mut outcomes = Vec::with_capacity(batch.len());
-    let mut ends_a_saga = false;
+    let mut moves_head = false;
     for write in batch {
         let applied = apply(&tx, write, now_ms)?;
         chain.append(&tx, now_ms, applied.kind, applied.saga_id, &applied.body)?;
         // Audit events are rare and each one should be covered by the head file at once.
-        ends_a_saga |= matches!(write, LogWrite::SetState { state, .. } if state.is_terminal())
+        moves_head |= matches!(write, LogWrite::SetState { state, .. } if state.is_terminal())
             || matches!(write, LogWrite::Audit(_));
         outcomes.push(applied.outcome);
     }
     tx.commit().map_err(storage)?;
-    // Only here, not after every batch: a head update costs two more syncs under
-    // `Durability::Full`, which every step would otherwise pay.
-    if ends_a_saga {
-        audit.advance_head(conn, chain.head());
-    }
-    Ok(outcomes)
+    Ok(Committed {
+        outcomes,
+        head: chain.head().clone(),
+        moves_head,
+    })
 }
 
 /// Appends `event` and writes the head file naming it, whatever the head file held.
@@ -75,14 +99,8 @@ pub(crate) fn seal(
     event: &AuditEvent,
     now_ms: i64,
 ) -> Result<AuditHead, TxError> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(storage)?;
-    let mut chain = Appender::start(&tx, audit.key.as_ref())?;
-    let (kind, saga_id, body) = audit_event_body(event)?;
-    chain.append(&tx, now_ms, kind, saga_id, &body)?;
-    tx.commit().map_err(storage)?;
-    let head = chain.head();
+    let committed = commit_chained(conn, audit, &[LogWrite::Audit(event.clone())], now_ms)?;
+    let head = &committed.head;
     audit.write_head(head).map_err(|err| {
         TxError::Storage(format!(
             "the seal record {} is written, but the head file cannot be: {err}",
