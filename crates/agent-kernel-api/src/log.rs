@@ -334,6 +334,18 @@ pub enum TxError {
         /// The newest version this build knows.
         supported: i64,
     },
+    /// The log's schema is not the one this build creates for its version: an object
+    /// (trigger, view, index, table, column) was added, removed or changed, or its
+    /// `user_version` does not match its structure. The log was not used.
+    #[error(
+        "{path} fails its schema check: {reason}; the log may have been tampered with, so it was not used"
+    )]
+    Tampered {
+        /// The file.
+        path: String,
+        /// The first difference found, naming the object.
+        reason: String,
+    },
     /// The log could not be opened, read or written.
     #[error("log storage: {0}")]
     Storage(String),

@@ -32,7 +32,9 @@ pub struct Plan {
 pub struct PlanStep {
     /// The tool id, e.g. `fs.write`.
     pub tool: String,
-    /// The tool's arguments: a JSON object.
+    /// The tool's arguments: a JSON object. When parsed, a key twice in one object, at any
+    /// depth, is refused (JSON would silently keep the last one).
+    #[serde(deserialize_with = "strict_value")]
     pub args: Value,
     /// A key that makes the step run at most once across sagas.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -161,6 +163,92 @@ fn json_kind(value: &Value) -> &'static str {
     }
 }
 
+/// Deserializes a JSON value as `serde_json::Value` does, but refuses an object that holds
+/// the same key twice, at any depth: the plan's author meant one of the two, and which one
+/// a reader keeps differs between parsers.
+fn strict_value<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Value, D::Error> {
+    deserializer.deserialize_any(StrictValue)
+}
+
+/// The visitor of [`strict_value`].
+struct StrictValue;
+
+impl<'de> serde::de::Visitor<'de> for StrictValue {
+    type Value = Value;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, value: bool) -> Result<Value, E> {
+        Ok(Value::Bool(value))
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(value).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<Value, E> {
+        Ok(Value::String(value.to_owned()))
+    }
+
+    fn visit_string<E>(self, value: String) -> Result<Value, E> {
+        Ok(Value::String(value))
+    }
+
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        strict_value(deserializer)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(StrictItem(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(serde::de::Error::custom(format_args!(
+                    "duplicate key `{}` in the arguments",
+                    key.escape_debug()
+                )));
+            }
+            let StrictItem(value) = map.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
+}
+
+/// One nested value, parsed by [`strict_value`].
+struct StrictItem(Value);
+
+impl<'de> Deserialize<'de> for StrictItem {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        strict_value(deserializer).map(StrictItem)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +275,27 @@ mod tests {
             Ok(1),
         );
         check(r#"{"steps":[]}"#, Err("`steps` is empty"));
+        check(
+            r#"{"steps":[{"tool":"noop","tool":"fs.write","args":{}}]}"#,
+            Err("duplicate field `tool`"),
+        );
+        check(
+            r#"{"steps":[{"tool":"noop","args":{"a":1,"a":2}}]}"#,
+            Err("duplicate key `a` in the arguments"),
+        );
+        check(
+            r#"{"steps":[{"tool":"noop","args":{"a":[{"b":{"c":1,"c":1}}]}}]}"#,
+            Err("duplicate key `c` in the arguments"),
+        );
+        // The same key in sibling objects is no duplicate; values parse as serde_json's do.
+        let plan = Plan::from_json(
+            r#"{"steps":[{"tool":"noop","args":{"a":{"k":1},"b":{"k":-2.5},"c":[null,true,"s",18446744073709551615]}}]}"#,
+        )
+        .expect("parses");
+        assert_eq!(
+            plan.steps[0].args,
+            serde_json::json!({"a":{"k":1},"b":{"k":-2.5},"c":[null,true,"s",18446744073709551615_u64]})
+        );
         check(r#"{}"#, Err("missing field `steps`"));
         check(
             r#"{"steps":[{"tool":"noop","args":{}}],"stepz":1}"#,

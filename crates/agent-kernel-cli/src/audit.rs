@@ -322,9 +322,19 @@ pub(crate) async fn off_thread<T: Send + 'static>(
     what: &str,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, Failure> {
-    tokio::task::spawn_blocking(work)
+    // A thread of its own, not the runtime's blocking pool: a pool thread started before
+    // the Landlock second line is applied would stay unconfined and could later run a
+    // tool's file work.
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("agent-kernel-off-thread".into())
+        .spawn(move || {
+            let _ = reply.send(work());
+        })
+        .map_err(|error| Failure::internal(anyhow::anyhow!("cannot start {what}: {error}")))?;
+    answer
         .await
-        .map_err(|error| Failure::internal(anyhow::anyhow!("{what} stopped: {error}")))
+        .map_err(|_| Failure::internal(anyhow::anyhow!("{what} stopped before it finished")))
 }
 
 fn print_report(report: &AuditReport, json: bool) {
@@ -353,6 +363,7 @@ fn print_report(report: &AuditReport, json: bool) {
                     ""
                 }
             ),
+            Some(bad) if bad.seq == 0 => println!("audit: the log is bad: {}", bad.reason),
             Some(bad) => println!("audit: record {} is bad: {}", bad.seq, bad.reason),
         }
     }

@@ -520,7 +520,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             Ok(exit::OK)
         }
         Command::Tools => {
-            let tools = build_dispatcher(&load_policy(cli)?, None)?;
+            let tools = build_dispatcher(&load_policy(cli)?)?;
             out.tools(&tools);
             Ok(exit::OK)
         }
@@ -658,9 +658,17 @@ fn this_process() -> Result<agent_kernel_api::Owner, Failure> {
         .map_err(Failure::internal)
 }
 
+/// Opens the log, creating it if absent.
+///
+/// A file that is not a log, or one from a newer build, is bad input (exit 2), as is a new
+/// log that cannot be created where the path says; a log whose schema fails its check is
+/// tampered (exit 3), and an existing log that cannot be read or written (truncated,
+/// damaged, read-only) needs an operator (exit 3). Nothing is run in any of these cases.
 fn open_log(cli: &Cli, durability: Durability) -> Result<SqliteLog, Failure> {
     let path = db_path(cli);
     let audit_key = audit_key(cli)?;
+    let existed = agent_kernel_txlog::resolve_db_path(&path)
+        .is_ok_and(|file| std::fs::metadata(file).is_ok_and(|metadata| metadata.len() > 0));
     SqliteLog::open_with_audit_key(
         &path,
         LogOptions {
@@ -669,8 +677,22 @@ fn open_log(cli: &Cli, durability: Durability) -> Result<SqliteLog, Failure> {
         },
         audit_key,
     )
-    .with_context(|| format!("cannot open the log {}", path.display()))
-    .map_err(Failure::bad_input)
+    .map_err(|error| {
+        let (code, kind) = match &error {
+            TxError::NotALog { .. } | TxError::SchemaTooNew { .. } => {
+                (exit::BAD_INPUT, "bad_input")
+            }
+            TxError::Tampered { .. } => (exit::ATTENTION, "tampered"),
+            _ if !existed => (exit::BAD_INPUT, "bad_input"),
+            _ => (exit::ATTENTION, "storage"),
+        };
+        Failure {
+            code,
+            kind,
+            error: anyhow::Error::new(error)
+                .context(format!("cannot open the log {}", path.display())),
+        }
+    })
 }
 
 fn load_policy(cli: &Cli) -> Result<Policy, Failure> {
@@ -685,9 +707,8 @@ fn load_policy(cli: &Cli) -> Result<Policy, Failure> {
     }
 }
 
-/// The built-in tools behind a dispatcher with the policy's sandbox and limits (or
-/// `limits`, when given).
-fn build_dispatcher(policy: &Policy, limits: Option<Limits>) -> Result<Dispatcher, Failure> {
+/// The built-in tools behind a dispatcher with the policy's sandbox and limits.
+fn build_dispatcher(policy: &Policy) -> Result<Dispatcher, Failure> {
     let fs_sandbox = FsSandbox::new(policy)
         .context("cannot open the sandbox's allowed roots")
         .map_err(Failure::bad_input)?;
@@ -695,10 +716,7 @@ fn build_dispatcher(policy: &Policy, limits: Option<Limits>) -> Result<Dispatche
     let cwd = std::env::current_dir()
         .context("cannot read the working directory")
         .map_err(Failure::bad_input)?;
-    let limits = match limits {
-        Some(limits) => limits,
-        None => load_limits(policy)?,
-    };
+    let limits = load_limits(policy)?;
     let jitter = Arc::new(SeededJitter::new(u64::from(std::process::id())));
     let mut tools = Dispatcher::new(limits, jitter)
         .context("dispatcher limits")
@@ -793,9 +811,13 @@ async fn verify_before_acting(cli: &Cli, skip: bool) -> Result<Vec<String>, Fail
             code: exit::ATTENTION,
             kind: "tampered",
             error: anyhow::anyhow!(
-                "the log {} failed its audit check at record {}: {}; nothing was undone, since its undo records cannot be trusted. See `agent-kernel audit verify`; to act anyway, pass --skip-verify",
+                "the log {} failed its audit check {}: {}; nothing was undone, since its undo records cannot be trusted. See `agent-kernel audit verify`; to act anyway, pass --skip-verify",
                 path.display(),
-                bad.seq,
+                if bad.seq == 0 {
+                    "on its schema".to_owned()
+                } else {
+                    format!("at record {}", bad.seq)
+                },
                 bad.reason
             ),
         }),
@@ -820,9 +842,10 @@ fn require_log(cli: &Cli) -> Result<(), Failure> {
 enum Compensation {
     /// Run plans: the sandbox policy applies.
     AndExecution,
-    /// Only compensate logged steps (`recover`, `rollback`). Compensation works from the log
-    /// record alone, so the current policy has no say, and a broken or missing policy file
-    /// cannot stand in the way of putting the world back.
+    /// Only compensate logged steps (`recover`, `rollback`). The log is data, never
+    /// authority: every recorded path is ruled on again by the policy in force, and the
+    /// Landlock second line applies as for `run`. A broken FSM table file falls back to the
+    /// built-in table, which lets every compensation finish.
     Only,
 }
 
@@ -831,30 +854,28 @@ fn open_kernel(
     durability: Durability,
     purpose: Compensation,
 ) -> Result<Kernel, Failure> {
-    let (fsm, policy, limits) = match purpose {
-        Compensation::AndExecution => (load_fsm(cli)?, load_policy(cli)?, None),
-        Compensation::Only => {
-            // Rollback must stay possible: every loaded table lets failures and compensations
-            // finish, so a broken table file falls back to the built-in one here; and
-            // compensation works from the log alone, so the policy is read only for its
-            // [limits], and a broken policy falls back to the default limits.
-            let fsm = load_fsm(cli).unwrap_or_else(|failure| {
-                tracing::warn!(error = %failure.error, "using the built-in FSM table for recovery");
-                Guardrail::builtin()
-            });
-            let limits = load_policy(cli)
-                .and_then(|policy| load_limits(&policy))
-                .unwrap_or_else(|failure| {
-                    tracing::warn!(error = %failure.error, "using the default limits for recovery");
-                    Limits::default()
-                });
-            (fsm, Policy::deny_all(), Some(limits))
-        }
+    let fsm = match purpose {
+        Compensation::AndExecution => load_fsm(cli)?,
+        // Rollback must stay possible: every loaded table lets failures and compensations
+        // finish, so a broken table file falls back to the built-in one here.
+        Compensation::Only => load_fsm(cli).unwrap_or_else(|failure| {
+            tracing::warn!(error = %failure.error, "using the built-in FSM table for recovery");
+            Guardrail::builtin()
+        }),
     };
-    let tools = build_dispatcher(&policy, limits)?;
+    // Compensation too runs under the policy in force: what the log records is ruled on
+    // again, so a record pointing outside today's roots undoes nothing. A policy file that
+    // does not load is bad input here as for `run`: nothing is undone under a guess.
+    let policy = load_policy(cli)?;
+    if purpose == Compensation::Only && policy.fs().is_none() {
+        tracing::warn!(
+            "the sandbox policy in force allows no file access, so no file step can be compensated (each becomes COMPENSATION_FAILED); pass the policy the sagas ran under with --sandbox"
+        );
+    }
+    let tools = build_dispatcher(&policy)?;
     let owner = this_process()?;
     let log = open_log(cli, durability)?;
-    if purpose == Compensation::AndExecution {
+    {
         // The second line: from here on, this thread and every thread it starts (the tools'
         // blocking work included) can reach only the allowed roots. The log's writer thread
         // started above and keeps its access to the log.

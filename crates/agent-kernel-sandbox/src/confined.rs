@@ -8,7 +8,6 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use cap_fs_ext::{FollowSymlinks, OpenOptionsFollowExt, OpenOptionsSyncExt};
-use cap_std::ambient_authority;
 use cap_std::fs::{Dir, Metadata, OpenOptions};
 use serde::{Deserialize, Serialize};
 
@@ -19,8 +18,9 @@ use crate::{MAX_IO_BYTES_LIMIT, SandboxError};
 /// A path the sandbox has ruled on: a canonical root and a path relative to it.
 ///
 /// It serializes (`{"root": …, "rel": …}`), so a tool can keep it in an undo record and
-/// compensation can work from the log alone: [`reopen`](Self::reopen) opens the root again
-/// without consulting any policy.
+/// compensation can work from the log alone. A path read back from a record is not trusted:
+/// [`FsSandbox::reconfine`](crate::FsSandbox::reconfine) rules on it again under the policy
+/// in force before anything touches it.
 /// Deserializing checks the same shape [`ConfinedPath::new`] checks.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "RawConfinedPath")]
@@ -97,47 +97,6 @@ impl ConfinedPath {
     /// The path below the root.
     pub fn rel(&self) -> &Path {
         &self.rel
-    }
-
-    /// Opens the root ambiently, without consulting any policy: what compensation and recovery
-    /// use, so that undoing an effect never depends on the policy in force at that time.
-    ///
-    /// The returned handle allows reads and writes up to [`MAX_IO_BYTES_LIMIT`] and denies no
-    /// names; every operation is still confined to the root.
-    ///
-    /// # Errors
-    ///
-    /// [`SandboxError::Root`] when the root no longer exists, is not a directory, or is no
-    /// longer canonical (it was replaced by a symbolic link).
-    pub fn reopen(&self) -> Result<ConfinedFile, SandboxError> {
-        let root_error = |reason: String| SandboxError::Root {
-            origin: "(undo record)".to_owned(),
-            root: self.root.clone(),
-            reason,
-        };
-        // The root was canonical when the path was made: if it no longer is, a component was
-        // replaced by a symbolic link and opening it would follow the link somewhere else.
-        let canonical = std::fs::canonicalize(&self.root).map_err(|error| {
-            if error.kind() == io::ErrorKind::NotFound {
-                root_error("does not exist".to_owned())
-            } else {
-                root_error(format!("cannot be resolved: {error}"))
-            }
-        })?;
-        if canonical != self.root {
-            return Err(root_error(format!(
-                "now resolves to `{}`",
-                canonical.display()
-            )));
-        }
-        let dir = Dir::open_ambient_dir(&self.root, ambient_authority())
-            .map_err(|error| root_error(format!("cannot be opened: {error}")))?;
-        Ok(ConfinedFile::new(
-            self.clone(),
-            Arc::new(dir),
-            MAX_IO_BYTES_LIMIT,
-            Arc::new(DenyNames::default()),
-        ))
     }
 
     /// The folder part of `rel` (`.` for the root) and the final name.

@@ -19,9 +19,10 @@
 //!   root's handle as a [`ConfinedFile`].
 //! - [`ConfinedFile`]: `read`, `stat`, `write_atomic`, `append`, `truncate`, `remove_file`,
 //!   `remove_temp`, each through the root's handle.
-//! - [`ConfinedPath`]: serializable, so an undo record can hold it;
-//!   [`ConfinedPath::reopen`] opens its root again without any policy, so compensation and
-//!   recovery never depend on the policy in force later.
+//! - [`ConfinedPath`]: serializable, so an undo record can hold it; what is read back from a
+//!   record is data, not authority: [`FsSandbox::reconfine`] rules on it again under the
+//!   policy in force and binds it to that policy's handles, so compensation and recovery
+//!   can reach nothing today's roots exclude, whatever the record says.
 //! - [`HttpSandbox`]: the `[http]` rules. [`HttpSandbox::check_url`] rules on a URL (the first
 //!   one and every redirect hop), [`HttpSandbox::check_name`] on a name before it is looked
 //!   up, [`HttpSandbox::check_resolved`] on each address an allowed name resolved to,

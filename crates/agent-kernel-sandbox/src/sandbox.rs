@@ -228,6 +228,37 @@ impl FsSandbox {
         ))
     }
 
+    /// Binds a path recorded earlier (in a log's undo record, say) to this sandbox: its
+    /// absolute form is ruled on again exactly as a new path would be
+    /// ([`resolve`](Self::resolve)), then bound to the handle of the root it falls in
+    /// ([`open`](Self::open)). Whatever root the record names, only today's roots, limits
+    /// and denied names apply: a record is data, never authority.
+    ///
+    /// # Errors
+    ///
+    /// As [`resolve`](Self::resolve) and [`open`](Self::open); a denial says that the path
+    /// came from a record.
+    pub fn reconfine(&self, recorded: &ConfinedPath) -> Result<ConfinedFile, SandboxError> {
+        let absolute = recorded.root().join(recorded.rel());
+        let Some(text) = absolute.to_str() else {
+            return Err(SandboxError::InvalidPath {
+                path: absolute.display().to_string(),
+                reason: "it is not UTF-8".to_owned(),
+            });
+        };
+        let from_record = |error: SandboxError| match error {
+            SandboxError::Denied { path, reason } => SandboxError::Denied {
+                path,
+                reason: format!(
+                    "{reason}; the path comes from a recorded step and is ruled on again under the policy in force"
+                ),
+            },
+            other => other,
+        };
+        let confined = self.resolve(text, Path::new("/")).map_err(from_record)?;
+        self.open(&confined).map_err(from_record)
+    }
+
     /// [`resolve`](Self::resolve), then [`open`](Self::open).
     ///
     /// # Errors

@@ -194,6 +194,12 @@ impl FileAccess {
             .map_err(sandbox_error)
     }
 
+    /// Binds a path recorded in an undo record to the policy in force: ruled on again as a
+    /// new path would be, so compensation and probes reach nothing today's roots exclude.
+    pub(crate) fn reconfine(&self, recorded: &ConfinedPath) -> Result<ConfinedFile, ToolError> {
+        self.sandbox.reconfine(recorded).map_err(sandbox_error)
+    }
+
     /// Checks that `len` bytes may be written to `path`.
     pub(crate) fn check_size(&self, path: &str, len: usize) -> Result<(), ToolError> {
         self.sandbox

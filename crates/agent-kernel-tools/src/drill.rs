@@ -155,8 +155,9 @@ impl TransactionalTool for DrillWrite {
         let existed = undo.data["existed"].as_bool().unwrap_or(false);
         let previous = undo.blob.clone();
         let wanted = parsed.content.into_bytes();
+        // Looked at through the policy in force, like every compensation.
+        let file = self.write.files.reconfine(&target)?;
         blocking(move || {
-            let file = target.reopen().map_err(sandbox_error)?;
             let current = match file.stat().map_err(sandbox_error)? {
                 None => None,
                 Some(_) => Some(file.read_all().map_err(sandbox_error)?),

@@ -137,9 +137,10 @@ impl TransactionalTool for FsAppend {
         let sync = ctx.durability.syncs();
         // An effect that timed out but is still under way lands first, then is undone.
         settle(ctx).await;
+        // The recorded target is ruled on again by the policy in force, through its
+        // handles: the log is data, so a record pointing outside today's roots undoes nothing.
+        let file = self.files.reconfine(&target)?;
         step_blocking(ctx, move || {
-            // From the undo record alone: the current policy has no say in undoing.
-            let file = target.reopen().map_err(sandbox_error)?;
             if existed {
                 // Fails if the file is gone or shorter than before: someone else changed it.
                 file.truncate(len, sync).map_err(sandbox_error)

@@ -22,7 +22,7 @@ use crate::common::{
 /// and removes a temporary file a crash may have left behind.
 #[derive(Debug, Clone)]
 pub struct FsWrite {
-    files: FileAccess,
+    pub(crate) files: FileAccess,
 }
 
 #[derive(Deserialize)]
@@ -173,9 +173,10 @@ impl TransactionalTool for FsWrite {
         let sync = ctx.durability.syncs();
         // An effect that timed out but is still under way lands first, then is undone.
         settle(ctx).await;
+        // The recorded target is ruled on again by the policy in force, through its
+        // handles: the log is data, so a record pointing outside today's roots undoes nothing.
+        let file = self.files.reconfine(&target)?;
         step_blocking(ctx, move || {
-            // From the undo record alone: the current policy has no say in undoing.
-            let file = target.reopen().map_err(sandbox_error)?;
             file.remove_temp(&temp, sync).map_err(sandbox_error)?;
             match previous {
                 Some(bytes) => restore(&file, &bytes, &temp, sync),

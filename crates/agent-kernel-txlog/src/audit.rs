@@ -618,6 +618,11 @@ impl AuditSettings {
     pub(crate) fn write_head(&self, head: &Head) -> std::io::Result<()> {
         crate::head::write(&self.db_path, head, self.durability)
     }
+
+    /// Creates the head file naming `head`, unless one exists.
+    pub(crate) fn create_head(&self, head: &Head) -> std::io::Result<()> {
+        crate::head::create(&self.db_path, head, self.durability)
+    }
 }
 
 /// The hash of record `seq`, if the chain holds it.

@@ -199,6 +199,31 @@ fn parse_slot(line: &[u8]) -> Option<Head> {
     (sha256_hex(canonical_json(&Value::Object(document)).as_bytes()) == sum).then_some(head)
 }
 
+/// The bytes of a head file whose head is `head`, in its first slot.
+fn file_bytes(head: &Head) -> Vec<u8> {
+    let mut text = vec![b' '; HEAD_FILE_BYTES];
+    text[..SLOT_BYTES].copy_from_slice(&slot(head));
+    text[SLOT_STRIDE - 1] = b'\n';
+    text[SLOT_STRIDE..].copy_from_slice(&blank_slot());
+    text
+}
+
+/// Creates the head file of `db`, naming `head`, unless one exists (another process's, made
+/// meanwhile): written whole before it gets its name, so a kill leaves no head file or a
+/// whole one, and no temporary file (`create::create_whole`).
+///
+/// # Errors
+///
+/// The I/O error.
+pub(crate) fn create(db: &Path, head: &Head, durability: Durability) -> std::io::Result<()> {
+    crate::create::create_whole(
+        &head_path(db),
+        &file_bytes(head),
+        durability == Durability::Full,
+    )
+    .map(|_| ())
+}
+
 /// Replaces the head file of `db` with one whose head is `head`, whatever it held.
 ///
 /// # Errors
@@ -206,10 +231,7 @@ fn parse_slot(line: &[u8]) -> Option<Head> {
 /// The I/O error; the previous head file is then left as it was.
 pub(crate) fn write(db: &Path, head: &Head, durability: Durability) -> std::io::Result<()> {
     let path = head_path(db);
-    let mut text = vec![b' '; HEAD_FILE_BYTES];
-    text[..SLOT_BYTES].copy_from_slice(&slot(head));
-    text[SLOT_STRIDE - 1] = b'\n';
-    text[SLOT_STRIDE..].copy_from_slice(&blank_slot());
+    let text = file_bytes(head);
 
     let mut temp_name = path.file_name().map(OsString::from).unwrap_or_default();
     temp_name.push(format!(

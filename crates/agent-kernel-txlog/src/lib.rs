@@ -86,6 +86,7 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+mod create;
 mod floor;
 mod head;
 mod records;
@@ -106,6 +107,7 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 pub use audit::{AUDIT_BODY_BYTES_MAX, AUDIT_KEY_BYTES_MAX, AUDIT_KEY_BYTES_MIN, AuditKey};
+pub use create::{DB_LINK_HOPS_MAX, resolve_db_path};
 pub use floor::{FloorReport, measure_commit_floor};
 pub use records::{
     AUDIT_RECORDS_DEFAULT, AUDIT_RECORDS_MAX, AuditQuery, AuditRecord, audit_record_kinds,
@@ -132,7 +134,7 @@ pub const AUDIT_SCHEMA_VERSION: i64 = schema::AUDIT_SCHEMA_VERSION;
 /// As [`verify`]: [`TxError::NotALog`], [`TxError::SchemaTooNew`], or [`TxError::Storage`]
 /// when there is no log or it cannot be read.
 pub fn schema_version(path: &std::path::Path) -> Result<i64, TxError> {
-    schema::open_read_only(path).map(|(_, version)| version)
+    schema::open_read_only(&resolve_db_path(path)?).map(|(_, version)| version)
 }
 
 /// How a log is opened.
@@ -187,11 +189,12 @@ impl std::fmt::Debug for SqliteLog {
     }
 }
 
-/// The head file of the log at `db`: `<db file name>.audit-head`, in the same folder.
+/// The head file of the log at `db`: `<db file name>.audit-head`, in the same folder as the
+/// database file (when `db` is a symbolic link, beside the file it leads to).
 ///
 /// It must be protected like the database, and copied, moved and backed up with it.
 pub fn audit_head_path(db: &Path) -> PathBuf {
-    head::head_path(db)
+    head::head_path(&resolve_db_path(db).unwrap_or_else(|_| db.to_owned()))
 }
 
 impl SqliteLog {
@@ -224,6 +227,8 @@ impl SqliteLog {
         options: LogOptions,
         audit_key: Option<AuditKey>,
     ) -> Result<SqliteLog, TxError> {
+        // The database file itself, beside which its journal and head file live.
+        let path = &resolve_db_path(path)?;
         let clock = options.clock.clone();
         let (mut conn, started_chain) =
             schema::open(path, options.durability, audit_key.as_ref(), &|| {
@@ -244,7 +249,7 @@ impl SqliteLog {
             let chain_head = audit::read_head(&conn, audit.key.as_ref())?;
             if started_chain || chain_head.seq == 0 {
                 // Without it, every later check would report the chain's head missing.
-                audit.write_head(&chain_head).map_err(|err| {
+                audit.create_head(&chain_head).map_err(|err| {
                     TxError::Storage(format!(
                         "cannot write the audit head file {}: {err}",
                         head::head_path(path).display()

@@ -80,7 +80,8 @@ pub fn audit_records(path: &Path, query: &AuditQuery) -> Result<Vec<AuditRecord>
             KINDS.join(", ")
         )));
     }
-    let (conn, version) = schema::open_read_only(path)?;
+    let path = &crate::create::resolve_db_path(path)?;
+    let (conn, version) = schema::open_read_only_checked(path)?;
     if version < AUDIT_SCHEMA_VERSION {
         return Err(TxError::Storage(format!(
             "{} has schema version {version}, which has no audit chain; open it once with this build to start one",

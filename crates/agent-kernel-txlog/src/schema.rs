@@ -3,12 +3,15 @@
 use std::fs;
 use std::io::Read;
 use std::path::Path;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use agent_kernel_api::{Durability, TxError};
-use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+use rusqlite::config::DbConfig;
+use rusqlite::{Connection, MAIN_DB, OpenFlags, TransactionBehavior};
 
 use crate::audit::{self, AuditKey};
+use crate::create;
 
 /// `PRAGMA application_id` of every agent-kernel log: the bytes `AKLG`.
 pub(crate) const APPLICATION_ID: i64 = 0x414B_4C47;
@@ -110,12 +113,178 @@ pub(crate) fn storage(err: rusqlite::Error) -> TxError {
     TxError::Storage(err.to_string())
 }
 
-/// A connection to `path` with `flags`, waiting [`BUSY_TIMEOUT`] for other writers.
+/// A connection to `path` with `flags`, waiting [`BUSY_TIMEOUT`] for other writers, and
+/// opened defensively ([`harden`]).
 fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, TxError> {
     let conn = Connection::open_with_flags(path, flags)
         .map_err(|err| TxError::Storage(format!("cannot open {}: {err}", path.display())))?;
+    harden(&conn)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(storage)?;
     Ok(conn)
+}
+
+/// Makes a connection treat the file as data, never as code: defensive mode (no writable
+/// schema, no direct edits of SQLite's own pages), an untrusted schema (no function called
+/// from the schema unless harmless), and no triggers or views at all. The log's schema has
+/// neither, so one found in a file is never run, even if it was added after the schema was
+/// checked.
+pub(crate) fn harden(conn: &Connection) -> Result<(), TxError> {
+    for (setting, on) in [
+        (DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true),
+        (DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA, false),
+        (DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER, false),
+        (DbConfig::SQLITE_DBCONFIG_ENABLE_VIEW, false),
+    ] {
+        let now = conn.set_db_config(setting, on).map_err(storage)?;
+        if now != on {
+            return Err(TxError::Storage(format!(
+                "sqlite refused the setting {setting:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// One row of `sqlite_schema`: type, name, table, and the SQL text (none for SQLite's own
+/// automatic indexes).
+type SchemaObject = (String, String, String, Option<String>);
+
+/// The schema objects of `conn`'s main database, sorted.
+fn schema_objects(conn: &Connection) -> rusqlite::Result<Vec<SchemaObject>> {
+    let mut statement = conn.prepare(
+        "SELECT type, name, tbl_name, sql FROM main.sqlite_schema ORDER BY type, name, tbl_name",
+    )?;
+    statement
+        .query_map([], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+        })?
+        .collect()
+}
+
+/// An empty database in memory with the first `version` migrations applied.
+fn build_in_memory(version: usize) -> rusqlite::Result<Connection> {
+    let mut conn = Connection::open_in_memory()?;
+    let tx = conn.transaction()?;
+    for migration in &MIGRATIONS[..version] {
+        tx.execute_batch(migration)?;
+    }
+    if version > 0 {
+        tx.pragma_update(None, "application_id", APPLICATION_ID)?;
+        tx.pragma_update(None, "user_version", version as i64)?;
+    }
+    tx.commit()?;
+    Ok(conn)
+}
+
+/// The schema this build creates for each version, from 0 (nothing) to [`SCHEMA_VERSION`]:
+/// the migrations replayed on an empty database in memory, once per process.
+fn expected_schema(version: i64) -> &'static [SchemaObject] {
+    static EXPECTED: OnceLock<Vec<Vec<SchemaObject>>> = OnceLock::new();
+    let all = EXPECTED.get_or_init(|| {
+        (0..=MIGRATIONS.len())
+            .map(|version| {
+                build_in_memory(version)
+                    .and_then(|conn| schema_objects(&conn))
+                    .expect("the migrations apply to an empty database in memory")
+            })
+            .collect()
+    });
+    let index = usize::try_from(version).expect("checked: 0 <= version <= SCHEMA_VERSION");
+    &all[index]
+}
+
+/// Compares `conn`'s schema with the one this build creates for `version`; returns the
+/// first difference, naming the object, or `None` when they are the same.
+///
+/// # Panics
+///
+/// When `version` is negative or above [`SCHEMA_VERSION`] (callers refuse those first).
+pub(crate) fn schema_difference(
+    conn: &Connection,
+    version: i64,
+) -> Result<Option<String>, TxError> {
+    assert!((0..=SCHEMA_VERSION).contains(&version));
+    let found = schema_objects(conn).map_err(storage)?;
+    let expected = expected_schema(version);
+    if found == expected {
+        return Ok(None);
+    }
+    let describe = |(kind, name, table, _): &SchemaObject| {
+        if kind == "table" || name == table {
+            format!("{kind} `{name}`")
+        } else {
+            format!("{kind} `{name}` on table `{table}`")
+        }
+    };
+    let difference = if let Some(extra) = found.iter().find(|object| {
+        !expected
+            .iter()
+            .any(|known| (&known.0, &known.1) == (&object.0, &object.1))
+    }) {
+        format!(
+            "it holds a {} that this build never creates",
+            describe(extra)
+        )
+    } else if let Some(missing) = expected.iter().find(|known| {
+        !found
+            .iter()
+            .any(|object| (&known.0, &known.1) == (&object.0, &object.1))
+    }) {
+        format!("its {} is missing", describe(missing))
+    } else {
+        let changed = found
+            .iter()
+            .find(|object| !expected.contains(object))
+            .expect("same names, so some definition differs");
+        format!(
+            "its {} is not defined as this build defines it (a column or constraint was changed)",
+            describe(changed)
+        )
+    };
+    // A structure that is another version's: the `user_version` was changed.
+    let other_version = (0..=SCHEMA_VERSION)
+        .filter(|other| *other != version)
+        .find(|other| found == expected_schema(*other));
+    Ok(Some(match other_version {
+        Some(other) => format!(
+            "its user_version says schema version {version}, but its structure is that of version {other} ({difference})"
+        ),
+        None => format!("compared with schema version {version}, {difference}"),
+    }))
+}
+
+fn tampered(path: &Path, reason: String) -> TxError {
+    TxError::Tampered {
+        path: path.display().to_string(),
+        reason,
+    }
+}
+
+/// Bytes 18 and 19 of the SQLite header: the file format's write and read versions, 2 for
+/// a database in WAL mode.
+const HEADER_FORMAT_VERSIONS: std::ops::Range<usize> = 18..20;
+
+/// The bytes of a new, complete, empty log: every migration applied in memory, and the
+/// header marked for WAL mode, so that no open ever switches it with a rollback journal
+/// (which a kill could leave hot, for a read-only check to stumble on).
+fn fresh_image() -> Result<Vec<u8>, TxError> {
+    let mut conn = build_in_memory(MIGRATIONS.len()).map_err(storage)?;
+    let mut image = conn.serialize(MAIN_DB).map_err(storage)?.to_vec();
+    assert!(
+        image.starts_with(SQLITE_HEADER),
+        "sqlite serialized a database"
+    );
+    image[HEADER_FORMAT_VERSIONS].fill(2);
+    Ok(image)
+}
+
+/// Whether the first page of the file at `path`, read directly, carries the log's
+/// `application_id` (bytes 68 to 71 of the SQLite header).
+fn header_marks_a_log(path: &Path) -> bool {
+    let mut header = [0_u8; 72];
+    fs::File::open(path)
+        .and_then(|mut file| file.read_exact(&mut header))
+        .is_ok_and(|()| header[68..72] == APPLICATION_ID.to_be_bytes()[4..])
 }
 
 /// Refuses a log written by a newer build.
@@ -163,29 +332,13 @@ fn check_header(path: &Path) -> Result<bool, TxError> {
     Ok(true)
 }
 
-/// Creates a missing log file readable and writable by its owner only: undo records hold
-/// files' previous bytes. SQLite gives its `-wal` and `-shm` files the same permissions.
-fn create_private(path: &Path) -> Result<(), TxError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    match fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-    {
-        Ok(_) => Ok(()),
-        // An empty file another process just created, or one that was already there.
-        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(err) => Err(TxError::Storage(format!(
-            "cannot create {}: {err}",
-            path.display()
-        ))),
-    }
-}
-
-/// Opens (creating if absent) the log at `path`, checks it and brings its schema up to date.
+/// Opens (creating if absent or empty) the log at `path`, already resolved by
+/// [`create::resolve_db_path`], checks it and brings its schema up to date.
 /// Returns the connection and whether this open started the audit chain (a new log, or one
 /// migrated from before the chain).
+///
+/// A new log is created whole, private to its owner (SQLite gives its `-wal` and `-shm`
+/// files the same permissions): undo records hold files' previous bytes.
 ///
 /// A migration that starts the audit chain of a log holding sagas writes a `Genesis`
 /// record stamped `now_ms()` (called only then) and MACed with `audit_key`.
@@ -195,19 +348,27 @@ pub(crate) fn open(
     audit_key: Option<&AuditKey>,
     now_ms: &dyn Fn() -> i64,
 ) -> Result<(Connection, bool), TxError> {
-    let existed = check_header(path)?;
-    if !existed {
-        create_private(path)?;
+    // Refuse what is not a regular file or not an SQLite database before anything else.
+    check_header(path)?;
+    let created = create::ensure_log_file(path, &fresh_image)?;
+    if !check_header(path)? {
+        return Err(TxError::Storage(format!(
+            "{} was emptied while it was being opened",
+            path.display()
+        )));
     }
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-        | OpenFlags::SQLITE_OPEN_CREATE
-        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    // Never SQLITE_OPEN_CREATE: the file exists now, and SQLite must not make another.
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let mut conn = connect(path, flags)?;
+    if conn.is_readonly(MAIN_DB).map_err(storage)? {
+        return Err(TxError::Storage(format!(
+            "{} cannot be written (its permissions, or a read-only file system); nothing was done",
+            path.display()
+        )));
+    }
 
     // Identify the file before changing anything in it (even the journal mode).
-    if existed {
-        check_identity(&conn, path)?;
-    }
+    let marked = check_identity(&conn, path)?;
 
     let journal_mode: String = conn
         .pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))
@@ -227,22 +388,40 @@ pub(crate) fn open(
     conn.pragma_update(None, "foreign_keys", "ON")
         .map_err(storage)?;
 
-    let started_chain = migrate(&mut conn, path, audit_key, now_ms)?;
-    Ok((conn, started_chain))
+    let started_chain = migrate(&mut conn, path, marked, audit_key, now_ms)?;
+    Ok((conn, created || started_chain))
 }
 
 /// Refuses an SQLite database that belongs to another application. Returns whether the
 /// file is marked as a log (an empty database is not, yet).
 fn check_identity(conn: &Connection, path: &Path) -> Result<bool, TxError> {
+    // The file's own first page, read directly, says whether a log was ever there: then
+    // anything SQLite cannot make of it is damage (exit 3 for the CLI), not another file.
+    let header_says_log = header_marks_a_log(path);
+    let unreadable = |err: rusqlite::Error| {
+        if header_says_log {
+            damaged(path, &format!("sqlite cannot read it ({err})"))
+        } else {
+            not_a_log(path, format!("sqlite cannot read it ({err})"))
+        }
+    };
     let application_id: i64 = conn
         .pragma_query_value(None, "application_id", |row| row.get(0))
-        .map_err(|err| not_a_log(path, format!("sqlite cannot read it ({err})")))?;
+        .map_err(unreadable)?;
     if application_id == APPLICATION_ID {
         return Ok(true);
     }
     let n_tables: i64 = conn
         .query_row("SELECT count(*) FROM sqlite_schema", [], |row| row.get(0))
-        .map_err(|err| not_a_log(path, format!("sqlite cannot read it ({err})")))?;
+        .map_err(unreadable)?;
+    if header_says_log {
+        // SQLite sees no log where the file's own first page says one was: it lost its
+        // pages (truncated), and must not be taken for a new log or another file.
+        return Err(damaged(
+            path,
+            "its header marks it as a log, but SQLite finds no log in it (was it truncated?)",
+        ));
+    }
     if application_id != 0 || n_tables != 0 {
         return Err(not_a_log(
             path,
@@ -252,6 +431,11 @@ fn check_identity(conn: &Connection, path: &Path) -> Result<bool, TxError> {
         ));
     }
     Ok(false)
+}
+
+/// A log that cannot be read as one: [`TxError::Storage`], never taken for something else.
+fn damaged(path: &Path, why: &str) -> TxError {
+    TxError::Storage(format!("the log {} is damaged: {why}", path.display()))
 }
 
 /// Opens an existing log read-only, without migrating it or changing its journal mode,
@@ -278,10 +462,24 @@ pub(crate) fn open_read_only(path: &Path) -> Result<(Connection, i64), TxError> 
     Ok((conn, version))
 }
 
+/// [`open_read_only`], refusing a log whose schema is not exactly this build's for its
+/// version ([`TxError::Tampered`]).
+pub(crate) fn open_read_only_checked(path: &Path) -> Result<(Connection, i64), TxError> {
+    let (conn, version) = open_read_only(path)?;
+    if let Some(reason) = schema_difference(&conn, version)? {
+        return Err(tampered(path, reason));
+    }
+    Ok((conn, version))
+}
+
 /// Returns whether the migration started the audit chain.
+///
+/// `marked` says whether the file carries the log's `application_id`; an unmarked one is an
+/// empty SQLite database, made a log here.
 fn migrate(
     conn: &mut Connection,
     path: &Path,
+    marked: bool,
     audit_key: Option<&AuditKey>,
     now_ms: &dyn Fn() -> i64,
 ) -> Result<bool, TxError> {
@@ -295,6 +493,13 @@ fn migrate(
     check_not_newer(path, version)?;
     if version < 0 {
         return Err(not_a_log(path, format!("its schema version is {version}")));
+    }
+    // The structure must be exactly what this build created at that version; anything
+    // else (a trigger, a view, an index, a column, a table) was put there by someone else.
+    if (marked || version > 0)
+        && let Some(reason) = schema_difference(&tx, version)?
+    {
+        return Err(tampered(path, reason));
     }
     for (from_version, migration) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         tx.execute_batch(migration).map_err(|err| {
@@ -314,64 +519,12 @@ fn migrate(
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(storage)?;
     }
-    check_tables(&tx, path)?;
+    if let Some(reason) = schema_difference(&tx, SCHEMA_VERSION)? {
+        return Err(TxError::Corrupt(format!(
+            "after migrating {}: {reason}",
+            path.display()
+        )));
+    }
     tx.commit().map_err(storage)?;
     Ok(version < AUDIT_SCHEMA_VERSION)
-}
-
-/// Checks that the tables this build relies on are there, with the columns it reads.
-fn check_tables(conn: &Connection, path: &Path) -> Result<(), TxError> {
-    let expected: [(&str, &[&str]); 4] = [
-        (
-            "sagas",
-            &[
-                "saga_id",
-                "state",
-                "owner_pid",
-                "owner_start_ticks",
-                "n_steps",
-                "dry_run",
-            ],
-        ),
-        (
-            "saga_steps",
-            &["saga_id", "step_seq", "tool_id", "args", "undo", "status"],
-        ),
-        (
-            "idempotency_keys",
-            &["key", "args_hash", "saga_id", "step_seq"],
-        ),
-        (
-            "audit_log",
-            &[
-                "seq",
-                "at_ms",
-                "kind",
-                "saga_id",
-                "body",
-                "prev_hash",
-                "hash",
-                "mac",
-            ],
-        ),
-    ];
-    for (table, columns) in expected {
-        let mut statement = conn
-            .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))
-            .map_err(storage)?;
-        let found: Vec<String> = statement
-            .query_map([], |row| row.get(0))
-            .map_err(storage)?
-            .collect::<Result<_, _>>()
-            .map_err(storage)?;
-        for column in columns {
-            if !found.iter().any(|name| name == column) {
-                return Err(not_a_log(
-                    path,
-                    format!("table `{table}` lacks column `{column}`"),
-                ));
-            }
-        }
-    }
-    Ok(())
 }

@@ -67,7 +67,9 @@ impl From<&Head> for AuditHead {
 pub struct BadRecord {
     /// The record the problem was found at: the record that is missing, edited or
     /// contradicted, or, for a row of the tables that no record accounts for, the first
-    /// sequence number after the chain's end (where such a record would have had to be).
+    /// sequence number after the chain's end (where such a record would have had to be);
+    /// 0 when the problem is the schema itself (an object this build never creates, or one
+    /// missing or changed), found before any record is read.
     pub seq: u64,
     /// What is wrong, in a sentence.
     pub reason: String,
@@ -143,6 +145,7 @@ fn verify_with(
     key: Option<&AuditKey>,
     head_check: HeadFile,
 ) -> Result<AuditReport, TxError> {
+    let path = &crate::create::resolve_db_path(path)?;
     let head_file = head::read(path);
     let (mut conn, version) = schema::open_read_only(path)?;
     let mut report = AuditReport {
@@ -157,6 +160,15 @@ fn verify_with(
         n_records_with_mac: 0,
         first_bad: None,
     };
+    // The schema first: a trigger, a view or a changed table could make the rows read below
+    // say something other than what was written.
+    if let Some(reason) = schema::schema_difference(&conn, version)? {
+        report.first_bad = Some(BadRecord {
+            seq: 0,
+            reason: format!("the schema is not this build's: {reason}"),
+        });
+        return Ok(report);
+    }
     if version < AUDIT_SCHEMA_VERSION {
         let head = match head_file {
             Ok(None) => {

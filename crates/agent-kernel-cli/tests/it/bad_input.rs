@@ -124,6 +124,14 @@ fn malformed_plans_are_refused() {
             r#"{"steps": [{"tool": "noop", "args": {"sleep_ms": 600000}}]}"#,
             "`/sleep_ms`: maximum",
         ),
+        (
+            r#"{"steps": [{"tool": "fs.write", "tool": "fs.delete", "args": {}}]}"#,
+            "duplicate field `tool`",
+        ),
+        (
+            r#"{"steps": [{"tool": "fs.write", "args": {"path": "ws/x.txt", "path": "/etc/passwd", "content": "x"}}]}"#,
+            "duplicate key `path` in the arguments",
+        ),
     ];
     for (text, fragment) in cases {
         check_plan(&project, text, fragment);

@@ -107,15 +107,7 @@ fn kill_after(mut child: Child, delay: Duration) -> bool {
 }
 
 fn seed() -> u64 {
-    std::env::var("AGENT_KERNEL_CRASH_SEED")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("after 1970")
-                .as_nanos() as u64
-        })
+    crate::seed_from_env("AGENT_KERNEL_CRASH_SEED")
 }
 
 #[test]

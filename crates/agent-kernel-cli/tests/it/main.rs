@@ -4,11 +4,13 @@
 mod audit;
 mod bad_input;
 mod crash;
+mod creation;
 mod fsm;
 mod http;
 mod layering;
 mod run;
 mod storage;
+mod tamper;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -28,6 +30,19 @@ pub(crate) fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
         assert!(std::time::Instant::now() < deadline, "{what}");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+}
+
+/// The seed of a randomized test: `$VAR` when set (to replay a run), else from the clock.
+pub(crate) fn seed_from_env(var: &str) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_nanos() as u64
+        })
 }
 
 /// The exit code of a finished binary and the one JSON document it printed on stdout.

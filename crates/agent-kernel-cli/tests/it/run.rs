@@ -263,7 +263,7 @@ fn bench_reports_the_contract_fields() {
 }
 
 #[test]
-fn recovery_does_not_depend_on_the_current_policy() {
+fn recovery_runs_under_the_policy_in_force_and_refuses_a_broken_one() {
     let project = Project::new();
     fs::write(project.path("ws/a.txt"), b"before").expect("writes");
     let before = project.snapshot();
@@ -285,8 +285,22 @@ fn recovery_does_not_depend_on_the_current_policy() {
     });
     child.kill().expect("kills");
     child.wait().expect("reaps");
-    // The policy is now broken; recovery must still put the file back.
+    // The policy is now broken: what the log records is ruled on by the policy in force,
+    // so recovery refuses to guess and undoes nothing, leaving the saga for later.
+    let policy = fs::read(project.path("sandbox.toml")).expect("reads");
     fs::write(project.path("sandbox.toml"), "this is [not toml").expect("writes");
+    let (code, report) = project.run_json(&["recover"]);
+    assert_eq!(code, 2, "{report}");
+    assert!(
+        report["error"]["message"]
+            .as_str()
+            .expect("a message")
+            .contains("sandbox policy"),
+        "{report}"
+    );
+    assert_eq!(fs::read(project.path("ws/a.txt")).expect("reads"), b"after");
+    // Repaired, the policy lets recovery put the file back.
+    fs::write(project.path("sandbox.toml"), policy).expect("writes");
     let (code, report) = project.run_json(&["recover"]);
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["sagas"][0]["action"], "rolled_back", "{report}");

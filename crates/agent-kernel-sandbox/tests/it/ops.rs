@@ -265,7 +265,7 @@ fn append_truncate_and_remove() {
 }
 
 #[test]
-fn confined_paths_round_trip_and_reopen_without_a_policy() {
+fn confined_paths_round_trip_and_reconfine_under_the_policy_in_force() {
     let fixture = Fixture::new();
     let confined = fixture
         .sandbox
@@ -274,19 +274,77 @@ fn confined_paths_round_trip_and_reopen_without_a_policy() {
     let json = serde_json::to_value(&confined).expect("serializes");
     let back: ConfinedPath = serde_json::from_value(json).expect("parses");
     assert_eq!(back, confined);
-    let file = back.reopen().expect("reopen");
+    let file = fixture.sandbox.reconfine(&back).expect("still allowed");
     assert_eq!(file.read(1024).expect("read"), b"alpha");
     file.write_atomic(b"restored", ".t", false).expect("write");
     assert_eq!(fixture.read("workspace/a.txt"), "restored");
 }
 
 #[test]
-fn reopened_paths_stay_confined() {
+fn a_recorded_root_is_no_authority() {
+    let fixture = Fixture::new();
+    // A record that names `/` as its root, as a tampered log would: only where the path
+    // really lies counts, and it lies outside the policy's roots.
+    let forged = ConfinedPath::new(
+        PathBuf::from("/"),
+        fixture
+            .path("outside/secret.txt")
+            .strip_prefix("/")
+            .expect("absolute")
+            .to_owned(),
+    )
+    .expect("shape");
+    let message = assert_denied(fixture.sandbox.reconfine(&forged));
+    assert!(message.contains("outside every allowed root"), "{message}");
+    assert!(message.contains("recorded step"), "{message}");
+    // The same forged root, but a path inside today's root: the file of the policy in force.
+    let inside = ConfinedPath::new(
+        PathBuf::from("/"),
+        fixture
+            .path("workspace/a.txt")
+            .strip_prefix("/")
+            .expect("absolute")
+            .to_owned(),
+    )
+    .expect("shape");
+    let file = fixture
+        .sandbox
+        .reconfine(&inside)
+        .expect("inside today's root");
+    assert_eq!(file.read(64).expect("read"), b"alpha");
+    assert_eq!(file.path().root(), fixture.workspace());
+    // Today's denied names and limits apply to a record too.
+    let denied_name =
+        ConfinedPath::new(fixture.workspace(), PathBuf::from("keys/id.pem")).expect("shape");
+    assert_denied(fixture.sandbox.reconfine(&denied_name));
+    assert_eq!(
+        fixture
+            .sandbox
+            .reconfine(&inside)
+            .expect("allowed")
+            .max_io_bytes(),
+        64
+    );
+    // No policy today: nothing recorded can be reached.
+    let deny_all = agent_kernel_sandbox::FsSandbox::deny_all();
+    assert_denied(deny_all.reconfine(&inside));
+    assert_eq!(fixture.read("outside/secret.txt"), "secret");
+}
+
+#[test]
+fn reconfined_paths_stay_confined() {
     let fixture = Fixture::new();
     symlink(fixture.path("outside"), fixture.path("workspace/out"));
     let confined =
         ConfinedPath::new(fixture.workspace(), PathBuf::from("out/secret.txt")).expect("shape");
-    assert_denied(confined.reopen().expect("reopen").read(64));
+    let file = fixture
+        .sandbox
+        .reconfine(&confined)
+        .expect("the first line allows it");
+    assert_denied(file.read(64));
+    assert_denied(file.write_atomic(b"pwned", ".t", false));
+    assert_denied(file.remove_file_if_exists(false));
+    assert_eq!(fixture.read("outside/secret.txt"), "secret");
     for (root, rel) in [
         (fixture.workspace(), "../outside/secret.txt"),
         (fixture.workspace(), ""),
@@ -303,16 +361,18 @@ fn reopened_paths_stay_confined() {
 }
 
 #[test]
-fn reopen_refuses_a_root_replaced_by_a_link() {
+fn a_record_under_a_root_the_policy_no_longer_allows_is_refused() {
     let fixture = Fixture::new();
     let confined = fixture
         .sandbox
         .resolve("workspace/a.txt", &fixture.base)
         .expect("allowed");
-    fs::rename(fixture.workspace(), fixture.path("moved")).expect("move");
-    symlink(fixture.path("outside"), fixture.workspace());
-    let error = confined.reopen().expect_err("root changed");
-    assert!(error.to_string().contains("now resolves to"), "{error}");
+    let narrower =
+        agent_kernel_sandbox::Policy::from_toml_str("[fs]\nallow = [\"outside\"]\n", &fixture.base)
+            .expect("policy");
+    let today = agent_kernel_sandbox::FsSandbox::new(&narrower).expect("sandbox");
+    assert_denied(today.reconfine(&confined));
+    assert_eq!(fixture.read("workspace/a.txt"), "alpha");
 }
 
 #[test]

@@ -106,20 +106,6 @@ async fn a_file_shortened_by_someone_else_fails_compensation() {
 }
 
 #[tokio::test]
-async fn compensation_does_not_need_the_policy() {
-    let fixture = Fixture::new();
-    let tool = fixture.tool("fs.append");
-    let ctx = ctx("fs.append", 0);
-    let args = json!({ "path": "workspace/a.txt", "content": "++" });
-    let (undo, output) = run(&tool, &ctx, &args).await;
-    output.expect("execute");
-    let recovery = fixture.deny_all_tool("fs.append");
-    recovery
-        .compensate(&ctx, &args, &undo, None)
-        .await
-        .expect("compensate");
-    assert_eq!(
-        fixture.read("workspace/a.txt").as_deref(),
-        Some(&b"alpha"[..])
-    );
+async fn compensation_is_ruled_on_by_the_policy_in_force() {
+    crate::check_compensation_under_the_policy_in_force("fs.append", "++", b"alpha++").await;
 }

@@ -108,23 +108,8 @@ async fn compensation_removes_a_leftover_temp_file() {
 }
 
 #[tokio::test]
-async fn compensation_does_not_need_the_policy() {
-    let fixture = Fixture::new();
-    let tool = fixture.tool("fs.write");
-    let ctx = ctx("fs.write", 0);
-    let args = json!({ "path": "workspace/a.txt", "content": "new" });
-    let (undo, output) = run(&tool, &ctx, &args).await;
-    output.expect("execute");
-    // Recovery runs later, with no policy at all.
-    let recovery = fixture.deny_all_tool("fs.write");
-    recovery
-        .compensate(&ctx, &args, &undo, None)
-        .await
-        .expect("compensate");
-    assert_eq!(
-        fixture.read("workspace/a.txt").as_deref(),
-        Some(&b"alpha"[..])
-    );
+async fn compensation_is_ruled_on_by_the_policy_in_force() {
+    crate::check_compensation_under_the_policy_in_force("fs.write", "new", b"new").await;
 }
 
 #[tokio::test]

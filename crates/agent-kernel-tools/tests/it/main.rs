@@ -132,3 +132,35 @@ pub(crate) async fn run(
     let output = tool.execute(ctx, args).await;
     (undo, output)
 }
+
+/// Runs `tool` on `workspace/a.txt` (which holds `alpha`) with `content`, checks that it
+/// then holds `after`, and that its compensation is ruled on by the policy in force: denied
+/// under no policy (the file unchanged), done by another tool under the same policy.
+pub(crate) async fn check_compensation_under_the_policy_in_force(
+    tool: &str,
+    content: &str,
+    after: &[u8],
+) {
+    let fixture = Fixture::new();
+    let ctx = ctx(tool, 0);
+    let args = serde_json::json!({ "path": "workspace/a.txt", "content": content });
+    let (undo, output) = run(&fixture.tool(tool), &ctx, &args).await;
+    output.expect("execute");
+    assert_eq!(fixture.read("workspace/a.txt").as_deref(), Some(after));
+    let error = fixture
+        .deny_all_tool(tool)
+        .compensate(&ctx, &args, &undo, None)
+        .await
+        .expect_err("the policy in force allows no file");
+    assert!(error.is_denied(), "{error}");
+    assert_eq!(fixture.read("workspace/a.txt").as_deref(), Some(after));
+    fixture
+        .tool(tool)
+        .compensate(&ctx, &args, &undo, None)
+        .await
+        .expect("compensate");
+    assert_eq!(
+        fixture.read("workspace/a.txt").as_deref(),
+        Some(&b"alpha"[..])
+    );
+}

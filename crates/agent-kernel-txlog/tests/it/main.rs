@@ -3,6 +3,7 @@
 mod audit;
 mod open;
 mod records;
+mod schema;
 
 use std::path::Path;
 use std::sync::Arc;

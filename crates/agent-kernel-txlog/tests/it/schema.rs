@@ -1,0 +1,272 @@
+//! The exact schema: every object a log holds is one this build creates, or the log is
+//! refused; a new log appears whole or not at all; links lead to the real file.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use agent_kernel_api::{TxError, TxLog};
+use agent_kernel_txlog::verify;
+
+use crate::open;
+
+/// A log with one saga and one step, closed.
+async fn written_log(path: &Path) {
+    let log = open(path).expect("creates");
+    log.write(vec![
+        crate::new_saga("s1"),
+        crate::begin("s1", 0, Some("k"), "h"),
+    ])
+    .await
+    .expect("writes");
+}
+
+/// Plants `sql` in the log at `path` through a plain SQLite connection, as someone who can
+/// write the file would.
+fn plant(path: &Path, sql: &str) {
+    let conn = rusqlite::Connection::open(path).expect("opens");
+    conn.execute_batch(sql).expect("plants");
+}
+
+/// `audit verify` reports the schema (record 0) naming `object`, and opening refuses the
+/// log as tampered, naming it too.
+fn check_refused(path: &Path, object: &str) {
+    let report = verify(path, None).expect("verifies");
+    let bad = report.first_bad.expect("the planted object is found");
+    assert_eq!(bad.seq, 0, "{bad:?}");
+    assert!(bad.reason.contains(object), "{}", bad.reason);
+    let error = open(path).expect_err("refused");
+    assert!(matches!(error, TxError::Tampered { .. }), "{error:?}");
+    assert!(error.to_string().contains(object), "{error}");
+}
+
+#[tokio::test]
+async fn every_kind_of_foreign_schema_object_is_found_by_verify_and_refused_by_open() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "CREATE TRIGGER t_sagas AFTER UPDATE ON sagas BEGIN SELECT 1; END;",
+            "trigger `t_sagas` on table `sagas`",
+        ),
+        (
+            "CREATE TRIGGER t_steps BEFORE INSERT ON saga_steps BEGIN SELECT 1; END;",
+            "trigger `t_steps` on table `saga_steps`",
+        ),
+        (
+            "CREATE TRIGGER t_keys AFTER DELETE ON idempotency_keys BEGIN SELECT 1; END;",
+            "trigger `t_keys` on table `idempotency_keys`",
+        ),
+        (
+            "CREATE TRIGGER t_audit AFTER INSERT ON audit_log BEGIN UPDATE saga_steps SET undo = '{}'; END;",
+            "trigger `t_audit` on table `audit_log`",
+        ),
+        (
+            "CREATE VIEW steps_view AS SELECT * FROM saga_steps;",
+            "view `steps_view`",
+        ),
+        (
+            "CREATE INDEX steps_by_tool ON saga_steps (tool_id);",
+            "index `steps_by_tool` on table `saga_steps`",
+        ),
+        (
+            "ALTER TABLE saga_steps ADD COLUMN extra TEXT;",
+            "table `saga_steps` is not defined as this build defines it",
+        ),
+        ("CREATE TABLE extra (x);", "table `extra`"),
+        ("DROP INDEX sagas_by_created;", "index `sagas_by_created`"),
+    ];
+    for (sql, object) in cases {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("log.db");
+        written_log(&path).await;
+        assert!(
+            verify(&path, None).expect("verifies").is_intact(),
+            "clean before"
+        );
+        plant(&path, sql);
+        check_refused(&path, object);
+    }
+}
+
+#[tokio::test]
+async fn a_user_version_that_does_not_match_the_structure_is_tampering() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    written_log(&path).await;
+    // Version 2 lacked `sagas.dry_run`: a migration would run again over a version 3 table.
+    plant(&path, "PRAGMA user_version = 2;");
+    check_refused(&path, "structure is that of version 3");
+    plant(&path, "PRAGMA user_version = 1;");
+    check_refused(&path, "structure is that of version 3");
+}
+
+#[tokio::test]
+async fn a_trigger_added_while_the_log_is_open_never_fires() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    let log = open(&path).expect("creates");
+    log.write(vec![crate::new_saga("s1")])
+        .await
+        .expect("writes");
+    // Planted after the schema was checked: the writer's connection runs no trigger.
+    plant(
+        &path,
+        "CREATE TABLE fired (x); CREATE TRIGGER spy AFTER INSERT ON saga_steps BEGIN INSERT INTO fired VALUES (1); END;",
+    );
+    log.write(vec![crate::begin("s1", 0, None, "h")])
+        .await
+        .expect("writes");
+    drop(log);
+    let conn = rusqlite::Connection::open(&path).expect("opens");
+    let fired: i64 = conn
+        .query_row("SELECT count(*) FROM fired", [], |row| row.get(0))
+        .expect("reads");
+    assert_eq!(fired, 0, "the planted trigger ran inside the log's writer");
+}
+
+#[test]
+fn a_new_log_appears_whole_with_its_journal_files_private() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    drop(open(&path).expect("creates"));
+    assert!(verify(&path, None).expect("verifies").is_intact());
+    for name in ["log.db", "log.db-wal", "log.db-shm", "log.db.audit-head"] {
+        if let Ok(metadata) = fs::metadata(dir.path().join(name)) {
+            assert_eq!(metadata.permissions().mode() & 0o077, 0, "{name}");
+        }
+    }
+    // Nothing else: no temporary file of the creation is left.
+    let mut names: Vec<String> = fs::read_dir(dir.path())
+        .expect("lists")
+        .map(|entry| {
+            entry
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|name| !name.ends_with("-wal") && !name.ends_with("-shm"))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["log.db", "log.db.audit-head"]);
+}
+
+#[tokio::test]
+async fn a_log_through_a_dangling_link_is_created_private_beside_the_real_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::create_dir(dir.path().join("real")).expect("folder");
+    fs::create_dir(dir.path().join("links")).expect("folder");
+    let link = dir.path().join("links/log.db");
+    std::os::unix::fs::symlink("../real/log.db", &link).expect("links");
+    // Created through the link, even with a permissive umask in force for others.
+    let log = open(&link).expect("creates through the link");
+    log.write(vec![
+        crate::new_saga("s1"),
+        crate::begin("s1", 0, None, "h"),
+    ])
+    .await
+    .expect("writes");
+    for name in ["log.db", "log.db-wal", "log.db-shm", "log.db.audit-head"] {
+        let mode = fs::metadata(dir.path().join("real").join(name))
+            .unwrap_or_else(|err| panic!("{name} beside the real file: {err}"))
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{name} is readable by others: {mode:o}");
+    }
+    assert!(
+        fs::symlink_metadata(&link)
+            .expect("still there")
+            .file_type()
+            .is_symlink(),
+        "the link was left a link"
+    );
+    let beside_link: Vec<String> = fs::read_dir(dir.path().join("links"))
+        .expect("lists")
+        .map(|entry| {
+            entry
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(beside_link, ["log.db"], "nothing beside the link");
+    assert_eq!(
+        agent_kernel_txlog::audit_head_path(&link),
+        dir.path().join("links/../real/log.db.audit-head")
+    );
+    drop(log);
+    assert!(verify(&link, None).expect("verifies").is_intact());
+}
+
+/// Opens the log at `path` from `N_RACERS` threads at once; every one must succeed.
+fn race_opens(path: &Path) {
+    const N_RACERS: usize = 8;
+    let barrier = std::sync::Barrier::new(N_RACERS);
+    std::thread::scope(|scope| {
+        for _ in 0..N_RACERS {
+            scope.spawn(|| {
+                barrier.wait();
+                drop(open(path).expect("every racer opens the one log"));
+            });
+        }
+    });
+    assert!(verify(path, None).expect("verifies").is_intact());
+    assert_eq!(
+        fs::metadata(path).expect("exists").permissions().mode() & 0o077,
+        0
+    );
+}
+
+#[test]
+fn racing_first_opens_all_succeed_on_one_log() {
+    for _ in 0..20 {
+        let dir = tempfile::tempdir().expect("temp dir");
+        race_opens(&dir.path().join("log.db"));
+    }
+}
+
+#[test]
+fn an_empty_file_is_replaced_by_a_whole_log_and_racers_share_it() {
+    for _ in 0..20 {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("log.db");
+        fs::write(&path, b"").expect("an empty file, as mktemp makes");
+        race_opens(&path);
+    }
+}
+
+#[tokio::test]
+async fn a_truncated_log_is_damaged_not_new() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    written_log(&path).await;
+    // Checkpointed, so the file holds everything, then cut to less than its first page.
+    plant(&path, "PRAGMA wal_checkpoint(TRUNCATE);");
+    let bytes = fs::read(&path).expect("reads");
+    fs::write(&path, &bytes[..3000]).expect("truncates");
+    let error = open(&path).expect_err("refused");
+    assert!(matches!(error, TxError::Storage(_)), "{error:?}");
+    assert!(error.to_string().contains("damaged"), "{error}");
+    assert_eq!(
+        fs::read(&path).expect("reads"),
+        &bytes[..3000],
+        "left as it was"
+    );
+}
+
+#[test]
+fn a_missing_log_with_a_journal_left_behind_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    fs::write(dir.path().join("log.db-wal"), b"journal frames").expect("writes");
+    let error = open(&path).expect_err("refused");
+    assert!(error.to_string().contains("write-ahead journal"), "{error}");
+    assert!(!path.exists(), "no log was created over the journal");
+}
+
+#[test]
+fn a_log_in_a_missing_folder_says_so() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let error = open(&dir.path().join("nowhere/log.db")).expect_err("refused");
+    assert!(error.to_string().contains("does not exist"), "{error}");
+}
