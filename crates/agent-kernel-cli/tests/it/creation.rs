@@ -162,17 +162,24 @@ fn a_log_created_through_a_dangling_link_is_private_beside_the_real_file() {
         .output()
         .expect("runs");
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    // The journal files exist only while a connection is open (SQLite removes them at the
+    // last close): checked where they are; the txlog tests check them on an open log.
     for name in [
         "real.db",
         "real.db-wal",
         "real.db-shm",
         "real.db.audit-head",
     ] {
-        let mode = fs::metadata(project.path("data").join(name))
-            .unwrap_or_else(|err| panic!("{name}: {err}"))
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o077, 0, "{name} is readable by others: {mode:o}");
+        match fs::metadata(project.path("data").join(name)) {
+            Ok(metadata) => {
+                let mode = metadata.permissions().mode();
+                assert_eq!(mode & 0o077, 0, "{name} is readable by others: {mode:o}");
+            }
+            Err(err) => assert!(
+                name.ends_with("-wal") || name.ends_with("-shm"),
+                "{name}: {err}"
+            ),
+        }
     }
     assert!(
         !project.path("log-link.db.audit-head").exists(),
