@@ -63,10 +63,12 @@
 //!   message names the offending field (``unknown field `contnt`, expected `path` or
 //!   `content` ``). `check` also asks the sandbox about the path and the content size, with no
 //!   side effect, so a plan can be checked whole before its first effect.
-//! - **Compensation works from the undo record alone.** `prepare` stores the
-//!   [`ConfinedPath`](agent_kernel_sandbox::ConfinedPath) and the previous bytes or length;
-//!   `compensate` reopens that root without consulting the current policy, so recovery
-//!   undoes what was done even if the policy has changed or is absent.
+//! - **Compensation works from the undo record alone, under the policy in force.**
+//!   `prepare` stores the [`ConfinedPath`](agent_kernel_sandbox::ConfinedPath) and the
+//!   previous bytes or length; `compensate` (and a drill tool's `probe`) rules on that path
+//!   again through [`FsSandbox::reconfine`](agent_kernel_sandbox::FsSandbox::reconfine), so a
+//!   record is data, never authority: one that names a path outside today's roots (a forged
+//!   log, a narrowed policy) is denied, and nothing is touched.
 //! - **Compensation is state-based, so it is safe whether the effect happened or not**, and
 //!   idempotent: it compares the file with the recorded state and only acts on a difference.
 //! - **Temporary files are named after the step** (`.agent-kernel-<saga>-<step>.tmp`), so
