@@ -181,8 +181,13 @@ pub(crate) async fn list_command(
         agent_kernel_txlog::audit_records(&path, &query)
     })
     .await?
-    .with_context(|| format!("cannot read the audit records of {}", db.display()))
-    .map_err(Failure::bad_input)?;
+    .map_err(|error| {
+        crate::log_failure(
+            error,
+            crate::log_exists(db),
+            format!("cannot read the audit records of {}", db.display()),
+        )
+    })?;
     if json {
         crate::output::print_json(&json!({ "records": records }));
         return Ok(exit::OK);

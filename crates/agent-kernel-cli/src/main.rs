@@ -667,8 +667,7 @@ fn this_process() -> Result<agent_kernel_api::Owner, Failure> {
 fn open_log(cli: &Cli, durability: Durability) -> Result<SqliteLog, Failure> {
     let path = db_path(cli);
     let audit_key = audit_key(cli)?;
-    let existed = agent_kernel_txlog::resolve_db_path(&path)
-        .is_ok_and(|file| std::fs::metadata(file).is_ok_and(|metadata| metadata.len() > 0));
+    let existed = log_exists(&path);
     SqliteLog::open_with_audit_key(
         &path,
         LogOptions {
@@ -678,21 +677,37 @@ fn open_log(cli: &Cli, durability: Durability) -> Result<SqliteLog, Failure> {
         audit_key,
     )
     .map_err(|error| {
-        let (code, kind) = match &error {
-            TxError::NotALog { .. } | TxError::SchemaTooNew { .. } => {
-                (exit::BAD_INPUT, "bad_input")
-            }
-            TxError::Tampered { .. } => (exit::ATTENTION, "tampered"),
-            _ if !existed => (exit::BAD_INPUT, "bad_input"),
-            _ => (exit::ATTENTION, "storage"),
-        };
-        Failure {
-            code,
-            kind,
-            error: anyhow::Error::new(error)
-                .context(format!("cannot open the log {}", path.display())),
-        }
+        log_failure(
+            error,
+            existed,
+            format!("cannot open the log {}", path.display()),
+        )
     })
+}
+
+/// Whether a non-empty file is at `path` (through links): a log, or what claims to be one.
+fn log_exists(path: &Path) -> bool {
+    agent_kernel_txlog::resolve_db_path(path)
+        .is_ok_and(|file| std::fs::metadata(file).is_ok_and(|metadata| metadata.len() > 0))
+}
+
+/// What a log that could not be opened or read means for the exit code: not a log, a newer
+/// one, or (when none `existed`) one that cannot be created is bad input (2); a tampered
+/// schema, or an existing log that is damaged, unreadable or unwritable, needs an operator
+/// (3). Other problems of the request (an unknown audit record kind) are bad input.
+fn log_failure(error: TxError, existed: bool, context: String) -> Failure {
+    let (code, kind) = match &error {
+        TxError::Tampered { .. } => (exit::ATTENTION, "tampered"),
+        TxError::Storage(_) | TxError::Corrupt(_) | TxError::Closed if existed => {
+            (exit::ATTENTION, "storage")
+        }
+        _ => (exit::BAD_INPUT, "bad_input"),
+    };
+    Failure {
+        code,
+        kind,
+        error: anyhow::Error::new(error).context(context),
+    }
 }
 
 fn load_policy(cli: &Cli) -> Result<Policy, Failure> {

@@ -160,6 +160,8 @@ fn a_trigger_planted_in_the_log_is_refused_and_nothing_outside_the_roots_changes
                 "--saga",
                 world.saga_id.as_str(),
             ],
+            vec!["--json", "log"],
+            vec!["--json", "audit", "list"],
         ] {
             let output = world.run(key, &args);
             assert_eq!(code(&output), 3, "{args:?}: {}", describe(&output));
