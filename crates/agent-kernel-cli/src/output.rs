@@ -336,6 +336,16 @@ impl Output {
                 RecoveryAction::Failed { saga_id, error } => {
                     println!("saga {saga_id}: NOT recovered: {error}");
                 }
+                RecoveryAction::MissingTools { saga_id, tools } => {
+                    println!(
+                        "saga {saga_id}: NOT recovered: it needs {} that this program does not have; left as it is",
+                        tools
+                            .iter()
+                            .map(|tool| format!("`{}`", printable(tool)))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                }
             }
         }
     }

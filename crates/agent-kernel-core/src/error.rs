@@ -93,6 +93,19 @@ pub enum KernelError {
     /// Another process took the saga over first.
     #[error("saga {0} was taken over by another process; it was not touched")]
     TakenOver(SagaId),
+    /// The saga needs tools to be compensated that this program does not have (a custom tool
+    /// of another program, a `tools.toml` entry since removed): it was left exactly as it
+    /// was, for a program that has them.
+    #[error(
+        "saga {saga_id} cannot be compensated here: it needs {} that this program does not have; it was left as it is, for a program that has {}",
+        tool_list(.tools), if .tools.len() == 1 { "it" } else { "them" }
+    )]
+    MissingTools {
+        /// The saga.
+        saga_id: SagaId,
+        /// The tools it needs and this program lacks, sorted.
+        tools: Vec<String>,
+    },
     /// The log holds a saga the kernel cannot make sense of.
     #[error("saga {saga_id}: {reason}")]
     Inconsistent {
@@ -101,6 +114,15 @@ pub enum KernelError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// "the tool `a`" or "the tools `a`, `b`".
+pub(crate) fn tool_list(tools: &[String]) -> String {
+    let quoted: Vec<String> = tools.iter().map(|tool| format!("`{tool}`")).collect();
+    match quoted.len() {
+        1 => format!("the tool {}", quoted[0]),
+        _ => format!("the tools {}", quoted.join(", ")),
+    }
 }
 
 fn preflight_message(problems: &[Problem]) -> String {

@@ -1144,22 +1144,65 @@ impl Kernel {
         }
     }
 
+    /// The tools that compensating `record` needs and this kernel does not have, sorted.
+    fn missing_tools(&self, record: &SagaRecord) -> Vec<String> {
+        if record.saga.dry_run {
+            return Vec::new();
+        }
+        let mut missing: Vec<String> = record
+            .steps
+            .iter()
+            .filter(|step| {
+                Self::needs_compensation(step)
+                    && step.reused_from.is_none()
+                    && step.effect != EffectClass::ReadOnly
+                    && self.tools.get(&step.tool_id).is_none()
+            })
+            .map(|step| step.tool_id.clone())
+            .collect();
+        missing.sort();
+        missing.dedup();
+        missing
+    }
+
+    /// Refuses a saga owned by another process that is alive (or cannot be checked).
+    fn check_owner_gone(&self, record: &SagaRecord) -> Result<(), KernelError> {
+        let saga = &record.saga;
+        if saga.owner == self.env.owner || saga.state.is_terminal() {
+            return Ok(());
+        }
+        if self.env.liveness.liveness(&saga.owner) != Liveness::Dead {
+            return Err(KernelError::SagaBusy {
+                saga_id: saga.saga_id.clone(),
+                state: saga.state,
+                owner: saga.owner.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Before a saga of a dead process is taken over: its owner must be gone, and this
+    /// kernel must have every tool its compensation needs. A saga that fails either check
+    /// is left exactly as it is.
+    fn check_recoverable(&self, record: &SagaRecord) -> Result<(), KernelError> {
+        self.check_owner_gone(record)?;
+        let tools = self.missing_tools(record);
+        if !tools.is_empty() {
+            return Err(KernelError::MissingTools {
+                saga_id: record.saga.saga_id.clone(),
+                tools,
+            });
+        }
+        Ok(())
+    }
+
     /// Takes a saga over from `owner` (who must be dead, or the saga terminal), or fails.
     async fn take_over(&self, record: &SagaRecord) -> Result<(), KernelError> {
         let saga = &record.saga;
         if saga.owner == self.env.owner {
             return Ok(());
         }
-        if !saga.state.is_terminal() {
-            let liveness = self.env.liveness.liveness(&saga.owner);
-            if liveness != Liveness::Dead {
-                return Err(KernelError::SagaBusy {
-                    saga_id: saga.saga_id.clone(),
-                    state: saga.state,
-                    owner: saga.owner.clone(),
-                });
-            }
-        }
+        self.check_owner_gone(record)?;
         if self
             .log
             .take_over(&saga.saga_id, &saga.owner, saga.state, &self.env.owner)
@@ -1218,6 +1261,7 @@ impl Kernel {
             }
             _ => {}
         }
+        self.check_recoverable(&record)?;
         self.take_over(&record).await?;
         info!(saga_id = %saga_id, from = %record.saga.state, "operator rollback");
         let state = self.enter_compensating(saga_id, record.saga.state);
@@ -1277,8 +1321,16 @@ impl Kernel {
             // Another recovery finished it since the list was read.
             return Ok(None);
         }
-        match self.take_over(&record).await {
+        let checked = match self.check_recoverable(&record) {
+            Ok(()) => self.take_over(&record).await,
+            Err(error) => Err(error),
+        };
+        match checked {
             Ok(()) => {}
+            Err(KernelError::MissingTools { saga_id, tools }) => {
+                warn!(saga_id = %saga_id, ?tools, "tools missing; the saga is left as it is");
+                return Ok(Some(RecoveryAction::MissingTools { saga_id, tools }));
+            }
             Err(KernelError::SagaBusy { saga_id, owner, .. }) => {
                 info!(saga_id = %saga_id, pid = owner.pid, "owner alive; skipped");
                 return Ok(Some(RecoveryAction::SkippedLive {

@@ -103,6 +103,14 @@ pub enum RecoveryAction {
         /// The saga.
         saga_id: SagaId,
     },
+    /// It needs tools to be compensated that this program does not have: it was left exactly
+    /// as it was (not taken over, no step marked), for a program that has them.
+    MissingTools {
+        /// The saga.
+        saga_id: SagaId,
+        /// The tools it needs and this program lacks, sorted.
+        tools: Vec<String>,
+    },
     /// It could not be recovered (its record is unreadable, the log failed); the others were.
     Failed {
         /// The saga.
@@ -124,7 +132,7 @@ impl RecoveryReport {
     pub fn all_rolled_back(&self) -> bool {
         self.sagas.iter().all(|action| match action {
             RecoveryAction::RolledBack(report) => report.state == SagaState::FailedRolledBack,
-            RecoveryAction::Failed { .. } => false,
+            RecoveryAction::Failed { .. } | RecoveryAction::MissingTools { .. } => false,
             RecoveryAction::SkippedLive { .. } | RecoveryAction::SkippedTakenOver { .. } => true,
         })
     }

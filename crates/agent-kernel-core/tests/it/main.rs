@@ -436,13 +436,32 @@ impl Fixture {
         sqlite: Arc<SqliteLog>,
         pid: u32,
     ) -> Kernel {
+        self.kernel_with(log, sqlite, pid, true)
+    }
+
+    /// A kernel acting as process `pid` that lacks the `ledger.add` tool, as another program
+    /// (the stock binary, say) would.
+    pub(crate) fn kernel_without_ledger(&self, pid: u32) -> Kernel {
+        let log = self.open_log();
+        self.kernel_with(log.clone(), log, pid, false)
+    }
+
+    fn kernel_with(
+        &self,
+        log: Arc<dyn agent_kernel_api::TxLog>,
+        sqlite: Arc<SqliteLog>,
+        pid: u32,
+        with_ledger: bool,
+    ) -> Kernel {
         let mut tools =
             Dispatcher::new(self.limits.clone(), Arc::new(NoJitter)).expect("valid limits");
-        tools
-            .register(Arc::new(Ledger {
-                world: self.world.clone(),
-            }))
-            .expect("registers");
+        if with_ledger {
+            tools
+                .register(Arc::new(Ledger {
+                    world: self.world.clone(),
+                }))
+                .expect("registers");
+        }
         tools.register(Arc::new(Boom)).expect("registers");
         for (id, settlement) in [
             ("blind.add", Settlement::Compensate),

@@ -260,3 +260,64 @@ async fn a_dry_run_stops_where_a_run_would_find_its_key_held() {
         "nothing of the dry run ran"
     );
 }
+
+/// CONTRACT §8: a process asked to compensate a step whose tool it does not have leaves the
+/// saga as it is and names the tool; a process that has the tool recovers it later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saga_whose_tool_is_missing_is_left_untouched_for_a_program_that_has_it() {
+    let fixture = Fixture::new();
+    crash_mid_saga(&fixture, 31, "m").await;
+    fixture.kill([31]);
+    let stock = fixture.kernel_without_ledger(32);
+    let before = {
+        let saga = stock.log().unfinished_sagas().await.expect("reads");
+        assert_eq!(saga.len(), 1);
+        stock
+            .log()
+            .saga(&saga[0].saga_id)
+            .await
+            .expect("reads")
+            .expect("exists")
+    };
+    let report = stock.recover(&NoObserver).await.expect("recovers");
+    let [RecoveryAction::MissingTools { saga_id, tools }] = &report.sagas[..] else {
+        panic!("expected the missing tool reported, got {report:?}");
+    };
+    assert_eq!(saga_id, &before.saga.saga_id);
+    assert_eq!(tools, &["ledger.add".to_owned()]);
+    assert!(!report.all_rolled_back(), "operator attention: exit 3");
+    let after = stock
+        .log()
+        .saga(saga_id)
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert_eq!(
+        after, before,
+        "not taken over, no step marked, state unchanged"
+    );
+    assert_eq!(fixture.world.items(), ["m-a", "m-b", "m-c"]);
+    // Operator rollback from the same program is refused the same way.
+    let error = stock
+        .rollback(saga_id, &NoObserver)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(&error, agent_kernel_core::KernelError::MissingTools { tools, .. } if tools == &["ledger.add".to_owned()]),
+        "{error}"
+    );
+    assert!(error.to_string().contains("`ledger.add`"), "{error}");
+    assert!(!error.is_bad_input() && !error.is_denied(), "exit 3");
+
+    // The program that has the tool recovers it.
+    let report = fixture
+        .kernel(33)
+        .recover(&NoObserver)
+        .await
+        .expect("recovers");
+    let [RecoveryAction::RolledBack(saga)] = &report.sagas[..] else {
+        panic!("expected the saga rolled back, got {report:?}");
+    };
+    assert_eq!(saga.state, SagaState::FailedRolledBack);
+    assert!(fixture.world.items().is_empty());
+}
