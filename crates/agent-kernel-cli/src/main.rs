@@ -420,7 +420,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             })
         }
         Command::Recover { skip_verify } => {
-            if !db_path(cli).exists() {
+            if !log_present(&db_path(cli))? {
                 // Nothing was ever logged here, so nothing can need recovery.
                 out.recovery(&agent_kernel_core::RecoveryReport::default());
                 return Ok(exit::OK);
@@ -525,7 +525,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             Ok(exit::OK)
         }
         Command::Log { saga, limit } => {
-            if saga.is_none() && !db_path(cli).exists() {
+            if saga.is_none() && !log_present(&db_path(cli))? {
                 out.saga_list(&[]);
                 return Ok(exit::OK);
             }
@@ -685,10 +685,30 @@ fn open_log(cli: &Cli, durability: Durability) -> Result<SqliteLog, Failure> {
     })
 }
 
-/// Whether a non-empty file is at `path` (through links): a log, or what claims to be one.
+/// Whether something that would be opened as the log is at `path` (through links): a
+/// non-empty file, or one that cannot be inspected (which then is not taken for a new log).
 fn log_exists(path: &Path) -> bool {
-    agent_kernel_txlog::resolve_db_path(path)
-        .is_ok_and(|file| std::fs::metadata(file).is_ok_and(|metadata| metadata.len() > 0))
+    match agent_kernel_txlog::resolve_db_path(path).map(std::fs::metadata) {
+        Ok(Ok(metadata)) => metadata.len() > 0,
+        Ok(Err(error)) => error.kind() != std::io::ErrorKind::NotFound,
+        Err(_) => true,
+    }
+}
+
+/// Whether anything is at `path` (through links), for commands that must not create a log:
+/// `Ok(false)` only when nothing is there. Links that loop are bad input; a path that cannot
+/// be inspected (a folder without search permission) needs an operator.
+fn log_present(path: &Path) -> Result<bool, Failure> {
+    let file = agent_kernel_txlog::resolve_db_path(path).map_err(Failure::bad_input)?;
+    match std::fs::symlink_metadata(&file) {
+        Ok(_) => Ok(true),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(error) => Err(Failure {
+            code: exit::ATTENTION,
+            kind: "storage",
+            error: anyhow::anyhow!("cannot inspect the log {}: {error}", file.display()),
+        }),
+    }
 }
 
 /// What a log that could not be opened or read means for the exit code: not a log, a newer
@@ -842,7 +862,7 @@ async fn verify_before_acting(cli: &Cli, skip: bool) -> Result<Vec<String>, Fail
 /// Refuses to go on when the log file does not exist: reading must not create one.
 fn require_log(cli: &Cli) -> Result<(), Failure> {
     let path = db_path(cli);
-    if path.exists() {
+    if log_present(&path)? {
         Ok(())
     } else {
         Err(Failure::bad_input(anyhow::anyhow!(
@@ -882,10 +902,19 @@ fn open_kernel(
     // again, so a record pointing outside today's roots undoes nothing. A policy file that
     // does not load is bad input here as for `run`: nothing is undone under a guess.
     let policy = load_policy(cli)?;
-    if purpose == Compensation::Only && policy.fs().is_none() {
-        tracing::warn!(
-            "the sandbox policy in force allows no file access, so no file step can be compensated (each becomes COMPENSATION_FAILED); pass the policy the sagas ran under with --sandbox"
-        );
+    if purpose == Compensation::Only {
+        // Without a policy every file compensation would be refused for good: more likely
+        // the command runs in the wrong folder than on sagas that touched no file.
+        if policy.source().is_none() {
+            return Err(Failure::bad_input(anyhow::anyhow!(
+                "no sandbox policy: recover and rollback rule on every path the log records with the policy in force, and without one every file step would be left uncompensated for good; pass the policy the sagas ran under with --sandbox FILE (or run in the folder of its ./{DEFAULT_SANDBOX}); nothing was done"
+            )));
+        }
+        if policy.fs().is_none() {
+            tracing::warn!(
+                "the sandbox policy in force allows no file access, so no file step can be compensated (each becomes COMPENSATION_FAILED); pass the policy the sagas ran under with --sandbox"
+            );
+        }
     }
     let tools = build_dispatcher(&policy)?;
     let owner = this_process()?;

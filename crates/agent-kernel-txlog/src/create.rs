@@ -7,7 +7,8 @@
 //! with a link that fails if the name is taken. A process killed at any instant leaves
 //! either no log or a complete empty one; processes racing to create the same log all end
 //! up on the one that was linked first. An empty file at the path (`mktemp`) is replaced
-//! the same way, by a rename made under an advisory lock on the empty file.
+//! by a rename made under an advisory lock on the empty file: the new log is written whole
+//! to an unnamed file, linked to a temporary name, and renamed over the empty one at once.
 
 use std::ffi::OsString;
 use std::fs;
@@ -265,8 +266,14 @@ fn replace_empty(path: &Path, image: &[u8]) -> Result<bool, TxError> {
     }
     let temp = temp_path(path);
     let result = (|| {
-        let mut new = new_private(&temp)?;
-        write_all(&mut new, image, true)?;
+        // Whole before it has even its temporary name; only the instant between the link
+        // and the rename can leave it there.
+        if !create_whole(&temp, image, true)? {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} already exists", temp.display()),
+            ));
+        }
         fs::rename(&temp, path)?;
         sync_folder(folder_of(path))
     })();
@@ -296,12 +303,16 @@ fn new_private(path: &Path) -> io::Result<fs::File> {
         .open(path)
 }
 
-/// `.<name>.<pid>-<n>.creating` beside `path`.
+/// `.<name>.<pid>-<nanos>-<n>.creating` beside `path`: the time tells apart processes that
+/// reuse a pid, the counter the creations of one process.
 fn temp_path(path: &Path) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.subsec_nanos());
     let mut name = OsString::from(".");
     name.push(path.file_name().unwrap_or_default());
     name.push(format!(
-        ".{}-{}.creating",
+        ".{}-{nanos}-{}.creating",
         std::process::id(),
         TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     ));

@@ -253,6 +253,21 @@ pub(crate) fn schema_difference(
     }))
 }
 
+/// The schema version (1 or above) whose structure `conn`'s schema is exactly, if any.
+fn structure_version(conn: &Connection) -> rusqlite::Result<Option<i64>> {
+    let found = schema_objects(conn)?;
+    Ok((1..=SCHEMA_VERSION).find(|version| found == expected_schema(*version)))
+}
+
+/// The first problem `PRAGMA integrity_check` finds (pages, records, and every index entry
+/// against its table), or `None` when it answers `ok`.
+pub(crate) fn integrity_problem(conn: &Connection) -> Result<Option<String>, TxError> {
+    let answer: String = conn
+        .query_row("PRAGMA main.integrity_check(1)", [], |row| row.get(0))
+        .map_err(storage)?;
+    Ok((answer != "ok").then_some(answer))
+}
+
 fn tampered(path: &Path, reason: String) -> TxError {
     TxError::Tampered {
         path: path.display().to_string(),
@@ -276,6 +291,26 @@ fn fresh_image() -> Result<Vec<u8>, TxError> {
     );
     image[HEADER_FORMAT_VERSIONS].fill(2);
     Ok(image)
+}
+
+/// Refuses to start a new log where a head file says one was: its newest records were
+/// deleted along with the database (or the file emptied). Checked again after reading the
+/// head file, since another process may have created the log and moved its head meanwhile.
+fn refuse_lost_log(path: &Path) -> Result<(), TxError> {
+    let Ok(Some(head)) = crate::head::read(path) else {
+        return Ok(());
+    };
+    if head.seq == 0 || check_header(path)? {
+        return Ok(());
+    }
+    Err(tampered(
+        path,
+        format!(
+            "there is no log here, but its head file {} names record {}: the log was deleted or emptied; put it back (with its head file), or remove the head file to start a new log",
+            crate::head::head_path(path).display(),
+            head.seq
+        ),
+    ))
 }
 
 /// Whether the first page of the file at `path`, read directly, carries the log's
@@ -304,6 +339,35 @@ fn not_a_log(path: &Path, reason: impl Into<String>) -> TxError {
         path: path.display().to_string(),
         reason: reason.into(),
     }
+}
+
+/// Refuses journal files (`-wal`, `-shm`) beside `path` that are not plain files of their
+/// own: SQLite would write through a hard link (or a planted special file) to whatever it
+/// leads to.
+fn check_journal_files(path: &Path) -> Result<(), TxError> {
+    use std::os::unix::fs::MetadataExt;
+    for suffix in ["-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        let journal = std::path::PathBuf::from(name);
+        match fs::symlink_metadata(&journal) {
+            Ok(metadata) if !metadata.is_file() || metadata.nlink() > 1 => {
+                return Err(tampered(
+                    path,
+                    format!(
+                        "its journal file {} is not a plain file of its own (a link, or a special file)",
+                        journal.display()
+                    ),
+                ));
+            }
+            Ok(_) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => {
+                return Err(TxError::Storage(format!("{}: {err}", journal.display())));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a file that exists but does not start like an SQLite database, before SQLite
@@ -349,7 +413,10 @@ pub(crate) fn open(
     now_ms: &dyn Fn() -> i64,
 ) -> Result<(Connection, bool), TxError> {
     // Refuse what is not a regular file or not an SQLite database before anything else.
-    check_header(path)?;
+    if !check_header(path)? {
+        refuse_lost_log(path)?;
+    }
+    check_journal_files(path)?;
     let created = create::ensure_log_file(path, &fresh_image)?;
     if !check_header(path)? {
         return Err(TxError::Storage(format!(
@@ -422,6 +489,17 @@ fn check_identity(conn: &Connection, path: &Path) -> Result<bool, TxError> {
             "its header marks it as a log, but SQLite finds no log in it (was it truncated?)",
         ));
     }
+    if n_tables != 0
+        && let Some(version) = structure_version(conn).map_err(storage)?
+    {
+        // Exactly a log's structure under another `application_id`: the mark was changed.
+        return Err(tampered(
+            path,
+            format!(
+                "its structure is that of log schema version {version}, but its application_id is {application_id:#x}, not the log's"
+            ),
+        ));
+    }
     if application_id != 0 || n_tables != 0 {
         return Err(not_a_log(
             path,
@@ -447,6 +525,7 @@ pub(crate) fn open_read_only(path: &Path) -> Result<(Connection, i64), TxError> 
             path.display()
         )));
     }
+    check_journal_files(path)?;
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = connect(path, flags)?;
     if !check_identity(&conn, path)? {
@@ -456,9 +535,10 @@ pub(crate) fn open_read_only(path: &Path) -> Result<(Connection, i64), TxError> 
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .map_err(storage)?;
     check_not_newer(path, version)?;
-    if version < 1 {
+    if version < 0 {
         return Err(not_a_log(path, format!("its schema version is {version}")));
     }
+    // A marked log at version 0: its schema check (against no objects) tells the rest.
     Ok((conn, version))
 }
 

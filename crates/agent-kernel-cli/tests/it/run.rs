@@ -299,6 +299,19 @@ fn recovery_runs_under_the_policy_in_force_and_refuses_a_broken_one() {
         "{report}"
     );
     assert_eq!(fs::read(project.path("ws/a.txt")).expect("reads"), b"after");
+    // No policy at all (the wrong folder, say): refused too, since every file step would
+    // otherwise be left uncompensated for good.
+    fs::remove_file(project.path("sandbox.toml")).expect("removes");
+    let (code, report) = project.run_json(&["recover"]);
+    assert_eq!(code, 2, "{report}");
+    assert!(
+        report["error"]["message"]
+            .as_str()
+            .expect("a message")
+            .contains("no sandbox policy"),
+        "{report}"
+    );
+    assert_eq!(fs::read(project.path("ws/a.txt")).expect("reads"), b"after");
     // Repaired, the policy lets recovery put the file back.
     fs::write(project.path("sandbox.toml"), policy).expect("writes");
     let (code, report) = project.run_json(&["recover"]);

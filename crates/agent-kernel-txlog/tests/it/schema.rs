@@ -270,3 +270,112 @@ fn a_log_in_a_missing_folder_says_so() {
     let error = open(&dir.path().join("nowhere/log.db")).expect_err("refused");
     assert!(error.to_string().contains("does not exist"), "{error}");
 }
+
+#[tokio::test]
+async fn an_index_rebuilt_to_hide_rows_under_its_own_definition_is_found() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    written_log(&path).await;
+    // The attacker's own connection may write the schema: the partial index of unfinished
+    // sagas is rebuilt under a predicate that matches nothing, then given back its text.
+    let original: String = {
+        let conn = rusqlite::Connection::open(&path).expect("opens");
+        conn.query_row(
+            "SELECT sql FROM sqlite_schema WHERE name = 'sagas_unfinished'",
+            [],
+            |row| row.get(0),
+        )
+        .expect("reads")
+    };
+    let hiding = original.replace("WHERE state", "WHERE state = 'zzz' AND state");
+    for (sql, reindex) in [(&hiding, true), (&original, false)] {
+        let conn = rusqlite::Connection::open(&path).expect("opens");
+        conn.execute_batch("PRAGMA writable_schema = ON;")
+            .expect("writable");
+        conn.execute(
+            "UPDATE sqlite_schema SET sql = ?1 WHERE name = 'sagas_unfinished'",
+            [sql],
+        )
+        .expect("rewrites the index definition");
+        drop(conn);
+        if reindex {
+            let conn = rusqlite::Connection::open(&path).expect("opens");
+            conn.execute_batch("REINDEX sagas_unfinished;")
+                .expect("rebuilds the index empty");
+        }
+    }
+    let report = verify(&path, None).expect("verifies");
+    let bad = report.first_bad.expect("the emptied index is found");
+    assert_eq!(bad.seq, 0, "{bad:?}");
+    assert!(bad.reason.contains("integrity check"), "{}", bad.reason);
+}
+
+#[tokio::test]
+async fn a_log_whose_mark_was_removed_is_tampered_not_foreign() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    written_log(&path).await;
+    plant(&path, "PRAGMA application_id = 0;");
+    let error = open(&path).expect_err("refused");
+    assert!(matches!(error, TxError::Tampered { .. }), "{error:?}");
+    assert!(error.to_string().contains("application_id"), "{error}");
+    assert!(matches!(
+        verify(&path, None).expect_err("refused"),
+        TxError::Tampered { .. }
+    ));
+    // With its version zeroed instead, the structure gives it away.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    written_log(&path).await;
+    plant(&path, "PRAGMA user_version = 0;");
+    check_refused(&path, "structure is that of version");
+}
+
+#[tokio::test]
+async fn no_new_log_is_started_where_a_head_file_says_one_was() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    {
+        // A saga that ends moves the head file past record 0.
+        let log = open(&path).expect("creates");
+        log.write(vec![
+            crate::new_saga("s1"),
+            agent_kernel_api::LogWrite::SetState {
+                saga_id: agent_kernel_api::SagaId::new("s1"),
+                state: agent_kernel_api::SagaState::FailedRolledBack,
+            },
+        ])
+        .await
+        .expect("writes");
+    }
+    for name in ["log.db", "log.db-wal", "log.db-shm"] {
+        let _ = fs::remove_file(dir.path().join(name));
+    }
+    let head = agent_kernel_txlog::audit_head_path(&path);
+    assert!(head.exists());
+    for emptied in [false, true] {
+        if emptied {
+            fs::write(&path, b"").expect("an emptied log");
+        }
+        let error = open(&path).expect_err("refused");
+        assert!(matches!(error, TxError::Tampered { .. }), "{error:?}");
+        assert!(error.to_string().contains("head file"), "{error}");
+    }
+    fs::remove_file(&head).expect("the operator removes it");
+    drop(open(&path).expect("a new log starts"));
+}
+
+#[tokio::test]
+async fn a_journal_file_that_is_a_hard_link_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    written_log(&path).await;
+    let victim = dir.path().join("victim.txt");
+    fs::write(&victim, b"keep").expect("writes");
+    let _ = fs::remove_file(dir.path().join("log.db-shm"));
+    fs::hard_link(&victim, dir.path().join("log.db-shm")).expect("links");
+    let error = open(&path).expect_err("refused");
+    assert!(matches!(error, TxError::Tampered { .. }), "{error:?}");
+    assert!(error.to_string().contains("journal file"), "{error}");
+    assert_eq!(fs::read(&victim).expect("reads"), b"keep");
+}
