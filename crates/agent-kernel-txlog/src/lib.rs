@@ -87,6 +87,7 @@
 
 mod audit;
 mod create;
+mod downgrade;
 mod floor;
 mod head;
 mod records;
@@ -108,6 +109,8 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use audit::{AUDIT_BODY_BYTES_MAX, AUDIT_KEY_BYTES_MAX, AUDIT_KEY_BYTES_MIN, AuditKey};
 pub use create::{DB_LINK_HOPS_MAX, resolve_db_path};
+#[doc(hidden)]
+pub use downgrade::downgrade_in_place;
 pub use floor::{FloorReport, measure_commit_floor};
 pub use records::{
     AUDIT_RECORDS_DEFAULT, AUDIT_RECORDS_MAX, AuditQuery, AuditRecord, audit_record_kinds,

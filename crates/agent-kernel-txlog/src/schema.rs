@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use agent_kernel_api::{Durability, TxError};
 use rusqlite::config::DbConfig;
-use rusqlite::{Connection, MAIN_DB, OpenFlags, TransactionBehavior};
+use rusqlite::{Connection, MAIN_DB, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use crate::audit::{self, AuditKey};
 use crate::create;
@@ -17,7 +17,7 @@ use crate::create;
 pub(crate) const APPLICATION_ID: i64 = 0x414B_4C47;
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub(crate) const SCHEMA_VERSION: i64 = 3;
+pub(crate) const SCHEMA_VERSION: i64 = 4;
 
 /// The first schema version with the audit chain.
 pub(crate) const AUDIT_SCHEMA_VERSION: i64 = 2;
@@ -29,7 +29,7 @@ pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
 
 /// The migrations, in order: `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
+pub(crate) const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
     r"
 CREATE TABLE sagas (
     saga_id            TEXT PRIMARY KEY NOT NULL,
@@ -105,6 +105,38 @@ CREATE TABLE audit_log (
     r"
 ALTER TABLE sagas ADD COLUMN dry_run INTEGER NOT NULL DEFAULT 0
     CHECK (dry_run = 0 OR dry_run = 1);
+",
+    // Version 4: live sagas, whose steps arrive one at a time, are created with
+    // `n_steps = 0`. SQLite cannot change a CHECK constraint in place, so the table is
+    // rebuilt, as SQLite's documentation describes, with foreign keys off (`migrate` runs
+    // with them off and checks them before it commits).
+    r"
+CREATE TABLE sagas_v4 (
+    saga_id            TEXT PRIMARY KEY NOT NULL,
+    name               TEXT,
+    actor              TEXT,
+    state              TEXT NOT NULL CHECK (state = 'Idle' OR state = 'Planning'
+                           OR state = 'Acting' OR state = 'Validating' OR state = 'Compensating'
+                           OR state = 'Done' OR state = 'FailedRolledBack'
+                           OR state = 'FailedRollbackPartial'),
+    owner_host         TEXT NOT NULL,
+    owner_boot_id      TEXT NOT NULL,
+    owner_pid          INTEGER NOT NULL,
+    owner_start_ticks  INTEGER NOT NULL,
+    n_steps            INTEGER NOT NULL CHECK (n_steps >= 0),
+    created_at_ms      INTEGER NOT NULL,
+    updated_at_ms      INTEGER NOT NULL,
+    dry_run            INTEGER NOT NULL DEFAULT 0 CHECK (dry_run = 0 OR dry_run = 1)
+) STRICT, WITHOUT ROWID;
+INSERT INTO sagas_v4 (saga_id, name, actor, state, owner_host, owner_boot_id, owner_pid,
+    owner_start_ticks, n_steps, created_at_ms, updated_at_ms, dry_run)
+    SELECT saga_id, name, actor, state, owner_host, owner_boot_id, owner_pid,
+        owner_start_ticks, n_steps, created_at_ms, updated_at_ms, dry_run FROM sagas;
+DROP TABLE sagas;
+ALTER TABLE sagas_v4 RENAME TO sagas;
+CREATE INDEX sagas_unfinished ON sagas (created_at_ms, saga_id)
+    WHERE state <> 'Done' AND state <> 'FailedRolledBack' AND state <> 'FailedRollbackPartial';
+CREATE INDEX sagas_by_created ON sagas (created_at_ms, saga_id);
 ",
 ];
 
@@ -452,10 +484,13 @@ pub(crate) fn open(
     };
     conn.pragma_update(None, "synchronous", synchronous)
         .map_err(storage)?;
+    // Migrations rebuild tables, which foreign keys would stand in the way of (and the
+    // pragma cannot change inside a transaction): off while migrating, checked at its end.
+    conn.pragma_update(None, "foreign_keys", "OFF")
+        .map_err(storage)?;
+    let started_chain = migrate(&mut conn, path, marked, audit_key, now_ms)?;
     conn.pragma_update(None, "foreign_keys", "ON")
         .map_err(storage)?;
-
-    let started_chain = migrate(&mut conn, path, marked, audit_key, now_ms)?;
     Ok((conn, created || started_chain))
 }
 
@@ -604,6 +639,22 @@ fn migrate(
             "after migrating {}: {reason}",
             path.display()
         )));
+    }
+    if version < SCHEMA_VERSION {
+        let dangling: Option<String> = tx
+            .query_row(
+                "SELECT \"table\" FROM pragma_foreign_key_check",
+                [],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(storage)?;
+        if let Some(table) = dangling {
+            return Err(TxError::Corrupt(format!(
+                "after migrating {}: a row of `{table}` refers to a row that does not exist",
+                path.display()
+            )));
+        }
     }
     tx.commit().map_err(storage)?;
     Ok(version < AUDIT_SCHEMA_VERSION)

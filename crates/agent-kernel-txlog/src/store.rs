@@ -430,8 +430,9 @@ fn expect_one(n_changed: usize, what: impl FnOnce() -> String) -> Result<(), TxE
 }
 
 fn create_saga(conn: &Connection, saga: &NewSaga, now_ms: i64) -> Result<(), TxError> {
-    if saga.n_steps == 0 {
-        return Err(corrupt("a saga needs at least one step"));
+    if saga.n_steps == 0 && saga.dry_run {
+        // A live saga (no plan, `n_steps` 0) is never simulated.
+        return Err(corrupt("a dry run needs the steps of its plan"));
     }
     if saga.require_actor_idle
         && let Some(actor) = &saga.actor

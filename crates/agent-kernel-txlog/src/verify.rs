@@ -650,8 +650,10 @@ impl Replay {
                     return Err(format!("it creates saga {saga_id}, which already exists"));
                 }
                 let n_steps = body.int("n_steps")?;
-                if n_steps <= 0 {
-                    return Err("it creates a saga without steps".to_owned());
+                if n_steps < 0 || (n_steps == 0 && body.flag("dry_run")?) {
+                    return Err(format!(
+                        "it creates a saga of {n_steps} steps (0 only for a live saga, never for a dry run)"
+                    ));
                 }
                 self.sagas.insert(
                     saga_id.to_owned(),

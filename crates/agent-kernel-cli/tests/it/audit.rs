@@ -501,12 +501,7 @@ fn recover_acts_on_a_log_from_before_the_audit_chain_and_starts_its_chain() {
     write_log(&project, None, "a");
     leave_a_saga_unfinished(&project);
     // As schema version 1 left it: no chain, no dry-run column, no head file.
-    let conn = rusqlite::Connection::open(project.db()).expect("opens the log");
-    conn.execute_batch(
-        "DROP TABLE audit_log; ALTER TABLE sagas DROP COLUMN dry_run; PRAGMA user_version = 1;",
-    )
-    .expect("downgrades");
-    drop(conn);
+    agent_kernel_txlog::downgrade_in_place(&project.db(), 1).expect("downgrades");
     fs::remove_file(head_file(&project.db())).expect("removes the head file");
 
     let (code, report) = project.run_json(&["recover"]);

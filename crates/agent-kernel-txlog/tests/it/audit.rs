@@ -12,7 +12,7 @@ use agent_kernel_api::{
     SagaId, SagaState, StepDenial, ToolError, ToolOutput, TxError, TxLog, Undo, WriteOutcome,
 };
 use agent_kernel_txlog::{
-    AuditKey, AuditReport, LogOptions, SqliteLog, audit_head_path, verify,
+    AuditKey, AuditReport, LogOptions, SqliteLog, audit_head_path, downgrade_in_place, verify,
     verify_ignoring_head_file,
 };
 use rusqlite::{Connection, params};
@@ -1101,10 +1101,9 @@ async fn a_version_1_log_starts_its_chain_with_a_genesis_record() {
     let fixture = Fixture::new(None).await;
     // A log as version 1 left it: no audit_log, no head file.
     let (path, conn) = fixture.copy("v1.db");
-    conn.execute_batch(
-        "DROP TABLE audit_log; ALTER TABLE sagas DROP COLUMN dry_run; PRAGMA user_version = 1;",
-    )
-    .expect("downgrades");
+    drop(conn);
+    downgrade_in_place(&path, 1).expect("downgrades");
+    let conn = Connection::open(&path).expect("opens");
     fs::remove_file(audit_head_path(&path)).expect("removes");
     let error = verify(&path, None).expect_err("no chain to verify");
     assert!(matches!(error, TxError::Storage(_)), "{error:?}");
@@ -1112,11 +1111,8 @@ async fn a_version_1_log_starts_its_chain_with_a_genesis_record() {
 
     // A version 1 log whose chain was removed but whose head file remains: tampering.
     let (stripped, stripped_conn) = fixture.copy("stripped.db");
-    stripped_conn
-        .execute_batch(
-            "DROP TABLE audit_log; ALTER TABLE sagas DROP COLUMN dry_run; PRAGMA user_version = 1;",
-        )
-        .expect("downgrades");
+    drop(stripped_conn);
+    downgrade_in_place(&stripped, 1).expect("downgrades");
     let (_, reason) = first_bad(&stripped, None);
     assert!(reason.contains("chain was removed"), "{reason}");
 
@@ -1190,10 +1186,9 @@ async fn a_version_1_log_starts_its_chain_with_a_genesis_record() {
 async fn a_saga_older_than_the_chain_marked_as_a_dry_run_is_detected() {
     let fixture = Fixture::new(None).await;
     let (path, conn) = fixture.copy("v1.db");
-    conn.execute_batch(
-        "DROP TABLE audit_log; ALTER TABLE sagas DROP COLUMN dry_run; PRAGMA user_version = 1;",
-    )
-    .expect("downgrades");
+    drop(conn);
+    downgrade_in_place(&path, 1).expect("downgrades");
+    let conn = Connection::open(&path).expect("opens");
     fs::remove_file(audit_head_path(&path)).expect("removes");
     drop(conn);
     drop(open_log(&path, None, Durability::Full));
@@ -1290,11 +1285,7 @@ async fn a_version_2_log_migrates_to_dry_runs_with_its_chain_intact() {
         }
     }
     // As version 2 left it: no `dry_run` column.
-    {
-        let conn = Connection::open(&path).expect("opens");
-        conn.execute_batch("ALTER TABLE sagas DROP COLUMN dry_run; PRAGMA user_version = 2;")
-            .expect("downgrades");
-    }
+    downgrade_in_place(&path, 2).expect("downgrades");
     let report = assert_intact(&path, None);
     assert_eq!(report.n_records, 8);
 

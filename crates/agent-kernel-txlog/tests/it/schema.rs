@@ -92,11 +92,15 @@ async fn a_user_version_that_does_not_match_the_structure_is_tampering() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("log.db");
     written_log(&path).await;
-    // Version 2 lacked `sagas.dry_run`: a migration would run again over a version 3 table.
+    // Version 2 lacked `sagas.dry_run`: a migration would run again over a newer table.
     plant(&path, "PRAGMA user_version = 2;");
-    check_refused(&path, "structure is that of version 3");
+    let current = format!(
+        "structure is that of version {}",
+        agent_kernel_txlog::SCHEMA_VERSION
+    );
+    check_refused(&path, &current);
     plant(&path, "PRAGMA user_version = 1;");
-    check_refused(&path, "structure is that of version 3");
+    check_refused(&path, &current);
 }
 
 #[tokio::test]
@@ -378,4 +382,47 @@ async fn a_journal_file_that_is_a_hard_link_is_refused() {
     assert!(matches!(error, TxError::Tampered { .. }), "{error:?}");
     assert!(error.to_string().contains("journal file"), "{error}");
     assert_eq!(fs::read(&victim).expect("reads"), b"keep");
+}
+
+#[tokio::test]
+async fn a_version_3_log_migrates_to_live_sagas_with_its_chain_intact() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    written_log(&path).await;
+    agent_kernel_txlog::downgrade_in_place(&path, 3).expect("downgrades");
+    assert_eq!(agent_kernel_txlog::schema_version(&path).expect("reads"), 3);
+    assert!(verify(&path, None).expect("verifies").is_intact());
+    let log = open(&path).expect("migrates");
+    // A live saga: no plan, so no length.
+    let agent_kernel_api::LogWrite::CreateSaga(mut live) = crate::new_saga("live") else {
+        unreachable!("new_saga creates a saga")
+    };
+    live.n_steps = 0;
+    live.state = agent_kernel_api::SagaState::Planning;
+    log.write(vec![agent_kernel_api::LogWrite::CreateSaga(live.clone())])
+        .await
+        .expect("a live saga is created");
+    // A dry run always has its plan's steps.
+    live.saga_id = agent_kernel_api::SagaId::new("dry");
+    live.dry_run = true;
+    log.write(vec![agent_kernel_api::LogWrite::CreateSaga(live)])
+        .await
+        .expect_err("a dry run of no steps is refused");
+    drop(log);
+    assert_eq!(
+        agent_kernel_txlog::schema_version(&path).expect("reads"),
+        agent_kernel_txlog::SCHEMA_VERSION
+    );
+    assert!(verify(&path, None).expect("verifies").is_intact());
+    assert_eq!(
+        open(&path)
+            .expect("reopens")
+            .saga(&agent_kernel_api::SagaId::new("live"))
+            .await
+            .expect("reads")
+            .expect("exists")
+            .saga
+            .n_steps,
+        0
+    );
 }
