@@ -77,8 +77,9 @@ mod tool;
 
 pub use clock::{Clock, IdSource};
 pub use log::{
-    AuditEvent, BeginStep, KeyBinding, LogWrite, NewSaga, OperatorCommand, Owner, PlanDenial,
-    SagaRecord, SagaSummary, StepDenial, StepRecord, TxError, TxLog, WriteOutcome,
+    AbortCause, AuditEvent, BeginStep, CallRefusal, KeyBinding, LogWrite, NewSaga, OperatorCommand,
+    Owner, PlanDenial, SagaAbort, SagaRecord, SagaSummary, StepDenial, StepRecord, TxError, TxLog,
+    WriteOutcome,
 };
 pub use plan::{
     MAX_IDEMPOTENCY_KEY_BYTES, MAX_LABEL_BYTES, MAX_PLAN_BYTES, MAX_PLAN_STEPS, Plan, PlanError,

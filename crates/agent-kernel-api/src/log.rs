@@ -153,6 +153,62 @@ pub enum AuditEvent {
     Operator(OperatorCommand),
     /// A plan refused before any step began, because the sandbox or the FSM denied it.
     PlanDenied(PlanDenial),
+    /// A call of a live saga refused as bad input: nothing of it ran, the saga stays open.
+    CallRefused(CallRefusal),
+    /// A live saga ended without a commit (by its driver, its idle timeout or its process
+    /// closing), recorded before its rollback.
+    SagaAborted(SagaAbort),
+}
+
+/// A refused call of a live saga, as the audit chain records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallRefusal {
+    /// The saga, which stays open.
+    pub saga_id: SagaId,
+    /// The tool asked for.
+    pub tool: String,
+    /// The arguments given (the record quotes their start and hashes them whole).
+    pub args: Value,
+    /// Why the call was refused.
+    pub reason: String,
+    /// The process that refused it.
+    pub by: Owner,
+}
+
+/// Why a live saga was ended without a commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AbortCause {
+    /// Its driver asked (`abort`).
+    Requested,
+    /// It was left untouched past its idle timeout.
+    IdleTimeout,
+    /// The process holding it was closing (end of input, a signal).
+    Shutdown,
+}
+
+impl AbortCause {
+    /// The name the audit chain records: `requested`, `idle_timeout` or `shutdown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AbortCause::Requested => "requested",
+            AbortCause::IdleTimeout => "idle_timeout",
+            AbortCause::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// A live saga ended without a commit, as the audit chain records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SagaAbort {
+    /// The saga, rolled back next.
+    pub saga_id: SagaId,
+    /// Why.
+    pub cause: AbortCause,
+    /// The reason given, or what the kernel said.
+    pub reason: String,
+    /// The process that ended it.
+    pub by: Owner,
 }
 
 /// An operator command (`rollback`, `recover`, …) as the audit chain records it.

@@ -255,6 +255,17 @@ fn summary(record: &agent_kernel_txlog::AuditRecord) -> String {
                 body["by"]["pid"]
             )
         }
+        "CallRefused" => format!(
+            "call {} {} refused (the saga stays open): {}",
+            text(&body["tool"]),
+            text(&body["args_summary"]),
+            text(&body["reason"])
+        ),
+        "SagaAborted" => format!(
+            "aborted ({}): {}",
+            text(&body["cause"]),
+            text(&body["reason"])
+        ),
         "RefuseStep" => format!(
             "step {} {} refused: {}",
             body["step_seq"],

@@ -5,8 +5,8 @@ use std::fmt;
 use agent_kernel_api::{Owner, SagaId, SagaState, TxError};
 use agent_kernel_fsm::Denial;
 
-/// One thing wrong with a plan, found before anything ran.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One thing wrong with a plan (or a live saga's call), found before anything ran.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Problem {
     /// The step's index, from 0.
     pub step_idx: usize,
@@ -19,7 +19,8 @@ pub struct Problem {
 }
 
 /// The kind of a [`Problem`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ProblemKind {
     /// No tool with that id is registered.
@@ -106,6 +107,21 @@ pub enum KernelError {
         /// The tools it needs and this program lacks, sorted.
         tools: Vec<String>,
     },
+    /// No live saga with this id is open in this process: it was never begun here, or it
+    /// was committed, aborted or rolled back (its idle timeout, a failed call).
+    #[error("no live saga {0} is open in this process (it was never begun here, or it has ended)")]
+    SagaNotOpen(SagaId),
+    /// This process already holds its most open live sagas (`[limits] open_sagas_max`).
+    #[error(
+        "this process already holds {max} open live sagas, the most `[limits] open_sagas_max` allows; commit or abort one first"
+    )]
+    TooManyOpenSagas {
+        /// The bound.
+        max: usize,
+    },
+    /// A request the kernel cannot take as given (a label too long, say); nothing ran.
+    #[error("{0}")]
+    InvalidRequest(String),
     /// The log holds a saga the kernel cannot make sense of.
     #[error("saga {saga_id}: {reason}")]
     Inconsistent {
@@ -147,7 +163,10 @@ impl KernelError {
                 .any(|problem| problem.kind != ProblemKind::Denied),
             KernelError::SagaNotFound(_)
             | KernelError::SagaBusy { .. }
-            | KernelError::TakenOver(_) => true,
+            | KernelError::TakenOver(_)
+            | KernelError::SagaNotOpen(_)
+            | KernelError::TooManyOpenSagas { .. }
+            | KernelError::InvalidRequest(_) => true,
             KernelError::Log(TxError::NotALog { .. } | TxError::SchemaTooNew { .. }) => true,
             _ => false,
         }

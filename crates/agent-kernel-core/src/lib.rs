@@ -75,16 +75,22 @@
 #![forbid(unsafe_code)]
 
 mod cancel;
+mod compensation;
 mod env;
 mod error;
 mod kernel;
+mod live;
 mod owner;
+mod plan;
+mod recovery;
 mod report;
+mod step;
 
 pub use cancel::Cancellation;
 pub use env::{SystemClock, UuidV7Ids};
 pub use error::{KernelError, Problem, ProblemKind};
 pub use kernel::{Environment, Kernel, VALIDATE_HINT, args_hash};
+pub use live::{BeginOptions, CallAnswer, LiveSaga, LiveStatus};
 pub use owner::{Liveness, LivenessProbe, ProcessProbe, current_owner, current_uid};
 pub use report::{
     Failure, NoObserver, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport,

@@ -12,6 +12,9 @@ pub struct StepReport {
     pub tool: String,
     /// The step's final status.
     pub status: StepStatus,
+    /// The tool's output, when the step committed (or reused one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<agent_kernel_api::ToolOutput>,
     /// The tool's error, if it failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -65,6 +68,7 @@ impl SagaReport {
                     seq: step.step_seq,
                     tool: step.tool_id.clone(),
                     status: step.status,
+                    output: step.output.clone(),
                     error: step.error.as_ref().map(ToString::to_string),
                     compensation: step.compensation.clone(),
                     reused: step.reused_from.is_some(),

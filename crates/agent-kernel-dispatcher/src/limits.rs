@@ -23,6 +23,15 @@ pub const MAX_RETRIES: u32 = 10;
 pub const DEFAULT_BACKOFF_BASE_MS: u64 = 100;
 /// Default longest backoff between retries, in milliseconds.
 pub const DEFAULT_BACKOFF_MAX_MS: u64 = 5_000;
+/// Default number of live sagas one process may hold open at once (CONTRACT §8).
+pub const DEFAULT_OPEN_SAGAS_MAX: usize = 64;
+/// Largest number of open live sagas that may be configured.
+pub const MAX_OPEN_SAGAS: usize = 65_536;
+/// Default time a live saga may stay untouched before it is rolled back, in milliseconds
+/// (ten minutes, CONTRACT §8).
+pub const DEFAULT_SAGA_IDLE_TIMEOUT_MS: u64 = 600_000;
+/// Longest idle timeout of a live saga that may be configured, in milliseconds (a day).
+pub const MAX_SAGA_IDLE_TIMEOUT_MS: u64 = 86_400_000;
 
 /// Overrides for one tool; `None` keeps the global value.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -59,6 +68,12 @@ pub struct Limits {
     pub backoff_max_ms: u64,
     /// Per-tool overrides, by tool id.
     pub tools: BTreeMap<String, ToolLimits>,
+    /// How many live sagas one process may hold open at once. Not the dispatcher's own
+    /// bound: the kernel reads it here, so that `[limits]` is parsed in one place.
+    pub open_sagas_max: usize,
+    /// How long a live saga may stay untouched before the process holding it rolls it back,
+    /// in milliseconds. Read by the kernel, like `open_sagas_max`.
+    pub saga_idle_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -71,6 +86,8 @@ impl Default for Limits {
             backoff_base_ms: DEFAULT_BACKOFF_BASE_MS,
             backoff_max_ms: DEFAULT_BACKOFF_MAX_MS,
             tools: BTreeMap::new(),
+            open_sagas_max: DEFAULT_OPEN_SAGAS_MAX,
+            saga_idle_timeout_ms: DEFAULT_SAGA_IDLE_TIMEOUT_MS,
         }
     }
 }
@@ -111,6 +128,18 @@ impl Limits {
         check_retries("retries_max", self.retries_max)?;
         check_timeout("backoff_base_ms", self.backoff_base_ms)?;
         check_timeout("backoff_max_ms", self.backoff_max_ms)?;
+        if self.open_sagas_max == 0 || self.open_sagas_max > MAX_OPEN_SAGAS {
+            return Err(format!(
+                "open_sagas_max is {}, expected 1..={MAX_OPEN_SAGAS}",
+                self.open_sagas_max
+            ));
+        }
+        if self.saga_idle_timeout_ms == 0 || self.saga_idle_timeout_ms > MAX_SAGA_IDLE_TIMEOUT_MS {
+            return Err(format!(
+                "saga_idle_timeout_ms is {}, expected 1..={MAX_SAGA_IDLE_TIMEOUT_MS} ms",
+                self.saga_idle_timeout_ms
+            ));
+        }
         if self.backoff_base_ms > self.backoff_max_ms {
             return Err(format!(
                 "backoff_base_ms ({}) is more than backoff_max_ms ({})",

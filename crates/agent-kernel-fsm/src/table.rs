@@ -16,7 +16,7 @@ pub const MAX_TABLE_BYTES: usize = 64 * 1024;
 pub const MAX_TRANSITIONS: usize = 256;
 
 /// The table of spec §3.4, row by row.
-const BUILTIN: [Transition; 10] = {
+const BUILTIN: [Transition; 11] = {
     use Event::*;
     use Guard::*;
     use SagaState::*;
@@ -31,6 +31,7 @@ const BUILTIN: [Transition; 10] = {
     [
         row(Idle, StartSaga, Planning, Some(ActorIdle)),
         row(Planning, PlanReady, Acting, Some(PlanNonEmpty)),
+        row(Planning, ValidationFailed, Compensating, None),
         row(Acting, ToolSucceeded, Validating, Some(ValidationNext)),
         row(Acting, ToolSucceeded, Acting, None),
         row(Acting, ToolFailed, Compensating, None),

@@ -49,7 +49,7 @@ pub(crate) const ZERO_HASH: &str =
     "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// Every record kind the chain may hold.
-pub(crate) const KINDS: [&str; 13] = [
+pub(crate) const KINDS: [&str; 15] = [
     KIND_GENESIS,
     KIND_CREATE_SAGA,
     KIND_SET_STATE,
@@ -63,7 +63,19 @@ pub(crate) const KINDS: [&str; 13] = [
     KIND_TAKE_OVER,
     KIND_OPERATOR,
     KIND_PLAN_DENIED,
+    KIND_CALL_REFUSED,
+    KIND_SAGA_ABORTED,
 ];
+
+/// A refused call of a live saga
+/// ([`AuditEvent::CallRefused`](agent_kernel_api::AuditEvent::CallRefused)): changes no
+/// table; its saga id names the saga, which stays open.
+pub(crate) const KIND_CALL_REFUSED: &str = "CallRefused";
+
+/// A live saga ended without a commit
+/// ([`AuditEvent::SagaAborted`](agent_kernel_api::AuditEvent::SagaAborted)): changes no
+/// table; the rollback that follows is recorded as usual.
+pub(crate) const KIND_SAGA_ABORTED: &str = "SagaAborted";
 
 /// An operator command ([`AuditEvent::Operator`](agent_kernel_api::AuditEvent::Operator)):
 /// changes no table; its saga id, when present, names the saga it acts on.

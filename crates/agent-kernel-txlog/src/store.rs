@@ -13,10 +13,10 @@ use crate::schema::storage;
 
 use crate::audit::{
     ARGS_SUMMARY_BYTES_MAX, Appender, AuditSettings, CanonicalObject, DENIALS_LISTED_MAX, Head,
-    KIND_BEGIN_STEP, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA, KIND_FAIL_STEP,
-    KIND_OPERATOR, KIND_PLAN_DENIED, KIND_REFUSE_STEP, KIND_REUSE_STEP, KIND_SET_STATE,
-    KIND_SIMULATE_STEP, KIND_TAKE_OVER, QUOTE_BYTES_MAX, canonical_json, error_summary, quote,
-    sha256_hex,
+    KIND_BEGIN_STEP, KIND_CALL_REFUSED, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA,
+    KIND_FAIL_STEP, KIND_OPERATOR, KIND_PLAN_DENIED, KIND_REFUSE_STEP, KIND_REUSE_STEP,
+    KIND_SAGA_ABORTED, KIND_SET_STATE, KIND_SIMULATE_STEP, KIND_TAKE_OVER, QUOTE_BYTES_MAX,
+    canonical_json, error_summary, quote, sha256_hex,
 };
 
 fn corrupt(what: impl std::fmt::Display) -> TxError {
@@ -389,6 +389,35 @@ fn audit_event_body(
                 "name": plan.name,
             });
             Ok((KIND_PLAN_DENIED, None, canonical_json(&body)))
+        }
+        AuditEvent::CallRefused(call) => {
+            let args_text = call.args.to_string();
+            let body = json!({
+                "args_sha256": sha256_hex(args_text.as_bytes()),
+                "args_summary": quote(&args_text, ARGS_SUMMARY_BYTES_MAX),
+                "by": owner_json(&call.by),
+                "reason": quote(&call.reason, QUOTE_BYTES_MAX),
+                "saga_id": call.saga_id.as_str(),
+                "tool": quote(&call.tool, QUOTE_BYTES_MAX),
+            });
+            Ok((
+                KIND_CALL_REFUSED,
+                Some(&call.saga_id),
+                canonical_json(&body),
+            ))
+        }
+        AuditEvent::SagaAborted(abort) => {
+            let body = json!({
+                "by": owner_json(&abort.by),
+                "cause": abort.cause.as_str(),
+                "reason": quote(&abort.reason, QUOTE_BYTES_MAX),
+                "saga_id": abort.saga_id.as_str(),
+            });
+            Ok((
+                KIND_SAGA_ABORTED,
+                Some(&abort.saga_id),
+                canonical_json(&body),
+            ))
         }
         other => Err(corrupt(format!("unsupported audit event {other:?}"))),
     }

@@ -11,10 +11,10 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::audit::{
-    self, AuditKey, Head, KIND_BEGIN_STEP, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA,
-    KIND_FAIL_STEP, KIND_GENESIS, KIND_OPERATOR, KIND_PLAN_DENIED, KIND_REFUSE_STEP,
-    KIND_REUSE_STEP, KIND_SET_STATE, KIND_SIMULATE_STEP, KIND_TAKE_OVER, Record, ZERO_HASH,
-    sha256_hex,
+    self, AuditKey, Head, KIND_BEGIN_STEP, KIND_CALL_REFUSED, KIND_COMMIT_STEP, KIND_COMPENSATION,
+    KIND_CREATE_SAGA, KIND_FAIL_STEP, KIND_GENESIS, KIND_OPERATOR, KIND_PLAN_DENIED,
+    KIND_REFUSE_STEP, KIND_REUSE_STEP, KIND_SAGA_ABORTED, KIND_SET_STATE, KIND_SIMULATE_STEP,
+    KIND_TAKE_OVER, Record, ZERO_HASH, sha256_hex,
 };
 use crate::head;
 use crate::schema::{self, AUDIT_SCHEMA_VERSION};
@@ -626,7 +626,14 @@ impl Replay {
         if record.kind == KIND_GENESIS {
             return self.genesis(record, &body);
         }
-        if record.kind == KIND_OPERATOR || record.kind == KIND_PLAN_DENIED {
+        if [
+            KIND_OPERATOR,
+            KIND_PLAN_DENIED,
+            KIND_CALL_REFUSED,
+            KIND_SAGA_ABORTED,
+        ]
+        .contains(&record.kind.as_str())
+        {
             // Changes no table; its body must still name what the column names.
             let saga_id = match body.0.get("saga_id") {
                 None | Some(Value::Null) => None,

@@ -3,6 +3,7 @@
 
 mod fsm;
 mod idempotency;
+mod live;
 mod recovery;
 mod saga;
 mod settlement;

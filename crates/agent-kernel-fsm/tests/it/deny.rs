@@ -82,7 +82,6 @@ forbidden_pairs! {
     planning_tool_succeeded: Planning, ToolSucceeded;
     planning_tool_failed: Planning, ToolFailed;
     planning_validation_passed: Planning, ValidationPassed;
-    planning_validation_failed: Planning, ValidationFailed;
     planning_compensation_done: Planning, CompensationDone;
     planning_compensation_failed: Planning, CompensationFailed;
     acting_start_saga: Acting, StartSaga;

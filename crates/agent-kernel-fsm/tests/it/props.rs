@@ -21,6 +21,7 @@ fn model(state: SagaState, event: Event, facts: &Facts) -> Option<SagaState> {
     match (state, event) {
         (Idle, StartSaga) if facts.actor_idle => Some(Planning),
         (Planning, PlanReady) if facts.plan_non_empty => Some(Acting),
+        (Planning, ValidationFailed) => Some(Compensating),
         (Acting, ToolSucceeded) if facts.validation_next => Some(Validating),
         (Acting, ToolSucceeded) => Some(Acting),
         (Acting, ToolFailed) => Some(Compensating),

@@ -57,6 +57,7 @@ macro_rules! rows {
 rows! {
     idle_start_saga_planning: Idle, StartSaga, Some(Guard::ActorIdle), Planning;
     planning_plan_ready_acting: Planning, PlanReady, Some(Guard::PlanNonEmpty), Acting;
+    planning_validation_failed_compensating: Planning, ValidationFailed, None, Compensating;
     acting_tool_succeeded_validating: Acting, ToolSucceeded, Some(Guard::ValidationNext), Validating;
     acting_tool_succeeded_acting: Acting, ToolSucceeded, None, Acting;
     acting_tool_failed_compensating: Acting, ToolFailed, None, Compensating;

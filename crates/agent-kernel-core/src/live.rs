@@ -1,0 +1,648 @@
+//! Live sagas (CONTRACT §8): begun, then driven one call at a time, each call chosen after
+//! the previous answers, then committed or aborted. Each call goes through the same step
+//! path as a plan's step (`step.rs`); a live saga is a plan whose next step is known only
+//! when it is called.
+//!
+//! The FSM, for a saga whose steps arrive one at a time:
+//!
+//! - `begin`: `Idle --StartSaga[actor_idle]--> Planning`, written to the log at once
+//!   (`n_steps` 0, state `Planning`): the agent is choosing its first step, and the actor is
+//!   held from here on.
+//! - the first call: `Planning --PlanReady[plan_non_empty]--> Acting` (the call is the
+//!   step that makes the plan non-empty), then the step as a plan's.
+//! - every call: the previous step's success is settled with the FSM only now, when what
+//!   follows it is known (the called tool's effect class), exactly as a plan's step is
+//!   settled with the next step in view; the step itself is admitted with what follows it
+//!   unknown (more steps may come).
+//! - `commit`: the last step's success is settled as a plan's last step (`saga_complete`),
+//!   through the closing validation to `Done`. A saga with no step cannot be committed:
+//!   `PlanReady` needs `plan_non_empty`, so the commit is denied and the saga rolled back.
+//! - `abort`, the idle timeout, the process closing: recorded (`SagaAborted`), then the
+//!   table's failure event for the saga's state, to `Compensating`, and compensation.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use agent_kernel_api::{
+    AbortCause, AuditEvent, CallRefusal, MAX_IDEMPOTENCY_KEY_BYTES, MAX_LABEL_BYTES, PlanStep,
+    SagaAbort, SagaId, SagaState, StepDenial, ToolError,
+};
+use agent_kernel_fsm::{Denial, Event};
+use serde::Serialize;
+use serde_json::Value;
+use tokio::time::Instant;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::kernel::Kernel;
+use crate::plan::start_facts;
+use crate::report::{NoObserver, SagaReport, StepReport};
+use crate::step::{Lookahead, SagaInFlight, StepMode, step_denied};
+use crate::{KernelError, Problem, ProblemKind};
+
+/// How a live saga is begun.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BeginOptions {
+    /// An optional label, recorded in the log.
+    pub name: Option<String>,
+    /// Who drives it, recorded in the log; an actor has one unfinished saga at a time.
+    pub actor: Option<String>,
+}
+
+/// What a call of a live saga came to.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CallAnswer {
+    /// The step committed (durably, before this answer); its report carries the output.
+    Committed(StepReport),
+    /// Bad input (an unknown tool, invalid arguments, a key bound to other arguments):
+    /// nothing of the call ran, the refusal is in the audit chain, and the saga stays open.
+    Refused(Problem),
+    /// The sandbox or the FSM denied the call: the saga was rolled back, as a plan's is.
+    Denied(SagaReport),
+    /// The tool failed: the saga was rolled back; the report lists what was compensated.
+    Failed(SagaReport),
+}
+
+impl CallAnswer {
+    fn rolled_back(report: SagaReport) -> CallAnswer {
+        if report.is_denied() {
+            CallAnswer::Denied(report)
+        } else {
+            CallAnswer::Failed(report)
+        }
+    }
+
+    /// Whether the saga is still open after this answer.
+    pub fn saga_open(&self) -> bool {
+        matches!(self, CallAnswer::Committed(_) | CallAnswer::Refused(_))
+    }
+}
+
+/// Where an open live saga stands.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LiveStatus {
+    /// The saga.
+    pub saga_id: SagaId,
+    /// Its state in memory (the log has it once the next record is written).
+    pub state: SagaState,
+    /// The steps that committed, in order, with their outputs.
+    pub steps: Vec<StepReport>,
+}
+
+/// One open live saga in the registry.
+#[derive(Debug)]
+struct LiveEntry {
+    /// `None` once it has ended.
+    saga: tokio::sync::Mutex<Option<SagaInFlight>>,
+    /// When it was last begun, called or looked at.
+    touched: Mutex<Instant>,
+}
+
+impl LiveEntry {
+    fn touch(&self) {
+        *self.touched.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+    }
+
+    fn touched(&self) -> Instant {
+        *self.touched.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The live sagas this process holds open, bounded by `[limits] open_sagas_max`.
+#[derive(Debug, Default)]
+pub(crate) struct LiveRegistry {
+    sagas: Mutex<HashMap<SagaId, Arc<LiveEntry>>>,
+}
+
+impl LiveRegistry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SagaId, Arc<LiveEntry>>> {
+        self.sagas.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn get(&self, saga_id: &SagaId) -> Option<Arc<LiveEntry>> {
+        self.lock().get(saga_id).cloned()
+    }
+
+    fn remove(&self, saga_id: &SagaId) {
+        self.lock().remove(saga_id);
+    }
+
+    /// The ids of the open sagas.
+    pub(crate) fn ids(&self) -> Vec<SagaId> {
+        self.lock().keys().cloned().collect()
+    }
+}
+
+/// A handle on an open live saga. Cheap to clone; every clone drives the same saga, one
+/// call at a time. [`Kernel::live_saga`] finds it again by id.
+#[derive(Debug, Clone)]
+pub struct LiveSaga {
+    kernel: Arc<Kernel>,
+    saga_id: SagaId,
+    entry: Arc<LiveEntry>,
+}
+
+fn check_label(what: &str, value: Option<&String>) -> Result<(), KernelError> {
+    match value {
+        Some(value) if value.len() > MAX_LABEL_BYTES => Err(KernelError::InvalidRequest(format!(
+            "the saga's {what} is {} bytes, more than the maximum of {MAX_LABEL_BYTES}",
+            value.len()
+        ))),
+        Some(value) if value.chars().any(char::is_control) => Err(KernelError::InvalidRequest(
+            format!("the saga's {what} holds control characters"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl Kernel {
+    /// Begins a live saga: created in the log at once (state `Planning`, no plan), owned by
+    /// this process, and held open until [`LiveSaga::commit`], [`LiveSaga::abort`], a call
+    /// that fails or is denied, or `[limits] saga_idle_timeout_ms` without a touch.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::TooManyOpenSagas`] at `[limits] open_sagas_max`;
+    /// [`KernelError::InvalidRequest`] for a label too long;
+    /// [`KernelError::Denied`] when the FSM refuses to start it (its actor has an unfinished
+    /// saga), recorded as `PlanDenied`; [`KernelError::Log`] when the log fails.
+    pub async fn begin(self: &Arc<Self>, options: BeginOptions) -> Result<LiveSaga, KernelError> {
+        check_label("name", options.name.as_ref())?;
+        check_label("actor", options.actor.as_ref())?;
+        let limits = self.tools.limits();
+        if self.live.lock().len() >= limits.open_sagas_max {
+            return Err(KernelError::TooManyOpenSagas {
+                max: limits.open_sagas_max,
+            });
+        }
+        let actor_idle = self.actor_idle(options.actor.as_deref()).await?;
+        let state = match self.fsm.apply(
+            SagaState::Idle,
+            Event::StartSaga,
+            &start_facts(true, actor_idle),
+        ) {
+            Ok(state) => state,
+            Err(denial) => {
+                self.record_plan_denied(
+                    options.name.clone(),
+                    options.actor.clone(),
+                    false,
+                    vec![StepDenial {
+                        step_idx: None,
+                        tool: None,
+                        args: None,
+                        reason: denial.to_string(),
+                    }],
+                )
+                .await;
+                return Err(KernelError::Denied {
+                    saga_id: None,
+                    denial,
+                });
+            }
+        };
+        let require_actor_idle = options.actor.is_some() && self.start_with_actor_busy().is_err();
+        let saga_id = self.env.ids.new_saga_id();
+        let mut saga = SagaInFlight::start(
+            self.new_saga_record(
+                &saga_id,
+                options.name,
+                options.actor,
+                0,
+                state,
+                false,
+                require_actor_idle,
+            ),
+            8,
+        );
+        // Durable at once: the saga exists, holds its actor, and is recovered if this
+        // process dies before it ends.
+        let batch = saga.take_batch();
+        self.write_saga_batch(&saga, batch).await?;
+        let entry = Arc::new(LiveEntry {
+            saga: tokio::sync::Mutex::new(Some(saga)),
+            touched: Mutex::new(Instant::now()),
+        });
+        let registered = {
+            let mut sagas = self.live.lock();
+            let room = sagas.len() < limits.open_sagas_max;
+            if room {
+                sagas.insert(saga_id.clone(), Arc::clone(&entry));
+            }
+            room
+        };
+        if !registered {
+            // Others were begun meanwhile: this one exists in the log, so it is rolled back.
+            let handle = LiveSaga {
+                kernel: Arc::clone(self),
+                saga_id: saga_id.clone(),
+                entry,
+            };
+            handle
+                .end(AbortCause::Requested, "over open_sagas_max".to_owned())
+                .await?;
+            return Err(KernelError::TooManyOpenSagas {
+                max: limits.open_sagas_max,
+            });
+        }
+        info!(saga_id = %saga_id, "live saga begun");
+        spawn_idle_watch(
+            Arc::downgrade(self),
+            saga_id.clone(),
+            Arc::downgrade(&entry),
+            Duration::from_millis(limits.saga_idle_timeout_ms),
+        );
+        Ok(LiveSaga {
+            kernel: Arc::clone(self),
+            saga_id,
+            entry,
+        })
+    }
+
+    /// The open live saga `saga_id` of this process, if there is one.
+    pub fn live_saga(self: &Arc<Self>, saga_id: &SagaId) -> Option<LiveSaga> {
+        self.live.get(saga_id).map(|entry| LiveSaga {
+            kernel: Arc::clone(self),
+            saga_id: saga_id.clone(),
+            entry,
+        })
+    }
+
+    /// The ids of the live sagas this process holds open.
+    pub fn open_live_sagas(&self) -> Vec<SagaId> {
+        self.live.ids()
+    }
+
+    /// Rolls back every live saga this process holds open, recording `cause` and `reason`
+    /// (a server closing: end of input, a signal). Returns their reports.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::Log`] when the log fails; the sagas not yet rolled back are left to
+    /// `recover`.
+    pub async fn abort_open_sagas(
+        self: &Arc<Self>,
+        cause: AbortCause,
+        reason: &str,
+    ) -> Result<Vec<SagaReport>, KernelError> {
+        let mut reports = Vec::new();
+        for saga_id in self.live.ids() {
+            if let Some(saga) = self.live_saga(&saga_id)
+                && let Some(report) = saga.end(cause, reason.to_owned()).await?
+            {
+                reports.push(report);
+            }
+        }
+        Ok(reports)
+    }
+}
+
+/// Rolls the saga back once it has been untouched for `idle`; ends when the saga does.
+fn spawn_idle_watch(kernel: Weak<Kernel>, saga_id: SagaId, entry: Weak<LiveEntry>, idle: Duration) {
+    tokio::spawn(async move {
+        loop {
+            let Some(deadline) = entry.upgrade().map(|entry| entry.touched() + idle) else {
+                return;
+            };
+            tokio::time::sleep_until(deadline).await;
+            let (Some(kernel), Some(entry)) = (kernel.upgrade(), entry.upgrade()) else {
+                return;
+            };
+            if entry.touched() + idle > Instant::now() {
+                continue;
+            }
+            let saga = LiveSaga {
+                kernel,
+                saga_id: saga_id.clone(),
+                entry,
+            };
+            let reason = format!(
+                "untouched for {} ms (saga_idle_timeout_ms)",
+                idle.as_millis()
+            );
+            match saga.end(AbortCause::IdleTimeout, reason).await {
+                Ok(Some(_)) => warn!(saga_id = %saga_id, "idle live saga rolled back"),
+                Ok(None) => {}
+                Err(error) => {
+                    warn!(saga_id = %saga_id, %error, "the idle live saga could not be rolled back; it is left to recover")
+                }
+            }
+            return;
+        }
+    });
+}
+
+impl LiveSaga {
+    /// The saga's id.
+    pub fn id(&self) -> &SagaId {
+        &self.saga_id
+    }
+
+    /// Calls `tool` with `args` (and an idempotency key) as the saga's next step.
+    ///
+    /// The call is checked like a plan's step; bad input is refused
+    /// ([`CallAnswer::Refused`]) with nothing run and the saga still open. Otherwise the
+    /// previous step's success is settled, the FSM admits the step, its intent is made
+    /// durable, the tool runs, and its outcome is made durable before the answer: the output
+    /// ([`CallAnswer::Committed`]), or, for a denial or a failure, the saga rolled back
+    /// ([`CallAnswer::Denied`], [`CallAnswer::Failed`]), after which the saga is closed.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::SagaNotOpen`] when the saga has ended; [`KernelError::InvalidRequest`]
+    /// for an idempotency key that is empty or too long; [`KernelError::Interrupted`] when
+    /// the log fails (the saga is then left for `recover`).
+    pub async fn call(
+        &self,
+        tool: &str,
+        args: Value,
+        idempotency_key: Option<String>,
+    ) -> Result<CallAnswer, KernelError> {
+        if let Some(key) = &idempotency_key
+            && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES)
+        {
+            return Err(KernelError::InvalidRequest(format!(
+                "an idempotency key has 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes; this one has {}",
+                key.len()
+            )));
+        }
+        let step = PlanStep {
+            tool: tool.to_owned(),
+            args,
+            idempotency_key,
+        };
+        let span = info_span!("saga", saga_id = %self.saga_id, live = true);
+        self.with_saga(|kernel, saga| Box::pin(kernel.live_call(saga, step)))
+            .instrument(span)
+            .await
+    }
+
+    /// Commits the saga: the last step's success is settled as a plan's last step's, and
+    /// `Done` is durable before this returns. The saga is closed afterwards, whatever the
+    /// outcome.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::SagaNotOpen`] when the saga has ended; [`KernelError::Denied`] when
+    /// the FSM refuses the commit (a saga with no step: `plan_non_empty`), after the saga
+    /// was rolled back; [`KernelError::Interrupted`] when the log fails.
+    pub async fn commit(&self) -> Result<SagaReport, KernelError> {
+        let span = info_span!("saga", saga_id = %self.saga_id, live = true);
+        let kernel = Arc::clone(&self.kernel);
+        let result = async {
+            let mut slot = self.entry.saga.lock().await;
+            let saga = slot
+                .take()
+                .ok_or_else(|| KernelError::SagaNotOpen(self.saga_id.clone()))?;
+            let committed = kernel.live_commit(saga).await;
+            // Out of the registry once it has ended in the log (or the log failed).
+            self.kernel.live.remove(&self.saga_id);
+            committed
+        }
+        .instrument(span)
+        .await;
+        self.interrupted(result)
+    }
+
+    /// Aborts the saga: `reason` is recorded (`SagaAborted`), then every step whose effect
+    /// may be in place is compensated, last first, as after a failure. The saga is closed.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::SagaNotOpen`] when the saga has ended; [`KernelError::Interrupted`]
+    /// when the log fails.
+    pub async fn abort(&self, reason: &str) -> Result<SagaReport, KernelError> {
+        match self.end(AbortCause::Requested, reason.to_owned()).await? {
+            Some(report) => Ok(report),
+            None => Err(KernelError::SagaNotOpen(self.saga_id.clone())),
+        }
+    }
+
+    /// Where the saga stands, with the outputs of its committed steps; `None` once it has
+    /// ended. Looking counts as a touch for the idle timeout.
+    pub async fn status(&self) -> Option<LiveStatus> {
+        self.entry.touch();
+        let slot = self.entry.saga.lock().await;
+        slot.as_ref().map(|saga| LiveStatus {
+            saga_id: saga.saga_id.clone(),
+            state: saga.state,
+            steps: saga.committed.clone(),
+        })
+    }
+
+    /// Ends the saga without a commit, for `cause`; `None` when it had already ended.
+    async fn end(
+        &self,
+        cause: AbortCause,
+        reason: String,
+    ) -> Result<Option<SagaReport>, KernelError> {
+        let span = info_span!("saga", saga_id = %self.saga_id, live = true);
+        let kernel = Arc::clone(&self.kernel);
+        let result = async {
+            let mut slot = self.entry.saga.lock().await;
+            let Some(saga) = slot.take() else {
+                return Ok(None);
+            };
+            info!(cause = cause.as_str(), %reason, "live saga aborted");
+            let ended = async {
+                kernel
+                    .audit(AuditEvent::SagaAborted(SagaAbort {
+                        saga_id: saga.saga_id.clone(),
+                        cause,
+                        reason,
+                        by: kernel.env.owner.clone(),
+                    }))
+                    .await?;
+                kernel.fail_saga(saga, None, &NoObserver).await.map(Some)
+            }
+            .await;
+            // Out of the registry once it has ended in the log (or the log failed).
+            self.kernel.live.remove(&self.saga_id);
+            ended
+        }
+        .instrument(span)
+        .await;
+        self.interrupted(result)
+    }
+
+    /// Runs `work` on the open saga, one at a time; closes it when `work` ends it.
+    async fn with_saga<'a>(
+        &'a self,
+        work: impl FnOnce(
+            &'a Kernel,
+            SagaInFlight,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<LiveStep, KernelError>> + Send + 'a>,
+        >,
+    ) -> Result<CallAnswer, KernelError> {
+        let mut slot = self.entry.saga.lock().await;
+        let saga = slot
+            .take()
+            .ok_or_else(|| KernelError::SagaNotOpen(self.saga_id.clone()))?;
+        self.entry.touch();
+        let result = work(&self.kernel, saga).await;
+        self.entry.touch();
+        match result {
+            Ok(LiveStep::Open(saga, answer)) => {
+                *slot = Some(saga);
+                Ok(answer)
+            }
+            Ok(LiveStep::Closed(answer)) => {
+                self.kernel.live.remove(&self.saga_id);
+                Ok(answer)
+            }
+            Err(error) => {
+                // The log failed: what was begun is in it, for `recover`.
+                self.kernel.live.remove(&self.saga_id);
+                self.interrupted(Err(error))
+            }
+        }
+    }
+
+    /// A log failure while the saga ran, as [`KernelError::Interrupted`].
+    fn interrupted<T>(&self, result: Result<T, KernelError>) -> Result<T, KernelError> {
+        result.map_err(|error| match error {
+            KernelError::Log(source) => KernelError::Interrupted {
+                saga_id: self.saga_id.clone(),
+                source,
+            },
+            other => other,
+        })
+    }
+}
+
+/// A call's outcome for the registry: the saga still open, or closed.
+enum LiveStep {
+    Open(SagaInFlight, CallAnswer),
+    Closed(CallAnswer),
+}
+
+impl Kernel {
+    /// One call of a live saga, over the step path.
+    async fn live_call(
+        &self,
+        mut saga: SagaInFlight,
+        step: PlanStep,
+    ) -> Result<LiveStep, KernelError> {
+        let step_idx = saga.next_seq as usize;
+        let problems = self.check_step(step_idx, &step).await?;
+        if let Some(problem) = problems.first() {
+            let denied = problems
+                .iter()
+                .find(|problem| problem.kind == ProblemKind::Denied);
+            if let Some(denied) = denied {
+                // As a run's: a denial rolls the saga back, with the step recorded refused.
+                let tool = self
+                    .tools
+                    .get(&step.tool)
+                    .expect("a denial comes from a registered tool's check")
+                    .clone();
+                let failure = self.refuse_step(
+                    &mut saga,
+                    &step,
+                    tool.as_ref(),
+                    ToolError::denied(denied.message.clone()),
+                );
+                let report = self.fail_saga(saga, Some(failure), &NoObserver).await?;
+                return Ok(LiveStep::Closed(CallAnswer::rolled_back(report)));
+            }
+            warn!(saga_id = %saga.saga_id, tool = %step.tool, problem = %problem, "call refused");
+            self.audit(AuditEvent::CallRefused(CallRefusal {
+                saga_id: saga.saga_id.clone(),
+                tool: step.tool.clone(),
+                args: step.args.clone(),
+                reason: problem.message.clone(),
+                by: self.env.owner.clone(),
+            }))
+            .await?;
+            return Ok(LiveStep::Open(saga, CallAnswer::Refused(problem.clone())));
+        }
+        let tool = self
+            .tools
+            .get(&step.tool)
+            .expect("checked just above")
+            .clone();
+        // The previous step's success, now that what follows it is known.
+        if let Err(failure) = self.settle(&mut saga, Lookahead::Step(tool.effect())) {
+            let report = self.fail_saga(saga, Some(failure), &NoObserver).await?;
+            return Ok(LiveStep::Closed(CallAnswer::rolled_back(report)));
+        }
+        if saga.state == SagaState::Planning {
+            // The first call makes the plan non-empty.
+            match self
+                .fsm
+                .apply(saga.state, Event::PlanReady, &start_facts(true, true))
+            {
+                Ok(state) => saga.state = state,
+                Err(denial) => {
+                    let failure = self.refuse_step(
+                        &mut saga,
+                        &step,
+                        tool.as_ref(),
+                        step_denied(denial, &step.tool),
+                    );
+                    let report = self.fail_saga(saga, Some(failure), &NoObserver).await?;
+                    return Ok(LiveStep::Closed(CallAnswer::rolled_back(report)));
+                }
+            }
+        }
+        match self
+            .take_step(
+                &mut saga,
+                &step,
+                Lookahead::Unknown,
+                StepMode::Run,
+                &NoObserver,
+            )
+            .await?
+        {
+            Ok(()) => {
+                // The outcome is durable before the agent sees it.
+                let batch = saga.take_batch();
+                self.write_saga_batch(&saga, batch).await?;
+                let report = saga
+                    .committed
+                    .last()
+                    .expect("the step just committed")
+                    .clone();
+                Ok(LiveStep::Open(saga, CallAnswer::Committed(report)))
+            }
+            Err(failure) => {
+                let report = self.fail_saga(saga, Some(failure), &NoObserver).await?;
+                Ok(LiveStep::Closed(CallAnswer::rolled_back(report)))
+            }
+        }
+    }
+
+    /// Commits a live saga.
+    async fn live_commit(&self, mut saga: SagaInFlight) -> Result<SagaReport, KernelError> {
+        if saga.state == SagaState::Planning {
+            // No step was ever called: the plan is empty.
+            let denial =
+                match self
+                    .fsm
+                    .apply(saga.state, Event::PlanReady, &start_facts(false, true))
+                {
+                    Err(denial) => denial,
+                    Ok(_) => Denial {
+                        state: saga.state,
+                        event: Some(Event::ValidationPassed),
+                        tool: None,
+                        rule: agent_kernel_fsm::Rule::NotInTable,
+                    },
+                };
+            let saga_id = saga.saga_id.clone();
+            self.fail_saga(saga, None, &NoObserver).await?;
+            return Err(KernelError::Denied {
+                saga_id: Some(saga_id),
+                denial,
+            });
+        }
+        match self.settle(&mut saga, Lookahead::End) {
+            Ok(()) => self.finish_done(saga).await,
+            Err(failure) => self.fail_saga(saga, Some(failure), &NoObserver).await,
+        }
+    }
+}

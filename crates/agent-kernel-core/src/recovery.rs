@@ -1,0 +1,237 @@
+//! Recovery and operator rollback: taking over the unfinished sagas of dead processes (and
+//! only those whose every tool this kernel has), moving them to `Compensating` from their
+//! persisted state, and compensating them.
+
+use agent_kernel_api::{EffectClass, LogWrite, SagaId, SagaRecord, SagaState};
+use agent_kernel_fsm::{Denial, Rule};
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::KernelError;
+use crate::kernel::Kernel;
+use crate::owner::Liveness;
+use crate::report::{Observer, RecoveryAction, RecoveryReport, SagaReport};
+
+impl Kernel {
+    /// The tools that compensating `record` needs and this kernel does not have, sorted.
+    fn missing_tools(&self, record: &SagaRecord) -> Vec<String> {
+        if record.saga.dry_run {
+            return Vec::new();
+        }
+        let mut missing: Vec<String> = record
+            .steps
+            .iter()
+            .filter(|step| {
+                Self::needs_compensation(step)
+                    && step.reused_from.is_none()
+                    && step.effect != EffectClass::ReadOnly
+                    && self.tools.get(&step.tool_id).is_none()
+            })
+            .map(|step| step.tool_id.clone())
+            .collect();
+        missing.sort();
+        missing.dedup();
+        missing
+    }
+
+    /// Refuses a saga owned by another process that is alive (or cannot be checked).
+    fn check_owner_gone(&self, record: &SagaRecord) -> Result<(), KernelError> {
+        let saga = &record.saga;
+        if saga.owner == self.env.owner || saga.state.is_terminal() {
+            return Ok(());
+        }
+        if self.env.liveness.liveness(&saga.owner) != Liveness::Dead {
+            return Err(KernelError::SagaBusy {
+                saga_id: saga.saga_id.clone(),
+                state: saga.state,
+                owner: saga.owner.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Before a saga of a dead process is taken over: its owner must be gone, and this
+    /// kernel must have every tool its compensation needs. A saga that fails either check
+    /// is left exactly as it is.
+    fn check_recoverable(&self, record: &SagaRecord) -> Result<(), KernelError> {
+        self.check_owner_gone(record)?;
+        let tools = self.missing_tools(record);
+        if !tools.is_empty() {
+            return Err(KernelError::MissingTools {
+                saga_id: record.saga.saga_id.clone(),
+                tools,
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes a saga over from `owner` (who must be dead, or the saga terminal), or fails.
+    async fn take_over(&self, record: &SagaRecord) -> Result<(), KernelError> {
+        let saga = &record.saga;
+        if saga.owner == self.env.owner {
+            return Ok(());
+        }
+        self.check_owner_gone(record)?;
+        if self
+            .log
+            .take_over(&saga.saga_id, &saga.owner, saga.state, &self.env.owner)
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(KernelError::TakenOver(saga.saga_id.clone()))
+        }
+    }
+
+    /// Rolls one saga back on an operator's request: compensates its committed steps in
+    /// reverse order.
+    ///
+    /// - A saga still owned by a live process is refused ([`KernelError::SagaBusy`]).
+    /// - An unfinished saga of a dead process is rolled back as `recover` would, from its
+    ///   persisted state.
+    /// - A `FailedRolledBack` saga is already rolled back; it is reported as is.
+    /// - A `Done` or `FailedRollbackPartial` saga is refused by the FSM
+    ///   ([`KernelError::Denied`]): terminal states absorb every event, so a finished saga is
+    ///   never reopened.
+    /// - A dry run has nothing to undo: it is reported as it is (its report has `dry_run`).
+    ///
+    /// The request is recorded in the audit chain ([`AuditEvent::Operator`]) before anything
+    /// else, whatever comes of it.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::SagaNotFound`], [`KernelError::SagaBusy`], [`KernelError::TakenOver`],
+    /// [`KernelError::Denied`], or [`KernelError::Log`].
+    pub async fn rollback(
+        &self,
+        saga_id: &SagaId,
+        observer: &dyn Observer,
+    ) -> Result<SagaReport, KernelError> {
+        self.record_operator_command("rollback", Some(saga_id))
+            .await?;
+        let record = self.load(saga_id).await?;
+        if record.saga.dry_run && record.saga.state.is_terminal() {
+            // Nothing ran, so the world is already as it was before the saga.
+            return Ok(SagaReport::from_record(&record, None));
+        }
+        match record.saga.state {
+            SagaState::FailedRolledBack => return Ok(SagaReport::from_record(&record, None)),
+            state if state.is_terminal() => {
+                // Terminal states absorb every event: a finished saga is never reopened.
+                return Err(KernelError::Denied {
+                    saga_id: Some(saga_id.clone()),
+                    denial: Denial {
+                        state,
+                        event: None,
+                        tool: None,
+                        rule: Rule::Terminal,
+                    },
+                });
+            }
+            _ => {}
+        }
+        self.check_recoverable(&record)?;
+        self.take_over(&record).await?;
+        info!(saga_id = %saga_id, from = %record.saga.state, "operator rollback");
+        let state = self.enter_compensating(saga_id, record.saga.state);
+        self.log
+            .write(vec![LogWrite::SetState {
+                saga_id: saga_id.clone(),
+                state,
+            }])
+            .await?;
+        let record = self.load(saga_id).await?;
+        let span = info_span!("saga", saga_id = %saga_id, rollback = true);
+        self.compensate_saga(record, None, observer)
+            .instrument(span)
+            .await
+    }
+
+    /// Rolls back every saga left unfinished by a process that is no longer running.
+    ///
+    /// The command is recorded in the audit chain ([`AuditEvent::Operator`]) before it acts.
+    ///
+    /// Sagas in a terminal state are never touched; sagas whose owner is alive (or cannot
+    /// be checked from this host) are skipped and reported. Each saga is taken over with a
+    /// compare-and-swap on its owner, so concurrent recoveries never compensate one saga
+    /// twice at once, and a recovery that is itself killed is resumed by the next one.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::Log`] when the log fails.
+    pub async fn recover(&self, observer: &dyn Observer) -> Result<RecoveryReport, KernelError> {
+        self.record_operator_command("recover", None).await?;
+        let mut report = RecoveryReport::default();
+        for saga in self.log.unfinished_sagas().await? {
+            // One saga that cannot be recovered must not stop the recovery of the others.
+            match self.recover_one(&saga.saga_id, observer).await {
+                Ok(Some(action)) => report.sagas.push(action),
+                Ok(None) => {}
+                Err(error) => {
+                    warn!(saga_id = %saga.saga_id, %error, "cannot recover this saga");
+                    report.sagas.push(RecoveryAction::Failed {
+                        saga_id: saga.saga_id.clone(),
+                        error: error.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Recovers one unfinished saga; `None` when another recovery finished it meanwhile.
+    async fn recover_one(
+        &self,
+        saga_id: &SagaId,
+        observer: &dyn Observer,
+    ) -> Result<Option<RecoveryAction>, KernelError> {
+        let record = self.load(saga_id).await?;
+        if record.saga.state.is_terminal() {
+            // Another recovery finished it since the list was read.
+            return Ok(None);
+        }
+        let checked = match self.check_recoverable(&record) {
+            Ok(()) => self.take_over(&record).await,
+            Err(error) => Err(error),
+        };
+        match checked {
+            Ok(()) => {}
+            Err(KernelError::MissingTools { saga_id, tools }) => {
+                warn!(saga_id = %saga_id, ?tools, "tools missing; the saga is left as it is");
+                return Ok(Some(RecoveryAction::MissingTools { saga_id, tools }));
+            }
+            Err(KernelError::SagaBusy { saga_id, owner, .. }) => {
+                info!(saga_id = %saga_id, pid = owner.pid, "owner alive; skipped");
+                return Ok(Some(RecoveryAction::SkippedLive {
+                    saga_id,
+                    pid: owner.pid,
+                    host: owner.host,
+                }));
+            }
+            Err(KernelError::TakenOver(saga_id)) => {
+                return Ok(Some(RecoveryAction::SkippedTakenOver { saga_id }));
+            }
+            Err(other) => return Err(other),
+        }
+        // The take-over held only if the saga was still in the state just read, so that
+        // state is current: no one else writes to it now.
+        info!(saga_id = %saga_id, state = %record.saga.state, "recovering");
+        // Recovery resumes from the persisted state: a step was in flight in `Acting` or
+        // `Validating`, so the table's failure event for that state applies.
+        if record.saga.state != SagaState::Compensating {
+            let state = self.enter_compensating(saga_id, record.saga.state);
+            self.log
+                .write(vec![LogWrite::SetState {
+                    saga_id: saga_id.clone(),
+                    state,
+                }])
+                .await?;
+        }
+        let record = self.load(saga_id).await?;
+        let span = info_span!("saga", saga_id = %saga_id, recovery = true);
+        let saga_report = self
+            .compensate_saga(record, None, observer)
+            .instrument(span)
+            .await?;
+        Ok(Some(RecoveryAction::RolledBack(saga_report)))
+    }
+}

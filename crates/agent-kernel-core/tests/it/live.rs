@@ -1,0 +1,497 @@
+//! Live sagas (CONTRACT §8): begun, called one step at a time, committed or aborted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_kernel_api::{SagaId, SagaState, StepStatus};
+use agent_kernel_core::{
+    BeginOptions, CallAnswer, Kernel, KernelError, NoObserver, ProblemKind, RecoveryAction,
+    SagaReport,
+};
+use agent_kernel_txlog::{AuditQuery, audit_records};
+use serde_json::{Value, json};
+
+use crate::Fixture;
+
+fn live_kernel(fixture: &Fixture, pid: u32) -> Arc<Kernel> {
+    Arc::new(fixture.kernel(pid))
+}
+
+fn committed_output(answer: &CallAnswer) -> &Value {
+    match answer {
+        CallAnswer::Committed(step) => {
+            assert_eq!(step.status, StepStatus::Commit);
+            &step
+                .output
+                .as_ref()
+                .expect("a committed step has its output")
+                .data
+        }
+        other => panic!("expected the step committed, got {other:?}"),
+    }
+}
+
+fn rolled_back(answer: CallAnswer) -> SagaReport {
+    match answer {
+        CallAnswer::Failed(report) | CallAnswer::Denied(report) => report,
+        other => panic!("expected the saga rolled back, got {other:?}"),
+    }
+}
+
+/// The audit records of `kind` in the fixture's log.
+fn audit_kinds(fixture: &Fixture, kind: &str) -> Vec<Value> {
+    audit_records(
+        &fixture.dir.path().join("log.db"),
+        &AuditQuery {
+            kinds: vec![kind.to_owned()],
+            saga_id: None,
+            limit: 1000,
+        },
+    )
+    .expect("reads the audit records")
+    .into_iter()
+    .map(|record| record.body)
+    .collect()
+}
+
+async fn saga_state(kernel: &Kernel, saga_id: &SagaId) -> SagaState {
+    kernel
+        .log()
+        .saga(saga_id)
+        .await
+        .expect("reads")
+        .expect("exists")
+        .saga
+        .state
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_chosen_from_the_previous_output_commits() {
+    let fixture = Fixture::new();
+    let kernel = live_kernel(&fixture, 1);
+    let saga = kernel
+        .begin(BeginOptions {
+            name: Some("agent loop".into()),
+            actor: None,
+        })
+        .await
+        .expect("begins");
+    // Durable at once, waiting for its first call.
+    assert_eq!(saga_state(&kernel, saga.id()).await, SagaState::Planning);
+    let first = saga
+        .call("ledger.add", json!({ "item": "order-7" }), None)
+        .await
+        .expect("calls");
+    let item = committed_output(&first)["item"]
+        .as_str()
+        .expect("the output names the item")
+        .to_owned();
+    // The next step is computed from what the first one answered.
+    let second = saga
+        .call(
+            "ledger.add",
+            json!({ "item": format!("{item}-shipped") }),
+            None,
+        )
+        .await
+        .expect("calls");
+    assert_eq!(committed_output(&second)["item"], "order-7-shipped");
+    // The outcome is durable before the answer.
+    let record = kernel
+        .log()
+        .saga(saga.id())
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert_eq!(record.saga.n_steps, 0, "a live saga has no plan");
+    assert!(
+        record
+            .steps
+            .iter()
+            .all(|step| step.status == StepStatus::Commit)
+    );
+    let report = saga.commit().await.expect("commits");
+    assert_eq!(report.state, SagaState::Done);
+    assert_eq!(report.steps.len(), 2);
+    assert!(report.steps.iter().all(|step| step.output.is_some()));
+    assert_eq!(saga_state(&kernel, saga.id()).await, SagaState::Done);
+    assert_eq!(fixture.world.items(), ["order-7", "order-7-shipped"]);
+    // Closed: no further call.
+    assert!(matches!(
+        saga.call("ledger.add", json!({ "item": "late" }), None)
+            .await,
+        Err(KernelError::SagaNotOpen(_))
+    ));
+    assert!(kernel.open_live_sagas().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_live_saga_is_rolled_back_and_the_reason_recorded() {
+    let fixture = Fixture::new();
+    let kernel = live_kernel(&fixture, 1);
+    let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+    for item in ["a", "b"] {
+        let answer = saga
+            .call("ledger.add", json!({ "item": item }), None)
+            .await
+            .expect("calls");
+        committed_output(&answer);
+    }
+    let report = saga
+        .abort("the user changed their mind")
+        .await
+        .expect("aborts");
+    assert_eq!(report.state, SagaState::FailedRolledBack);
+    assert!(
+        report
+            .steps
+            .iter()
+            .all(|step| step.status == StepStatus::Compensated)
+    );
+    assert!(fixture.world.items().is_empty());
+    let aborted = audit_kinds(&fixture, "SagaAborted");
+    assert_eq!(aborted.len(), 1);
+    assert_eq!(aborted[0]["cause"], "requested");
+    assert_eq!(aborted[0]["reason"], "the user changed their mind");
+    assert!(matches!(
+        saga.abort("twice").await,
+        Err(KernelError::SagaNotOpen(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_call_leaves_the_saga_open_and_is_audited() {
+    let fixture = Fixture::new();
+    let kernel = live_kernel(&fixture, 1);
+    let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+    let answer = saga
+        .call("no.such.tool", json!({}), None)
+        .await
+        .expect("answers");
+    let CallAnswer::Refused(problem) = &answer else {
+        panic!("expected a refusal, got {answer:?}");
+    };
+    assert_eq!(problem.kind, ProblemKind::UnknownTool);
+    assert!(answer.saga_open());
+    let answer = saga
+        .call("ledger.add", json!({ "itm": "typo" }), None)
+        .await
+        .expect("answers");
+    assert!(
+        matches!(&answer, CallAnswer::Refused(problem) if problem.kind == ProblemKind::InvalidArgs),
+        "{answer:?}"
+    );
+    assert!(fixture.world.items().is_empty(), "nothing of it ran");
+    // Still open and usable.
+    committed_output(
+        &saga
+            .call("ledger.add", json!({ "item": "x" }), None)
+            .await
+            .expect("calls"),
+    );
+    assert_eq!(saga.commit().await.expect("commits").state, SagaState::Done);
+    let refused = audit_kinds(&fixture, "CallRefused");
+    assert_eq!(refused.len(), 2);
+    let mut tools: Vec<&str> = refused
+        .iter()
+        .map(|body| body["tool"].as_str().expect("a tool"))
+        .collect();
+    tools.sort_unstable();
+    assert_eq!(tools, ["ledger.add", "no.such.tool"]);
+    assert!(
+        refused
+            .iter()
+            .all(|body| body["saga_id"] == saga.id().as_str())
+    );
+    let record = kernel
+        .log()
+        .saga(saga.id())
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert_eq!(record.steps.len(), 1, "refused calls are not steps");
+    assert_log_verifies(&fixture);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_call_rolls_the_saga_back_and_says_what_was_compensated() {
+    let fixture = Fixture::new();
+    let kernel = live_kernel(&fixture, 1);
+    let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+    committed_output(
+        &saga
+            .call("ledger.add", json!({ "item": "a" }), None)
+            .await
+            .expect("calls"),
+    );
+    let answer = saga.call("boom", json!({}), None).await.expect("answers");
+    assert!(matches!(answer, CallAnswer::Failed(_)), "{answer:?}");
+    assert!(!answer.saga_open());
+    let report = rolled_back(answer);
+    assert_eq!(report.state, SagaState::FailedRolledBack);
+    assert_eq!(report.steps[0].status, StepStatus::Compensated);
+    assert_eq!(report.failure.as_ref().expect("a failure").step_seq, 1);
+    assert!(fixture.world.items().is_empty());
+    assert!(matches!(
+        saga.commit().await,
+        Err(KernelError::SagaNotOpen(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_fsm_denies_rolls_the_saga_back() {
+    // A table without `Acting --ToolSucceeded--> Acting`: two mutating steps in a row are
+    // denied, as for a plan.
+    let mut fixture = Fixture::new();
+    let table = agent_kernel_fsm::Guardrail::builtin().to_toml();
+    let table = table.replacen(
+        "[[transition]]\nfrom = \"Acting\"\nevent = \"ToolSucceeded\"\nto = \"Acting\"\n",
+        "",
+        1,
+    );
+    fixture.fsm = agent_kernel_fsm::Guardrail::from_toml_str(&table).expect("valid");
+    let kernel = live_kernel(&fixture, 1);
+    let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+    committed_output(
+        &saga
+            .call("ledger.add", json!({ "item": "a" }), None)
+            .await
+            .expect("calls"),
+    );
+    let answer = saga
+        .call("ledger.add", json!({ "item": "b" }), None)
+        .await
+        .expect("answers");
+    assert!(matches!(answer, CallAnswer::Denied(_)), "{answer:?}");
+    let report = rolled_back(answer);
+    assert!(report.is_denied());
+    assert_eq!(report.state, SagaState::FailedRolledBack);
+    assert!(fixture.world.items().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_two_live_sagas_at_once_end_as_their_drivers_chose() {
+    const N_SAGAS: usize = 32;
+    let fixture = Fixture::new();
+    let kernel = live_kernel(&fixture, 1);
+    let tasks: Vec<_> = (0..N_SAGAS)
+        .map(|saga_idx| {
+            let kernel = Arc::clone(&kernel);
+            tokio::spawn(async move {
+                let saga = kernel
+                    .begin(BeginOptions {
+                        name: None,
+                        actor: Some(format!("agent-{saga_idx}")),
+                    })
+                    .await
+                    .expect("begins");
+                for step_idx in 0..3 {
+                    let answer = saga
+                        .call(
+                            "ledger.add",
+                            json!({ "item": format!("s{saga_idx}-{step_idx}") }),
+                            None,
+                        )
+                        .await
+                        .expect("calls");
+                    assert!(matches!(answer, CallAnswer::Committed(_)), "{answer:?}");
+                }
+                let report = if saga_idx % 2 == 0 {
+                    saga.commit().await.expect("commits")
+                } else {
+                    saga.abort("odd").await.expect("aborts")
+                };
+                (saga_idx, report)
+            })
+        })
+        .collect();
+    assert!(kernel.open_live_sagas().len() <= N_SAGAS);
+    for task in tasks {
+        let (saga_idx, report) = task.await.expect("the task ends");
+        let expected = if saga_idx % 2 == 0 {
+            SagaState::Done
+        } else {
+            SagaState::FailedRolledBack
+        };
+        assert_eq!(report.state, expected, "saga {saga_idx}");
+    }
+    let mut items = fixture.world.items();
+    items.sort();
+    let mut expected: Vec<String> = (0..N_SAGAS)
+        .filter(|saga_idx| saga_idx % 2 == 0)
+        .flat_map(|saga_idx| (0..3).map(move |step_idx| format!("s{saga_idx}-{step_idx}")))
+        .collect();
+    expected.sort();
+    assert_eq!(items, expected);
+    assert!(kernel.open_live_sagas().is_empty());
+    assert_log_verifies(&fixture);
+}
+
+/// The fixture's log passes `audit verify`: live sagas, refusals and aborts chain like
+/// every other record.
+fn assert_log_verifies(fixture: &Fixture) {
+    let report =
+        agent_kernel_txlog::verify(&fixture.dir.path().join("log.db"), None).expect("verifies");
+    assert!(report.is_intact(), "{report:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_idle_timeout_rolls_back_an_abandoned_saga() {
+    let mut fixture = Fixture::new();
+    fixture.limits.saga_idle_timeout_ms = 150;
+    let kernel = live_kernel(&fixture, 1);
+    let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+    committed_output(
+        &saga
+            .call("ledger.add", json!({ "item": "forgotten" }), None)
+            .await
+            .expect("calls"),
+    );
+    let saga_id = saga.id().clone();
+    drop(saga);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while kernel.live_saga(&saga_id).is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "never rolled back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The rollback is written before the saga leaves the registry's lock.
+    let state = saga_state(&kernel, &saga_id).await;
+    assert_eq!(state, SagaState::FailedRolledBack);
+    assert!(fixture.world.items().is_empty());
+    let aborted = audit_kinds(&fixture, "SagaAborted");
+    assert_eq!(aborted.len(), 1);
+    assert_eq!(aborted[0]["cause"], "idle_timeout");
+    assert_log_verifies(&fixture);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_saga_past_open_sagas_max_is_refused() {
+    let mut fixture = Fixture::new();
+    fixture.limits.open_sagas_max = 4;
+    let kernel = live_kernel(&fixture, 1);
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        open.push(kernel.begin(BeginOptions::default()).await.expect("begins"));
+    }
+    let error = kernel
+        .begin(BeginOptions::default())
+        .await
+        .expect_err("one too many");
+    assert!(
+        matches!(error, KernelError::TooManyOpenSagas { max: 4 }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("open_sagas_max"), "{error}");
+    assert!(error.is_bad_input());
+    // Committing or aborting one frees a place.
+    open.pop()
+        .expect("one")
+        .abort("make room")
+        .await
+        .expect("aborts");
+    kernel
+        .begin(BeginOptions::default())
+        .await
+        .expect("begins again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_drives_one_saga_at_a_time() {
+    let fixture = Fixture::new();
+    let kernel = live_kernel(&fixture, 1);
+    let actor = BeginOptions {
+        name: None,
+        actor: Some("agent".into()),
+    };
+    let first = kernel.begin(actor.clone()).await.expect("begins");
+    let error = kernel.begin(actor.clone()).await.expect_err("busy");
+    assert!(error.is_denied(), "{error}");
+    assert_eq!(audit_kinds(&fixture, "PlanDenied").len(), 1);
+    committed_output(
+        &first
+            .call("ledger.add", json!({ "item": "a" }), None)
+            .await
+            .expect("calls"),
+    );
+    first.commit().await.expect("commits");
+    kernel.begin(actor).await.expect("idle again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saga_without_a_step_cannot_be_committed() {
+    let fixture = Fixture::new();
+    let kernel = live_kernel(&fixture, 1);
+    let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+    let error = saga.commit().await.expect_err("denied");
+    assert!(error.is_denied(), "{error}");
+    assert!(error.to_string().contains("plan_non_empty"), "{error}");
+    assert_eq!(
+        saga_state(&kernel, saga.id()).await,
+        SagaState::FailedRolledBack
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_reuses_a_committed_output_across_live_sagas() {
+    let fixture = Fixture::new();
+    let kernel = live_kernel(&fixture, 1);
+    for round in 0..2 {
+        let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+        let answer = saga
+            .call(
+                "ledger.add",
+                json!({ "item": "once" }),
+                Some("order-1".into()),
+            )
+            .await
+            .expect("calls");
+        let CallAnswer::Committed(step) = &answer else {
+            panic!("{answer:?}");
+        };
+        assert_eq!(step.reused, round == 1, "round {round}");
+        saga.commit().await.expect("commits");
+    }
+    assert_eq!(fixture.world.items(), ["once"], "the effect happened once");
+    // The same key with other arguments is refused, the saga left open.
+    let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+    let answer = saga
+        .call(
+            "ledger.add",
+            json!({ "item": "other" }),
+            Some("order-1".into()),
+        )
+        .await
+        .expect("answers");
+    assert!(
+        matches!(&answer, CallAnswer::Refused(problem) if problem.kind == ProblemKind::KeyConflict),
+        "{answer:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_live_saga_of_a_dead_process_is_recovered() {
+    let fixture = Fixture::new();
+    let saga_id = {
+        let kernel = live_kernel(&fixture, 41);
+        let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+        for item in ["a", "b"] {
+            committed_output(
+                &saga
+                    .call("ledger.add", json!({ "item": item }), None)
+                    .await
+                    .expect("calls"),
+            );
+        }
+        // The process dies with the saga open: nothing more is written.
+        saga.id().clone()
+    };
+    let open = fixture.kernel(42);
+    assert_eq!(saga_state(&open, &saga_id).await, SagaState::Acting);
+    fixture.kill([41]);
+    let report = open.recover(&NoObserver).await.expect("recovers");
+    let [RecoveryAction::RolledBack(saga)] = &report.sagas[..] else {
+        panic!("{report:?}");
+    };
+    assert_eq!(saga.state, SagaState::FailedRolledBack);
+    assert!(fixture.world.items().is_empty());
+}
