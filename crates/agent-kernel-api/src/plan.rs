@@ -73,7 +73,63 @@ pub enum PlanError {
     },
 }
 
+impl PlanStep {
+    /// A step calling `tool` with `args`, without an idempotency key.
+    pub fn new(tool: impl Into<String>, args: Value) -> PlanStep {
+        PlanStep {
+            tool: tool.into(),
+            args,
+            idempotency_key: None,
+        }
+    }
+
+    /// The same step, run at most once across sagas by `key`.
+    #[must_use]
+    pub fn with_key(mut self, key: impl Into<String>) -> PlanStep {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+}
+
 impl Plan {
+    /// A plan of `steps`, checked as a plan file is ([`Plan::validate`]).
+    ///
+    /// # Errors
+    ///
+    /// A [`PlanError`]: no step, too many, arguments that are not an object, a bound
+    /// exceeded.
+    pub fn new(steps: Vec<PlanStep>) -> Result<Plan, PlanError> {
+        let plan = Plan {
+            name: None,
+            actor: None,
+            steps,
+        };
+        plan.validate()?;
+        Ok(plan)
+    }
+
+    /// The same plan with a label.
+    ///
+    /// # Errors
+    ///
+    /// [`PlanError::TooLarge`] for a label over [`MAX_LABEL_BYTES`].
+    pub fn named(mut self, name: impl Into<String>) -> Result<Plan, PlanError> {
+        self.name = Some(name.into());
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// The same plan, run by `actor` (an actor runs one saga at a time).
+    ///
+    /// # Errors
+    ///
+    /// [`PlanError::TooLarge`] for an actor over [`MAX_LABEL_BYTES`].
+    pub fn by_actor(mut self, actor: impl Into<String>) -> Result<Plan, PlanError> {
+        self.actor = Some(actor.into());
+        self.validate()?;
+        Ok(self)
+    }
+
     /// Parses and checks a plan document.
     ///
     /// # Errors

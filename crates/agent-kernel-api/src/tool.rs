@@ -150,6 +150,28 @@ impl Undo {
     pub fn is_none(&self) -> bool {
         self.data.is_null() && self.blob.is_none()
     }
+
+    /// Undo data from a typed value (serialized to JSON), with no blob.
+    ///
+    /// # Errors
+    ///
+    /// [`ToolError::failed`] when the value cannot be serialized to JSON.
+    pub fn from_data<T: Serialize>(data: &T) -> Result<Undo, ToolError> {
+        let data = serde_json::to_value(data)
+            .map_err(|error| ToolError::failed(format!("cannot record the undo data: {error}")))?;
+        Ok(Undo { data, blob: None })
+    }
+
+    /// The undo data as the typed value [`from_data`](Self::from_data) recorded.
+    ///
+    /// # Errors
+    ///
+    /// [`ToolError::failed`] naming what does not parse: the record was written by another
+    /// version of the tool, or damaged.
+    pub fn data_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, ToolError> {
+        T::deserialize(&self.data)
+            .map_err(|error| ToolError::failed(format!("the undo record is malformed: {error}")))
+    }
 }
 
 /// The kind of a [`ToolError`].
@@ -340,8 +362,11 @@ pub trait TransactionalTool: Send + Sync + 'static {
     fn id(&self) -> &str;
 
     /// The tool's version, recorded with every step so a log can be replayed against the same
-    /// behaviour.
-    fn version(&self) -> &str;
+    /// behaviour. The default is `"1"`: change it when the tool's effect or undo data
+    /// change meaning.
+    fn version(&self) -> &str {
+        "1"
+    }
 
     /// Whether the tool changes the world.
     fn effect(&self) -> EffectClass;
@@ -362,18 +387,28 @@ pub trait TransactionalTool: Send + Sync + 'static {
     ///
     /// [`ToolError::invalid_args`] when the arguments are malformed, [`ToolError::denied`]
     /// when the sandbox policy forbids the call.
-    fn check(&self, args: &Value) -> Result<(), ToolError>;
+    ///
+    /// The dispatcher has already checked the arguments against
+    /// [`args_schema`](Self::args_schema); the default accepts whatever the schema accepts.
+    /// Override it for what a schema cannot say (a policy's ruling on a path, say).
+    fn check(&self, _args: &Value) -> Result<(), ToolError> {
+        Ok(())
+    }
 
-    /// Captures what compensation needs, without changing anything.
+    /// Captures what compensation needs, without changing anything. The default captures
+    /// nothing ([`Undo::none`]): compensation then works from the arguments and, once the
+    /// step committed, its output.
     ///
     /// # Errors
     ///
     /// Any [`ToolError`]; the step then fails before its effect.
     fn prepare(
         &self,
-        ctx: &ToolContext,
-        args: &Value,
-    ) -> impl Future<Output = Result<Undo, ToolError>> + Send;
+        _ctx: &ToolContext,
+        _args: &Value,
+    ) -> impl Future<Output = Result<Undo, ToolError>> + Send {
+        std::future::ready(Ok(Undo::none()))
+    }
 
     /// Performs the effect.
     ///
@@ -423,6 +458,10 @@ pub trait TransactionalTool: Send + Sync + 'static {
     /// `output` is `None` when the step's outcome was never recorded (the process died between
     /// BEGIN and COMMIT, or `execute` failed with an uncertain outcome).
     ///
+    /// The default suits read-only tools, which have nothing to undo (the engine does not
+    /// even call it for their steps); for a mutating tool it fails, saying the tool
+    /// implements no compensation, so a mutating tool must override it.
+    ///
     /// # Errors
     ///
     /// A [`ToolError`] when the world could not be restored; the saga then ends in
@@ -430,10 +469,19 @@ pub trait TransactionalTool: Send + Sync + 'static {
     fn compensate(
         &self,
         ctx: &ToolContext,
-        args: &Value,
-        undo: &Undo,
-        output: Option<&ToolOutput>,
-    ) -> impl Future<Output = Result<(), ToolError>> + Send;
+        _args: &Value,
+        _undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> impl Future<Output = Result<(), ToolError>> + Send {
+        let result = match self.effect() {
+            EffectClass::ReadOnly => Ok(()),
+            _ => Err(ToolError::failed(format!(
+                "`{}` is mutating but implements no compensation",
+                ctx.tool_id
+            ))),
+        };
+        std::future::ready(result)
+    }
 }
 
 /// The object-safe form of [`TransactionalTool`], for registries of `Arc<dyn DynTool>`.

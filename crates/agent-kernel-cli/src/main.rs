@@ -14,10 +14,10 @@ use std::sync::Arc;
 
 use agent_kernel_api::{Durability, Plan, SagaId, SagaState, TxError};
 use agent_kernel_core::{
-    Cancellation, Environment, Kernel, KernelError, ProcessProbe, SystemClock, UuidV7Ids,
-    current_owner,
+    Cancellation, DEFAULT_DB, DEFAULT_FSM, DEFAULT_SANDBOX, Kernel, KernelBuilder, KernelError,
+    SystemClock, current_owner,
 };
-use agent_kernel_dispatcher::{Dispatcher, Limits, SeededJitter};
+use agent_kernel_dispatcher::Dispatcher;
 use agent_kernel_fsm::Guardrail;
 use agent_kernel_sandbox::{
     FsSandbox, HttpSandbox, NetworkLine, Policy, SecondLine, restrict_network, restrict_to_roots,
@@ -42,12 +42,6 @@ pub(crate) mod exit {
     pub(crate) const DENIED: u8 = 4;
 }
 
-/// The default log file, in the working directory.
-const DEFAULT_DB: &str = "agent-kernel.db";
-/// The default policy file, used when it exists in the working directory.
-const DEFAULT_SANDBOX: &str = "sandbox.toml";
-/// The default FSM table, used when it exists in the working directory.
-const DEFAULT_FSM: &str = "fsm.toml";
 /// Largest `--limit` of `log`.
 const MAX_LOG_LIMIT: u32 = 10_000;
 
@@ -391,7 +385,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         } => {
             // Everything about the input is checked before the log is opened.
             let plan = read_plan(plan)?;
-            let kernel = open_kernel(cli, *durability, Compensation::AndExecution)?;
+            let kernel = open_kernel(cli, *durability, Compensation::AndExecution, Vec::new())?;
             if *dry_run {
                 let report = kernel.dry_run(&plan).await?;
                 out.saga(&report);
@@ -426,8 +420,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 return Ok(exit::OK);
             }
             let options = verify_before_acting(cli, *skip_verify).await?;
-            let kernel = open_kernel(cli, Durability::Full, Compensation::Only)?
-                .with_operator_options(options);
+            let kernel = open_kernel(cli, Durability::Full, Compensation::Only, options)?;
             let report = kernel.recover(&progress::StepProgress::hidden()).await?;
             out.recovery(&report);
             Ok(if report.all_rolled_back() {
@@ -440,8 +433,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             let saga_id = parse_saga_id(saga)?;
             require_log(cli)?;
             let options = verify_before_acting(cli, *skip_verify).await?;
-            let kernel = open_kernel(cli, Durability::Full, Compensation::Only)?
-                .with_operator_options(options);
+            let kernel = open_kernel(cli, Durability::Full, Compensation::Only, options)?;
             let report = kernel
                 .rollback(&saga_id, &progress::StepProgress::hidden())
                 .await?;
@@ -742,60 +734,22 @@ fn load_policy(cli: &Cli) -> Result<Policy, Failure> {
     }
 }
 
-/// The built-in tools behind a dispatcher with the policy's sandbox and limits.
+/// The built-in tools (the drill tools included, as the contract lists them) behind a
+/// dispatcher with the policy's sandbox and limits, for `tools`.
 fn build_dispatcher(policy: &Policy) -> Result<Dispatcher, Failure> {
     let fs_sandbox = FsSandbox::new(policy)
         .context("cannot open the sandbox's allowed roots")
         .map_err(Failure::bad_input)?;
-    let http_sandbox = HttpSandbox::new(policy);
     let cwd = std::env::current_dir()
         .context("cannot read the working directory")
         .map_err(Failure::bad_input)?;
-    let limits = load_limits(policy)?;
-    let jitter = Arc::new(SeededJitter::new(u64::from(std::process::id())));
-    let mut tools = Dispatcher::new(limits, jitter)
-        .context("dispatcher limits")
-        .map_err(Failure::bad_input)?;
-    for tool in agent_kernel_tools::builtin_tools(Arc::new(fs_sandbox), Arc::new(http_sandbox), cwd)
-    {
-        tools
-            .register(tool)
-            .context("registering the built-in tools")
-            .map_err(Failure::internal)?;
-    }
-    // A misspelled tool id would silently leave that tool unbounded by its override.
-    if let Some(unknown) = tools
-        .limits()
-        .tools
-        .keys()
-        .find(|id| tools.get(id).is_none())
-    {
-        let known: Vec<&str> = tools.ids().collect();
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "sandbox policy {}: [limits.tools.\"{unknown}\"] names no tool (known tools: {})",
-            policy.origin(),
-            known.join(", ")
-        )));
-    }
-    Ok(tools)
-}
-
-/// The dispatcher's bounds: the policy's `[limits]` section, else the defaults.
-fn load_limits(policy: &Policy) -> Result<Limits, Failure> {
-    let Some(table) = policy.limits_table() else {
-        return Ok(Limits::default());
-    };
-    let limits: Limits = toml::Value::Table(table.clone())
-        .try_into()
-        .with_context(|| format!("sandbox policy {}: [limits]", policy.origin()))
-        .map_err(Failure::bad_input)?;
-    limits.validate().map_err(|message| {
-        Failure::bad_input(anyhow::anyhow!(
-            "sandbox policy {}: [limits]: {message}",
-            policy.origin()
-        ))
-    })?;
-    Ok(limits)
+    let limits = agent_kernel_core::limits_from_policy(policy).map_err(Failure::bad_input)?;
+    let tools = agent_kernel_tools::builtin_tools(
+        Arc::new(fs_sandbox),
+        Arc::new(HttpSandbox::new(policy)),
+        cwd,
+    );
+    agent_kernel_core::dispatcher_with(limits, tools, policy).map_err(Failure::bad_input)
 }
 
 /// `recover` and `rollback` act on undo records (previous file contents, paths): before
@@ -888,7 +842,8 @@ fn open_kernel(
     cli: &Cli,
     durability: Durability,
     purpose: Compensation,
-) -> Result<Kernel, Failure> {
+    operator_options: Vec<String>,
+) -> Result<Arc<Kernel>, Failure> {
     let fsm = match purpose {
         Compensation::AndExecution => load_fsm(cli)?,
         // Rollback must stay possible: every loaded table lets failures and compensations
@@ -916,9 +871,26 @@ fn open_kernel(
             );
         }
     }
-    let tools = build_dispatcher(&policy)?;
-    let owner = this_process()?;
-    let log = open_log(cli, durability)?;
+    let path = db_path(cli);
+    let existed = log_exists(&path);
+    let kernel = KernelBuilder::new()
+        .db(&path)
+        .durability(durability)
+        .policy(policy.clone())
+        .fsm(fsm)
+        .with_drill_tools()
+        .operator_options(operator_options)
+        .audit_key_opt(audit_key(cli)?)
+        .build()
+        .map_err(|error| match error {
+            KernelError::Log(error) => log_failure(
+                error,
+                existed,
+                format!("cannot open the log {}", path.display()),
+            ),
+            KernelError::Setup(_) => Failure::bad_input(error),
+            other => Failure::from(other),
+        })?;
     {
         // The second line: from here on, this thread and every thread it starts (the tools'
         // blocking work included) can reach only the allowed roots. The log's writer thread
@@ -939,17 +911,5 @@ fn open_kernel(
             line => tracing::debug!(?line, "landlock confines TCP"),
         }
     }
-    let env = Environment {
-        clock: Arc::new(SystemClock),
-        ids: Arc::new(UuidV7Ids),
-        liveness: Arc::new(ProcessProbe::new(owner.clone())),
-        owner,
-    };
-    Ok(Kernel::new(
-        Arc::new(log),
-        Arc::new(tools),
-        Arc::new(fsm),
-        env,
-        durability,
-    ))
+    Ok(kernel)
 }

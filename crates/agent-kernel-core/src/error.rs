@@ -119,6 +119,10 @@ pub enum KernelError {
         /// The bound.
         max: usize,
     },
+    /// The kernel could not be set up as asked (a policy, FSM table, limits or tool set
+    /// that cannot be used); nothing was opened or run.
+    #[error("{0}")]
+    Setup(String),
     /// A request the kernel cannot take as given (a label too long, say); nothing ran.
     #[error("{0}")]
     InvalidRequest(String),
@@ -166,7 +170,8 @@ impl KernelError {
             | KernelError::TakenOver(_)
             | KernelError::SagaNotOpen(_)
             | KernelError::TooManyOpenSagas { .. }
-            | KernelError::InvalidRequest(_) => true,
+            | KernelError::InvalidRequest(_)
+            | KernelError::Setup(_) => true,
             KernelError::Log(TxError::NotALog { .. } | TxError::SchemaTooNew { .. }) => true,
             _ => false,
         }

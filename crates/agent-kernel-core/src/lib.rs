@@ -1,6 +1,7 @@
 //! The agent-kernel saga engine.
 //!
-//! [`Kernel`] runs a [`Plan`](agent_kernel_api::Plan) as a saga over any
+//! [`Kernel`] runs sagas, a [`Plan`](agent_kernel_api::Plan) written in advance or a live
+//! saga driven one call at a time ([`Kernel::begin`]), over any
 //! [`TxLog`](agent_kernel_api::TxLog) and any set of tools:
 //!
 //! 1. **Preflight**: every step is checked (known tool, valid arguments, sandbox policy,
@@ -35,45 +36,65 @@
 //! or undone).
 //! A [`Cancellation`] stops a saga at the next step boundary and rolls back what ran.
 //!
-//! # Example
+//! # Example: a live saga over a tool of your own
+//!
+//! A tool implements [`TransactionalTool`](agent_kernel_api::TransactionalTool): its id,
+//! effect class, idempotence, settlement, argument schema, `execute` and (for a mutating
+//! tool) `compensate`; the rest has defaults. [`KernelBuilder`] opens the log with the
+//! command line's defaults; [`Kernel::begin`] starts a live saga, each
+//! [`LiveSaga::call`] runs one step, and [`LiveSaga::commit`] or [`LiveSaga::abort`] ends it.
 //!
 //! ```
-//! use std::sync::Arc;
-//! use agent_kernel_api::{Durability, Plan, SagaState};
-//! use agent_kernel_core::{
-//!     current_owner, Environment, Kernel, NoObserver, ProcessProbe, SystemClock, UuidV7Ids,
-//! };
-//! use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
-//! use agent_kernel_fsm::Guardrail;
-//! use agent_kernel_txlog::{LogOptions, SqliteLog};
+//! use std::sync::{Arc, Mutex};
+//! use agent_kernel_api::{EffectClass, SagaState, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo};
+//! use agent_kernel_core::{BeginOptions, CallAnswer, KernelBuilder};
+//! use serde_json::{json, Value};
+//!
+//! /// `note.add {text}`: appends to a list; compensation takes it out again.
+//! struct Notes(Arc<Mutex<Vec<String>>>);
+//!
+//! impl TransactionalTool for Notes {
+//!     fn id(&self) -> &str { "note.add" }
+//!     fn effect(&self) -> EffectClass { EffectClass::Mutating }
+//!     fn idempotent(&self) -> bool { false }
+//!     fn settlement(&self) -> Settlement { Settlement::Compensate }
+//!     fn args_schema(&self) -> Value { json!({"type": "object", "required": ["text"]}) }
+//!     async fn execute(&self, _: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+//!         self.0.lock().unwrap().push(args["text"].to_string());
+//!         Ok(ToolOutput::new(json!({ "notes": self.0.lock().unwrap().len() })))
+//!     }
+//!     async fn compensate(&self, _: &ToolContext, args: &Value, _: &Undo, _: Option<&ToolOutput>) -> Result<(), ToolError> {
+//!         self.0.lock().unwrap().retain(|note| *note != args["text"].to_string());
+//!         Ok(())
+//!     }
+//! }
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let dir = tempfile::tempdir()?;
-//! let log = SqliteLog::open(
-//!     &dir.path().join("agent-kernel.db"),
-//!     LogOptions { durability: Durability::Full, clock: Arc::new(SystemClock) },
-//! )?;
-//! let owner = current_owner()?;
-//! let env = Environment {
-//!     clock: Arc::new(SystemClock),
-//!     ids: Arc::new(UuidV7Ids),
-//!     liveness: Arc::new(ProcessProbe::new(owner.clone())),
-//!     owner,
-//! };
-//! // Register tools here (see the agent-kernel-tools crate); an empty dispatcher refuses
-//! // every plan in preflight.
-//! let tools = Arc::new(Dispatcher::new(Limits::default(), Arc::new(NoJitter))?);
-//! let fsm = Arc::new(Guardrail::builtin());
-//! let kernel = Kernel::new(Arc::new(log), tools, fsm, env, Durability::Full);
-//! let plan = Plan::from_json(r#"{"steps":[{"tool":"noop","args":{}}]}"#)?;
-//! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-//! let refused = runtime.block_on(kernel.run(&plan, &NoObserver));
-//! assert!(refused.is_err_and(|err| err.is_bad_input()));
+//! # let dir = tempfile::tempdir()?;
+//! let notes = Arc::new(Mutex::new(Vec::new()));
+//! let kernel = KernelBuilder::new()
+//!     .db(dir.path().join("agent-kernel.db"))
+//!     .tool(Notes(notes.clone()))
+//!     .build()?;
+//! tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+//!     let saga = kernel.begin(BeginOptions::default()).await?;
+//!     let answer = saga.call("note.add", json!({ "text": "first" }), None).await?;
+//!     assert!(matches!(answer, CallAnswer::Committed(_)));
+//!     saga.call("note.add", json!({ "text": "second" }), None).await?;
+//!     let report = saga.abort("changed my mind").await?;
+//!     assert_eq!(report.state, SagaState::FailedRolledBack);
+//!     Ok::<_, agent_kernel_core::KernelError>(())
+//! })?;
+//! assert!(notes.lock().unwrap().is_empty(), "both notes were taken out again");
 //! # Ok(()) }
 //! ```
+//!
+//! Plans run the same way: [`Kernel::run`] drives every step of a
+//! [`Plan`](agent_kernel_api::Plan) over the same step path.
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+mod builder;
 mod cancel;
 mod compensation;
 mod env;
@@ -86,6 +107,10 @@ mod recovery;
 mod report;
 mod step;
 
+pub use builder::{
+    DB_ENV, DEFAULT_DB, DEFAULT_FSM, DEFAULT_SANDBOX, KernelBuilder, dispatcher_with,
+    limits_from_policy,
+};
 pub use cancel::Cancellation;
 pub use env::{SystemClock, UuidV7Ids};
 pub use error::{KernelError, Problem, ProblemKind};

@@ -99,6 +99,7 @@ mod fs_append;
 mod fs_delete;
 mod fs_read;
 mod fs_write;
+#[cfg(feature = "http")]
 mod http_get;
 mod noop;
 mod validate_file;
@@ -119,6 +120,7 @@ pub use fs_append::FsAppend;
 pub use fs_delete::FsDelete;
 pub use fs_read::FsRead;
 pub use fs_write::FsWrite;
+#[cfg(feature = "http")]
 pub use http_get::{
     HTTP_GET_CONNECT_TIMEOUT_MS, HTTP_GET_REDIRECTS_MAX, HTTP_GET_RESOLVED_ADDRS_MAX,
     HTTP_GET_TIMEOUT_MS, HttpGet,
@@ -126,7 +128,7 @@ pub use http_get::{
 pub use noop::{NOOP_SLEEP_MS_MAX, Noop};
 pub use validate_file::ValidateFile;
 
-/// Every built-in tool, ready for a registry.
+/// Every built-in tool, ready for a registry: [`standard_tools`] and [`drill_tools`].
 ///
 /// The file tools are confined by `fs`; relative paths in their arguments resolve against
 /// `cwd` (the command's working directory, absolute). `http.get` is confined by `http`.
@@ -135,14 +137,37 @@ pub fn builtin_tools(
     http: Arc<HttpSandbox>,
     cwd: PathBuf,
 ) -> Vec<Arc<dyn DynTool>> {
+    let mut tools = standard_tools(Arc::clone(&fs), http, cwd.clone());
+    tools.extend(drill_tools(fs, cwd));
+    tools
+}
+
+/// The built-in tools an agent is given: `noop`, the file tools, `validate.file` and (with
+/// the `http` feature, on by default) `http.get`; not the drill tools.
+pub fn standard_tools(
+    fs: Arc<FsSandbox>,
+    http: Arc<HttpSandbox>,
+    cwd: PathBuf,
+) -> Vec<Arc<dyn DynTool>> {
+    #[cfg(not(feature = "http"))]
+    let _ = http;
     vec![
         Arc::new(Noop),
         Arc::new(FsRead::new(Arc::clone(&fs), cwd.clone())),
         Arc::new(FsWrite::new(Arc::clone(&fs), cwd.clone())),
         Arc::new(FsAppend::new(Arc::clone(&fs), cwd.clone())),
         Arc::new(FsDelete::new(Arc::clone(&fs), cwd.clone())),
-        Arc::new(ValidateFile::new(Arc::clone(&fs), cwd.clone())),
+        Arc::new(ValidateFile::new(fs, cwd)),
+        #[cfg(feature = "http")]
         Arc::new(HttpGet::new(http)),
+    ]
+}
+
+/// The drill tools (`fault.fail`, `fault.panic`, `fault.probed_write`,
+/// `fault.opaque_write`): failures on purpose, for demos and tests; never given to an agent
+/// unless asked for.
+pub fn drill_tools(fs: Arc<FsSandbox>, cwd: PathBuf) -> Vec<Arc<dyn DynTool>> {
+    vec![
         Arc::new(FaultFail),
         Arc::new(FaultPanic),
         Arc::new(DrillWrite::probed(Arc::clone(&fs), cwd.clone())),

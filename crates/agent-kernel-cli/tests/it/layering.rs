@@ -14,6 +14,8 @@ fn tier(name: &str) -> Option<u32> {
         "agent-kernel-dispatcher" | "agent-kernel-tools" => Some(2),
         "agent-kernel-core" => Some(3),
         "agent-kernel-cli" => Some(4),
+        // Examples stand above everything, as any user of the crates does.
+        "live-ledger" => Some(5),
         _ => None,
     }
 }

@@ -6,6 +6,7 @@ mod fs_delete;
 mod fs_read;
 mod fs_write;
 mod hostile;
+#[cfg(feature = "http")]
 mod http_get;
 mod misc;
 mod validate_file;

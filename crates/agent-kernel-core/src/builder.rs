@@ -1,0 +1,418 @@
+//! The front door: a [`KernelBuilder`] with the command line's defaults, so that a program
+//! gets a kernel (the SQLite log, the policy, the FSM table, the built-in tools and its own)
+//! in a few lines. The engine itself sees only the traits; this module alone names the
+//! SQLite log, the sandbox and the built-in tools.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use agent_kernel_api::{Clock, Durability, DynTool, IdSource, TransactionalTool};
+use agent_kernel_dispatcher::{Dispatcher, Limits, SeededJitter};
+use agent_kernel_fsm::Guardrail;
+use agent_kernel_sandbox::{FsSandbox, HttpSandbox, Policy};
+use agent_kernel_txlog::{AuditKey, LogOptions, SqliteLog};
+
+use crate::{
+    Environment, Kernel, KernelError, ProcessProbe, SystemClock, UuidV7Ids, current_owner,
+};
+
+/// The log a builder opens unless told otherwise (after `$AGENT_KERNEL_DB`).
+pub const DEFAULT_DB: &str = "agent-kernel.db";
+/// The policy file a builder loads when it exists in the working directory.
+pub const DEFAULT_SANDBOX: &str = "sandbox.toml";
+/// The FSM table file a builder loads when it exists in the working directory.
+pub const DEFAULT_FSM: &str = "fsm.toml";
+/// The environment variable naming the log, as for the command line.
+pub const DB_ENV: &str = "AGENT_KERNEL_DB";
+
+/// Where the policy comes from.
+#[derive(Debug)]
+enum PolicySource {
+    /// `./sandbox.toml` if it exists, else deny-all.
+    Default,
+    File(PathBuf),
+    Given(Box<Policy>),
+}
+
+/// Where the FSM table comes from.
+#[derive(Debug)]
+enum FsmSource {
+    /// `./fsm.toml` if it exists, else the built-in table.
+    Default,
+    File(PathBuf),
+    Given(Box<Guardrail>),
+}
+
+/// Builds a [`Kernel`] with the command line's defaults, each of which can be changed:
+///
+/// | part | default |
+/// | --- | --- |
+/// | log | `$AGENT_KERNEL_DB`, else `./agent-kernel.db` (SQLite, created if absent) |
+/// | durability | [`Durability::Full`] |
+/// | policy | `./sandbox.toml` if it exists, else deny-all |
+/// | FSM table | `./fsm.toml` if it exists, else the built-in table |
+/// | tools | the built-in tools without the drill tools (`fault.*`), plus the ones added |
+/// | limits | the policy's `[limits]`, else the defaults |
+/// | clock, ids, owner | the system clock, UUID v7 ids, this process |
+///
+/// ```
+/// use agent_kernel_core::KernelBuilder;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = tempfile::tempdir()?;
+/// let kernel = KernelBuilder::new()
+///     .db(dir.path().join("agent-kernel.db"))
+///     .policy_toml("[fs]\nallow = [\".\"]\n", dir.path())?
+///     .build()?;
+/// assert!(kernel.tool("fs.write").is_some());
+/// assert!(kernel.tool("fault.fail").is_none(), "no drill tools unless asked");
+/// # Ok(()) }
+/// ```
+#[must_use]
+pub struct KernelBuilder {
+    db: Option<PathBuf>,
+    durability: Durability,
+    policy: PolicySource,
+    fsm: FsmSource,
+    audit_key: Option<AuditKey>,
+    limits: Option<Limits>,
+    standard_tools: bool,
+    drill_tools: bool,
+    tools: Vec<Arc<dyn DynTool>>,
+    cwd: Option<PathBuf>,
+    clock: Option<Arc<dyn Clock>>,
+    ids: Option<Arc<dyn IdSource>>,
+    operator_options: Vec<String>,
+}
+
+impl std::fmt::Debug for KernelBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelBuilder")
+            .field("db", &self.db)
+            .field("durability", &self.durability)
+            .field("policy", &self.policy)
+            .field("fsm", &self.fsm)
+            .field("audit_key", &self.audit_key.is_some())
+            .field("limits", &self.limits)
+            .field("standard_tools", &self.standard_tools)
+            .field("drill_tools", &self.drill_tools)
+            .field("n_tools", &self.tools.len())
+            .field("cwd", &self.cwd)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for KernelBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl KernelBuilder {
+    /// A builder with every default.
+    pub fn new() -> Self {
+        KernelBuilder {
+            db: None,
+            durability: Durability::Full,
+            policy: PolicySource::Default,
+            fsm: FsmSource::Default,
+            audit_key: None,
+            limits: None,
+            standard_tools: true,
+            drill_tools: false,
+            tools: Vec::new(),
+            cwd: None,
+            clock: None,
+            ids: None,
+            operator_options: Vec::new(),
+        }
+    }
+
+    /// The options the operator command at hand was given (e.g. `--skip-verify`), recorded
+    /// with it in the audit chain ([`Kernel::with_operator_options`]).
+    pub fn operator_options(mut self, options: Vec<String>) -> Self {
+        self.operator_options = options;
+        self
+    }
+
+    /// The log's file.
+    pub fn db(mut self, path: impl Into<PathBuf>) -> Self {
+        self.db = Some(path.into());
+        self
+    }
+
+    /// The durability of the log and of the file tools.
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// The policy file to load.
+    pub fn sandbox_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.policy = PolicySource::File(path.into());
+        self
+    }
+
+    /// A policy already loaded.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = PolicySource::Given(Box::new(policy));
+        self
+    }
+
+    /// A policy from TOML text, its relative roots resolved against `base`.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::Setup`] when the text is not a valid policy.
+    pub fn policy_toml(self, text: &str, base: &Path) -> Result<Self, KernelError> {
+        let policy = Policy::from_toml_str(text, base)
+            .map_err(|error| KernelError::Setup(format!("sandbox policy: {error}")))?;
+        Ok(self.policy(policy))
+    }
+
+    /// The FSM table file to load.
+    pub fn fsm_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.fsm = FsmSource::File(path.into());
+        self
+    }
+
+    /// An FSM table already loaded.
+    pub fn fsm(mut self, table: Guardrail) -> Self {
+        self.fsm = FsmSource::Given(Box::new(table));
+        self
+    }
+
+    /// The audit key: every record the log writes carries a MAC under it.
+    pub fn audit_key(mut self, key: AuditKey) -> Self {
+        self.audit_key = Some(key);
+        self
+    }
+
+    /// The audit key, when there is one ([`audit_key`](Self::audit_key) otherwise).
+    pub fn audit_key_opt(mut self, key: Option<AuditKey>) -> Self {
+        self.audit_key = key;
+        self
+    }
+
+    /// The dispatcher's bounds, instead of the policy's `[limits]`.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = Some(limits);
+        self
+    }
+
+    /// Adds a tool of the program's own.
+    pub fn tool<T: TransactionalTool + 'static>(mut self, tool: T) -> Self {
+        self.tools.push(Arc::new(tool));
+        self
+    }
+
+    /// Adds a tool already shared.
+    pub fn tool_arc(mut self, tool: Arc<dyn DynTool>) -> Self {
+        self.tools.push(tool);
+        self
+    }
+
+    /// Leaves out the built-in tools: only the tools added are registered.
+    pub fn without_builtin_tools(mut self) -> Self {
+        self.standard_tools = false;
+        self
+    }
+
+    /// Adds the drill tools (`fault.fail`, `fault.panic`, `fault.probed_write`,
+    /// `fault.opaque_write`), which fail on purpose; for demos and tests.
+    pub fn with_drill_tools(mut self) -> Self {
+        self.drill_tools = true;
+        self
+    }
+
+    /// The folder relative paths in tool arguments resolve against (default: the working
+    /// directory).
+    pub fn cwd(mut self, cwd: impl Into<PathBuf>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// The clock that stamps the log (default: the system clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Where saga ids come from (default: UUID v7).
+    pub fn ids(mut self, ids: Arc<dyn IdSource>) -> Self {
+        self.ids = Some(ids);
+        self
+    }
+
+    /// The log file this builder opens.
+    pub fn db_path(&self) -> PathBuf {
+        self.db.clone().unwrap_or_else(|| {
+            std::env::var_os(DB_ENV).map_or_else(|| PathBuf::from(DEFAULT_DB), PathBuf::from)
+        })
+    }
+
+    /// Loads the policy and the table, registers the tools, opens the log (creating it if
+    /// absent) and returns the kernel, shared so that live sagas can be begun.
+    ///
+    /// It blocks while the log is opened: call it before starting an async runtime, or
+    /// from a blocking task.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::Setup`] for a policy, table, limits or tool set that cannot be used
+    /// (naming the file and the problem); [`KernelError::Log`] when the log cannot be
+    /// opened or created.
+    pub fn build(self) -> Result<Arc<Kernel>, KernelError> {
+        let setup = |what: String| KernelError::Setup(what);
+        let db = self.db_path();
+        let policy = match self.policy {
+            PolicySource::Given(policy) => *policy,
+            PolicySource::File(path) => Policy::load(&path)
+                .map_err(|error| setup(format!("sandbox policy {}: {error}", path.display())))?,
+            PolicySource::Default if Path::new(DEFAULT_SANDBOX).is_file() => {
+                Policy::load(Path::new(DEFAULT_SANDBOX)).map_err(|error| {
+                    setup(format!("sandbox policy ./{DEFAULT_SANDBOX}: {error}"))
+                })?
+            }
+            PolicySource::Default => Policy::deny_all(),
+        };
+        let fsm = match self.fsm {
+            FsmSource::Given(table) => *table,
+            FsmSource::File(path) => read_table(&path)?,
+            FsmSource::Default if Path::new(DEFAULT_FSM).is_file() => {
+                read_table(Path::new(DEFAULT_FSM))?
+            }
+            FsmSource::Default => Guardrail::builtin(),
+        };
+        let limits = match self.limits {
+            Some(limits) => limits,
+            None => limits_from_policy(&policy)?,
+        };
+        let cwd = match self.cwd {
+            Some(cwd) => cwd,
+            None => std::env::current_dir()
+                .map_err(|error| setup(format!("cannot read the working directory: {error}")))?,
+        };
+        let mut tools = Vec::new();
+        if self.standard_tools || self.drill_tools {
+            let fs = Arc::new(FsSandbox::new(&policy).map_err(|error| {
+                setup(format!("cannot open the sandbox's allowed roots: {error}"))
+            })?);
+            if self.standard_tools {
+                tools.extend(agent_kernel_tools::standard_tools(
+                    Arc::clone(&fs),
+                    Arc::new(HttpSandbox::new(&policy)),
+                    cwd.clone(),
+                ));
+            }
+            if self.drill_tools {
+                tools.extend(agent_kernel_tools::drill_tools(fs, cwd));
+            }
+        }
+        tools.extend(self.tools);
+        let dispatcher = dispatcher_with(limits, tools, &policy)?;
+        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
+        let log = SqliteLog::open_with_audit_key(
+            &db,
+            LogOptions {
+                durability: self.durability,
+                clock: Arc::clone(&clock),
+            },
+            self.audit_key,
+        )?;
+        let owner = current_owner().map_err(|error| {
+            KernelError::Setup(format!("cannot identify this process in /proc: {error}"))
+        })?;
+        let env = Environment {
+            clock,
+            ids: self.ids.unwrap_or_else(|| Arc::new(UuidV7Ids)),
+            liveness: Arc::new(ProcessProbe::new(owner.clone())),
+            owner,
+        };
+        Ok(Arc::new(
+            Kernel::new(
+                Arc::new(log),
+                Arc::new(dispatcher),
+                Arc::new(fsm),
+                env,
+                self.durability,
+            )
+            .with_operator_options(self.operator_options),
+        ))
+    }
+}
+
+/// Reads and validates an FSM table file.
+fn read_table(path: &Path) -> Result<Guardrail, KernelError> {
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        KernelError::Setup(format!(
+            "cannot read the FSM table {}: {error}",
+            path.display()
+        ))
+    })?;
+    Guardrail::from_toml_str(&text)
+        .map_err(|error| KernelError::Setup(format!("FSM table {}: {error}", path.display())))
+}
+
+/// The dispatcher's bounds from a policy's `[limits]` section, else the defaults, checked.
+///
+/// # Errors
+///
+/// [`KernelError::Setup`] naming the policy and the key out of range or unknown.
+pub fn limits_from_policy(policy: &Policy) -> Result<Limits, KernelError> {
+    let Some(table) = policy.limits_table() else {
+        return Ok(Limits::default());
+    };
+    let limits: Limits = toml::Value::Table(table.clone())
+        .try_into()
+        .map_err(|error| {
+            KernelError::Setup(format!(
+                "sandbox policy {}: [limits]: {error}",
+                policy.origin()
+            ))
+        })?;
+    limits.validate().map_err(|message| {
+        KernelError::Setup(format!(
+            "sandbox policy {}: [limits]: {message}",
+            policy.origin()
+        ))
+    })?;
+    Ok(limits)
+}
+
+/// A dispatcher with `limits` and `tools`; a `[limits.tools."<id>"]` entry of `policy` must
+/// name one of them.
+///
+/// # Errors
+///
+/// [`KernelError::Setup`] for limits out of range, two tools of one id, or a per-tool
+/// entry naming no tool.
+pub fn dispatcher_with(
+    limits: Limits,
+    tools: Vec<Arc<dyn DynTool>>,
+    policy: &Policy,
+) -> Result<Dispatcher, KernelError> {
+    let jitter = Arc::new(SeededJitter::new(u64::from(std::process::id())));
+    let mut dispatcher = Dispatcher::new(limits, jitter)
+        .map_err(|error| KernelError::Setup(format!("dispatcher limits: {error}")))?;
+    for tool in tools {
+        dispatcher
+            .register(tool)
+            .map_err(|error| KernelError::Setup(format!("registering the tools: {error}")))?;
+    }
+    // A misspelled tool id would silently leave that tool unbounded by its override.
+    if let Some(unknown) = dispatcher
+        .limits()
+        .tools
+        .keys()
+        .find(|id| dispatcher.get(id).is_none())
+    {
+        let known: Vec<&str> = dispatcher.ids().collect();
+        return Err(KernelError::Setup(format!(
+            "sandbox policy {}: [limits.tools.\"{unknown}\"] names no tool (known tools: {})",
+            policy.origin(),
+            known.join(", ")
+        )));
+    }
+    Ok(dispatcher)
+}
