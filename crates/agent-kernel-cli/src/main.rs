@@ -21,6 +21,7 @@ use agent_kernel_dispatcher::Dispatcher;
 use agent_kernel_fsm::Guardrail;
 use agent_kernel_sandbox::{
     FsSandbox, HttpSandbox, NetworkLine, Policy, SecondLine, restrict_network, restrict_to_roots,
+    restrict_to_roots_reading,
 };
 use agent_kernel_txlog::{LogOptions, SqliteLog};
 use anyhow::Context as _;
@@ -67,6 +68,9 @@ struct Cli {
     /// The FSM transition table [default: ./fsm.toml if it exists, else the built-in table]
     #[arg(long, global = true, value_name = "PATH")]
     fsm: Option<PathBuf>,
+    /// Tools of your own, programs in any language [default: ./tools.toml if it exists]
+    #[arg(long, global = true, value_name = "PATH")]
+    tools: Option<PathBuf>,
     /// Print exactly one JSON document on stdout instead of human-readable output
     #[arg(long, global = true)]
     json: bool,
@@ -512,7 +516,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             Ok(exit::OK)
         }
         Command::Tools => {
-            let tools = build_dispatcher(&load_policy(cli)?)?;
+            let tools = build_dispatcher(cli, &load_policy(cli)?)?;
             out.tools(&tools);
             Ok(exit::OK)
         }
@@ -736,7 +740,7 @@ fn load_policy(cli: &Cli) -> Result<Policy, Failure> {
 
 /// The built-in tools (the drill tools included, as the contract lists them) behind a
 /// dispatcher with the policy's sandbox and limits, for `tools`.
-fn build_dispatcher(policy: &Policy) -> Result<Dispatcher, Failure> {
+fn build_dispatcher(cli: &Cli, policy: &Policy) -> Result<Dispatcher, Failure> {
     let fs_sandbox = FsSandbox::new(policy)
         .context("cannot open the sandbox's allowed roots")
         .map_err(Failure::bad_input)?;
@@ -749,7 +753,22 @@ fn build_dispatcher(policy: &Policy) -> Result<Dispatcher, Failure> {
         Arc::new(HttpSandbox::new(policy)),
         cwd,
     );
+    let mut tools = tools;
+    if let Some(path) = tools_file(cli) {
+        tools.extend(agent_kernel_core::command_tools(&path, policy).map_err(Failure::bad_input)?);
+    }
     agent_kernel_core::dispatcher_with(limits, tools, policy).map_err(Failure::bad_input)
+}
+
+/// The tools file in force: `--tools`, else `./tools.toml` if it exists, else none.
+fn tools_file(cli: &Cli) -> Option<PathBuf> {
+    match &cli.tools {
+        Some(path) => Some(path.clone()),
+        None if Path::new(agent_kernel_core::DEFAULT_TOOLS).is_file() => {
+            Some(PathBuf::from(agent_kernel_core::DEFAULT_TOOLS))
+        }
+        None => None,
+    }
 }
 
 /// `recover` and `rollback` act on undo records (previous file contents, paths): before
@@ -873,7 +892,12 @@ fn open_kernel(
     }
     let path = db_path(cli);
     let existed = log_exists(&path);
-    let kernel = KernelBuilder::new()
+    let tools_file = tools_file(cli);
+    let mut builder = KernelBuilder::new().without_tools_file();
+    if let Some(file) = &tools_file {
+        builder = builder.tools_file(file);
+    }
+    let kernel = builder
         .db(&path)
         .durability(durability)
         .policy(policy.clone())
@@ -895,7 +919,13 @@ fn open_kernel(
         // The second line: from here on, this thread and every thread it starts (the tools'
         // blocking work included) can reach only the allowed roots. The log's writer thread
         // started above and keeps its access to the log.
-        match restrict_to_roots(&policy) {
+        // Command tools' programs read their own files in the tools file's folder.
+        let tools_folder = tools_file
+            .as_deref()
+            .and_then(|file| std::fs::canonicalize(file).ok())
+            .and_then(|file| file.parent().map(Path::to_owned));
+        let readable: Vec<&Path> = tools_folder.as_deref().into_iter().collect();
+        match restrict_to_roots_reading(&policy, &readable) {
             SecondLine::Enforced { fully } => {
                 tracing::debug!(fully, "landlock confines tools to the allowed roots");
             }

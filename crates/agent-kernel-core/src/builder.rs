@@ -24,6 +24,17 @@ pub const DEFAULT_SANDBOX: &str = "sandbox.toml";
 pub const DEFAULT_FSM: &str = "fsm.toml";
 /// The environment variable naming the log, as for the command line.
 pub const DB_ENV: &str = "AGENT_KERNEL_DB";
+/// The tools file a builder loads when it exists in the working directory (CONTRACT §7).
+pub const DEFAULT_TOOLS: &str = "tools.toml";
+
+/// Where the command tools come from.
+#[derive(Debug)]
+enum ToolsFileSource {
+    /// `./tools.toml` if it exists, else none.
+    Default,
+    File(PathBuf),
+    Skip,
+}
 
 /// Where the policy comes from.
 #[derive(Debug)]
@@ -51,7 +62,7 @@ enum FsmSource {
 /// | durability | [`Durability::Full`] |
 /// | policy | `./sandbox.toml` if it exists, else deny-all |
 /// | FSM table | `./fsm.toml` if it exists, else the built-in table |
-/// | tools | the built-in tools without the drill tools (`fault.*`), plus the ones added |
+/// | tools | the built-in tools without the drill tools (`fault.*`), the command tools of `./tools.toml` if it exists, plus the ones added |
 /// | limits | the policy's `[limits]`, else the defaults |
 /// | clock, ids, owner | the system clock, UUID v7 ids, this process |
 ///
@@ -79,6 +90,7 @@ pub struct KernelBuilder {
     standard_tools: bool,
     drill_tools: bool,
     tools: Vec<Arc<dyn DynTool>>,
+    tools_file: ToolsFileSource,
     cwd: Option<PathBuf>,
     clock: Option<Arc<dyn Clock>>,
     ids: Option<Arc<dyn IdSource>>,
@@ -121,6 +133,7 @@ impl KernelBuilder {
             standard_tools: true,
             drill_tools: false,
             tools: Vec::new(),
+            tools_file: ToolsFileSource::Default,
             cwd: None,
             clock: None,
             ids: None,
@@ -212,6 +225,30 @@ impl KernelBuilder {
         self
     }
 
+    /// The tools file whose command tools to register (CONTRACT §7), instead of
+    /// `./tools.toml` when it exists.
+    pub fn tools_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tools_file = ToolsFileSource::File(path.into());
+        self
+    }
+
+    /// Loads no tools file, not even `./tools.toml`.
+    pub fn without_tools_file(mut self) -> Self {
+        self.tools_file = ToolsFileSource::Skip;
+        self
+    }
+
+    /// The tools file this builder loads, if any.
+    pub fn tools_file_path(&self) -> Option<PathBuf> {
+        match &self.tools_file {
+            ToolsFileSource::File(path) => Some(path.clone()),
+            ToolsFileSource::Default if Path::new(DEFAULT_TOOLS).is_file() => {
+                Some(PathBuf::from(DEFAULT_TOOLS))
+            }
+            ToolsFileSource::Default | ToolsFileSource::Skip => None,
+        }
+    }
+
     /// Leaves out the built-in tools: only the tools added are registered.
     pub fn without_builtin_tools(mut self) -> Self {
         self.standard_tools = false;
@@ -265,6 +302,7 @@ impl KernelBuilder {
     pub fn build(self) -> Result<Arc<Kernel>, KernelError> {
         let setup = |what: String| KernelError::Setup(what);
         let db = self.db_path();
+        let tools_file = self.tools_file_path();
         let policy = match self.policy {
             PolicySource::Given(policy) => *policy,
             PolicySource::File(path) => Policy::load(&path)
@@ -309,6 +347,9 @@ impl KernelBuilder {
                 tools.extend(agent_kernel_tools::drill_tools(fs, cwd));
             }
         }
+        if let Some(path) = tools_file {
+            tools.extend(command_tools(&path, &policy)?);
+        }
         tools.extend(self.tools);
         let dispatcher = dispatcher_with(limits, tools, &policy)?;
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
@@ -340,6 +381,29 @@ impl KernelBuilder {
             .with_operator_options(self.operator_options),
         ))
     }
+}
+
+/// The command tools of the tools file at `path` (CONTRACT §7), each run's output bounded
+/// by `policy`'s `max_io_bytes` (or the default).
+///
+/// # Errors
+///
+/// [`KernelError::Setup`] naming the file, the line and the problem.
+pub fn command_tools(path: &Path, policy: &Policy) -> Result<Vec<Arc<dyn DynTool>>, KernelError> {
+    let output_bytes_max = policy.fs().map_or(
+        agent_kernel_sandbox::DEFAULT_MAX_IO_BYTES,
+        agent_kernel_sandbox::FsPolicy::max_io_bytes,
+    );
+    let loaded = agent_kernel_tools::load_tools_file(
+        path,
+        output_bytes_max,
+        &agent_kernel_tools::BUILTIN_TOOL_IDS,
+    )
+    .map_err(|error| KernelError::Setup(error.to_string()))?;
+    Ok(loaded
+        .into_iter()
+        .map(|tool| Arc::new(tool) as Arc<dyn DynTool>)
+        .collect())
 }
 
 /// Reads and validates an FSM table file.

@@ -108,8 +108,8 @@ mod report;
 mod step;
 
 pub use builder::{
-    DB_ENV, DEFAULT_DB, DEFAULT_FSM, DEFAULT_SANDBOX, KernelBuilder, dispatcher_with,
-    limits_from_policy,
+    DB_ENV, DEFAULT_DB, DEFAULT_FSM, DEFAULT_SANDBOX, DEFAULT_TOOLS, KernelBuilder, command_tools,
+    dispatcher_with, limits_from_policy,
 };
 pub use cancel::Cancellation;
 pub use env::{SystemClock, UuidV7Ids};

@@ -144,4 +144,5 @@ pub use policy::{
 pub use sandbox::{FsSandbox, MAX_NAME_BYTES, MAX_PATH_BYTES};
 pub use second_line::{
     DNS_TCP_PORT, NetworkLine, SYSTEM_READ_ONLY, SecondLine, restrict_network, restrict_to_roots,
+    restrict_to_roots_reading,
 };

@@ -50,6 +50,12 @@ impl SecondLine {
 /// are permanent for the thread.
 /// Network access is restricted by [`restrict_network`].
 pub fn restrict_to_roots(policy: &Policy) -> SecondLine {
+    restrict_to_roots_reading(policy, &[])
+}
+
+/// [`restrict_to_roots`], with `read_only` folders readable too (and their programs
+/// runnable): the folder of a tools file, whose programs read their own scripts there.
+pub fn restrict_to_roots_reading(policy: &Policy, read_only: &[&Path]) -> SecondLine {
     let roots: Vec<PathBuf> = policy
         .fs()
         .map(|fs| fs.allow().to_vec())
@@ -57,6 +63,7 @@ pub fn restrict_to_roots(policy: &Policy) -> SecondLine {
     let system: Vec<&Path> = SYSTEM_READ_ONLY
         .iter()
         .map(Path::new)
+        .chain(read_only.iter().copied())
         .filter(|path| path.exists())
         .collect();
     let result = Ruleset::default()

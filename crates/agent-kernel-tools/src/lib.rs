@@ -92,6 +92,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+mod command;
 mod common;
 mod drill;
 mod fault;
@@ -110,6 +111,10 @@ use std::sync::Arc;
 use agent_kernel_api::DynTool;
 use agent_kernel_sandbox::{FsSandbox, HttpSandbox};
 
+pub use command::{
+    COMMAND_STDERR_BYTES_MAX, COMMAND_TOOLS_MAX, CommandTool, EXIT_RETRY, Reversibility,
+    TOOLS_FILE_BYTES_MAX, ToolsFileError, load_tools_file,
+};
 pub use common::{TEMP_PREFIX, TEMP_SUFFIX, TOOL_VERSION};
 pub use drill::{DRILL_PAUSE_MS_MAX, DrillWrite};
 pub use fault::{
@@ -127,6 +132,22 @@ pub use http_get::{
 };
 pub use noop::{NOOP_SLEEP_MS_MAX, Noop};
 pub use validate_file::ValidateFile;
+
+/// The ids of every built-in tool, whether or not a build offers it: no tool of a tools
+/// file may take one.
+pub const BUILTIN_TOOL_IDS: [&str; 11] = [
+    "noop",
+    "fs.read",
+    "fs.write",
+    "fs.append",
+    "fs.delete",
+    "validate.file",
+    "http.get",
+    "fault.fail",
+    "fault.panic",
+    "fault.probed_write",
+    "fault.opaque_write",
+];
 
 /// Every built-in tool, ready for a registry: [`standard_tools`] and [`drill_tools`].
 ///

@@ -3,6 +3,7 @@
 
 mod audit;
 mod bad_input;
+mod command;
 mod crash;
 mod creation;
 mod fsm;

@@ -1,0 +1,520 @@
+//! Command tools (CONTRACT §7): tools that are programs in any language, declared in
+//! `tools.toml`, run one process per phase with a JSON object on stdin.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use agent_kernel_api::{
+    EffectClass, ProbeOutcome, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool,
+    Undo,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The largest `tools.toml` read, in bytes.
+pub const TOOLS_FILE_BYTES_MAX: usize = 1024 * 1024;
+/// The most tools one `tools.toml` declares.
+pub const COMMAND_TOOLS_MAX: usize = 1024;
+/// The most stderr kept from a run, in bytes (its last line is the failure's message).
+pub const COMMAND_STDERR_BYTES_MAX: usize = 64 * 1024;
+/// The exit code by which a program says its failure may be retried (`EX_TEMPFAIL`); the
+/// kernel retries it only for tools declared `idempotent`.
+pub const EXIT_RETRY: i32 = 75;
+
+/// Why a tools file was refused: its path, the line (when known) and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tools file {path}{}: {message}", .line.map(|line| format!(", line {line}")).unwrap_or_default())]
+pub struct ToolsFileError {
+    /// The file.
+    pub path: String,
+    /// The 1-based line the problem is on, when it is on one.
+    pub line: Option<usize>,
+    /// What is wrong.
+    pub message: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolsFile {
+    #[serde(default)]
+    tools: BTreeMap<String, toml::Spanned<Spec>>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+enum Effect {
+    Mutating,
+    ReadOnly,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum SettlementSpec {
+    Compensate,
+    Probe,
+    Operator,
+}
+
+/// How completely a tool's compensation restores what its effect changed (CONTRACT §10).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Reversibility {
+    /// Compensation restores the prior state exactly.
+    Full,
+    /// Compensation restores part of it.
+    Partial,
+    /// The effect cannot be undone.
+    None,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Spec {
+    description: Option<String>,
+    effect: Effect,
+    #[serde(default)]
+    idempotent: bool,
+    settlement: SettlementSpec,
+    reversibility: Option<Reversibility>,
+    undo_window: Option<String>,
+    version: Option<String>,
+    execute: Vec<String>,
+    compensate: Option<Vec<String>>,
+    probe: Option<Vec<String>>,
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    env: Vec<String>,
+    args_schema: Option<toml::Value>,
+}
+
+/// A tool that is a program (CONTRACT §7): each phase (`execute`, `compensate`, `probe`) is
+/// one run of a program in the tools file's folder, with a JSON object on stdin, the
+/// environment cleared but for `PATH` and the listed names, stdout bounded, and its whole
+/// process group killed at its timeout.
+#[derive(Debug, Clone)]
+pub struct CommandTool {
+    id: String,
+    description: Option<String>,
+    version: String,
+    effect: EffectClass,
+    idempotent: bool,
+    settlement: Settlement,
+    reversibility: Reversibility,
+    undo_window: Option<String>,
+    execute: Vec<String>,
+    compensate: Option<Vec<String>>,
+    probe: Option<Vec<String>>,
+    timeout_ms: Option<u64>,
+    env: Vec<String>,
+    args_schema: Value,
+    folder: PathBuf,
+    output_bytes_max: u64,
+}
+
+/// The 1-based line of byte `offset` in `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// Whether `text` is a duration of the contract's form: digits and one of `s`, `m`, `h`, `d`.
+fn is_duration(text: &str) -> bool {
+    let Some(unit) = text.chars().last() else {
+        return false;
+    };
+    let digits = &text[..text.len() - unit.len_utf8()];
+    matches!(unit, 's' | 'm' | 'h' | 'd')
+        && !digits.is_empty()
+        && digits.bytes().all(|byte| byte.is_ascii_digit())
+}
+
+/// Loads the tools declared in the file at `path`: programs and their working folder
+/// resolve against the file's folder; each run's output is bounded by `output_bytes_max`.
+/// A tool may not take the id of one in `taken` (the built-in tools).
+///
+/// # Errors
+///
+/// A [`ToolsFileError`] naming the line: TOML syntax, an unknown key, a missing
+/// `compensate` for a mutating tool (unless `reversibility = "none"`), a missing `probe`
+/// for `settlement = "probe"`, an empty command, an id already taken, an invalid
+/// `undo_window` or schema.
+pub fn load_tools_file(
+    path: &Path,
+    output_bytes_max: u64,
+    taken: &[&str],
+) -> Result<Vec<CommandTool>, ToolsFileError> {
+    let shown = path.display().to_string();
+    let error = |line: Option<usize>, message: String| ToolsFileError {
+        path: shown.clone(),
+        line,
+        message,
+    };
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|file| {
+            std::io::Read::read_to_string(
+                &mut std::io::Read::take(file, TOOLS_FILE_BYTES_MAX as u64 + 1),
+                &mut text,
+            )
+        })
+        .map_err(|io| error(None, format!("cannot read it: {io}")))?;
+    if text.len() > TOOLS_FILE_BYTES_MAX {
+        return Err(error(
+            None,
+            format!("it is more than {TOOLS_FILE_BYTES_MAX} bytes"),
+        ));
+    }
+    let file: ToolsFile = toml::from_str(&text).map_err(|parse| {
+        let line = parse.span().map(|span| line_of(&text, span.start));
+        error(line, parse.message().to_owned())
+    })?;
+    if file.tools.len() > COMMAND_TOOLS_MAX {
+        return Err(error(
+            None,
+            format!(
+                "it declares {} tools; at most {COMMAND_TOOLS_MAX}",
+                file.tools.len()
+            ),
+        ));
+    }
+    let folder = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let folder = std::fs::canonicalize(folder)
+        .map_err(|io| error(None, format!("cannot resolve its folder: {io}")))?;
+    let mut tools = Vec::with_capacity(file.tools.len());
+    for (id, spanned) in file.tools {
+        let line = Some(line_of(&text, spanned.span().start));
+        let spec = spanned.into_inner();
+        let fail = |message: String| error(line, format!("tool `{id}`: {message}"));
+        if id.is_empty() || id.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(fail("an id has no spaces or control characters".to_owned()));
+        }
+        if taken.contains(&id.as_str()) {
+            return Err(fail("this id is a built-in tool's".to_owned()));
+        }
+        for (phase, command) in [
+            ("execute", Some(&spec.execute)),
+            ("compensate", spec.compensate.as_ref()),
+            ("probe", spec.probe.as_ref()),
+        ] {
+            if command.is_some_and(Vec::is_empty) {
+                return Err(fail(format!("`{phase}` names no program")));
+            }
+        }
+        let reversibility = spec.reversibility.unwrap_or(Reversibility::Full);
+        if spec.effect == Effect::Mutating
+            && spec.compensate.is_none()
+            && reversibility != Reversibility::None
+        {
+            return Err(fail(
+                "a mutating tool needs `compensate` (or `reversibility = \"none\"`)".to_owned(),
+            ));
+        }
+        if spec.settlement == SettlementSpec::Probe && spec.probe.is_none() {
+            return Err(fail("`settlement = \"probe\"` needs `probe`".to_owned()));
+        }
+        if let Some(window) = &spec.undo_window
+            && !is_duration(window)
+        {
+            return Err(fail(format!(
+                "`undo_window = \"{window}\"` is not a duration such as 90s, 15m, 24h or 7d"
+            )));
+        }
+        if spec.timeout_ms == Some(0) {
+            return Err(fail("`timeout_ms` must be positive".to_owned()));
+        }
+        let args_schema = match spec.args_schema {
+            None => json!({ "type": "object" }),
+            Some(schema) => serde_json::to_value(schema)
+                .map_err(|json| fail(format!("`args_schema` is not a JSON Schema: {json}")))?,
+        };
+        if !args_schema.is_object() {
+            return Err(fail("`args_schema` must be a table".to_owned()));
+        }
+        tools.push(CommandTool {
+            description: spec.description,
+            version: spec.version.unwrap_or_else(|| "1".to_owned()),
+            effect: match spec.effect {
+                Effect::Mutating => EffectClass::Mutating,
+                Effect::ReadOnly => EffectClass::ReadOnly,
+            },
+            idempotent: spec.idempotent,
+            settlement: match spec.settlement {
+                SettlementSpec::Compensate => Settlement::Compensate,
+                SettlementSpec::Probe => Settlement::Probe,
+                SettlementSpec::Operator => Settlement::Operator,
+            },
+            reversibility,
+            undo_window: spec.undo_window,
+            execute: spec.execute,
+            compensate: spec.compensate,
+            probe: spec.probe,
+            timeout_ms: spec.timeout_ms,
+            env: spec.env,
+            args_schema,
+            folder: folder.clone(),
+            output_bytes_max,
+            id,
+        });
+    }
+    Ok(tools)
+}
+
+/// Kills a run's whole process group when dropped: the phase ended, timed out, or its
+/// caller stopped waiting (the dispatcher's timeout drops the future).
+struct GroupGuard(Option<rustix::process::Pid>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(group) = self.0 {
+            // The group may be gone already: nothing to do then.
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+/// What one run of a phase came to.
+struct Run {
+    code: Option<i32>,
+    stdout: Vec<u8>,
+    stderr_last_line: String,
+}
+
+impl CommandTool {
+    /// The tool's description, shown by `tools` and to agents.
+    pub fn description(&self) -> Option<&str> {
+        self.description.as_deref()
+    }
+
+    /// How completely its compensation restores what its effect changed.
+    pub fn reversibility(&self) -> Reversibility {
+        self.reversibility
+    }
+
+    /// How long after a saga's end its effect may still be undone, as written (`24h`).
+    pub fn undo_window(&self) -> Option<&str> {
+        self.undo_window.as_deref()
+    }
+
+    /// Runs `command` for `phase` with the contract's stdin document.
+    async fn run(
+        &self,
+        phase: &str,
+        command: &[String],
+        ctx: &ToolContext,
+        args: &Value,
+        output: Option<&Value>,
+    ) -> Result<Run, ToolError> {
+        let input = json!({
+            "phase": phase,
+            "tool": self.id,
+            "saga_id": ctx.saga_id.as_str(),
+            "step": ctx.step_seq,
+            "idempotency_key": ctx.idempotency_key,
+            "args": args,
+            "output": output,
+        });
+        let mut process = tokio::process::Command::new(&command[0]);
+        process
+            .args(&command[1..])
+            .current_dir(&self.folder)
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(path) = std::env::var_os("PATH") {
+            process.env("PATH", path);
+        }
+        for name in &self.env {
+            if let Some(value) = std::env::var_os(name) {
+                process.env(name, value);
+            }
+        }
+        let mut child = process.spawn().map_err(|error| {
+            ToolError::failed(format!(
+                "`{}` ({phase}): cannot start `{}`: {error}",
+                self.id, command[0]
+            ))
+        })?;
+        let _group = GroupGuard(
+            child
+                .id()
+                .and_then(|pid| rustix::process::Pid::from_raw(pid.try_into().ok()?)),
+        );
+        let mut stdin = child.stdin.take().expect("stdin was piped");
+        let mut stdout = child.stdout.take().expect("stdout was piped");
+        let mut stderr = child.stderr.take().expect("stderr was piped");
+        let output_max = self.output_bytes_max;
+        let work = async {
+            // A program that exits without reading its input is not an error here.
+            let written = async {
+                let _ = stdin.write_all(input.to_string().as_bytes()).await;
+                drop(stdin);
+            };
+            let mut out = Vec::new();
+            let mut err = Vec::new();
+            let mut bounded_out = (&mut stdout).take(output_max + 1);
+            let mut bounded_err = (&mut stderr).take(COMMAND_STDERR_BYTES_MAX as u64);
+            let read_out = bounded_out.read_to_end(&mut out);
+            let read_err = bounded_err.read_to_end(&mut err);
+            let ((), read_out, _) = tokio::join!(written, read_out, read_err);
+            read_out.map_err(|error| {
+                ToolError::uncertain(format!(
+                    "`{}` ({phase}): reading its output: {error}",
+                    self.id
+                ))
+            })?;
+            let status = child.wait().await.map_err(|error| {
+                ToolError::uncertain(format!("`{}` ({phase}): waiting for it: {error}", self.id))
+            })?;
+            Ok::<_, ToolError>((status, out, err))
+        };
+        let (status, stdout, stderr) = match self.timeout_ms {
+            Some(timeout_ms) => tokio::time::timeout(Duration::from_millis(timeout_ms), work)
+                .await
+                .map_err(|_| ToolError::timeout(timeout_ms))??,
+            None => work.await?,
+        };
+        if stdout.len() as u64 > output_max {
+            return Err(ToolError::uncertain(format!(
+                "`{}` ({phase}): its output is over {output_max} bytes (max_io_bytes)",
+                self.id
+            )));
+        }
+        let stderr = String::from_utf8_lossy(&stderr);
+        let stderr_last_line = stderr
+            .lines()
+            .rev()
+            .find(|line| !line.trim().is_empty())
+            .unwrap_or_default()
+            .to_owned();
+        Ok(Run {
+            code: status.code(),
+            stdout,
+            stderr_last_line,
+        })
+    }
+
+    /// The error of a run that did not exit 0.
+    fn run_failed(&self, phase: &str, run: &Run) -> ToolError {
+        let why = if run.stderr_last_line.is_empty() {
+            "no message on stderr".to_owned()
+        } else {
+            run.stderr_last_line.clone()
+        };
+        match run.code {
+            Some(EXIT_RETRY) => ToolError::failed(format!(
+                "`{}` ({phase}) exited {EXIT_RETRY}, may be retried: {why}",
+                self.id
+            ))
+            .retriable(),
+            Some(code) => {
+                ToolError::failed(format!("`{}` ({phase}) exited {code}: {why}", self.id))
+            }
+            // Killed by a signal: whatever it did is unknown.
+            None => ToolError::uncertain(format!(
+                "`{}` ({phase}) was killed by a signal: {why}",
+                self.id
+            )),
+        }
+    }
+}
+
+impl TransactionalTool for CommandTool {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn version(&self) -> &str {
+        &self.version
+    }
+
+    fn effect(&self) -> EffectClass {
+        self.effect
+    }
+
+    fn idempotent(&self) -> bool {
+        self.idempotent
+    }
+
+    fn settlement(&self) -> Settlement {
+        self.settlement
+    }
+
+    fn args_schema(&self) -> Value {
+        self.args_schema.clone()
+    }
+
+    async fn prepare(&self, _ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {
+        // The program's compensation works from the arguments and the output, which the log
+        // keeps: nothing else to capture.
+        Ok(Undo::none())
+    }
+
+    async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        let run = self.run("execute", &self.execute, ctx, args, None).await?;
+        if run.code != Some(0) {
+            return Err(self.run_failed("execute", &run));
+        }
+        if run.stdout.iter().all(u8::is_ascii_whitespace) {
+            return Ok(ToolOutput::new(Value::Null));
+        }
+        let output: Value = serde_json::from_slice(&run.stdout).map_err(|error| {
+            // It exited 0, so its effect happened; only its answer is unreadable.
+            ToolError::uncertain(format!(
+                "`{}` (execute) exited 0 but its stdout is not one JSON value: {error}",
+                self.id
+            ))
+        })?;
+        Ok(ToolOutput::new(output))
+    }
+
+    async fn probe(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+        _undo: &Undo,
+    ) -> Result<ProbeOutcome, ToolError> {
+        let Some(command) = &self.probe else {
+            return Ok(ProbeOutcome::Unknown);
+        };
+        let run = self.run("probe", command, ctx, args, None).await?;
+        if run.code != Some(0) {
+            return Ok(ProbeOutcome::Unknown);
+        }
+        let answer: Value = serde_json::from_slice(&run.stdout).unwrap_or(Value::Null);
+        Ok(match answer.get("happened").and_then(Value::as_bool) {
+            Some(true) => ProbeOutcome::Happened(None),
+            Some(false) => ProbeOutcome::NotHappened,
+            None => ProbeOutcome::Unknown,
+        })
+    }
+
+    async fn compensate(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+        _undo: &Undo,
+        output: Option<&ToolOutput>,
+    ) -> Result<(), ToolError> {
+        let Some(command) = &self.compensate else {
+            return Err(ToolError::failed(format!(
+                "`{}` declares no compensation (reversibility none)",
+                self.id
+            )));
+        };
+        let output = output.map(|output| &output.data);
+        let run = self.run("compensate", command, ctx, args, output).await?;
+        if run.code == Some(0) {
+            Ok(())
+        } else {
+            Err(self.run_failed("compensate", &run))
+        }
+    }
+}
