@@ -5,131 +5,9 @@
 //! Run it with `cargo run -p live-ledger`; it works in a temporary folder and leaves
 //! nothing behind.
 
-use std::path::{Path, PathBuf};
-
-use agent_kernel_api::{
-    EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
-};
 use agent_kernel_core::{BeginOptions, CallAnswer, KernelBuilder};
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
-
-/// The ledger file: a balance and its entries.
-#[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
-struct Book {
-    balance: i64,
-    entries: Vec<Entry>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct Entry {
-    id: String,
-    amount: i64,
-}
-
-/// `ledger.add {id, amount}`: adds an entry, refusing to overdraw; compensation removes the
-/// entry if it is there, so it is safe whether or not the effect happened.
-struct Ledger {
-    path: PathBuf,
-}
-
-impl Ledger {
-    fn read(&self) -> Result<Book, ToolError> {
-        match std::fs::read(&self.path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|error| ToolError::failed(format!("the ledger is unreadable: {error}"))),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Book::default()),
-            Err(error) => Err(ToolError::failed(format!(
-                "cannot read the ledger: {error}"
-            ))),
-        }
-    }
-
-    /// Replaces the file atomically: readers see the old book or the new one.
-    fn write(&self, book: &Book) -> Result<(), ToolError> {
-        let temp = self.path.with_extension("tmp");
-        let bytes = serde_json::to_vec_pretty(book).expect("a book serializes");
-        std::fs::write(&temp, bytes)
-            .and_then(|()| std::fs::rename(&temp, &self.path))
-            .map_err(|error| ToolError::uncertain(format!("cannot write the ledger: {error}")))
-    }
-}
-
-fn entry_of(args: &Value) -> Result<Entry, ToolError> {
-    Entry::deserialize(args).map_err(|error| ToolError::invalid_args(error.to_string()))
-}
-
-impl TransactionalTool for Ledger {
-    fn id(&self) -> &str {
-        "ledger.add"
-    }
-
-    fn effect(&self) -> EffectClass {
-        EffectClass::Mutating
-    }
-
-    fn idempotent(&self) -> bool {
-        false
-    }
-
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-
-    fn args_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": { "id": { "type": "string" }, "amount": { "type": "integer" } },
-            "required": ["id", "amount"],
-            "additionalProperties": false,
-        })
-    }
-
-    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        Undo::from_data(&entry_of(args)?.id)
-    }
-
-    async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
-        let entry = entry_of(args)?;
-        let mut book = self.read()?;
-        if book.balance + entry.amount < 0 {
-            // Nothing was written: a definite failure.
-            return Err(ToolError::failed(format!(
-                "insufficient funds: the balance is {} and `{}` takes {}",
-                book.balance, entry.id, -entry.amount
-            )));
-        }
-        book.balance += entry.amount;
-        book.entries.push(entry);
-        self.write(&book)?;
-        Ok(ToolOutput::new(json!({ "balance": book.balance })))
-    }
-
-    async fn compensate(
-        &self,
-        _ctx: &ToolContext,
-        _args: &Value,
-        undo: &Undo,
-        _output: Option<&ToolOutput>,
-    ) -> Result<(), ToolError> {
-        let id: String = undo.data_as()?;
-        let mut book = self.read()?;
-        if let Some(at) = book.entries.iter().position(|entry| entry.id == id) {
-            let entry = book.entries.remove(at);
-            book.balance -= entry.amount;
-            self.write(&book)?;
-        }
-        Ok(())
-    }
-}
-
-fn book_at(path: &Path) -> Book {
-    Ledger {
-        path: path.to_owned(),
-    }
-    .read()
-    .expect("the ledger reads")
-}
+use live_ledger::{Ledger, book_at};
+use serde_json::json;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
@@ -141,9 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kernel = KernelBuilder::new()
         .db(dir.path().join("agent-kernel.db"))
         .without_builtin_tools()
-        .tool(Ledger {
-            path: ledger.clone(),
-        })
+        .tool(Ledger::new(&ledger))
         .build()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

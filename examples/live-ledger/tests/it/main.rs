@@ -1,0 +1,3 @@
+//! Integration tests of the example: real processes, real SIGKILLs.
+
+mod crash;
