@@ -495,3 +495,90 @@ async fn an_open_live_saga_of_a_dead_process_is_recovered() {
     assert_eq!(saga.state, SagaState::FailedRolledBack);
     assert!(fixture.world.items().is_empty());
 }
+
+/// Through the front door, over the real file tools: the second call writes a value
+/// computed from what the first one read; an aborted saga puts every file back byte for
+/// byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_read_by_one_call_is_written_by_the_next_and_an_abort_restores_every_byte() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base = dir.path().canonicalize().expect("canonical");
+    std::fs::create_dir(base.join("ws")).expect("ws");
+    std::fs::write(base.join("ws/counter.txt"), "41").expect("writes");
+    std::fs::write(base.join("ws/other.bin"), [0_u8, 159, 146, 150, 10]).expect("writes");
+    let kernel = tokio::task::spawn_blocking({
+        let base = base.clone();
+        move || {
+            agent_kernel_core::KernelBuilder::new()
+                .db(base.join("agent-kernel.db"))
+                .policy_toml("[fs]\nallow = [\"ws\"]\n", &base)
+                .expect("policy")
+                .cwd(&base)
+                .without_tools_file()
+                .durability(agent_kernel_api::Durability::Normal)
+                .build()
+                .expect("builds")
+        }
+    })
+    .await
+    .expect("the builder ran");
+
+    let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+    let read = saga
+        .call("fs.read", json!({ "path": "ws/counter.txt" }), None)
+        .await
+        .expect("reads");
+    let counter: u64 = committed_output(&read)["content"]
+        .as_str()
+        .expect("text")
+        .trim()
+        .parse()
+        .expect("a number");
+    let write = saga
+        .call(
+            "fs.write",
+            json!({ "path": "ws/counter.txt", "content": (counter + 1).to_string() }),
+            None,
+        )
+        .await
+        .expect("writes");
+    committed_output(&write);
+    assert_eq!(saga.commit().await.expect("commits").state, SagaState::Done);
+    assert_eq!(
+        std::fs::read_to_string(base.join("ws/counter.txt")).expect("reads"),
+        "42"
+    );
+
+    let before: Vec<Vec<u8>> = ["ws/counter.txt", "ws/other.bin"]
+        .iter()
+        .map(|path| std::fs::read(base.join(path)).expect("reads"))
+        .collect();
+    let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+    for (path, content) in [
+        ("ws/counter.txt", "0"),
+        ("ws/other.bin", "text"),
+        ("ws/new.txt", "n"),
+    ] {
+        committed_output(
+            &saga
+                .call(
+                    "fs.write",
+                    json!({ "path": path, "content": content }),
+                    None,
+                )
+                .await
+                .expect("writes"),
+        );
+    }
+    let report = saga.abort("undo all of it").await.expect("aborts");
+    assert_eq!(report.state, SagaState::FailedRolledBack);
+    let after: Vec<Vec<u8>> = ["ws/counter.txt", "ws/other.bin"]
+        .iter()
+        .map(|path| std::fs::read(base.join(path)).expect("reads"))
+        .collect();
+    assert_eq!(after, before, "byte for byte");
+    assert!(
+        !base.join("ws/new.txt").exists(),
+        "the created file is gone"
+    );
+}
