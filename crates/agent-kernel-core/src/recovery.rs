@@ -132,16 +132,8 @@ impl Kernel {
         self.check_recoverable(&record)?;
         self.take_over(&record).await?;
         info!(saga_id = %saga_id, from = %record.saga.state, "operator rollback");
-        let state = self.enter_compensating(saga_id, record.saga.state);
-        self.log
-            .write(vec![LogWrite::SetState {
-                saga_id: saga_id.clone(),
-                state,
-            }])
-            .await?;
-        let record = self.load(saga_id).await?;
         let span = info_span!("saga", saga_id = %saga_id, rollback = true);
-        self.compensate_saga(record, None, observer)
+        self.compensate_from_persisted(&record, observer)
             .instrument(span)
             .await
     }
@@ -215,8 +207,24 @@ impl Kernel {
         // The take-over held only if the saga was still in the state just read, so that
         // state is current: no one else writes to it now.
         info!(saga_id = %saga_id, state = %record.saga.state, "recovering");
-        // Recovery resumes from the persisted state: a step was in flight in `Acting` or
-        // `Validating`, so the table's failure event for that state applies.
+        let span = info_span!("saga", saga_id = %saga_id, recovery = true);
+        let saga_report = self
+            .compensate_from_persisted(&record, observer)
+            .instrument(span)
+            .await?;
+        Ok(Some(RecoveryAction::RolledBack(saga_report)))
+    }
+
+    /// Moves a saga just taken over to `Compensating` from the state its log holds (a step
+    /// was in flight in `Acting` or `Validating`, or it waited in `Planning`: the table's
+    /// failure event for that state applies; one already `Compensating` stays), then
+    /// compensates it.
+    async fn compensate_from_persisted(
+        &self,
+        record: &SagaRecord,
+        observer: &dyn Observer,
+    ) -> Result<SagaReport, KernelError> {
+        let saga_id = &record.saga.saga_id;
         if record.saga.state != SagaState::Compensating {
             let state = self.enter_compensating(saga_id, record.saga.state);
             self.log
@@ -227,11 +235,6 @@ impl Kernel {
                 .await?;
         }
         let record = self.load(saga_id).await?;
-        let span = info_span!("saga", saga_id = %saga_id, recovery = true);
-        let saga_report = self
-            .compensate_saga(record, None, observer)
-            .instrument(span)
-            .await?;
-        Ok(Some(RecoveryAction::RolledBack(saga_report)))
+        self.compensate_saga(record, None, observer).await
     }
 }
