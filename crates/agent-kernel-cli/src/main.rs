@@ -127,6 +127,15 @@ enum Command {
     },
     /// Measure the kernel's per-step cost in a temporary log
     Bench(bench::BenchArgs),
+    /// Serve the Model Context Protocol on stdio: an agent's tool calls as sagas
+    Mcp {
+        /// The actor recorded with this connection's sagas (one saga at a time)
+        #[arg(long, value_name = "NAME")]
+        actor: Option<String>,
+        /// Also offer the drill tools (fault.*), which fail on purpose
+        #[arg(long)]
+        drills: bool,
+    },
     /// List the tools with their classes and the limits in force
     Tools,
     /// Check the tamper-evident audit log
@@ -389,7 +398,13 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         } => {
             // Everything about the input is checked before the log is opened.
             let plan = read_plan(plan)?;
-            let kernel = open_kernel(cli, *durability, Compensation::AndExecution, Vec::new())?;
+            let kernel = open_kernel(
+                cli,
+                *durability,
+                Compensation::AndExecution,
+                Vec::new(),
+                true,
+            )?;
             if *dry_run {
                 let report = kernel.dry_run(&plan).await?;
                 out.saga(&report);
@@ -424,7 +439,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 return Ok(exit::OK);
             }
             let options = verify_before_acting(cli, *skip_verify).await?;
-            let kernel = open_kernel(cli, Durability::Full, Compensation::Only, options)?;
+            let kernel = open_kernel(cli, Durability::Full, Compensation::Only, options, true)?;
             let report = kernel.recover(&progress::StepProgress::hidden()).await?;
             out.recovery(&report);
             Ok(if report.all_rolled_back() {
@@ -437,7 +452,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             let saga_id = parse_saga_id(saga)?;
             require_log(cli)?;
             let options = verify_before_acting(cli, *skip_verify).await?;
-            let kernel = open_kernel(cli, Durability::Full, Compensation::Only, options)?;
+            let kernel = open_kernel(cli, Durability::Full, Compensation::Only, options, true)?;
             let report = kernel
                 .rollback(&saga_id, &progress::StepProgress::hidden())
                 .await?;
@@ -558,6 +573,26 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 Ok(exit::OK)
             }
         },
+        Command::Mcp { actor, drills } => {
+            let kernel = open_kernel(
+                cli,
+                Durability::Full,
+                Compensation::AndExecution,
+                Vec::new(),
+                *drills,
+            )?;
+            agent_kernel_mcp::serve_stdio(
+                kernel,
+                agent_kernel_mcp::ServerOptions {
+                    actor: actor.clone(),
+                },
+            )
+            .await
+            .map_err(|error| {
+                Failure::internal(anyhow::anyhow!("the MCP server stopped: {error}"))
+            })?;
+            Ok(exit::OK)
+        }
         Command::Bench(args) => {
             let report = bench::run(args).await.map_err(Failure::internal)?;
             out.bench(&report);
@@ -862,6 +897,7 @@ fn open_kernel(
     durability: Durability,
     purpose: Compensation,
     operator_options: Vec<String>,
+    drills: bool,
 ) -> Result<Arc<Kernel>, Failure> {
     let fsm = match purpose {
         Compensation::AndExecution => load_fsm(cli)?,
@@ -894,6 +930,9 @@ fn open_kernel(
     let existed = log_exists(&path);
     let tools_file = tools_file(cli);
     let mut builder = KernelBuilder::new().without_tools_file();
+    if drills {
+        builder = builder.with_drill_tools();
+    }
     if let Some(file) = &tools_file {
         builder = builder.tools_file(file);
     }
@@ -902,7 +941,6 @@ fn open_kernel(
         .durability(durability)
         .policy(policy.clone())
         .fsm(fsm)
-        .with_drill_tools()
         .operator_options(operator_options)
         .audit_key_opt(audit_key(cli)?)
         .build()

@@ -280,6 +280,13 @@ impl Kernel {
         }
     }
 
+    /// The ids of every registered tool, sorted.
+    pub fn tool_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.tools.ids().map(str::to_owned).collect();
+        ids.sort();
+        ids
+    }
+
     /// The tool registered under `id`.
     pub fn tool(&self, id: &str) -> Option<&Arc<dyn DynTool>> {
         self.tools.get(id)

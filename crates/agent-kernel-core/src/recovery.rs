@@ -94,7 +94,7 @@ impl Kernel {
     ///   never reopened.
     /// - A dry run has nothing to undo: it is reported as it is (its report has `dry_run`).
     ///
-    /// The request is recorded in the audit chain ([`AuditEvent::Operator`]) before anything
+    /// The request is recorded in the audit chain ([`AuditEvent::Operator`](agent_kernel_api::AuditEvent::Operator)) before anything
     /// else, whatever comes of it.
     ///
     /// # Errors
@@ -140,7 +140,7 @@ impl Kernel {
 
     /// Rolls back every saga left unfinished by a process that is no longer running.
     ///
-    /// The command is recorded in the audit chain ([`AuditEvent::Operator`]) before it acts.
+    /// The command is recorded in the audit chain ([`AuditEvent::Operator`](agent_kernel_api::AuditEvent::Operator)) before it acts.
     ///
     /// Sagas in a terminal state are never touched; sagas whose owner is alive (or cannot
     /// be checked from this host) are skipped and reported. Each saga is taken over with a

@@ -13,9 +13,11 @@ fn tier(name: &str) -> Option<u32> {
         "agent-kernel-txlog" | "agent-kernel-sandbox" | "agent-kernel-fsm" => Some(1),
         "agent-kernel-dispatcher" | "agent-kernel-tools" => Some(2),
         "agent-kernel-core" => Some(3),
-        "agent-kernel-cli" => Some(4),
+        // The MCP server: a front end over core's live sagas, below the binary.
+        "agent-kernel-mcp" => Some(4),
+        "agent-kernel-cli" => Some(5),
         // Examples stand above everything, as any user of the crates does.
-        "live-ledger" => Some(5),
+        "live-ledger" => Some(6),
         _ => None,
     }
 }

@@ -9,6 +9,7 @@ mod creation;
 mod fsm;
 mod http;
 mod layering;
+mod mcp;
 mod run;
 mod storage;
 mod tamper;

@@ -1,0 +1,476 @@
+//! `agent-kernel mcp` (CONTRACT §9), driven by rmcp's client over stdio, and by raw
+//! JSON-RPC lines where the test needs to close stdin or send garbage.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
+use rmcp::service::{RoleClient, RunningService};
+use rmcp::transport::TokioChildProcess;
+use serde_json::{Value, json};
+
+use crate::Project;
+
+type Client = RunningService<RoleClient, ()>;
+
+async fn connect(project: &Project, extra: &[&str]) -> Client {
+    let mut command = tokio::process::Command::new(crate::bin());
+    command
+        .current_dir(project.dir.path())
+        .env_remove("AGENT_KERNEL_DB")
+        .env_remove("AGENT_KERNEL_AUDIT_KEY")
+        .env_remove("RUST_LOG")
+        .arg("--db")
+        .arg(project.db())
+        .arg("-q")
+        .arg("mcp")
+        .args(extra);
+    ().serve(TokioChildProcess::new(command).expect("the server starts"))
+        .await
+        .expect("the session initializes")
+}
+
+fn arguments(value: Value) -> JsonObject {
+    match value {
+        Value::Object(map) => map,
+        other => panic!("arguments are an object, not {other}"),
+    }
+}
+
+async fn call(client: &Client, name: &str, args: Value) -> CallToolResult {
+    client
+        .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(arguments(args)))
+        .await
+        .unwrap_or_else(|error| panic!("{name}: {error}"))
+}
+
+fn content(result: &CallToolResult) -> &Value {
+    result
+        .structured_content
+        .as_ref()
+        .expect("every result has structured content")
+}
+
+fn ok(result: &CallToolResult) -> &Value {
+    assert_eq!(
+        result.is_error,
+        Some(false),
+        "{:?}",
+        result.structured_content
+    );
+    content(result)
+}
+
+fn error_kind(result: &CallToolResult) -> &str {
+    assert_eq!(
+        result.is_error,
+        Some(true),
+        "{:?}",
+        result.structured_content
+    );
+    content(result)["error"]["kind"]
+        .as_str()
+        .expect("an error kind")
+}
+
+async fn begin(client: &Client) -> String {
+    let result = call(client, "saga_begin", json!({ "name": "test" })).await;
+    ok(&result)["saga_id"].as_str().expect("an id").to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_names_itself_and_lists_the_saga_tools_and_every_kernel_tool() {
+    let project = Project::new();
+    let client = connect(&project, &[]).await;
+    let info = client.peer_info().expect("initialized");
+    let server = info.server_info.clone().expect("the server names itself");
+    assert_eq!(server.name, "agent-kernel");
+    assert_eq!(server.version, env!("CARGO_PKG_VERSION"));
+    assert!(
+        info.instructions
+            .as_deref()
+            .is_some_and(|text| text.contains("saga_begin")),
+        "{info:?}"
+    );
+    let tools = client.list_all_tools().await.expect("lists");
+    let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_ref()).collect();
+    for name in [
+        "saga_begin",
+        "saga_commit",
+        "saga_abort",
+        "saga_status",
+        "fs_write",
+        "fs_read",
+        "noop",
+        "http_get",
+    ] {
+        assert!(names.contains(&name), "{name} in {names:?}");
+    }
+    assert!(
+        !names.iter().any(|name| name.starts_with("fault_")),
+        "no drill tools unless asked: {names:?}"
+    );
+    for operator in ["recover", "rollback", "approve", "audit_seal", "prune"] {
+        assert!(!names.contains(&operator), "{operator} is never offered");
+    }
+    let tool = |name: &str| tools.iter().find(|tool| tool.name == name).expect("listed");
+    let write = tool("fs_write");
+    assert_eq!(
+        write.input_schema["properties"]["args"]["required"],
+        json!(["path", "content"])
+    );
+    assert_eq!(write.input_schema["required"], json!(["args"]));
+    let annotations = |name: &str| tool(name).annotations.clone().expect("annotated");
+    assert_eq!(annotations("fs_read").read_only_hint, Some(true));
+    assert_eq!(annotations("fs_write").read_only_hint, Some(false));
+    assert_eq!(annotations("fs_write").destructive_hint, Some(false));
+    assert_eq!(annotations("fs_write").idempotent_hint, Some(true));
+    assert_eq!(annotations("fs_append").idempotent_hint, Some(false));
+    assert_eq!(annotations("http_get").open_world_hint, Some(true));
+    client.cancel().await.expect("closes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sagas_commit_abort_and_autocommit_with_the_contract_answers() {
+    let project = Project::new();
+    fs::write(project.path("ws/a.txt"), "before").expect("writes");
+    let client = connect(&project, &["--drills"]).await;
+
+    // Committed: two steps, each answered with its output.
+    let saga = begin(&client).await;
+    for (step, path) in [(0, "ws/a.txt"), (1, "ws/b.txt")] {
+        let result = call(
+            &client,
+            "fs_write",
+            json!({ "saga_id": saga, "args": { "path": path, "content": "after" } }),
+        )
+        .await;
+        let answer = ok(&result);
+        assert_eq!(answer["step"], step, "{answer}");
+        assert_eq!(answer["tool"], "fs.write");
+        assert_eq!(answer["status"], "COMMIT");
+        assert_eq!(answer["state"], "Acting");
+        assert_eq!(answer["output"]["path"], path);
+    }
+    let status = call(&client, "saga_status", json!({ "saga_id": saga })).await;
+    assert_eq!(ok(&status)["steps"].as_array().expect("steps").len(), 2);
+    let committed = call(&client, "saga_commit", json!({ "saga_id": saga })).await;
+    assert_eq!(ok(&committed)["state"], "Done");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/b.txt")).expect("reads"),
+        "after"
+    );
+
+    // Aborted: every file back.
+    let saga = begin(&client).await;
+    for path in ["ws/a.txt", "ws/c.txt"] {
+        let result = call(
+            &client,
+            "fs_write",
+            json!({ "saga_id": saga, "args": { "path": path, "content": "doomed" } }),
+        )
+        .await;
+        ok(&result);
+    }
+    let aborted = call(
+        &client,
+        "saga_abort",
+        json!({ "saga_id": saga, "reason": "no" }),
+    )
+    .await;
+    let answer = ok(&aborted);
+    assert_eq!(answer["state"], "FailedRolledBack", "{answer}");
+    assert!(
+        answer["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .all(|step| step["status"] == "COMPENSATED")
+    );
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "after"
+    );
+    assert!(!project.path("ws/c.txt").exists());
+
+    // Autocommit: a saga of its own.
+    let result = call(
+        &client,
+        "fs_read",
+        json!({ "args": { "path": "ws/a.txt" } }),
+    )
+    .await;
+    let answer = ok(&result);
+    assert_eq!(answer["state"], "Done");
+    assert_eq!(answer["output"]["content"], "after");
+
+    // Refused: bad input, the saga stays open and usable.
+    let saga = begin(&client).await;
+    let refused = call(
+        &client,
+        "fs_write",
+        json!({ "saga_id": saga, "args": { "path": "ws/d.txt" } }),
+    )
+    .await;
+    assert_eq!(error_kind(&refused), "bad_input");
+    let write = call(
+        &client,
+        "fs_write",
+        json!({ "saga_id": saga, "args": { "path": "ws/d.txt", "content": "d" } }),
+    )
+    .await;
+    ok(&write);
+
+    // Denied by the sandbox: the saga rolls back, d.txt with it.
+    let denied = call(
+        &client,
+        "fs_write",
+        json!({ "saga_id": saga, "args": { "path": "/etc/agent-kernel-test", "content": "x" } }),
+    )
+    .await;
+    assert_eq!(error_kind(&denied), "denied");
+    assert_eq!(content(&denied)["state"], "FailedRolledBack");
+    assert!(!project.path("ws/d.txt").exists());
+    let closed = call(&client, "saga_commit", json!({ "saga_id": saga })).await;
+    assert_eq!(error_kind(&closed), "bad_input", "the saga is closed");
+
+    // A failed tool: rolled back, with what was compensated.
+    let saga = begin(&client).await;
+    ok(&call(
+        &client,
+        "fs_write",
+        json!({ "saga_id": saga, "args": { "path": "ws/e.txt", "content": "e" } }),
+    )
+    .await);
+    let failed = call(
+        &client,
+        "fault_fail",
+        json!({ "saga_id": saga, "args": {} }),
+    )
+    .await;
+    assert_eq!(error_kind(&failed), "failed");
+    assert_eq!(content(&failed)["steps"][0]["status"], "COMPENSATED");
+    assert!(!project.path("ws/e.txt").exists());
+    client.cancel().await.expect("closes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_uses_only_its_own_sagas_and_two_share_one_log() {
+    let project = Project::new();
+    let (first, second) = (connect(&project, &[]).await, connect(&project, &[]).await);
+    let saga = begin(&first).await;
+    ok(&call(
+        &first,
+        "fs_write",
+        json!({ "saga_id": saga, "args": { "path": "ws/mine.txt", "content": "1" } }),
+    )
+    .await);
+    // The other connection cannot touch it.
+    for (name, args) in [
+        ("saga_commit", json!({ "saga_id": saga })),
+        ("saga_abort", json!({ "saga_id": saga })),
+        (
+            "fs_write",
+            json!({ "saga_id": saga, "args": { "path": "ws/x.txt", "content": "x" } }),
+        ),
+    ] {
+        let result = call(&second, name, args).await;
+        assert_eq!(error_kind(&result), "bad_input", "{name}");
+    }
+    // Both work on the one log at once.
+    let theirs = begin(&second).await;
+    ok(&call(
+        &second,
+        "fs_write",
+        json!({ "saga_id": theirs, "args": { "path": "ws/theirs.txt", "content": "2" } }),
+    )
+    .await);
+    assert_eq!(
+        ok(&call(&first, "saga_commit", json!({ "saga_id": saga })).await)["state"],
+        "Done"
+    );
+    assert_eq!(
+        ok(&call(&second, "saga_commit", json!({ "saga_id": theirs })).await)["state"],
+        "Done"
+    );
+    assert!(project.path("ws/mine.txt").exists() && project.path("ws/theirs.txt").exists());
+    first.cancel().await.expect("closes");
+    second.cancel().await.expect("closes");
+}
+
+/// The server over raw pipes: JSON-RPC lines in, one answer line per request out.
+struct Raw {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    next_id: u64,
+}
+
+impl Raw {
+    fn start(project: &Project) -> Raw {
+        let mut child = project
+            .command(&["-q", "mcp"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the server starts");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut raw = Raw {
+            child,
+            stdin,
+            stdout,
+            next_id: 1,
+        };
+        let init = raw.request(
+            "initialize",
+            json!({ "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "raw", "version": "1" } }),
+        );
+        assert_eq!(
+            init["result"]["serverInfo"]["name"], "agent-kernel",
+            "{init}"
+        );
+        raw.send_line(
+            &json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }).to_string(),
+        );
+        raw
+    }
+
+    fn send_line(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("open");
+        stdin.write_all(line.as_bytes()).expect("writes");
+        stdin.write_all(b"\n").expect("writes");
+        stdin.flush().expect("flushes");
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send_line(
+            &json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }).to_string(),
+        );
+        loop {
+            let mut line = String::new();
+            assert!(
+                self.stdout.read_line(&mut line).expect("reads") > 0,
+                "the server hung up"
+            );
+            let message: Value = serde_json::from_str(&line).expect("one JSON-RPC message a line");
+            if message["id"] == id {
+                return message;
+            }
+        }
+    }
+
+    fn call(&mut self, name: &str, arguments: Value) -> Value {
+        self.request(
+            "tools/call",
+            json!({ "name": name, "arguments": arguments }),
+        )
+    }
+
+    fn begin_and_write(&mut self, path: &str) -> String {
+        let begun = self.call("saga_begin", json!({}));
+        let saga = begun["result"]["structuredContent"]["saga_id"]
+            .as_str()
+            .expect("an id")
+            .to_owned();
+        let written = self.call(
+            "fs_write",
+            json!({ "saga_id": saga, "args": { "path": path, "content": "new" } }),
+        );
+        assert_eq!(written["result"]["isError"], false, "{written}");
+        saga
+    }
+}
+
+#[test]
+fn end_of_input_rolls_back_the_open_sagas_and_exits_0() {
+    let project = Project::new();
+    fs::write(project.path("ws/a.txt"), "old").expect("writes");
+    let mut raw = Raw::start(&project);
+    let first = raw.begin_and_write("ws/a.txt");
+    let second = raw.begin_and_write("ws/b.txt");
+    drop(raw.stdin.take());
+    let status = raw.child.wait().expect("exits");
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "old"
+    );
+    assert!(!project.path("ws/b.txt").exists());
+    for saga in [first, second] {
+        let (code, record) = project.run_json(&["log", "--saga", &saga]);
+        assert_eq!(code, 0, "{record}");
+        assert_eq!(record["state"], "FailedRolledBack", "{record}");
+    }
+    let (code, listed) = project.run_json(&["audit", "list", "--kind", "SagaAborted"]);
+    assert_eq!(code, 0, "{listed}");
+    let aborted: Vec<&Value> = listed["records"]
+        .as_array()
+        .expect("records")
+        .iter()
+        .map(|record| &record["body"])
+        .collect();
+    assert_eq!(aborted.len(), 2);
+    assert!(aborted.iter().all(|body| body["cause"] == "shutdown"));
+}
+
+#[test]
+fn after_a_sigkill_of_the_server_recover_puts_every_file_back() {
+    let project = Project::new();
+    fs::write(project.path("ws/a.txt"), "old").expect("writes");
+    let mut raw = Raw::start(&project);
+    raw.begin_and_write("ws/a.txt");
+    raw.begin_and_write("ws/b.txt");
+    raw.child.kill().expect("SIGKILLs");
+    raw.child.wait().expect("reaps");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "new"
+    );
+    let (code, report) = project.run_json(&["recover"]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(
+        report["sagas"].as_array().expect("sagas").len(),
+        2,
+        "{report}"
+    );
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "old"
+    );
+    assert!(!project.path("ws/b.txt").exists());
+}
+
+#[test]
+fn malformed_requests_are_protocol_errors_and_the_server_goes_on() {
+    let project = Project::new();
+    let mut raw = Raw::start(&project);
+    // Not JSON at all: no answer can name an id; the server goes on.
+    raw.send_line("{not json");
+    // An unknown tool, arguments that are not the tool's shape, an oversized request.
+    let unknown = raw.call("no_such_tool", json!({}));
+    assert!(unknown["error"]["code"].is_i64(), "{unknown}");
+    let shapeless = raw.call("fs_write", json!({ "path": "ws/x.txt" }));
+    assert!(shapeless["error"]["code"].is_i64(), "{shapeless}");
+    let huge = "x".repeat(4 * 1024 * 1024);
+    let oversized = raw.call(
+        "fs_write",
+        json!({ "args": { "path": "ws/huge.txt", "content": huge } }),
+    );
+    assert!(
+        oversized["error"]["code"].is_i64() || oversized["result"]["isError"] == true,
+        "refused: {}",
+        &oversized.to_string()[..200]
+    );
+    assert!(!project.path("ws/x.txt").exists() && !project.path("ws/huge.txt").exists());
+    // Still answering.
+    let begun = raw.call("saga_begin", json!({}));
+    assert_eq!(begun["result"]["isError"], false, "{begun}");
+    drop(raw.stdin.take());
+    assert_eq!(raw.child.wait().expect("exits").code(), Some(0));
+}

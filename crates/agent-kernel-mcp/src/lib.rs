@@ -1,0 +1,519 @@
+//! The agent-kernel MCP server (CONTRACT §9): an agent's tool calls run through the kernel
+//! as live sagas, over the Model Context Protocol on stdio, with the official Rust SDK
+//! (`rmcp`).
+//!
+//! [`KernelServer`] implements `rmcp`'s `ServerHandler` by hand, since the tools are known
+//! only at run time: the `saga_*` tools, and one tool per kernel tool (its id with each `.`
+//! replaced by `_`) whose input is `{args, saga_id?, idempotency_key?}`. A call with a
+//! `saga_id` is a step of that open saga (one of this connection's: a stdio server serves
+//! one client, and the kernel's registry is this process's); a call without is a saga of
+//! its own, begun, called and committed (or rolled back) within the call.
+//! [`serve_stdio`] serves until end of input or SIGTERM, then rolls back what is open.
+//!
+//! Operator commands (recover, rollback, audit seal, …) are never offered.
+//!
+//! ```no_run
+//! # async fn serve() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let kernel = agent_kernel_core::KernelBuilder::new().build()?;
+//! agent_kernel_mcp::serve_stdio(kernel, agent_kernel_mcp::ServerOptions::default()).await?;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use agent_kernel_api::{AbortCause, EffectClass, SagaId, SagaState};
+use agent_kernel_core::{BeginOptions, CallAnswer, Kernel, KernelError, SagaReport, StepReport};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, JsonObject,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+/// What the server tells an agent about itself, in three sentences.
+pub const INSTRUCTIONS: &str = "Every tool call runs through agent-kernel as a step of a saga: its intent is logged before it runs, the sandbox policy confines it, and it can be undone. Call saga_begin, then call tools with its saga_id, then saga_commit to keep their effects or saga_abort to undo them all, last first; a call without saga_id is a saga of its own that commits at once. A call that is refused leaves the saga open; one that is denied or fails rolls the whole saga back and says what was undone.";
+
+/// The name the server gives itself: agent-kernel's, not the SDK's.
+pub const SERVER_NAME: &str = "agent-kernel";
+
+/// The server's options.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// The actor recorded with every saga of this connection (one saga at a time).
+    pub actor: Option<String>,
+}
+
+/// The MCP server over a kernel: the `saga_*` tools and one tool per kernel tool.
+#[derive(Debug, Clone)]
+pub struct KernelServer {
+    kernel: Arc<Kernel>,
+    options: ServerOptions,
+    /// MCP tool name → kernel tool id.
+    names: Arc<BTreeMap<String, String>>,
+}
+
+/// The MCP name of kernel tool `id`: each `.` replaced by `_`.
+pub fn mcp_name(id: &str) -> String {
+    id.replace('.', "_")
+}
+
+fn object(value: Value) -> JsonObject {
+    match value {
+        Value::Object(map) => map,
+        _ => JsonObject::new(),
+    }
+}
+
+fn steps_of(steps: &[StepReport]) -> Value {
+    Value::Array(
+        steps
+            .iter()
+            .map(|step| json!({ "seq": step.seq, "tool": step.tool, "status": step.status }))
+            .collect(),
+    )
+}
+
+/// An `isError` result: `{saga_id, state, error: {kind, message}, steps}`.
+fn error_result(
+    saga_id: Option<&SagaId>,
+    state: Option<SagaState>,
+    kind: &str,
+    message: &str,
+    steps: &[StepReport],
+) -> CallToolResult {
+    CallToolResult::structured_error(json!({
+        "saga_id": saga_id.map(SagaId::as_str),
+        "state": state,
+        "error": { "kind": kind, "message": message },
+        "steps": steps_of(steps),
+    }))
+}
+
+/// The error result of a saga rolled back by a call.
+fn rolled_back_result(report: &SagaReport) -> CallToolResult {
+    let kind = if report.state == SagaState::FailedRollbackPartial {
+        "operator"
+    } else if report.is_denied() {
+        "denied"
+    } else {
+        "failed"
+    };
+    let message = report.failure.as_ref().map_or_else(
+        || "the saga was rolled back".to_owned(),
+        |failure| {
+            format!(
+                "step {} (`{}`): {}",
+                failure.step_seq, failure.tool, failure.error
+            )
+        },
+    );
+    error_result(
+        Some(&report.saga_id),
+        Some(report.state),
+        kind,
+        &message,
+        &report.steps,
+    )
+}
+
+/// The error result of a kernel error answering a request.
+fn kernel_error_result(saga_id: Option<&SagaId>, error: &KernelError) -> CallToolResult {
+    let kind = if error.is_bad_input() {
+        "bad_input"
+    } else if error.is_denied() {
+        "denied"
+    } else {
+        "operator"
+    };
+    error_result(saga_id, None, kind, &error.to_string(), &[])
+}
+
+fn complete(result: CallToolResult) -> Result<CallToolResponse, McpError> {
+    Ok(CallToolResponse::Complete(result))
+}
+
+impl KernelServer {
+    /// A server over `kernel`.
+    pub fn new(kernel: Arc<Kernel>, options: ServerOptions) -> KernelServer {
+        let mut names = BTreeMap::new();
+        for id in kernel.tool_ids() {
+            let name = mcp_name(&id);
+            if names.contains_key(&name) || name.starts_with("saga_") {
+                warn!(%id, %name, "a kernel tool whose MCP name is taken is not offered");
+                continue;
+            }
+            names.insert(name, id);
+        }
+        KernelServer {
+            kernel,
+            options,
+            names: Arc::new(names),
+        }
+    }
+
+    /// Every tool this server lists.
+    pub fn tools(&self) -> Vec<Tool> {
+        let saga_id =
+            json!({ "type": "string", "description": "the saga, as saga_begin answered" });
+        let mut tools = vec![
+            Tool::new(
+                "saga_begin",
+                "Begin a saga: the tool calls made with its saga_id are its steps, undone together if it is aborted or a step fails.",
+                object(json!({
+                    "type": "object",
+                    "properties": { "name": { "type": "string", "description": "a label for the saga" } },
+                    "additionalProperties": false,
+                })),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(false).destructive(false)),
+            Tool::new(
+                "saga_commit",
+                "Commit a saga: keep the effects of its steps.",
+                object(json!({
+                    "type": "object",
+                    "properties": { "saga_id": saga_id },
+                    "required": ["saga_id"],
+                    "additionalProperties": false,
+                })),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(false).destructive(false)),
+            Tool::new(
+                "saga_abort",
+                "Abort a saga: undo the effects of its steps, last first.",
+                object(json!({
+                    "type": "object",
+                    "properties": { "saga_id": saga_id, "reason": { "type": "string" } },
+                    "required": ["saga_id"],
+                    "additionalProperties": false,
+                })),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(false).destructive(false)),
+            Tool::new(
+                "saga_status",
+                "Where a saga stands, with its steps.",
+                object(json!({
+                    "type": "object",
+                    "properties": { "saga_id": saga_id },
+                    "required": ["saga_id"],
+                    "additionalProperties": false,
+                })),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(true)),
+        ];
+        for (name, id) in self.names.iter() {
+            let Some(tool) = self.kernel.tool(id) else {
+                continue;
+            };
+            let schema = json!({
+                "type": "object",
+                "properties": {
+                    "args": tool.args_schema(),
+                    "saga_id": { "type": "string", "description": "the open saga this call is a step of; without it, the call is a saga of its own" },
+                    "idempotency_key": { "type": "string", "description": "run at most once across sagas by this key" },
+                },
+                "required": ["args"],
+                "additionalProperties": false,
+            });
+            let read_only = tool.effect() == EffectClass::ReadOnly;
+            let mut annotations = ToolAnnotations::new()
+                .read_only(read_only)
+                .idempotent(tool.idempotent());
+            if !read_only {
+                // Every kernel tool's effect is compensated: destructive only when it cannot be.
+                annotations = annotations.destructive(false);
+            }
+            if id == "http.get" {
+                annotations = annotations.open_world(true);
+            }
+            tools.push(
+                Tool::new(
+                    name.clone(),
+                    format!("The kernel tool `{id}`, run as a saga step (sandboxed, logged, compensable)."),
+                    object(schema),
+                )
+                .with_annotations(annotations),
+            );
+        }
+        tools
+    }
+
+    fn saga_arg(arguments: &JsonObject) -> Result<SagaId, McpError> {
+        match arguments.get("saga_id") {
+            Some(Value::String(id)) if !id.is_empty() => Ok(SagaId::new(id.as_str())),
+            _ => Err(McpError::invalid_params(
+                "`saga_id` is required, as text",
+                None,
+            )),
+        }
+    }
+
+    async fn saga_tool(
+        &self,
+        name: &str,
+        arguments: &JsonObject,
+    ) -> Result<CallToolResponse, McpError> {
+        let known: &[&str] = match name {
+            "saga_begin" => &["name"],
+            "saga_abort" => &["saga_id", "reason"],
+            _ => &["saga_id"],
+        };
+        if let Some(unknown) = arguments.keys().find(|key| !known.contains(&key.as_str())) {
+            return Err(McpError::invalid_params(
+                format!("unknown argument `{unknown}` of {name}"),
+                None,
+            ));
+        }
+        if name == "saga_begin" {
+            let label = match arguments.get("name") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(label)) => Some(label.clone()),
+                Some(_) => return Err(McpError::invalid_params("`name` must be text", None)),
+            };
+            return complete(
+                match self
+                    .kernel
+                    .begin(BeginOptions {
+                        name: label,
+                        actor: self.options.actor.clone(),
+                    })
+                    .await
+                {
+                    Ok(saga) => CallToolResult::structured(
+                        json!({ "saga_id": saga.id().as_str(), "state": SagaState::Planning }),
+                    ),
+                    Err(error) => kernel_error_result(None, &error),
+                },
+            );
+        }
+        let saga_id = Self::saga_arg(arguments)?;
+        let Some(saga) = self.kernel.live_saga(&saga_id) else {
+            let error = KernelError::SagaNotOpen(saga_id.clone());
+            return complete(kernel_error_result(Some(&saga_id), &error));
+        };
+        let outcome = match name {
+            "saga_commit" => saga.commit().await,
+            "saga_abort" => {
+                let reason = match arguments.get("reason") {
+                    Some(Value::String(reason)) => reason.clone(),
+                    _ => "aborted by the agent".to_owned(),
+                };
+                saga.abort(&reason).await
+            }
+            _ => {
+                return complete(match saga.status().await {
+                    Some(status) => CallToolResult::structured(json!({
+                        "saga_id": status.saga_id.as_str(),
+                        "state": status.state,
+                        "steps": steps_of(&status.steps),
+                    })),
+                    None => kernel_error_result(
+                        Some(&saga_id),
+                        &KernelError::SagaNotOpen(saga_id.clone()),
+                    ),
+                });
+            }
+        };
+        complete(match outcome {
+            Ok(report) if report.state == SagaState::Done || name == "saga_abort" => {
+                CallToolResult::structured(json!({
+                    "saga_id": report.saga_id.as_str(),
+                    "state": report.state,
+                    "steps": steps_of(&report.steps),
+                }))
+            }
+            Ok(report) => rolled_back_result(&report),
+            Err(error) => kernel_error_result(Some(&saga_id), &error),
+        })
+    }
+
+    async fn kernel_tool(
+        &self,
+        id: &str,
+        arguments: &JsonObject,
+    ) -> Result<CallToolResponse, McpError> {
+        if let Some(unknown) = arguments
+            .keys()
+            .find(|key| !["args", "saga_id", "idempotency_key"].contains(&key.as_str()))
+        {
+            return Err(McpError::invalid_params(
+                format!(
+                    "unknown argument `{unknown}`: a kernel tool takes {{args, saga_id?, idempotency_key?}}"
+                ),
+                None,
+            ));
+        }
+        let Some(args) = arguments.get("args").cloned() else {
+            return Err(McpError::invalid_params(
+                "`args` is required: the tool's own arguments, as an object",
+                None,
+            ));
+        };
+        let key = match arguments.get("idempotency_key") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(key)) => Some(key.clone()),
+            Some(_) => {
+                return Err(McpError::invalid_params(
+                    "`idempotency_key` must be text",
+                    None,
+                ));
+            }
+        };
+        let (saga, autocommit) = match arguments.get("saga_id") {
+            None | Some(Value::Null) => match self
+                .kernel
+                .begin(BeginOptions {
+                    name: Some(format!("{id} (autocommit)")),
+                    actor: self.options.actor.clone(),
+                })
+                .await
+            {
+                Ok(saga) => (saga, true),
+                Err(error) => return complete(kernel_error_result(None, &error)),
+            },
+            Some(_) => {
+                let saga_id = Self::saga_arg(arguments)?;
+                match self.kernel.live_saga(&saga_id) {
+                    Some(saga) => (saga, false),
+                    None => {
+                        let error = KernelError::SagaNotOpen(saga_id.clone());
+                        return complete(kernel_error_result(Some(&saga_id), &error));
+                    }
+                }
+            }
+        };
+        let saga_id = saga.id().clone();
+        let answer = match saga.call(id, args, key).await {
+            Ok(answer) => answer,
+            Err(error) => return complete(kernel_error_result(Some(&saga_id), &error)),
+        };
+        complete(match answer {
+            CallAnswer::Committed(step) => {
+                let state = if autocommit {
+                    match saga.commit().await {
+                        Ok(report) if report.state == SagaState::Done => SagaState::Done,
+                        Ok(report) => return complete(rolled_back_result(&report)),
+                        Err(error) => return complete(kernel_error_result(Some(&saga_id), &error)),
+                    }
+                } else {
+                    saga.status()
+                        .await
+                        .map_or(SagaState::Acting, |status| status.state)
+                };
+                CallToolResult::structured(json!({
+                    "saga_id": saga_id.as_str(),
+                    "step": step.seq,
+                    "tool": step.tool,
+                    "status": step.status,
+                    "output": step.output.map(|output| output.data),
+                    "state": state,
+                }))
+            }
+            CallAnswer::Refused(problem) => {
+                let steps = match saga.status().await {
+                    Some(status) => status.steps,
+                    None => Vec::new(),
+                };
+                if autocommit {
+                    // Nothing ran: the saga of this call ends with it.
+                    let _ = saga.abort("the call was refused").await;
+                }
+                let state = if autocommit {
+                    SagaState::FailedRolledBack
+                } else if steps.is_empty() {
+                    SagaState::Planning
+                } else {
+                    SagaState::Acting
+                };
+                error_result(
+                    Some(&saga_id),
+                    Some(state),
+                    "bad_input",
+                    &problem.to_string(),
+                    &steps,
+                )
+            }
+            CallAnswer::Denied(report) | CallAnswer::Failed(report) => rolled_back_result(&report),
+            _ => error_result(
+                Some(&saga_id),
+                None,
+                "operator",
+                "an unexpected answer",
+                &[],
+            ),
+        })
+    }
+}
+
+impl ServerHandler for KernelServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(SERVER_NAME, env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(self.tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let arguments = request.arguments.unwrap_or_default();
+        let name = request.name.as_ref();
+        if name.starts_with("saga_")
+            && ["saga_begin", "saga_commit", "saga_abort", "saga_status"].contains(&name)
+        {
+            return self.saga_tool(name, &arguments).await;
+        }
+        let Some(id) = self.names.get(name).cloned() else {
+            return Err(McpError::invalid_params(
+                format!("unknown tool `{name}`"),
+                None,
+            ));
+        };
+        self.kernel_tool(&id, &arguments).await
+    }
+}
+
+/// Serves `kernel` over stdio until end of input or SIGTERM, then rolls back every saga
+/// still open (recording why) and returns.
+///
+/// # Errors
+///
+/// The transport's error when the client never initializes the session;
+/// [`KernelError`] when the log fails while the open sagas are rolled back.
+pub async fn serve_stdio(
+    kernel: Arc<Kernel>,
+    options: ServerOptions,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let server = KernelServer::new(Arc::clone(&kernel), options);
+    let running = server.serve(rmcp::transport::stdio()).await?;
+    info!("MCP session initialized");
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let reason = tokio::select! {
+        quit = running.waiting() => {
+            info!(?quit, "the client closed the session");
+            "end of input"
+        }
+        _ = terminate.recv() => "SIGTERM",
+    };
+    let open = kernel
+        .abort_open_sagas(AbortCause::Shutdown, reason)
+        .await?;
+    if !open.is_empty() {
+        info!(n_sagas = open.len(), reason, "open sagas rolled back");
+    }
+    Ok(())
+}
