@@ -1,0 +1,132 @@
+"""The official Python MCP client against the real `agent-kernel mcp` (CONTRACT §9)."""
+
+import pytest
+
+from conftest import session
+
+pytestmark = pytest.mark.anyio
+
+
+async def call(client, name, arguments):
+    result = await client.call_tool(name, arguments)
+    return result.is_error, result.structured_content
+
+
+async def begin(client):
+    is_error, content = await call(client, "saga_begin", {"name": "pytest"})
+    assert not is_error, content
+    assert content["state"] == "Planning"
+    return content["saga_id"]
+
+
+async def test_initialize_names_the_server_and_lists_its_tools(project):
+    async with session(project) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        for name in ["saga_begin", "saga_commit", "saga_abort", "saga_status", "fs_write", "fs_read", "noop"]:
+            assert name in tools, sorted(tools)
+        assert not any(name.startswith("fault_") for name in tools), "no drills unless asked"
+        assert "recover" not in tools and "rollback" not in tools
+        write = tools["fs_write"]
+        assert write.input_schema["required"] == ["args"]
+        assert write.input_schema["properties"]["args"]["required"] == ["path", "content"]
+        assert tools["fs_read"].annotations.read_only_hint is True
+        assert tools["fs_write"].annotations.read_only_hint is False
+        assert tools["fs_write"].annotations.destructive_hint is False
+        assert tools["fs_write"].annotations.idempotent_hint is True
+        assert tools["http_get"].annotations.open_world_hint is True
+
+
+async def test_a_saga_of_several_calls_commits(project):
+    async with session(project) as client:
+        saga = await begin(client)
+        for step, path in enumerate(["ws/a.txt", "ws/b.txt", "ws/c.txt"]):
+            is_error, content = await call(
+                client, "fs_write", {"saga_id": saga, "args": {"path": path, "content": path}}
+            )
+            assert not is_error, content
+            assert content["step"] == step and content["status"] == "COMMIT"
+            assert content["output"]["path"] == path
+        is_error, content = await call(client, "saga_commit", {"saga_id": saga})
+        assert not is_error and content["state"] == "Done", content
+        assert [step["status"] for step in content["steps"]] == ["COMMIT"] * 3
+    assert (project / "ws/c.txt").read_text() == "ws/c.txt"
+
+
+async def test_an_aborted_saga_restores_every_file(project):
+    (project / "ws/a.txt").write_bytes(b"\x00before\xff")
+    async with session(project) as client:
+        saga = await begin(client)
+        for path in ["ws/a.txt", "ws/new.txt"]:
+            is_error, content = await call(
+                client, "fs_write", {"saga_id": saga, "args": {"path": path, "content": "after"}}
+            )
+            assert not is_error, content
+        is_error, content = await call(client, "saga_abort", {"saga_id": saga, "reason": "test"})
+        assert not is_error and content["state"] == "FailedRolledBack", content
+    assert (project / "ws/a.txt").read_bytes() == b"\x00before\xff"
+    assert not (project / "ws/new.txt").exists()
+
+
+async def test_a_call_without_a_saga_commits_on_its_own(project):
+    async with session(project) as client:
+        is_error, content = await call(
+            client, "fs_write", {"args": {"path": "ws/auto.txt", "content": "auto"}}
+        )
+        assert not is_error and content["state"] == "Done", content
+    assert (project / "ws/auto.txt").read_text() == "auto"
+
+
+async def test_a_refused_call_leaves_the_saga_open(project):
+    async with session(project) as client:
+        saga = await begin(client)
+        is_error, content = await call(
+            client, "fs_write", {"saga_id": saga, "args": {"path": "ws/x.txt"}}
+        )
+        assert is_error and content["error"]["kind"] == "bad_input", content
+        is_error, content = await call(
+            client, "fs_write", {"saga_id": saga, "args": {"path": "ws/x.txt", "content": "x"}}
+        )
+        assert not is_error, content
+        is_error, content = await call(client, "saga_commit", {"saga_id": saga})
+        assert not is_error and content["state"] == "Done", content
+
+
+async def test_a_sandbox_denial_rolls_the_saga_back(project):
+    async with session(project) as client:
+        saga = await begin(client)
+        await call(client, "fs_write", {"saga_id": saga, "args": {"path": "ws/y.txt", "content": "y"}})
+        is_error, content = await call(
+            client, "fs_write", {"saga_id": saga, "args": {"path": "../outside.txt", "content": "no"}}
+        )
+        assert is_error and content["error"]["kind"] == "denied", content
+        assert content["state"] == "FailedRolledBack"
+    assert not (project / "ws/y.txt").exists()
+    assert not (project.parent / "outside.txt").exists()
+
+
+async def test_a_failed_tool_rolls_the_saga_back(project):
+    async with session(project, "--drills") as client:
+        saga = await begin(client)
+        await call(client, "fs_write", {"saga_id": saga, "args": {"path": "ws/z.txt", "content": "z"}})
+        is_error, content = await call(client, "fault_fail", {"saga_id": saga, "args": {"message": "boom"}})
+        assert is_error and content["error"]["kind"] == "failed", content
+        assert "boom" in content["error"]["message"]
+        assert content["steps"][0]["status"] == "COMPENSATED"
+    assert not (project / "ws/z.txt").exists()
+
+
+async def test_two_clients_share_one_log_and_neither_can_use_the_others_saga(project):
+    async with session(project) as first, session(project) as second:
+        mine = await begin(first)
+        theirs = await begin(second)
+        for name, arguments in [
+            ("saga_commit", {"saga_id": mine}),
+            ("fs_write", {"saga_id": mine, "args": {"path": "ws/m.txt", "content": "m"}}),
+        ]:
+            is_error, content = await call(second, name, arguments)
+            assert is_error and content["error"]["kind"] == "bad_input", content
+        await call(first, "fs_write", {"saga_id": mine, "args": {"path": "ws/1.txt", "content": "1"}})
+        await call(second, "fs_write", {"saga_id": theirs, "args": {"path": "ws/2.txt", "content": "2"}})
+        assert (await call(first, "saga_commit", {"saga_id": mine}))[1]["state"] == "Done"
+        assert (await call(second, "saga_commit", {"saga_id": theirs}))[1]["state"] == "Done"
+    assert (project / "ws/1.txt").exists() and (project / "ws/2.txt").exists()
