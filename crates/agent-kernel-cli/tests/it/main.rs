@@ -8,6 +8,7 @@ mod crash;
 mod creation;
 mod fsm;
 mod http;
+mod integrations;
 mod layering;
 mod mcp;
 mod run;
