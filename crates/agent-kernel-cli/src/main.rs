@@ -782,7 +782,7 @@ fn build_dispatcher(cli: &Cli, policy: &Policy) -> Result<Dispatcher, Failure> {
     let cwd = std::env::current_dir()
         .context("cannot read the working directory")
         .map_err(Failure::bad_input)?;
-    let limits = agent_kernel_core::limits_from_policy(policy).map_err(Failure::bad_input)?;
+    let mut limits = agent_kernel_core::limits_from_policy(policy).map_err(Failure::bad_input)?;
     let tools = agent_kernel_tools::builtin_tools(
         Arc::new(fs_sandbox),
         Arc::new(HttpSandbox::new(policy)),
@@ -790,7 +790,10 @@ fn build_dispatcher(cli: &Cli, policy: &Policy) -> Result<Dispatcher, Failure> {
     );
     let mut tools = tools;
     if let Some(path) = tools_file(cli) {
-        tools.extend(agent_kernel_core::command_tools(&path, policy).map_err(Failure::bad_input)?);
+        tools.extend(
+            agent_kernel_core::command_tools(&path, policy, &mut limits)
+                .map_err(Failure::bad_input)?,
+        );
     }
     agent_kernel_core::dispatcher_with(limits, tools, policy).map_err(Failure::bad_input)
 }

@@ -322,7 +322,7 @@ impl KernelBuilder {
             }
             FsmSource::Default => Guardrail::builtin(),
         };
-        let limits = match self.limits {
+        let mut limits = match self.limits {
             Some(limits) => limits,
             None => limits_from_policy(&policy)?,
         };
@@ -348,7 +348,7 @@ impl KernelBuilder {
             }
         }
         if let Some(path) = tools_file {
-            tools.extend(command_tools(&path, &policy)?);
+            tools.extend(command_tools(&path, &policy, &mut limits)?);
         }
         tools.extend(self.tools);
         let dispatcher = dispatcher_with(limits, tools, &policy)?;
@@ -384,12 +384,17 @@ impl KernelBuilder {
 }
 
 /// The command tools of the tools file at `path` (CONTRACT §7), each run's output bounded
-/// by `policy`'s `max_io_bytes` (or the default).
+/// by `policy`'s `max_io_bytes` (or the default). A tool's declared `timeout_ms` becomes
+/// its timeout in `limits`, unless `[limits.tools."<id>"]` sets one.
 ///
 /// # Errors
 ///
 /// [`KernelError::Setup`] naming the file, the line and the problem.
-pub fn command_tools(path: &Path, policy: &Policy) -> Result<Vec<Arc<dyn DynTool>>, KernelError> {
+pub fn command_tools(
+    path: &Path,
+    policy: &Policy,
+    limits: &mut Limits,
+) -> Result<Vec<Arc<dyn DynTool>>, KernelError> {
     let output_bytes_max = policy.fs().map_or(
         agent_kernel_sandbox::DEFAULT_MAX_IO_BYTES,
         agent_kernel_sandbox::FsPolicy::max_io_bytes,
@@ -400,6 +405,13 @@ pub fn command_tools(path: &Path, policy: &Policy) -> Result<Vec<Arc<dyn DynTool
         &agent_kernel_tools::BUILTIN_TOOL_IDS,
     )
     .map_err(|error| KernelError::Setup(error.to_string()))?;
+    for tool in &loaded {
+        if let Some(timeout_ms) = tool.timeout_ms() {
+            let id = agent_kernel_api::TransactionalTool::id(tool).to_owned();
+            let entry = limits.tools.entry(id).or_default();
+            entry.timeout_ms.get_or_insert(timeout_ms);
+        }
+    }
     Ok(loaded
         .into_iter()
         .map(|tool| Arc::new(tool) as Arc<dyn DynTool>)

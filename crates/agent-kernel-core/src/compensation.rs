@@ -15,8 +15,9 @@ use crate::report::{Failure, Observer, SagaEvent, SagaReport};
 
 impl Kernel {
     /// The state a failing saga moves to: `Compensating`, through the table's failure event
-    /// for its state. Loaded tables always allow it; a state this build never persists
-    /// (`Idle`, `Planning`) is moved there directly, because rollback must stay possible.
+    /// for its state (`ValidationFailed` for a live saga waiting in `Planning`). A table
+    /// without that row (a custom one, for `Idle` or `Planning`) is warned about and the saga
+    /// moved there directly, because rollback must stay possible.
     pub(crate) fn enter_compensating(&self, saga_id: &SagaId, state: SagaState) -> SagaState {
         if state == SagaState::Compensating {
             return state;

@@ -129,6 +129,11 @@ impl LiveRegistry {
         self.lock().remove(saga_id);
     }
 
+    /// Whether `saga_id` is open here.
+    pub(crate) fn contains(&self, saga_id: &SagaId) -> bool {
+        self.lock().contains_key(saga_id)
+    }
+
     /// The ids of the open sagas.
     pub(crate) fn ids(&self) -> Vec<SagaId> {
         self.lock().keys().cloned().collect()
@@ -241,7 +246,11 @@ impl Kernel {
                 entry,
             };
             handle
-                .end(AbortCause::Requested, "over open_sagas_max".to_owned())
+                .end(
+                    AbortCause::Requested,
+                    "over open_sagas_max".to_owned(),
+                    None,
+                )
                 .await?;
             return Err(KernelError::TooManyOpenSagas {
                 max: limits.open_sagas_max,
@@ -290,7 +299,7 @@ impl Kernel {
         let mut reports = Vec::new();
         for saga_id in self.live.ids() {
             if let Some(saga) = self.live_saga(&saga_id)
-                && let Some(report) = saga.end(cause, reason.to_owned()).await?
+                && let Some(report) = saga.end(cause, reason.to_owned(), None).await?
             {
                 reports.push(report);
             }
@@ -322,8 +331,12 @@ fn spawn_idle_watch(kernel: Weak<Kernel>, saga_id: SagaId, entry: Weak<LiveEntry
                 "untouched for {} ms (saga_idle_timeout_ms)",
                 idle.as_millis()
             );
-            match saga.end(AbortCause::IdleTimeout, reason).await {
+            match saga.end(AbortCause::IdleTimeout, reason, Some(idle)).await {
                 Ok(Some(_)) => warn!(saga_id = %saga_id, "idle live saga rolled back"),
+                Ok(None) if saga.entry.saga.try_lock().is_ok_and(|slot| slot.is_some()) => {
+                    // Touched while the watch waited for it: watch again.
+                    continue;
+                }
                 Ok(None) => {}
                 Err(error) => {
                     warn!(saga_id = %saga_id, %error, "the idle live saga could not be rolled back; it is left to recover")
@@ -396,7 +409,13 @@ impl LiveSaga {
             let saga = slot
                 .take()
                 .ok_or_else(|| KernelError::SagaNotOpen(self.saga_id.clone()))?;
+            let mut abandoned = Unregister {
+                registry: &self.kernel.live,
+                saga_id: &self.saga_id,
+                armed: true,
+            };
             let committed = kernel.live_commit(saga).await;
+            abandoned.armed = false;
             // Out of the registry once it has ended in the log (or the log failed).
             self.kernel.live.remove(&self.saga_id);
             committed
@@ -414,7 +433,10 @@ impl LiveSaga {
     /// [`KernelError::SagaNotOpen`] when the saga has ended; [`KernelError::Interrupted`]
     /// when the log fails.
     pub async fn abort(&self, reason: &str) -> Result<SagaReport, KernelError> {
-        match self.end(AbortCause::Requested, reason.to_owned()).await? {
+        match self
+            .end(AbortCause::Requested, reason.to_owned(), None)
+            .await?
+        {
             Some(report) => Ok(report),
             None => Err(KernelError::SagaNotOpen(self.saga_id.clone())),
         }
@@ -432,17 +454,26 @@ impl LiveSaga {
         })
     }
 
-    /// Ends the saga without a commit, for `cause`; `None` when it had already ended.
+    /// Ends the saga without a commit, for `cause`; `None` when it had already ended, or,
+    /// with `idle`, when it was touched within `idle` after all (checked under its lock, so
+    /// a call that ran long is never followed by its saga's rollback).
     async fn end(
         &self,
         cause: AbortCause,
         reason: String,
+        idle: Option<Duration>,
     ) -> Result<Option<SagaReport>, KernelError> {
         let span = info_span!("saga", saga_id = %self.saga_id, live = true);
         let kernel = Arc::clone(&self.kernel);
         let result = async {
             let mut slot = self.entry.saga.lock().await;
+            if let Some(idle) = idle
+                && self.entry.touched() + idle > Instant::now()
+            {
+                return Ok(None);
+            }
             let Some(saga) = slot.take() else {
+                self.kernel.live.remove(&self.saga_id);
                 return Ok(None);
             };
             info!(cause = cause.as_str(), %reason, "live saga aborted");
@@ -482,11 +513,17 @@ impl LiveSaga {
             .take()
             .ok_or_else(|| KernelError::SagaNotOpen(self.saga_id.clone()))?;
         self.entry.touch();
+        let mut abandoned = Unregister {
+            registry: &self.kernel.live,
+            saga_id: &self.saga_id,
+            armed: true,
+        };
         let result = work(&self.kernel, saga).await;
+        abandoned.armed = false;
         self.entry.touch();
         match result {
             Ok(LiveStep::Open(saga, answer)) => {
-                *slot = Some(saga);
+                *slot = Some(*saga);
                 Ok(answer)
             }
             Ok(LiveStep::Closed(answer)) => {
@@ -513,9 +550,27 @@ impl LiveSaga {
     }
 }
 
+/// Removes a saga from the registry when dropped armed: its driver's future was dropped
+/// (or panicked) after taking the saga out, so the saga is lost to this process; it stays
+/// in the log, owned by this process, for `recover` once the process has ended.
+struct Unregister<'a> {
+    registry: &'a LiveRegistry,
+    saga_id: &'a SagaId,
+    armed: bool,
+}
+
+impl Drop for Unregister<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            warn!(saga_id = %self.saga_id, "a live saga's call was abandoned midway; the saga is left to recover");
+            self.registry.remove(self.saga_id);
+        }
+    }
+}
+
 /// A call's outcome for the registry: the saga still open, or closed.
 enum LiveStep {
-    Open(SagaInFlight, CallAnswer),
+    Open(Box<SagaInFlight>, CallAnswer),
     Closed(CallAnswer),
 }
 
@@ -527,7 +582,20 @@ impl Kernel {
         step: PlanStep,
     ) -> Result<LiveStep, KernelError> {
         let step_idx = saga.next_seq as usize;
-        let problems = self.check_step(step_idx, &step).await?;
+        let mut problems = self.check_step(step_idx, &step).await?;
+        if let Some(key) = &step.idempotency_key
+            && let Some(first) = saga.step_with_key(key)
+        {
+            // As a plan's preflight refuses a key repeated within the plan.
+            problems.push(Problem {
+                step_idx,
+                tool: step.tool.clone(),
+                kind: ProblemKind::KeyConflict,
+                message: format!(
+                    "idempotency key `{key}` is also used by step {first} of this saga"
+                ),
+            });
+        }
         if let Some(problem) = problems.first() {
             let denied = problems
                 .iter()
@@ -557,7 +625,10 @@ impl Kernel {
                 by: self.env.owner.clone(),
             }))
             .await?;
-            return Ok(LiveStep::Open(saga, CallAnswer::Refused(problem.clone())));
+            return Ok(LiveStep::Open(
+                Box::new(saga),
+                CallAnswer::Refused(problem.clone()),
+            ));
         }
         let tool = self
             .tools
@@ -607,7 +678,10 @@ impl Kernel {
                     .last()
                     .expect("the step just committed")
                     .clone();
-                Ok(LiveStep::Open(saga, CallAnswer::Committed(report)))
+                Ok(LiveStep::Open(
+                    Box::new(saga),
+                    CallAnswer::Committed(report),
+                ))
             }
             Err(failure) => {
                 let report = self.fail_saga(saga, Some(failure), &NoObserver).await?;

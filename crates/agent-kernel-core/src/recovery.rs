@@ -36,6 +36,14 @@ impl Kernel {
     /// Refuses a saga owned by another process that is alive (or cannot be checked).
     fn check_owner_gone(&self, record: &SagaRecord) -> Result<(), KernelError> {
         let saga = &record.saga;
+        if self.live.contains(&saga.saga_id) {
+            // An open live saga of this very process: its driver holds it.
+            return Err(KernelError::SagaBusy {
+                saga_id: saga.saga_id.clone(),
+                state: saga.state,
+                owner: saga.owner.clone(),
+            });
+        }
         if saga.owner == self.env.owner || saga.state.is_terminal() {
             return Ok(());
         }

@@ -126,6 +126,8 @@ pub(crate) struct SagaInFlight {
     pub(crate) next_seq: u32,
     /// The last step's success, not yet settled with the FSM.
     pending_success: Option<PendingSuccess>,
+    /// The idempotency keys of the steps taken so far, with their positions.
+    keys: Vec<(String, u32)>,
 }
 
 impl SagaInFlight {
@@ -141,7 +143,16 @@ impl SagaInFlight {
             committed: Vec::with_capacity(n_steps_hint),
             next_seq: 0,
             pending_success: None,
+            keys: Vec::new(),
         }
+    }
+
+    /// The position of the step that used idempotency key `key`, if one did.
+    pub(crate) fn step_with_key(&self, key: &str) -> Option<u32> {
+        self.keys
+            .iter()
+            .find(|(used, _)| used == key)
+            .map(|(_, step_seq)| *step_seq)
     }
 
     /// Records `step` as refused before it began (a denial, a cancellation, a failing
@@ -265,6 +276,9 @@ impl Kernel {
             .clone();
         let step_seq = saga.next_seq;
         saga.next_seq += 1;
+        if let Some(key) = &step.idempotency_key {
+            saga.keys.push((key.clone(), step_seq));
+        }
         let ctx = self.context(
             &saga.saga_id,
             step_seq,

@@ -20,6 +20,8 @@ pub const TOOLS_FILE_BYTES_MAX: usize = 1024 * 1024;
 pub const COMMAND_TOOLS_MAX: usize = 1024;
 /// The most stderr kept from a run, in bytes (its last line is the failure's message).
 pub const COMMAND_STDERR_BYTES_MAX: usize = 64 * 1024;
+/// The longest `timeout_ms` a command tool may declare (an hour, as `[limits]`).
+pub const COMMAND_TIMEOUT_MS_MAX: u64 = 3_600_000;
 /// The exit code by which a program says its failure may be retried (`EX_TEMPFAIL`); the
 /// kernel retries it only for tools declared `idempotent`.
 pub const EXIT_RETRY: i32 = 75;
@@ -224,8 +226,12 @@ pub fn load_tools_file(
                 "`undo_window = \"{window}\"` is not a duration such as 90s, 15m, 24h or 7d"
             )));
         }
-        if spec.timeout_ms == Some(0) {
-            return Err(fail("`timeout_ms` must be positive".to_owned()));
+        if let Some(timeout_ms) = spec.timeout_ms
+            && !(1..=COMMAND_TIMEOUT_MS_MAX).contains(&timeout_ms)
+        {
+            return Err(fail(format!(
+                "`timeout_ms = {timeout_ms}` is outside 1..={COMMAND_TIMEOUT_MS_MAX}"
+            )));
         }
         let args_schema = match spec.args_schema {
             None => json!({ "type": "object" }),
@@ -295,6 +301,11 @@ impl CommandTool {
         self.reversibility
     }
 
+    /// The timeout it declares, in milliseconds (else the dispatcher's `[limits]`).
+    pub fn timeout_ms(&self) -> Option<u64> {
+        self.timeout_ms
+    }
+
     /// How long after a saga's end its effect may still be undone, as written (`24h`).
     pub fn undo_window(&self) -> Option<&str> {
         self.undo_window.as_deref()
@@ -357,19 +368,52 @@ impl CommandTool {
                 let _ = stdin.write_all(input.to_string().as_bytes()).await;
                 drop(stdin);
             };
-            let mut out = Vec::new();
-            let mut err = Vec::new();
-            let mut bounded_out = (&mut stdout).take(output_max + 1);
-            let mut bounded_err = (&mut stderr).take(COMMAND_STDERR_BYTES_MAX as u64);
-            let read_out = bounded_out.read_to_end(&mut out);
-            let read_err = bounded_err.read_to_end(&mut err);
-            let ((), read_out, _) = tokio::join!(written, read_out, read_err);
-            read_out.map_err(|error| {
-                ToolError::uncertain(format!(
-                    "`{}` ({phase}): reading its output: {error}",
-                    self.id
-                ))
-            })?;
+            // stdout up to its bound: past it, the run ends at once (its group is killed
+            // when `run` returns), never blocked on a full pipe.
+            let read_out = async {
+                let mut out = Vec::new();
+                (&mut stdout)
+                    .take(output_max + 1)
+                    .read_to_end(&mut out)
+                    .await
+                    .map_err(|error| {
+                        ToolError::uncertain(format!(
+                            "`{}` ({phase}): reading its output: {error}",
+                            self.id
+                        ))
+                    })?;
+                if out.len() as u64 > output_max {
+                    return Err(ToolError::uncertain(format!(
+                        "`{}` ({phase}): its output is over {output_max} bytes (max_io_bytes)",
+                        self.id
+                    )));
+                }
+                Ok(out)
+            };
+            // stderr drained to its end, keeping the last `COMMAND_STDERR_BYTES_MAX` bytes
+            // (where its last line is), so a chatty program never blocks on it.
+            let read_err = async {
+                let mut tail = Vec::new();
+                let mut chunk = [0_u8; 8192];
+                loop {
+                    match stderr.read(&mut chunk).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n_read) => {
+                            tail.extend_from_slice(&chunk[..n_read]);
+                            if tail.len() > COMMAND_STDERR_BYTES_MAX {
+                                let cut = tail.len() - COMMAND_STDERR_BYTES_MAX;
+                                tail.drain(..cut);
+                            }
+                        }
+                    }
+                }
+                Ok::<_, ToolError>(tail)
+            };
+            let written = async {
+                written.await;
+                Ok::<_, ToolError>(())
+            };
+            let ((), out, err) = tokio::try_join!(written, read_out, read_err)?;
             let status = child.wait().await.map_err(|error| {
                 ToolError::uncertain(format!("`{}` ({phase}): waiting for it: {error}", self.id))
             })?;
@@ -381,12 +425,6 @@ impl CommandTool {
                 .map_err(|_| ToolError::timeout(timeout_ms))??,
             None => work.await?,
         };
-        if stdout.len() as u64 > output_max {
-            return Err(ToolError::uncertain(format!(
-                "`{}` ({phase}): its output is over {output_max} bytes (max_io_bytes)",
-                self.id
-            )));
-        }
         let stderr = String::from_utf8_lossy(&stderr);
         let stderr_last_line = stderr
             .lines()

@@ -26,6 +26,10 @@ if mode == "flaky" and phase == "execute":
     if attempts == 1:
         print("busy, try again", file=sys.stderr)
         sys.exit(75)
+if mode == "chatty" and phase == "execute":
+    sys.stderr.write("x" * 300000 + "\nLAST LINE\n")
+    sys.stdout.write("y" * (100000 if args.get("loud") else 0))
+    sys.exit(0 if args.get("loud") else 3)
 if mode == "slow" and phase == "execute":
     child = subprocess.Popen(["sleep", "60"])
     pathlib.Path("ws/grandchild.pid").write_text(str(child.pid))
@@ -58,6 +62,13 @@ settlement = "compensate"
 timeout_ms = 2000
 execute = ["python3", "tool.py", "slow"]
 compensate = ["python3", "tool.py", "slow"]
+
+[tools."chatty.add"]
+effect = "mutating"
+settlement = "compensate"
+timeout_ms = 60000
+execute = ["python3", "tool.py", "chatty"]
+compensate = ["python3", "tool.py", "chatty"]
 
 [tools."flaky.idem"]
 effect = "mutating"
@@ -250,4 +261,29 @@ fn a_malformed_tools_file_is_bad_input_naming_the_line() {
         assert!(message.contains(fragment), "{text}: {message}");
         assert!(message.contains("tools.toml"), "{message}");
     }
+}
+
+#[test]
+fn a_program_that_writes_a_lot_neither_hangs_nor_floods_the_log() {
+    let project = project();
+    // 300 kB of stderr, then a failure: its last line is the message, at once.
+    let (code, report) = run_plan(&project, json!([{ "tool": "chatty.add", "args": {} }]));
+    assert_eq!(code, 1, "{report}");
+    let message = report["failure"]["error"]["message"]
+        .as_str()
+        .expect("a message");
+    assert!(
+        message.contains("LAST LINE") && message.contains("exited 3"),
+        "{message}"
+    );
+    // 100 kB of stdout, past the policy's max_io_bytes (65,536): refused, outcome unknown.
+    let (code, report) = run_plan(
+        &project,
+        json!([{ "tool": "chatty.add", "args": { "loud": true } }]),
+    );
+    assert_eq!(code, 1, "{report}");
+    let message = report["failure"]["error"]["message"]
+        .as_str()
+        .expect("a message");
+    assert!(message.contains("over 65536 bytes"), "{message}");
 }

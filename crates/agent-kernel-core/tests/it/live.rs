@@ -582,3 +582,74 @@ async fn a_value_read_by_one_call_is_written_by_the_next_and_an_abort_restores_e
         "the created file is gone"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_used_twice_in_one_saga_is_refused_and_the_saga_stays_open() {
+    let fixture = Fixture::new();
+    let kernel = live_kernel(&fixture, 1);
+    let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+    committed_output(
+        &saga
+            .call("ledger.add", json!({ "item": "k" }), Some("same".into()))
+            .await
+            .expect("calls"),
+    );
+    let answer = saga
+        .call("ledger.add", json!({ "item": "k" }), Some("same".into()))
+        .await
+        .expect("answers");
+    assert!(
+        matches!(&answer, CallAnswer::Refused(problem) if problem.kind == ProblemKind::KeyConflict),
+        "{answer:?}"
+    );
+    assert_eq!(saga.commit().await.expect("commits").state, SagaState::Done);
+    assert_eq!(fixture.world.items(), ["k"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_in_the_process_that_holds_a_live_saga_leaves_it_alone() {
+    let fixture = Fixture::new();
+    let kernel = live_kernel(&fixture, 1);
+    let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+    committed_output(
+        &saga
+            .call("ledger.add", json!({ "item": "held" }), None)
+            .await
+            .expect("calls"),
+    );
+    let report = kernel.recover(&NoObserver).await.expect("recovers");
+    assert!(
+        matches!(report.sagas[..], [RecoveryAction::SkippedLive { .. }]),
+        "{report:?}"
+    );
+    assert!(kernel.rollback(saga.id(), &NoObserver).await.is_err());
+    assert_eq!(fixture.world.items(), ["held"]);
+    assert_eq!(saga.commit().await.expect("commits").state, SagaState::Done);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_call_frees_its_place_and_leaves_the_saga_to_recover() {
+    let mut fixture = Fixture::new();
+    fixture.limits.open_sagas_max = 1;
+    let kernel = live_kernel(&fixture, 1);
+    let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+    // The caller stops waiting while the tool sleeps.
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(100),
+        saga.call(
+            "ledger.add",
+            json!({ "item": "slow", "sleep_ms": 5000 }),
+            None,
+        ),
+    )
+    .await;
+    assert!(abandoned.is_err(), "still running when abandoned");
+    assert!(matches!(
+        saga.call("ledger.add", json!({ "item": "x" }), None).await,
+        Err(KernelError::SagaNotOpen(_))
+    ));
+    kernel
+        .begin(BeginOptions::default())
+        .await
+        .expect("its place in open_sagas_max is free again");
+}
