@@ -296,7 +296,16 @@ fn main() -> ExitCode {
         .build()
         .context("cannot start the async runtime")
         .map_err(Failure::internal)
-        .and_then(|runtime| runtime.block_on(dispatch(&cli, &out)));
+        .and_then(|runtime| {
+            let result = runtime.block_on(dispatch(&cli, &out));
+            if matches!(cli.command, Command::Mcp { .. }) {
+                // The stdio transport's read of stdin blocks a thread that no cancellation
+                // reaches (after SIGTERM the client may keep stdin open): do not wait for it.
+                // Every saga was rolled back and every log write answered before this.
+                runtime.shutdown_background();
+            }
+            result
+        });
     match result {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {

@@ -3,7 +3,7 @@
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
@@ -473,4 +473,25 @@ fn malformed_requests_are_protocol_errors_and_the_server_goes_on() {
     assert_eq!(begun["result"]["isError"], false, "{begun}");
     drop(raw.stdin.take());
     assert_eq!(raw.child.wait().expect("exits").code(), Some(0));
+}
+
+#[test]
+fn sigterm_rolls_back_the_open_sagas_and_exits_0() {
+    let project = Project::new();
+    fs::write(project.path("ws/a.txt"), "old").expect("writes");
+    let mut raw = Raw::start(&project);
+    let saga = raw.begin_and_write("ws/a.txt");
+    let status = Command::new("kill")
+        .args(["-TERM", &raw.child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    assert_eq!(raw.child.wait().expect("exits").code(), Some(0));
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "old"
+    );
+    let (code, record) = project.run_json(&["log", "--saga", &saga]);
+    assert_eq!(code, 0, "{record}");
+    assert_eq!(record["state"], "FailedRolledBack", "{record}");
 }
