@@ -227,6 +227,8 @@ impl Output {
         println!("state   {}", saga.state);
         if saga.dry_run {
             println!("mode    dry run: every step was simulated, nothing ran");
+        } else if saga.n_steps == 0 {
+            println!("mode    live: its steps were called one at a time");
         }
         if let Some(name) = &saga.name {
             println!("name    {}", printable(name));
@@ -304,7 +306,12 @@ impl Output {
             list.add_row(vec![
                 printable(saga.saga_id.as_str()),
                 state,
-                saga.n_steps.to_string(),
+                // A live saga has no plan: its steps arrived one at a time.
+                if saga.n_steps == 0 {
+                    "live".to_owned()
+                } else {
+                    saga.n_steps.to_string()
+                },
                 printable(saga.name.as_deref().unwrap_or_default()),
                 format_ms(saga.created_at_ms),
             ]);
