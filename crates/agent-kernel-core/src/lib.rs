@@ -60,11 +60,11 @@
 //!     fn settlement(&self) -> Settlement { Settlement::Compensate }
 //!     fn args_schema(&self) -> Value { json!({"type": "object", "required": ["text"]}) }
 //!     async fn execute(&self, _: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
-//!         self.0.lock().unwrap().push(args["text"].to_string());
-//!         Ok(ToolOutput::new(json!({ "notes": self.0.lock().unwrap().len() })))
+//!         self.0.lock().expect("not poisoned").push(args["text"].to_string());
+//!         Ok(ToolOutput::new(json!({ "notes": self.0.lock().expect("not poisoned").len() })))
 //!     }
 //!     async fn compensate(&self, _: &ToolContext, args: &Value, _: &Undo, _: Option<&ToolOutput>) -> Result<(), ToolError> {
-//!         self.0.lock().unwrap().retain(|note| *note != args["text"].to_string());
+//!         self.0.lock().expect("not poisoned").retain(|note| *note != args["text"].to_string());
 //!         Ok(())
 //!     }
 //! }
@@ -85,7 +85,7 @@
 //!     assert_eq!(report.state, SagaState::FailedRolledBack);
 //!     Ok::<_, agent_kernel_core::KernelError>(())
 //! })?;
-//! assert!(notes.lock().unwrap().is_empty(), "both notes were taken out again");
+//! assert!(notes.lock().expect("not poisoned").is_empty(), "both notes were taken out again");
 //! # Ok(()) }
 //! ```
 //!
