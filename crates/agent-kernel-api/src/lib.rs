@@ -72,6 +72,7 @@
 mod clock;
 mod log;
 mod plan;
+mod reversibility;
 mod state;
 mod tool;
 
@@ -85,6 +86,7 @@ pub use plan::{
     MAX_IDEMPOTENCY_KEY_BYTES, MAX_LABEL_BYTES, MAX_PLAN_BYTES, MAX_PLAN_STEPS, Plan, PlanError,
     PlanStep,
 };
+pub use reversibility::{DEFAULT_UNDO_WINDOW_MS, MAX_UNDO_WINDOW_MS, Reversibility, UndoWindow};
 pub use state::{Durability, SagaId, SagaState, StepStatus};
 pub use tool::{
     BoxFuture, DynTool, EffectClass, Outcome, ProbeOutcome, Settlement, ToolContext, ToolError,

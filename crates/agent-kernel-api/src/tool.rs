@@ -7,7 +7,7 @@ use std::pin::Pin;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{Durability, SagaId};
+use crate::{Durability, Reversibility, SagaId, UndoWindow};
 
 /// A boxed, sendable future: what the object-safe traits return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -381,6 +381,25 @@ pub trait TransactionalTool: Send + Sync + 'static {
     /// The JSON Schema of the tool's arguments.
     fn args_schema(&self) -> Value;
 
+    /// What the tool does, in a sentence, shown by `tools` and to agents over MCP. The
+    /// default is empty (listings then describe it by its id).
+    fn description(&self) -> &str {
+        ""
+    }
+
+    /// How completely [`compensate`](Self::compensate) restores what the effect changed.
+    /// The default is [`Reversibility::Full`]; a tool whose effect cannot be taken back
+    /// must say [`Reversibility::None`], and then each of its steps waits for an operator.
+    fn reversibility(&self) -> Reversibility {
+        Reversibility::Full
+    }
+
+    /// How long after its saga ended a step may still be undone. The default, `None`, is the
+    /// kernel's `[limits] undo_window`.
+    fn undo_window(&self) -> Option<UndoWindow> {
+        None
+    }
+
     /// Checks arguments and policy without side effects.
     ///
     /// # Errors
@@ -500,6 +519,12 @@ pub trait DynTool: Send + Sync + 'static {
     fn settlement(&self) -> Settlement;
     /// See [`TransactionalTool::args_schema`].
     fn args_schema(&self) -> Value;
+    /// See [`TransactionalTool::description`].
+    fn description(&self) -> &str;
+    /// See [`TransactionalTool::reversibility`].
+    fn reversibility(&self) -> Reversibility;
+    /// See [`TransactionalTool::undo_window`].
+    fn undo_window(&self) -> Option<UndoWindow>;
     /// See [`TransactionalTool::check`].
     ///
     /// # Errors
@@ -564,6 +589,18 @@ impl<T: TransactionalTool> DynTool for T {
 
     fn args_schema(&self) -> Value {
         TransactionalTool::args_schema(self)
+    }
+
+    fn description(&self) -> &str {
+        TransactionalTool::description(self)
+    }
+
+    fn reversibility(&self) -> Reversibility {
+        TransactionalTool::reversibility(self)
+    }
+
+    fn undo_window(&self) -> Option<UndoWindow> {
+        TransactionalTool::undo_window(self)
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {

@@ -1,6 +1,6 @@
 //! Everything the command prints: human tables or exactly one JSON document on stdout.
 
-use agent_kernel_api::{SagaRecord, SagaSummary};
+use agent_kernel_api::{EffectClass, Reversibility, SagaRecord, SagaSummary};
 use agent_kernel_core::{RecoveryAction, RecoveryReport, SagaReport};
 use comfy_table::{ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
 use serde_json::{Value, json};
@@ -534,10 +534,19 @@ impl Output {
             .ids()
             .filter_map(|id| tools.get(id).map(|tool| (id, tool)))
             .map(|(id, tool)| {
+                let reversibility = tool.reversibility();
+                // A window bounds undoing an effect: none for a tool that reads, or whose
+                // effect cannot be undone at all.
+                let undo_window = (tool.effect() == EffectClass::Mutating
+                    && reversibility != Reversibility::None)
+                    .then(|| limits.undo_window_for(tool.as_ref()).to_string());
                 json!({
                     "tool": id,
+                    "description": tool.description(),
                     "version": tool.version(),
                     "effect": tool.effect().as_str(),
+                    "reversibility": reversibility.as_str(),
+                    "undo_window": undo_window,
                     "idempotent": tool.idempotent(),
                     "settlement": tool.settlement().as_str(),
                     "timeout_ms": limits.timeout_ms_for(id),
@@ -556,6 +565,7 @@ impl Output {
                     "retries_max": limits.retries_max,
                     "backoff_base_ms": limits.backoff_base_ms,
                     "backoff_max_ms": limits.backoff_max_ms,
+                    "undo_window": limits.undo_window.to_string(),
                 },
             }));
             return;
@@ -564,6 +574,8 @@ impl Output {
             "tool",
             "effect",
             "idempotent",
+            "reversibility",
+            "undo window",
             "unknown outcome",
             "timeout",
             "retries",
@@ -574,6 +586,8 @@ impl Output {
                 row["tool"].as_str().unwrap_or_default().to_owned(),
                 row["effect"].as_str().unwrap_or_default().to_owned(),
                 row["idempotent"].to_string(),
+                row["reversibility"].as_str().unwrap_or_default().to_owned(),
+                row["undo_window"].as_str().unwrap_or("-").to_owned(),
                 row["settlement"].as_str().unwrap_or_default().to_owned(),
                 format!("{} ms", row["timeout_ms"]),
                 row["retries_max"].to_string(),

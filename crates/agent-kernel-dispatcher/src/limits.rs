@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use agent_kernel_api::UndoWindow;
 use serde::Deserialize;
 
 /// Default time a tool call may take, in milliseconds: above the tools' own bounds
@@ -74,6 +75,9 @@ pub struct Limits {
     /// How long a live saga may stay untouched before the process holding it rolls it back,
     /// in milliseconds. Read by the kernel, like `open_sagas_max`.
     pub saga_idle_timeout_ms: u64,
+    /// How long after its saga ended a step of a tool that declares no window of its own may
+    /// still be undone (`undo_window = "7d"`, CONTRACT §10). Read by the kernel.
+    pub undo_window: UndoWindow,
 }
 
 impl Default for Limits {
@@ -88,6 +92,7 @@ impl Default for Limits {
             tools: BTreeMap::new(),
             open_sagas_max: DEFAULT_OPEN_SAGAS_MAX,
             saga_idle_timeout_ms: DEFAULT_SAGA_IDLE_TIMEOUT_MS,
+            undo_window: UndoWindow::default(),
         }
     }
 }
@@ -158,6 +163,12 @@ impl Limits {
             }
         }
         Ok(())
+    }
+
+    /// How long after its saga ended a step of `tool` may still be undone: the tool's own
+    /// window, else [`Limits::undo_window`].
+    pub fn undo_window_for(&self, tool: &dyn agent_kernel_api::DynTool) -> UndoWindow {
+        tool.undo_window().unwrap_or(self.undo_window)
     }
 
     /// The timeout for calls of `tool`.

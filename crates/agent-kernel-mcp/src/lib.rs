@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use agent_kernel_api::{AbortCause, EffectClass, SagaId, SagaState};
+use agent_kernel_api::{AbortCause, EffectClass, Reversibility, SagaId, SagaState};
 use agent_kernel_core::{BeginOptions, CallAnswer, Kernel, KernelError, SagaReport, StepReport};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, JsonObject,
@@ -61,6 +61,24 @@ pub struct KernelServer {
 /// The MCP name of kernel tool `id`: each `.` replaced by `_`.
 pub fn mcp_name(id: &str) -> String {
     id.replace('.', "_")
+}
+
+/// What an agent reads about a kernel tool: the tool's own description (else its id), and
+/// how far the kernel can take its effect back.
+fn describe(id: &str, description: &str, reversibility: Reversibility) -> String {
+    let what = if description.is_empty() {
+        format!("The kernel tool `{id}`.")
+    } else if description.ends_with('.') {
+        description.to_owned()
+    } else {
+        format!("{description}.")
+    };
+    let undo = match reversibility {
+        Reversibility::Full => "compensated exactly on rollback",
+        Reversibility::Partial => "compensated only in part on rollback",
+        Reversibility::None => "cannot be undone",
+    };
+    format!("{what} Run as a saga step: sandboxed, logged; its effect is {undo}.")
 }
 
 fn object(value: Value) -> JsonObject {
@@ -225,8 +243,9 @@ impl KernelServer {
                 .read_only(read_only)
                 .idempotent(tool.idempotent());
             if !read_only {
-                // Every kernel tool's effect is compensated: destructive only when it cannot be.
-                annotations = annotations.destructive(false);
+                // A kernel tool's effect is compensated on rollback: destructive only when
+                // compensation cannot restore the prior state exactly.
+                annotations = annotations.destructive(tool.reversibility() != Reversibility::Full);
             }
             if id == "http.get" {
                 annotations = annotations.open_world(true);
@@ -234,7 +253,7 @@ impl KernelServer {
             tools.push(
                 Tool::new(
                     name.clone(),
-                    format!("The kernel tool `{id}`, run as a saga step (sandboxed, logged, compensable)."),
+                    describe(id, tool.description(), tool.reversibility()),
                     object(schema),
                 )
                 .with_annotations(annotations),

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+pub use agent_kernel_api::Reversibility;
 use agent_kernel_api::{
     EffectClass, ProbeOutcome, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool,
-    Undo,
+    Undo, UndoWindow,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -60,18 +61,6 @@ enum SettlementSpec {
     Operator,
 }
 
-/// How completely a tool's compensation restores what its effect changed (CONTRACT §10).
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Reversibility {
-    /// Compensation restores the prior state exactly.
-    Full,
-    /// Compensation restores part of it.
-    Partial,
-    /// The effect cannot be undone.
-    None,
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Spec {
@@ -105,7 +94,7 @@ pub struct CommandTool {
     idempotent: bool,
     settlement: Settlement,
     reversibility: Reversibility,
-    undo_window: Option<String>,
+    undo_window: Option<UndoWindow>,
     execute: Vec<String>,
     compensate: Option<Vec<String>>,
     probe: Option<Vec<String>>,
@@ -119,17 +108,6 @@ pub struct CommandTool {
 /// The 1-based line of byte `offset` in `text`.
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
-}
-
-/// Whether `text` is a duration of the contract's form: digits and one of `s`, `m`, `h`, `d`.
-fn is_duration(text: &str) -> bool {
-    let Some(unit) = text.chars().last() else {
-        return false;
-    };
-    let digits = &text[..text.len() - unit.len_utf8()];
-    matches!(unit, 's' | 'm' | 'h' | 'd')
-        && !digits.is_empty()
-        && digits.bytes().all(|byte| byte.is_ascii_digit())
 }
 
 /// Loads the tools declared in the file at `path`: programs and their working folder
@@ -219,13 +197,14 @@ pub fn load_tools_file(
         if spec.settlement == SettlementSpec::Probe && spec.probe.is_none() {
             return Err(fail("`settlement = \"probe\"` needs `probe`".to_owned()));
         }
-        if let Some(window) = &spec.undo_window
-            && !is_duration(window)
-        {
-            return Err(fail(format!(
-                "`undo_window = \"{window}\"` is not a duration such as 90s, 15m, 24h or 7d"
-            )));
-        }
+        let undo_window = match &spec.undo_window {
+            None => None,
+            Some(window) => Some(
+                window
+                    .parse::<UndoWindow>()
+                    .map_err(|why| fail(format!("`undo_window`: {why}")))?,
+            ),
+        };
         if let Some(timeout_ms) = spec.timeout_ms
             && !(1..=COMMAND_TIMEOUT_MS_MAX).contains(&timeout_ms)
         {
@@ -255,7 +234,7 @@ pub fn load_tools_file(
                 SettlementSpec::Operator => Settlement::Operator,
             },
             reversibility,
-            undo_window: spec.undo_window,
+            undo_window,
             execute: spec.execute,
             compensate: spec.compensate,
             probe: spec.probe,
@@ -291,24 +270,9 @@ struct Run {
 }
 
 impl CommandTool {
-    /// The tool's description, shown by `tools` and to agents.
-    pub fn description(&self) -> Option<&str> {
-        self.description.as_deref()
-    }
-
-    /// How completely its compensation restores what its effect changed.
-    pub fn reversibility(&self) -> Reversibility {
-        self.reversibility
-    }
-
     /// The timeout it declares, in milliseconds (else the dispatcher's `[limits]`).
     pub fn timeout_ms(&self) -> Option<u64> {
         self.timeout_ms
-    }
-
-    /// How long after a saga's end its effect may still be undone, as written (`24h`).
-    pub fn undo_window(&self) -> Option<&str> {
-        self.undo_window.as_deref()
     }
 
     /// Runs `command` for `phase` with the contract's stdin document.
@@ -487,6 +451,18 @@ impl TransactionalTool for CommandTool {
 
     fn args_schema(&self) -> Value {
         self.args_schema.clone()
+    }
+
+    fn description(&self) -> &str {
+        self.description.as_deref().unwrap_or_default()
+    }
+
+    fn reversibility(&self) -> Reversibility {
+        self.reversibility
+    }
+
+    fn undo_window(&self) -> Option<UndoWindow> {
+        self.undo_window
     }
 
     async fn prepare(&self, _ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {

@@ -68,6 +68,10 @@ impl TransactionalTool for FsAppend {
         Settlement::Compensate
     }
 
+    fn description(&self) -> &str {
+        "Append to a file; undone by truncating it back to its previous length (or removing it if it was new)."
+    }
+
     fn args_schema(&self) -> Value {
         content_schema("fs.append arguments")
     }

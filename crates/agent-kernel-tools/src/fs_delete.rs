@@ -67,6 +67,10 @@ impl TransactionalTool for FsDelete {
         Settlement::Compensate
     }
 
+    fn description(&self) -> &str {
+        "Delete a file; undone by restoring it with its previous bytes."
+    }
+
     fn args_schema(&self) -> Value {
         object_schema(
             "fs.delete arguments",

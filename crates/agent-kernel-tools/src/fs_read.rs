@@ -63,6 +63,10 @@ impl TransactionalTool for FsRead {
         Settlement::Compensate
     }
 
+    fn description(&self) -> &str {
+        "Read a file inside the sandbox's roots."
+    }
+
     fn args_schema(&self) -> Value {
         object_schema(
             "fs.read arguments",

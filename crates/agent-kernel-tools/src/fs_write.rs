@@ -89,6 +89,10 @@ impl TransactionalTool for FsWrite {
         Settlement::Compensate
     }
 
+    fn description(&self) -> &str {
+        "Write a file's whole content atomically; undone by restoring its exact previous bytes (or removing it if it was new)."
+    }
+
     fn args_schema(&self) -> Value {
         content_schema("fs.write arguments")
     }

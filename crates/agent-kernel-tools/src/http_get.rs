@@ -289,6 +289,10 @@ impl TransactionalTool for HttpGet {
         Settlement::Compensate
     }
 
+    fn description(&self) -> &str {
+        "GET a URL on an allowed host; reads only."
+    }
+
     fn args_schema(&self) -> Value {
         object_schema(
             "http.get arguments",

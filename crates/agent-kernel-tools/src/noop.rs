@@ -62,6 +62,10 @@ impl TransactionalTool for Noop {
         Settlement::Compensate
     }
 
+    fn description(&self) -> &str {
+        "Do nothing, after sleeping up to sleep_ms; reads only."
+    }
+
     fn args_schema(&self) -> Value {
         object_schema(
             "noop arguments",

@@ -76,6 +76,10 @@ impl TransactionalTool for ValidateFile {
         Settlement::Compensate
     }
 
+    fn description(&self) -> &str {
+        "Check a file's content; a failed check rolls the saga back."
+    }
+
     fn args_schema(&self) -> Value {
         object_schema(
             "validate.file arguments",

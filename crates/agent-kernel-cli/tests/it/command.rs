@@ -59,6 +59,8 @@ args_schema = { type = "object", properties = { item = { type = "string" }, fail
 [tools."slow.add"]
 effect = "mutating"
 settlement = "compensate"
+reversibility = "partial"
+undo_window = "36h"
 timeout_ms = 2000
 execute = ["python3", "tool.py", "slow"]
 compensate = ["python3", "tool.py", "slow"]
@@ -83,6 +85,13 @@ idempotent = false
 settlement = "compensate"
 execute = ["python3", "tool.py", "flaky"]
 compensate = ["python3", "tool.py", "flaky"]
+
+[tools."mail.send"]
+description = "Send a mail; it cannot be unsent"
+effect = "mutating"
+settlement = "operator"
+reversibility = "none"
+execute = ["python3", "tool.py", "add"]
 "#;
 
 /// A project with the test tools in `tools.toml` (found as `./tools.toml`).
@@ -245,6 +254,18 @@ fn a_malformed_tools_file_is_bad_input_naming_the_line() {
             "built-in",
         ),
         ("[tools.\"x.y\"\n", "line 1"),
+        (
+            "[tools.\"x.y\"]\neffect = \"read-only\"\nsettlement = \"compensate\"\nexecute = [\"true\"]\nundo_window = \"7w\"\n",
+            "`7w` is not a duration",
+        ),
+        (
+            "[tools.\"x.y\"]\neffect = \"read-only\"\nsettlement = \"compensate\"\nexecute = [\"true\"]\nundo_window = \"400d\"\n",
+            "out of range",
+        ),
+        (
+            "[tools.\"x.y\"]\neffect = \"read-only\"\nsettlement = \"compensate\"\nexecute = [\"true\"]\nreversibility = \"mostly\"\n",
+            "unknown variant `mostly`",
+        ),
     ];
     for (text, fragment) in cases {
         let project = Project::new();
@@ -286,4 +307,77 @@ fn a_program_that_writes_a_lot_neither_hangs_nor_floods_the_log() {
         .as_str()
         .expect("a message");
     assert!(message.contains("over 65536 bytes"), "{message}");
+}
+
+#[test]
+fn tools_lists_each_tools_reversibility_window_and_description() {
+    let project = project();
+    let listed = |project: &Project| {
+        let (code, document) = project.run_json(&["tools"]);
+        assert_eq!(code, 0, "{document}");
+        document
+    };
+    let find = |document: &Value, id: &str| {
+        document["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .find(|tool| tool["tool"] == id)
+            .unwrap_or_else(|| panic!("{id} listed in {document}"))
+            .clone()
+    };
+    let document = listed(&project);
+    let row = |id: &str| find(&document, id);
+    assert_eq!(document["limits"]["undo_window"], "7d");
+    let item = row("item.add");
+    assert_eq!(item["reversibility"], "full");
+    assert_eq!(item["undo_window"], "7d", "the [limits] default");
+    assert_eq!(item["description"], "Add an item to ws/items.json");
+    let slow = row("slow.add");
+    assert_eq!(slow["reversibility"], "partial");
+    assert_eq!(slow["undo_window"], "36h", "its own window");
+    let mail = row("mail.send");
+    assert_eq!(mail["reversibility"], "none");
+    assert_eq!(mail["undo_window"], Value::Null, "nothing to undo");
+    assert_eq!(row("fs.write")["reversibility"], "full");
+    assert_eq!(row("fs.write")["undo_window"], "7d");
+    assert_eq!(row("fs.read")["undo_window"], Value::Null, "reads only");
+    assert!(
+        row("fs.delete")["description"]
+            .as_str()
+            .is_some_and(|text| text.contains("previous bytes")),
+        "built-in tools describe themselves"
+    );
+
+    // `[limits] undo_window` is the window of every tool without its own.
+    let policy = project.path("sandbox.toml");
+    let mut text = fs::read_to_string(&policy).expect("a policy");
+    text.push_str("\n[limits]\nundo_window = \"90s\"\n");
+    fs::write(&policy, &text).expect("writes");
+    let document = listed(&project);
+    let row = |id: &str| find(&document, id);
+    assert_eq!(document["limits"]["undo_window"], "90s");
+    assert_eq!(row("item.add")["undo_window"], "90s");
+    assert_eq!(row("slow.add")["undo_window"], "36h");
+
+    // A malformed window is bad input naming the setting.
+    fs::write(&policy, text.replace("\"90s\"", "\"90\"")).expect("writes");
+    let output = project.run(&["--json", "tools"]);
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    let document: Value = serde_json::from_slice(&output.stdout).expect("one document");
+    let message = document["error"]["message"].as_str().expect("a message");
+    assert!(message.contains("`90` is not a duration"), "{message}");
+
+    // The table says the same.
+    fs::write(&policy, &text).expect("writes");
+    let output = project.run(&["tools"]);
+    let table = String::from_utf8(output.stdout).expect("utf8");
+    assert!(
+        table.contains("reversibility") && table.contains("undo window"),
+        "{table}"
+    );
+    assert!(
+        table.contains("partial") && table.contains("36h"),
+        "{table}"
+    );
 }

@@ -495,3 +495,54 @@ fn sigterm_rolls_back_the_open_sagas_and_exits_0() {
     assert_eq!(code, 0, "{record}");
     assert_eq!(record["state"], "FailedRolledBack", "{record}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_read_each_tools_description_and_whether_it_can_be_undone() {
+    let project = Project::new();
+    fs::write(
+        project.path("tools.toml"),
+        r#"
+[tools."mail.send"]
+description = "Send a mail"
+effect = "mutating"
+settlement = "operator"
+reversibility = "none"
+execute = ["true"]
+
+[tools."refund.issue"]
+effect = "mutating"
+settlement = "compensate"
+reversibility = "partial"
+execute = ["true"]
+compensate = ["true"]
+"#,
+    )
+    .expect("writes the tools file");
+    let client = connect(&project, &[]).await;
+    let tools = client.list_all_tools().await.expect("lists tools");
+    let tool = |name: &str| {
+        tools
+            .iter()
+            .find(|tool| tool.name == name)
+            .unwrap_or_else(|| panic!("{name} listed"))
+            .clone()
+    };
+    let destructive = |name: &str| tool(name).annotations.expect("annotated").destructive_hint;
+    assert_eq!(destructive("fs_write"), Some(false), "compensated exactly");
+    assert_eq!(destructive("mail_send"), Some(true), "cannot be undone");
+    assert_eq!(
+        destructive("refund_issue"),
+        Some(true),
+        "undone only in part"
+    );
+    let described = |name: &str| tool(name).description.expect("described").to_string();
+    assert!(
+        described("mail_send").starts_with("Send a mail."),
+        "{}",
+        described("mail_send")
+    );
+    assert!(described("mail_send").contains("cannot be undone"));
+    assert!(described("refund_issue").contains("`refund.issue`"));
+    assert!(described("fs_write").contains("previous bytes"));
+    client.cancel().await.expect("closes");
+}
