@@ -65,7 +65,12 @@ pub fn mcp_name(id: &str) -> String {
 
 /// What an agent reads about a kernel tool: the tool's own description (else its id), and
 /// how far the kernel can take its effect back.
-fn describe(id: &str, description: &str, reversibility: Reversibility) -> String {
+fn describe(
+    id: &str,
+    description: &str,
+    effect: EffectClass,
+    reversibility: Reversibility,
+) -> String {
     let what = if description.is_empty() {
         format!("The kernel tool `{id}`.")
     } else if description.ends_with('.') {
@@ -73,12 +78,13 @@ fn describe(id: &str, description: &str, reversibility: Reversibility) -> String
     } else {
         format!("{description}.")
     };
-    let undo = match reversibility {
-        Reversibility::Full => "compensated exactly on rollback",
-        Reversibility::Partial => "compensated only in part on rollback",
-        Reversibility::None => "cannot be undone",
+    let undo = match (effect, reversibility) {
+        (EffectClass::ReadOnly, _) => "it only reads",
+        (_, Reversibility::Full) => "its effect is compensated exactly on rollback",
+        (_, Reversibility::Partial) => "its effect is compensated only in part on rollback",
+        (_, Reversibility::None) => "its effect cannot be undone",
     };
-    format!("{what} Run as a saga step: sandboxed, logged; its effect is {undo}.")
+    format!("{what} Run as a saga step: sandboxed, logged; {undo}.")
 }
 
 fn object(value: Value) -> JsonObject {
@@ -253,7 +259,7 @@ impl KernelServer {
             tools.push(
                 Tool::new(
                     name.clone(),
-                    describe(id, tool.description(), tool.reversibility()),
+                    describe(id, tool.description(), tool.effect(), tool.reversibility()),
                     object(schema),
                 )
                 .with_annotations(annotations),

@@ -544,5 +544,10 @@ compensate = ["true"]
     assert!(described("mail_send").contains("cannot be undone"));
     assert!(described("refund_issue").contains("`refund.issue`"));
     assert!(described("fs_write").contains("previous bytes"));
+    assert!(
+        described("fs_read").ends_with("it only reads."),
+        "{}",
+        described("fs_read")
+    );
     client.cancel().await.expect("closes");
 }
