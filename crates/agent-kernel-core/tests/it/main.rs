@@ -511,6 +511,34 @@ pub(crate) async fn abandon(kernel: &Kernel, plan: &Plan, after: std::time::Dura
     );
 }
 
+/// The longest [`abandon_when`] waits for its condition.
+const ABANDON_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs `plan` on `kernel` until `ready` holds, then abandons it, as a killed process would
+/// leave it: unlike a fixed delay, a slow machine cannot make it abandon the saga early.
+pub(crate) async fn abandon_when(kernel: &Kernel, plan: &Plan, ready: impl Fn() -> bool) {
+    let run = kernel.run(plan, &NoObserver);
+    tokio::pin!(run);
+    let deadline = tokio::time::Instant::now() + ABANDON_WAIT_MAX;
+    loop {
+        tokio::select! {
+            ended = &mut run => panic!(
+                "the saga must still be running when abandoned; it ended (ok: {})",
+                ended.is_ok()
+            ),
+            () = tokio::time::sleep(std::time::Duration::from_millis(2)) => {
+                if ready() {
+                    return;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the saga never reached the point to abandon it at"
+                );
+            }
+        }
+    }
+}
+
 pub(crate) fn add(item: &str) -> PlanStep {
     PlanStep {
         tool: "ledger.add".into(),

@@ -22,7 +22,9 @@ async fn crash_mid_saga(fixture: &Fixture, pid: u32, prefix: &str) {
     // One actor per saga: the FSM lets an actor have only one saga in progress.
     let mut plan = plan(steps);
     plan.actor = Some(format!("actor-{prefix}"));
-    crate::abandon(&kernel, &plan, Duration::from_millis(200)).await;
+    // Abandoned once the slow third step's effect is applied (its BEGIN is durable then).
+    let last = format!("{prefix}-c");
+    crate::abandon_when(&kernel, &plan, || fixture.world.items().contains(&last)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
