@@ -137,7 +137,10 @@ async fn an_actor_runs_one_saga_at_a_time() {
     let first = fixture.kernel(1);
     let mut slow = add("slow");
     slow.args = json!({"item": "slow", "sleep_ms": 60_000});
-    crate::abandon(&first, &plan(vec![slow]), Duration::from_millis(200)).await;
+    crate::abandon_when(&first, &plan(vec![slow]), || {
+        fixture.world.items().contains(&"slow".to_owned())
+    })
+    .await;
     let second = fixture.kernel(2);
     let error = second
         .run(&plan(vec![add("x")]), &NoObserver)
@@ -204,7 +207,10 @@ async fn the_log_refuses_a_second_saga_for_a_busy_actor_even_after_a_stale_read(
     let first = fixture.kernel(1);
     let mut slow = add("slow");
     slow.args = json!({"item": "slow", "sleep_ms": 60_000});
-    crate::abandon(&first, &plan(vec![slow]), Duration::from_millis(200)).await;
+    crate::abandon_when(&first, &plan(vec![slow]), || {
+        fixture.world.items().contains(&"slow".to_owned())
+    })
+    .await;
 
     // The second process looked before the first created its saga: the FSM's read passes,
     // and the log, which checks again in the transaction that creates the saga, refuses.

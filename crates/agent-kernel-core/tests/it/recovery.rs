@@ -1,7 +1,5 @@
 //! Recovery of sagas left unfinished by dead processes (CONTRACT §6.1, §6.2).
 
-use std::time::Duration;
-
 use agent_kernel_api::{SagaState, StepStatus};
 use agent_kernel_core::{NoObserver, RecoveryAction};
 use serde_json::json;
@@ -241,7 +239,10 @@ async fn a_dry_run_stops_where_a_run_would_find_its_key_held() {
     slow.args = json!({ "item": "held", "sleep_ms": 60_000 });
     let mut holding = plan(vec![slow]);
     holding.actor = Some("holder".into());
-    crate::abandon(&holder, &holding, Duration::from_millis(200)).await;
+    crate::abandon_when(&holder, &holding, || {
+        fixture.world.items().contains(&"held".to_owned())
+    })
+    .await;
 
     // The same key and arguments, while the holder's step is in flight.
     let mut same = plan(vec![add("first"), crate::add_keyed("held", "key-held")]);
