@@ -69,6 +69,8 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+mod approval;
+mod canonical;
 mod clock;
 mod log;
 mod plan;
@@ -76,7 +78,12 @@ mod reversibility;
 mod state;
 mod tool;
 
-pub use clock::{Clock, IdSource};
+pub use approval::{
+    ApprovalDecision, ApprovalRecord, ApprovalRequest, ApprovalStatus, ConsumeApproval,
+    DEFAULT_APPROVAL_TIMEOUT_MS, DecideApproval, MAX_APPROVAL_TIMEOUT_MS, MAX_DECISION_NOTE_BYTES,
+};
+pub use canonical::{canonical_json, write_json_string};
+pub use clock::{Clock, IdSource, format_rfc3339_ms};
 pub use log::{
     AbortCause, AuditEvent, BeginStep, CallRefusal, KeyBinding, LogWrite, NewSaga, OperatorCommand,
     Owner, PlanDenial, SagaAbort, SagaRecord, SagaSummary, StepDenial, StepRecord, TxError, TxLog,

@@ -3,7 +3,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{BoxFuture, EffectClass, SagaId, SagaState, StepStatus, ToolError, ToolOutput, Undo};
+use crate::{
+    ApprovalRecord, ApprovalRequest, ApprovalStatus, BoxFuture, ConsumeApproval, DecideApproval,
+    EffectClass, SagaId, SagaState, StepStatus, ToolError, ToolOutput, Undo,
+};
 
 /// The process that owns a running saga, recorded so that recovery can decide reliably
 /// whether that process is still alive, pid reuse included.
@@ -133,6 +136,16 @@ pub enum LogWrite {
     },
     /// Records an event in the audit chain only: no saga or step changes.
     Audit(AuditEvent),
+    /// Records a request for an operator's approval of a step that has not begun (CONTRACT
+    /// §10); the saga's move to `AwaitingApproval` rides in the same batch.
+    RequestApproval(ApprovalRequest),
+    /// Records a decision on a request: approve or reject (only while it is pending and not
+    /// expired), expire (only while pending), cancel (while pending or approved). A request
+    /// in any other status is left as it is and the write answers
+    /// [`WriteOutcome::NotPending`].
+    DecideApproval(DecideApproval),
+    /// Uses an approved request for the step whose BEGIN follows in the same batch.
+    ConsumeApproval(ConsumeApproval),
     /// Records the outcome of compensating a step.
     Compensation {
         /// The saga.
@@ -264,6 +277,9 @@ pub enum WriteOutcome {
     /// A `BeginStep` whose idempotency key is held by a live or committed step, or bound to
     /// other arguments: the step was recorded as `FAIL` with this reason and must not run.
     KeyRejected(String),
+    /// A `DecideApproval` on a request that is no longer open to it: nothing was changed.
+    /// Carries the request's status (`Expired` for a pending request past its expiry).
+    NotPending(ApprovalStatus),
 }
 
 /// The binding of an idempotency key: the step that last ran with it.
@@ -423,6 +439,15 @@ pub enum TxError {
         /// Its unfinished saga.
         saga_id: SagaId,
     },
+    /// A [`LogWrite::ConsumeApproval`] found no approved, unused request naming exactly its
+    /// saga, step, tool, arguments and digest; nothing of the batch was written.
+    #[error("approval {approval_id} cannot be used for this step: {reason}")]
+    ApprovalUnusable {
+        /// The request.
+        approval_id: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// The write-ahead log the saga engine records every step in.
@@ -494,4 +519,31 @@ pub trait TxLog: Send + Sync + 'static {
         expected_state: SagaState,
         new_owner: &'a Owner,
     ) -> BoxFuture<'a, Result<bool, TxError>>;
+
+    /// One approval request, or `None` if the log has no such request.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn approval<'a>(
+        &'a self,
+        approval_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>>;
+
+    /// The newest approval request of a saga, if it has one.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn saga_approval<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>>;
+
+    /// Every request still recorded as pending (expired ones included), oldest first.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn pending_approvals(&self) -> BoxFuture<'_, Result<Vec<ApprovalRecord>, TxError>>;
 }

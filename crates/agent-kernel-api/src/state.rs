@@ -53,11 +53,16 @@ pub enum SagaState {
     FailedRolledBack,
     /// A compensation failed: an operator must look. Terminal.
     FailedRollbackPartial,
+    /// A step needs an operator's approval before anything of it runs; the saga waits for
+    /// the decision (CONTRACT §10).
+    AwaitingApproval,
+    /// A `Done` saga whose steps an operator undid (`agent-kernel undo`). Terminal.
+    Undone,
 }
 
 impl SagaState {
     /// Every state, in the order of the contract.
-    pub const ALL: [SagaState; 8] = [
+    pub const ALL: [SagaState; 10] = [
         SagaState::Idle,
         SagaState::Planning,
         SagaState::Acting,
@@ -66,6 +71,8 @@ impl SagaState {
         SagaState::Done,
         SagaState::FailedRolledBack,
         SagaState::FailedRollbackPartial,
+        SagaState::AwaitingApproval,
+        SagaState::Undone,
     ];
 
     /// The contract's name of the state.
@@ -79,15 +86,21 @@ impl SagaState {
             SagaState::Done => "Done",
             SagaState::FailedRolledBack => "FailedRolledBack",
             SagaState::FailedRollbackPartial => "FailedRollbackPartial",
+            SagaState::AwaitingApproval => "AwaitingApproval",
+            SagaState::Undone => "Undone",
         }
     }
 
-    /// Whether the saga can no longer change state (`Done`, `FailedRolledBack`,
-    /// `FailedRollbackPartial`).
+    /// Whether the saga has ended (`Done`, `FailedRolledBack`, `FailedRollbackPartial`,
+    /// `Undone`): no step runs in it again, and recovery never touches it. Only an
+    /// operator's explicit command moves a terminal saga on (`undo` of a `Done` saga).
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            SagaState::Done | SagaState::FailedRolledBack | SagaState::FailedRollbackPartial
+            SagaState::Done
+                | SagaState::FailedRolledBack
+                | SagaState::FailedRollbackPartial
+                | SagaState::Undone
         )
     }
 }
@@ -239,7 +252,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_three_end_states_are_terminal() {
+    fn only_the_end_states_are_terminal() {
         let terminal: Vec<_> = SagaState::ALL
             .into_iter()
             .filter(|s| s.is_terminal())
@@ -249,7 +262,8 @@ mod tests {
             [
                 SagaState::Done,
                 SagaState::FailedRolledBack,
-                SagaState::FailedRollbackPartial
+                SagaState::FailedRollbackPartial,
+                SagaState::Undone
             ]
         );
     }

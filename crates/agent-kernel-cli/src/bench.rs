@@ -145,6 +145,26 @@ impl TxLog for CountingLog {
         self.inner
             .take_over(saga_id, expected_owner, expected_state, new_owner)
     }
+
+    fn approval<'a>(
+        &'a self,
+        approval_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<agent_kernel_api::ApprovalRecord>, TxError>> {
+        self.inner.approval(approval_id)
+    }
+
+    fn saga_approval<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<agent_kernel_api::ApprovalRecord>, TxError>> {
+        self.inner.saga_approval(saga_id)
+    }
+
+    fn pending_approvals(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<agent_kernel_api::ApprovalRecord>, TxError>> {
+        self.inner.pending_approvals()
+    }
 }
 
 /// Records when each step of one saga finished executing.

@@ -1,8 +1,10 @@
 //! `agent-kernel`: run tool-call plans as sagas with durable intent, rollback and recovery.
 //!
 //! See `agent-kernel --help`, the README and SPEC.md for the commands, and CONTRACT-level
-//! exit codes: 0 success, 1 rolled back, 2 bad input, 3 operator attention, 4 denied.
+//! exit codes: 0 success, 1 rolled back, 2 bad input, 3 operator attention, 4 denied, 5 the
+//! saga waits for an approval.
 
+mod approvals;
 mod audit;
 mod bench;
 mod output;
@@ -39,8 +41,11 @@ pub(crate) mod exit {
     pub(crate) const BAD_INPUT: u8 = 2;
     /// Operator attention needed: a compensation failed.
     pub(crate) const ATTENTION: u8 = 3;
-    /// Denied by the sandbox or the FSM.
+    /// Denied by the sandbox or the FSM; an approval rejected or expired; a decision on a
+    /// request already decided, or without the operator key.
     pub(crate) const DENIED: u8 = 4;
+    /// The saga waits for an operator's approval (`run --no-wait`, `resume --no-wait`).
+    pub(crate) const AWAITING_APPROVAL: u8 = 5;
 }
 
 /// Largest `--limit` of `log`.
@@ -100,6 +105,43 @@ enum Command {
         /// Check and simulate the plan: nothing is executed; the log records it as a dry run
         #[arg(long)]
         dry_run: bool,
+        /// Stop at a step that needs an operator's approval (exit 5) instead of waiting;
+        /// `resume --saga ID` continues the plan once it is decided
+        #[arg(long, conflicts_with = "dry_run")]
+        no_wait: bool,
+    },
+    /// Continue a saga that waits for an approval, in this process, once it is decided
+    Resume {
+        /// The saga id
+        #[arg(long, value_name = "ID")]
+        saga: String,
+        /// Exit 5 at once if the request is still pending instead of waiting for it
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// List the approval requests waiting for a decision
+    Approvals,
+    /// Approve a pending request: its step runs once, with exactly the arguments shown
+    Approve {
+        /// The request id (`agent-kernel approvals`)
+        id: String,
+        /// A note recorded with the decision in the audit chain
+        #[arg(long, value_name = "TEXT")]
+        note: Option<String>,
+        /// The operator key, when the policy's [approval] operator_key_file asks for one
+        #[arg(long, value_name = "FILE")]
+        operator_key_file: Option<PathBuf>,
+    },
+    /// Reject a pending request: its step never runs, and the saga rolls back
+    Reject {
+        /// The request id (`agent-kernel approvals`)
+        id: String,
+        /// Why, recorded with the decision in the audit chain
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        /// The operator key, when the policy's [approval] operator_key_file asks for one
+        #[arg(long, value_name = "FILE")]
+        operator_key_file: Option<PathBuf>,
     },
     /// Roll back every saga left unfinished by a process that is no longer running
     Recover {
@@ -245,6 +287,15 @@ impl Failure {
         Self {
             code: exit::BAD_INPUT,
             kind: "bad_input",
+            error: error.into(),
+        }
+    }
+
+    /// Refused: a denial (exit 4).
+    fn denied(error: impl Into<anyhow::Error>) -> Self {
+        Self {
+            code: exit::DENIED,
+            kind: "denied",
             error: error.into(),
         }
     }
@@ -404,6 +455,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             plan,
             durability,
             dry_run,
+            no_wait,
         } => {
             // Everything about the input is checked before the log is opened.
             let plan = read_plan(plan)?;
@@ -427,6 +479,8 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             let cancel = Arc::new(Cancellation::new());
             watch_signals(cancel.clone());
             let report = kernel.run_cancellable(&plan, &progress, &cancel).await?;
+            let report =
+                approvals::settle_waits(&kernel, report, *no_wait, &progress, &cancel).await?;
             if cancel.is_cancelled() && report.state == SagaState::Done {
                 eprintln!(
                     "agent-kernel: the signal came while the last step was running; no step was left to stop before, so the saga completed"
@@ -434,12 +488,55 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             }
             progress.finish();
             out.saga(&report);
-            Ok(match report.state {
-                SagaState::Done => exit::OK,
-                SagaState::FailedRolledBack if report.is_denied() => exit::DENIED,
-                SagaState::FailedRolledBack => exit::ROLLED_BACK,
-                _ => exit::ATTENTION,
-            })
+            Ok(approvals::exit_code(&report))
+        }
+        Command::Resume { saga, no_wait } => {
+            let saga_id = parse_saga_id(saga)?;
+            require_log(cli)?;
+            let kernel = open_kernel_for_approvals(cli)?;
+            let progress = progress::StepProgress::hidden();
+            let cancel = Arc::new(Cancellation::new());
+            watch_signals(cancel.clone());
+            let report = kernel.resume(&saga_id, &progress, &cancel).await?;
+            let report =
+                approvals::settle_waits(&kernel, report, *no_wait, &progress, &cancel).await?;
+            out.saga(&report);
+            Ok(approvals::exit_code(&report))
+        }
+        Command::Approvals => {
+            require_log(cli)?;
+            let kernel = open_kernel_for_approvals(cli)?;
+            approvals::list_command(&kernel, out).await
+        }
+        Command::Approve {
+            id,
+            note,
+            operator_key_file,
+        } => {
+            decide(
+                cli,
+                out,
+                id,
+                true,
+                note.clone(),
+                operator_key_file.as_deref(),
+            )
+            .await
+        }
+        Command::Reject {
+            id,
+            reason,
+            operator_key_file,
+        } => {
+            decide(
+                cli,
+                out,
+                id,
+                false,
+                Some(reason.clone()),
+                operator_key_file.as_deref(),
+            )
+            .await
         }
         Command::Recover { skip_verify } => {
             if !log_present(&db_path(cli))? {
@@ -608,6 +705,37 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             Ok(exit::OK)
         }
     }
+}
+
+/// The kernel of `resume`, `approvals`, `approve` and `reject`: the tools and the policy of
+/// `run`, since a resumed saga runs its remaining steps.
+fn open_kernel_for_approvals(cli: &Cli) -> Result<Arc<Kernel>, Failure> {
+    open_kernel(
+        cli,
+        Durability::Full,
+        Compensation::AndExecution,
+        Vec::new(),
+        true,
+    )
+}
+
+/// `approve` and `reject`: the operator key checked against the policy in force before the
+/// log is opened, then the decision.
+async fn decide(
+    cli: &Cli,
+    out: &Output,
+    approval_id: &str,
+    approve: bool,
+    note: Option<String>,
+    operator_key_file: Option<&Path>,
+) -> Result<u8, Failure> {
+    require_log(cli)?;
+    let policy = load_policy(cli)?;
+    let approval_policy =
+        agent_kernel_core::approval_policy_from(&policy).map_err(Failure::bad_input)?;
+    approvals::check_operator_key(&approval_policy, operator_key_file)?;
+    let kernel = open_kernel_for_approvals(cli)?;
+    approvals::decide_command(&kernel, out, approval_id, approve, note).await
 }
 
 fn parse_saga_id(text: &str) -> Result<SagaId, Failure> {

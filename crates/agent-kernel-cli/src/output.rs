@@ -68,31 +68,20 @@ pub(crate) fn printable(text: &str) -> String {
         .collect()
 }
 
+/// A time as `2026-12-01 14:38:05Z`, for tables.
 pub(crate) fn format_ms(at_ms: i64) -> String {
-    let secs = at_ms.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    let rfc3339 = agent_kernel_api::format_rfc3339_ms(at_ms);
+    format!("{} {}Z", &rfc3339[..10], &rfc3339[11..19])
 }
 
 impl Output {
     pub(crate) fn new(json: bool) -> Self {
         Self { json }
+    }
+
+    /// Whether results are one JSON document.
+    pub(crate) fn is_json(&self) -> bool {
+        self.json
     }
 
     /// Reports an error: always on stderr; with `--json`, also as the one document on stdout.

@@ -12,6 +12,7 @@ use agent_kernel_fsm::Guardrail;
 use agent_kernel_sandbox::{FsSandbox, HttpSandbox, Policy};
 use agent_kernel_txlog::{AuditKey, LogOptions, SqliteLog};
 
+use crate::approval::ApprovalPolicy;
 use crate::{
     Environment, Kernel, KernelError, ProcessProbe, SystemClock, UuidV7Ids, current_owner,
 };
@@ -352,6 +353,7 @@ impl KernelBuilder {
         }
         tools.extend(self.tools);
         let dispatcher = dispatcher_with(limits, tools, &policy)?;
+        let approvals = approval_policy_from(&policy)?;
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         let log = SqliteLog::open_with_audit_key(
             &db,
@@ -378,9 +380,31 @@ impl KernelBuilder {
                 env,
                 self.durability,
             )
-            .with_operator_options(self.operator_options),
+            .with_operator_options(self.operator_options)
+            .with_approval_policy(approvals),
         ))
     }
+}
+
+/// Which steps wait for an operator's approval, from a policy's `[approval]` section (a
+/// relative `operator_key_file` taken from the policy file's folder), else only the steps of
+/// irreversible tools, expiring after the default timeout.
+///
+/// # Errors
+///
+/// [`KernelError::Setup`] naming the policy and the problem.
+pub fn approval_policy_from(policy: &Policy) -> Result<ApprovalPolicy, KernelError> {
+    let Some(table) = policy.approval_table() else {
+        return Ok(ApprovalPolicy::default());
+    };
+    let base_dir = policy
+        .source()
+        .and_then(Path::parent)
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    ApprovalPolicy::from_table(table.clone(), base_dir).map_err(|message| {
+        KernelError::Setup(format!("sandbox policy {}: {message}", policy.origin()))
+    })
 }
 
 /// The command tools of the tools file at `path` (CONTRACT §7), each run's output bounded

@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub struct Cancellation {
     requested: AtomicBool,
     reason: Mutex<Option<String>>,
+    /// Wakes [`Cancellation::cancelled`].
+    notify: tokio::sync::Notify,
 }
 
 impl Cancellation {
@@ -31,6 +33,22 @@ impl Cancellation {
             *kept = Some(reason.into());
         }
         self.requested.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    /// Completes once a stop is asked for (at once if it was already), for a driver that
+    /// waits between steps (for an operator's decision, say).
+    pub async fn cancelled(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            // Registered before the flag is read, so a cancel in between still wakes it.
+            notified.as_mut().enable();
+            if self.is_cancelled() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Whether a stop was asked for.

@@ -126,6 +126,27 @@ pub enum KernelError {
     /// A request the kernel cannot take as given (a label too long, say); nothing ran.
     #[error("{0}")]
     InvalidRequest(String),
+    /// No approval request with this id is in the log.
+    #[error("no approval request {0} in the log")]
+    ApprovalNotFound(String),
+    /// The request is no longer open to a decision; nothing was changed.
+    #[error(
+        "approval request {approval_id} is {status}: it can no longer be decided; nothing was changed"
+    )]
+    ApprovalClosed {
+        /// The request.
+        approval_id: String,
+        /// Where it stands.
+        status: agent_kernel_api::ApprovalStatus,
+    },
+    /// The saga does not wait for an approval, and has not finished either.
+    #[error("saga {saga_id} is {state}, not waiting for an approval; nothing was done")]
+    NotAwaitingApproval {
+        /// The saga.
+        saga_id: SagaId,
+        /// Its state.
+        state: SagaState,
+    },
     /// The log holds a saga the kernel cannot make sense of.
     #[error("saga {saga_id}: {reason}")]
     Inconsistent {
@@ -171,6 +192,8 @@ impl KernelError {
             | KernelError::SagaNotOpen(_)
             | KernelError::TooManyOpenSagas { .. }
             | KernelError::InvalidRequest(_)
+            | KernelError::ApprovalNotFound(_)
+            | KernelError::NotAwaitingApproval { .. }
             | KernelError::Setup(_) => true,
             KernelError::Log(TxError::NotALog { .. } | TxError::SchemaTooNew { .. }) => true,
             _ => false,
@@ -184,7 +207,8 @@ impl KernelError {
             KernelError::Preflight(problems) => {
                 !problems.is_empty() && problems.iter().all(|p| p.kind == ProblemKind::Denied)
             }
-            KernelError::Denied { .. } => true,
+            KernelError::Denied { .. } | KernelError::ApprovalClosed { .. } => true,
+            KernelError::Log(TxError::ApprovalUnusable { .. }) => true,
             _ => false,
         }
     }

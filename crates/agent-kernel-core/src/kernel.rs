@@ -50,6 +50,8 @@ pub struct Kernel {
     operator_options: Vec<String>,
     /// The live sagas this process holds open.
     pub(crate) live: crate::live::LiveRegistry,
+    /// Which steps wait for an operator's approval, and for how long.
+    pub(crate) approvals: crate::approval::ApprovalPolicy,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -108,7 +110,27 @@ impl Kernel {
             uid: crate::owner::current_uid(),
             operator_options: Vec::new(),
             live: crate::live::LiveRegistry::default(),
+            approvals: crate::approval::ApprovalPolicy::default(),
         }
+    }
+
+    /// The kernel with `policy` deciding which steps wait for an operator's approval
+    /// (CONTRACT §10): those of irreversible tools always, and those `[approval] require`
+    /// names.
+    #[must_use]
+    pub fn with_approval_policy(mut self, policy: crate::approval::ApprovalPolicy) -> Self {
+        self.approvals = policy;
+        self
+    }
+
+    /// Which steps wait for an operator's approval.
+    pub fn approval_policy(&self) -> &crate::approval::ApprovalPolicy {
+        &self.approvals
+    }
+
+    /// The user recorded with operator commands and decisions.
+    pub fn operator_uid(&self) -> Option<u32> {
+        self.uid
     }
 
     /// The options that changed how the operator command at hand was carried out (for

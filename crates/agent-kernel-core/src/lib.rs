@@ -94,6 +94,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+mod approval;
 mod builder;
 mod cancel;
 mod compensation;
@@ -107,9 +108,12 @@ mod recovery;
 mod report;
 mod step;
 
+pub use approval::{
+    APPROVAL_POLL_INTERVAL, ApprovalPolicy, MAX_APPROVAL_RULES, OperatorDecision, approval_digest,
+};
 pub use builder::{
-    DB_ENV, DEFAULT_DB, DEFAULT_FSM, DEFAULT_SANDBOX, DEFAULT_TOOLS, KernelBuilder, command_tools,
-    dispatcher_with, limits_from_policy,
+    DB_ENV, DEFAULT_DB, DEFAULT_FSM, DEFAULT_SANDBOX, DEFAULT_TOOLS, KernelBuilder,
+    approval_policy_from, command_tools, dispatcher_with, limits_from_policy,
 };
 pub use cancel::Cancellation;
 pub use env::{SystemClock, UuidV7Ids};
@@ -119,5 +123,5 @@ pub use live::{BeginOptions, CallAnswer, LiveSaga, LiveStatus};
 pub use owner::{Liveness, LivenessProbe, ProcessProbe, current_owner, current_uid};
 pub use report::{
     Failure, NoObserver, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport,
-    StepReport,
+    StepReport, approval_document,
 };

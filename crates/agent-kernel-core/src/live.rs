@@ -25,8 +25,9 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use agent_kernel_api::{
-    AbortCause, AuditEvent, CallRefusal, MAX_IDEMPOTENCY_KEY_BYTES, MAX_LABEL_BYTES, PlanStep,
-    SagaAbort, SagaId, SagaState, StepDenial, ToolError,
+    AbortCause, ApprovalRequest, ApprovalStatus, AuditEvent, CallRefusal,
+    MAX_IDEMPOTENCY_KEY_BYTES, MAX_LABEL_BYTES, PlanStep, SagaAbort, SagaId, SagaState, StepDenial,
+    ToolError,
 };
 use agent_kernel_fsm::{Denial, Event};
 use serde::Serialize;
@@ -37,7 +38,7 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::kernel::Kernel;
 use crate::plan::start_facts;
 use crate::report::{NoObserver, SagaReport, StepReport};
-use crate::step::{Lookahead, SagaInFlight, StepMode, step_denied};
+use crate::step::{Lookahead, SagaInFlight, StepMode, Stopped, step_denied};
 use crate::{KernelError, Problem, ProblemKind};
 
 /// How a live saga is begun.
@@ -63,6 +64,9 @@ pub enum CallAnswer {
     Denied(SagaReport),
     /// The tool failed: the saga was rolled back; the report lists what was compensated.
     Failed(SagaReport),
+    /// The step needs an operator's approval: nothing of it ran, the request is in the log,
+    /// and the saga waits (`AwaitingApproval`) until [`LiveSaga::resume`] finds it decided.
+    AwaitingApproval(ApprovalRequest),
 }
 
 impl CallAnswer {
@@ -76,7 +80,10 @@ impl CallAnswer {
 
     /// Whether the saga is still open after this answer.
     pub fn saga_open(&self) -> bool {
-        matches!(self, CallAnswer::Committed(_) | CallAnswer::Refused(_))
+        matches!(
+            self,
+            CallAnswer::Committed(_) | CallAnswer::Refused(_) | CallAnswer::AwaitingApproval(_)
+        )
     }
 }
 
@@ -89,6 +96,8 @@ pub struct LiveStatus {
     pub state: SagaState,
     /// The steps that committed, in order, with their outputs.
     pub steps: Vec<StepReport>,
+    /// The request the saga waits on, while it is `AwaitingApproval`.
+    pub approval: Option<ApprovalRequest>,
 }
 
 /// One open live saga in the registry.
@@ -392,6 +401,24 @@ impl LiveSaga {
             .await
     }
 
+    /// Resumes the saga while it waits for an operator's approval
+    /// ([`CallAnswer::AwaitingApproval`]): still pending, the same answer, nothing written;
+    /// approved, the step runs once with exactly the approved arguments (the request consumed
+    /// in the same transaction as its BEGIN) and the answer is the call's; rejected, expired
+    /// or void, the saga is rolled back ([`CallAnswer::Denied`]).
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::SagaNotOpen`] when the saga has ended;
+    /// [`KernelError::NotAwaitingApproval`] when it waits for nothing;
+    /// [`KernelError::Interrupted`] when the log fails.
+    pub async fn resume(&self) -> Result<CallAnswer, KernelError> {
+        let span = info_span!("saga", saga_id = %self.saga_id, live = true, resumed = true);
+        self.with_saga(|kernel, saga| Box::pin(kernel.live_resume(saga)))
+            .instrument(span)
+            .await
+    }
+
     /// Commits the saga: the last step's success is settled as a plan's last step's, and
     /// `Done` is durable before this returns. The saga is closed afterwards, whatever the
     /// outcome.
@@ -451,6 +478,7 @@ impl LiveSaga {
             saga_id: saga.saga_id.clone(),
             state: saga.state,
             steps: saga.committed.clone(),
+            approval: saga.waiting_on.clone(),
         })
     }
 
@@ -581,6 +609,18 @@ impl Kernel {
         mut saga: SagaInFlight,
         step: PlanStep,
     ) -> Result<LiveStep, KernelError> {
+        if let Some(request) = &saga.waiting_on {
+            let problem = Problem {
+                step_idx: request.step_seq as usize,
+                tool: step.tool,
+                kind: ProblemKind::InvalidArgs,
+                message: format!(
+                    "the saga waits for approval {} of its step {}; call `saga_resume` (or `LiveSaga::resume`) once it is decided",
+                    request.approval_id, request.step_seq
+                ),
+            };
+            return Ok(LiveStep::Open(Box::new(saga), CallAnswer::Refused(problem)));
+        }
         let step_idx = saga.next_seq as usize;
         let mut problems = self.check_step(step_idx, &step).await?;
         if let Some(key) = &step.idempotency_key
@@ -659,12 +699,23 @@ impl Kernel {
                 }
             }
         }
+        self.live_step(saga, &step).await
+    }
+
+    /// Takes `step` as the live saga's next step over the step path and makes its outcome
+    /// durable before the answer.
+    async fn live_step(
+        &self,
+        mut saga: SagaInFlight,
+        step: &PlanStep,
+    ) -> Result<LiveStep, KernelError> {
         match self
             .take_step(
                 &mut saga,
-                &step,
+                step,
                 Lookahead::Unknown,
                 StepMode::Run,
+                None,
                 &NoObserver,
             )
             .await?
@@ -683,15 +734,78 @@ impl Kernel {
                     CallAnswer::Committed(report),
                 ))
             }
-            Err(failure) => {
+            Err(Stopped::Failed(failure)) => {
                 let report = self.fail_saga(saga, Some(failure), &NoObserver).await?;
+                Ok(LiveStep::Closed(CallAnswer::rolled_back(report)))
+            }
+            Err(Stopped::AwaitingApproval(request)) => Ok(LiveStep::Open(
+                Box::new(saga),
+                CallAnswer::AwaitingApproval(request),
+            )),
+        }
+    }
+
+    /// Resumes a live saga that waits for an approval: still pending, the same answer;
+    /// approved, the step runs; rejected, expired or void, the saga rolls back.
+    async fn live_resume(&self, saga: SagaInFlight) -> Result<LiveStep, KernelError> {
+        let Some(request) = saga.waiting_on.clone() else {
+            return Err(KernelError::NotAwaitingApproval {
+                saga_id: saga.saga_id.clone(),
+                state: saga.state,
+            });
+        };
+        let approval = self.approval(&request.approval_id).await?;
+        match approval.status_at(self.env.clock.now_ms()) {
+            ApprovalStatus::Pending => Ok(LiveStep::Open(
+                Box::new(saga),
+                CallAnswer::AwaitingApproval(request),
+            )),
+            ApprovalStatus::Approved => {
+                let step = PlanStep {
+                    tool: request.tool_id.clone(),
+                    args: request.args.clone(),
+                    idempotency_key: request.idempotency_key.clone(),
+                };
+                let saga = saga.granted(self.granted_state()?, approval);
+                self.live_step(saga, &step).await
+            }
+            status => {
+                let record = self.load(&saga.saga_id).await?;
+                let report = self
+                    .roll_back_unapproved(&record, &approval, status, &NoObserver)
+                    .await?;
                 Ok(LiveStep::Closed(CallAnswer::rolled_back(report)))
             }
         }
     }
 
+    /// Rolls back a saga whose commit the FSM refuses, and answers the denial.
+    async fn refuse_commit(
+        &self,
+        saga: SagaInFlight,
+        denial: Denial,
+    ) -> Result<SagaReport, KernelError> {
+        let saga_id = saga.saga_id.clone();
+        self.fail_saga(saga, None, &NoObserver).await?;
+        Err(KernelError::Denied {
+            saga_id: Some(saga_id),
+            denial,
+        })
+    }
+
     /// Commits a live saga.
     async fn live_commit(&self, mut saga: SagaInFlight) -> Result<SagaReport, KernelError> {
+        if let Some(request) = &saga.waiting_on {
+            // Its last step never ran: the saga cannot be complete. Rolled back, as a
+            // commit the FSM refuses is.
+            let denial = Denial {
+                state: saga.state,
+                event: Some(Event::ValidationPassed),
+                tool: Some(request.tool_id.clone()),
+                rule: agent_kernel_fsm::Rule::NotInTable,
+            };
+            return self.refuse_commit(saga, denial).await;
+        }
         if saga.state == SagaState::Planning {
             // No step was ever called: the plan is empty.
             let denial =
@@ -707,12 +821,7 @@ impl Kernel {
                         rule: agent_kernel_fsm::Rule::NotInTable,
                     },
                 };
-            let saga_id = saga.saga_id.clone();
-            self.fail_saga(saga, None, &NoObserver).await?;
-            return Err(KernelError::Denied {
-                saga_id: Some(saga_id),
-                denial,
-            });
+            return self.refuse_commit(saga, denial).await;
         }
         match self.settle(&mut saga, Lookahead::End) {
             Ok(()) => self.finish_done(saga).await,

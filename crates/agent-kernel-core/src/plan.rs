@@ -8,7 +8,7 @@ use tracing::{Instrument, debug, field, info, info_span, warn};
 
 use crate::kernel::Kernel;
 use crate::report::{NoObserver, Observer, SagaEvent, SagaReport};
-use crate::step::{Lookahead, SagaInFlight, StepMode};
+use crate::step::{Lookahead, SagaInFlight, StepMode, Stopped};
 use crate::{Cancellation, KernelError, Problem, ProblemKind};
 
 /// What the checks before a saga found: where it starts, its length, and whether the log
@@ -142,12 +142,28 @@ impl Kernel {
                 failure = Some(self.refuse_step(&mut saga, step, tool.as_ref(), error));
                 break;
             }
-            if let Err(step_failure) = self
-                .take_step(&mut saga, step, lookahead, mode, observer)
+            let rest = &plan.steps[step_idx + 1..];
+            match self
+                .take_step(&mut saga, step, lookahead, mode, Some(rest), observer)
                 .await?
             {
-                failure = Some(step_failure);
-                break;
+                Ok(()) => {}
+                Err(Stopped::Failed(step_failure)) => {
+                    failure = Some(step_failure);
+                    break;
+                }
+                Err(Stopped::AwaitingApproval(request)) => {
+                    // Left waiting in the log, with the plan's remaining steps, for
+                    // `resume` (here, once decided, or in another process).
+                    return Ok(SagaReport {
+                        saga_id: saga.saga_id,
+                        state: saga.state,
+                        steps: saga.committed,
+                        failure: None,
+                        dry_run: false,
+                        approval: Some(request),
+                    });
+                }
             }
             if let Err(denied) = self.settle(&mut saga, lookahead) {
                 failure = Some(denied);
@@ -173,9 +189,28 @@ impl Kernel {
                     steps: saga.committed,
                     failure,
                     dry_run: true,
+                    approval: None,
                 })
             }
         }
+    }
+
+    /// Drives a saga resumed after its waiting step was approved through `plan` (that step
+    /// first, then the plan's remaining steps), as [`Kernel::run`] would have.
+    pub(crate) async fn drive_resumed(
+        &self,
+        plan: &Plan,
+        saga: SagaInFlight,
+        observer: &dyn Observer,
+        cancel: &Cancellation,
+    ) -> Result<SagaReport, KernelError> {
+        let saga_id = saga.saga_id.clone();
+        self.drive_plan(plan, saga, observer, cancel, StepMode::Run)
+            .await
+            .map_err(|error| match error {
+                KernelError::Log(source) => KernelError::Interrupted { saga_id, source },
+                other => other,
+            })
     }
 
     /// Checks and simulates `plan` without touching anything but the log: the preflight of

@@ -2,14 +2,17 @@
 //! only those whose every tool this kernel has), moving them to `Compensating` from their
 //! persisted state, and compensating them.
 
-use agent_kernel_api::{EffectClass, LogWrite, SagaId, SagaRecord, SagaState};
+use agent_kernel_api::{
+    ApprovalDecision, ApprovalStatus, DecideApproval, EffectClass, LogWrite, SagaId, SagaRecord,
+    SagaState,
+};
 use agent_kernel_fsm::{Denial, Rule};
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::KernelError;
 use crate::kernel::Kernel;
 use crate::owner::Liveness;
-use crate::report::{Observer, RecoveryAction, RecoveryReport, SagaReport};
+use crate::report::{Failure, Observer, RecoveryAction, RecoveryReport, SagaReport};
 
 impl Kernel {
     /// The tools that compensating `record` needs and this kernel does not have, sorted.
@@ -73,7 +76,7 @@ impl Kernel {
     }
 
     /// Takes a saga over from `owner` (who must be dead, or the saga terminal), or fails.
-    async fn take_over(&self, record: &SagaRecord) -> Result<(), KernelError> {
+    pub(crate) async fn take_over(&self, record: &SagaRecord) -> Result<(), KernelError> {
         let saga = &record.saga;
         if saga.owner == self.env.owner {
             return Ok(());
@@ -220,29 +223,69 @@ impl Kernel {
             .compensate_from_persisted(&record, observer)
             .instrument(span)
             .await?;
-        Ok(Some(RecoveryAction::RolledBack(saga_report)))
+        Ok(Some(RecoveryAction::RolledBack(Box::new(saga_report))))
     }
 
     /// Moves a saga just taken over to `Compensating` from the state its log holds (a step
     /// was in flight in `Acting` or `Validating`, or it waited in `Planning`: the table's
     /// failure event for that state applies; one already `Compensating` stays), then
     /// compensates it.
+    ///
+    /// A saga that waited for an approval (its process died waiting) has its request voided
+    /// in the same transaction, so an approval given afterwards applies to nothing, and its
+    /// report says so.
     async fn compensate_from_persisted(
         &self,
         record: &SagaRecord,
         observer: &dyn Observer,
     ) -> Result<SagaReport, KernelError> {
+        let mut batch = Vec::new();
+        let mut failure = None;
+        if record.saga.state == SagaState::AwaitingApproval {
+            let approval = self.waiting_approval(record).await?;
+            if matches!(
+                approval.status,
+                ApprovalStatus::Pending | ApprovalStatus::Approved
+            ) {
+                batch.push(LogWrite::DecideApproval(DecideApproval {
+                    approval_id: approval.request.approval_id.clone(),
+                    decision: ApprovalDecision::Cancel,
+                    by: self.env.owner.clone(),
+                    uid: self.operator_uid(),
+                    user: Some("agent-kernel (its saga's process died while it waited)".to_owned()),
+                    note: None,
+                }));
+            }
+            failure = Some(Self::unapproved_failure(
+                &approval,
+                ApprovalStatus::Cancelled,
+            ));
+        }
+        self.compensate_from(record, batch, failure, observer).await
+    }
+
+    /// Writes `batch` with the saga's move to `Compensating` (unless it is there already)
+    /// in one transaction, then compensates it; `failure` is what its report says started
+    /// the rollback.
+    pub(crate) async fn compensate_from(
+        &self,
+        record: &SagaRecord,
+        mut batch: Vec<LogWrite>,
+        failure: Option<Failure>,
+        observer: &dyn Observer,
+    ) -> Result<SagaReport, KernelError> {
         let saga_id = &record.saga.saga_id;
         if record.saga.state != SagaState::Compensating {
             let state = self.enter_compensating(saga_id, record.saga.state);
-            self.log
-                .write(vec![LogWrite::SetState {
-                    saga_id: saga_id.clone(),
-                    state,
-                }])
-                .await?;
+            batch.push(LogWrite::SetState {
+                saga_id: saga_id.clone(),
+                state,
+            });
+        }
+        if !batch.is_empty() {
+            self.log.write(batch).await?;
         }
         let record = self.load(saga_id).await?;
-        self.compensate_saga(record, None, observer).await
+        self.compensate_saga(record, failure, observer).await
     }
 }

@@ -1,6 +1,6 @@
 //! What the kernel reports: saga outcomes and progress events.
 
-use agent_kernel_api::{SagaId, SagaRecord, SagaState, StepStatus, ToolError};
+use agent_kernel_api::{ApprovalRequest, SagaId, SagaRecord, SagaState, StepStatus, ToolError};
 use serde::Serialize;
 
 /// The outcome of one step, as reported to the caller.
@@ -53,9 +53,54 @@ pub struct SagaReport {
     /// as a dry run, with its steps simulated.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub dry_run: bool,
+    /// The request the saga waits on, when it is `AwaitingApproval` (serialized as
+    /// [`approval_document`]).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_approval"
+    )]
+    pub approval: Option<ApprovalRequest>,
+}
+
+/// A request as every document shows it (`approvals --json`, `run --json`, MCP answers):
+/// `{id, saga_id, step, tool, digest, requested_at, expires_at, args}`, times in RFC 3339
+/// (UTC, milliseconds).
+pub fn approval_document(request: &ApprovalRequest) -> serde_json::Value {
+    serde_json::json!({
+        "id": request.approval_id,
+        "saga_id": request.saga_id,
+        "step": request.step_seq,
+        "tool": request.tool_id,
+        "digest": request.digest,
+        "requested_at": agent_kernel_api::format_rfc3339_ms(request.requested_at_ms),
+        "expires_at": agent_kernel_api::format_rfc3339_ms(request.expires_at_ms),
+        "args": request.args,
+    })
+}
+
+fn serialize_approval<S: serde::Serializer>(
+    approval: &Option<ApprovalRequest>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match approval {
+        Some(request) => approval_document(request).serialize(serializer),
+        None => serializer.serialize_none(),
+    }
 }
 
 impl SagaReport {
+    /// The same report, waiting on `approval`.
+    #[must_use]
+    pub fn awaiting(mut self, approval: Option<ApprovalRequest>) -> Self {
+        self.approval = approval;
+        self
+    }
+
+    /// Whether the saga waits for an operator's approval.
+    pub fn is_awaiting_approval(&self) -> bool {
+        self.state == SagaState::AwaitingApproval
+    }
+
     /// The report of a saga as the log holds it.
     pub fn from_record(record: &SagaRecord, failure: Option<Failure>) -> Self {
         SagaReport {
@@ -76,6 +121,7 @@ impl SagaReport {
                 .collect(),
             failure,
             dry_run: record.saga.dry_run,
+            approval: None,
         }
     }
 
@@ -92,7 +138,7 @@ impl SagaReport {
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum RecoveryAction {
     /// Its owner was dead; it was rolled back.
-    RolledBack(SagaReport),
+    RolledBack(Box<SagaReport>),
     /// Its owner is alive, or cannot be checked from here; it was not touched.
     SkippedLive {
         /// The saga.

@@ -4,12 +4,14 @@
 //! next and what is known about the one after it.
 
 use agent_kernel_api::{
-    BeginStep, DynTool, EffectClass, KeyBinding, LogWrite, NewSaga, PlanStep, SagaId, SagaState,
+    ApprovalDecision, ApprovalRecord, ApprovalRequest, BeginStep, ConsumeApproval, DecideApproval,
+    DynTool, EffectClass, KeyBinding, LogWrite, NewSaga, PlanStep, SagaId, SagaRecord, SagaState,
     StepDenial, StepStatus, ToolError, ToolOutput, TxError, Undo, WriteOutcome,
 };
 use agent_kernel_fsm::{Denial, Event, Facts, Guardrail, Rule};
 use tracing::{Instrument, debug, field, info, info_span, warn};
 
+use crate::approval::approval_digest;
 use crate::kernel::{Kernel, args_hash};
 use crate::report::{Failure, Observer, SagaEvent, SagaReport, StepReport};
 use crate::{KernelError, VALIDATE_HINT};
@@ -99,6 +101,16 @@ pub(crate) enum StepMode {
     Simulate,
 }
 
+/// Why the step path stopped short of a committed step.
+#[derive(Debug)]
+pub(crate) enum Stopped {
+    /// The step failed or was refused: the driver rolls the saga back.
+    Failed(Failure),
+    /// The step waits for an operator's approval: nothing of it ran, the request and the
+    /// saga's move to `AwaitingApproval` are durable, and the driver stops here.
+    AwaitingApproval(ApprovalRequest),
+}
+
 /// A step that succeeded and whose success the FSM has not yet been told of: what follows
 /// it decides the facts (a live saga learns that only at its next call or its commit).
 #[derive(Debug, Clone)]
@@ -128,6 +140,10 @@ pub(crate) struct SagaInFlight {
     pending_success: Option<PendingSuccess>,
     /// The idempotency keys of the steps taken so far, with their positions.
     keys: Vec<(String, u32)>,
+    /// The approved request for the next step, when the saga resumes after a decision.
+    approved: Option<ApprovalRecord>,
+    /// The request the saga waits on, while it is `AwaitingApproval`.
+    pub(crate) waiting_on: Option<ApprovalRequest>,
 }
 
 impl SagaInFlight {
@@ -144,6 +160,79 @@ impl SagaInFlight {
             next_seq: 0,
             pending_success: None,
             keys: Vec::new(),
+            approved: None,
+            waiting_on: None,
+        }
+    }
+
+    /// A saga read back from the log while it waits in `AwaitingApproval`, resuming in
+    /// `state` (where `ApprovalGranted` leads) with `approval` granted for its next step.
+    pub(crate) fn resumed(
+        record: &SagaRecord,
+        state: SagaState,
+        approval: ApprovalRecord,
+    ) -> SagaInFlight {
+        let committed = record
+            .steps
+            .iter()
+            .filter(|step| step.status == StepStatus::Commit)
+            .map(|step| StepReport {
+                seq: step.step_seq,
+                tool: step.tool_id.clone(),
+                status: step.status,
+                output: step.output.clone(),
+                error: None,
+                compensation: None,
+                reused: step.reused_from.is_some(),
+            })
+            .collect();
+        SagaInFlight {
+            saga_id: record.saga.saga_id.clone(),
+            name: record.saga.name.clone(),
+            actor: record.saga.actor.clone(),
+            state,
+            persisted: record.saga.state,
+            pending: Vec::new(),
+            committed,
+            next_seq: approval.request.step_seq,
+            pending_success: None,
+            keys: record
+                .steps
+                .iter()
+                .filter_map(|step| Some((step.idempotency_key.clone()?, step.step_seq)))
+                .collect(),
+            approved: None,
+            waiting_on: None,
+        }
+        .granted(state, approval)
+    }
+
+    /// Grants `approval` for the next step: the saga moves to `state` (written with the
+    /// step's BEGIN) and the step path consumes the request there.
+    pub(crate) fn granted(mut self, state: SagaState, approval: ApprovalRecord) -> SagaInFlight {
+        self.state = state;
+        self.waiting_on = None;
+        self.approved = Some(approval);
+        self
+    }
+
+    /// Queues the voiding of the request the saga waits on (it rolls back instead), to be
+    /// written with its move to `Compensating`.
+    pub(crate) fn cancel_waiting(
+        &mut self,
+        by: &agent_kernel_api::Owner,
+        uid: Option<u32>,
+        why: &str,
+    ) {
+        if let Some(request) = self.waiting_on.take() {
+            self.pending.push(LogWrite::DecideApproval(DecideApproval {
+                approval_id: request.approval_id,
+                decision: ApprovalDecision::Cancel,
+                by: by.clone(),
+                uid,
+                user: Some(format!("agent-kernel ({why})")),
+                note: None,
+            }));
         }
     }
 
@@ -263,8 +352,9 @@ impl Kernel {
         step: &PlanStep,
         lookahead: Lookahead,
         mode: StepMode,
+        rest: Option<&[PlanStep]>,
         observer: &dyn Observer,
-    ) -> Result<Result<(), Failure>, KernelError> {
+    ) -> Result<Result<(), Stopped>, KernelError> {
         assert!(
             saga.pending_success.is_none(),
             "the previous step's success is settled before the next step"
@@ -287,10 +377,12 @@ impl Kernel {
             saga.actor.as_deref(),
         );
         let begin = step_record(&saga.saga_id, step_seq, step, tool.as_ref());
-        let fail = |error: ToolError| Failure {
-            step_seq,
-            tool: step.tool.clone(),
-            error,
+        let fail = |error: ToolError| {
+            Stopped::Failed(Failure {
+                step_seq,
+                tool: step.tool.clone(),
+                error,
+            })
         };
 
         // The FSM rules on the step before anything about it is written.
@@ -300,6 +392,7 @@ impl Kernel {
             // Never begun: recorded as refused, its idempotency key left alone.
             return Ok(Err(fail(saga.refuse(begin, error))));
         }
+        let approved = saga.approved.take();
 
         let binding = match &step.idempotency_key {
             Some(key) => self
@@ -358,6 +451,38 @@ impl Kernel {
                 simulated
             }
             StepMode::Run => {
+                let mut consume = None;
+                if let Some(reason) = self.approval_reason(&step.tool, tool.as_ref()) {
+                    let digest = approval_digest(&saga.saga_id, step_seq, &step.tool, &step.args);
+                    match approved.filter(|approval| approval.request.step_seq == step_seq) {
+                        Some(approval) => {
+                            let request = &approval.request;
+                            if request.digest != digest
+                                || request.tool_id != step.tool
+                                || request.args != step.args
+                            {
+                                let error = ToolError::denied(format!(
+                                    "approval {} was given for another step than this one (digest {}, this step's {digest})",
+                                    request.approval_id, request.digest
+                                ));
+                                return Ok(Err(fail(saga.refuse(begin, error))));
+                            }
+                            consume = Some(ConsumeApproval {
+                                approval_id: request.approval_id.clone(),
+                                saga_id: saga.saga_id.clone(),
+                                step_seq,
+                                tool_id: step.tool.clone(),
+                                args: step.args.clone(),
+                                digest,
+                            });
+                        }
+                        None => {
+                            return self
+                                .await_approval(saga, step_seq, step, &begin, rest, &reason)
+                                .await;
+                        }
+                    }
+                }
                 let step_span =
                     info_span!("step", step = step_seq, tool = %step.tool, outcome = field::Empty);
                 let prepared = self
@@ -374,6 +499,10 @@ impl Kernel {
                         return Ok(Err(fail(saga.refuse(begin, error.not_applied()))));
                     }
                 };
+                if let Some(consume) = consume {
+                    // Used once, in the same transaction as the step's BEGIN.
+                    saga.pending.push(LogWrite::ConsumeApproval(consume));
+                }
                 saga.pending
                     .push(LogWrite::BeginStep(BeginStep { undo, ..begin }));
                 // The intent (and what the saga had queued) is durable before the effect.
@@ -438,6 +567,52 @@ impl Kernel {
         }
     }
 
+    /// Parks step `step_seq` for an operator's approval: the FSM's `ApprovalRequested`, then
+    /// the request and the saga's move to `AwaitingApproval`, with whatever the saga had
+    /// queued, in one synced write. Nothing of the step ran; its position and key stay free
+    /// for when it resumes.
+    async fn await_approval(
+        &self,
+        saga: &mut SagaInFlight,
+        step_seq: u32,
+        step: &PlanStep,
+        begin: &BeginStep,
+        rest: Option<&[PlanStep]>,
+        reason: &str,
+    ) -> Result<Result<(), Stopped>, KernelError> {
+        saga.next_seq = step_seq;
+        if let Some(key) = &step.idempotency_key {
+            saga.keys
+                .retain(|(used, seq)| !(used == key && *seq == step_seq));
+        }
+        let state = match self.fsm.apply(
+            saga.state,
+            Event::ApprovalRequested,
+            &agent_kernel_fsm::Facts::default(),
+        ) {
+            Ok(state) => state,
+            Err(denial) => {
+                saga.next_seq = step_seq + 1;
+                let error = step_denied(denial, &step.tool);
+                warn!(saga_id = %saga.saga_id, step_seq, tool = %step.tool, %error, reason, "a step that needs an approval was denied");
+                return Ok(Err(Stopped::Failed(Failure {
+                    step_seq,
+                    tool: step.tool.clone(),
+                    error: saga.refuse(begin.clone(), error),
+                })));
+            }
+        };
+        let request = self.approval_request(saga, step_seq, step, rest);
+        saga.state = state;
+        saga.pending
+            .push(LogWrite::RequestApproval(request.clone()));
+        let batch = saga.take_batch();
+        self.write_saga_batch(saga, batch).await?;
+        saga.waiting_on = Some(request.clone());
+        info!(saga_id = %saga.saga_id, step_seq, tool = %step.tool, approval_id = %request.approval_id, reason, "the step waits for an operator's approval");
+        Ok(Err(Stopped::AwaitingApproval(request)))
+    }
+
     /// Tells the FSM of the last step's success, now that what follows it is known; after
     /// the last step (`Lookahead::End`), through the closing validation
     /// (`Validating --ValidationPassed--> Done`). A denial is the failure of that step: the
@@ -500,6 +675,7 @@ impl Kernel {
             steps: saga.committed,
             failure: None,
             dry_run: false,
+            approval: None,
         })
     }
 
@@ -516,6 +692,12 @@ impl Kernel {
         observer: &dyn Observer,
     ) -> Result<SagaReport, KernelError> {
         saga.pending_success = None;
+        // A saga that waited for an approval rolls back instead: the request is void.
+        saga.cancel_waiting(
+            &self.env.owner,
+            self.operator_uid(),
+            "its saga was rolled back while it waited",
+        );
         saga.state = self.enter_compensating(&saga.saga_id, saga.state);
         let batch = saga.take_batch();
         self.write_saga_batch(&saga, batch).await?;

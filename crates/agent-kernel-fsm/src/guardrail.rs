@@ -23,7 +23,8 @@ pub enum Rule {
     CompensatingBlocksExecute,
     /// In `Planning` and `Validating` only read-only tools execute (spec §3.5 rule 3).
     ReadOnlyState,
-    /// Tools execute only in `Planning`, `Acting` and `Validating`.
+    /// Tools execute only in `Planning`, `Acting` and `Validating` (never while a step
+    /// awaits its approval).
     NoExecutionState,
 }
 
@@ -177,10 +178,11 @@ impl Guardrail {
             }
             SagaState::Planning | SagaState::Validating => deny(Rule::ReadOnlyState),
             SagaState::Compensating => deny(Rule::CompensatingBlocksExecute),
-            SagaState::Done | SagaState::FailedRolledBack | SagaState::FailedRollbackPartial => {
-                deny(Rule::Terminal)
-            }
-            SagaState::Idle => deny(Rule::NoExecutionState),
+            SagaState::Done
+            | SagaState::FailedRolledBack
+            | SagaState::FailedRollbackPartial
+            | SagaState::Undone => deny(Rule::Terminal),
+            SagaState::Idle | SagaState::AwaitingApproval => deny(Rule::NoExecutionState),
         }
     }
 
@@ -194,10 +196,12 @@ impl Guardrail {
     }
 
     /// The event that reports a step's failure in `state`: `ToolFailed` while acting,
-    /// `ValidationFailed` while validating.
+    /// `ValidationFailed` while validating, `ApprovalDenied` while a step waits for an
+    /// approval that will never come (rejected, expired, its process gone).
     pub fn failure_event(state: SagaState) -> Event {
         match state {
             SagaState::Validating | SagaState::Planning => Event::ValidationFailed,
+            SagaState::AwaitingApproval => Event::ApprovalDenied,
             _ => Event::ToolFailed,
         }
     }

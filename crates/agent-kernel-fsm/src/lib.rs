@@ -58,4 +58,4 @@ mod table;
 
 pub use guardrail::{Denial, Guardrail, Rule};
 pub use model::{Event, Facts, Guard, Transition};
-pub use table::{MAX_TABLE_BYTES, MAX_TRANSITIONS, Problem, TableError};
+pub use table::{MAX_TABLE_BYTES, MAX_TRANSITIONS, OPTIONAL_STATES, Problem, TableError};

@@ -24,11 +24,17 @@ pub enum Event {
     CompensationDone,
     /// At least one compensation failed.
     CompensationFailed,
+    /// A step needs an operator's approval before anything of it runs (CONTRACT §10).
+    ApprovalRequested,
+    /// The operator approved the waiting step: it runs next.
+    ApprovalGranted,
+    /// The waiting step will never run: rejected, expired, or its process died waiting.
+    ApprovalDenied,
 }
 
 impl Event {
     /// Every event, in the order of spec §3.2.
-    pub const ALL: [Event; 8] = [
+    pub const ALL: [Event; 11] = [
         Event::StartSaga,
         Event::PlanReady,
         Event::ToolSucceeded,
@@ -37,6 +43,9 @@ impl Event {
         Event::ValidationFailed,
         Event::CompensationDone,
         Event::CompensationFailed,
+        Event::ApprovalRequested,
+        Event::ApprovalGranted,
+        Event::ApprovalDenied,
     ];
 
     /// The event's name, as written in `fsm.toml`.
@@ -50,6 +59,9 @@ impl Event {
             Event::ValidationFailed => "ValidationFailed",
             Event::CompensationDone => "CompensationDone",
             Event::CompensationFailed => "CompensationFailed",
+            Event::ApprovalRequested => "ApprovalRequested",
+            Event::ApprovalGranted => "ApprovalGranted",
+            Event::ApprovalDenied => "ApprovalDenied",
         }
     }
 }

@@ -16,7 +16,7 @@ pub const MAX_TABLE_BYTES: usize = 64 * 1024;
 pub const MAX_TRANSITIONS: usize = 256;
 
 /// The table of spec §3.4, row by row.
-const BUILTIN: [Transition; 11] = {
+const BUILTIN: [Transition; 15] = {
     use Event::*;
     use Guard::*;
     use SagaState::*;
@@ -38,6 +38,10 @@ const BUILTIN: [Transition; 11] = {
         row(Validating, ValidationPassed, Done, Some(SagaComplete)),
         row(Validating, ValidationPassed, Acting, Some(MoreSteps)),
         row(Validating, ValidationFailed, Compensating, None),
+        row(Acting, ApprovalRequested, AwaitingApproval, None),
+        row(Validating, ApprovalRequested, AwaitingApproval, None),
+        row(AwaitingApproval, ApprovalGranted, Acting, None),
+        row(AwaitingApproval, ApprovalDenied, Compensating, None),
         row(
             Compensating,
             CompensationDone,
@@ -52,6 +56,11 @@ const BUILTIN: [Transition; 11] = {
         ),
     ]
 };
+
+/// States a table may leave unreachable: without rows into `AwaitingApproval`, a step that
+/// needs an approval is denied; `Undone` is reached only by an operator's `undo`, outside
+/// the table's rows.
+pub const OPTIONAL_STATES: [SagaState; 2] = [SagaState::AwaitingApproval, SagaState::Undone];
 
 /// One problem found in a table, with its line when it has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -219,8 +228,9 @@ impl Guardrail {
              # Each [[transition]]: in state `from`, `event` leads to `to` if `guard` holds.\n\
              # Rows for one state and event are tried in order; the first whose guard holds wins.\n\
              # Anything not listed is denied.\n\
-             # States: Idle Planning Acting Validating Compensating Done FailedRolledBack FailedRollbackPartial\n\
-             # Events: StartSaga PlanReady ToolSucceeded ToolFailed ValidationPassed ValidationFailed CompensationDone CompensationFailed\n\
+             # States: Idle Planning Acting Validating Compensating Done FailedRolledBack FailedRollbackPartial AwaitingApproval Undone\n\
+             # Events: StartSaga PlanReady ToolSucceeded ToolFailed ValidationPassed ValidationFailed CompensationDone CompensationFailed ApprovalRequested ApprovalGranted ApprovalDenied\n\
+             # A table without ApprovalRequested rows denies every step that needs an approval (the saga rolls back).\n\
              # Guards: actor_idle plan_non_empty validation_next more_steps saga_complete all_compensated any_compensation_failed\n",
         );
         for transition in self.transitions() {
@@ -354,6 +364,10 @@ pub(crate) fn validate(rows: &[(usize, Transition)]) -> Vec<Problem> {
     };
     for state in SagaState::ALL {
         if !reachable.contains(state.as_str()) {
+            if OPTIONAL_STATES.contains(&state) {
+                // A table may leave approvals out: a step that needs one is then denied.
+                continue;
+            }
             problems.push(Problem {
                 line: first_line_of(state),
                 message: format!("state {state} is unreachable from Idle"),
@@ -389,6 +403,12 @@ pub(crate) fn validate(rows: &[(usize, Transition)]) -> Vec<Problem> {
         (
             SagaState::Validating,
             Event::ValidationFailed,
+            Facts::default(),
+            SagaState::Compensating,
+        ),
+        (
+            SagaState::AwaitingApproval,
+            Event::ApprovalDenied,
             Facts::default(),
             SagaState::Compensating,
         ),

@@ -21,11 +21,15 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use agent_kernel_api::{AbortCause, EffectClass, Reversibility, SagaId, SagaState};
-use agent_kernel_core::{BeginOptions, CallAnswer, Kernel, KernelError, SagaReport, StepReport};
+use agent_kernel_api::{
+    AbortCause, ApprovalRequest, EffectClass, Reversibility, SagaId, SagaState, format_rfc3339_ms,
+};
+use agent_kernel_core::{
+    BeginOptions, CallAnswer, Kernel, KernelError, LiveSaga, SagaReport, StepReport,
+};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, JsonObject,
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
@@ -37,7 +41,7 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 /// What the server tells an agent about itself, in three sentences.
-pub const INSTRUCTIONS: &str = "Every tool call runs through agent-kernel as a step of a saga: its intent is logged before it runs, the sandbox policy confines it, and it can be undone. Call saga_begin, then call tools with its saga_id, then saga_commit to keep their effects or saga_abort to undo them all, last first; a call without saga_id is a saga of its own that commits at once. A call that is refused leaves the saga open; one that is denied or fails rolls the whole saga back and says what was undone.";
+pub const INSTRUCTIONS: &str = "Every tool call runs through agent-kernel as a step of a saga: its intent is logged before it runs, the sandbox policy confines it, and it can be undone. Call saga_begin, then call tools with its saga_id, then saga_commit to keep their effects or saga_abort to undo them all, last first; a call without saga_id is a saga of its own that commits at once. A call that is refused leaves the saga open; one that is denied or fails rolls the whole saga back and says what was undone. A call whose effect needs a person's approval answers status AWAITING_APPROVAL without running; an operator decides it outside this server, and saga_resume then runs it (or reports the rollback).";
 
 /// The name the server gives itself: agent-kernel's, not the SDK's.
 pub const SERVER_NAME: &str = "agent-kernel";
@@ -56,6 +60,25 @@ pub struct KernelServer {
     options: ServerOptions,
     /// MCP tool name → kernel tool id.
     names: Arc<BTreeMap<String, String>>,
+    /// The sagas begun for one call without `saga_id` that wait for an approval: once the
+    /// step runs (`saga_resume`), they commit as the call would have.
+    autocommit_waiting: Arc<Mutex<BTreeSet<SagaId>>>,
+}
+
+/// The answer to a call whose step waits for an operator's approval: not an error.
+fn awaiting_result(saga_id: &SagaId, request: &ApprovalRequest) -> CallToolResult {
+    CallToolResult::structured(json!({
+        "saga_id": saga_id.as_str(),
+        "step": request.step_seq,
+        "tool": request.tool_id,
+        "status": "AWAITING_APPROVAL",
+        "state": SagaState::AwaitingApproval,
+        "approval": {
+            "id": request.approval_id,
+            "digest": request.digest,
+            "expires_at": format_rfc3339_ms(request.expires_at_ms),
+        },
+    }))
 }
 
 /// The MCP name of kernel tool `id`: each `.` replaced by `_`.
@@ -178,13 +201,26 @@ impl KernelServer {
             kernel,
             options,
             names: Arc::new(names),
+            autocommit_waiting: Arc::default(),
         }
+    }
+
+    fn autocommit_waiting(&self) -> std::sync::MutexGuard<'_, BTreeSet<SagaId>> {
+        self.autocommit_waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Every tool this server lists.
     pub fn tools(&self) -> Vec<Tool> {
         let saga_id =
             json!({ "type": "string", "description": "the saga, as saga_begin answered" });
+        let saga_only = json!({
+            "type": "object",
+            "properties": { "saga_id": saga_id },
+            "required": ["saga_id"],
+            "additionalProperties": false,
+        });
         let mut tools = vec![
             Tool::new(
                 "saga_begin",
@@ -199,12 +235,7 @@ impl KernelServer {
             Tool::new(
                 "saga_commit",
                 "Commit a saga: keep the effects of its steps.",
-                object(json!({
-                    "type": "object",
-                    "properties": { "saga_id": saga_id },
-                    "required": ["saga_id"],
-                    "additionalProperties": false,
-                })),
+                object(saga_only.clone()),
             )
             .with_annotations(ToolAnnotations::new().read_only(false).destructive(false)),
             Tool::new(
@@ -219,14 +250,15 @@ impl KernelServer {
             )
             .with_annotations(ToolAnnotations::new().read_only(false).destructive(false)),
             Tool::new(
+                "saga_resume",
+                "Resume a saga whose step waits for a person's approval: once approved, the step runs and this answers as the call would have; still pending, the same AWAITING_APPROVAL answer; rejected or expired, the saga is rolled back.",
+                object(saga_only.clone()),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(false).destructive(false)),
+            Tool::new(
                 "saga_status",
-                "Where a saga stands, with its steps.",
-                object(json!({
-                    "type": "object",
-                    "properties": { "saga_id": saga_id },
-                    "required": ["saga_id"],
-                    "additionalProperties": false,
-                })),
+                "Where a saga stands, with its steps (and the approval it waits for).",
+                object(saga_only.clone()),
             )
             .with_annotations(ToolAnnotations::new().read_only(true)),
         ];
@@ -322,6 +354,13 @@ impl KernelServer {
             return complete(kernel_error_result(Some(&saga_id), &error));
         };
         let outcome = match name {
+            "saga_resume" => {
+                let autocommit = self.autocommit_waiting().remove(&saga_id);
+                return complete(match saga.resume().await {
+                    Ok(answer) => self.answer_result(&saga, answer, autocommit).await,
+                    Err(error) => kernel_error_result(Some(&saga_id), &error),
+                });
+            }
             "saga_commit" => saga.commit().await,
             "saga_abort" => {
                 let reason = match arguments.get("reason") {
@@ -332,11 +371,23 @@ impl KernelServer {
             }
             _ => {
                 return complete(match saga.status().await {
-                    Some(status) => CallToolResult::structured(json!({
-                        "saga_id": status.saga_id.as_str(),
-                        "state": status.state,
-                        "steps": steps_of(&status.steps),
-                    })),
+                    Some(status) => {
+                        let mut document = json!({
+                            "saga_id": status.saga_id.as_str(),
+                            "state": status.state,
+                            "steps": steps_of(&status.steps),
+                        });
+                        if let Some(request) = &status.approval {
+                            document["approval"] = json!({
+                                "id": request.approval_id,
+                                "step": request.step_seq,
+                                "tool": request.tool_id,
+                                "digest": request.digest,
+                                "expires_at": format_rfc3339_ms(request.expires_at_ms),
+                            });
+                        }
+                        CallToolResult::structured(document)
+                    }
                     None => kernel_error_result(
                         Some(&saga_id),
                         &KernelError::SagaNotOpen(saga_id.clone()),
@@ -417,13 +468,25 @@ impl KernelServer {
             Ok(answer) => answer,
             Err(error) => return complete(kernel_error_result(Some(&saga_id), &error)),
         };
-        complete(match answer {
+        complete(self.answer_result(&saga, answer, autocommit).await)
+    }
+
+    /// The result of a call's answer (or of `saga_resume`'s): for a saga begun for the
+    /// call alone (`autocommit`), its commit, or its end when nothing ran.
+    async fn answer_result(
+        &self,
+        saga: &LiveSaga,
+        answer: CallAnswer,
+        autocommit: bool,
+    ) -> CallToolResult {
+        let saga_id = saga.id().clone();
+        match answer {
             CallAnswer::Committed(step) => {
                 let state = if autocommit {
                     match saga.commit().await {
                         Ok(report) if report.state == SagaState::Done => SagaState::Done,
-                        Ok(report) => return complete(rolled_back_result(&report)),
-                        Err(error) => return complete(kernel_error_result(Some(&saga_id), &error)),
+                        Ok(report) => return rolled_back_result(&report),
+                        Err(error) => return kernel_error_result(Some(&saga_id), &error),
                     }
                 } else {
                     saga.status()
@@ -438,6 +501,13 @@ impl KernelServer {
                     "output": step.output.map(|output| output.data),
                     "state": state,
                 }))
+            }
+            CallAnswer::AwaitingApproval(request) => {
+                if autocommit {
+                    // Kept open until `saga_resume`, which commits it once the step runs.
+                    self.autocommit_waiting().insert(saga_id.clone());
+                }
+                awaiting_result(&saga_id, &request)
             }
             CallAnswer::Refused(problem) => {
                 let steps = match saga.status().await {
@@ -471,7 +541,7 @@ impl KernelServer {
                 "an unexpected answer",
                 &[],
             ),
-        })
+        }
     }
 }
 
@@ -498,7 +568,14 @@ impl ServerHandler for KernelServer {
         let arguments = request.arguments.unwrap_or_default();
         let name = request.name.as_ref();
         if name.starts_with("saga_")
-            && ["saga_begin", "saga_commit", "saga_abort", "saga_status"].contains(&name)
+            && [
+                "saga_begin",
+                "saga_commit",
+                "saga_abort",
+                "saga_resume",
+                "saga_status",
+            ]
+            .contains(&name)
         {
             return self.saga_tool(name, &arguments).await;
         }

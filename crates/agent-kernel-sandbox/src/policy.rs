@@ -48,6 +48,7 @@ pub struct Policy {
     fs: Option<FsPolicy>,
     http: Option<HttpPolicy>,
     limits: Option<toml::Table>,
+    approval: Option<toml::Table>,
 }
 
 /// The `[fs]` section, with every allowed root canonicalized.
@@ -75,6 +76,9 @@ struct RawPolicy {
     http: Option<RawHttp>,
     /// The dispatcher's bounds; the sandbox carries them without ruling on them.
     limits: Option<toml::Table>,
+    /// Which steps wait for an operator (CONTRACT §10); carried, not ruled on, like
+    /// `[limits]`.
+    approval: Option<toml::Table>,
 }
 
 #[derive(Deserialize)]
@@ -155,6 +159,7 @@ impl Policy {
             fs: None,
             http: None,
             limits: None,
+            approval: None,
         }
     }
 
@@ -177,6 +182,12 @@ impl Policy {
     /// sandbox does not rule on it; the tool dispatcher reads it.
     pub fn limits_table(&self) -> Option<&toml::Table> {
         self.limits.as_ref()
+    }
+
+    /// The `[approval]` section as written (which tools wait for an operator's approval,
+    /// the operator key, the timeout). The sandbox carries it without ruling on it.
+    pub fn approval_table(&self) -> Option<&toml::Table> {
+        self.approval.as_ref()
     }
 
     /// How to name the policy in messages: its file, or a stand-in.
@@ -205,6 +216,7 @@ impl Policy {
             fs,
             http,
             limits: raw.limits,
+            approval: raw.approval,
         })
     }
 }

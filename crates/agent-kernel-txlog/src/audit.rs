@@ -49,7 +49,7 @@ pub(crate) const ZERO_HASH: &str =
     "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// Every record kind the chain may hold.
-pub(crate) const KINDS: [&str; 15] = [
+pub(crate) const KINDS: [&str; 18] = [
     KIND_GENESIS,
     KIND_CREATE_SAGA,
     KIND_SET_STATE,
@@ -65,7 +65,20 @@ pub(crate) const KINDS: [&str; 15] = [
     KIND_PLAN_DENIED,
     KIND_CALL_REFUSED,
     KIND_SAGA_ABORTED,
+    KIND_APPROVAL_REQUESTED,
+    KIND_APPROVAL_DECIDED,
+    KIND_APPROVAL_CONSUMED,
 ];
+
+/// The record of a [`LogWrite::RequestApproval`](agent_kernel_api::LogWrite::RequestApproval).
+pub(crate) const KIND_APPROVAL_REQUESTED: &str = "ApprovalRequested";
+
+/// The record of a [`LogWrite::DecideApproval`](agent_kernel_api::LogWrite::DecideApproval)
+/// that changed the request: who decided, what, and their note.
+pub(crate) const KIND_APPROVAL_DECIDED: &str = "ApprovalDecided";
+
+/// The record of a [`LogWrite::ConsumeApproval`](agent_kernel_api::LogWrite::ConsumeApproval).
+pub(crate) const KIND_APPROVAL_CONSUMED: &str = "ApprovalConsumed";
 
 /// A refused call of a live saga
 /// ([`AuditEvent::CallRefused`](agent_kernel_api::AuditEvent::CallRefused)): changes no
@@ -229,76 +242,8 @@ pub(crate) fn is_hex_digest(text: &str) -> bool {
             .all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte))
 }
 
-/// `value` as canonical JSON: object keys sorted (by their UTF-8 bytes), no whitespace.
-///
-/// Written out rather than left to `serde_json`, whose maps keep insertion order when any
-/// crate in the build turns on its `preserve_order` feature.
-pub(crate) fn canonical_json(value: &Value) -> String {
-    let mut text = String::new();
-    write_canonical(value, &mut text);
-    text
-}
-
-fn write_canonical(value: &Value, text: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_by(|(a, _), (b, _)| a.as_bytes().cmp(b.as_bytes()));
-            text.push('{');
-            for (entry_idx, (key, value)) in entries.into_iter().enumerate() {
-                if entry_idx > 0 {
-                    text.push(',');
-                }
-                write_json_str(text, key);
-                text.push(':');
-                write_canonical(value, text);
-            }
-            text.push('}');
-        }
-        Value::Array(items) => {
-            text.push('[');
-            for (item_idx, item) in items.iter().enumerate() {
-                if item_idx > 0 {
-                    text.push(',');
-                }
-                write_canonical(item, text);
-            }
-            text.push(']');
-        }
-        scalar => text.push_str(&scalar.to_string()),
-    }
-}
-
-/// Appends `value` as a JSON string, escaped exactly as `serde_json` escapes it.
-fn write_json_str(text: &mut String, value: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    text.push('"');
-    let mut start = 0;
-    for (idx, byte) in value.bytes().enumerate() {
-        let escape = match byte {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0x08 => "\\b",
-            0x0c => "\\f",
-            0x00..=0x1f => "",
-            _ => continue,
-        };
-        text.push_str(&value[start..idx]);
-        if escape.is_empty() {
-            text.push_str("\\u00");
-            text.push(char::from(HEX[usize::from(byte >> 4)]));
-            text.push(char::from(HEX[usize::from(byte & 0xf)]));
-        } else {
-            text.push_str(escape);
-        }
-        start = idx + 1;
-    }
-    text.push_str(&value[start..]);
-    text.push('"');
-}
+pub(crate) use agent_kernel_api::canonical_json;
+use agent_kernel_api::write_json_string as write_json_str;
 
 /// A JSON object written in canonical form as it is built: keys must be added in
 /// ascending byte order (asserted), values are escaped as `serde_json` escapes them, so
@@ -375,6 +320,21 @@ impl CanonicalObject {
         self.key(key);
         self.text.push_str(&value.finish());
         self
+    }
+
+    pub(crate) fn opt_int(
+        mut self,
+        key: &'static str,
+        value: Option<impl Into<i128>>,
+    ) -> CanonicalObject {
+        match value {
+            Some(value) => self.int(key, value),
+            None => {
+                self.key(key);
+                self.text.push_str("null");
+                self
+            }
+        }
     }
 
     pub(crate) fn opt_object(

@@ -101,8 +101,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use agent_kernel_api::{
-    AuditEvent, BoxFuture, Clock, Durability, KeyBinding, LogWrite, Owner, SagaId, SagaRecord,
-    SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
+    ApprovalRecord, AuditEvent, BoxFuture, Clock, Durability, KeyBinding, LogWrite, Owner, SagaId,
+    SagaRecord, SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
 };
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
@@ -394,5 +394,25 @@ impl TxLog for SqliteLog {
                 now_ms,
             )
         })
+    }
+
+    fn approval<'a>(
+        &'a self,
+        approval_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>> {
+        let approval_id = approval_id.to_owned();
+        self.call(move |conn, _| store::approval(conn, &approval_id))
+    }
+
+    fn saga_approval<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>> {
+        let saga_id = saga_id.clone();
+        self.call(move |conn, _| store::saga_approval(conn, &saga_id))
+    }
+
+    fn pending_approvals(&self) -> BoxFuture<'_, Result<Vec<ApprovalRecord>, TxError>> {
+        self.call(|conn, _| store::pending_approvals(conn))
     }
 }

@@ -17,7 +17,7 @@ use crate::create;
 pub(crate) const APPLICATION_ID: i64 = 0x414B_4C47;
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub(crate) const SCHEMA_VERSION: i64 = 4;
+pub(crate) const SCHEMA_VERSION: i64 = 5;
 
 /// The first schema version with the audit chain.
 pub(crate) const AUDIT_SCHEMA_VERSION: i64 = 2;
@@ -137,6 +137,85 @@ ALTER TABLE sagas_v4 RENAME TO sagas;
 CREATE INDEX sagas_unfinished ON sagas (created_at_ms, saga_id)
     WHERE state <> 'Done' AND state <> 'FailedRolledBack' AND state <> 'FailedRollbackPartial';
 CREATE INDEX sagas_by_created ON sagas (created_at_ms, saga_id);
+",
+    // Version 5: approvals and dead letters (CONTRACT §10). `sagas` is rebuilt for the new
+    // states `AwaitingApproval` (unfinished) and `Undone` (terminal), as in version 4.
+    r"
+CREATE TABLE sagas_v5 (
+    saga_id            TEXT PRIMARY KEY NOT NULL,
+    name               TEXT,
+    actor              TEXT,
+    state              TEXT NOT NULL CHECK (state = 'Idle' OR state = 'Planning'
+                           OR state = 'Acting' OR state = 'Validating' OR state = 'Compensating'
+                           OR state = 'Done' OR state = 'FailedRolledBack'
+                           OR state = 'FailedRollbackPartial' OR state = 'AwaitingApproval'
+                           OR state = 'Undone'),
+    owner_host         TEXT NOT NULL,
+    owner_boot_id      TEXT NOT NULL,
+    owner_pid          INTEGER NOT NULL,
+    owner_start_ticks  INTEGER NOT NULL,
+    n_steps            INTEGER NOT NULL CHECK (n_steps >= 0),
+    created_at_ms      INTEGER NOT NULL,
+    updated_at_ms      INTEGER NOT NULL,
+    dry_run            INTEGER NOT NULL DEFAULT 0 CHECK (dry_run = 0 OR dry_run = 1)
+) STRICT, WITHOUT ROWID;
+INSERT INTO sagas_v5 (saga_id, name, actor, state, owner_host, owner_boot_id, owner_pid,
+    owner_start_ticks, n_steps, created_at_ms, updated_at_ms, dry_run)
+    SELECT saga_id, name, actor, state, owner_host, owner_boot_id, owner_pid,
+        owner_start_ticks, n_steps, created_at_ms, updated_at_ms, dry_run FROM sagas;
+DROP TABLE sagas;
+ALTER TABLE sagas_v5 RENAME TO sagas;
+CREATE INDEX sagas_unfinished ON sagas (created_at_ms, saga_id)
+    WHERE state <> 'Done' AND state <> 'FailedRolledBack' AND state <> 'FailedRollbackPartial'
+        AND state <> 'Undone';
+CREATE INDEX sagas_by_created ON sagas (created_at_ms, saga_id);
+
+-- One request per step that needed an operator's approval. `args` is exactly what runs
+-- once approved; `rest` the plan's later steps (JSON), NULL for a live saga.
+CREATE TABLE approvals (
+    approval_id        TEXT PRIMARY KEY NOT NULL,
+    saga_id            TEXT NOT NULL REFERENCES sagas (saga_id),
+    step_seq           INTEGER NOT NULL CHECK (step_seq >= 0),
+    tool_id            TEXT NOT NULL,
+    args               TEXT NOT NULL,
+    idempotency_key    TEXT,
+    digest             TEXT NOT NULL,
+    rest               TEXT,
+    status             TEXT NOT NULL CHECK (status = 'pending' OR status = 'approved'
+                           OR status = 'rejected' OR status = 'expired'
+                           OR status = 'cancelled' OR status = 'consumed'),
+    requested_at_ms    INTEGER NOT NULL,
+    expires_at_ms      INTEGER NOT NULL,
+    decided_at_ms      INTEGER,
+    decided_by         TEXT,
+    note               TEXT,
+    UNIQUE (saga_id, step_seq)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX approvals_pending ON approvals (requested_at_ms, approval_id)
+    WHERE status = 'pending';
+
+-- One per compensation that still failed after its retries, or step of unknown outcome
+-- left to an operator; it leaves the open list only by a retry that succeeds or a
+-- resolution.
+CREATE TABLE dead_letters (
+    letter_id          TEXT PRIMARY KEY NOT NULL,
+    saga_id            TEXT NOT NULL REFERENCES sagas (saga_id),
+    step_seq           INTEGER NOT NULL CHECK (step_seq >= 0),
+    tool_id            TEXT NOT NULL,
+    error              TEXT NOT NULL,
+    attempts           INTEGER NOT NULL CHECK (attempts >= 1),
+    first_failed_at_ms INTEGER NOT NULL,
+    last_failed_at_ms  INTEGER NOT NULL,
+    next_retry_at_ms   INTEGER NOT NULL,
+    status             TEXT NOT NULL CHECK (status = 'open' OR status = 'retried'
+                           OR status = 'resolved'),
+    settled_at_ms      INTEGER,
+    settled_by         TEXT,
+    note               TEXT,
+    UNIQUE (saga_id, step_seq)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX dead_letters_open ON dead_letters (first_failed_at_ms, letter_id)
+    WHERE status = 'open';
 ",
 ];
 

@@ -1,10 +1,13 @@
 //! The SQL behind each log operation. Runs only on the writer thread.
 
 use agent_kernel_api::{
-    AuditEvent, BeginStep, EffectClass, KeyBinding, LogWrite, NewSaga, Owner, SagaId, SagaRecord,
-    SagaState, SagaSummary, StepRecord, StepStatus, ToolError, ToolOutput, TxError, Undo,
-    WriteOutcome,
+    ApprovalDecision, ApprovalRecord, ApprovalRequest, ApprovalStatus, AuditEvent, BeginStep,
+    ConsumeApproval, DecideApproval, EffectClass, KeyBinding, LogWrite, NewSaga, Owner, PlanStep,
+    SagaId, SagaRecord, SagaState, SagaSummary, StepRecord, StepStatus, ToolError, ToolOutput,
+    TxError, Undo, WriteOutcome,
 };
+use std::borrow::Cow;
+
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use serde_json::{Value, json};
 
@@ -13,10 +16,11 @@ use crate::schema::storage;
 
 use crate::audit::{
     ARGS_SUMMARY_BYTES_MAX, Appender, AuditSettings, CanonicalObject, DENIALS_LISTED_MAX, Head,
-    KIND_BEGIN_STEP, KIND_CALL_REFUSED, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA,
-    KIND_FAIL_STEP, KIND_OPERATOR, KIND_PLAN_DENIED, KIND_REFUSE_STEP, KIND_REUSE_STEP,
-    KIND_SAGA_ABORTED, KIND_SET_STATE, KIND_SIMULATE_STEP, KIND_TAKE_OVER, QUOTE_BYTES_MAX,
-    canonical_json, error_summary, quote, sha256_hex,
+    KIND_APPROVAL_CONSUMED, KIND_APPROVAL_DECIDED, KIND_APPROVAL_REQUESTED, KIND_BEGIN_STEP,
+    KIND_CALL_REFUSED, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA, KIND_FAIL_STEP,
+    KIND_OPERATOR, KIND_PLAN_DENIED, KIND_REFUSE_STEP, KIND_REUSE_STEP, KIND_SAGA_ABORTED,
+    KIND_SET_STATE, KIND_SIMULATE_STEP, KIND_TAKE_OVER, QUOTE_BYTES_MAX, canonical_json,
+    error_summary, quote, sha256_hex,
 };
 
 fn corrupt(what: impl std::fmt::Display) -> TxError {
@@ -78,10 +82,12 @@ fn commit_chained(
     let mut moves_head = false;
     for write in batch {
         let applied = apply(&tx, write, now_ms)?;
-        chain.append(&tx, now_ms, applied.kind, applied.saga_id, &applied.body)?;
+        if let Some(kind) = applied.kind {
+            chain.append(&tx, now_ms, kind, applied.saga_id.as_deref(), &applied.body)?;
+        }
         // Audit events are rare and each one should be covered by the head file at once.
         moves_head |= matches!(write, LogWrite::SetState { state, .. } if state.is_terminal())
-            || matches!(write, LogWrite::Audit(_));
+            || matches!(write, LogWrite::Audit(_) | LogWrite::DecideApproval(_));
         outcomes.push(applied.outcome);
     }
     tx.commit().map_err(storage)?;
@@ -113,8 +119,9 @@ pub(crate) fn seal(
 /// What one [`LogWrite`] did, and the audit record that describes it.
 struct Applied<'w> {
     outcome: WriteOutcome,
-    kind: &'static str,
-    saga_id: Option<&'w SagaId>,
+    /// `None`: nothing changed, so nothing is chained.
+    kind: Option<&'static str>,
+    saga_id: Option<Cow<'w, SagaId>>,
     /// Canonical JSON.
     body: String,
 }
@@ -123,8 +130,8 @@ impl<'w> Applied<'w> {
     fn written(kind: &'static str, saga_id: &'w SagaId, body: String) -> Self {
         Applied {
             outcome: WriteOutcome::Written,
-            kind,
-            saga_id: Some(saga_id),
+            kind: Some(kind),
+            saga_id: Some(Cow::Borrowed(saga_id)),
             body,
         }
     }
@@ -163,8 +170,8 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
             let (outcome, body) = begin_step(conn, step, now_ms)?;
             Ok(Applied {
                 outcome,
-                kind: KIND_BEGIN_STEP,
-                saga_id: Some(&step.saga_id),
+                kind: Some(KIND_BEGIN_STEP),
+                saga_id: Some(Cow::Borrowed(&step.saga_id)),
                 body,
             })
         }
@@ -281,8 +288,8 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
             let (kind, saga_id, body) = audit_event_body(event)?;
             Ok(Applied {
                 outcome: WriteOutcome::Written,
-                kind,
-                saga_id,
+                kind: Some(kind),
+                saga_id: saga_id.map(Cow::Borrowed),
                 body,
             })
         }
@@ -322,8 +329,316 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
                 .finish();
             Ok(Applied::written(KIND_COMPENSATION, saga_id, body))
         }
+        LogWrite::RequestApproval(request) => {
+            let body = request_approval(conn, request)?;
+            Ok(Applied::written(
+                KIND_APPROVAL_REQUESTED,
+                &request.saga_id,
+                body,
+            ))
+        }
+        LogWrite::DecideApproval(decision) => decide_approval(conn, decision, now_ms),
+        LogWrite::ConsumeApproval(consume) => {
+            let body = consume_approval(conn, consume)?;
+            Ok(Applied::written(
+                KIND_APPROVAL_CONSUMED,
+                &consume.saga_id,
+                body,
+            ))
+        }
         other => Err(corrupt(format!("unsupported log record {other:?}"))),
     }
+}
+
+/// Inserts a pending request; returns its audit body (arguments and the plan's later steps
+/// by their SHA-256, with a short quote of the arguments).
+fn request_approval(conn: &Connection, request: &ApprovalRequest) -> Result<String, TxError> {
+    let args_text = request.args.to_string();
+    let rest_text = request.rest.as_ref().map(to_json).transpose()?;
+    conn.prepare_cached(
+        "INSERT INTO approvals (approval_id, saga_id, step_seq, tool_id, args, idempotency_key,
+             digest, rest, status, requested_at_ms, expires_at_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9, ?10)",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            request.approval_id,
+            request.saga_id.as_str(),
+            request.step_seq,
+            request.tool_id,
+            args_text,
+            request.idempotency_key,
+            request.digest,
+            rest_text,
+            request.requested_at_ms,
+            request.expires_at_ms
+        ])
+    })
+    .map_err(|err| match err {
+        rusqlite::Error::SqliteFailure(code, _)
+            if code.code == rusqlite::ErrorCode::ConstraintViolation =>
+        {
+            corrupt(format!(
+                "approval {} for saga {} step {} cannot be requested: {err}",
+                request.approval_id, request.saga_id, request.step_seq
+            ))
+        }
+        other => storage(other),
+    })?;
+    Ok(CanonicalObject::new()
+        .str("approval_id", &request.approval_id)
+        .str("args_sha256", &sha256_hex(args_text.as_bytes()))
+        .str("args_summary", &quote(&args_text, ARGS_SUMMARY_BYTES_MAX))
+        .str("digest", &request.digest)
+        .int("expires_at_ms", request.expires_at_ms)
+        .opt_str("idempotency_key", request.idempotency_key.as_deref())
+        .int("requested_at_ms", request.requested_at_ms)
+        .opt_str(
+            "rest_sha256",
+            rest_text
+                .as_deref()
+                .map(|text| sha256_hex(text.as_bytes()))
+                .as_deref(),
+        )
+        .str("saga_id", request.saga_id.as_str())
+        .int("step_seq", request.step_seq)
+        .str("tool", &request.tool_id)
+        .finish())
+}
+
+/// Who decided, as the `decided_by` column and the audit record hold it.
+pub(crate) fn decided_by(decision: &DecideApproval) -> Option<String> {
+    match (&decision.user, decision.uid) {
+        (Some(user), _) => Some(user.clone()),
+        (None, Some(uid)) => Some(format!("uid {uid}")),
+        (None, None) => None,
+    }
+}
+
+/// Records a decision if the request is still open to it; otherwise changes nothing and
+/// answers its status. Only a change is chained (a refused decision is the caller's to
+/// record).
+fn decide_approval<'w>(
+    conn: &Connection,
+    decision: &'w DecideApproval,
+    now_ms: i64,
+) -> Result<Applied<'w>, TxError> {
+    let status = decision.decision.status();
+    let by = decided_by(decision);
+    // Approve and reject only a pending request within its time; expire only a pending
+    // one; cancel a pending or an approved one (never a consumed one: that step ran).
+    let condition = match decision.decision {
+        ApprovalDecision::Approve | ApprovalDecision::Reject => {
+            "status = 'pending' AND expires_at_ms > ?5"
+        }
+        ApprovalDecision::Expire => "status = 'pending'",
+        ApprovalDecision::Cancel | _ => "(status = 'pending' OR status = 'approved')",
+    };
+    let updated: Option<String> = conn
+        .prepare_cached(&format!(
+            "UPDATE approvals SET status = ?2, decided_at_ms = ?5, decided_by = ?3, note = ?4
+             WHERE approval_id = ?1 AND {condition}
+             RETURNING saga_id"
+        ))
+        .and_then(|mut s| {
+            s.query_row(
+                params![
+                    decision.approval_id,
+                    status.as_str(),
+                    by,
+                    decision.note,
+                    now_ms
+                ],
+                |row| row.get(0),
+            )
+            .optional()
+        })
+        .map_err(storage)?;
+    let Some(saga_id) = updated else {
+        let current = approval(conn, &decision.approval_id)?.ok_or_else(|| {
+            TxError::NotFound(format!("no approval request {}", decision.approval_id))
+        })?;
+        return Ok(Applied {
+            outcome: WriteOutcome::NotPending(current.status_at(now_ms)),
+            kind: None,
+            saga_id: None,
+            body: String::new(),
+        });
+    };
+    let note = decision.note.as_deref();
+    let body = CanonicalObject::new()
+        .str("approval_id", &decision.approval_id)
+        .object("by", owner_body(&decision.by))
+        .opt_str(
+            "decided_by",
+            by.as_deref()
+                .map(|by| quote(by, QUOTE_BYTES_MAX))
+                .as_deref(),
+        )
+        .opt_str(
+            "note",
+            note.map(|note| quote(note, QUOTE_BYTES_MAX)).as_deref(),
+        )
+        .opt_str(
+            "note_sha256",
+            note.map(|note| sha256_hex(note.as_bytes())).as_deref(),
+        )
+        .str("saga_id", &saga_id)
+        .str("status", status.as_str())
+        .opt_int("uid", decision.uid)
+        .finish();
+    Ok(Applied {
+        outcome: WriteOutcome::Written,
+        kind: Some(KIND_APPROVAL_DECIDED),
+        saga_id: Some(Cow::Owned(SagaId::new(saga_id))),
+        body,
+    })
+}
+
+/// Marks an approved request consumed for the step whose BEGIN follows in the batch, only
+/// if it names exactly that saga, step, tool, arguments and digest.
+fn consume_approval(conn: &Connection, consume: &ConsumeApproval) -> Result<String, TxError> {
+    let args_text = consume.args.to_string();
+    let n_changed = conn
+        .prepare_cached(
+            "UPDATE approvals SET status = 'consumed'
+             WHERE approval_id = ?1 AND status = 'approved' AND saga_id = ?2 AND step_seq = ?3
+                 AND tool_id = ?4 AND args = ?5 AND digest = ?6",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                consume.approval_id,
+                consume.saga_id.as_str(),
+                consume.step_seq,
+                consume.tool_id,
+                args_text,
+                consume.digest
+            ])
+        })
+        .map_err(storage)?;
+    if n_changed != 1 {
+        let reason = match approval(conn, &consume.approval_id)? {
+            None => "the log has no such request".to_owned(),
+            Some(found) if found.status != ApprovalStatus::Approved => {
+                format!("it is {}, not approved", found.status)
+            }
+            Some(found)
+                if found.request.saga_id != consume.saga_id
+                    || found.request.step_seq != consume.step_seq =>
+            {
+                format!(
+                    "it was given for saga {} step {}",
+                    found.request.saga_id, found.request.step_seq
+                )
+            }
+            Some(_) => {
+                "it was given for another tool, other arguments or another digest".to_owned()
+            }
+        };
+        return Err(TxError::ApprovalUnusable {
+            approval_id: consume.approval_id.clone(),
+            reason,
+        });
+    }
+    Ok(CanonicalObject::new()
+        .str("approval_id", &consume.approval_id)
+        .str("digest", &consume.digest)
+        .str("saga_id", consume.saga_id.as_str())
+        .str("status", ApprovalStatus::Consumed.as_str())
+        .int("step_seq", consume.step_seq)
+        .finish())
+}
+
+const APPROVAL_COLUMNS: &str = "approval_id, saga_id, step_seq, tool_id, args, idempotency_key,
+    digest, rest, status, requested_at_ms, expires_at_ms, decided_at_ms, decided_by, note";
+
+fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ApprovalRecord, TxError>> {
+    let args: String = row.get(4)?;
+    let rest: Option<String> = row.get(7)?;
+    let status: String = row.get(8)?;
+    let step_seq: i64 = row.get(2)?;
+    Ok((|| {
+        Ok(ApprovalRecord {
+            request: ApprovalRequest {
+                approval_id: row.get(0).map_err(storage)?,
+                saga_id: SagaId::new(row.get::<_, String>(1).map_err(storage)?),
+                step_seq: u32::try_from(step_seq)
+                    .map_err(|_| corrupt(format!("approval step_seq {step_seq} out of range")))?,
+                tool_id: row.get(3).map_err(storage)?,
+                args: from_json("approvals.args", &args)?,
+                idempotency_key: row.get(5).map_err(storage)?,
+                digest: row.get(6).map_err(storage)?,
+                rest: rest
+                    .map(|text| from_json::<Vec<PlanStep>>("approvals.rest", &text))
+                    .transpose()?,
+                requested_at_ms: row.get(9).map_err(storage)?,
+                expires_at_ms: row.get(10).map_err(storage)?,
+            },
+            status: status
+                .parse()
+                .map_err(|err: String| corrupt(format!("approvals.status: {err}")))?,
+            decided_at_ms: row.get(11).map_err(storage)?,
+            decided_by: row.get(12).map_err(storage)?,
+            note: row.get(13).map_err(storage)?,
+        })
+    })())
+}
+
+fn query_approvals(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<ApprovalRecord>, TxError> {
+    let mut statement = conn.prepare_cached(sql).map_err(storage)?;
+    let rows = statement
+        .query_map(params, approval_from_row)
+        .map_err(storage)?;
+    let mut approvals = Vec::new();
+    for row in rows {
+        approvals.push(row.map_err(storage)??);
+    }
+    Ok(approvals)
+}
+
+/// One request by id.
+pub(crate) fn approval(
+    conn: &Connection,
+    approval_id: &str,
+) -> Result<Option<ApprovalRecord>, TxError> {
+    Ok(query_approvals(
+        conn,
+        &format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE approval_id = ?1"),
+        params![approval_id],
+    )?
+    .pop())
+}
+
+/// The newest request of a saga.
+pub(crate) fn saga_approval(
+    conn: &Connection,
+    saga_id: &SagaId,
+) -> Result<Option<ApprovalRecord>, TxError> {
+    Ok(query_approvals(
+        conn,
+        &format!(
+            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE saga_id = ?1
+             ORDER BY step_seq DESC LIMIT 1"
+        ),
+        params![saga_id.as_str()],
+    )?
+    .pop())
+}
+
+/// Every request recorded as pending, oldest first (served by the partial index).
+pub(crate) fn pending_approvals(conn: &Connection) -> Result<Vec<ApprovalRecord>, TxError> {
+    query_approvals(
+        conn,
+        &format!(
+            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = 'pending'
+             ORDER BY requested_at_ms, approval_id"
+        ),
+        [],
+    )
 }
 
 /// Whether the saga is a dry run; an error if the log has no such saga.
@@ -472,7 +787,8 @@ fn create_saga(conn: &Connection, saga: &NewSaga, now_ms: i64) -> Result<(), TxE
             .prepare_cached(
                 "SELECT saga_id FROM sagas
                  WHERE state <> 'Done' AND state <> 'FailedRolledBack'
-                     AND state <> 'FailedRollbackPartial' AND actor = ?1 AND dry_run = 0
+                     AND state <> 'FailedRollbackPartial' AND state <> 'Undone'
+                     AND actor = ?1 AND dry_run = 0
                  LIMIT 1",
             )
             .and_then(|mut s| s.query_row(params![actor], |row| row.get(0)).optional())
@@ -790,7 +1106,7 @@ pub(crate) fn unfinished_sagas(conn: &Connection) -> Result<Vec<SagaSummary>, Tx
         &format!(
             "SELECT {SAGA_COLUMNS} FROM sagas
              WHERE state <> 'Done' AND state <> 'FailedRolledBack'
-                 AND state <> 'FailedRollbackPartial'
+                 AND state <> 'FailedRollbackPartial' AND state <> 'Undone'
              ORDER BY created_at_ms, saga_id"
         ),
         [],

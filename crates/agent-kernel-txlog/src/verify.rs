@@ -4,17 +4,18 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use agent_kernel_api::{SagaState, StepStatus, TxError};
+use agent_kernel_api::{ApprovalStatus, SagaState, StepStatus, TxError};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, Row, params};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::audit::{
-    self, AuditKey, Head, KIND_BEGIN_STEP, KIND_CALL_REFUSED, KIND_COMMIT_STEP, KIND_COMPENSATION,
-    KIND_CREATE_SAGA, KIND_FAIL_STEP, KIND_GENESIS, KIND_OPERATOR, KIND_PLAN_DENIED,
-    KIND_REFUSE_STEP, KIND_REUSE_STEP, KIND_SAGA_ABORTED, KIND_SET_STATE, KIND_SIMULATE_STEP,
-    KIND_TAKE_OVER, Record, ZERO_HASH, sha256_hex,
+    self, AuditKey, Head, KIND_APPROVAL_CONSUMED, KIND_APPROVAL_DECIDED, KIND_APPROVAL_REQUESTED,
+    KIND_BEGIN_STEP, KIND_CALL_REFUSED, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA,
+    KIND_FAIL_STEP, KIND_GENESIS, KIND_OPERATOR, KIND_PLAN_DENIED, KIND_REFUSE_STEP,
+    KIND_REUSE_STEP, KIND_SAGA_ABORTED, KIND_SET_STATE, KIND_SIMULATE_STEP, KIND_TAKE_OVER, Record,
+    ZERO_HASH, sha256_hex,
 };
 use crate::head;
 use crate::schema::{self, AUDIT_SCHEMA_VERSION};
@@ -515,11 +516,32 @@ struct KeyModel {
     step_seq: i64,
 }
 
+/// What the chain says an approval request row holds.
+#[derive(Debug, PartialEq, Eq)]
+struct ApprovalModel {
+    last_seq: i64,
+    saga_id: String,
+    step_seq: i64,
+    tool_id: String,
+    args_sha256: String,
+    idempotency_key: Option<String>,
+    digest: String,
+    rest_sha256: Option<String>,
+    status: String,
+    requested_at_ms: i64,
+    expires_at_ms: i64,
+    decided_at_ms: Option<i64>,
+    /// Quoted as the record quotes it.
+    decided_by: Option<String>,
+    note_sha256: Option<String>,
+}
+
 /// The tables as the chain describes them, built record by record.
 #[derive(Debug, Default)]
 struct Replay {
     sagas: BTreeMap<String, SagaModel>,
     keys: BTreeMap<String, KeyModel>,
+    approvals: BTreeMap<String, ApprovalModel>,
 }
 
 /// Typed access to a record body, with messages naming the missing field.
@@ -601,6 +623,23 @@ impl Replay {
         self.sagas
             .get_mut(saga_id)
             .ok_or_else(|| format!("it refers to saga {saga_id}, which no earlier record created"))
+    }
+
+    fn approval_mut(
+        &mut self,
+        approval_id: &str,
+        saga_id: &str,
+    ) -> Result<&mut ApprovalModel, String> {
+        let approval = self.approvals.get_mut(approval_id).ok_or_else(|| {
+            format!("it refers to approval {approval_id}, which no earlier record requested")
+        })?;
+        if approval.saga_id != saga_id {
+            return Err(format!(
+                "it refers to approval {approval_id} as one of saga {saga_id}, but it belongs to saga {}",
+                approval.saga_id
+            ));
+        }
+        Ok(approval)
     }
 
     fn step_mut(&mut self, saga_id: &str, step_seq: i64) -> Result<&mut StepModel, String> {
@@ -707,6 +746,78 @@ impl Replay {
             }
             KIND_BEGIN_STEP | KIND_REFUSE_STEP | KIND_REUSE_STEP | KIND_SIMULATE_STEP => {
                 self.insert_step(record, &body, saga_id)?;
+            }
+            KIND_APPROVAL_REQUESTED => {
+                self.saga_mut(saga_id)?;
+                let approval_id = body.str("approval_id")?.to_owned();
+                if self.approvals.contains_key(&approval_id) {
+                    return Err(format!(
+                        "it requests approval {approval_id}, which already exists"
+                    ));
+                }
+                let model = ApprovalModel {
+                    last_seq: seq,
+                    saga_id: saga_id.to_owned(),
+                    step_seq: body.int("step_seq")?,
+                    tool_id: body.str("tool")?.to_owned(),
+                    args_sha256: body.str("args_sha256")?.to_owned(),
+                    idempotency_key: body.opt_str("idempotency_key")?,
+                    digest: body.str("digest")?.to_owned(),
+                    rest_sha256: body.opt_str("rest_sha256")?,
+                    status: ApprovalStatus::Pending.as_str().to_owned(),
+                    requested_at_ms: body.int("requested_at_ms")?,
+                    expires_at_ms: body.int("expires_at_ms")?,
+                    decided_at_ms: None,
+                    decided_by: None,
+                    note_sha256: None,
+                };
+                self.approvals.insert(approval_id, model);
+            }
+            KIND_APPROVAL_DECIDED => {
+                body.object("by")?;
+                let status: ApprovalStatus = body
+                    .str("status")?
+                    .parse()
+                    .map_err(|err| format!("its body's `status`: {err}"))?;
+                let note_sha256 = body.opt_str("note_sha256")?;
+                let decided_by = body.opt_str("decided_by")?;
+                let approval = self.approval_mut(body.str("approval_id")?, saga_id)?;
+                let open = match status {
+                    ApprovalStatus::Approved
+                    | ApprovalStatus::Rejected
+                    | ApprovalStatus::Expired => approval.status == "pending",
+                    ApprovalStatus::Cancelled => {
+                        approval.status == "pending" || approval.status == "approved"
+                    }
+                    ApprovalStatus::Pending | ApprovalStatus::Consumed => false,
+                };
+                if !open {
+                    return Err(format!(
+                        "it decides {} on a request that was {}",
+                        status, approval.status
+                    ));
+                }
+                approval.status = status.as_str().to_owned();
+                approval.decided_at_ms = Some(at_ms);
+                approval.decided_by = decided_by;
+                approval.note_sha256 = note_sha256;
+                approval.last_seq = seq;
+            }
+            KIND_APPROVAL_CONSUMED => {
+                let digest = body.str("digest")?.to_owned();
+                let step_seq = body.int("step_seq")?;
+                let approval = self.approval_mut(body.str("approval_id")?, saga_id)?;
+                if approval.status != "approved"
+                    || approval.digest != digest
+                    || approval.step_seq != step_seq
+                {
+                    return Err(format!(
+                        "it uses a request that was {} (digest {}, step {}) for step {step_seq} with digest {digest}",
+                        approval.status, approval.digest, approval.step_seq
+                    ));
+                }
+                approval.status = ApprovalStatus::Consumed.as_str().to_owned();
+                approval.last_seq = seq;
             }
             KIND_COMMIT_STEP => {
                 let status = body.status("status")?;
@@ -956,7 +1067,101 @@ impl Replay {
                 format!("the idempotency_keys table cannot be read: {err}"),
             );
         }
+        if has_table(conn, "approvals")
+            && let Err(err) = self.compare_approvals(conn, &mut found)
+        {
+            found.note(
+                last_seq + 1,
+                format!("the approvals table cannot be read: {err}"),
+            );
+        }
+        if has_table(conn, "dead_letters")
+            && let Err(err) = self.compare_dead_letters(conn, &mut found)
+        {
+            found.note(
+                last_seq + 1,
+                format!("the dead_letters table cannot be read: {err}"),
+            );
+        }
         found.first
+    }
+
+    fn compare_approvals(&self, conn: &Connection, found: &mut Found) -> rusqlite::Result<()> {
+        let mut statement = conn.prepare(
+            "SELECT approval_id, saga_id, step_seq, tool_id, args, idempotency_key, digest, rest,
+                 status, requested_at_ms, expires_at_ms, decided_at_ms, note, decided_by
+             FROM approvals",
+        )?;
+        let mut rows = statement.query([])?;
+        let mut n_seen = 0_usize;
+        let sha256_of = |text: Option<String>| text.map(|text| sha256_hex(text.as_bytes()));
+        while let Some(row) = rows.next()? {
+            let approval_id: String = row.get(0)?;
+            let Some(known) = self.approvals.get(&approval_id) else {
+                found.unaccounted(format!(
+                    "approval {approval_id} is in the approvals table, but no audit record requests it"
+                ));
+                continue;
+            };
+            n_seen += 1;
+            let actual = ApprovalModel {
+                last_seq: known.last_seq,
+                saga_id: row.get(1)?,
+                step_seq: row.get(2)?,
+                tool_id: row.get(3)?,
+                args_sha256: sha256_hex(row.get::<_, String>(4)?.as_bytes()),
+                idempotency_key: row.get(5)?,
+                digest: row.get(6)?,
+                rest_sha256: sha256_of(row.get(7)?),
+                status: row.get(8)?,
+                requested_at_ms: row.get(9)?,
+                expires_at_ms: row.get(10)?,
+                decided_at_ms: row.get(11)?,
+                decided_by: row
+                    .get::<_, Option<String>>(13)?
+                    .map(|by| audit::quote(&by, audit::QUOTE_BYTES_MAX)),
+                note_sha256: sha256_of(row.get(12)?),
+            };
+            if actual != *known {
+                found.note(
+                    known.last_seq,
+                    format!(
+                        "approval {approval_id} in the approvals table differs from the audit chain (its step, arguments, digest, status or decision)"
+                    ),
+                );
+            }
+        }
+        if n_seen < self.approvals.len() {
+            for (approval_id, known) in &self.approvals {
+                let exists: bool = conn.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM approvals WHERE approval_id = ?1)",
+                    params![approval_id],
+                    |row| row.get(0),
+                )?;
+                if !exists {
+                    found.note(
+                        known.last_seq,
+                        format!(
+                            "approval {approval_id} is in the audit chain but not in the approvals table"
+                        ),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn compare_dead_letters(&self, conn: &Connection, found: &mut Found) -> rusqlite::Result<()> {
+        // No record writes dead letters yet: any row is unaccounted for.
+        let mut statement = conn.prepare("SELECT letter_id FROM dead_letters LIMIT 1")?;
+        let mut rows = statement.query([])?;
+        if let Some(row) = rows.next()? {
+            let letter_id: String = row.get(0)?;
+            found.unaccounted(format!(
+                "dead letter {letter_id} is in the dead_letters table, but no audit record writes it"
+            ));
+        }
+        Ok(())
     }
 
     fn compare_sagas(&self, conn: &Connection, found: &mut Found) -> rusqlite::Result<()> {
@@ -1215,6 +1420,16 @@ impl Replay {
         }
         Ok(())
     }
+}
+
+/// Whether the log has `table` (older schema versions lack the newer tables).
+fn has_table(conn: &Connection, table: &str) -> bool {
+    conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1)",
+        params![table],
+        |row| row.get(0),
+    )
+    .unwrap_or(true)
 }
 
 /// The problem at the earliest record found so far.

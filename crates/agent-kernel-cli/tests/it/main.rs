@@ -1,6 +1,7 @@
 //! End-to-end tests of the `agent-kernel` binary: real processes, real files, real SQLite,
 //! real SIGKILLs.
 
+mod approvals;
 mod audit;
 mod bad_input;
 mod command;

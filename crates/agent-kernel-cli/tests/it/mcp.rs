@@ -551,3 +551,106 @@ compensate = ["true"]
     );
     client.cancel().await.expect("closes");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_needs_approval_answers_pending_and_saga_resume_runs_it_once_approved() {
+    let project = Project::new();
+    fs::write(
+        project.path("sandbox.toml"),
+        "[fs]\nallow = [\"ws\"]\n\n[approval]\nrequire = [\"fs.append\"]\n",
+    )
+    .expect("writes policy");
+    let client = connect(&project, &[]).await;
+    let tools = client.list_all_tools().await.expect("lists");
+    let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_ref()).collect();
+    assert!(names.contains(&"saga_resume"), "{names:?}");
+    for decision in [
+        "approve",
+        "reject",
+        "approvals",
+        "dlq_retry",
+        "dlq_resolve",
+        "undo",
+    ] {
+        assert!(
+            !names.iter().any(|name| name.contains(decision)),
+            "no tool of the agent decides an approval: {names:?}"
+        );
+    }
+
+    let saga_id = begin(&client).await;
+    let args = json!({"saga_id": saga_id, "args": {"path": "ws/log.txt", "content": "once\n"}});
+    let pending = call(&client, "fs_append", args).await;
+    let answer = ok(&pending).clone();
+    assert_eq!(answer["status"], "AWAITING_APPROVAL");
+    assert_eq!(answer["saga_id"], saga_id.as_str());
+    assert_eq!(
+        (answer["step"].clone(), answer["tool"].clone()),
+        (json!(0), json!("fs.append"))
+    );
+    let approval_id = answer["approval"]["id"].as_str().expect("an id").to_owned();
+    assert!(
+        answer["approval"]["digest"]
+            .as_str()
+            .is_some_and(|d| d.len() == 64)
+    );
+    assert!(answer["approval"]["expires_at"].is_string());
+    assert!(!project.path("ws/log.txt").exists(), "nothing ran");
+
+    // Still pending: the same answer, and the status names the request.
+    let again = call(&client, "saga_resume", json!({"saga_id": saga_id})).await;
+    assert_eq!(ok(&again)["status"], "AWAITING_APPROVAL");
+    let status = call(&client, "saga_status", json!({"saga_id": saga_id})).await;
+    assert_eq!(ok(&status)["approval"]["id"], approval_id.as_str());
+
+    // The operator decides outside the agent's reach.
+    let output = project.run(&["approve", &approval_id]);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        crate::describe(&output)
+    );
+    let resumed = call(&client, "saga_resume", json!({"saga_id": saga_id})).await;
+    let step = ok(&resumed);
+    assert_eq!(
+        (step["status"].clone(), step["step"].clone()),
+        (json!("COMMIT"), json!(0))
+    );
+    let commit = call(&client, "saga_commit", json!({"saga_id": saga_id})).await;
+    assert_eq!(ok(&commit)["state"], "Done");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/log.txt")).expect("reads"),
+        "once\n"
+    );
+
+    // A call of its own waits too; rejected, resuming it rolls it back.
+    let alone = call(
+        &client,
+        "fs_append",
+        json!({"args": {"path": "ws/log.txt", "content": "twice\n"}}),
+    )
+    .await;
+    let alone = ok(&alone).clone();
+    assert_eq!(alone["status"], "AWAITING_APPROVAL");
+    let id = alone["approval"]["id"].as_str().expect("an id").to_owned();
+    let output = project.run(&["reject", &id, "--reason", "once is enough"]);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        crate::describe(&output)
+    );
+    let rolled_back = call(&client, "saga_resume", json!({"saga_id": alone["saga_id"]})).await;
+    assert_eq!(error_kind(&rolled_back), "denied");
+    assert!(
+        content(&rolled_back)["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("once is enough"))
+    );
+    assert_eq!(
+        fs::read_to_string(project.path("ws/log.txt")).expect("reads"),
+        "once\n"
+    );
+    client.cancel().await.expect("closes");
+}

@@ -199,6 +199,26 @@ impl TxLog for StaleReads {
         self.0
             .take_over(saga_id, expected_owner, expected_state, new_owner)
     }
+
+    fn approval<'a>(
+        &'a self,
+        approval_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<agent_kernel_api::ApprovalRecord>, TxError>> {
+        self.0.approval(approval_id)
+    }
+
+    fn saga_approval<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<agent_kernel_api::ApprovalRecord>, TxError>> {
+        self.0.saga_approval(saga_id)
+    }
+
+    fn pending_approvals(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<agent_kernel_api::ApprovalRecord>, TxError>> {
+        self.0.pending_approvals()
+    }
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! Integration tests of the saga engine over a real SQLite log, with in-memory tools whose
 //! "world" is a shared list, so every effect and every compensation is visible.
 
+mod approvals;
 mod fsm;
 mod idempotency;
 mod live;
@@ -13,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_kernel_api::{
-    Clock, Durability, EffectClass, IdSource, Owner, Plan, PlanStep, ProbeOutcome, SagaId,
-    Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
+    Clock, Durability, EffectClass, IdSource, Owner, Plan, PlanStep, ProbeOutcome, Reversibility,
+    SagaId, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
 };
 use agent_kernel_core::{Environment, Kernel, Liveness, LivenessProbe, NoObserver};
 use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
@@ -251,6 +252,7 @@ impl TransactionalTool for Probe {
 pub(crate) struct Settled {
     pub(crate) id: &'static str,
     pub(crate) settlement: Settlement,
+    pub(crate) reversibility: Reversibility,
     pub(crate) world: Arc<World>,
 }
 
@@ -269,6 +271,9 @@ impl TransactionalTool for Settled {
     }
     fn settlement(&self) -> Settlement {
         self.settlement
+    }
+    fn reversibility(&self) -> Reversibility {
+        self.reversibility
     }
     fn args_schema(&self) -> Value {
         json!({"type": "object"})
@@ -464,15 +469,18 @@ impl Fixture {
                 .expect("registers");
         }
         tools.register(Arc::new(Boom)).expect("registers");
-        for (id, settlement) in [
-            ("blind.add", Settlement::Compensate),
-            ("probed.add", Settlement::Probe),
-            ("opaque.add", Settlement::Operator),
+        for (id, settlement, reversibility) in [
+            ("blind.add", Settlement::Compensate, Reversibility::Full),
+            ("probed.add", Settlement::Probe, Reversibility::Full),
+            ("opaque.add", Settlement::Operator, Reversibility::Full),
+            // Irreversible: every step of it waits for an operator's approval.
+            ("send.once", Settlement::Operator, Reversibility::None),
         ] {
             tools
                 .register(Arc::new(Settled {
                     id,
                     settlement,
+                    reversibility,
                     world: self.world.clone(),
                 }))
                 .expect("registers");

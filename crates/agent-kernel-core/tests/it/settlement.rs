@@ -63,7 +63,7 @@ async fn after_crash_of(fixture: &Fixture, tool: &str, item: &str, hang: &str) -
         .await
         .expect("recovers");
     match report.sagas.into_iter().next() {
-        Some(RecoveryAction::RolledBack(saga)) => saga,
+        Some(RecoveryAction::RolledBack(saga)) => *saga,
         other => panic!("expected a rolled back saga, got {other:?}"),
     }
 }

@@ -28,6 +28,9 @@ fn model(state: SagaState, event: Event, facts: &Facts) -> Option<SagaState> {
         (Validating, ValidationPassed) if facts.saga_complete => Some(Done),
         (Validating, ValidationPassed) if facts.more_steps => Some(Acting),
         (Validating, ValidationFailed) => Some(Compensating),
+        (Acting | Validating, ApprovalRequested) => Some(AwaitingApproval),
+        (AwaitingApproval, ApprovalGranted) => Some(Acting),
+        (AwaitingApproval, ApprovalDenied) => Some(Compensating),
         (Compensating, CompensationDone) if facts.all_compensated => Some(FailedRolledBack),
         (Compensating, CompensationFailed) if facts.any_compensation_failed => {
             Some(FailedRollbackPartial)

@@ -64,6 +64,10 @@ rows! {
     validating_validation_passed_done: Validating, ValidationPassed, Some(Guard::SagaComplete), Done;
     validating_validation_passed_acting: Validating, ValidationPassed, Some(Guard::MoreSteps), Acting;
     validating_validation_failed_compensating: Validating, ValidationFailed, None, Compensating;
+    acting_approval_requested_awaiting: Acting, ApprovalRequested, None, AwaitingApproval;
+    validating_approval_requested_awaiting: Validating, ApprovalRequested, None, AwaitingApproval;
+    awaiting_approval_granted_acting: AwaitingApproval, ApprovalGranted, None, Acting;
+    awaiting_approval_denied_compensating: AwaitingApproval, ApprovalDenied, None, Compensating;
     compensating_compensation_done_failed_rolled_back: Compensating, CompensationDone, Some(Guard::AllCompensated), FailedRolledBack;
     compensating_compensation_failed_partial: Compensating, CompensationFailed, Some(Guard::AnyCompensationFailed), FailedRollbackPartial;
 }

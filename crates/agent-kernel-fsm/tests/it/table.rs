@@ -216,3 +216,37 @@ fn a_table_that_could_never_start_a_saga_is_refused() {
         "{problems:#?}"
     );
 }
+
+#[test]
+fn a_table_written_before_approvals_still_loads_and_denies_every_approval() {
+    let text = include_str!("data/fsm-without-approvals.toml");
+    let fsm = Guardrail::from_toml_str(text).expect("a table without approval rows loads");
+    let denial = fsm
+        .apply(
+            agent_kernel_api::SagaState::Acting,
+            agent_kernel_fsm::Event::ApprovalRequested,
+            &agent_kernel_fsm::Facts::default(),
+        )
+        .expect_err("no row asks for approvals, so a step that needs one is denied");
+    assert!(denial.to_string().contains("ApprovalRequested"), "{denial}");
+}
+
+#[test]
+fn a_table_where_a_waiting_saga_could_not_roll_back_is_refused() {
+    let text = builtin_with(|t| {
+        t.replacen(
+            "from = \"AwaitingApproval\"\nevent = \"ApprovalDenied\"\nto = \"Compensating\"",
+            "from = \"AwaitingApproval\"\nevent = \"ApprovalDenied\"\nto = \"Acting\"",
+            1,
+        )
+    });
+    // The first row naming the state: its `[[transition]]` header, three lines above.
+    let line = line_of(&text, "to = \"AwaitingApproval\"") - 3;
+    check(
+        &text,
+        &[(
+            Some(line),
+            "AwaitingApproval needs `ApprovalDenied` to lead to Compensating",
+        )],
+    );
+}

@@ -1,5 +1,6 @@
 //! Integration tests of the SQLite log: opening, refusing, writing, reading back.
 
+mod approvals;
 mod audit;
 mod open;
 mod records;

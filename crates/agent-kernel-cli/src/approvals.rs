@@ -1,0 +1,243 @@
+//! The operator's side of approvals (CONTRACT §10): `approvals`, `approve`, `reject`, the
+//! operator key, and the wait of `run` and `resume` for a decision.
+
+use std::io::Read as _;
+use std::path::Path;
+
+use agent_kernel_api::{ApprovalRecord, ApprovalStatus};
+use agent_kernel_core::{
+    ApprovalPolicy, Cancellation, Kernel, KernelError, Observer, OperatorDecision, SagaReport,
+    approval_document,
+};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::output::{Output, format_ms, printable, table};
+use crate::{Failure, exit};
+
+/// The largest operator key file read, in bytes.
+pub(crate) const OPERATOR_KEY_BYTES_MAX: u64 = 4096;
+
+/// The SHA-256 of the key in `path` (trailing whitespace ignored), read with a bound.
+fn key_digest(path: &Path, what: &str) -> Result<[u8; 32], Failure> {
+    let unreadable = |error: std::io::Error| {
+        Failure::bad_input(anyhow::anyhow!(
+            "cannot read the {what} {}: {error}; nothing was changed",
+            path.display()
+        ))
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| {
+            file.take(OPERATOR_KEY_BYTES_MAX + 1)
+                .read_to_end(&mut bytes)
+        })
+        .map_err(unreadable)?;
+    if bytes.len() as u64 > OPERATOR_KEY_BYTES_MAX {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "the {what} {} is larger than {OPERATOR_KEY_BYTES_MAX} bytes; nothing was changed",
+            path.display()
+        )));
+    }
+    let key = bytes.trim_ascii_end();
+    if key.is_empty() {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "the {what} {} is empty; nothing was changed",
+            path.display()
+        )));
+    }
+    Ok(Sha256::digest(key).into())
+}
+
+/// With `[approval] operator_key_file`, a decision needs the same key (`given`); without
+/// it, or with another key, it is refused (exit 4). Keys are compared by their SHA-256,
+/// so the comparison's time says nothing about the key.
+pub(crate) fn check_operator_key(
+    policy: &ApprovalPolicy,
+    given: Option<&Path>,
+) -> Result<(), Failure> {
+    let Some(required) = policy.operator_key_file() else {
+        return Ok(());
+    };
+    let Some(given) = given else {
+        return Err(Failure::denied(anyhow::anyhow!(
+            "decisions need the operator key: the policy's [approval] operator_key_file is set, so pass the key with --operator-key-file FILE; nothing was changed"
+        )));
+    };
+    let expected = key_digest(required, "operator key file named by [approval]")?;
+    if key_digest(given, "operator key file")? != expected {
+        return Err(Failure::denied(anyhow::anyhow!(
+            "the key in {} is not the operator key; nothing was changed",
+            given.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Who runs this command, as decisions record it: `alice (uid 1000)`.
+pub(crate) fn operator_name(uid: Option<u32>) -> Option<String> {
+    let uid = uid?;
+    let name = std::fs::read_to_string("/etc/passwd")
+        .ok()
+        .and_then(|passwd| {
+            passwd.lines().find_map(|line| {
+                let mut fields = line.split(':');
+                let name = fields.next()?;
+                let found: u32 = fields.nth(1)?.parse().ok()?;
+                (found == uid && !name.is_empty()).then(|| name.to_owned())
+            })
+        });
+    Some(match name {
+        Some(name) => format!("{name} (uid {uid})"),
+        None => format!("uid {uid}"),
+    })
+}
+
+/// `approvals`: the requests still open to a decision, oldest first.
+pub(crate) async fn list_command(kernel: &Kernel, out: &Output) -> Result<u8, Failure> {
+    let now_ms = agent_kernel_api::Clock::now_ms(&agent_kernel_core::SystemClock);
+    let pending: Vec<ApprovalRecord> = kernel
+        .pending_approvals()
+        .await?
+        .into_iter()
+        .filter(|record| record.status_at(now_ms) == ApprovalStatus::Pending)
+        .collect();
+    if out.is_json() {
+        let approvals: Vec<_> = pending
+            .iter()
+            .map(|record| approval_document(&record.request))
+            .collect();
+        crate::output::print_json(&json!({ "approvals": approvals }));
+        return Ok(exit::OK);
+    }
+    if pending.is_empty() {
+        println!("no approval is pending");
+        return Ok(exit::OK);
+    }
+    let mut list = table(&["id", "saga", "step", "tool", "arguments", "expires"]);
+    for record in &pending {
+        let request = &record.request;
+        let args = request.args.to_string();
+        let shown: String = args.chars().take(60).collect();
+        list.add_row(vec![
+            printable(&request.approval_id),
+            printable(request.saga_id.as_str()),
+            request.step_seq.to_string(),
+            printable(&request.tool_id),
+            printable(&if shown.len() < args.len() {
+                format!("{shown}…")
+            } else {
+                shown
+            }),
+            format_ms(request.expires_at_ms),
+        ]);
+    }
+    println!("{list}");
+    println!(
+        "approve with `agent-kernel approve ID [--note TEXT]`, reject with `agent-kernel reject ID --reason TEXT`"
+    );
+    Ok(exit::OK)
+}
+
+/// `approve ID` and `reject ID`: the decision, once.
+pub(crate) async fn decide_command(
+    kernel: &Kernel,
+    out: &Output,
+    approval_id: &str,
+    approve: bool,
+    note: Option<String>,
+) -> Result<u8, Failure> {
+    let record = kernel
+        .decide_approval(
+            approval_id,
+            OperatorDecision {
+                approve,
+                user: operator_name(kernel.operator_uid()),
+                note,
+            },
+        )
+        .await?;
+    let request = &record.request;
+    if out.is_json() {
+        let mut document = approval_document(request);
+        document["status"] = json!(record.status);
+        document["decided_by"] = json!(record.decided_by);
+        document["note"] = json!(record.note);
+        crate::output::print_json(&document);
+    } else {
+        println!(
+            "approval {}: {} (saga {} step {}, `{}`); the saga moves on when its process next looks, or at `agent-kernel resume --saga {}`",
+            printable(&request.approval_id),
+            record.status,
+            request.saga_id,
+            request.step_seq,
+            printable(&request.tool_id),
+            request.saga_id
+        );
+    }
+    Ok(exit::OK)
+}
+
+/// Tells the operator how to decide the request a saga waits on (stderr).
+pub(crate) fn say_how_to_decide(report: &SagaReport) {
+    let Some(request) = &report.approval else {
+        return;
+    };
+    eprintln!(
+        "agent-kernel: saga {} waits for approval {} of step {} (`{}`, digest {}), until {}",
+        report.saga_id,
+        printable(&request.approval_id),
+        request.step_seq,
+        printable(&request.tool_id),
+        request.digest,
+        format_ms(request.expires_at_ms)
+    );
+    eprintln!(
+        "agent-kernel: approve with: agent-kernel approve {}    (reject with: agent-kernel reject {} --reason TEXT)",
+        request.approval_id, request.approval_id
+    );
+}
+
+/// While `report` waits for an approval: without `no_wait`, waits for each decision and
+/// resumes (a plan may wait more than once); a signal rolls the waiting saga back.
+pub(crate) async fn settle_waits(
+    kernel: &Kernel,
+    mut report: SagaReport,
+    no_wait: bool,
+    observer: &dyn Observer,
+    cancel: &Cancellation,
+) -> Result<SagaReport, KernelError> {
+    while let Some(request) = report.approval.clone() {
+        say_how_to_decide(&report);
+        if no_wait {
+            return Ok(report);
+        }
+        let decided = tokio::select! {
+            decided = kernel.wait_for_decision(&request.approval_id) => Some(decided?),
+            () = cancel.cancelled() => None,
+        };
+        report = match decided {
+            Some(_) => kernel.resume(&report.saga_id, observer, cancel).await?,
+            None => {
+                eprintln!(
+                    "agent-kernel: stopped while waiting for approval {}; rolling the saga back",
+                    request.approval_id
+                );
+                kernel.rollback(&report.saga_id, observer).await?
+            }
+        };
+    }
+    Ok(report)
+}
+
+/// The exit code of a saga's report after `run` or `resume`.
+pub(crate) fn exit_code(report: &SagaReport) -> u8 {
+    use agent_kernel_api::SagaState;
+    match report.state {
+        SagaState::Done => exit::OK,
+        SagaState::AwaitingApproval => exit::AWAITING_APPROVAL,
+        SagaState::FailedRolledBack if report.is_denied() => exit::DENIED,
+        SagaState::FailedRolledBack => exit::ROLLED_BACK,
+        _ => exit::ATTENTION,
+    }
+}

@@ -1,0 +1,299 @@
+//! Approvals through the binary (CONTRACT §10): `run --no-wait` (exit 5), `approvals`,
+//! `approve`, `reject`, `resume` from another process, a waiting `run`, SIGKILL while
+//! waiting, two approvers at once, the operator key, and expiry.
+
+use std::fs;
+use std::process::{Child, Stdio};
+
+use serde_json::{Value, json};
+
+use crate::{Project, describe, json_output, wait_until};
+
+/// A project whose policy makes `fs.append` wait for an approval, with `extra` added to
+/// the `[approval]` section.
+fn project(extra: &str) -> Project {
+    let project = Project::new();
+    fs::write(
+        project.path("sandbox.toml"),
+        format!("[fs]\nallow = [\"ws\"]\n\n[approval]\nrequire = [\"fs.append\"]\n{extra}"),
+    )
+    .expect("writes policy");
+    project
+}
+
+/// `fs.write ws/a.txt`, then `fs.append ws/log.txt` (which waits), then `fs.write ws/c.txt`.
+fn plan(project: &Project) -> std::path::PathBuf {
+    project.plan(
+        "plan.json",
+        &json!({"steps": [
+            {"tool": "fs.write", "args": {"path": "ws/a.txt", "content": "a"}},
+            {"tool": "fs.append", "args": {"path": "ws/log.txt", "content": "once\n"}},
+            {"tool": "fs.write", "args": {"path": "ws/c.txt", "content": "c"}},
+        ]}),
+    )
+}
+
+/// Runs the plan with `--no-wait`: exit 5, the saga waiting; returns (saga id, request).
+fn run_no_wait(project: &Project) -> (String, Value) {
+    let plan = plan(project);
+    let output = project.run(&[
+        "--json",
+        "run",
+        "--no-wait",
+        "--plan",
+        plan.to_str().expect("utf-8"),
+    ]);
+    let (code, report) = json_output(&output);
+    assert_eq!(code, 5, "{}", describe(&output));
+    assert_eq!(report["state"], "AwaitingApproval");
+    let approval = report["approval"].clone();
+    let id = approval["id"].as_str().expect("an id");
+    // The command to approve is on stderr.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("agent-kernel approve {id}")),
+        "{stderr}"
+    );
+    (
+        report["saga_id"].as_str().expect("saga").to_owned(),
+        approval,
+    )
+}
+
+fn pending(project: &Project) -> Vec<Value> {
+    let (code, document) = project.run_json(&["approvals"]);
+    assert_eq!(code, 0, "{document}");
+    document["approvals"].as_array().expect("a list").clone()
+}
+
+/// The pending requests, or none while the log does not exist yet.
+fn pending_once_logged(project: &Project) -> usize {
+    if !project.db().exists() {
+        return 0;
+    }
+    pending(project).len()
+}
+
+fn spawn(project: &Project, args: &[&str]) -> Child {
+    project
+        .command(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawns")
+}
+
+#[test]
+fn no_wait_exits_5_then_approve_and_resume_in_another_process_finish_the_plan() {
+    let project = project("");
+    let (saga_id, approval) = run_no_wait(&project);
+    // Nothing of the waiting step ran.
+    assert!(project.path("ws/a.txt").exists());
+    assert!(!project.path("ws/log.txt").exists());
+    let listed = pending(&project);
+    assert_eq!(listed.len(), 1);
+    let request = &listed[0];
+    for field in [
+        "id",
+        "saga_id",
+        "step",
+        "tool",
+        "digest",
+        "requested_at",
+        "expires_at",
+    ] {
+        assert!(request.get(field).is_some(), "`{field}` in {request}");
+    }
+    assert_eq!(request["saga_id"], saga_id.as_str());
+    assert_eq!(
+        (request["step"].clone(), request["tool"].clone()),
+        (json!(1), json!("fs.append"))
+    );
+    assert_eq!(request["digest"], approval["digest"]);
+    let id = request["id"].as_str().expect("id");
+
+    let output = project.run(&["approve", id, "--note", "looked at the line"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let again = project.run(&["approve", id]);
+    assert_eq!(again.status.code(), Some(4), "{}", describe(&again));
+    let reject = project.run(&["reject", id, "--reason", "changed my mind"]);
+    assert_eq!(reject.status.code(), Some(4), "{}", describe(&reject));
+    assert!(pending(&project).is_empty());
+
+    let (code, report) = project.run_json(&["resume", "--saga", &saga_id]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["state"], "Done");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/log.txt")).expect("reads"),
+        "once\n"
+    );
+    assert_eq!(
+        fs::read_to_string(project.path("ws/c.txt")).expect("reads"),
+        "c"
+    );
+    // Resuming a finished saga runs nothing again.
+    let (code, _) = project.run_json(&["resume", "--saga", &saga_id]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        fs::read_to_string(project.path("ws/log.txt")).expect("reads"),
+        "once\n"
+    );
+
+    // The decision is in the audit chain with the operator and the note.
+    let (code, records) = project.run_json(&["audit", "list", "--kind", "ApprovalDecided"]);
+    assert_eq!(code, 0, "{records}");
+    let text = records.to_string();
+    assert!(
+        text.contains("looked at the line") && text.contains("uid"),
+        "{text}"
+    );
+    let (code, audit) = project.run_json(&["audit", "verify"]);
+    assert_eq!(code, 0, "{audit}");
+}
+
+#[test]
+fn a_rejected_step_rolls_the_saga_back_with_exit_4() {
+    let project = project("");
+    let (saga_id, approval) = run_no_wait(&project);
+    let id = approval["id"].as_str().expect("id");
+    let output = project.run(&["reject", id, "--reason", "not today"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let (code, report) = project.run_json(&["resume", "--saga", &saga_id]);
+    assert_eq!(code, 4, "{report}");
+    assert_eq!(report["state"], "FailedRolledBack");
+    assert!(project.snapshot().is_empty(), "{:?}", project.snapshot());
+}
+
+#[test]
+fn a_waiting_run_says_how_to_approve_and_finishes_once_approved() {
+    let project = project("");
+    let plan = plan(&project);
+    let run = spawn(
+        &project,
+        &["--json", "run", "--plan", plan.to_str().expect("utf-8")],
+    );
+    wait_until("the run waits for an approval", || {
+        pending_once_logged(&project) == 1
+    });
+    let id = pending(&project)[0]["id"].as_str().expect("id").to_owned();
+    let output = project.run(&["approve", &id]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let output = run.wait_with_output().expect("waits");
+    let (code, report) = json_output(&output);
+    assert_eq!(code, 0, "{}", describe(&output));
+    assert_eq!(report["state"], "Done");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("agent-kernel approve {id}")),
+        "{stderr}"
+    );
+    assert_eq!(
+        fs::read_to_string(project.path("ws/log.txt")).expect("reads"),
+        "once\n"
+    );
+}
+
+#[test]
+fn a_run_killed_while_it_waits_is_rolled_back_by_recover_and_a_later_approval_applies_to_nothing() {
+    let project = project("");
+    let plan = plan(&project);
+    let mut run = spawn(&project, &["run", "--plan", plan.to_str().expect("utf-8")]);
+    wait_until("the run waits for an approval", || {
+        pending_once_logged(&project) == 1
+    });
+    let id = pending(&project)[0]["id"].as_str().expect("id").to_owned();
+    run.kill().expect("SIGKILL");
+    run.wait().expect("reaped");
+    let (code, report) = project.run_json(&["recover"]);
+    assert_eq!(code, 0, "{report}");
+    let text = report.to_string();
+    assert!(
+        text.contains(&id),
+        "recover says the saga waited for {id}: {text}"
+    );
+    assert!(project.snapshot().is_empty(), "{:?}", project.snapshot());
+    let output = project.run(&["approve", &id]);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    assert!(project.snapshot().is_empty());
+}
+
+#[test]
+fn two_operators_approving_at_once_decide_once_and_the_step_runs_once() {
+    let project = project("");
+    let (saga_id, approval) = run_no_wait(&project);
+    let id = approval["id"].as_str().expect("id").to_owned();
+    let approvers: Vec<Child> = (0..2).map(|_| spawn(&project, &["approve", &id])).collect();
+    let mut codes: Vec<i32> = approvers
+        .into_iter()
+        .map(|child| {
+            child
+                .wait_with_output()
+                .expect("waits")
+                .status
+                .code()
+                .expect("exits")
+        })
+        .collect();
+    codes.sort_unstable();
+    assert_eq!(codes, [0, 4]);
+    let resumers: Vec<Child> = (0..2)
+        .map(|_| spawn(&project, &["resume", "--saga", &saga_id]))
+        .collect();
+    for resumer in resumers {
+        resumer.wait_with_output().expect("waits");
+    }
+    assert_eq!(
+        fs::read_to_string(project.path("ws/log.txt")).expect("reads"),
+        "once\n"
+    );
+    assert_eq!(project.latest_saga().expect("a saga").1, "Done");
+}
+
+#[test]
+fn with_an_operator_key_a_decision_without_it_is_refused() {
+    let project = project("operator_key_file = \"operator.key\"\n");
+    fs::write(project.path("operator.key"), "0123456789abcdef\n").expect("writes key");
+    fs::write(project.path("other.key"), "not the key\n").expect("writes key");
+    let (_, approval) = run_no_wait(&project);
+    let id = approval["id"].as_str().expect("id");
+    let without = project.run(&["approve", id]);
+    assert_eq!(without.status.code(), Some(4), "{}", describe(&without));
+    assert!(String::from_utf8_lossy(&without.stderr).contains("--operator-key-file"));
+    let wrong = project.run(&["approve", id, "--operator-key-file", "other.key"]);
+    assert_eq!(wrong.status.code(), Some(4), "{}", describe(&wrong));
+    assert_eq!(pending(&project).len(), 1, "nothing changed");
+    let right = project.run(&["approve", id, "--operator-key-file", "operator.key"]);
+    assert_eq!(right.status.code(), Some(0), "{}", describe(&right));
+}
+
+#[test]
+fn an_undecided_request_expires_and_the_waiting_run_rolls_back_with_exit_4() {
+    let project = project("timeout_ms = 300\n");
+    let plan = plan(&project);
+    let output = project.run(&["--json", "run", "--plan", plan.to_str().expect("utf-8")]);
+    let (code, report) = json_output(&output);
+    assert_eq!(code, 4, "{}", describe(&output));
+    assert_eq!(report["state"], "FailedRolledBack");
+    assert!(project.snapshot().is_empty());
+    let (code, records) = project.run_json(&["audit", "list", "--kind", "ApprovalDecided"]);
+    assert_eq!(code, 0);
+    assert!(records.to_string().contains("expired"), "{records}");
+}
+
+#[test]
+fn bad_approval_settings_are_bad_input() {
+    let project = Project::new();
+    fs::write(
+        project.path("sandbox.toml"),
+        "[fs]\nallow = [\"ws\"]\n\n[approval]\nrequire = [\"[\"]\n",
+    )
+    .expect("writes policy");
+    let plan = plan(&project);
+    let output = project.run(&["run", "--plan", plan.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("[approval]"));
+    let project = self::project("");
+    run_no_wait(&project);
+    let unknown = project.run(&["approve", "no-such-request"]);
+    assert_eq!(unknown.status.code(), Some(2), "{}", describe(&unknown));
+}

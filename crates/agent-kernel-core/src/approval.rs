@@ -1,0 +1,496 @@
+//! Approvals (CONTRACT §10): which steps wait for an operator, the request bound to the
+//! exact step, the decisions, and resuming a saga once its step is decided.
+//!
+//! A step needs an approval when its tool's reversibility is `none`, or when its tool id
+//! matches a glob of `[approval] require`. The step path (`step.rs`) then writes, before
+//! anything of the step runs, the request and the saga's move to `AwaitingApproval`, and
+//! the driver stops there. [`Kernel::decide_approval`] records an operator's decision;
+//! [`Kernel::resume`] continues the saga (in this process or another): approved, the step
+//! runs once, the request consumed in its BEGIN's transaction; rejected, expired or void,
+//! the saga rolls back.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agent_kernel_api::{
+    ApprovalDecision, ApprovalRecord, ApprovalRequest, ApprovalStatus, DEFAULT_APPROVAL_TIMEOUT_MS,
+    DecideApproval, DynTool, LogWrite, MAX_APPROVAL_TIMEOUT_MS, MAX_DECISION_NOTE_BYTES, Plan,
+    PlanStep, Reversibility, SagaId, SagaRecord, SagaState, ToolError, WriteOutcome,
+    canonical_json,
+};
+use agent_kernel_fsm::{Event, Facts};
+use glob::Pattern;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::kernel::Kernel;
+use crate::report::{Failure, Observer, SagaReport};
+use crate::step::SagaInFlight;
+use crate::{Cancellation, KernelError};
+
+/// The most globs `[approval] require` may list.
+pub const MAX_APPROVAL_RULES: usize = 256;
+
+/// How often a process waiting for a decision looks at the log.
+pub const APPROVAL_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Which steps wait for an operator's approval, and for how long (`[approval]` of the
+/// policy file).
+#[derive(Debug, Clone)]
+pub struct ApprovalPolicy {
+    require: Vec<(String, Pattern)>,
+    operator_key_file: Option<PathBuf>,
+    timeout_ms: u64,
+}
+
+impl Default for ApprovalPolicy {
+    /// Approvals for irreversible tools only, expiring after
+    /// [`DEFAULT_APPROVAL_TIMEOUT_MS`], with no operator key.
+    fn default() -> Self {
+        ApprovalPolicy {
+            require: Vec::new(),
+            operator_key_file: None,
+            timeout_ms: DEFAULT_APPROVAL_TIMEOUT_MS,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawApproval {
+    #[serde(default)]
+    require: Vec<String>,
+    #[serde(default)]
+    operator_key_file: Option<PathBuf>,
+    #[serde(default = "default_timeout_ms")]
+    timeout_ms: u64,
+}
+
+fn default_timeout_ms() -> u64 {
+    DEFAULT_APPROVAL_TIMEOUT_MS
+}
+
+impl ApprovalPolicy {
+    /// A policy requiring approval for the tools whose ids match one of `require` (globs:
+    /// `shop.*`, `fs.delete`), besides every irreversible tool, expiring after `timeout_ms`.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the glob that is not valid, or the bound broken.
+    pub fn new(require: Vec<String>, timeout_ms: u64) -> Result<Self, String> {
+        if require.len() > MAX_APPROVAL_RULES {
+            return Err(format!(
+                "[approval] require lists {} globs, more than the maximum of {MAX_APPROVAL_RULES}",
+                require.len()
+            ));
+        }
+        if !(1..=MAX_APPROVAL_TIMEOUT_MS).contains(&timeout_ms) {
+            return Err(format!(
+                "[approval] timeout_ms is {timeout_ms}; it must be 1 to {MAX_APPROVAL_TIMEOUT_MS} (30 days)"
+            ));
+        }
+        let require = require
+            .into_iter()
+            .map(|glob| {
+                if glob.is_empty() {
+                    return Err("[approval] require holds an empty glob".to_owned());
+                }
+                Pattern::new(&glob)
+                    .map(|pattern| (glob.clone(), pattern))
+                    .map_err(|err| {
+                        format!("[approval] require entry `{glob}` is not a valid glob: {err}")
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(ApprovalPolicy {
+            require,
+            operator_key_file: None,
+            timeout_ms,
+        })
+    }
+
+    /// The `[approval]` table of a policy file whose folder is `base_dir` (a relative
+    /// `operator_key_file` is taken from there).
+    ///
+    /// # Errors
+    ///
+    /// A message naming the unknown key, the value of the wrong type, the invalid glob or
+    /// the bound broken.
+    pub fn from_table(table: toml::Table, base_dir: &Path) -> Result<Self, String> {
+        let raw: RawApproval = toml::Value::Table(table)
+            .try_into()
+            .map_err(|err: toml::de::Error| format!("[approval]: {}", err.message().trim()))?;
+        let policy = ApprovalPolicy::new(raw.require, raw.timeout_ms)?;
+        Ok(match raw.operator_key_file {
+            Some(path) if path.as_os_str().is_empty() => {
+                return Err("[approval] operator_key_file is empty".to_owned());
+            }
+            Some(path) => policy.with_operator_key_file(base_dir.join(path)),
+            None => policy,
+        })
+    }
+
+    /// The same policy, with decisions needing the key in `path` (`approve
+    /// --operator-key-file`).
+    #[must_use]
+    pub fn with_operator_key_file(mut self, path: PathBuf) -> Self {
+        self.operator_key_file = Some(path);
+        self
+    }
+
+    /// The globs of `[approval] require`, as written.
+    pub fn require(&self) -> impl Iterator<Item = &str> {
+        self.require.iter().map(|(glob, _)| glob.as_str())
+    }
+
+    /// The file holding the operator key, when decisions need one.
+    pub fn operator_key_file(&self) -> Option<&Path> {
+        self.operator_key_file.as_deref()
+    }
+
+    /// How long a request waits before it expires, in ms.
+    pub fn timeout_ms(&self) -> u64 {
+        self.timeout_ms
+    }
+
+    /// Why a step of `tool` (registered as `tool_id`) needs an approval, or `None`.
+    pub fn reason_for(&self, tool_id: &str, tool: &dyn DynTool) -> Option<String> {
+        if tool.reversibility() == Reversibility::None {
+            return Some(format!("`{tool_id}` is irreversible (reversibility none)"));
+        }
+        self.require
+            .iter()
+            .find(|(_, pattern)| pattern.matches(tool_id))
+            .map(|(glob, _)| format!("`{tool_id}` matches [approval] require `{glob}`"))
+    }
+}
+
+/// The digest an approval is bound to: SHA-256 (lowercase hex) of the canonical JSON of
+/// `{"args": …, "saga_id": …, "step": …, "tool": …}` (object keys sorted by their bytes at
+/// every depth, no whitespace, strings escaped as `serde_json` escapes them).
+pub fn approval_digest(saga_id: &SagaId, step_seq: u32, tool: &str, args: &Value) -> String {
+    let document = json!({
+        "args": args,
+        "saga_id": saga_id.as_str(),
+        "step": step_seq,
+        "tool": tool,
+    });
+    Sha256::digest(canonical_json(&document).as_bytes())
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+/// An operator's decision on a request, as [`Kernel::decide_approval`] takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorDecision {
+    /// Approve or reject.
+    pub approve: bool,
+    /// Who decides, as recorded (`alice (uid 1000)`).
+    pub user: Option<String>,
+    /// The note (`approve --note`) or the reason (`reject --reason`).
+    pub note: Option<String>,
+}
+
+impl Kernel {
+    /// Why the step of `tool_id` needs an approval, or `None`.
+    pub(crate) fn approval_reason(&self, tool_id: &str, tool: &dyn DynTool) -> Option<String> {
+        self.approvals.reason_for(tool_id, tool)
+    }
+
+    /// The request for step `step_seq` of `saga`, asked for now.
+    pub(crate) fn approval_request(
+        &self,
+        saga: &SagaInFlight,
+        step_seq: u32,
+        step: &PlanStep,
+        rest: Option<&[PlanStep]>,
+    ) -> ApprovalRequest {
+        let requested_at_ms = self.env.clock.now_ms();
+        let timeout_ms = i64::try_from(self.approvals.timeout_ms).unwrap_or(i64::MAX);
+        ApprovalRequest {
+            approval_id: self.env.ids.new_record_id(),
+            saga_id: saga.saga_id.clone(),
+            step_seq,
+            tool_id: step.tool.clone(),
+            args: step.args.clone(),
+            idempotency_key: step.idempotency_key.clone(),
+            digest: approval_digest(&saga.saga_id, step_seq, &step.tool, &step.args),
+            rest: rest.map(<[PlanStep]>::to_vec),
+            requested_at_ms,
+            expires_at_ms: requested_at_ms.saturating_add(timeout_ms),
+        }
+    }
+
+    /// Every request still waiting for a decision (expired ones, whose sagas roll back when
+    /// next looked at, included), oldest first.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::Log`] when the log cannot be read.
+    pub async fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, KernelError> {
+        Ok(self.log.pending_approvals().await?)
+    }
+
+    /// One request.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::ApprovalNotFound`]; [`KernelError::Log`].
+    pub async fn approval(&self, approval_id: &str) -> Result<ApprovalRecord, KernelError> {
+        self.log
+            .approval(approval_id)
+            .await?
+            .ok_or_else(|| KernelError::ApprovalNotFound(approval_id.to_owned()))
+    }
+
+    /// Records an operator's decision on a pending request, in the audit chain with the
+    /// user and the note. The waiting saga moves on when its process next looks (or at
+    /// [`Kernel::resume`]).
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::ApprovalNotFound`]; [`KernelError::ApprovalClosed`] when the request
+    /// was already decided, has expired, or its saga was rolled back (nothing changes);
+    /// [`KernelError::InvalidRequest`] for a note too long; [`KernelError::Log`].
+    pub async fn decide_approval(
+        &self,
+        approval_id: &str,
+        decision: OperatorDecision,
+    ) -> Result<ApprovalRecord, KernelError> {
+        if let Some(note) = &decision.note
+            && note.len() > MAX_DECISION_NOTE_BYTES
+        {
+            return Err(KernelError::InvalidRequest(format!(
+                "the note is {} bytes, more than the maximum of {MAX_DECISION_NOTE_BYTES}",
+                note.len()
+            )));
+        }
+        let record = self.approval(approval_id).await?;
+        let status = record.status_at(self.env.clock.now_ms());
+        if status != ApprovalStatus::Pending {
+            return Err(KernelError::ApprovalClosed {
+                approval_id: approval_id.to_owned(),
+                status,
+            });
+        }
+        let kind = if decision.approve {
+            ApprovalDecision::Approve
+        } else {
+            ApprovalDecision::Reject
+        };
+        let outcomes = self
+            .log
+            .write(vec![LogWrite::DecideApproval(DecideApproval {
+                approval_id: approval_id.to_owned(),
+                decision: kind,
+                by: self.env.owner.clone(),
+                uid: self.operator_uid(),
+                user: decision.user,
+                note: decision.note,
+            })])
+            .await?;
+        if let Some(WriteOutcome::NotPending(status)) = outcomes.first() {
+            // Another operator (or the expiry) came first.
+            return Err(KernelError::ApprovalClosed {
+                approval_id: approval_id.to_owned(),
+                status: *status,
+            });
+        }
+        info!(approval_id, approve = decision.approve, "approval decided");
+        self.approval(approval_id).await
+    }
+
+    /// Waits until the request is decided or expires (looking at the log every
+    /// [`APPROVAL_POLL_INTERVAL`]); returns it as it then stands. Writes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::ApprovalNotFound`]; [`KernelError::Log`].
+    pub async fn wait_for_decision(
+        &self,
+        approval_id: &str,
+    ) -> Result<ApprovalRecord, KernelError> {
+        loop {
+            let record = self.approval(approval_id).await?;
+            let now_ms = self.env.clock.now_ms();
+            if record.status_at(now_ms) != ApprovalStatus::Pending {
+                return Ok(record);
+            }
+            let until_expiry =
+                u64::try_from(record.request.expires_at_ms.saturating_sub(now_ms)).unwrap_or(0);
+            tokio::time::sleep(APPROVAL_POLL_INTERVAL.min(Duration::from_millis(until_expiry)))
+                .await;
+        }
+    }
+
+    /// Continues a saga waiting in `AwaitingApproval`, once its step is decided: approved,
+    /// the step runs once with exactly the approved arguments (the request consumed in the
+    /// same transaction as its BEGIN), then the plan's remaining steps; rejected, expired or
+    /// void, the saga rolls back (the expiry recorded), and the report's failure says why
+    /// (a denial: `run` exits 4). Still pending: the report says `AwaitingApproval`, and
+    /// nothing is written.
+    ///
+    /// The saga's process may be this one or a dead one (`run --no-wait` then `resume`): it
+    /// is taken over with a compare-and-swap on its owner. A live saga waiting in the
+    /// process that holds it is resumed through [`LiveSaga::resume`](crate::LiveSaga::resume)
+    /// instead; from another process, it is only rolled back by `recover`.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::SagaNotFound`]; [`KernelError::NotAwaitingApproval`] for a saga that
+    /// is neither waiting nor finished; [`KernelError::SagaBusy`] when its owner is alive;
+    /// [`KernelError::InvalidRequest`] for a live saga (its own process resumes it);
+    /// [`KernelError::TakenOver`]; [`KernelError::Log`].
+    pub async fn resume(
+        &self,
+        saga_id: &SagaId,
+        observer: &dyn Observer,
+        cancel: &Cancellation,
+    ) -> Result<SagaReport, KernelError> {
+        let record = self.load(saga_id).await?;
+        if record.saga.state.is_terminal() {
+            return Ok(SagaReport::from_record(&record, None));
+        }
+        if record.saga.state != SagaState::AwaitingApproval {
+            return Err(KernelError::NotAwaitingApproval {
+                saga_id: saga_id.clone(),
+                state: record.saga.state,
+            });
+        }
+        let approval = self.waiting_approval(&record).await?;
+        if approval.request.rest.is_none() {
+            // A live saga: only its own process can run its next steps.
+            if self.live.contains(saga_id) || record.saga.owner == self.env.owner {
+                return Err(KernelError::InvalidRequest(format!(
+                    "saga {saga_id} is a live saga open in this process: resume it through its handle"
+                )));
+            }
+            return Err(KernelError::InvalidRequest(format!(
+                "saga {saga_id} is a live saga: only the process that holds it can resume it (if that process has died, `agent-kernel recover` rolls it back)"
+            )));
+        }
+        self.take_over(&record).await?;
+        let span = info_span!("saga", saga_id = %saga_id, resumed = true);
+        async {
+            let now_ms = self.env.clock.now_ms();
+            match approval.status_at(now_ms) {
+                ApprovalStatus::Pending => {
+                    Ok(SagaReport::from_record(&record, None)
+                        .awaiting(Some(approval.request.clone())))
+                }
+                ApprovalStatus::Approved => {
+                    let request = &approval.request;
+                    let saga =
+                        SagaInFlight::resumed(&record, self.granted_state()?, approval.clone());
+                    let mut steps = vec![PlanStep {
+                        tool: request.tool_id.clone(),
+                        args: request.args.clone(),
+                        idempotency_key: request.idempotency_key.clone(),
+                    }];
+                    steps.extend(request.rest.clone().unwrap_or_default());
+                    let plan = Plan {
+                        name: record.saga.name.clone(),
+                        actor: record.saga.actor.clone(),
+                        steps,
+                    };
+                    info!(approval_id = %request.approval_id, "approved: resuming");
+                    self.drive_resumed(&plan, saga, observer, cancel).await
+                }
+                status => {
+                    self.roll_back_unapproved(&record, &approval, status, observer)
+                        .await
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The request a waiting saga waits on.
+    pub(crate) async fn waiting_approval(
+        &self,
+        record: &SagaRecord,
+    ) -> Result<ApprovalRecord, KernelError> {
+        self.log
+            .saga_approval(&record.saga.saga_id)
+            .await?
+            .ok_or_else(|| KernelError::Inconsistent {
+                saga_id: record.saga.saga_id.clone(),
+                reason: "it waits in AwaitingApproval, but the log holds no request for it"
+                    .to_owned(),
+            })
+    }
+
+    /// Where a saga goes when its step is approved: `ApprovalGranted` from
+    /// `AwaitingApproval`.
+    pub(crate) fn granted_state(&self) -> Result<SagaState, KernelError> {
+        self.fsm
+            .apply(
+                SagaState::AwaitingApproval,
+                Event::ApprovalGranted,
+                &Facts::default(),
+            )
+            .map_err(|denial| KernelError::Denied {
+                saga_id: None,
+                denial,
+            })
+    }
+
+    /// The failure a saga rolls back for when its step will never run.
+    pub(crate) fn unapproved_failure(approval: &ApprovalRecord, status: ApprovalStatus) -> Failure {
+        let request = &approval.request;
+        let why = match status {
+            ApprovalStatus::Rejected => format!(
+                "rejected by {}{}",
+                approval.decided_by.as_deref().unwrap_or("an operator"),
+                approval
+                    .note
+                    .as_deref()
+                    .map(|note| format!(": {note}"))
+                    .unwrap_or_default()
+            ),
+            ApprovalStatus::Expired => "expired undecided".to_owned(),
+            ApprovalStatus::Cancelled => {
+                "void: the saga was rolled back while it waited".to_owned()
+            }
+            other => format!("{other}"),
+        };
+        Failure {
+            step_seq: request.step_seq,
+            tool: request.tool_id.clone(),
+            error: ToolError::denied(format!(
+                "approval {} for step {} (`{}`) {why}; the step never ran",
+                request.approval_id, request.step_seq, request.tool_id
+            )),
+        }
+    }
+
+    /// Rolls back a saga whose waiting step will never run (`status`: rejected, expired,
+    /// cancelled): an expiry not yet recorded is recorded with the move to `Compensating`.
+    pub(crate) async fn roll_back_unapproved(
+        &self,
+        record: &SagaRecord,
+        approval: &ApprovalRecord,
+        status: ApprovalStatus,
+        observer: &dyn Observer,
+    ) -> Result<SagaReport, KernelError> {
+        let mut batch = Vec::new();
+        if approval.status == ApprovalStatus::Pending {
+            batch.push(LogWrite::DecideApproval(DecideApproval {
+                approval_id: approval.request.approval_id.clone(),
+                decision: ApprovalDecision::Expire,
+                by: self.env.owner.clone(),
+                uid: self.operator_uid(),
+                user: Some("agent-kernel (expired undecided)".to_owned()),
+                note: None,
+            }));
+        }
+        warn!(saga_id = %record.saga.saga_id, approval_id = %approval.request.approval_id, %status, "the step will never run: rolling back");
+        let failure = Self::unapproved_failure(approval, status);
+        self.compensate_from(record, batch, Some(failure), observer)
+            .await
+    }
+}
