@@ -1,5 +1,5 @@
-//! Approvals (CONTRACT §10): a request for an operator's decision on one exact step, as the
-//! log records it, and the decisions that end it.
+//! Approvals and dead letters (CONTRACT §10): a request for an operator's decision on one
+//! exact step and the decisions that end it; a failed compensation kept for an operator.
 
 use std::fmt;
 use std::str::FromStr;
@@ -198,4 +198,115 @@ pub struct ConsumeApproval {
     pub args: Value,
     /// The digest of the step about to begin.
     pub digest: String,
+}
+
+/// Where a dead letter stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeadLetterStatus {
+    /// Waiting for an operator: listed by `dlq list`.
+    Open,
+    /// A retry compensated the step.
+    Retried,
+    /// An operator settled it by hand (`dlq resolve`).
+    Resolved,
+}
+
+impl DeadLetterStatus {
+    /// The status's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterStatus::Open => "open",
+            DeadLetterStatus::Retried => "retried",
+            DeadLetterStatus::Resolved => "resolved",
+        }
+    }
+}
+
+impl fmt::Display for DeadLetterStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for DeadLetterStatus {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [
+            DeadLetterStatus::Open,
+            DeadLetterStatus::Retried,
+            DeadLetterStatus::Resolved,
+        ]
+        .into_iter()
+        .find(|status| status.as_str() == s)
+        .ok_or_else(|| format!("unknown dead-letter status `{s}`"))
+    }
+}
+
+/// A compensation that failed (after its retries), or a step of unknown outcome left to an
+/// operator, as the log holds it (CONTRACT §10).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// The letter's id (what `dlq retry` and `dlq resolve` name).
+    pub letter_id: String,
+    /// The saga, `FailedRollbackPartial` while the letter is open.
+    pub saga_id: SagaId,
+    /// The step whose compensation failed.
+    pub step_seq: u32,
+    /// Its tool.
+    pub tool_id: String,
+    /// The last failure.
+    pub error: String,
+    /// How many times the compensation was tried and failed.
+    pub attempts: u32,
+    /// When it first failed, in ms since the Unix epoch.
+    pub first_failed_at_ms: i64,
+    /// When it last failed.
+    pub last_failed_at_ms: i64,
+    /// When a retry is next due (`dlq retry --due`): the backoff after the last failure.
+    pub next_retry_at_ms: i64,
+    /// Where it stands.
+    pub status: DeadLetterStatus,
+    /// When it was settled (retried successfully or resolved).
+    pub settled_at_ms: Option<i64>,
+    /// Who settled it.
+    pub settled_by: Option<String>,
+    /// The operator's note (`dlq resolve --note`), or the compensation's note after a retry.
+    pub note: Option<String>,
+}
+
+/// A failed compensation to record as a dead letter: a new letter for the step, or, when
+/// the step has one already, that letter again (reopened), with one more attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordDeadLetter {
+    /// The id a new letter gets (the step's existing letter keeps its own).
+    pub letter_id: String,
+    /// The saga.
+    pub saga_id: SagaId,
+    /// The step.
+    pub step_seq: u32,
+    /// Its tool.
+    pub tool_id: String,
+    /// The failure.
+    pub error: String,
+    /// When a retry is next due.
+    pub next_retry_at_ms: i64,
+}
+
+/// How an open dead letter was settled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SettleDeadLetter {
+    /// The letter.
+    pub letter_id: String,
+    /// `Retried` (the compensation succeeded) or `Resolved` (by hand).
+    pub status: DeadLetterStatus,
+    /// The process that records it.
+    pub by: Owner,
+    /// The operating-system user id, when known.
+    pub uid: Option<u32>,
+    /// The user's name, when known.
+    pub user: Option<String>,
+    /// The note.
+    pub note: Option<String>,
 }

@@ -80,7 +80,8 @@ mod tool;
 
 pub use approval::{
     ApprovalDecision, ApprovalRecord, ApprovalRequest, ApprovalStatus, ConsumeApproval,
-    DEFAULT_APPROVAL_TIMEOUT_MS, DecideApproval, MAX_APPROVAL_TIMEOUT_MS, MAX_DECISION_NOTE_BYTES,
+    DEFAULT_APPROVAL_TIMEOUT_MS, DeadLetter, DeadLetterStatus, DecideApproval,
+    MAX_APPROVAL_TIMEOUT_MS, MAX_DECISION_NOTE_BYTES, RecordDeadLetter, SettleDeadLetter,
 };
 pub use canonical::{canonical_json, write_json_string};
 pub use clock::{Clock, IdSource, format_rfc3339_ms};

@@ -4,8 +4,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{
-    ApprovalRecord, ApprovalRequest, ApprovalStatus, BoxFuture, ConsumeApproval, DecideApproval,
-    EffectClass, SagaId, SagaState, StepStatus, ToolError, ToolOutput, Undo,
+    ApprovalRecord, ApprovalRequest, ApprovalStatus, BoxFuture, ConsumeApproval, DeadLetter,
+    DeadLetterStatus, DecideApproval, EffectClass, RecordDeadLetter, SagaId, SagaState,
+    SettleDeadLetter, StepStatus, ToolError, ToolOutput, Undo,
 };
 
 /// The process that owns a running saga, recorded so that recovery can decide reliably
@@ -146,6 +147,12 @@ pub enum LogWrite {
     DecideApproval(DecideApproval),
     /// Uses an approved request for the step whose BEGIN follows in the same batch.
     ConsumeApproval(ConsumeApproval),
+    /// Records a failed compensation as a dead letter (a new one, or the step's existing
+    /// one reopened with one more attempt).
+    RecordDeadLetter(RecordDeadLetter),
+    /// Settles an open dead letter; one that is not open is left as it is and the write
+    /// answers [`WriteOutcome::NotOpen`].
+    SettleDeadLetter(SettleDeadLetter),
     /// Records the outcome of compensating a step.
     Compensation {
         /// The saga.
@@ -280,6 +287,8 @@ pub enum WriteOutcome {
     /// A `DecideApproval` on a request that is no longer open to it: nothing was changed.
     /// Carries the request's status (`Expired` for a pending request past its expiry).
     NotPending(ApprovalStatus),
+    /// A `SettleDeadLetter` on a letter that is no longer open: nothing was changed.
+    NotOpen(DeadLetterStatus),
 }
 
 /// The binding of an idempotency key: the step that last ran with it.
@@ -546,4 +555,24 @@ pub trait TxLog: Send + Sync + 'static {
     ///
     /// [`TxError`] when the log cannot be read.
     fn pending_approvals(&self) -> BoxFuture<'_, Result<Vec<ApprovalRecord>, TxError>>;
+
+    /// One dead letter, or `None` if the log has no such letter.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn dead_letter<'a>(
+        &'a self,
+        letter_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<DeadLetter>, TxError>>;
+
+    /// The open dead letters: of one saga, or of every saga (`None`), oldest first.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn open_dead_letters<'a>(
+        &'a self,
+        saga_id: Option<&'a SagaId>,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, TxError>>;
 }

@@ -295,6 +295,47 @@ fn summary(record: &agent_kernel_txlog::AuditRecord) -> String {
             text(&body["error"]["message"])
         ),
         "Genesis" => "the chain starts".to_owned(),
+        "ApprovalRequested" => format!(
+            "step {} {} {} waits for approval {} (digest {})",
+            body["step_seq"],
+            text(&body["tool"]),
+            text(&body["args_summary"]),
+            text(&body["approval_id"]),
+            text(&body["digest"])
+        ),
+        "ApprovalDecided" => format!(
+            "approval {} {} by {}{}",
+            text(&body["approval_id"]),
+            text(&body["status"]),
+            text(&body["decided_by"]),
+            body["note"]
+                .as_str()
+                .map(|note| format!(": {note}"))
+                .unwrap_or_default()
+        ),
+        "ApprovalConsumed" => format!(
+            "approval {} used by step {}",
+            text(&body["approval_id"]),
+            body["step_seq"]
+        ),
+        "DeadLetter" => format!(
+            "dead letter {} for step {} {} (attempt {}): {}",
+            text(&body["letter_id"]),
+            body["step_seq"],
+            text(&body["tool"]),
+            body["attempts"],
+            text(&body["error"])
+        ),
+        "DeadLetterSettled" => format!(
+            "dead letter {} {} by {}{}",
+            text(&body["letter_id"]),
+            text(&body["status"]),
+            text(&body["settled_by"]),
+            body["note"]
+                .as_str()
+                .map(|note| format!(": {note}"))
+                .unwrap_or_default()
+        ),
         _ => format!(
             "step {} {} {}",
             body["step_seq"],

@@ -165,6 +165,20 @@ impl TxLog for CountingLog {
     ) -> BoxFuture<'_, Result<Vec<agent_kernel_api::ApprovalRecord>, TxError>> {
         self.inner.pending_approvals()
     }
+
+    fn dead_letter<'a>(
+        &'a self,
+        letter_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<agent_kernel_api::DeadLetter>, TxError>> {
+        self.inner.dead_letter(letter_id)
+    }
+
+    fn open_dead_letters<'a>(
+        &'a self,
+        saga_id: Option<&'a SagaId>,
+    ) -> BoxFuture<'a, Result<Vec<agent_kernel_api::DeadLetter>, TxError>> {
+        self.inner.open_dead_letters(saga_id)
+    }
 }
 
 /// Records when each step of one saga finished executing.

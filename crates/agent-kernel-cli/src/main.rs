@@ -7,6 +7,7 @@
 mod approvals;
 mod audit;
 mod bench;
+mod dlq;
 mod output;
 mod progress;
 
@@ -178,6 +179,11 @@ enum Command {
         #[arg(long)]
         drills: bool,
     },
+    /// See, retry or settle the compensations that failed (dead letters)
+    Dlq {
+        #[command(subcommand)]
+        action: DlqAction,
+    },
     /// List the tools with their classes and the limits in force
     Tools,
     /// Check the tamper-evident audit log
@@ -222,6 +228,32 @@ enum AuditAction {
         /// How many records, newest first
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=i64::from(agent_kernel_txlog::AUDIT_RECORDS_MAX)))]
         limit: u32,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DlqAction {
+    /// The open dead letters, oldest first
+    List,
+    /// Run a dead letter's compensation again; exit 0 when it is compensated, 3 when not
+    Retry {
+        /// The dead letter's id (`agent-kernel dlq list`)
+        #[arg(required_unless_present = "due", conflicts_with = "due")]
+        id: Option<String>,
+        /// Retry every open dead letter whose backoff has passed
+        #[arg(long)]
+        due: bool,
+        /// Act even if `audit verify` finds the log tampered with (recorded in the audit chain)
+        #[arg(long)]
+        skip_verify: bool,
+    },
+    /// Settle a dead letter by hand, saying how
+    Resolve {
+        /// The dead letter's id (`agent-kernel dlq list`)
+        id: String,
+        /// What was done, recorded in the audit chain
+        #[arg(long, value_name = "TEXT")]
+        note: String,
     },
 }
 
@@ -502,6 +534,33 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 approvals::settle_waits(&kernel, report, *no_wait, &progress, &cancel).await?;
             out.saga(&report);
             Ok(approvals::exit_code(&report))
+        }
+        Command::Dlq { action } => {
+            require_log(cli)?;
+            match action {
+                DlqAction::List => {
+                    let kernel = open_kernel_for_approvals(cli)?;
+                    dlq::list_command(&kernel, out).await
+                }
+                DlqAction::Retry {
+                    id,
+                    due,
+                    skip_verify,
+                } => {
+                    // A retry compensates from the log's records, as `rollback` does.
+                    let options = verify_before_acting(cli, *skip_verify).await?;
+                    let kernel =
+                        open_kernel(cli, Durability::Full, Compensation::Only, options, true)?;
+                    match id {
+                        Some(id) if !*due => dlq::retry_command(&kernel, out, id).await,
+                        _ => dlq::retry_due_command(&kernel, out).await,
+                    }
+                }
+                DlqAction::Resolve { id, note } => {
+                    let kernel = open_kernel_for_approvals(cli)?;
+                    dlq::resolve_command(&kernel, out, id, note).await
+                }
+            }
         }
         Command::Approvals => {
             require_log(cli)?;

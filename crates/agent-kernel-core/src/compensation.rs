@@ -99,13 +99,19 @@ impl Kernel {
             } else {
                 StepStatus::CompensationFailed
             };
-            self.log
-                .write(vec![LogWrite::Compensation {
-                    saga_id: saga_id.clone(),
-                    step_seq: step.step_seq,
-                    result,
-                }])
-                .await?;
+            // A compensation that still fails after its retries, or a step left to an
+            // operator, becomes a dead letter with its record, in one transaction.
+            let dead_letter = match &result {
+                Ok(_) => None,
+                Err(error) => Some(self.dead_letter_for(&saga_id, step, error).await?),
+            };
+            let mut batch = vec![LogWrite::Compensation {
+                saga_id: saga_id.clone(),
+                step_seq: step.step_seq,
+                result,
+            }];
+            batch.extend(dead_letter);
+            self.log.write(batch).await?;
             observer.on_event(&SagaEvent::StepCompensated {
                 step_seq: step.step_seq,
                 tool: &step.tool_id,
@@ -141,7 +147,7 @@ impl Kernel {
     }
 
     /// Compensates one step; `Ok` carries a note for the log.
-    async fn compensate_step(
+    pub(crate) async fn compensate_step(
         &self,
         saga_id: &SagaId,
         actor: Option<&str>,

@@ -139,6 +139,17 @@ pub enum KernelError {
         /// Where it stands.
         status: agent_kernel_api::ApprovalStatus,
     },
+    /// No dead letter with this id is in the log.
+    #[error("no dead letter {0} in the log")]
+    DeadLetterNotFound(String),
+    /// The dead letter was already settled; nothing was changed.
+    #[error("dead letter {letter_id} is {status}: it is no longer open; nothing was changed")]
+    DeadLetterClosed {
+        /// The letter.
+        letter_id: String,
+        /// Where it stands.
+        status: agent_kernel_api::DeadLetterStatus,
+    },
     /// The saga does not wait for an approval, and has not finished either.
     #[error("saga {saga_id} is {state}, not waiting for an approval; nothing was done")]
     NotAwaitingApproval {
@@ -193,6 +204,7 @@ impl KernelError {
             | KernelError::TooManyOpenSagas { .. }
             | KernelError::InvalidRequest(_)
             | KernelError::ApprovalNotFound(_)
+            | KernelError::DeadLetterNotFound(_)
             | KernelError::NotAwaitingApproval { .. }
             | KernelError::Setup(_) => true,
             KernelError::Log(TxError::NotALog { .. } | TxError::SchemaTooNew { .. }) => true,
@@ -207,7 +219,9 @@ impl KernelError {
             KernelError::Preflight(problems) => {
                 !problems.is_empty() && problems.iter().all(|p| p.kind == ProblemKind::Denied)
             }
-            KernelError::Denied { .. } | KernelError::ApprovalClosed { .. } => true,
+            KernelError::Denied { .. }
+            | KernelError::ApprovalClosed { .. }
+            | KernelError::DeadLetterClosed { .. } => true,
             KernelError::Log(TxError::ApprovalUnusable { .. }) => true,
             _ => false,
         }

@@ -98,6 +98,7 @@ mod approval;
 mod builder;
 mod cancel;
 mod compensation;
+mod dead_letter;
 mod env;
 mod error;
 mod kernel;
@@ -116,6 +117,9 @@ pub use builder::{
     approval_policy_from, command_tools, dispatcher_with, limits_from_policy,
 };
 pub use cancel::Cancellation;
+pub use dead_letter::{
+    DEAD_LETTER_BACKOFF_BASE_MS, DEAD_LETTER_BACKOFF_MAX_MS, RetryOutcome, dead_letter_backoff_ms,
+};
 pub use env::{SystemClock, UuidV7Ids};
 pub use error::{KernelError, Problem, ProblemKind};
 pub use kernel::{Environment, Kernel, VALIDATE_HINT, args_hash};

@@ -49,7 +49,7 @@ pub(crate) const ZERO_HASH: &str =
     "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// Every record kind the chain may hold.
-pub(crate) const KINDS: [&str; 18] = [
+pub(crate) const KINDS: [&str; 20] = [
     KIND_GENESIS,
     KIND_CREATE_SAGA,
     KIND_SET_STATE,
@@ -68,7 +68,16 @@ pub(crate) const KINDS: [&str; 18] = [
     KIND_APPROVAL_REQUESTED,
     KIND_APPROVAL_DECIDED,
     KIND_APPROVAL_CONSUMED,
+    KIND_DEAD_LETTER,
+    KIND_DEAD_LETTER_SETTLED,
 ];
+
+/// The record of a [`LogWrite::RecordDeadLetter`](agent_kernel_api::LogWrite::RecordDeadLetter).
+pub(crate) const KIND_DEAD_LETTER: &str = "DeadLetter";
+
+/// The record of a [`LogWrite::SettleDeadLetter`](agent_kernel_api::LogWrite::SettleDeadLetter)
+/// that settled a letter: who, how, and their note.
+pub(crate) const KIND_DEAD_LETTER_SETTLED: &str = "DeadLetterSettled";
 
 /// The record of a [`LogWrite::RequestApproval`](agent_kernel_api::LogWrite::RequestApproval).
 pub(crate) const KIND_APPROVAL_REQUESTED: &str = "ApprovalRequested";

@@ -101,8 +101,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use agent_kernel_api::{
-    ApprovalRecord, AuditEvent, BoxFuture, Clock, Durability, KeyBinding, LogWrite, Owner, SagaId,
-    SagaRecord, SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
+    ApprovalRecord, AuditEvent, BoxFuture, Clock, DeadLetter, Durability, KeyBinding, LogWrite,
+    Owner, SagaId, SagaRecord, SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
 };
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
@@ -414,5 +414,21 @@ impl TxLog for SqliteLog {
 
     fn pending_approvals(&self) -> BoxFuture<'_, Result<Vec<ApprovalRecord>, TxError>> {
         self.call(|conn, _| store::pending_approvals(conn))
+    }
+
+    fn dead_letter<'a>(
+        &'a self,
+        letter_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<DeadLetter>, TxError>> {
+        let letter_id = letter_id.to_owned();
+        self.call(move |conn, _| store::dead_letter(conn, &letter_id))
+    }
+
+    fn open_dead_letters<'a>(
+        &'a self,
+        saga_id: Option<&'a SagaId>,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, TxError>> {
+        let saga_id = saga_id.cloned();
+        self.call(move |conn, _| store::open_dead_letters(conn, saga_id.as_ref()))
     }
 }

@@ -2,9 +2,10 @@
 
 use agent_kernel_api::{
     ApprovalDecision, ApprovalRecord, ApprovalRequest, ApprovalStatus, AuditEvent, BeginStep,
-    ConsumeApproval, DecideApproval, EffectClass, KeyBinding, LogWrite, NewSaga, Owner, PlanStep,
-    SagaId, SagaRecord, SagaState, SagaSummary, StepRecord, StepStatus, ToolError, ToolOutput,
-    TxError, Undo, WriteOutcome,
+    ConsumeApproval, DeadLetter, DeadLetterStatus, DecideApproval, EffectClass, KeyBinding,
+    LogWrite, NewSaga, Owner, PlanStep, RecordDeadLetter, SagaId, SagaRecord, SagaState,
+    SagaSummary, SettleDeadLetter, StepRecord, StepStatus, ToolError, ToolOutput, TxError, Undo,
+    WriteOutcome,
 };
 use std::borrow::Cow;
 
@@ -17,10 +18,10 @@ use crate::schema::storage;
 use crate::audit::{
     ARGS_SUMMARY_BYTES_MAX, Appender, AuditSettings, CanonicalObject, DENIALS_LISTED_MAX, Head,
     KIND_APPROVAL_CONSUMED, KIND_APPROVAL_DECIDED, KIND_APPROVAL_REQUESTED, KIND_BEGIN_STEP,
-    KIND_CALL_REFUSED, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA, KIND_FAIL_STEP,
-    KIND_OPERATOR, KIND_PLAN_DENIED, KIND_REFUSE_STEP, KIND_REUSE_STEP, KIND_SAGA_ABORTED,
-    KIND_SET_STATE, KIND_SIMULATE_STEP, KIND_TAKE_OVER, QUOTE_BYTES_MAX, canonical_json,
-    error_summary, quote, sha256_hex,
+    KIND_CALL_REFUSED, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA, KIND_DEAD_LETTER,
+    KIND_DEAD_LETTER_SETTLED, KIND_FAIL_STEP, KIND_OPERATOR, KIND_PLAN_DENIED, KIND_REFUSE_STEP,
+    KIND_REUSE_STEP, KIND_SAGA_ABORTED, KIND_SET_STATE, KIND_SIMULATE_STEP, KIND_TAKE_OVER,
+    QUOTE_BYTES_MAX, canonical_json, error_summary, quote, sha256_hex,
 };
 
 fn corrupt(what: impl std::fmt::Display) -> TxError {
@@ -87,7 +88,10 @@ fn commit_chained(
         }
         // Audit events are rare and each one should be covered by the head file at once.
         moves_head |= matches!(write, LogWrite::SetState { state, .. } if state.is_terminal())
-            || matches!(write, LogWrite::Audit(_) | LogWrite::DecideApproval(_));
+            || matches!(
+                write,
+                LogWrite::Audit(_) | LogWrite::DecideApproval(_) | LogWrite::SettleDeadLetter(_)
+            );
         outcomes.push(applied.outcome);
     }
     tx.commit().map_err(storage)?;
@@ -346,7 +350,240 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
                 body,
             ))
         }
+        LogWrite::RecordDeadLetter(letter) => {
+            let body = record_dead_letter(conn, letter, now_ms)?;
+            Ok(Applied::written(KIND_DEAD_LETTER, &letter.saga_id, body))
+        }
+        LogWrite::SettleDeadLetter(settle) => settle_dead_letter(conn, settle, now_ms),
         other => Err(corrupt(format!("unsupported log record {other:?}"))),
+    }
+}
+
+/// Inserts a dead letter for the step, or reopens its existing one with one more attempt;
+/// returns the audit body (the letter's id and attempts as stored, the error quoted and
+/// hashed).
+fn record_dead_letter(
+    conn: &Connection,
+    letter: &RecordDeadLetter,
+    now_ms: i64,
+) -> Result<String, TxError> {
+    let (letter_id, attempts, first_failed_at_ms): (String, i64, i64) = conn
+        .prepare_cached(
+            "INSERT INTO dead_letters (letter_id, saga_id, step_seq, tool_id, error, attempts,
+                 first_failed_at_ms, last_failed_at_ms, next_retry_at_ms, status)
+             VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?6, ?7, 'open')
+             ON CONFLICT (saga_id, step_seq) DO UPDATE SET error = ?5,
+                 attempts = attempts + 1, last_failed_at_ms = ?6, next_retry_at_ms = ?7,
+                 status = 'open', settled_at_ms = NULL, settled_by = NULL, note = NULL
+             RETURNING letter_id, attempts, first_failed_at_ms",
+        )
+        .and_then(|mut s| {
+            s.query_row(
+                params![
+                    letter.letter_id,
+                    letter.saga_id.as_str(),
+                    letter.step_seq,
+                    letter.tool_id,
+                    letter.error,
+                    now_ms,
+                    letter.next_retry_at_ms
+                ],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            )
+        })
+        .map_err(|err| match err {
+            rusqlite::Error::SqliteFailure(code, _)
+                if code.code == rusqlite::ErrorCode::ConstraintViolation =>
+            {
+                corrupt(format!(
+                    "a dead letter for saga {} step {} cannot be recorded: {err}",
+                    letter.saga_id, letter.step_seq
+                ))
+            }
+            other => storage(other),
+        })?;
+    Ok(CanonicalObject::new()
+        .int("attempts", attempts)
+        .str("error", &quote(&letter.error, QUOTE_BYTES_MAX))
+        .str("error_sha256", &sha256_hex(letter.error.as_bytes()))
+        .int("first_failed_at_ms", first_failed_at_ms)
+        .str("letter_id", &letter_id)
+        .int("next_retry_at_ms", letter.next_retry_at_ms)
+        .str("saga_id", letter.saga_id.as_str())
+        .int("step_seq", letter.step_seq)
+        .str("tool", &letter.tool_id)
+        .finish())
+}
+
+/// Settles an open dead letter; one that is not open is left as it is (its status is
+/// answered, and nothing is chained).
+fn settle_dead_letter<'w>(
+    conn: &Connection,
+    settle: &'w SettleDeadLetter,
+    now_ms: i64,
+) -> Result<Applied<'w>, TxError> {
+    if settle.status == DeadLetterStatus::Open {
+        return Err(corrupt("a dead letter is settled as retried or resolved"));
+    }
+    let by = settled_by(settle.user.as_deref(), settle.uid);
+    let updated: Option<String> = conn
+        .prepare_cached(
+            "UPDATE dead_letters SET status = ?2, settled_at_ms = ?3, settled_by = ?4, note = ?5
+             WHERE letter_id = ?1 AND status = 'open'
+             RETURNING saga_id",
+        )
+        .and_then(|mut s| {
+            s.query_row(
+                params![
+                    settle.letter_id,
+                    settle.status.as_str(),
+                    now_ms,
+                    by,
+                    settle.note
+                ],
+                |row| row.get(0),
+            )
+            .optional()
+        })
+        .map_err(storage)?;
+    let Some(saga_id) = updated else {
+        let current = dead_letter(conn, &settle.letter_id)?
+            .ok_or_else(|| TxError::NotFound(format!("no dead letter {}", settle.letter_id)))?;
+        return Ok(Applied {
+            outcome: WriteOutcome::NotOpen(current.status),
+            kind: None,
+            saga_id: None,
+            body: String::new(),
+        });
+    };
+    // The last open letter of a `FailedRollbackPartial` saga settled: every failed
+    // compensation is accounted for, and the saga is `FailedRolledBack`, in this record.
+    let cleared: Option<String> = conn
+        .prepare_cached(
+            "UPDATE sagas SET state = 'FailedRolledBack', updated_at_ms = ?2
+             WHERE saga_id = ?1 AND state = 'FailedRollbackPartial'
+                 AND NOT EXISTS (SELECT 1 FROM dead_letters
+                                 WHERE saga_id = ?1 AND status = 'open')
+             RETURNING state",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![saga_id, now_ms], |row| row.get(0))
+                .optional()
+        })
+        .map_err(storage)?;
+    let note = settle.note.as_deref();
+    let body = CanonicalObject::new()
+        .object("by", owner_body(&settle.by))
+        .str("letter_id", &settle.letter_id)
+        .opt_str(
+            "note",
+            note.map(|note| quote(note, QUOTE_BYTES_MAX)).as_deref(),
+        )
+        .opt_str(
+            "note_sha256",
+            note.map(|note| sha256_hex(note.as_bytes())).as_deref(),
+        )
+        .str("saga_id", &saga_id)
+        .opt_str("saga_state", cleared.as_deref())
+        .opt_str(
+            "settled_by",
+            by.as_deref()
+                .map(|by| quote(by, QUOTE_BYTES_MAX))
+                .as_deref(),
+        )
+        .str("status", settle.status.as_str())
+        .opt_int("uid", settle.uid)
+        .finish();
+    Ok(Applied {
+        outcome: WriteOutcome::Written,
+        kind: Some(KIND_DEAD_LETTER_SETTLED),
+        saga_id: Some(Cow::Owned(SagaId::new(saga_id))),
+        body,
+    })
+}
+
+const DEAD_LETTER_COLUMNS: &str = "letter_id, saga_id, step_seq, tool_id, error, attempts,
+    first_failed_at_ms, last_failed_at_ms, next_retry_at_ms, status, settled_at_ms, settled_by,
+    note";
+
+fn dead_letter_from_row(row: &Row<'_>) -> rusqlite::Result<Result<DeadLetter, TxError>> {
+    let step_seq: i64 = row.get(2)?;
+    let attempts: i64 = row.get(5)?;
+    let status: String = row.get(9)?;
+    let letter = DeadLetter {
+        letter_id: row.get(0)?,
+        saga_id: SagaId::new(row.get::<_, String>(1)?),
+        step_seq: 0,
+        tool_id: row.get(3)?,
+        error: row.get(4)?,
+        attempts: 0,
+        first_failed_at_ms: row.get(6)?,
+        last_failed_at_ms: row.get(7)?,
+        next_retry_at_ms: row.get(8)?,
+        status: DeadLetterStatus::Open,
+        settled_at_ms: row.get(10)?,
+        settled_by: row.get(11)?,
+        note: row.get(12)?,
+    };
+    Ok((|| {
+        Ok(DeadLetter {
+            step_seq: u32::try_from(step_seq)
+                .map_err(|_| corrupt(format!("dead letter step_seq {step_seq} out of range")))?,
+            attempts: u32::try_from(attempts)
+                .map_err(|_| corrupt(format!("dead letter attempts {attempts} out of range")))?,
+            status: status
+                .parse()
+                .map_err(|err: String| corrupt(format!("dead_letters.status: {err}")))?,
+            ..letter
+        })
+    })())
+}
+
+/// One dead letter by id.
+pub(crate) fn dead_letter(
+    conn: &Connection,
+    letter_id: &str,
+) -> Result<Option<DeadLetter>, TxError> {
+    let mut statement = conn
+        .prepare_cached(&format!(
+            "SELECT {DEAD_LETTER_COLUMNS} FROM dead_letters WHERE letter_id = ?1"
+        ))
+        .map_err(storage)?;
+    statement
+        .query_row(params![letter_id], dead_letter_from_row)
+        .optional()
+        .map_err(storage)?
+        .transpose()
+}
+
+/// The open dead letters of one saga, or of all, oldest first.
+pub(crate) fn open_dead_letters(
+    conn: &Connection,
+    saga_id: Option<&SagaId>,
+) -> Result<Vec<DeadLetter>, TxError> {
+    let mut statement = conn
+        .prepare_cached(&format!(
+            "SELECT {DEAD_LETTER_COLUMNS} FROM dead_letters
+             WHERE status = 'open' AND (?1 IS NULL OR saga_id = ?1)
+             ORDER BY first_failed_at_ms, letter_id"
+        ))
+        .map_err(storage)?;
+    let rows = statement
+        .query_map(params![saga_id.map(SagaId::as_str)], dead_letter_from_row)
+        .map_err(storage)?;
+    let mut letters = Vec::new();
+    for row in rows {
+        letters.push(row.map_err(storage)??);
+    }
+    Ok(letters)
+}
+
+/// Who settled or decided, as the columns and the audit records hold it.
+pub(crate) fn settled_by(user: Option<&str>, uid: Option<u32>) -> Option<String> {
+    match (user, uid) {
+        (Some(user), _) => Some(user.to_owned()),
+        (None, Some(uid)) => Some(format!("uid {uid}")),
+        (None, None) => None,
     }
 }
 
@@ -406,15 +643,6 @@ fn request_approval(conn: &Connection, request: &ApprovalRequest) -> Result<Stri
         .finish())
 }
 
-/// Who decided, as the `decided_by` column and the audit record hold it.
-pub(crate) fn decided_by(decision: &DecideApproval) -> Option<String> {
-    match (&decision.user, decision.uid) {
-        (Some(user), _) => Some(user.clone()),
-        (None, Some(uid)) => Some(format!("uid {uid}")),
-        (None, None) => None,
-    }
-}
-
 /// Records a decision if the request is still open to it; otherwise changes nothing and
 /// answers its status. Only a change is chained (a refused decision is the caller's to
 /// record).
@@ -424,7 +652,7 @@ fn decide_approval<'w>(
     now_ms: i64,
 ) -> Result<Applied<'w>, TxError> {
     let status = decision.decision.status();
-    let by = decided_by(decision);
+    let by = settled_by(decision.user.as_deref(), decision.uid);
     // Approve and reject only a pending request within its time; expire only a pending
     // one; cancel a pending or an approved one (never a consumed one: that step ran).
     let condition = match decision.decision {

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use agent_kernel_api::{ApprovalStatus, SagaState, StepStatus, TxError};
+use agent_kernel_api::{ApprovalStatus, DeadLetterStatus, SagaState, StepStatus, TxError};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, Row, params};
 use serde::Serialize;
@@ -13,9 +13,9 @@ use serde_json::{Map, Value};
 use crate::audit::{
     self, AuditKey, Head, KIND_APPROVAL_CONSUMED, KIND_APPROVAL_DECIDED, KIND_APPROVAL_REQUESTED,
     KIND_BEGIN_STEP, KIND_CALL_REFUSED, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA,
-    KIND_FAIL_STEP, KIND_GENESIS, KIND_OPERATOR, KIND_PLAN_DENIED, KIND_REFUSE_STEP,
-    KIND_REUSE_STEP, KIND_SAGA_ABORTED, KIND_SET_STATE, KIND_SIMULATE_STEP, KIND_TAKE_OVER, Record,
-    ZERO_HASH, sha256_hex,
+    KIND_DEAD_LETTER, KIND_DEAD_LETTER_SETTLED, KIND_FAIL_STEP, KIND_GENESIS, KIND_OPERATOR,
+    KIND_PLAN_DENIED, KIND_REFUSE_STEP, KIND_REUSE_STEP, KIND_SAGA_ABORTED, KIND_SET_STATE,
+    KIND_SIMULATE_STEP, KIND_TAKE_OVER, Record, ZERO_HASH, sha256_hex,
 };
 use crate::head;
 use crate::schema::{self, AUDIT_SCHEMA_VERSION};
@@ -536,12 +536,32 @@ struct ApprovalModel {
     note_sha256: Option<String>,
 }
 
+/// What the chain says a dead letter row holds.
+#[derive(Debug, PartialEq, Eq)]
+struct DeadLetterModel {
+    last_seq: i64,
+    saga_id: String,
+    step_seq: i64,
+    tool_id: String,
+    error_sha256: String,
+    attempts: i64,
+    first_failed_at_ms: i64,
+    last_failed_at_ms: i64,
+    next_retry_at_ms: i64,
+    status: String,
+    settled_at_ms: Option<i64>,
+    /// Quoted as the record quotes it.
+    settled_by: Option<String>,
+    note_sha256: Option<String>,
+}
+
 /// The tables as the chain describes them, built record by record.
 #[derive(Debug, Default)]
 struct Replay {
     sagas: BTreeMap<String, SagaModel>,
     keys: BTreeMap<String, KeyModel>,
     approvals: BTreeMap<String, ApprovalModel>,
+    dead_letters: BTreeMap<String, DeadLetterModel>,
 }
 
 /// Typed access to a record body, with messages naming the missing field.
@@ -802,6 +822,109 @@ impl Replay {
                 approval.decided_by = decided_by;
                 approval.note_sha256 = note_sha256;
                 approval.last_seq = seq;
+            }
+            KIND_DEAD_LETTER => {
+                let step_seq = body.int("step_seq")?;
+                if !self.saga_mut(saga_id)?.steps.contains_key(&step_seq) {
+                    return Err(format!(
+                        "it records a dead letter for step {step_seq} of saga {saga_id}, which no earlier record began"
+                    ));
+                }
+                let letter_id = body.str("letter_id")?.to_owned();
+                let attempts = body.int("attempts")?;
+                let first_failed_at_ms = body.int("first_failed_at_ms")?;
+                let model = DeadLetterModel {
+                    last_seq: seq,
+                    saga_id: saga_id.to_owned(),
+                    step_seq,
+                    tool_id: body.str("tool")?.to_owned(),
+                    error_sha256: body.str("error_sha256")?.to_owned(),
+                    attempts,
+                    first_failed_at_ms,
+                    last_failed_at_ms: at_ms,
+                    next_retry_at_ms: body.int("next_retry_at_ms")?,
+                    status: DeadLetterStatus::Open.as_str().to_owned(),
+                    settled_at_ms: None,
+                    settled_by: None,
+                    note_sha256: None,
+                };
+                let expected_attempts = match self.dead_letters.get(&letter_id) {
+                    None => {
+                        if let Some((other, _)) = self.dead_letters.iter().find(|(_, letter)| {
+                            letter.saga_id == saga_id && letter.step_seq == step_seq
+                        }) {
+                            return Err(format!(
+                                "it records dead letter {letter_id} for a step that has letter {other}"
+                            ));
+                        }
+                        (1, at_ms)
+                    }
+                    Some(known) if known.saga_id == saga_id && known.step_seq == step_seq => {
+                        (known.attempts + 1, known.first_failed_at_ms)
+                    }
+                    Some(_) => {
+                        return Err(format!(
+                            "it records dead letter {letter_id} for another step than its own"
+                        ));
+                    }
+                };
+                if (attempts, first_failed_at_ms) != expected_attempts {
+                    return Err(format!(
+                        "it counts {attempts} attempts since {first_failed_at_ms} for dead letter {letter_id}, where the chain says {} since {}",
+                        expected_attempts.0, expected_attempts.1
+                    ));
+                }
+                self.dead_letters.insert(letter_id, model);
+            }
+            KIND_DEAD_LETTER_SETTLED => {
+                body.object("by")?;
+                let status: DeadLetterStatus = body
+                    .str("status")?
+                    .parse()
+                    .map_err(|err| format!("its body's `status`: {err}"))?;
+                let note_sha256 = body.opt_str("note_sha256")?;
+                let settled_by = body.opt_str("settled_by")?;
+                let letter_id = body.str("letter_id")?;
+                let letter = self.dead_letters.get_mut(letter_id).ok_or_else(|| {
+                    format!("it settles dead letter {letter_id}, which no earlier record wrote")
+                })?;
+                if letter.saga_id != saga_id
+                    || letter.status != DeadLetterStatus::Open.as_str()
+                    || status == DeadLetterStatus::Open
+                {
+                    return Err(format!(
+                        "it settles dead letter {letter_id} of saga {} ({}) as {status}",
+                        letter.saga_id, letter.status
+                    ));
+                }
+                letter.status = status.as_str().to_owned();
+                letter.settled_at_ms = Some(at_ms);
+                letter.settled_by = settled_by;
+                letter.note_sha256 = note_sha256;
+                letter.last_seq = seq;
+                let still_open = self.dead_letters.values().any(|letter| {
+                    letter.saga_id == saga_id && letter.status == DeadLetterStatus::Open.as_str()
+                });
+                let saga = self.saga_mut(saga_id)?;
+                let clears = !still_open && saga.state == SagaState::FailedRollbackPartial;
+                match body.opt_str("saga_state")? {
+                    Some(state) if clears && state == SagaState::FailedRolledBack.as_str() => {
+                        saga.state = SagaState::FailedRolledBack;
+                        saga.updated_at_ms = Some(at_ms);
+                        saga.last_seq = seq;
+                    }
+                    None if !clears => {}
+                    other => {
+                        return Err(format!(
+                            "it moves saga {saga_id} to {other:?} as its dead letters are settled, where the chain says {}",
+                            if clears {
+                                "FailedRolledBack"
+                            } else {
+                                "no move"
+                            }
+                        ));
+                    }
+                }
             }
             KIND_APPROVAL_CONSUMED => {
                 let digest = body.str("digest")?.to_owned();
@@ -1132,34 +1255,72 @@ impl Replay {
             }
         }
         if n_seen < self.approvals.len() {
-            for (approval_id, known) in &self.approvals {
-                let exists: bool = conn.query_row(
-                    "SELECT EXISTS (SELECT 1 FROM approvals WHERE approval_id = ?1)",
-                    params![approval_id],
-                    |row| row.get(0),
-                )?;
-                if !exists {
-                    found.note(
-                        known.last_seq,
-                        format!(
-                            "approval {approval_id} is in the audit chain but not in the approvals table"
-                        ),
-                    );
-                }
-            }
+            note_missing_rows(
+                conn,
+                found,
+                ("approvals", "approval_id", "approval"),
+                self.approvals
+                    .iter()
+                    .map(|(id, known)| (id, known.last_seq)),
+            )?;
         }
         Ok(())
     }
 
     fn compare_dead_letters(&self, conn: &Connection, found: &mut Found) -> rusqlite::Result<()> {
-        // No record writes dead letters yet: any row is unaccounted for.
-        let mut statement = conn.prepare("SELECT letter_id FROM dead_letters LIMIT 1")?;
+        let mut statement = conn.prepare(
+            "SELECT letter_id, saga_id, step_seq, tool_id, error, attempts, first_failed_at_ms,
+                 last_failed_at_ms, next_retry_at_ms, status, settled_at_ms, settled_by, note
+             FROM dead_letters",
+        )?;
         let mut rows = statement.query([])?;
-        if let Some(row) = rows.next()? {
+        let mut n_seen = 0_usize;
+        while let Some(row) = rows.next()? {
             let letter_id: String = row.get(0)?;
-            found.unaccounted(format!(
-                "dead letter {letter_id} is in the dead_letters table, but no audit record writes it"
-            ));
+            let Some(known) = self.dead_letters.get(&letter_id) else {
+                found.unaccounted(format!(
+                    "dead letter {letter_id} is in the dead_letters table, but no audit record writes it"
+                ));
+                continue;
+            };
+            n_seen += 1;
+            let actual = DeadLetterModel {
+                last_seq: known.last_seq,
+                saga_id: row.get(1)?,
+                step_seq: row.get(2)?,
+                tool_id: row.get(3)?,
+                error_sha256: sha256_hex(row.get::<_, String>(4)?.as_bytes()),
+                attempts: row.get(5)?,
+                first_failed_at_ms: row.get(6)?,
+                last_failed_at_ms: row.get(7)?,
+                next_retry_at_ms: row.get(8)?,
+                status: row.get(9)?,
+                settled_at_ms: row.get(10)?,
+                settled_by: row
+                    .get::<_, Option<String>>(11)?
+                    .map(|by| audit::quote(&by, audit::QUOTE_BYTES_MAX)),
+                note_sha256: row
+                    .get::<_, Option<String>>(12)?
+                    .map(|note| sha256_hex(note.as_bytes())),
+            };
+            if actual != *known {
+                found.note(
+                    known.last_seq,
+                    format!(
+                        "dead letter {letter_id} in the dead_letters table differs from the audit chain (its step, error, attempts, status or settlement)"
+                    ),
+                );
+            }
+        }
+        if n_seen < self.dead_letters.len() {
+            note_missing_rows(
+                conn,
+                found,
+                ("dead_letters", "letter_id", "dead letter"),
+                self.dead_letters
+                    .iter()
+                    .map(|(id, known)| (id, known.last_seq)),
+            )?;
         }
         Ok(())
     }
@@ -1420,6 +1581,29 @@ impl Replay {
         }
         Ok(())
     }
+}
+
+/// Notes each row the chain describes (`id`, with the record that last set it) that the
+/// table, named with its key column and what a row is, does not hold.
+fn note_missing_rows<'a>(
+    conn: &Connection,
+    found: &mut Found,
+    (table, key_column, what): (&str, &str, &str),
+    known: impl Iterator<Item = (&'a String, i64)>,
+) -> rusqlite::Result<()> {
+    let mut statement = conn.prepare(&format!(
+        "SELECT EXISTS (SELECT 1 FROM {table} WHERE {key_column} = ?1)"
+    ))?;
+    for (id, last_seq) in known {
+        let exists: bool = statement.query_row(params![id], |row| row.get(0))?;
+        if !exists {
+            found.note(
+                last_seq,
+                format!("{what} {id} is in the audit chain but not in the {table} table"),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Whether the log has `table` (older schema versions lack the newer tables).

@@ -7,6 +7,7 @@ mod bad_input;
 mod command;
 mod crash;
 mod creation;
+mod dlq;
 mod fsm;
 mod http;
 mod integrations;

@@ -219,6 +219,20 @@ impl TxLog for StaleReads {
     ) -> BoxFuture<'_, Result<Vec<agent_kernel_api::ApprovalRecord>, TxError>> {
         self.0.pending_approvals()
     }
+
+    fn dead_letter<'a>(
+        &'a self,
+        letter_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<agent_kernel_api::DeadLetter>, TxError>> {
+        self.0.dead_letter(letter_id)
+    }
+
+    fn open_dead_letters<'a>(
+        &'a self,
+        saga_id: Option<&'a SagaId>,
+    ) -> BoxFuture<'a, Result<Vec<agent_kernel_api::DeadLetter>, TxError>> {
+        self.0.open_dead_letters(saga_id)
+    }
 }
 
 #[tokio::test]

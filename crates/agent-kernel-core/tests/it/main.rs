@@ -2,6 +2,7 @@
 //! "world" is a shared list, so every effect and every compensation is visible.
 
 mod approvals;
+mod dead_letters;
 mod fsm;
 mod idempotency;
 mod live;
@@ -28,6 +29,8 @@ use serde_json::{Value, json};
 pub(crate) struct World {
     pub(crate) items: Mutex<Vec<String>>,
     pub(crate) journal: Mutex<Vec<String>>,
+    /// Once set, `stuck…` items can be removed after all (the failure is switched off).
+    pub(crate) unstuck: std::sync::atomic::AtomicBool,
 }
 
 impl World {
@@ -128,7 +131,7 @@ impl TransactionalTool for Ledger {
             .as_str()
             .ok_or_else(|| ToolError::failed("undo record lacks `item`"))?
             .to_owned();
-        if item.starts_with("stuck") {
+        if item.starts_with("stuck") && !self.world.unstuck.load(Ordering::SeqCst) {
             self.world.note(format!("cannot remove {item}"));
             return Err(ToolError::failed(format!("{item} cannot be removed")));
         }

@@ -1,0 +1,170 @@
+//! `dlq list`, `dlq retry`, `dlq resolve` (CONTRACT §10): the failed compensations an
+//! operator must see, retry, or settle by hand.
+
+use agent_kernel_api::DeadLetter;
+use agent_kernel_core::{Kernel, RetryOutcome};
+use serde_json::{Value, json};
+
+use crate::approvals::operator_name;
+use crate::output::{Output, format_ms, print_json, printable, table};
+use crate::{Failure, exit};
+
+/// A letter as the documents show it: `{id, saga_id, step, tool, error, attempts, …}`.
+fn letter_document(letter: &DeadLetter) -> Value {
+    json!({
+        "id": letter.letter_id,
+        "saga_id": letter.saga_id,
+        "step": letter.step_seq,
+        "tool": letter.tool_id,
+        "error": letter.error,
+        "attempts": letter.attempts,
+        "status": letter.status,
+        "first_failed_at": agent_kernel_api::format_rfc3339_ms(letter.first_failed_at_ms),
+        "last_failed_at": agent_kernel_api::format_rfc3339_ms(letter.last_failed_at_ms),
+        "next_retry_at": agent_kernel_api::format_rfc3339_ms(letter.next_retry_at_ms),
+        "settled_by": letter.settled_by,
+        "note": letter.note,
+    })
+}
+
+/// `dlq list`: the open letters, oldest first.
+pub(crate) async fn list_command(kernel: &Kernel, out: &Output) -> Result<u8, Failure> {
+    let letters = kernel.dead_letters(None).await?;
+    if out.is_json() {
+        let letters: Vec<Value> = letters.iter().map(letter_document).collect();
+        print_json(&json!({ "dead_letters": letters }));
+        return Ok(exit::OK);
+    }
+    if letters.is_empty() {
+        println!("no dead letters: every failed compensation is settled");
+        return Ok(exit::OK);
+    }
+    let mut list = table(&[
+        "id",
+        "saga",
+        "step",
+        "tool",
+        "attempts",
+        "next retry",
+        "error",
+    ]);
+    for letter in &letters {
+        list.add_row(vec![
+            printable(&letter.letter_id),
+            printable(letter.saga_id.as_str()),
+            letter.step_seq.to_string(),
+            printable(&letter.tool_id),
+            letter.attempts.to_string(),
+            format_ms(letter.next_retry_at_ms),
+            printable(&letter.error),
+        ]);
+    }
+    println!("{list}");
+    println!(
+        "retry with `agent-kernel dlq retry ID` (or `--due`), or settle by hand with `agent-kernel dlq resolve ID --note TEXT`"
+    );
+    Ok(exit::OK)
+}
+
+fn print_outcome(out: &Output, outcome: &RetryOutcome) {
+    if out.is_json() {
+        let mut document = letter_document(&outcome.letter);
+        document["saga_state"] = json!(outcome.saga_state);
+        document["detail"] = json!(outcome.detail);
+        print_json(&document);
+        return;
+    }
+    let letter = &outcome.letter;
+    println!(
+        "dead letter {}: {} after {} attempt{} (saga {} step {}, `{}`: {}); saga {} is {}",
+        printable(&letter.letter_id),
+        letter.status,
+        letter.attempts,
+        if letter.attempts == 1 { "" } else { "s" },
+        letter.saga_id,
+        letter.step_seq,
+        printable(&letter.tool_id),
+        printable(&outcome.detail),
+        letter.saga_id,
+        outcome.saga_state
+    );
+}
+
+/// `dlq retry ID`: exit 0 when compensated, 3 when it failed again.
+pub(crate) async fn retry_command(
+    kernel: &Kernel,
+    out: &Output,
+    letter_id: &str,
+) -> Result<u8, Failure> {
+    let outcome = kernel
+        .retry_dead_letter(letter_id, operator_name(kernel.operator_uid()))
+        .await?;
+    print_outcome(out, &outcome);
+    Ok(if outcome.compensated() {
+        exit::OK
+    } else {
+        exit::ATTENTION
+    })
+}
+
+/// `dlq retry --due`: every open letter whose backoff has passed; exit 0 when all of them
+/// were compensated (or none was due), 3 when one failed again.
+pub(crate) async fn retry_due_command(kernel: &Kernel, out: &Output) -> Result<u8, Failure> {
+    let now_ms = agent_kernel_api::Clock::now_ms(&agent_kernel_core::SystemClock);
+    let due: Vec<DeadLetter> = kernel
+        .dead_letters(None)
+        .await?
+        .into_iter()
+        .filter(|letter| letter.next_retry_at_ms <= now_ms)
+        .collect();
+    let mut outcomes = Vec::with_capacity(due.len());
+    for letter in &due {
+        outcomes.push(
+            kernel
+                .retry_dead_letter(&letter.letter_id, operator_name(kernel.operator_uid()))
+                .await?,
+        );
+    }
+    let all_compensated = outcomes.iter().all(RetryOutcome::compensated);
+    if out.is_json() {
+        let retried: Vec<Value> = outcomes
+            .iter()
+            .map(|outcome| {
+                let mut document = letter_document(&outcome.letter);
+                document["saga_state"] = json!(outcome.saga_state);
+                document["detail"] = json!(outcome.detail);
+                document
+            })
+            .collect();
+        print_json(&json!({ "retried": retried }));
+    } else if outcomes.is_empty() {
+        println!("no dead letter is due for a retry");
+    } else {
+        for outcome in &outcomes {
+            print_outcome(out, outcome);
+        }
+    }
+    Ok(if all_compensated {
+        exit::OK
+    } else {
+        exit::ATTENTION
+    })
+}
+
+/// `dlq resolve ID --note TEXT`.
+pub(crate) async fn resolve_command(
+    kernel: &Kernel,
+    out: &Output,
+    letter_id: &str,
+    note: &str,
+) -> Result<u8, Failure> {
+    let outcome = kernel
+        .resolve_dead_letter(
+            letter_id,
+            note.to_owned(),
+            operator_name(kernel.operator_uid()),
+        )
+        .await?;
+    print_outcome(out, &outcome);
+    Ok(exit::OK)
+}

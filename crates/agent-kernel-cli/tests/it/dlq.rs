@@ -1,0 +1,139 @@
+//! Dead letters through the binary (CONTRACT §10): a compensation that fails becomes a
+//! dead letter, `dlq list` shows it, `dlq retry` runs it again (exit 3 while it still
+//! fails, 0 once it is compensated), `dlq resolve` settles one by hand, and the saga is
+//! `FailedRolledBack` once none is left.
+
+use std::fs;
+
+use serde_json::json;
+
+use crate::{Project, describe};
+
+/// `note.add {item}` appends a line to `ws/notes.txt`; its compensation removes it, and
+/// fails while `ws/block` exists.
+const NOTE_PY: &str = r#"
+import json, pathlib, sys
+request = json.load(sys.stdin)
+notes = pathlib.Path("ws/notes.txt")
+lines = notes.read_text().splitlines() if notes.exists() else []
+item = request["args"]["item"]
+if request["phase"] == "execute":
+    lines.append(item)
+    notes.write_text("".join(line + "\n" for line in lines))
+elif request["phase"] == "compensate":
+    if pathlib.Path("ws/block").exists():
+        print("the notes are locked", file=sys.stderr)
+        sys.exit(1)
+    if item in lines:
+        lines.remove(item)
+        notes.write_text("".join(line + "\n" for line in lines))
+"#;
+
+const TOOLS_TOML: &str = r#"
+[tools."note.add"]
+effect = "mutating"
+settlement = "compensate"
+execute = ["python3", "note.py"]
+compensate = ["python3", "note.py"]
+args_schema = { type = "object", required = ["item"], properties = { item = { type = "string" } } }
+"#;
+
+#[test]
+fn failed_compensations_are_listed_retried_and_resolved_until_the_saga_is_rolled_back() {
+    let project = Project::new();
+    fs::write(project.path("note.py"), NOTE_PY).expect("writes");
+    fs::write(project.path("tools.toml"), TOOLS_TOML).expect("writes");
+    fs::write(project.path("ws/block"), "").expect("writes");
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [
+            {"tool": "note.add", "args": {"item": "a"}},
+            {"tool": "note.add", "args": {"item": "b"}},
+            {"tool": "fault.fail", "args": {}},
+        ]}),
+    );
+    let output = project.run(&["run", "--plan", plan.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    let (saga_id, state) = project.latest_saga().expect("a saga");
+    assert_eq!(state, "FailedRollbackPartial");
+
+    let (code, listed) = project.run_json(&["dlq", "list"]);
+    assert_eq!(code, 0, "{listed}");
+    let letters = listed["dead_letters"].as_array().expect("a list").clone();
+    assert_eq!(letters.len(), 2, "{listed}");
+    for letter in &letters {
+        for field in ["id", "saga_id", "step", "tool", "error", "attempts"] {
+            assert!(letter.get(field).is_some(), "`{field}` in {letter}");
+        }
+        assert_eq!(letter["saga_id"], saga_id.as_str());
+        assert_eq!(letter["attempts"], 1);
+        assert!(
+            letter["error"]
+                .as_str()
+                .is_some_and(|error| error.contains("locked")),
+            "{letter}"
+        );
+    }
+    let id = |step: u64| {
+        letters
+            .iter()
+            .find(|letter| letter["step"] == step)
+            .and_then(|letter| letter["id"].as_str())
+            .expect("a letter for the step")
+            .to_owned()
+    };
+    let (first, second) = (id(0), id(1));
+
+    // Still failing: exit 3, one more attempt, still listed.
+    let (code, again) = project.run_json(&["dlq", "retry", &first]);
+    assert_eq!(code, 3, "{again}");
+    assert_eq!(
+        (again["status"].clone(), again["attempts"].clone()),
+        (json!("open"), json!(2))
+    );
+
+    fs::remove_file(project.path("ws/block")).expect("unblocks");
+    let (code, retried) = project.run_json(&["dlq", "retry", &first]);
+    assert_eq!(code, 0, "{retried}");
+    assert_eq!(retried["status"], "retried");
+    assert_eq!(
+        retried["saga_state"], "FailedRollbackPartial",
+        "one letter is left"
+    );
+    assert_eq!(
+        fs::read_to_string(project.path("ws/notes.txt")).expect("reads"),
+        "b\n",
+        "`a` was taken out"
+    );
+
+    // The operator takes `b` out by hand and says so.
+    fs::write(project.path("ws/notes.txt"), "").expect("writes");
+    let output = project.run(&["dlq", "resolve", &second, "--note", "removed b by hand"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert_eq!(project.latest_saga().expect("a saga").1, "FailedRolledBack");
+    let (code, listed) = project.run_json(&["dlq", "list"]);
+    assert_eq!(code, 0);
+    assert_eq!(listed["dead_letters"], json!([]));
+
+    // Settled letters stay settled.
+    let output = project.run(&["dlq", "retry", &first]);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    let output = project.run(&["dlq", "retry", "no-such-letter"]);
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    let output = project.run(&["dlq", "resolve", &second]);
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "a note is required: {}",
+        describe(&output)
+    );
+
+    let (code, records) = project.run_json(&["audit", "list", "--kind", "DeadLetterSettled"]);
+    assert_eq!(code, 0, "{records}");
+    assert!(
+        records.to_string().contains("removed b by hand"),
+        "{records}"
+    );
+    let (code, audit) = project.run_json(&["audit", "verify"]);
+    assert_eq!(code, 0, "{audit}");
+}

@@ -1,0 +1,272 @@
+//! Dead letters (CONTRACT §10): every failed compensation is kept, one letter per step,
+//! until a retry compensates it or an operator resolves it; nothing is dropped.
+
+use std::sync::atomic::Ordering;
+
+use agent_kernel_api::{DeadLetterStatus, SagaState, StepStatus};
+use agent_kernel_core::{KernelError, NoObserver};
+
+use crate::{Fixture, add, boom, plan};
+
+/// A small deterministic generator (SplitMix64), so that a failing seed reproduces.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Sagas in the chaos test.
+const CHAOS_SAGAS: usize = 1_000;
+
+/// In the spirit of IATP-002 §7.1: sagas whose compensations fail at random (seeded,
+/// printed; `AGENT_KERNEL_DLQ_SEED` replays). Afterwards every saga is `FailedRolledBack`,
+/// or `FailedRollbackPartial` with exactly one open dead letter per failed compensation;
+/// retrying every letter with the failures switched off brings every item back out and
+/// every saga to `FailedRolledBack`.
+#[tokio::test]
+async fn a_thousand_sagas_with_failing_compensations_lose_nothing_and_retries_clear_them() {
+    let seed = std::env::var("AGENT_KERNEL_DLQ_SEED")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_nanos() as u64
+        });
+    eprintln!("dead-letter chaos test: seed {seed} (AGENT_KERNEL_DLQ_SEED={seed} reproduces)");
+    let mut rng = Rng(seed);
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let mut expected = Vec::with_capacity(CHAOS_SAGAS);
+    for saga_idx in 0..CHAOS_SAGAS {
+        let n_steps = 1 + rng.below(4) as usize;
+        let mut steps = Vec::new();
+        let mut stuck = Vec::new();
+        for step_idx in 0..n_steps {
+            let fails = rng.below(100) < 20;
+            let item = if fails {
+                format!("stuck-{saga_idx}-{step_idx}")
+            } else {
+                format!("item-{saga_idx}-{step_idx}")
+            };
+            if fails {
+                stuck.push(step_idx as u32);
+            }
+            steps.push(add(&item));
+        }
+        steps.push(boom());
+        let report = kernel.run(&plan(steps), &NoObserver).await.expect("runs");
+        expected.push((report.saga_id, stuck));
+    }
+
+    let mut n_letters = 0;
+    for (saga_id, stuck) in &expected {
+        let record = kernel
+            .log()
+            .saga(saga_id)
+            .await
+            .expect("reads")
+            .expect("saga");
+        let letters = kernel.dead_letters(Some(saga_id)).await.expect("reads");
+        let mut lettered: Vec<u32> = letters.iter().map(|letter| letter.step_seq).collect();
+        lettered.sort_unstable();
+        assert_eq!(
+            &lettered, stuck,
+            "seed {seed}: saga {saga_id}: one letter per failed compensation"
+        );
+        let want = if stuck.is_empty() {
+            SagaState::FailedRolledBack
+        } else {
+            SagaState::FailedRollbackPartial
+        };
+        assert_eq!(record.saga.state, want, "seed {seed}: saga {saga_id}");
+        for letter in &letters {
+            assert_eq!(letter.attempts, 1);
+            assert_eq!(letter.tool_id, "ledger.add");
+            assert!(
+                letter.error.contains("cannot be removed"),
+                "{}",
+                letter.error
+            );
+        }
+        n_letters += letters.len();
+    }
+    let open = kernel.dead_letters(None).await.expect("reads");
+    assert_eq!(
+        open.len(),
+        n_letters,
+        "seed {seed}: the list holds every letter"
+    );
+    let stuck_items: Vec<String> = fixture.world.items();
+    assert_eq!(
+        stuck_items.len(),
+        n_letters,
+        "seed {seed}: what stayed is what was lettered"
+    );
+    assert!(stuck_items.iter().all(|item| item.starts_with("stuck")));
+    eprintln!("dead-letter chaos test: {n_letters} dead letters over {CHAOS_SAGAS} sagas");
+
+    fixture.world.unstuck.store(true, Ordering::SeqCst);
+    for letter in open {
+        let outcome = kernel
+            .retry_dead_letter(&letter.letter_id, Some("chaos".into()))
+            .await
+            .expect("retries");
+        assert!(outcome.compensated(), "seed {seed}: {outcome:?}");
+    }
+    assert!(
+        fixture.world.items().is_empty(),
+        "seed {seed}: {:?}",
+        fixture.world.items()
+    );
+    assert!(kernel.dead_letters(None).await.expect("reads").is_empty());
+    for (saga_id, _) in &expected {
+        let record = kernel
+            .log()
+            .saga(saga_id)
+            .await
+            .expect("reads")
+            .expect("saga");
+        assert_eq!(
+            record.saga.state,
+            SagaState::FailedRolledBack,
+            "seed {seed}: saga {saga_id}"
+        );
+        assert!(
+            record
+                .steps
+                .iter()
+                .all(|step| step.status != StepStatus::CompensationFailed),
+            "seed {seed}: saga {saga_id}"
+        );
+    }
+    let audit =
+        agent_kernel_txlog::verify(&fixture.dir.path().join("log.db"), None).expect("verifies");
+    assert!(audit.is_intact(), "seed {seed}: {:?}", audit.first_bad);
+}
+
+#[tokio::test]
+async fn a_retry_that_fails_again_counts_an_attempt_and_a_resolution_settles_by_hand() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let report = kernel
+        .run(
+            &plan(vec![add("stuck-a"), add("stuck-b"), boom()]),
+            &NoObserver,
+        )
+        .await
+        .expect("runs");
+    assert_eq!(report.state, SagaState::FailedRollbackPartial);
+    let letters = kernel
+        .dead_letters(Some(&report.saga_id))
+        .await
+        .expect("reads");
+    assert_eq!(letters.len(), 2);
+
+    let again = kernel
+        .retry_dead_letter(&letters[0].letter_id, None)
+        .await
+        .expect("retries");
+    assert!(!again.compensated());
+    assert_eq!(again.letter.attempts, 2);
+    assert_eq!(again.letter.status, DeadLetterStatus::Open);
+    assert!(again.letter.next_retry_at_ms > again.letter.last_failed_at_ms);
+    assert_eq!(again.saga_state, SagaState::FailedRollbackPartial);
+
+    // One resolved by hand, one retried: the saga is FailedRolledBack only after both.
+    let resolved = kernel
+        .resolve_dead_letter(
+            &letters[0].letter_id,
+            "removed by hand".into(),
+            Some("ops".into()),
+        )
+        .await
+        .expect("resolves");
+    assert_eq!(resolved.letter.status, DeadLetterStatus::Resolved);
+    assert_eq!(resolved.saga_state, SagaState::FailedRollbackPartial);
+    let error = kernel
+        .resolve_dead_letter(&letters[0].letter_id, "twice".into(), None)
+        .await
+        .expect_err("settled once");
+    assert!(
+        matches!(error, KernelError::DeadLetterClosed { .. }),
+        "{error}"
+    );
+    assert!(error.is_denied());
+    fixture.world.unstuck.store(true, Ordering::SeqCst);
+    let retried = kernel
+        .retry_dead_letter(&letters[1].letter_id, None)
+        .await
+        .expect("retries");
+    assert!(retried.compensated());
+    assert_eq!(retried.saga_state, SagaState::FailedRolledBack);
+    let error = kernel
+        .retry_dead_letter(&letters[1].letter_id, None)
+        .await
+        .expect_err("settled once");
+    assert!(
+        matches!(error, KernelError::DeadLetterClosed { .. }),
+        "{error}"
+    );
+    let audit =
+        agent_kernel_txlog::verify(&fixture.dir.path().join("log.db"), None).expect("verifies");
+    assert!(audit.is_intact(), "{:?}", audit.first_bad);
+}
+
+#[tokio::test]
+async fn a_step_of_unknown_outcome_left_to_an_operator_is_a_dead_letter_that_only_a_resolution_settles()
+ {
+    let mut fixture = Fixture::new();
+    fixture.limits.timeout_ms = 100;
+    let kernel = fixture.kernel(1);
+    let opaque = agent_kernel_api::PlanStep {
+        tool: "opaque.add".into(),
+        args: serde_json::json!({"item": "x", "hang_before": true}),
+        idempotency_key: None,
+    };
+    let report = kernel
+        .run(&plan(vec![add("first"), opaque]), &NoObserver)
+        .await
+        .expect("runs");
+    assert_eq!(report.state, SagaState::FailedRollbackPartial);
+    let letters = kernel
+        .dead_letters(Some(&report.saga_id))
+        .await
+        .expect("reads");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(
+        (letters[0].step_seq, letters[0].tool_id.as_str()),
+        (1, "opaque.add")
+    );
+    assert!(
+        letters[0].error.contains("operator"),
+        "{}",
+        letters[0].error
+    );
+    // Its tool can neither tell nor undo blindly: a retry cannot settle it.
+    let retried = kernel
+        .retry_dead_letter(&letters[0].letter_id, None)
+        .await
+        .expect("retries");
+    assert!(!retried.compensated());
+    let resolved = kernel
+        .resolve_dead_letter(
+            &letters[0].letter_id,
+            "checked: x never arrived".into(),
+            None,
+        )
+        .await
+        .expect("resolves");
+    assert_eq!(resolved.saga_state, SagaState::FailedRolledBack);
+}
