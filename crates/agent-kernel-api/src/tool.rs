@@ -472,6 +472,25 @@ pub trait TransactionalTool: Send + Sync + 'static {
         std::future::ready(Ok(ProbeOutcome::Unknown))
     }
 
+    /// Whether what a committed step left has changed since (another writer touched it), so
+    /// that undoing it now would destroy someone else's work: `Ok(Some(what))` names the
+    /// change, `Ok(None)` says nothing changed, or that the tool cannot tell (the default).
+    /// `agent-kernel undo` refuses a changed step unless forced (CONTRACT §10). It must not
+    /// change anything.
+    ///
+    /// # Errors
+    ///
+    /// A [`ToolError`] when the check could not be made; `undo` then refuses the step.
+    fn changed_since(
+        &self,
+        _ctx: &ToolContext,
+        _args: &Value,
+        _undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> impl Future<Output = Result<Option<String>, ToolError>> + Send {
+        std::future::ready(Ok(None))
+    }
+
     /// Undoes the effect of `execute` using what `prepare` captured.
     ///
     /// `output` is `None` when the step's outcome was never recorded (the process died between
@@ -556,6 +575,14 @@ pub trait DynTool: Send + Sync + 'static {
         args: &'a Value,
         undo: &'a Undo,
     ) -> BoxFuture<'a, Result<ProbeOutcome, ToolError>>;
+    /// See [`TransactionalTool::changed_since`].
+    fn changed_since<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+        undo: &'a Undo,
+        output: Option<&'a ToolOutput>,
+    ) -> BoxFuture<'a, Result<Option<String>, ToolError>>;
     /// See [`TransactionalTool::compensate`].
     fn compensate<'a>(
         &'a self,
@@ -638,6 +665,18 @@ impl<T: TransactionalTool> DynTool for T {
         undo: &'a Undo,
     ) -> BoxFuture<'a, Result<ProbeOutcome, ToolError>> {
         Box::pin(TransactionalTool::probe(self, ctx, args, undo))
+    }
+
+    fn changed_since<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+        undo: &'a Undo,
+        output: Option<&'a ToolOutput>,
+    ) -> BoxFuture<'a, Result<Option<String>, ToolError>> {
+        Box::pin(TransactionalTool::changed_since(
+            self, ctx, args, undo, output,
+        ))
     }
 
     fn compensate<'a>(

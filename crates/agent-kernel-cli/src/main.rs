@@ -159,6 +159,21 @@ enum Command {
         #[arg(long)]
         skip_verify: bool,
     },
+    /// Undo a Done saga: compensate its steps last first, within their undo windows
+    Undo {
+        /// The saga id
+        #[arg(long, value_name = "ID")]
+        saga: String,
+        /// Why, recorded in the audit chain
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        /// Undo a step even when another writer changed what it left since
+        #[arg(long)]
+        force: bool,
+        /// Act even if `audit verify` finds the log tampered with (recorded in the audit chain)
+        #[arg(long)]
+        skip_verify: bool,
+    },
     /// Show one saga with its steps, or list recent sagas
     Log {
         /// Show this saga and every step with its status
@@ -534,6 +549,35 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 approvals::settle_waits(&kernel, report, *no_wait, &progress, &cancel).await?;
             out.saga(&report);
             Ok(approvals::exit_code(&report))
+        }
+        Command::Undo {
+            saga,
+            reason,
+            force,
+            skip_verify,
+        } => {
+            let saga_id = parse_saga_id(saga)?;
+            require_log(cli)?;
+            // Undo compensates from the log's records, as `rollback` does.
+            let options = verify_before_acting(cli, *skip_verify).await?;
+            let kernel = open_kernel(cli, Durability::Full, Compensation::Only, options, true)?;
+            let report = kernel
+                .undo(
+                    &saga_id,
+                    &agent_kernel_core::UndoRequest {
+                        reason: reason.clone(),
+                        force: *force,
+                    },
+                    &progress::StepProgress::hidden(),
+                )
+                .await?;
+            out.saga(&report);
+            Ok(match report.state {
+                SagaState::Undone => exit::OK,
+                // A dry run has nothing to undo.
+                _ if report.dry_run => exit::OK,
+                _ => exit::ATTENTION,
+            })
         }
         Command::Dlq { action } => {
             require_log(cli)?;

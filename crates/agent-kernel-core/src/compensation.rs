@@ -66,6 +66,43 @@ impl Kernel {
         }
         observer.on_event(&SagaEvent::Compensating { saga_id: &saga_id });
         info!(saga_id = %saga_id, "compensating");
+        let any_failed = self.compensate_steps(&record, observer).await?;
+        let (event, facts) = if any_failed {
+            let facts = Facts {
+                any_compensation_failed: true,
+                ..Facts::default()
+            };
+            (Event::CompensationFailed, facts)
+        } else {
+            let facts = Facts {
+                all_compensated: true,
+                ..Facts::default()
+            };
+            (Event::CompensationDone, facts)
+        };
+        let state = self
+            .fsm
+            .apply(SagaState::Compensating, event, &facts)
+            .expect("loaded tables always let compensation finish");
+        self.log
+            .write(vec![LogWrite::SetState {
+                saga_id: saga_id.clone(),
+                state,
+            }])
+            .await?;
+        info!(saga_id = %saga_id, %state, "saga finished");
+        let record = self.load(&saga_id).await?;
+        Ok(SagaReport::from_record(&record, failure))
+    }
+
+    /// Compensates, last first, every step of `record` whose effect may be in place, each
+    /// outcome written (a failure with its dead letter); returns whether any failed.
+    pub(crate) async fn compensate_steps(
+        &self,
+        record: &SagaRecord,
+        observer: &dyn Observer,
+    ) -> Result<bool, KernelError> {
+        let saga_id = record.saga.saga_id.clone();
         let actor = record.saga.actor.as_deref();
         let mut any_failed = false;
         // A dry run's steps were simulated: nothing ran, so nothing is undone. (The kernel
@@ -118,32 +155,7 @@ impl Kernel {
                 status,
             });
         }
-        let (event, facts) = if any_failed {
-            let facts = Facts {
-                any_compensation_failed: true,
-                ..Facts::default()
-            };
-            (Event::CompensationFailed, facts)
-        } else {
-            let facts = Facts {
-                all_compensated: true,
-                ..Facts::default()
-            };
-            (Event::CompensationDone, facts)
-        };
-        let state = self
-            .fsm
-            .apply(SagaState::Compensating, event, &facts)
-            .expect("loaded tables always let compensation finish");
-        self.log
-            .write(vec![LogWrite::SetState {
-                saga_id: saga_id.clone(),
-                state,
-            }])
-            .await?;
-        info!(saga_id = %saga_id, %state, "saga finished");
-        let record = self.load(&saga_id).await?;
-        Ok(SagaReport::from_record(&record, failure))
+        Ok(any_failed)
     }
 
     /// Compensates one step; `Ok` carries a note for the log.

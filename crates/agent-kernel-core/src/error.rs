@@ -139,6 +139,20 @@ pub enum KernelError {
         /// Where it stands.
         status: agent_kernel_api::ApprovalStatus,
     },
+    /// `undo` refused: nothing was undone. `step` is the step that made it refuse, when one
+    /// did.
+    #[error(
+        "undo of saga {saga_id} refused{}: {reason}; nothing was undone",
+        .step.as_ref().map(|(seq, tool)| format!(" at step {seq} (`{tool}`)")).unwrap_or_default()
+    )]
+    UndoRefused {
+        /// The saga.
+        saga_id: SagaId,
+        /// The step and its tool.
+        step: Option<(u32, String)>,
+        /// Why.
+        reason: String,
+    },
     /// No dead letter with this id is in the log.
     #[error("no dead letter {0} in the log")]
     DeadLetterNotFound(String),
@@ -220,6 +234,7 @@ impl KernelError {
                 !problems.is_empty() && problems.iter().all(|p| p.kind == ProblemKind::Denied)
             }
             KernelError::Denied { .. }
+            | KernelError::UndoRefused { .. }
             | KernelError::ApprovalClosed { .. }
             | KernelError::DeadLetterClosed { .. } => true,
             KernelError::Log(TxError::ApprovalUnusable { .. }) => true,

@@ -148,10 +148,24 @@ impl Kernel {
         command: &str,
         saga_id: Option<&SagaId>,
     ) -> Result<(), KernelError> {
+        self.record_operator_command_with(command, saga_id, Vec::new())
+            .await
+    }
+
+    /// [`Kernel::record_operator_command`], with `extra` options of the command itself
+    /// (`undo`'s reason) after those of the command line.
+    pub(crate) async fn record_operator_command_with(
+        &self,
+        command: &str,
+        saga_id: Option<&SagaId>,
+        extra: Vec<String>,
+    ) -> Result<(), KernelError> {
+        let mut options = self.operator_options.clone();
+        options.extend(extra);
         let event = AuditEvent::Operator(OperatorCommand {
             command: command.to_owned(),
             saga_id: saga_id.cloned(),
-            options: self.operator_options.clone(),
+            options,
             by: self.env.owner.clone(),
             uid: self.uid,
         });

@@ -108,6 +108,7 @@ mod plan;
 mod recovery;
 mod report;
 mod step;
+mod undo;
 
 pub use approval::{
     APPROVAL_POLL_INTERVAL, ApprovalPolicy, MAX_APPROVAL_RULES, OperatorDecision, approval_digest,
@@ -129,3 +130,4 @@ pub use report::{
     Failure, NoObserver, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport,
     StepReport, approval_document,
 };
+pub use undo::UndoRequest;

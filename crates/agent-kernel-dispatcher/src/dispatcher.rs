@@ -353,6 +353,28 @@ impl Dispatcher {
         .await
     }
 
+    /// Asks whether what a committed step left has changed since (contained, bounded by the
+    /// tool's timeout, never retried): before `undo` compensates a finished saga.
+    ///
+    /// # Errors
+    ///
+    /// The tool's error, or a timeout or contained panic.
+    pub async fn changed_since(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+        undo: &Undo,
+        output: Option<&ToolOutput>,
+    ) -> Result<Option<String>, ToolError> {
+        let entry = self.entry(&ctx.tool_id)?;
+        let _permits = self.permits(entry).await;
+        guarded(
+            self.limits.timeout_ms_for(&ctx.tool_id),
+            entry.tool.changed_since(ctx, args, undo, output),
+        )
+        .await
+    }
+
     /// Undoes a step (contained, bounded by the compensation timeout, retried like
     /// `execute` when the error says a retry is safe: compensations are idempotent by
     /// contract).

@@ -17,7 +17,7 @@ pub enum Rule {
         /// The guards that were required, one per row.
         required: Vec<Guard>,
     },
-    /// A terminal state absorbs every event.
+    /// A terminal state absorbs every event but an operator's (`UndoRequested`).
     Terminal,
     /// In `Compensating` nothing executes; only compensation runs (spec §3.5 rule 2).
     CompensatingBlocksExecute,
@@ -104,7 +104,8 @@ impl Guardrail {
 
     /// The row `apply` would take, if any.
     fn select(&self, state: SagaState, event: Event, facts: &Facts) -> Result<&Transition, Rule> {
-        if state.is_terminal() {
+        // A finished saga moves on only by an operator's undo of a `Done` saga.
+        if state.is_terminal() && !(event.is_operator() && state == SagaState::Done) {
             return Err(Rule::Terminal);
         }
         let mut required = Vec::new();

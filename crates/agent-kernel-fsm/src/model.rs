@@ -30,11 +30,14 @@ pub enum Event {
     ApprovalGranted,
     /// The waiting step will never run: rejected, expired, or its process died waiting.
     ApprovalDenied,
+    /// An operator undid a `Done` saga (`agent-kernel undo`): the one event a terminal
+    /// state does not absorb.
+    UndoRequested,
 }
 
 impl Event {
     /// Every event, in the order of spec §3.2.
-    pub const ALL: [Event; 11] = [
+    pub const ALL: [Event; 12] = [
         Event::StartSaga,
         Event::PlanReady,
         Event::ToolSucceeded,
@@ -46,6 +49,7 @@ impl Event {
         Event::ApprovalRequested,
         Event::ApprovalGranted,
         Event::ApprovalDenied,
+        Event::UndoRequested,
     ];
 
     /// The event's name, as written in `fsm.toml`.
@@ -62,7 +66,14 @@ impl Event {
             Event::ApprovalRequested => "ApprovalRequested",
             Event::ApprovalGranted => "ApprovalGranted",
             Event::ApprovalDenied => "ApprovalDenied",
+            Event::UndoRequested => "UndoRequested",
         }
+    }
+
+    /// Whether the event is an operator's explicit command on a finished saga, which its
+    /// terminal state does not absorb (`UndoRequested` from `Done`).
+    pub fn is_operator(self) -> bool {
+        matches!(self, Event::UndoRequested)
     }
 }
 

@@ -16,7 +16,7 @@ pub const MAX_TABLE_BYTES: usize = 64 * 1024;
 pub const MAX_TRANSITIONS: usize = 256;
 
 /// The table of spec §3.4, row by row.
-const BUILTIN: [Transition; 15] = {
+const BUILTIN: [Transition; 16] = {
     use Event::*;
     use Guard::*;
     use SagaState::*;
@@ -54,12 +54,12 @@ const BUILTIN: [Transition; 15] = {
             FailedRollbackPartial,
             Some(AnyCompensationFailed),
         ),
+        row(Done, UndoRequested, Undone, None),
     ]
 };
 
 /// States a table may leave unreachable: without rows into `AwaitingApproval`, a step that
-/// needs an approval is denied; `Undone` is reached only by an operator's `undo`, outside
-/// the table's rows.
+/// needs an approval is denied; without `Done --UndoRequested--> Undone`, `undo` is.
 pub const OPTIONAL_STATES: [SagaState; 2] = [SagaState::AwaitingApproval, SagaState::Undone];
 
 /// One problem found in a table, with its line when it has one.
@@ -229,8 +229,9 @@ impl Guardrail {
              # Rows for one state and event are tried in order; the first whose guard holds wins.\n\
              # Anything not listed is denied.\n\
              # States: Idle Planning Acting Validating Compensating Done FailedRolledBack FailedRollbackPartial AwaitingApproval Undone\n\
-             # Events: StartSaga PlanReady ToolSucceeded ToolFailed ValidationPassed ValidationFailed CompensationDone CompensationFailed ApprovalRequested ApprovalGranted ApprovalDenied\n\
-             # A table without ApprovalRequested rows denies every step that needs an approval (the saga rolls back).\n\
+             # Events: StartSaga PlanReady ToolSucceeded ToolFailed ValidationPassed ValidationFailed CompensationDone CompensationFailed ApprovalRequested ApprovalGranted ApprovalDenied UndoRequested\n\
+             # A table without ApprovalRequested rows denies every step that needs an approval (the saga rolls back);\n\
+             # one without `Done --UndoRequested--> Undone` denies `agent-kernel undo`. No other row leaves a terminal state.\n\
              # Guards: actor_idle plan_non_empty validation_next more_steps saga_complete all_compensated any_compensation_failed\n",
         );
         for transition in self.transitions() {
@@ -321,10 +322,25 @@ pub(crate) fn validate(rows: &[(usize, Transition)]) -> Vec<Problem> {
     let mut seen: HashMap<(SagaState, Event, Option<Guard>), usize> = HashMap::new();
     let mut unguarded: HashMap<(SagaState, Event), usize> = HashMap::new();
     for (line, row) in rows {
-        if row.from.is_terminal() {
+        let undo = row.event.is_operator()
+            && row.from == SagaState::Done
+            && row.to == SagaState::Undone
+            && row.guard.is_none();
+        if row.from.is_terminal() && !undo {
             problems.push(problem(
                 *line,
-                format!("transition out of the terminal state {} ({row})", row.from),
+                format!(
+                    "transition out of the terminal state {} ({row}); only `Done --UndoRequested--> Undone` leaves one",
+                    row.from
+                ),
+            ));
+        } else if row.event.is_operator() && !undo {
+            problems.push(problem(
+                *line,
+                format!(
+                    "`{}` leads only from Done to Undone, unguarded ({row})",
+                    row.event
+                ),
             ));
         }
         if let Some(first) = seen.insert((row.from, row.event, row.guard), *line) {

@@ -126,6 +126,19 @@ impl TransactionalTool for FsAppend {
         )
     }
 
+    async fn changed_since(
+        &self,
+        _ctx: &ToolContext,
+        args: &Value,
+        undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> Result<Option<String>, ToolError> {
+        let ContentArgs { content, .. } = parse_args(args)?;
+        let AppendUndo { target, len, .. } = parse_undo(Self::ID, &undo.data)?;
+        let file = self.files.reconfine(&target)?;
+        blocking(move || crate::fs_write::left_as(&file, len, content.as_bytes())).await
+    }
+
     async fn compensate(
         &self,
         ctx: &ToolContext,

@@ -128,6 +128,26 @@ impl TransactionalTool for FsDelete {
             .with_effect(format!("deleted {path} ({})", byte_count(count))))
     }
 
+    async fn changed_since(
+        &self,
+        _ctx: &ToolContext,
+        _args: &Value,
+        undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> Result<Option<String>, ToolError> {
+        let DeleteUndo { target, .. } = parse_undo(Self::ID, &undo.data)?;
+        let file = self.files.reconfine(&target)?;
+        blocking(move || {
+            Ok(file.stat().map_err(sandbox_error)?.map(|_| {
+                format!(
+                    "`{}` exists again since the step deleted it: another writer created it",
+                    file.path()
+                )
+            }))
+        })
+        .await
+    }
+
     async fn compensate(
         &self,
         ctx: &ToolContext,

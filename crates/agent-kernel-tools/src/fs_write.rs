@@ -151,6 +151,19 @@ impl TransactionalTool for FsWrite {
             .with_effect(format!("wrote {} to {path}", byte_count(count))))
     }
 
+    async fn changed_since(
+        &self,
+        _ctx: &ToolContext,
+        args: &Value,
+        undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> Result<Option<String>, ToolError> {
+        let ContentArgs { content, .. } = parse_args(args)?;
+        let WriteUndo { target, .. } = parse_undo(Self::ID, &undo.data)?;
+        let file = self.files.reconfine(&target)?;
+        blocking(move || left_as(&file, 0, content.as_bytes())).await
+    }
+
     async fn compensate(
         &self,
         ctx: &ToolContext,
@@ -191,6 +204,36 @@ impl TransactionalTool for FsWrite {
             }
         })
         .await
+    }
+}
+
+/// Whether the file still holds what a step left: `prefix_len` bytes from before, then
+/// exactly `written`; `Some` says how it differs now.
+pub(crate) fn left_as(
+    file: &agent_kernel_sandbox::ConfinedFile,
+    prefix_len: u64,
+    written: &[u8],
+) -> Result<Option<String>, ToolError> {
+    let path = file.path().clone();
+    let expected_len = prefix_len + written.len() as u64;
+    match file.stat().map_err(sandbox_error)? {
+        None => Ok(Some(format!(
+            "`{path}` was removed since the step wrote it"
+        ))),
+        Some(len) if len != expected_len => Ok(Some(format!(
+            "`{path}` holds {} now where the step left {}: another writer changed it",
+            byte_count(len),
+            byte_count(expected_len)
+        ))),
+        Some(_) => {
+            let bytes = file.read(MAX_IO_BYTES_LIMIT).map_err(sandbox_error)?;
+            let offset = usize::try_from(prefix_len).unwrap_or(usize::MAX);
+            Ok((bytes.get(offset..) != Some(written)).then(|| {
+                format!(
+                    "`{path}` no longer holds the bytes the step wrote: another writer changed it"
+                )
+            }))
+        }
     }
 }
 

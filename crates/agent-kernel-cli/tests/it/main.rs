@@ -16,6 +16,7 @@ mod mcp;
 mod run;
 mod storage;
 mod tamper;
+mod undo;
 
 use std::collections::BTreeMap;
 use std::fs;

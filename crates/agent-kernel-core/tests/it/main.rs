@@ -9,6 +9,7 @@ mod live;
 mod recovery;
 mod saga;
 mod settlement;
+mod undo;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -393,6 +394,9 @@ pub(crate) struct Fixture {
     pub(crate) limits: Limits,
     pub(crate) world: Arc<World>,
     pub(crate) liveness: Arc<StagedLiveness>,
+    /// How far ahead of the log's clock the kernels made from now on read the time, in ms:
+    /// an operator acting days later.
+    pub(crate) clock_ahead_ms: u64,
 }
 
 impl Fixture {
@@ -403,6 +407,7 @@ impl Fixture {
             limits: Limits::default(),
             world: Arc::new(World::default()),
             liveness: Arc::new(StagedLiveness::default()),
+            clock_ahead_ms: 0,
         }
     }
 
@@ -499,7 +504,7 @@ impl Fixture {
             Arc::new(tools),
             Arc::new(self.fsm.clone()),
             Environment {
-                clock: Arc::new(TickClock(AtomicU64::new(0))),
+                clock: Arc::new(TickClock(AtomicU64::new(self.clock_ahead_ms))),
                 ids: Arc::new(CountingIds {
                     prefix: format!("p{pid}"),
                     next: AtomicU64::new(0),

@@ -81,6 +81,7 @@ forbidden_pairs! {
     idle_approval_requested: Idle, ApprovalRequested;
     idle_approval_granted: Idle, ApprovalGranted;
     idle_approval_denied: Idle, ApprovalDenied;
+    idle_undo_requested: Idle, UndoRequested;
     planning_start_saga: Planning, StartSaga;
     planning_tool_succeeded: Planning, ToolSucceeded;
     planning_tool_failed: Planning, ToolFailed;
@@ -90,6 +91,7 @@ forbidden_pairs! {
     planning_approval_requested: Planning, ApprovalRequested;
     planning_approval_granted: Planning, ApprovalGranted;
     planning_approval_denied: Planning, ApprovalDenied;
+    planning_undo_requested: Planning, UndoRequested;
     acting_start_saga: Acting, StartSaga;
     acting_plan_ready: Acting, PlanReady;
     acting_validation_passed: Acting, ValidationPassed;
@@ -98,6 +100,7 @@ forbidden_pairs! {
     acting_compensation_failed: Acting, CompensationFailed;
     acting_approval_granted: Acting, ApprovalGranted;
     acting_approval_denied: Acting, ApprovalDenied;
+    acting_undo_requested: Acting, UndoRequested;
     validating_start_saga: Validating, StartSaga;
     validating_plan_ready: Validating, PlanReady;
     validating_tool_succeeded: Validating, ToolSucceeded;
@@ -106,6 +109,7 @@ forbidden_pairs! {
     validating_compensation_failed: Validating, CompensationFailed;
     validating_approval_granted: Validating, ApprovalGranted;
     validating_approval_denied: Validating, ApprovalDenied;
+    validating_undo_requested: Validating, UndoRequested;
     compensating_start_saga: Compensating, StartSaga;
     compensating_plan_ready: Compensating, PlanReady;
     compensating_tool_succeeded: Compensating, ToolSucceeded;
@@ -115,6 +119,7 @@ forbidden_pairs! {
     compensating_approval_requested: Compensating, ApprovalRequested;
     compensating_approval_granted: Compensating, ApprovalGranted;
     compensating_approval_denied: Compensating, ApprovalDenied;
+    compensating_undo_requested: Compensating, UndoRequested;
     done_start_saga: Done, StartSaga;
     done_plan_ready: Done, PlanReady;
     done_tool_succeeded: Done, ToolSucceeded;
@@ -137,6 +142,7 @@ forbidden_pairs! {
     failed_rolled_back_approval_requested: FailedRolledBack, ApprovalRequested;
     failed_rolled_back_approval_granted: FailedRolledBack, ApprovalGranted;
     failed_rolled_back_approval_denied: FailedRolledBack, ApprovalDenied;
+    failed_rolled_back_undo_requested: FailedRolledBack, UndoRequested;
     failed_rollback_partial_start_saga: FailedRollbackPartial, StartSaga;
     failed_rollback_partial_plan_ready: FailedRollbackPartial, PlanReady;
     failed_rollback_partial_tool_succeeded: FailedRollbackPartial, ToolSucceeded;
@@ -148,6 +154,7 @@ forbidden_pairs! {
     failed_rollback_partial_approval_requested: FailedRollbackPartial, ApprovalRequested;
     failed_rollback_partial_approval_granted: FailedRollbackPartial, ApprovalGranted;
     failed_rollback_partial_approval_denied: FailedRollbackPartial, ApprovalDenied;
+    failed_rollback_partial_undo_requested: FailedRollbackPartial, UndoRequested;
     awaiting_approval_start_saga: AwaitingApproval, StartSaga;
     awaiting_approval_plan_ready: AwaitingApproval, PlanReady;
     awaiting_approval_tool_succeeded: AwaitingApproval, ToolSucceeded;
@@ -157,6 +164,7 @@ forbidden_pairs! {
     awaiting_approval_compensation_done: AwaitingApproval, CompensationDone;
     awaiting_approval_compensation_failed: AwaitingApproval, CompensationFailed;
     awaiting_approval_approval_requested: AwaitingApproval, ApprovalRequested;
+    awaiting_approval_undo_requested: AwaitingApproval, UndoRequested;
     undone_start_saga: Undone, StartSaga;
     undone_plan_ready: Undone, PlanReady;
     undone_tool_succeeded: Undone, ToolSucceeded;
@@ -168,4 +176,5 @@ forbidden_pairs! {
     undone_approval_requested: Undone, ApprovalRequested;
     undone_approval_granted: Undone, ApprovalGranted;
     undone_approval_denied: Undone, ApprovalDenied;
+    undone_undo_requested: Undone, UndoRequested;
 }

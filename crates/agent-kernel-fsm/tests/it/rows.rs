@@ -70,6 +70,7 @@ rows! {
     awaiting_approval_denied_compensating: AwaitingApproval, ApprovalDenied, None, Compensating;
     compensating_compensation_done_failed_rolled_back: Compensating, CompensationDone, Some(Guard::AllCompensated), FailedRolledBack;
     compensating_compensation_failed_partial: Compensating, CompensationFailed, Some(Guard::AnyCompensationFailed), FailedRollbackPartial;
+    done_undo_requested_undone: Done, UndoRequested, None, Undone;
 }
 
 #[test]

@@ -250,3 +250,56 @@ fn a_table_where_a_waiting_saga_could_not_roll_back_is_refused() {
         )],
     );
 }
+
+#[test]
+fn only_done_may_lead_to_undone_and_only_by_undo() {
+    let from_failed = builtin_with(|t| {
+        t.replacen(
+            "from = \"Done\"\nevent = \"UndoRequested\"",
+            "from = \"FailedRolledBack\"\nevent = \"UndoRequested\"",
+            1,
+        )
+    });
+    let problems = Guardrail::from_toml_str(&from_failed)
+        .expect_err("refused")
+        .problems;
+    assert!(
+        problems.iter().any(|problem| problem
+            .message
+            .contains("transition out of the terminal state FailedRolledBack")),
+        "{problems:?}"
+    );
+    let into_acting = builtin_with(|t| {
+        t.replacen(
+            "from = \"Done\"\nevent = \"UndoRequested\"\nto = \"Undone\"",
+            "from = \"Acting\"\nevent = \"UndoRequested\"\nto = \"Undone\"",
+            1,
+        )
+    });
+    let problems = Guardrail::from_toml_str(&into_acting)
+        .expect_err("refused")
+        .problems;
+    assert!(
+        problems
+            .iter()
+            .any(|problem| problem.message.contains("leads only from Done to Undone")),
+        "{problems:?}"
+    );
+    // Without the row, `undo` is denied, and Done absorbs it like every event.
+    let without = builtin_with(|t| {
+        t.replacen(
+            "\n[[transition]]\nfrom = \"Done\"\nevent = \"UndoRequested\"\nto = \"Undone\"\n",
+            "",
+            1,
+        )
+    });
+    let fsm = Guardrail::from_toml_str(&without).expect("a table without undo loads");
+    assert!(
+        fsm.apply(
+            agent_kernel_api::SagaState::Done,
+            agent_kernel_fsm::Event::UndoRequested,
+            &agent_kernel_fsm::Facts::default()
+        )
+        .is_err()
+    );
+}

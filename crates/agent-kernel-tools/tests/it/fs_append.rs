@@ -109,3 +109,19 @@ async fn a_file_shortened_by_someone_else_fails_compensation() {
 async fn compensation_is_ruled_on_by_the_policy_in_force() {
     crate::check_compensation_under_the_policy_in_force("fs.append", "++", b"alpha++").await;
 }
+
+#[tokio::test]
+async fn an_append_since_the_step_counts_as_changed() {
+    let fixture = Fixture::new();
+    let tool = fixture.tool("fs.append");
+    let ctx = ctx("fs.append", 1);
+    let args = json!({ "path": "workspace/a.txt", "content": "+1" });
+    let (undo, output) = run(&tool, &ctx, &args).await;
+    let output = output.expect("execute");
+    let check = || tool.changed_since(&ctx, &args, &undo, Some(&output));
+    assert_eq!(check().await.expect("checks"), None);
+    let mut bytes = std::fs::read(fixture.path("workspace/a.txt")).expect("reads");
+    bytes.extend_from_slice(b"+2");
+    std::fs::write(fixture.path("workspace/a.txt"), &bytes).expect("writes");
+    assert!(check().await.expect("checks").is_some());
+}

@@ -118,3 +118,24 @@ async fn a_damaged_undo_record_cannot_remove_other_files() {
         .expect_err("malformed");
     assert!(error.message().contains("malformed"), "{error}");
 }
+
+#[tokio::test]
+async fn a_file_created_again_since_the_delete_counts_as_changed() {
+    let fixture = Fixture::new();
+    let tool = fixture.tool("fs.delete");
+    let ctx = ctx("fs.delete", 1);
+    let args = json!({ "path": "workspace/a.txt" });
+    let (undo, output) = run(&tool, &ctx, &args).await;
+    let output = output.expect("execute");
+    let unchanged = tool
+        .changed_since(&ctx, &args, &undo, Some(&output))
+        .await
+        .expect("checks");
+    assert_eq!(unchanged, None);
+    std::fs::write(fixture.path("workspace/a.txt"), "someone else's").expect("writes");
+    let changed = tool
+        .changed_since(&ctx, &args, &undo, Some(&output))
+        .await
+        .expect("checks");
+    assert!(changed.is_some_and(|what| what.contains("exists again")));
+}

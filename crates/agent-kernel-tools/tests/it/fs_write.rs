@@ -171,3 +171,36 @@ async fn a_file_too_large_to_back_up_is_refused_before_the_effect() {
         .expect_err("too large");
     assert!(error.is_denied(), "{error}");
 }
+
+#[tokio::test]
+async fn other_bytes_or_a_removed_file_since_the_write_count_as_changed() {
+    let fixture = Fixture::new();
+    let tool = fixture.tool("fs.write");
+    let ctx = ctx("fs.write", 1);
+    let args = json!({ "path": "workspace/a.txt", "content": "mine" });
+    let (undo, output) = run(&tool, &ctx, &args).await;
+    let output = output.expect("execute");
+    let check = || tool.changed_since(&ctx, &args, &undo, Some(&output));
+    assert_eq!(check().await.expect("checks"), None);
+    std::fs::write(fixture.path("workspace/a.txt"), "MINE").expect("writes");
+    assert!(
+        check()
+            .await
+            .expect("checks")
+            .is_some_and(|what| what.contains("no longer holds"))
+    );
+    std::fs::write(fixture.path("workspace/a.txt"), "mine, and more").expect("writes");
+    assert!(
+        check()
+            .await
+            .expect("checks")
+            .is_some_and(|what| what.contains("another writer"))
+    );
+    std::fs::remove_file(fixture.path("workspace/a.txt")).expect("removes");
+    assert!(
+        check()
+            .await
+            .expect("checks")
+            .is_some_and(|what| what.contains("removed"))
+    );
+}

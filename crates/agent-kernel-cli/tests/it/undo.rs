@@ -1,0 +1,154 @@
+//! `undo --saga ID --reason TEXT` through the binary (CONTRACT §10): every file back and
+//! the saga `Undone`; refused (exit 4, naming the step) past the undo window, or after
+//! another writer changed a file, unless `--force`.
+
+use std::fs;
+
+use serde_json::json;
+
+use crate::{Project, describe, wait_until};
+
+/// A project whose files get written by a saga that ends `Done`: `ws/a.txt` (existed)
+/// rewritten, `ws/new.txt` created, `ws/log.txt` appended to.
+fn done_saga(project: &Project) -> String {
+    fs::write(project.path("ws/a.txt"), "before").expect("writes");
+    fs::write(project.path("ws/log.txt"), "one\n").expect("writes");
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [
+            {"tool": "fs.write", "args": {"path": "ws/a.txt", "content": "after"}},
+            {"tool": "fs.write", "args": {"path": "ws/new.txt", "content": "new"}},
+            {"tool": "fs.append", "args": {"path": "ws/log.txt", "content": "two\n"}},
+        ]}),
+    );
+    let output = project.run(&["run", "--plan", plan.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let (saga_id, state) = project.latest_saga().expect("a saga");
+    assert_eq!(state, "Done");
+    saga_id
+}
+
+#[test]
+fn undo_puts_every_file_back_and_the_saga_is_undone() {
+    let project = Project::new();
+    let before = {
+        fs::write(project.path("ws/a.txt"), "before").expect("writes");
+        fs::write(project.path("ws/log.txt"), "one\n").expect("writes");
+        project.snapshot()
+    };
+    let saga_id = done_saga(&project);
+    let (code, report) =
+        project.run_json(&["undo", "--saga", &saga_id, "--reason", "the wrong folder"]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["state"], "Undone");
+    assert_eq!(project.snapshot(), before);
+    assert_eq!(project.latest_saga().expect("a saga").1, "Undone");
+    // `recover` never touches it, and a second undo changes nothing.
+    let (code, _) = project.run_json(&["recover"]);
+    assert_eq!(code, 0);
+    let (code, again) = project.run_json(&["undo", "--saga", &saga_id, "--reason", "again"]);
+    assert_eq!(code, 0, "{again}");
+    assert_eq!(project.snapshot(), before);
+    let (code, records) = project.run_json(&["audit", "list", "--kind", "Operator"]);
+    assert_eq!(code, 0);
+    assert!(
+        records.to_string().contains("the wrong folder"),
+        "{records}"
+    );
+    let (code, audit) = project.run_json(&["audit", "verify"]);
+    assert_eq!(code, 0, "{audit}");
+}
+
+#[test]
+fn after_another_writer_changed_a_file_undo_is_refused_unless_forced() {
+    let project = Project::new();
+    let saga_id = done_saga(&project);
+    fs::write(
+        project.path("ws/log.txt"),
+        "one\ntwo\nthree, by someone else\n",
+    )
+    .expect("writes");
+    let output = project.run(&["undo", "--saga", &saga_id, "--reason", "undo it"]);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("step 2") && stderr.contains("log.txt") && stderr.contains("--force"),
+        "{stderr}"
+    );
+    // Nothing was undone.
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "after"
+    );
+    assert_eq!(project.latest_saga().expect("a saga").1, "Done");
+
+    let output = project.run(&["undo", "--saga", &saga_id, "--reason", "undo it", "--force"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "before"
+    );
+    assert!(!project.path("ws/new.txt").exists());
+    assert_eq!(
+        fs::read_to_string(project.path("ws/log.txt")).expect("reads"),
+        "one\n"
+    );
+}
+
+#[test]
+fn past_the_undo_window_undo_is_refused_naming_the_step() {
+    let project = Project::new();
+    fs::write(
+        project.path("sandbox.toml"),
+        "[fs]\nallow = [\"ws\"]\n\n[limits]\nundo_window = \"1s\"\n",
+    )
+    .expect("writes policy");
+    let saga_id = done_saga(&project);
+    let (code, saga) = project.run_json(&["log", "--saga", &saga_id]);
+    assert_eq!(code, 0);
+    let ended_at_ms = saga["updated_at_ms"].as_i64().expect("a time");
+    wait_until("the undo window of 1s has passed", || {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis() as i64;
+        now_ms > ended_at_ms + 1_000
+    });
+    let output = project.run(&[
+        "undo", "--saga", &saga_id, "--reason", "too late", "--force",
+    ]);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("step 2") && stderr.contains("window of 1s"),
+        "{stderr}"
+    );
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "after"
+    );
+}
+
+#[test]
+fn undo_of_a_saga_that_is_not_done_is_refused() {
+    let project = Project::new();
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [
+            {"tool": "fs.write", "args": {"path": "ws/a.txt", "content": "x"}},
+            {"tool": "fault.fail", "args": {}},
+        ]}),
+    );
+    let output = project.run(&["run", "--plan", plan.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let (saga_id, _) = project.latest_saga().expect("a saga");
+    let output = project.run(&["undo", "--saga", &saga_id, "--reason", "r"]);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    let output = project.run(&["undo", "--saga", &saga_id]);
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "a reason is required: {}",
+        describe(&output)
+    );
+}

@@ -1,0 +1,179 @@
+//! Undo of a `Done` saga (CONTRACT §10): every step compensated last first and the saga
+//! `Undone`, within the undo window (on an injected clock), never for an irreversible step,
+//! and never by `recover`.
+
+use agent_kernel_api::{ApprovalStatus, PlanStep, SagaState, StepStatus};
+use agent_kernel_core::{
+    Cancellation, KernelError, NoObserver, OperatorDecision, RecoveryReport, UndoRequest,
+};
+use serde_json::json;
+
+use crate::{Fixture, add, plan};
+
+fn request(reason: &str) -> UndoRequest {
+    UndoRequest {
+        reason: reason.into(),
+        force: false,
+    }
+}
+
+/// A little over the default undo window (7 days), in ms.
+const EIGHT_DAYS_MS: u64 = 8 * 24 * 3_600_000;
+
+#[tokio::test]
+async fn a_done_saga_is_undone_last_first_and_ends_undone() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let report = kernel
+        .run(&plan(vec![add("a"), add("b")]), &NoObserver)
+        .await
+        .expect("runs");
+    assert_eq!(report.state, SagaState::Done);
+    // Recovery never touches it.
+    fixture.kill([1]);
+    let recovered = fixture
+        .kernel(2)
+        .recover(&NoObserver)
+        .await
+        .expect("recovers");
+    assert_eq!(recovered, RecoveryReport::default());
+    assert_eq!(fixture.world.items(), ["a", "b"]);
+
+    let undone = fixture
+        .kernel(3)
+        .undo(&report.saga_id, &request("wrong customer"), &NoObserver)
+        .await
+        .expect("undoes");
+    assert_eq!(undone.state, SagaState::Undone);
+    assert!(
+        undone
+            .steps
+            .iter()
+            .all(|step| step.status == StepStatus::Compensated)
+    );
+    assert!(fixture.world.items().is_empty());
+    let journal = fixture.world.journal();
+    let removals: Vec<&String> = journal
+        .iter()
+        .filter(|entry| entry.starts_with("remove"))
+        .collect();
+    assert_eq!(removals, ["remove b", "remove a"], "last first");
+    // Undone is terminal: a second undo reports it as it is, and changes nothing.
+    let again = fixture
+        .kernel(3)
+        .undo(&report.saga_id, &request("again"), &NoObserver)
+        .await
+        .expect("reports");
+    assert_eq!(again.state, SagaState::Undone);
+    let audit =
+        agent_kernel_txlog::verify(&fixture.dir.path().join("log.db"), None).expect("verifies");
+    assert!(audit.is_intact(), "{:?}", audit.first_bad);
+}
+
+#[tokio::test]
+async fn past_its_window_an_undo_is_refused_naming_the_step_and_nothing_is_undone() {
+    let mut fixture = Fixture::new();
+    let report = fixture
+        .kernel(1)
+        .run(&plan(vec![add("a"), add("b")]), &NoObserver)
+        .await
+        .expect("runs");
+    fixture.clock_ahead_ms = EIGHT_DAYS_MS;
+    let error = fixture
+        .kernel(2)
+        .undo(&report.saga_id, &request("too late"), &NoObserver)
+        .await
+        .expect_err("past the window");
+    let KernelError::UndoRefused { step, reason, .. } = &error else {
+        panic!("refused: {error}");
+    };
+    assert_eq!(
+        step.as_ref().map(|(seq, _)| *seq),
+        Some(1),
+        "the last step is checked first"
+    );
+    assert!(reason.contains("window of 7d"), "{reason}");
+    assert!(error.is_denied());
+    assert_eq!(fixture.world.items(), ["a", "b"]);
+    // Within the window (a day later), it goes through.
+    fixture.clock_ahead_ms = 24 * 3_600_000;
+    let undone = fixture
+        .kernel(2)
+        .undo(&report.saga_id, &request("in time"), &NoObserver)
+        .await
+        .expect("undoes");
+    assert_eq!(undone.state, SagaState::Undone);
+}
+
+#[tokio::test]
+async fn a_saga_with_an_irreversible_step_cannot_be_undone() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let send = PlanStep {
+        tool: "send.once".into(),
+        args: json!({"item": "mail"}),
+        idempotency_key: None,
+    };
+    let waiting = kernel
+        .run(&plan(vec![add("a"), send]), &NoObserver)
+        .await
+        .expect("runs");
+    let approval = waiting.approval.expect("an irreversible step waits");
+    kernel
+        .decide_approval(
+            &approval.approval_id,
+            OperatorDecision {
+                approve: true,
+                user: None,
+                note: None,
+            },
+        )
+        .await
+        .expect("approved");
+    let done = kernel
+        .resume(&waiting.saga_id, &NoObserver, &Cancellation::new())
+        .await
+        .expect("resumes");
+    assert_eq!(done.state, SagaState::Done);
+    assert_eq!(
+        kernel
+            .approval(&approval.approval_id)
+            .await
+            .expect("reads")
+            .status,
+        ApprovalStatus::Consumed
+    );
+    let error = kernel
+        .undo(&done.saga_id, &request("oops"), &NoObserver)
+        .await
+        .expect_err("irreversible");
+    assert!(
+        matches!(&error, KernelError::UndoRefused { step: Some((1, tool)), .. } if tool == "send.once"),
+        "{error}"
+    );
+    assert_eq!(fixture.world.items(), ["a", "mail"]);
+}
+
+#[tokio::test]
+async fn only_a_done_saga_is_undone() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let failed = kernel
+        .run(&plan(vec![add("a"), crate::boom()]), &NoObserver)
+        .await
+        .expect("runs");
+    assert_eq!(failed.state, SagaState::FailedRolledBack);
+    let error = kernel
+        .undo(&failed.saga_id, &request("why not"), &NoObserver)
+        .await
+        .expect_err("not Done");
+    assert!(
+        matches!(error, KernelError::UndoRefused { step: None, .. }),
+        "{error}"
+    );
+    let error = kernel
+        .undo(&failed.saga_id, &request(""), &NoObserver)
+        .await
+        .expect_err("no reason");
+    assert!(matches!(error, KernelError::InvalidRequest(_)), "{error}");
+}
