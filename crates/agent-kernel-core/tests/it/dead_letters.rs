@@ -1,10 +1,20 @@
 //! Dead letters (CONTRACT §10): every failed compensation is kept, one letter per step,
 //! until a retry compensates it or an operator resolves it; nothing is dropped.
 
-use std::sync::atomic::Ordering;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use agent_kernel_api::{DeadLetterStatus, SagaState, StepStatus};
-use agent_kernel_core::{KernelError, NoObserver};
+use agent_kernel_api::{
+    DeadLetterStatus, Durability, DynTool, EffectClass, PlanStep, SagaState, Settlement,
+    StepStatus, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
+};
+use agent_kernel_core::{Environment, Kernel, KernelError, NoObserver};
+use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
+use agent_kernel_fsm::Guardrail;
+use agent_kernel_sandbox::{FsSandbox, Policy};
+use agent_kernel_tools::FsWrite;
+use serde_json::{Value, json};
 
 use crate::{Fixture, add, boom, plan};
 
@@ -28,13 +38,79 @@ impl Rng {
 /// Sagas in the chaos test.
 const CHAOS_SAGAS: usize = 1_000;
 
-/// In the spirit of IATP-002 §7.1: sagas whose compensations fail at random (seeded,
-/// printed; `AGENT_KERNEL_DLQ_SEED` replays). Afterwards every saga is `FailedRolledBack`,
-/// or `FailedRollbackPartial` with exactly one open dead letter per failed compensation;
-/// retrying every letter with the failures switched off brings every item back out and
-/// every saga to `FailedRolledBack`.
+/// `fs.write` whose compensation fails for the paths in `stuck` until `unstuck` is set.
+struct FlakyUndo {
+    inner: Arc<dyn DynTool>,
+    stuck: Mutex<HashSet<String>>,
+    unstuck: AtomicBool,
+}
+
+impl TransactionalTool for FlakyUndo {
+    fn id(&self) -> &str {
+        "flaky.write"
+    }
+    fn effect(&self) -> EffectClass {
+        EffectClass::Mutating
+    }
+    fn idempotent(&self) -> bool {
+        false
+    }
+    fn settlement(&self) -> Settlement {
+        Settlement::Compensate
+    }
+    fn args_schema(&self) -> Value {
+        self.inner.args_schema()
+    }
+    fn check(&self, args: &Value) -> Result<(), ToolError> {
+        self.inner.check(args)
+    }
+    async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        self.inner.prepare(ctx, args).await
+    }
+    async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        self.inner.execute(ctx, args).await
+    }
+    async fn compensate(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+        undo: &Undo,
+        output: Option<&ToolOutput>,
+    ) -> Result<(), ToolError> {
+        let path = args["path"].as_str().unwrap_or_default().to_owned();
+        if !self.unstuck.load(Ordering::SeqCst)
+            && self.stuck.lock().expect("not poisoned").contains(&path)
+        {
+            return Err(ToolError::failed(format!(
+                "{path} is locked: cannot restore it"
+            )));
+        }
+        self.inner.compensate(ctx, args, undo, output).await
+    }
+}
+
+/// Every file under `root`, by name, with its bytes.
+fn snapshot(root: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(root)
+        .expect("lists")
+        .map(|entry| {
+            let entry = entry.expect("entry");
+            (
+                entry.file_name().to_string_lossy().into_owned(),
+                std::fs::read(entry.path()).expect("reads"),
+            )
+        })
+        .collect()
+}
+
+/// In the spirit of IATP-002 §7.1: sagas of real file writes whose compensations fail at
+/// random (seeded, printed; `AGENT_KERNEL_DLQ_SEED` replays). Afterwards every saga is
+/// `FailedRolledBack`, or `FailedRollbackPartial` with exactly one open dead letter per
+/// failed compensation; retrying every letter with the failures switched off brings every
+/// file back and every saga to `FailedRolledBack`.
 #[tokio::test]
-async fn a_thousand_sagas_with_failing_compensations_lose_nothing_and_retries_clear_them() {
+async fn a_thousand_sagas_with_failing_compensations_lose_nothing_and_retries_bring_every_file_back()
+ {
     let seed = std::env::var("AGENT_KERNEL_DLQ_SEED")
         .ok()
         .and_then(|text| text.parse().ok())
@@ -47,26 +123,68 @@ async fn a_thousand_sagas_with_failing_compensations_lose_nothing_and_retries_cl
     eprintln!("dead-letter chaos test: seed {seed} (AGENT_KERNEL_DLQ_SEED={seed} reproduces)");
     let mut rng = Rng(seed);
     let fixture = Fixture::new();
-    let kernel = fixture.kernel(1);
-    let mut expected = Vec::with_capacity(CHAOS_SAGAS);
+    let root = fixture.dir.path().join("ws");
+    std::fs::create_dir(&root).expect("creates ws");
+    let policy =
+        Policy::from_toml_str("[fs]\nallow = [\"ws\"]\n", fixture.dir.path()).expect("a policy");
+    let sandbox = Arc::new(FsSandbox::new(&policy).expect("a sandbox"));
+    let flaky = Arc::new(FlakyUndo {
+        inner: Arc::new(FsWrite::new(sandbox, fixture.dir.path().to_path_buf())),
+        stuck: Mutex::new(HashSet::new()),
+        unstuck: AtomicBool::new(false),
+    });
+    let mut tools = Dispatcher::new(Limits::default(), Arc::new(NoJitter)).expect("limits");
+    tools.register(flaky.clone()).expect("registers");
+    tools.register(Arc::new(crate::Boom)).expect("registers");
+    let kernel = Kernel::new(
+        fixture.open_log(),
+        Arc::new(tools),
+        Arc::new(Guardrail::builtin()),
+        Environment {
+            clock: Arc::new(crate::TickClock(AtomicU64::new(0))),
+            ids: Arc::new(crate::CountingIds {
+                prefix: "chaos".into(),
+                next: AtomicU64::new(0),
+            }),
+            owner: crate::owner(1),
+            liveness: fixture.liveness.clone(),
+        },
+        Durability::Normal,
+    );
+
+    let mut plans = Vec::with_capacity(CHAOS_SAGAS);
     for saga_idx in 0..CHAOS_SAGAS {
         let n_steps = 1 + rng.below(4) as usize;
         let mut steps = Vec::new();
         let mut stuck = Vec::new();
         for step_idx in 0..n_steps {
-            let fails = rng.below(100) < 20;
-            let item = if fails {
-                format!("stuck-{saga_idx}-{step_idx}")
-            } else {
-                format!("item-{saga_idx}-{step_idx}")
-            };
-            if fails {
+            let name = format!("s{saga_idx}-{step_idx}.txt");
+            if rng.below(2) == 0 {
+                std::fs::write(root.join(&name), format!("before {saga_idx} {step_idx}"))
+                    .expect("writes");
+            }
+            let path = format!("ws/{name}");
+            if rng.below(100) < 20 {
+                flaky
+                    .stuck
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(path.clone());
                 stuck.push(step_idx as u32);
             }
-            steps.push(add(&item));
+            steps.push(PlanStep {
+                tool: "flaky.write".into(),
+                args: json!({"path": path, "content": format!("written by saga {saga_idx}")}),
+                idempotency_key: None,
+            });
         }
         steps.push(boom());
-        let report = kernel.run(&plan(steps), &NoObserver).await.expect("runs");
+        plans.push((plan(steps), stuck));
+    }
+    let before = snapshot(&root);
+    let mut expected = Vec::with_capacity(CHAOS_SAGAS);
+    for (plan, stuck) in plans {
+        let report = kernel.run(&plan, &NoObserver).await.expect("runs");
         expected.push((report.saga_id, stuck));
     }
 
@@ -92,13 +210,11 @@ async fn a_thousand_sagas_with_failing_compensations_lose_nothing_and_retries_cl
         };
         assert_eq!(record.saga.state, want, "seed {seed}: saga {saga_id}");
         for letter in &letters {
-            assert_eq!(letter.attempts, 1);
-            assert_eq!(letter.tool_id, "ledger.add");
-            assert!(
-                letter.error.contains("cannot be removed"),
-                "{}",
-                letter.error
+            assert_eq!(
+                (letter.attempts, letter.tool_id.as_str()),
+                (1, "flaky.write")
             );
+            assert!(letter.error.contains("locked"), "{}", letter.error);
         }
         n_letters += letters.len();
     }
@@ -108,16 +224,23 @@ async fn a_thousand_sagas_with_failing_compensations_lose_nothing_and_retries_cl
         n_letters,
         "seed {seed}: the list holds every letter"
     );
-    let stuck_items: Vec<String> = fixture.world.items();
+    let n_stuck = flaky.stuck.lock().expect("not poisoned").len();
+    assert_eq!(n_letters, n_stuck, "seed {seed}: nothing silently dropped");
+    let after_run = snapshot(&root);
+    let differing = before
+        .keys()
+        .chain(after_run.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|name| before.get(*name) != after_run.get(*name))
+        .count();
     assert_eq!(
-        stuck_items.len(),
-        n_letters,
-        "seed {seed}: what stayed is what was lettered"
+        differing, n_letters,
+        "seed {seed}: only the stuck files differ"
     );
-    assert!(stuck_items.iter().all(|item| item.starts_with("stuck")));
     eprintln!("dead-letter chaos test: {n_letters} dead letters over {CHAOS_SAGAS} sagas");
 
-    fixture.world.unstuck.store(true, Ordering::SeqCst);
+    flaky.unstuck.store(true, Ordering::SeqCst);
     for letter in open {
         let outcome = kernel
             .retry_dead_letter(&letter.letter_id, Some("chaos".into()))
@@ -125,11 +248,7 @@ async fn a_thousand_sagas_with_failing_compensations_lose_nothing_and_retries_cl
             .expect("retries");
         assert!(outcome.compensated(), "seed {seed}: {outcome:?}");
     }
-    assert!(
-        fixture.world.items().is_empty(),
-        "seed {seed}: {:?}",
-        fixture.world.items()
-    );
+    assert_eq!(snapshot(&root), before, "seed {seed}: every file is back");
     assert!(kernel.dead_letters(None).await.expect("reads").is_empty());
     for (saga_id, _) in &expected {
         let record = kernel
