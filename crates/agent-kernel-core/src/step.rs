@@ -499,6 +499,7 @@ impl Kernel {
                         return Ok(Err(fail(saga.refuse(begin, error.not_applied()))));
                     }
                 };
+                let refused_as = consume.as_ref().map(|_| begin.clone());
                 if let Some(consume) = consume {
                     // Used once, in the same transaction as the step's BEGIN.
                     saga.pending.push(LogWrite::ConsumeApproval(consume));
@@ -511,7 +512,30 @@ impl Kernel {
                     .iter()
                     .position(|write| matches!(write, LogWrite::BeginStep(_)))
                     .expect("the batch holds this step's BEGIN");
-                let outcomes = self.write_saga_batch(saga, batch).await?;
+                let outcomes = match self.write_saga_batch(saga, batch).await {
+                    Err(KernelError::Log(TxError::ApprovalUnusable {
+                        approval_id,
+                        reason,
+                    })) => {
+                        // Nothing of the batch was written and the step never began: an
+                        // approval the log does not vouch for is a denial, and void.
+                        warn!(saga_id = %saga.saga_id, step_seq, %approval_id, %reason, "approval unusable");
+                        saga.pending.push(LogWrite::DecideApproval(DecideApproval {
+                            approval_id: approval_id.clone(),
+                            decision: ApprovalDecision::Cancel,
+                            by: self.env.owner.clone(),
+                            uid: self.operator_uid(),
+                            user: Some("agent-kernel (the approval could not be used)".to_owned()),
+                            note: Some(reason.clone()),
+                        }));
+                        let error = ToolError::denied(format!(
+                            "approval {approval_id} cannot be used for this step: {reason}"
+                        ));
+                        let begin = refused_as.expect("only a consumed approval is refused");
+                        return Ok(Err(fail(saga.refuse(begin, error))));
+                    }
+                    other => other?,
+                };
                 if let Some(WriteOutcome::KeyRejected(reason)) = outcomes.get(begin_idx) {
                     return Ok(Err(fail(ToolError::failed(reason.clone()))));
                 }

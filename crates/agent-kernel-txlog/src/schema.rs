@@ -171,7 +171,8 @@ CREATE INDEX sagas_unfinished ON sagas (created_at_ms, saga_id)
 CREATE INDEX sagas_by_created ON sagas (created_at_ms, saga_id);
 
 -- One request per step that needed an operator's approval. `args` is exactly what runs
--- once approved; `rest` the plan's later steps (JSON), NULL for a live saga.
+-- once approved; `rest` the plan's later steps (JSON), NULL for a live saga;
+-- `decision_seq` the audit record of its decision, which its use checks.
 CREATE TABLE approvals (
     approval_id        TEXT PRIMARY KEY NOT NULL,
     saga_id            TEXT NOT NULL REFERENCES sagas (saga_id),
@@ -189,6 +190,7 @@ CREATE TABLE approvals (
     decided_at_ms      INTEGER,
     decided_by         TEXT,
     note               TEXT,
+    decision_seq       INTEGER,
     UNIQUE (saga_id, step_seq)
 ) STRICT, WITHOUT ROWID;
 CREATE INDEX approvals_pending ON approvals (requested_at_ms, approval_id)

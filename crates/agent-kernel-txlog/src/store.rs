@@ -16,8 +16,8 @@ use crate::AuditHead;
 use crate::schema::storage;
 
 use crate::audit::{
-    ARGS_SUMMARY_BYTES_MAX, Appender, AuditSettings, CanonicalObject, DENIALS_LISTED_MAX, Head,
-    KIND_APPROVAL_CONSUMED, KIND_APPROVAL_DECIDED, KIND_APPROVAL_REQUESTED, KIND_BEGIN_STEP,
+    ARGS_SUMMARY_BYTES_MAX, Appender, AuditKey, AuditSettings, CanonicalObject, DENIALS_LISTED_MAX,
+    Head, KIND_APPROVAL_CONSUMED, KIND_APPROVAL_DECIDED, KIND_APPROVAL_REQUESTED, KIND_BEGIN_STEP,
     KIND_CALL_REFUSED, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA, KIND_DEAD_LETTER,
     KIND_DEAD_LETTER_SETTLED, KIND_FAIL_STEP, KIND_OPERATOR, KIND_PLAN_DENIED, KIND_REFUSE_STEP,
     KIND_REUSE_STEP, KIND_SAGA_ABORTED, KIND_SET_STATE, KIND_SIMULATE_STEP, KIND_TAKE_OVER,
@@ -82,9 +82,15 @@ fn commit_chained(
     let mut outcomes = Vec::with_capacity(batch.len());
     let mut moves_head = false;
     for write in batch {
-        let applied = apply(&tx, write, now_ms)?;
+        let applied = apply(&tx, write, audit.key.as_ref(), now_ms)?;
         if let Some(kind) = applied.kind {
             chain.append(&tx, now_ms, kind, applied.saga_id.as_deref(), &applied.body)?;
+            if let LogWrite::DecideApproval(decision) = write {
+                // The decision's own record, which the request's use checks.
+                tx.prepare_cached("UPDATE approvals SET decision_seq = ?2 WHERE approval_id = ?1")
+                    .and_then(|mut s| s.execute(params![decision.approval_id, chain.head().seq]))
+                    .map_err(storage)?;
+            }
         }
         // Audit events are rare and each one should be covered by the head file at once.
         moves_head |= matches!(write, LogWrite::SetState { state, .. } if state.is_terminal())
@@ -141,7 +147,12 @@ impl<'w> Applied<'w> {
     }
 }
 
-fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Applied<'w>, TxError> {
+fn apply<'w>(
+    conn: &Connection,
+    write: &'w LogWrite,
+    key: Option<&AuditKey>,
+    now_ms: i64,
+) -> Result<Applied<'w>, TxError> {
     match write {
         LogWrite::CreateSaga(saga) => {
             create_saga(conn, saga, now_ms)?;
@@ -343,7 +354,7 @@ fn apply<'w>(conn: &Connection, write: &'w LogWrite, now_ms: i64) -> Result<Appl
         }
         LogWrite::DecideApproval(decision) => decide_approval(conn, decision, now_ms),
         LogWrite::ConsumeApproval(consume) => {
-            let body = consume_approval(conn, consume)?;
+            let body = consume_approval(conn, consume, key)?;
             Ok(Applied::written(
                 KIND_APPROVAL_CONSUMED,
                 &consume.saga_id,
@@ -662,11 +673,11 @@ fn decide_approval<'w>(
         ApprovalDecision::Expire => "status = 'pending'",
         ApprovalDecision::Cancel | _ => "(status = 'pending' OR status = 'approved')",
     };
-    let updated: Option<String> = conn
+    let updated: Option<(String, String)> = conn
         .prepare_cached(&format!(
             "UPDATE approvals SET status = ?2, decided_at_ms = ?5, decided_by = ?3, note = ?4
              WHERE approval_id = ?1 AND {condition}
-             RETURNING saga_id"
+             RETURNING saga_id, digest"
         ))
         .and_then(|mut s| {
             s.query_row(
@@ -677,12 +688,12 @@ fn decide_approval<'w>(
                     decision.note,
                     now_ms
                 ],
-                |row| row.get(0),
+                |row| Ok((row.get(0)?, row.get(1)?)),
             )
             .optional()
         })
         .map_err(storage)?;
-    let Some(saga_id) = updated else {
+    let Some((saga_id, digest)) = updated else {
         let current = approval(conn, &decision.approval_id)?.ok_or_else(|| {
             TxError::NotFound(format!("no approval request {}", decision.approval_id))
         })?;
@@ -703,6 +714,7 @@ fn decide_approval<'w>(
                 .map(|by| quote(by, QUOTE_BYTES_MAX))
                 .as_deref(),
         )
+        .str("digest", &digest)
         .opt_str(
             "note",
             note.map(|note| quote(note, QUOTE_BYTES_MAX)).as_deref(),
@@ -725,7 +737,11 @@ fn decide_approval<'w>(
 
 /// Marks an approved request consumed for the step whose BEGIN follows in the batch, only
 /// if it names exactly that saga, step, tool, arguments and digest.
-fn consume_approval(conn: &Connection, consume: &ConsumeApproval) -> Result<String, TxError> {
+fn consume_approval(
+    conn: &Connection,
+    consume: &ConsumeApproval,
+    key: Option<&AuditKey>,
+) -> Result<String, TxError> {
     let args_text = consume.args.to_string();
     let n_changed = conn
         .prepare_cached(
@@ -768,6 +784,14 @@ fn consume_approval(conn: &Connection, consume: &ConsumeApproval) -> Result<Stri
             reason,
         });
     }
+    if let Some(reason) = unverified_decision(conn, consume, key)? {
+        return Err(TxError::ApprovalUnusable {
+            approval_id: consume.approval_id.clone(),
+            reason: format!(
+                "{reason}: the approvals table says approved, but the audit chain does not; it was changed outside agent-kernel"
+            ),
+        });
+    }
     Ok(CanonicalObject::new()
         .str("approval_id", &consume.approval_id)
         .str("digest", &consume.digest)
@@ -775,6 +799,92 @@ fn consume_approval(conn: &Connection, consume: &ConsumeApproval) -> Result<Stri
         .str("status", ApprovalStatus::Consumed.as_str())
         .int("step_seq", consume.step_seq)
         .finish())
+}
+
+/// Why the approval being used is not vouched for by its decision's audit record, or
+/// `None` when it is: the record the request names is an `ApprovalDecided` record that
+/// approves this request for this digest, hashes as written, follows its predecessor, and,
+/// under an audit key, carries a MAC that verifies. A status set in the table alone, or a
+/// record forged without the key, fails.
+fn unverified_decision(
+    conn: &Connection,
+    consume: &ConsumeApproval,
+    key: Option<&AuditKey>,
+) -> Result<Option<String>, TxError> {
+    let decision_seq: Option<i64> = conn
+        .prepare_cached("SELECT decision_seq FROM approvals WHERE approval_id = ?1")
+        .and_then(|mut s| s.query_row(params![consume.approval_id], |row| row.get(0)))
+        .map_err(storage)?;
+    let Some(seq) = decision_seq else {
+        return Ok(Some("no decision of it is in the audit chain".to_owned()));
+    };
+    let record: Option<crate::audit::Record> = conn
+        .prepare_cached(
+            "SELECT at_ms, kind, saga_id, body, prev_hash, hash, mac FROM audit_log WHERE seq = ?1",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![seq], |row| {
+                Ok(crate::audit::Record {
+                    seq,
+                    at_ms: row.get(0)?,
+                    kind: row.get(1)?,
+                    saga_id: row.get(2)?,
+                    body: row.get(3)?,
+                    prev_hash: row.get(4)?,
+                    hash: row.get(5)?,
+                    mac: row.get(6)?,
+                })
+            })
+            .optional()
+        })
+        .map_err(storage)?;
+    let Some(crate::audit::Record {
+        at_ms,
+        kind,
+        saga_id,
+        body,
+        prev_hash,
+        hash,
+        mac,
+        ..
+    }) = record
+    else {
+        return Ok(Some(format!(
+            "its decision's audit record {seq} is missing"
+        )));
+    };
+    let fields: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    let approves = kind == KIND_APPROVAL_DECIDED
+        && saga_id.as_deref() == Some(consume.saga_id.as_str())
+        && fields["approval_id"] == consume.approval_id.as_str()
+        && fields["status"] == ApprovalStatus::Approved.as_str()
+        && fields["digest"] == consume.digest.as_str();
+    if !approves {
+        return Ok(Some(format!(
+            "audit record {seq} does not approve this request for this digest"
+        )));
+    }
+    if crate::audit::record_hash(&prev_hash, seq, at_ms, &kind, saga_id.as_deref(), &body) != hash {
+        return Ok(Some(format!("audit record {seq} does not hash as written")));
+    }
+    let previous: Option<String> = if seq == 1 {
+        Some(crate::audit::ZERO_HASH.to_owned())
+    } else {
+        crate::audit::hash_at(conn, seq - 1).map_err(storage)?
+    };
+    if previous.as_deref() != Some(prev_hash.as_str()) {
+        return Ok(Some(format!(
+            "audit record {seq} does not follow its predecessor"
+        )));
+    }
+    if let Some(key) = key
+        && !mac.as_deref().is_some_and(|mac| key.verifies(&hash, mac))
+    {
+        return Ok(Some(format!(
+            "audit record {seq} is not signed with the audit key"
+        )));
+    }
+    Ok(None)
 }
 
 const APPROVAL_COLUMNS: &str = "approval_id, saga_id, step_seq, tool_id, args, idempotency_key,

@@ -534,6 +534,8 @@ struct ApprovalModel {
     /// Quoted as the record quotes it.
     decided_by: Option<String>,
     note_sha256: Option<String>,
+    /// The record of the decision.
+    decision_seq: Option<i64>,
 }
 
 /// What the chain says a dead letter row holds.
@@ -790,6 +792,7 @@ impl Replay {
                     decided_at_ms: None,
                     decided_by: None,
                     note_sha256: None,
+                    decision_seq: None,
                 };
                 self.approvals.insert(approval_id, model);
             }
@@ -801,7 +804,14 @@ impl Replay {
                     .map_err(|err| format!("its body's `status`: {err}"))?;
                 let note_sha256 = body.opt_str("note_sha256")?;
                 let decided_by = body.opt_str("decided_by")?;
+                let digest = body.str("digest")?.to_owned();
                 let approval = self.approval_mut(body.str("approval_id")?, saga_id)?;
+                if approval.digest != digest {
+                    return Err(format!(
+                        "it decides on digest {digest}, but the request names {}",
+                        approval.digest
+                    ));
+                }
                 let open = match status {
                     ApprovalStatus::Approved
                     | ApprovalStatus::Rejected
@@ -821,6 +831,7 @@ impl Replay {
                 approval.decided_at_ms = Some(at_ms);
                 approval.decided_by = decided_by;
                 approval.note_sha256 = note_sha256;
+                approval.decision_seq = Some(seq);
                 approval.last_seq = seq;
             }
             KIND_DEAD_LETTER => {
@@ -1212,7 +1223,8 @@ impl Replay {
     fn compare_approvals(&self, conn: &Connection, found: &mut Found) -> rusqlite::Result<()> {
         let mut statement = conn.prepare(
             "SELECT approval_id, saga_id, step_seq, tool_id, args, idempotency_key, digest, rest,
-                 status, requested_at_ms, expires_at_ms, decided_at_ms, note, decided_by
+                 status, requested_at_ms, expires_at_ms, decided_at_ms, note, decided_by,
+                 decision_seq
              FROM approvals",
         )?;
         let mut rows = statement.query([])?;
@@ -1244,6 +1256,7 @@ impl Replay {
                     .get::<_, Option<String>>(13)?
                     .map(|by| audit::quote(&by, audit::QUOTE_BYTES_MAX)),
                 note_sha256: sha256_of(row.get(12)?),
+                decision_seq: row.get(14)?,
             };
             if actual != *known {
                 found.note(

@@ -297,3 +297,30 @@ fn bad_approval_settings_are_bad_input() {
     let unknown = project.run(&["approve", "no-such-request"]);
     assert_eq!(unknown.status.code(), Some(2), "{}", describe(&unknown));
 }
+
+#[test]
+fn an_approval_written_into_the_table_by_hand_is_never_used() {
+    let project = project("");
+    let (saga_id, approval) = run_no_wait(&project);
+    let id = approval["id"].as_str().expect("id");
+    // Someone with the database file marks the request approved, without a decision.
+    let conn = rusqlite::Connection::open(project.db()).expect("opens");
+    conn.execute(
+        "UPDATE approvals SET status = 'approved' WHERE approval_id = ?1",
+        [id],
+    )
+    .expect("forged");
+    drop(conn);
+    let (code, report) = project.run_json(&["resume", "--saga", &saga_id]);
+    assert_eq!(code, 4, "{report}");
+    assert_eq!(report["state"], "FailedRolledBack");
+    let message = report["failure"]["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("audit chain"), "{report}");
+    assert!(!project.path("ws/log.txt").exists(), "the step never ran");
+    assert!(
+        !project.path("ws/a.txt").exists(),
+        "the saga was rolled back"
+    );
+}

@@ -53,11 +53,11 @@ impl Rng {
     }
 }
 
-fn key() -> AuditKey {
+pub(crate) fn key() -> AuditKey {
     AuditKey::from_hex(&"5a".repeat(32)).expect("a 32-byte key")
 }
 
-fn open_log(path: &Path, key: Option<AuditKey>, durability: Durability) -> SqliteLog {
+pub(crate) fn open_log(path: &Path, key: Option<AuditKey>, durability: Durability) -> SqliteLog {
     SqliteLog::open_with_audit_key(
         path,
         LogOptions {
@@ -444,7 +444,14 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// The same hash the log computes, for an attacker who rewrites the chain.
-fn record_hash(prev: &str, seq: i64, at_ms: i64, kind: &str, saga: &str, body: &str) -> String {
+pub(crate) fn record_hash(
+    prev: &str,
+    seq: i64,
+    at_ms: i64,
+    kind: &str,
+    saga: &str,
+    body: &str,
+) -> String {
     sha256_hex(format!("{prev}\n{seq}\n{at_ms}\n{kind}\n{saga}\n{body}").as_bytes())
 }
 
