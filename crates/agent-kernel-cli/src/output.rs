@@ -322,6 +322,10 @@ impl Output {
             match action {
                 RecoveryAction::RolledBack(saga) => {
                     println!("saga {}: rolled back, now {}", saga.saga_id, saga.state);
+                    if let Some(failure) = &saga.failure {
+                        // A saga that waited for an approval says so.
+                        println!("  {}", printable(&failure.error.to_string()));
+                    }
                 }
                 RecoveryAction::SkippedLive { saga_id, pid, host } => println!(
                     "saga {saga_id}: skipped, its process {pid} on {host} is still running"

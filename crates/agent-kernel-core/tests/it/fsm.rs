@@ -1,8 +1,6 @@
 //! The FSM guardrail inside the engine: states persisted with the step records that cause
 //! them, denials that roll back what ran, validation flow, recovery from the persisted state.
 
-use std::time::Duration;
-
 use agent_kernel_api::{
     BoxFuture, KeyBinding, LogWrite, Owner, SagaId, SagaRecord, SagaState, SagaSummary, StepStatus,
     TxError, TxLog, WriteOutcome,
@@ -284,7 +282,15 @@ async fn recovery_resumes_from_the_persisted_validating_state() {
     let fixture = Fixture::new();
     let kernel = fixture.kernel(1);
     let steps = vec![add("a"), probe(json!({"sleep_ms": 60_000}))];
-    crate::abandon(&kernel, &plan(steps), Duration::from_millis(300)).await;
+    // Abandoned once the probe runs, which is after the move to Validating is durable.
+    crate::abandon_when(&kernel, &plan(steps), || {
+        fixture
+            .world
+            .journal()
+            .iter()
+            .any(|entry| entry.starts_with("probe 1 saw"))
+    })
+    .await;
     let unfinished = kernel.log().unfinished_sagas().await.expect("reads");
     assert_eq!(
         unfinished[0].state,

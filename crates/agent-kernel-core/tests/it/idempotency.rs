@@ -139,11 +139,10 @@ async fn a_failed_key_may_run_again() {
 async fn hold_key(fixture: &crate::Fixture, held: &agent_kernel_api::PlanStep) {
     let mut plan = plan(vec![held.clone()]);
     plan.actor = Some("holder".into());
-    crate::abandon(
-        &fixture.kernel(9),
-        &plan,
-        std::time::Duration::from_millis(200),
-    )
+    // Abandoned once its effect is applied: its BEGIN, which holds the key, is durable.
+    crate::abandon_when(&fixture.kernel(9), &plan, || {
+        fixture.world.items().contains(&"held".to_owned())
+    })
     .await;
 }
 

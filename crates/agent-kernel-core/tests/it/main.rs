@@ -32,6 +32,8 @@ pub(crate) struct World {
     pub(crate) journal: Mutex<Vec<String>>,
     /// Once set, `stuck…` items can be removed after all (the failure is switched off).
     pub(crate) unstuck: std::sync::atomic::AtomicBool,
+    /// The items whose `Settled` step began executing, before it hangs or acts.
+    pub(crate) started: Mutex<Vec<String>>,
 }
 
 impl World {
@@ -293,6 +295,11 @@ impl TransactionalTool for Settled {
     }
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         let item = item_of(args)?;
+        self.world
+            .started
+            .lock()
+            .expect("not poisoned")
+            .push(item.clone());
         if args.get("hang_before").is_some() {
             std::future::pending::<()>().await;
         }
@@ -515,16 +522,6 @@ impl Fixture {
             Durability::Normal,
         )
     }
-}
-
-/// Runs `plan` on `kernel` and abandons it after `after`, as a killed process would leave it:
-/// the saga must still be running then.
-pub(crate) async fn abandon(kernel: &Kernel, plan: &Plan, after: std::time::Duration) {
-    let abandoned = tokio::time::timeout(after, kernel.run(plan, &NoObserver)).await;
-    assert!(
-        abandoned.is_err(),
-        "the saga must still be running when abandoned"
-    );
 }
 
 /// The longest [`abandon_when`] waits for its condition.

@@ -1,8 +1,6 @@
 //! Steps whose outcome is unknown are settled by the tool's declared class: compensated
 //! blindly, probed, or left to an operator, after a timeout and after a crash.
 
-use std::time::Duration;
-
 use agent_kernel_api::{SagaState, StepStatus};
 use agent_kernel_core::{NoObserver, RecoveryAction, SagaReport};
 use agent_kernel_dispatcher::ToolLimits;
@@ -50,10 +48,19 @@ async fn after_crash(fixture: &Fixture, tool: &str, hang: &str) -> SagaReport {
 
 /// [`after_crash`], with the hanging step adding `item`.
 async fn after_crash_of(fixture: &Fixture, tool: &str, item: &str, hang: &str) -> SagaReport {
-    crate::abandon(
+    // Abandoned once its step has begun executing (its BEGIN is durable before that).
+    crate::abandon_when(
         &fixture.kernel(1),
         &plan(vec![add("first"), settled(tool, item, hang)]),
-        Duration::from_millis(200),
+        || {
+            fixture
+                .world
+                .started
+                .lock()
+                .expect("not poisoned")
+                .iter()
+                .any(|started| started == item)
+        },
     )
     .await;
     fixture.kill([1]);
