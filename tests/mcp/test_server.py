@@ -1,8 +1,12 @@
 """The official Python MCP client against the real `agent-kernel mcp` (CONTRACT §9)."""
 
+import pathlib
+
 import pytest
 
-from conftest import session
+from conftest import BIN, session
+
+BIN_PATH = str(pathlib.Path(BIN).resolve())
 
 pytestmark = pytest.mark.anyio
 
@@ -130,3 +134,40 @@ async def test_two_clients_share_one_log_and_neither_can_use_the_others_saga(pro
         assert (await call(first, "saga_commit", {"saga_id": mine}))[1]["state"] == "Done"
         assert (await call(second, "saga_commit", {"saga_id": theirs}))[1]["state"] == "Done"
     assert (project / "ws/1.txt").exists() and (project / "ws/2.txt").exists()
+
+
+async def test_a_step_that_needs_approval_waits_and_resumes_once_an_operator_approves(project):
+    import subprocess
+
+    (project / "sandbox.toml").write_text(
+        '[fs]\nallow = ["ws"]\n\n[approval]\nrequire = ["fs.delete"]\n'
+    )
+    (project / "ws/a.txt").write_text("keep me")
+    async with session(project) as client:
+        tools = {tool.name for tool in (await client.list_tools()).tools}
+        assert "saga_resume" in tools
+        assert not any("approve" in name or "reject" in name for name in tools), sorted(tools)
+        saga = await begin(client)
+        is_error, content = await call(
+            client, "fs_delete", {"saga_id": saga, "args": {"path": "ws/a.txt"}}
+        )
+        assert not is_error, content
+        assert content["status"] == "AWAITING_APPROVAL", content
+        approval = content["approval"]
+        assert len(approval["digest"]) == 64 and approval["expires_at"].endswith("Z")
+        assert (project / "ws/a.txt").exists(), "nothing ran"
+        # The operator decides outside the agent's reach, with the binary.
+        decided = subprocess.run(
+            [BIN_PATH, "--db", str(project / "log.db"), "approve", approval["id"]],
+            cwd=project,
+            capture_output=True,
+            text=True,
+        )
+        assert decided.returncode == 0, decided.stderr
+        is_error, content = await call(client, "saga_resume", {"saga_id": saga})
+        assert not is_error and content["status"] == "COMMIT", content
+        assert not (project / "ws/a.txt").exists()
+        # Aborting puts the file back: the approved step is compensated like any other.
+        is_error, content = await call(client, "saga_abort", {"saga_id": saga})
+        assert not is_error and content["state"] == "FailedRolledBack", content
+    assert (project / "ws/a.txt").read_text() == "keep me"
