@@ -23,6 +23,28 @@ pub struct Owner {
     pub start_ticks: u64,
 }
 
+impl Owner {
+    /// The owner of a saga left waiting for an approval on purpose (`run --no-wait`): no
+    /// process holds it, `recover` leaves it waiting while its request is open, and any
+    /// process may take it over to resume it.
+    pub fn detached() -> Owner {
+        Owner {
+            host: String::new(),
+            boot_id: DETACHED_BOOT_ID.to_owned(),
+            pid: 0,
+            start_ticks: 0,
+        }
+    }
+
+    /// Whether this is [`Owner::detached`].
+    pub fn is_detached(&self) -> bool {
+        *self == Owner::detached()
+    }
+}
+
+/// The boot id of [`Owner::detached`], which no machine has.
+const DETACHED_BOOT_ID: &str = "detached";
+
 /// A new saga, written with its first step's BEGIN.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewSaga {

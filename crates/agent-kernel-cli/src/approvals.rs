@@ -210,6 +210,8 @@ pub(crate) async fn settle_waits(
     while let Some(request) = report.approval.clone() {
         say_how_to_decide(&report);
         if no_wait {
+            // Left to whoever resumes it; `recover` leaves it waiting meanwhile.
+            kernel.detach(&report.saga_id).await?;
             return Ok(report);
         }
         let decided = tokio::select! {

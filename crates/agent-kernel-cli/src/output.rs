@@ -330,6 +330,13 @@ impl Output {
                 RecoveryAction::SkippedLive { saga_id, pid, host } => println!(
                     "saga {saga_id}: skipped, its process {pid} on {host} is still running"
                 ),
+                RecoveryAction::SkippedWaiting {
+                    saga_id,
+                    approval_id,
+                } => println!(
+                    "saga {saga_id}: skipped, it waits for approval {}; `agent-kernel resume --saga {saga_id}` continues it once decided",
+                    printable(approval_id)
+                ),
                 RecoveryAction::SkippedTakenOver { saga_id } => {
                     println!("saga {saga_id}: skipped, another process is recovering it");
                 }

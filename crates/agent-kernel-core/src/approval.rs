@@ -409,6 +409,34 @@ impl Kernel {
         .await
     }
 
+    /// Leaves a saga of this process that waits for an approval to whoever resumes it
+    /// (`run --no-wait`): its owner becomes [`Owner::detached`](agent_kernel_api::Owner::detached),
+    /// so `recover` leaves it waiting while its request is open, and any process may resume it.
+    /// A saga not waiting, or not this process's, is left as it is.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::SagaNotFound`]; [`KernelError::Log`].
+    pub async fn detach(&self, saga_id: &SagaId) -> Result<(), KernelError> {
+        let record = self.load(saga_id).await?;
+        if record.saga.state != SagaState::AwaitingApproval
+            || record.saga.owner != self.env.owner
+            || self.live.contains(saga_id)
+        {
+            return Ok(());
+        }
+        self.log
+            .take_over(
+                saga_id,
+                &self.env.owner,
+                SagaState::AwaitingApproval,
+                &agent_kernel_api::Owner::detached(),
+            )
+            .await?;
+        info!(saga_id = %saga_id, "left waiting for its approval");
+        Ok(())
+    }
+
     /// The request a waiting saga waits on.
     pub(crate) async fn waiting_approval(
         &self,

@@ -47,7 +47,7 @@ impl Kernel {
                 owner: saga.owner.clone(),
             });
         }
-        if saga.owner == self.env.owner || saga.state.is_terminal() {
+        if saga.owner == self.env.owner || saga.state.is_terminal() || saga.owner.is_detached() {
             return Ok(());
         }
         if self.env.liveness.liveness(&saga.owner) != Liveness::Dead {
@@ -191,6 +191,20 @@ impl Kernel {
         if record.saga.state.is_terminal() {
             // Another recovery finished it since the list was read.
             return Ok(None);
+        }
+        if record.saga.state == SagaState::AwaitingApproval && record.saga.owner.is_detached() {
+            // Left waiting on purpose: it is not in flight, a person has it.
+            let approval = self.waiting_approval(&record).await?;
+            if matches!(
+                approval.status_at(self.env.clock.now_ms()),
+                ApprovalStatus::Pending | ApprovalStatus::Approved
+            ) {
+                info!(saga_id = %saga_id, approval_id = %approval.request.approval_id, "waits for an approval; skipped");
+                return Ok(Some(RecoveryAction::SkippedWaiting {
+                    saga_id: saga_id.clone(),
+                    approval_id: approval.request.approval_id,
+                }));
+            }
         }
         let checked = match self.check_recoverable(&record) {
             Ok(()) => self.take_over(&record).await,

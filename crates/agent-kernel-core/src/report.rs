@@ -148,6 +148,14 @@ pub enum RecoveryAction {
         /// The owner's host.
         host: String,
     },
+    /// It waits for an operator's approval, left so on purpose (`run --no-wait`), and its
+    /// request is still open: not touched; `resume` continues it once decided.
+    SkippedWaiting {
+        /// The saga.
+        saga_id: SagaId,
+        /// The request it waits on.
+        approval_id: String,
+    },
     /// Another process took it over first, or it finished meanwhile; it was not touched.
     SkippedTakenOver {
         /// The saga.
@@ -183,7 +191,9 @@ impl RecoveryReport {
         self.sagas.iter().all(|action| match action {
             RecoveryAction::RolledBack(report) => report.state == SagaState::FailedRolledBack,
             RecoveryAction::Failed { .. } | RecoveryAction::MissingTools { .. } => false,
-            RecoveryAction::SkippedLive { .. } | RecoveryAction::SkippedTakenOver { .. } => true,
+            RecoveryAction::SkippedLive { .. }
+            | RecoveryAction::SkippedWaiting { .. }
+            | RecoveryAction::SkippedTakenOver { .. } => true,
         })
     }
 }

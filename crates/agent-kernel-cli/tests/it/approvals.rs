@@ -90,6 +90,15 @@ fn no_wait_exits_5_then_approve_and_resume_in_another_process_finish_the_plan() 
     // Nothing of the waiting step ran.
     assert!(project.path("ws/a.txt").exists());
     assert!(!project.path("ws/log.txt").exists());
+    // Left waiting on purpose, it is not in flight: `recover` leaves it to the operator.
+    let (code, recovered) = project.run_json(&["recover"]);
+    assert_eq!(code, 0, "{recovered}");
+    assert_eq!(
+        recovered["sagas"][0]["action"], "skipped_waiting",
+        "{recovered}"
+    );
+    assert_eq!(project.latest_saga().expect("a saga").1, "AwaitingApproval");
+    assert!(project.path("ws/a.txt").exists());
     let listed = pending(&project);
     assert_eq!(listed.len(), 1);
     let request = &listed[0];
@@ -264,6 +273,30 @@ fn with_an_operator_key_a_decision_without_it_is_refused() {
     assert_eq!(pending(&project).len(), 1, "nothing changed");
     let right = project.run(&["approve", id, "--operator-key-file", "operator.key"]);
     assert_eq!(right.status.code(), Some(0), "{}", describe(&right));
+}
+
+#[test]
+fn a_request_left_waiting_that_expired_is_rolled_back_by_recover() {
+    let project = project("timeout_ms = 200\n");
+    let (saga_id, _) = run_no_wait(&project);
+    let (code, listed) = project.run_json(&["log", "--saga", &saga_id]);
+    assert_eq!(code, 0);
+    let expires_at_ms = listed["updated_at_ms"].as_i64().expect("a time") + 200;
+    wait_until("the request has expired", || {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis() as i64;
+        now_ms > expires_at_ms
+    });
+    let (code, recovered) = project.run_json(&["recover"]);
+    assert_eq!(code, 0, "{recovered}");
+    assert_eq!(
+        recovered["sagas"][0]["action"], "rolled_back",
+        "{recovered}"
+    );
+    assert_eq!(project.latest_saga().expect("a saga").1, "FailedRolledBack");
+    assert!(project.snapshot().is_empty());
 }
 
 #[test]
