@@ -740,8 +740,11 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             Ok(exit::OK)
         }
         Command::Tools => {
-            let tools = build_dispatcher(cli, &load_policy(cli)?)?;
-            out.tools(&tools);
+            let policy = load_policy(cli)?;
+            let approvals =
+                agent_kernel_core::approval_policy_from(&policy).map_err(Failure::bad_input)?;
+            let tools = build_dispatcher(cli, &policy)?;
+            out.tools(&tools, &approvals);
             Ok(exit::OK)
         }
         Command::Log { saga, limit } => {

@@ -528,7 +528,11 @@ impl Output {
     }
 
     /// `tools`.
-    pub(crate) fn tools(&self, tools: &agent_kernel_dispatcher::Dispatcher) {
+    pub(crate) fn tools(
+        &self,
+        tools: &agent_kernel_dispatcher::Dispatcher,
+        approvals: &agent_kernel_core::ApprovalPolicy,
+    ) {
         let limits = tools.limits();
         let rows: Vec<Value> = tools
             .ids()
@@ -552,6 +556,7 @@ impl Output {
                     "timeout_ms": limits.timeout_ms_for(id),
                     "retries_max": if tool.idempotent() { limits.retries_max_for(id) } else { 0 },
                     "concurrency_max": limits.tools.get(id).and_then(|l| l.concurrency_max),
+                    "needs_approval": approvals.reason_for(id, tool.as_ref()).is_some(),
                 })
             })
             .collect();

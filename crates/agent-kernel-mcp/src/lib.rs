@@ -86,13 +86,14 @@ pub fn mcp_name(id: &str) -> String {
     id.replace('.', "_")
 }
 
-/// What an agent reads about a kernel tool: the tool's own description (else its id), and
-/// how far the kernel can take its effect back.
+/// What an agent reads about a kernel tool: the tool's own description (else its id), how
+/// far the kernel can take its effect back, and whether its calls wait for an approval.
 fn describe(
     id: &str,
     description: &str,
     effect: EffectClass,
     reversibility: Reversibility,
+    needs_approval: bool,
 ) -> String {
     let what = if description.is_empty() {
         format!("The kernel tool `{id}`.")
@@ -107,7 +108,12 @@ fn describe(
         (_, Reversibility::Partial) => "its effect is compensated only in part on rollback",
         (_, Reversibility::None) => "its effect cannot be undone",
     };
-    format!("{what} Run as a saga step: sandboxed, logged; {undo}.")
+    let approval = if needs_approval {
+        " Each call waits for a person's approval before anything of it runs: it answers status AWAITING_APPROVAL, and saga_resume runs it once approved."
+    } else {
+        ""
+    };
+    format!("{what} Run as a saga step: sandboxed, logged; {undo}.{approval}")
 }
 
 fn object(value: Value) -> JsonObject {
@@ -291,7 +297,16 @@ impl KernelServer {
             tools.push(
                 Tool::new(
                     name.clone(),
-                    describe(id, tool.description(), tool.effect(), tool.reversibility()),
+                    describe(
+                        id,
+                        tool.description(),
+                        tool.effect(),
+                        tool.reversibility(),
+                        self.kernel
+                            .approval_policy()
+                            .reason_for(id, tool.as_ref())
+                            .is_some(),
+                    ),
                     object(schema),
                 )
                 .with_annotations(annotations),

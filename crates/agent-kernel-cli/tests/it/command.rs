@@ -339,6 +339,11 @@ fn tools_lists_each_tools_reversibility_window_and_description() {
     let mail = row("mail.send");
     assert_eq!(mail["reversibility"], "none");
     assert_eq!(mail["undo_window"], Value::Null, "nothing to undo");
+    assert_eq!(
+        mail["needs_approval"], true,
+        "irreversible: every call waits"
+    );
+    assert_eq!(item["needs_approval"], false);
     assert_eq!(row("fs.write")["reversibility"], "full");
     assert_eq!(row("fs.write")["undo_window"], "7d");
     assert_eq!(row("fs.read")["undo_window"], Value::Null, "reads only");

@@ -564,6 +564,23 @@ async fn a_step_that_needs_approval_answers_pending_and_saga_resume_runs_it_once
     let tools = client.list_all_tools().await.expect("lists");
     let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_ref()).collect();
     assert!(names.contains(&"saga_resume"), "{names:?}");
+    let described = |name: &str| {
+        tools
+            .iter()
+            .find(|tool| tool.name == name)
+            .and_then(|tool| tool.description.clone())
+            .unwrap_or_default()
+    };
+    assert!(
+        described("fs_append").contains("approval"),
+        "{}",
+        described("fs_append")
+    );
+    assert!(
+        !described("fs_write").contains("approval"),
+        "{}",
+        described("fs_write")
+    );
     for decision in [
         "approve",
         "reject",
