@@ -132,6 +132,12 @@ pub struct ApprovalRequest {
     pub requested_at_ms: i64,
     /// When it expires undecided, in ms since the Unix epoch.
     pub expires_at_ms: i64,
+    /// When the policy it was asked under names an operator key: the key's check value
+    /// (SHA-256 of a fixed prefix and the key), which a decision must match. Bound to the
+    /// request, so whoever decides needs the key the requester's policy named, whatever
+    /// policy they load themselves.
+    #[serde(default)]
+    pub operator_key_check: Option<String>,
 }
 
 /// A request as the log holds it, with where it stands.

@@ -1,77 +1,28 @@
 //! The operator's side of approvals (CONTRACT §10): `approvals`, `approve`, `reject`, the
-//! operator key, and the wait of `run` and `resume` for a decision.
+//! operator key given to them, and the wait of `run` and `resume` for a decision.
 
-use std::io::Read as _;
 use std::path::Path;
 
 use agent_kernel_api::{ApprovalRecord, ApprovalStatus};
 use agent_kernel_core::{
-    ApprovalPolicy, Cancellation, Kernel, KernelError, Observer, OperatorDecision, SagaReport,
-    approval_document,
+    Cancellation, Kernel, KernelError, Observer, OperatorDecision, SagaReport, approval_document,
 };
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use crate::output::{Output, format_ms, printable, table};
 use crate::{Failure, exit};
 
-/// The largest operator key file read, in bytes.
-pub(crate) const OPERATOR_KEY_BYTES_MAX: u64 = 4096;
-
-/// The SHA-256 of the key in `path` (trailing whitespace ignored), read with a bound.
-fn key_digest(path: &Path, what: &str) -> Result<[u8; 32], Failure> {
-    let unreadable = |error: std::io::Error| {
-        Failure::bad_input(anyhow::anyhow!(
-            "cannot read the {what} {}: {error}; nothing was changed",
-            path.display()
-        ))
-    };
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|file| {
-            file.take(OPERATOR_KEY_BYTES_MAX + 1)
-                .read_to_end(&mut bytes)
+/// The key given with `--operator-key-file`, read with the core's bound.
+pub(crate) fn given_operator_key(given: Option<&Path>) -> Result<Option<Vec<u8>>, Failure> {
+    given
+        .map(|path| {
+            agent_kernel_core::read_operator_key(path).map_err(|message| {
+                Failure::bad_input(anyhow::anyhow!(
+                    "--operator-key-file: {message}; nothing was changed"
+                ))
+            })
         })
-        .map_err(unreadable)?;
-    if bytes.len() as u64 > OPERATOR_KEY_BYTES_MAX {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "the {what} {} is larger than {OPERATOR_KEY_BYTES_MAX} bytes; nothing was changed",
-            path.display()
-        )));
-    }
-    let key = bytes.trim_ascii_end();
-    if key.is_empty() {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "the {what} {} is empty; nothing was changed",
-            path.display()
-        )));
-    }
-    Ok(Sha256::digest(key).into())
-}
-
-/// With `[approval] operator_key_file`, a decision needs the same key (`given`); without
-/// it, or with another key, it is refused (exit 4). Keys are compared by their SHA-256,
-/// so the comparison's time says nothing about the key.
-pub(crate) fn check_operator_key(
-    policy: &ApprovalPolicy,
-    given: Option<&Path>,
-) -> Result<(), Failure> {
-    let Some(required) = policy.operator_key_file() else {
-        return Ok(());
-    };
-    let Some(given) = given else {
-        return Err(Failure::denied(anyhow::anyhow!(
-            "decisions need the operator key: the policy's [approval] operator_key_file is set, so pass the key with --operator-key-file FILE; nothing was changed"
-        )));
-    };
-    let expected = key_digest(required, "operator key file named by [approval]")?;
-    if key_digest(given, "operator key file")? != expected {
-        return Err(Failure::denied(anyhow::anyhow!(
-            "the key in {} is not the operator key; nothing was changed",
-            given.display()
-        )));
-    }
-    Ok(())
+        .transpose()
 }
 
 /// Who runs this command, as decisions record it: `alice (uid 1000)`.
@@ -146,12 +97,14 @@ pub(crate) async fn decide_command(
     approval_id: &str,
     approve: bool,
     note: Option<String>,
+    operator_key: Option<Vec<u8>>,
 ) -> Result<u8, Failure> {
     let record = kernel
         .decide_approval(
             approval_id,
             OperatorDecision {
                 approve,
+                operator_key,
                 user: operator_name(kernel.operator_uid()),
                 note,
             },
@@ -221,11 +174,14 @@ pub(crate) async fn settle_waits(
         report = match decided {
             Some(_) => kernel.resume(&report.saga_id, observer, cancel).await?,
             None => {
+                let reason = cancel.reason().unwrap_or_else(|| "stopped".to_owned());
                 eprintln!(
-                    "agent-kernel: stopped while waiting for approval {}; rolling the saga back",
+                    "agent-kernel: {reason} while waiting for approval {}; rolling the saga back",
                     request.approval_id
                 );
-                kernel.rollback(&report.saga_id, observer).await?
+                kernel
+                    .stop_waiting(&report.saga_id, &reason, observer)
+                    .await?
             }
         };
     }
@@ -236,7 +192,7 @@ pub(crate) async fn settle_waits(
 pub(crate) fn exit_code(report: &SagaReport) -> u8 {
     use agent_kernel_api::SagaState;
     match report.state {
-        SagaState::Done => exit::OK,
+        SagaState::Done | SagaState::Undone => exit::OK,
         SagaState::AwaitingApproval => exit::AWAITING_APPROVAL,
         SagaState::FailedRolledBack if report.is_denied() => exit::DENIED,
         SagaState::FailedRolledBack => exit::ROLLED_BACK,

@@ -118,14 +118,25 @@ pub(crate) async fn retry_due_command(kernel: &Kernel, out: &Output) -> Result<u
         .filter(|letter| letter.next_retry_at_ms <= now_ms)
         .collect();
     let mut outcomes = Vec::with_capacity(due.len());
+    let mut refused = Vec::new();
     for letter in &due {
-        outcomes.push(
-            kernel
-                .retry_dead_letter(&letter.letter_id, operator_name(kernel.operator_uid()))
-                .await?,
-        );
+        // One letter that cannot be retried (its saga's rollback unfinished, its tool
+        // missing) does not stop the others.
+        match kernel
+            .retry_dead_letter(&letter.letter_id, operator_name(kernel.operator_uid()))
+            .await
+        {
+            Ok(outcome) => outcomes.push(outcome),
+            Err(error) => {
+                eprintln!(
+                    "agent-kernel: dead letter {} not retried: {error}",
+                    printable(&letter.letter_id)
+                );
+                refused.push(json!({ "id": letter.letter_id, "error": error.to_string() }));
+            }
+        }
     }
-    let all_compensated = outcomes.iter().all(RetryOutcome::compensated);
+    let all_compensated = refused.is_empty() && outcomes.iter().all(RetryOutcome::compensated);
     if out.is_json() {
         let retried: Vec<Value> = outcomes
             .iter()
@@ -136,7 +147,7 @@ pub(crate) async fn retry_due_command(kernel: &Kernel, out: &Output) -> Result<u
                 document
             })
             .collect();
-        print_json(&json!({ "retried": retried }));
+        print_json(&json!({ "retried": retried, "not_retried": refused }));
     } else if outcomes.is_empty() {
         println!("no dead letter is due for a retry");
     } else {

@@ -52,6 +52,9 @@ pub(crate) mod exit {
 /// Largest `--limit` of `log`.
 const MAX_LOG_LIMIT: u32 = 10_000;
 
+/// How long `undo` and `dlq retry` wait for another one on the same log to finish.
+const OPERATOR_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How long `sandbox status --probe-connect` waits for a connection.
 const PROBE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -129,7 +132,7 @@ enum Command {
         /// A note recorded with the decision in the audit chain
         #[arg(long, value_name = "TEXT")]
         note: Option<String>,
-        /// The operator key, when the policy's [approval] operator_key_file asks for one
+        /// The operator key, when the request was asked under a policy that names one
         #[arg(long, value_name = "FILE")]
         operator_key_file: Option<PathBuf>,
     },
@@ -140,7 +143,7 @@ enum Command {
         /// Why, recorded with the decision in the audit chain
         #[arg(long, value_name = "TEXT")]
         reason: String,
-        /// The operator key, when the policy's [approval] operator_key_file asks for one
+        /// The operator key, when the request was asked under a policy that names one
         #[arg(long, value_name = "FILE")]
         operator_key_file: Option<PathBuf>,
     },
@@ -334,15 +337,6 @@ impl Failure {
         Self {
             code: exit::BAD_INPUT,
             kind: "bad_input",
-            error: error.into(),
-        }
-    }
-
-    /// Refused: a denial (exit 4).
-    fn denied(error: impl Into<anyhow::Error>) -> Self {
-        Self {
-            code: exit::DENIED,
-            kind: "denied",
             error: error.into(),
         }
     }
@@ -558,6 +552,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         } => {
             let saga_id = parse_saga_id(saga)?;
             require_log(cli)?;
+            let _lock = operator_lock(cli).await?;
             // Undo compensates from the log's records, as `rollback` does.
             let options = verify_before_acting(cli, *skip_verify).await?;
             let kernel = open_kernel(cli, Durability::Full, Compensation::Only, options, true)?;
@@ -591,6 +586,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                     due,
                     skip_verify,
                 } => {
+                    let _lock = operator_lock(cli).await?;
                     // A retry compensates from the log's records, as `rollback` does.
                     let options = verify_before_acting(cli, *skip_verify).await?;
                     let kernel =
@@ -813,6 +809,43 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
     }
 }
 
+/// An exclusive advisory lock on `<db>.operator.lock`, held while `undo` or `dlq retry`
+/// compensates: two of them on one log never compensate at once (a second waits up to
+/// `OPERATOR_LOCK_WAIT`, then is refused as busy). The kernel releases it at exit, a kill
+/// included.
+async fn operator_lock(cli: &Cli) -> Result<std::fs::File, Failure> {
+    let mut name = db_path(cli).into_os_string();
+    name.push(".operator.lock");
+    let path = PathBuf::from(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open the lock file {}", path.display()))
+        .map_err(Failure::internal)?;
+    let deadline = tokio::time::Instant::now() + OPERATOR_LOCK_WAIT;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Failure::bad_input(anyhow::anyhow!(
+                    "another undo or dlq retry is compensating on this log ({} is locked); try again once it has finished; nothing was done",
+                    path.display()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(error)) => {
+                return Err(Failure::internal(
+                    anyhow::Error::new(error).context(format!("cannot lock {}", path.display())),
+                ));
+            }
+        }
+    }
+}
+
 /// The kernel of `resume`, `approvals`, `approve` and `reject`: the tools and the policy of
 /// `run`, since a resumed saga runs its remaining steps.
 fn open_kernel_for_approvals(cli: &Cli) -> Result<Arc<Kernel>, Failure> {
@@ -825,8 +858,8 @@ fn open_kernel_for_approvals(cli: &Cli) -> Result<Arc<Kernel>, Failure> {
     )
 }
 
-/// `approve` and `reject`: the operator key checked against the policy in force before the
-/// log is opened, then the decision.
+/// `approve` and `reject`: the decision, with the operator key given (which the request
+/// names when the policy it was asked under has one), read before the log is opened.
 async fn decide(
     cli: &Cli,
     out: &Output,
@@ -836,12 +869,9 @@ async fn decide(
     operator_key_file: Option<&Path>,
 ) -> Result<u8, Failure> {
     require_log(cli)?;
-    let policy = load_policy(cli)?;
-    let approval_policy =
-        agent_kernel_core::approval_policy_from(&policy).map_err(Failure::bad_input)?;
-    approvals::check_operator_key(&approval_policy, operator_key_file)?;
+    let operator_key = approvals::given_operator_key(operator_key_file)?;
     let kernel = open_kernel_for_approvals(cli)?;
-    approvals::decide_command(&kernel, out, approval_id, approve, note).await
+    approvals::decide_command(&kernel, out, approval_id, approve, note, operator_key).await
 }
 
 fn parse_saga_id(text: &str) -> Result<SagaId, Failure> {

@@ -42,6 +42,8 @@ pub const APPROVAL_POLL_INTERVAL: Duration = Duration::from_millis(100);
 pub struct ApprovalPolicy {
     require: Vec<(String, Pattern)>,
     operator_key_file: Option<PathBuf>,
+    /// The check value of the operator key, once read (`with_operator_key`).
+    operator_key_check: Option<String>,
     timeout_ms: u64,
 }
 
@@ -52,6 +54,7 @@ impl Default for ApprovalPolicy {
         ApprovalPolicy {
             require: Vec::new(),
             operator_key_file: None,
+            operator_key_check: None,
             timeout_ms: DEFAULT_APPROVAL_TIMEOUT_MS,
         }
     }
@@ -107,6 +110,7 @@ impl ApprovalPolicy {
         Ok(ApprovalPolicy {
             require,
             operator_key_file: None,
+            operator_key_check: None,
             timeout_ms,
         })
     }
@@ -140,6 +144,20 @@ impl ApprovalPolicy {
         self
     }
 
+    /// The same policy, with decisions on the requests it makes needing `key` (the bytes
+    /// of the operator key file, trailing whitespace ignored): each request records the
+    /// key's [`operator_key_check`], and a decision must be given the same key.
+    #[must_use]
+    pub fn with_operator_key(mut self, key: &[u8]) -> Self {
+        self.operator_key_check = Some(operator_key_check(key));
+        self
+    }
+
+    /// The check value requests record, when an operator key is set.
+    pub fn operator_key_check(&self) -> Option<&str> {
+        self.operator_key_check.as_deref()
+    }
+
     /// The globs of `[approval] require`, as written.
     pub fn require(&self) -> impl Iterator<Item = &str> {
         self.require.iter().map(|(glob, _)| glob.as_str())
@@ -167,6 +185,21 @@ impl ApprovalPolicy {
     }
 }
 
+/// The check value of an operator key: SHA-256 (hex) of `agent-kernel operator key\n`
+/// followed by the key, trailing whitespace ignored. It stands for the key in the log, so
+/// the key should be random (as `openssl rand -hex 32` makes one): a guessable key can be
+/// found from its check value.
+pub fn operator_key_check(key: &[u8]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"agent-kernel operator key\n");
+    hasher.update(key.trim_ascii_end());
+    hasher
+        .finalize()
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
 /// The digest an approval is bound to: SHA-256 (lowercase hex) of the canonical JSON of
 /// `{"args": …, "saga_id": …, "step": …, "tool": …}` (object keys sorted by their bytes at
 /// every depth, no whitespace, strings escaped as `serde_json` escapes them).
@@ -188,6 +221,8 @@ pub fn approval_digest(saga_id: &SagaId, step_seq: u32, tool: &str, args: &Value
 pub struct OperatorDecision {
     /// Approve or reject.
     pub approve: bool,
+    /// The operator key given (`--operator-key-file`), for a request that names one.
+    pub operator_key: Option<Vec<u8>>,
     /// Who decides, as recorded (`alice (uid 1000)`).
     pub user: Option<String>,
     /// The note (`approve --note`) or the reason (`reject --reason`).
@@ -221,6 +256,7 @@ impl Kernel {
             rest: rest.map(<[PlanStep]>::to_vec),
             requested_at_ms,
             expires_at_ms: requested_at_ms.saturating_add(timeout_ms),
+            operator_key_check: self.approvals.operator_key_check.clone(),
         }
     }
 
@@ -254,7 +290,9 @@ impl Kernel {
     ///
     /// [`KernelError::ApprovalNotFound`]; [`KernelError::ApprovalClosed`] when the request
     /// was already decided, has expired, or its saga was rolled back (nothing changes);
-    /// [`KernelError::InvalidRequest`] for a note too long; [`KernelError::Log`].
+    /// [`KernelError::InvalidRequest`] for a note too long;
+    /// [`KernelError::OperatorKeyRequired`] and [`KernelError::OperatorKeyMismatch`] when
+    /// the request names an operator key and it is not given; [`KernelError::Log`].
     pub async fn decide_approval(
         &self,
         approval_id: &str,
@@ -269,6 +307,17 @@ impl Kernel {
             )));
         }
         let record = self.approval(approval_id).await?;
+        if let Some(required) = &record.request.operator_key_check {
+            // The request names the key of the policy it was asked under; the decider's
+            // own policy does not matter.
+            match &decision.operator_key {
+                None => return Err(KernelError::OperatorKeyRequired(approval_id.to_owned())),
+                Some(key) if operator_key_check(key) != *required => {
+                    return Err(KernelError::OperatorKeyMismatch(approval_id.to_owned()));
+                }
+                Some(_) => {}
+            }
+        }
         let status = record.status_at(self.env.clock.now_ms());
         if status != ApprovalStatus::Pending {
             return Err(KernelError::ApprovalClosed {
@@ -352,7 +401,21 @@ impl Kernel {
     ) -> Result<SagaReport, KernelError> {
         let record = self.load(saga_id).await?;
         if record.saga.state.is_terminal() {
-            return Ok(SagaReport::from_record(&record, None));
+            // Finished already: its report says why, when its approval was refused.
+            let failure = match self.log.saga_approval(saga_id).await? {
+                Some(approval) if record.saga.state == SagaState::FailedRolledBack => {
+                    match approval.status {
+                        status @ (ApprovalStatus::Rejected
+                        | ApprovalStatus::Expired
+                        | ApprovalStatus::Cancelled) => {
+                            Some(Self::unapproved_failure(&approval, status))
+                        }
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
+            return Ok(SagaReport::from_record(&record, failure));
         }
         if record.saga.state != SagaState::AwaitingApproval {
             return Err(KernelError::NotAwaitingApproval {
@@ -435,6 +498,49 @@ impl Kernel {
             .await?;
         info!(saga_id = %saga_id, "left waiting for its approval");
         Ok(())
+    }
+
+    /// Rolls back a saga of this process that waits for an approval, because its driver
+    /// was stopped (`reason`: a signal): the request is voided and the report's failure is
+    /// the stop, not a denial.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::SagaNotFound`]; [`KernelError::NotAwaitingApproval`];
+    /// [`KernelError::Log`].
+    pub async fn stop_waiting(
+        &self,
+        saga_id: &SagaId,
+        reason: &str,
+        observer: &dyn Observer,
+    ) -> Result<SagaReport, KernelError> {
+        let record = self.load(saga_id).await?;
+        if record.saga.state != SagaState::AwaitingApproval {
+            return Err(KernelError::NotAwaitingApproval {
+                saga_id: saga_id.clone(),
+                state: record.saga.state,
+            });
+        }
+        let approval = self.waiting_approval(&record).await?;
+        let request = &approval.request;
+        let batch = vec![LogWrite::DecideApproval(DecideApproval {
+            approval_id: request.approval_id.clone(),
+            decision: ApprovalDecision::Cancel,
+            by: self.env.owner.clone(),
+            uid: self.operator_uid(),
+            user: Some("agent-kernel (its run was stopped while it waited)".to_owned()),
+            note: Some(reason.to_owned()),
+        })];
+        let failure = Failure {
+            step_seq: request.step_seq,
+            tool: request.tool_id.clone(),
+            error: ToolError::failed(format!(
+                "stopped while waiting for approval {}: {reason}",
+                request.approval_id
+            )),
+        };
+        self.compensate_from(&record, batch, Some(failure), observer)
+            .await
     }
 
     /// The request a waiting saga waits on.
@@ -521,4 +627,34 @@ impl Kernel {
         self.compensate_from(record, batch, Some(failure), observer)
             .await
     }
+}
+
+/// The largest operator key file read, in bytes.
+pub const OPERATOR_KEY_BYTES_MAX: u64 = 4096;
+
+/// The key in the operator key file at `path`, read with a bound: not empty once its
+/// trailing whitespace is ignored.
+///
+/// # Errors
+///
+/// A message saying why it cannot be used.
+pub fn read_operator_key(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| {
+            file.take(OPERATOR_KEY_BYTES_MAX + 1)
+                .read_to_end(&mut bytes)
+        })
+        .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+    if bytes.len() as u64 > OPERATOR_KEY_BYTES_MAX {
+        return Err(format!(
+            "{} is larger than {OPERATOR_KEY_BYTES_MAX} bytes",
+            path.display()
+        ));
+    }
+    if bytes.trim_ascii_end().is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    Ok(bytes)
 }

@@ -387,8 +387,9 @@ impl KernelBuilder {
 }
 
 /// Which steps wait for an operator's approval, from a policy's `[approval]` section (a
-/// relative `operator_key_file` taken from the policy file's folder), else only the steps of
-/// irreversible tools, expiring after the default timeout.
+/// relative `operator_key_file` taken from the policy file's folder, and read, so that each
+/// request records the key's check value), else only the steps of irreversible tools,
+/// expiring after the default timeout.
 ///
 /// # Errors
 ///
@@ -402,9 +403,20 @@ pub fn approval_policy_from(policy: &Policy) -> Result<ApprovalPolicy, KernelErr
         .and_then(Path::parent)
         .filter(|dir| !dir.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    ApprovalPolicy::from_table(table.clone(), base_dir).map_err(|message| {
+    let approvals = ApprovalPolicy::from_table(table.clone(), base_dir).map_err(|message| {
         KernelError::Setup(format!("sandbox policy {}: {message}", policy.origin()))
-    })
+    })?;
+    let Some(path) = approvals.operator_key_file().map(Path::to_path_buf) else {
+        return Ok(approvals);
+    };
+    // Read now, so each request records the key's check value.
+    let key = crate::approval::read_operator_key(&path).map_err(|message| {
+        KernelError::Setup(format!(
+            "sandbox policy {}: [approval] operator_key_file: {message}",
+            policy.origin()
+        ))
+    })?;
+    Ok(approvals.with_operator_key(&key))
 }
 
 /// The command tools of the tools file at `path` (CONTRACT §7), each run's output bounded

@@ -109,6 +109,17 @@ impl Kernel {
         // writes a dry run whole in one batch, so it is never found unfinished; this guards
         // a log written otherwise.)
         let simulated = record.saga.dry_run;
+        // Steps whose earlier compensation failed have an open dead letter: one that now
+        // succeeds settles it in the same transaction.
+        let letters = if record
+            .steps
+            .iter()
+            .any(|step| step.status == StepStatus::CompensationFailed)
+        {
+            self.log.open_dead_letters(Some(&saga_id)).await?
+        } else {
+            Vec::new()
+        };
         for step in record.steps.iter().rev() {
             if simulated || !Self::needs_compensation(step) {
                 continue;
@@ -139,7 +150,17 @@ impl Kernel {
             // A compensation that still fails after its retries, or a step left to an
             // operator, becomes a dead letter with its record, in one transaction.
             let dead_letter = match &result {
-                Ok(_) => None,
+                Ok(note) => letters
+                    .iter()
+                    .find(|letter| letter.step_seq == step.step_seq)
+                    .map(|letter| {
+                        self.settlement(
+                            &letter.letter_id,
+                            agent_kernel_api::DeadLetterStatus::Retried,
+                            Some("agent-kernel (compensated on a later rollback)".to_owned()),
+                            note,
+                        )
+                    }),
                 Err(error) => Some(self.dead_letter_for(&saga_id, step, error).await?),
             };
             let mut batch = vec![LogWrite::Compensation {

@@ -223,7 +223,7 @@ impl Kernel {
     }
 
     /// The record settling `letter_id` as `status`, by this process and `user`.
-    fn settlement(
+    pub(crate) fn settlement(
         &self,
         letter_id: &str,
         status: DeadLetterStatus,

@@ -164,6 +164,17 @@ pub enum KernelError {
         /// Where it stands.
         status: agent_kernel_api::DeadLetterStatus,
     },
+    /// The request was asked under a policy that names an operator key, and no key was
+    /// given; nothing was changed.
+    #[error(
+        "approval request {0} needs the operator key its policy names: pass it with --operator-key-file FILE; nothing was changed"
+    )]
+    OperatorKeyRequired(String),
+    /// The key given is not the one the request names; nothing was changed.
+    #[error(
+        "the key given is not the operator key approval request {0} needs; nothing was changed"
+    )]
+    OperatorKeyMismatch(String),
     /// The saga does not wait for an approval, and has not finished either.
     #[error("saga {saga_id} is {state}, not waiting for an approval; nothing was done")]
     NotAwaitingApproval {
@@ -235,6 +246,8 @@ impl KernelError {
             }
             KernelError::Denied { .. }
             | KernelError::UndoRefused { .. }
+            | KernelError::OperatorKeyRequired(_)
+            | KernelError::OperatorKeyMismatch(_)
             | KernelError::ApprovalClosed { .. }
             | KernelError::DeadLetterClosed { .. } => true,
             KernelError::Log(TxError::ApprovalUnusable { .. }) => true,

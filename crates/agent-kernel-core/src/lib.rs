@@ -111,7 +111,8 @@ mod step;
 mod undo;
 
 pub use approval::{
-    APPROVAL_POLL_INTERVAL, ApprovalPolicy, MAX_APPROVAL_RULES, OperatorDecision, approval_digest,
+    APPROVAL_POLL_INTERVAL, ApprovalPolicy, MAX_APPROVAL_RULES, OPERATOR_KEY_BYTES_MAX,
+    OperatorDecision, approval_digest, operator_key_check, read_operator_key,
 };
 pub use builder::{
     DB_ENV, DEFAULT_DB, DEFAULT_FSM, DEFAULT_SANDBOX, DEFAULT_TOOLS, KernelBuilder,

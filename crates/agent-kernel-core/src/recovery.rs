@@ -257,23 +257,32 @@ impl Kernel {
         let mut failure = None;
         if record.saga.state == SagaState::AwaitingApproval {
             let approval = self.waiting_approval(record).await?;
-            if matches!(
-                approval.status,
-                ApprovalStatus::Pending | ApprovalStatus::Approved
-            ) {
+            let status = approval.status_at(self.env.clock.now_ms());
+            // Past its expiry it is recorded as expired; pending or approved, it is void.
+            let (decision, shown) = match status {
+                ApprovalStatus::Expired if approval.status == ApprovalStatus::Pending => {
+                    (Some(ApprovalDecision::Expire), ApprovalStatus::Expired)
+                }
+                ApprovalStatus::Pending | ApprovalStatus::Approved => {
+                    (Some(ApprovalDecision::Cancel), ApprovalStatus::Cancelled)
+                }
+                other => (None, other),
+            };
+            if let Some(decision) = decision {
                 batch.push(LogWrite::DecideApproval(DecideApproval {
                     approval_id: approval.request.approval_id.clone(),
-                    decision: ApprovalDecision::Cancel,
+                    decision,
                     by: self.env.owner.clone(),
                     uid: self.operator_uid(),
-                    user: Some("agent-kernel (its saga's process died while it waited)".to_owned()),
+                    user: Some(if decision == ApprovalDecision::Expire {
+                        "agent-kernel (expired undecided)".to_owned()
+                    } else {
+                        "agent-kernel (its saga was rolled back while it waited)".to_owned()
+                    }),
                     note: None,
                 }));
             }
-            failure = Some(Self::unapproved_failure(
-                &approval,
-                ApprovalStatus::Cancelled,
-            ));
+            failure = Some(Self::unapproved_failure(&approval, shown));
         }
         self.compensate_from(record, batch, failure, observer).await
     }

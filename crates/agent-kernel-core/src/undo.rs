@@ -30,7 +30,7 @@ impl Kernel {
     ///
     /// Nothing is undone when a step that would be is refused: its tool is irreversible
     /// (reversibility `none`), its undo window (the tool's own, else `[limits] undo_window`,
-    /// counted from the saga's end) has passed, or what it left has changed since
+    /// counted from the step's commit) has passed, or what it left has changed since
     /// ([`changed_since`](agent_kernel_api::TransactionalTool::changed_since)), unless
     /// `force` (only for that last case). A compensation that fails leaves a dead letter and
     /// the saga `FailedRollbackPartial`. An undo cut short (a crash) is finished by running
@@ -106,9 +106,9 @@ impl Kernel {
                         .to_owned(),
                 ));
             }
+            // Counted from the step's commit, which a take-over does not move.
             let window = self.tools.limits().undo_window_for(tool.as_ref());
-            let closes_at = record
-                .saga
+            let closes_at = step
                 .updated_at_ms
                 .saturating_add(i64::try_from(window.as_ms()).unwrap_or(i64::MAX));
             if now_ms > closes_at {

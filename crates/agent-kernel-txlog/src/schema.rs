@@ -191,6 +191,7 @@ CREATE TABLE approvals (
     decided_by         TEXT,
     note               TEXT,
     decision_seq       INTEGER,
+    operator_key_check TEXT,
     UNIQUE (saga_id, step_seq)
 ) STRICT, WITHOUT ROWID;
 CREATE INDEX approvals_pending ON approvals (requested_at_ms, approval_id)

@@ -605,8 +605,8 @@ fn request_approval(conn: &Connection, request: &ApprovalRequest) -> Result<Stri
     let rest_text = request.rest.as_ref().map(to_json).transpose()?;
     conn.prepare_cached(
         "INSERT INTO approvals (approval_id, saga_id, step_seq, tool_id, args, idempotency_key,
-             digest, rest, status, requested_at_ms, expires_at_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9, ?10)",
+             digest, rest, status, requested_at_ms, expires_at_ms, operator_key_check)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9, ?10, ?11)",
     )
     .and_then(|mut s| {
         s.execute(params![
@@ -619,7 +619,8 @@ fn request_approval(conn: &Connection, request: &ApprovalRequest) -> Result<Stri
             request.digest,
             rest_text,
             request.requested_at_ms,
-            request.expires_at_ms
+            request.expires_at_ms,
+            request.operator_key_check
         ])
     })
     .map_err(|err| match err {
@@ -640,6 +641,7 @@ fn request_approval(conn: &Connection, request: &ApprovalRequest) -> Result<Stri
         .str("digest", &request.digest)
         .int("expires_at_ms", request.expires_at_ms)
         .opt_str("idempotency_key", request.idempotency_key.as_deref())
+        .opt_str("operator_key_check", request.operator_key_check.as_deref())
         .int("requested_at_ms", request.requested_at_ms)
         .opt_str(
             "rest_sha256",
@@ -888,7 +890,8 @@ fn unverified_decision(
 }
 
 const APPROVAL_COLUMNS: &str = "approval_id, saga_id, step_seq, tool_id, args, idempotency_key,
-    digest, rest, status, requested_at_ms, expires_at_ms, decided_at_ms, decided_by, note";
+    digest, rest, status, requested_at_ms, expires_at_ms, decided_at_ms, decided_by, note,
+    operator_key_check";
 
 fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ApprovalRecord, TxError>> {
     let args: String = row.get(4)?;
@@ -911,6 +914,7 @@ fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ApprovalRecord, T
                     .transpose()?,
                 requested_at_ms: row.get(9).map_err(storage)?,
                 expires_at_ms: row.get(10).map_err(storage)?,
+                operator_key_check: row.get(14).map_err(storage)?,
             },
             status: status
                 .parse()

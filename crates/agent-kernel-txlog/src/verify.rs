@@ -536,6 +536,7 @@ struct ApprovalModel {
     note_sha256: Option<String>,
     /// The record of the decision.
     decision_seq: Option<i64>,
+    operator_key_check: Option<String>,
 }
 
 /// What the chain says a dead letter row holds.
@@ -793,6 +794,7 @@ impl Replay {
                     decided_by: None,
                     note_sha256: None,
                     decision_seq: None,
+                    operator_key_check: body.opt_str("operator_key_check")?,
                 };
                 self.approvals.insert(approval_id, model);
             }
@@ -1224,7 +1226,7 @@ impl Replay {
         let mut statement = conn.prepare(
             "SELECT approval_id, saga_id, step_seq, tool_id, args, idempotency_key, digest, rest,
                  status, requested_at_ms, expires_at_ms, decided_at_ms, note, decided_by,
-                 decision_seq
+                 decision_seq, operator_key_check
              FROM approvals",
         )?;
         let mut rows = statement.query([])?;
@@ -1257,6 +1259,7 @@ impl Replay {
                     .map(|by| audit::quote(&by, audit::QUOTE_BYTES_MAX)),
                 note_sha256: sha256_of(row.get(12)?),
                 decision_seq: row.get(14)?,
+                operator_key_check: row.get(15)?,
             };
             if actual != *known {
                 found.note(

@@ -270,6 +270,10 @@ fn with_an_operator_key_a_decision_without_it_is_refused() {
     assert!(String::from_utf8_lossy(&without.stderr).contains("--operator-key-file"));
     let wrong = project.run(&["approve", id, "--operator-key-file", "other.key"]);
     assert_eq!(wrong.status.code(), Some(4), "{}", describe(&wrong));
+    // The request names the key: a policy of the approver's own choosing does not lift it.
+    fs::write(project.path("lax.toml"), "[fs]\nallow = [\"ws\"]\n").expect("writes");
+    let lax = project.run(&["approve", id, "--sandbox", "lax.toml"]);
+    assert_eq!(lax.status.code(), Some(4), "{}", describe(&lax));
     assert_eq!(pending(&project).len(), 1, "nothing changed");
     let right = project.run(&["approve", id, "--operator-key-file", "operator.key"]);
     assert_eq!(right.status.code(), Some(0), "{}", describe(&right));
@@ -356,4 +360,35 @@ fn an_approval_written_into_the_table_by_hand_is_never_used() {
         !project.path("ws/a.txt").exists(),
         "the saga was rolled back"
     );
+}
+
+#[test]
+fn a_signal_while_run_waits_rolls_the_saga_back_with_exit_1() {
+    let project = project("");
+    let plan = plan(&project);
+    let run = spawn(
+        &project,
+        &["--json", "run", "--plan", plan.to_str().expect("utf-8")],
+    );
+    wait_until("the run waits for an approval", || {
+        pending_once_logged(&project) == 1
+    });
+    let id = pending(&project)[0]["id"].as_str().expect("id").to_owned();
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &run.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let output = run.wait_with_output().expect("waits");
+    let (code, report) = json_output(&output);
+    assert_eq!(code, 1, "{}", describe(&output));
+    assert_eq!(report["state"], "FailedRolledBack");
+    let message = report["failure"]["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("SIGINT"), "{report}");
+    assert!(project.snapshot().is_empty(), "{:?}", project.snapshot());
+    // The request is void.
+    let output = project.run(&["approve", &id]);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
 }

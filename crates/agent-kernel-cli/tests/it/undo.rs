@@ -152,3 +152,30 @@ fn undo_of_a_saga_that_is_not_done_is_refused() {
         describe(&output)
     );
 }
+
+#[test]
+fn two_undos_of_one_saga_at_once_compensate_once() {
+    let project = Project::new();
+    let before = {
+        fs::write(project.path("ws/a.txt"), "before").expect("writes");
+        fs::write(project.path("ws/log.txt"), "one\n").expect("writes");
+        project.snapshot()
+    };
+    let saga_id = done_saga(&project);
+    let undos: Vec<std::process::Child> = (0..2)
+        .map(|_| {
+            project
+                .command(&["undo", "--saga", &saga_id, "--reason", "twice at once"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawns")
+        })
+        .collect();
+    for undo in undos {
+        let output = undo.wait_with_output().expect("waits");
+        assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    }
+    assert_eq!(project.snapshot(), before);
+    assert_eq!(project.latest_saga().expect("a saga").1, "Undone");
+}

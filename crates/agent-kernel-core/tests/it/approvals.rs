@@ -37,6 +37,7 @@ fn approving(kernel: Kernel, timeout_ms: u64) -> Kernel {
 fn approve() -> OperatorDecision {
     OperatorDecision {
         approve: true,
+        operator_key: None,
         user: Some("alice (uid 1000)".into()),
         note: Some("checked".into()),
     }
@@ -45,6 +46,7 @@ fn approve() -> OperatorDecision {
 fn reject(reason: &str) -> OperatorDecision {
     OperatorDecision {
         approve: false,
+        operator_key: None,
         user: Some("bob (uid 1001)".into()),
         note: Some(reason.into()),
     }
@@ -364,4 +366,37 @@ async fn aborting_a_waiting_live_saga_voids_its_request() {
     let record = kernel.approval(&request.approval_id).await.expect("reads");
     assert_eq!(record.status, ApprovalStatus::Cancelled);
     assert!(fixture.world.items().is_empty());
+}
+
+#[tokio::test]
+async fn recover_records_a_request_that_expired_while_its_process_was_dead_as_expired() {
+    let mut fixture = Fixture::new();
+    let first = approving(fixture.kernel(1), 5);
+    let report = first
+        .run(&plan(vec![add("a"), blind("x")]), &NoObserver)
+        .await
+        .expect("runs");
+    let request = report.approval.expect("waits");
+    fixture.kill([1]);
+    // The recovering kernel reads the time well past the expiry.
+    fixture.clock_ahead_ms = 60_000;
+    let recovery = approving(fixture.kernel(2), 5)
+        .recover(&NoObserver)
+        .await
+        .expect("recovers");
+    let [RecoveryAction::RolledBack(rolled_back)] = recovery.sagas.as_slice() else {
+        panic!("one saga rolled back: {recovery:?}");
+    };
+    let failure = rolled_back.failure.as_ref().expect("says why");
+    assert!(
+        failure.error.to_string().contains("expired"),
+        "{}",
+        failure.error
+    );
+    let record = fixture
+        .kernel(3)
+        .approval(&request.approval_id)
+        .await
+        .expect("reads");
+    assert_eq!(record.status, ApprovalStatus::Expired);
 }

@@ -124,6 +124,7 @@ async fn a_saga_with_an_irreversible_step_cannot_be_undone() {
             &approval.approval_id,
             OperatorDecision {
                 approve: true,
+                operator_key: None,
                 user: None,
                 note: None,
             },

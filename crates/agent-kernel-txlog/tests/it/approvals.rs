@@ -24,6 +24,7 @@ fn request(saga: &str, id: &str, expires_at_ms: i64) -> ApprovalRequest {
         rest: Some(Vec::new()),
         requested_at_ms: 0,
         expires_at_ms,
+        operator_key_check: None,
     }
 }
 
