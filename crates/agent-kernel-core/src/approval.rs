@@ -628,33 +628,3 @@ impl Kernel {
             .await
     }
 }
-
-/// The largest operator key file read, in bytes.
-pub const OPERATOR_KEY_BYTES_MAX: u64 = 4096;
-
-/// The key in the operator key file at `path`, read with a bound: not empty once its
-/// trailing whitespace is ignored.
-///
-/// # Errors
-///
-/// A message saying why it cannot be used.
-pub fn read_operator_key(path: &Path) -> Result<Vec<u8>, String> {
-    use std::io::Read as _;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|file| {
-            file.take(OPERATOR_KEY_BYTES_MAX + 1)
-                .read_to_end(&mut bytes)
-        })
-        .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-    if bytes.len() as u64 > OPERATOR_KEY_BYTES_MAX {
-        return Err(format!(
-            "{} is larger than {OPERATOR_KEY_BYTES_MAX} bytes",
-            path.display()
-        ));
-    }
-    if bytes.trim_ascii_end().is_empty() {
-        return Err(format!("{} is empty", path.display()));
-    }
-    Ok(bytes)
-}

@@ -111,12 +111,13 @@ mod step;
 mod undo;
 
 pub use approval::{
-    APPROVAL_POLL_INTERVAL, ApprovalPolicy, MAX_APPROVAL_RULES, OPERATOR_KEY_BYTES_MAX,
-    OperatorDecision, approval_digest, operator_key_check, read_operator_key,
+    APPROVAL_POLL_INTERVAL, ApprovalPolicy, MAX_APPROVAL_RULES, OperatorDecision, approval_digest,
+    operator_key_check,
 };
 pub use builder::{
     DB_ENV, DEFAULT_DB, DEFAULT_FSM, DEFAULT_SANDBOX, DEFAULT_TOOLS, KernelBuilder,
-    approval_policy_from, command_tools, dispatcher_with, limits_from_policy,
+    OPERATOR_KEY_BYTES_MAX, approval_policy_from, command_tools, dispatcher_with,
+    limits_from_policy, read_operator_key,
 };
 pub use cancel::Cancellation;
 pub use dead_letter::{
