@@ -500,6 +500,15 @@ impl LiveSaga {
             {
                 return Ok(None);
             }
+            // A saga waiting for a person is not idle until its request expires: its
+            // approval timeout, not the agent's silence, decides.
+            if idle.is_some()
+                && let Some(request) = slot.as_ref().and_then(|saga| saga.waiting_on.as_ref())
+                && request.expires_at_ms > self.kernel.env.clock.now_ms()
+            {
+                self.entry.touch();
+                return Ok(None);
+            }
             let Some(saga) = slot.take() else {
                 self.kernel.live.remove(&self.saga_id);
                 return Ok(None);

@@ -222,15 +222,25 @@ impl SagaInFlight {
         &mut self,
         by: &agent_kernel_api::Owner,
         uid: Option<u32>,
+        now_ms: i64,
         why: &str,
     ) {
         if let Some(request) = self.waiting_on.take() {
+            // Past its expiry it is recorded as expired, else as void.
+            let (decision, user) = if now_ms >= request.expires_at_ms {
+                (
+                    ApprovalDecision::Expire,
+                    "agent-kernel (expired undecided)".to_owned(),
+                )
+            } else {
+                (ApprovalDecision::Cancel, format!("agent-kernel ({why})"))
+            };
             self.pending.push(LogWrite::DecideApproval(DecideApproval {
                 approval_id: request.approval_id,
-                decision: ApprovalDecision::Cancel,
+                decision,
                 by: by.clone(),
                 uid,
-                user: Some(format!("agent-kernel ({why})")),
+                user: Some(user),
                 note: None,
             }));
         }
@@ -720,6 +730,7 @@ impl Kernel {
         saga.cancel_waiting(
             &self.env.owner,
             self.operator_uid(),
+            self.env.clock.now_ms(),
             "its saga was rolled back while it waited",
         );
         saga.state = self.enter_compensating(&saga.saga_id, saga.state);

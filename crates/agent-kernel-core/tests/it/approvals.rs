@@ -400,3 +400,52 @@ async fn recover_records_a_request_that_expired_while_its_process_was_dead_as_ex
         .expect("reads");
     assert_eq!(record.status, ApprovalStatus::Expired);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_saga_waiting_for_a_person_is_not_idle_until_its_request_expires() {
+    let mut fixture = Fixture::new();
+    fixture.limits.saga_idle_timeout_ms = 50;
+    let kernel = std::sync::Arc::new(approving(fixture.kernel(1), 3_600_000));
+    let saga = kernel.begin(Default::default()).await.expect("begins");
+    let CallAnswer::AwaitingApproval(request) = saga
+        .call("blind.add", json!({"item": "x"}), None)
+        .await
+        .expect("calls")
+    else {
+        panic!("waits");
+    };
+    // Several idle periods pass without a touch: a person has it, so it stays open.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        kernel.live_saga(saga.id()).is_some(),
+        "rolled back while it waited"
+    );
+    kernel
+        .decide_approval(&request.approval_id, approve())
+        .await
+        .expect("decided");
+    assert!(matches!(
+        saga.resume().await.expect("answers"),
+        CallAnswer::Committed(_)
+    ));
+
+    // Once its request has expired, the idle timeout rolls it back, recorded as expired.
+    let short = std::sync::Arc::new(approving(fixture.kernel(2), 5));
+    let saga = short.begin(Default::default()).await.expect("begins");
+    let CallAnswer::AwaitingApproval(request) = saga
+        .call("blind.add", json!({"item": "y"}), None)
+        .await
+        .expect("calls")
+    else {
+        panic!("waits");
+    };
+    let saga_id = saga.id().clone();
+    drop(saga);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while short.live_saga(&saga_id).is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "never rolled back");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let record = short.approval(&request.approval_id).await.expect("reads");
+    assert_eq!(record.status, ApprovalStatus::Expired);
+}
