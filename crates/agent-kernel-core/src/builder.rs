@@ -350,6 +350,7 @@ impl KernelBuilder {
         }
         if let Some(path) = tools_file {
             tools.extend(command_tools(&path, &policy, &mut limits)?);
+            tools.extend(upstream_tools(&path, &mut limits)?);
         }
         tools.extend(self.tools);
         let dispatcher = dispatcher_with(limits, tools, &policy)?;
@@ -451,6 +452,35 @@ pub fn command_tools(
     Ok(loaded
         .into_iter()
         .map(|tool| Arc::new(tool) as Arc<dyn DynTool>)
+        .collect())
+}
+
+/// The tools of the upstream MCP servers the tools file at `path` declares (CONTRACT §11):
+/// each server is started and asked for its tools; a tool's declared timeout becomes its
+/// timeout in `limits`, unless `[limits.tools."<id>"]` sets one.
+///
+/// # Errors
+///
+/// [`KernelError::Setup`] naming the file, the server and the problem.
+pub fn upstream_tools(
+    path: &Path,
+    limits: &mut Limits,
+) -> Result<Vec<Arc<dyn DynTool>>, KernelError> {
+    let loaded = agent_kernel_upstream::upstream_tools(path).map_err(KernelError::Setup)?;
+    Ok(loaded
+        .into_iter()
+        .map(|(tool, timeout_ms)| {
+            if let Some(timeout_ms) = timeout_ms {
+                let id = agent_kernel_api::TransactionalTool::id(&tool).to_owned();
+                limits
+                    .tools
+                    .entry(id)
+                    .or_default()
+                    .timeout_ms
+                    .get_or_insert(timeout_ms);
+            }
+            Arc::new(tool) as Arc<dyn DynTool>
+        })
         .collect())
 }
 

@@ -44,6 +44,10 @@ pub struct ToolsFileError {
 struct ToolsFile {
     #[serde(default)]
     tools: BTreeMap<String, toml::Spanned<Spec>>,
+    /// Upstream MCP servers (CONTRACT §11), which `agent-kernel-upstream` reads.
+    #[serde(default)]
+    #[allow(dead_code)]
+    mcp_servers: Option<toml::Value>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]

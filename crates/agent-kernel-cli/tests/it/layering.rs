@@ -11,7 +11,7 @@ fn tier(name: &str) -> Option<u32> {
     match name {
         "agent-kernel-api" => Some(0),
         "agent-kernel-txlog" | "agent-kernel-sandbox" | "agent-kernel-fsm" => Some(1),
-        "agent-kernel-dispatcher" | "agent-kernel-tools" => Some(2),
+        "agent-kernel-dispatcher" | "agent-kernel-tools" | "agent-kernel-upstream" => Some(2),
         "agent-kernel-core" => Some(3),
         // The MCP server: a front end over core's live sagas, below the binary.
         "agent-kernel-mcp" => Some(4),

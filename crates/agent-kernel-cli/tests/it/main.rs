@@ -17,6 +17,7 @@ mod run;
 mod storage;
 mod tamper;
 mod undo;
+mod upstream;
 
 use std::collections::BTreeMap;
 use std::fs;

@@ -1,0 +1,367 @@
+//! `[mcp_servers.NAME]` in `tools.toml` (CONTRACT §11), parsed strictly, every problem
+//! naming its line.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use agent_kernel_api::{EffectClass, Reversibility, Settlement, UndoWindow};
+use glob::Pattern;
+use serde::Deserialize;
+use serde_json::Value;
+use toml::Spanned;
+
+use crate::mapping::Mapping;
+
+/// The largest tools file read for its servers, in bytes.
+pub const SERVERS_FILE_BYTES_MAX: usize = 1024 * 1024;
+
+/// The most upstream servers one tools file declares.
+pub const UPSTREAM_SERVERS_MAX: usize = 64;
+
+/// Why the servers of a tools file cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}{}: {message}", .line.map(|line| format!(", line {line}")).unwrap_or_default())]
+pub struct ServersFileError {
+    /// The file.
+    pub path: String,
+    /// The 1-based line, when the problem is on one.
+    pub line: Option<usize>,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// One upstream server as declared.
+#[derive(Debug, Clone)]
+pub struct ServerSpec {
+    /// Its name: the part of its tools' ids before the dot.
+    pub name: String,
+    /// The program and its arguments (a relative program path is the tools file's folder's).
+    pub command: Vec<String>,
+    /// The variables set for it; all others are cleared but `PATH` and `HOME`.
+    pub env: BTreeMap<String, String>,
+    /// Where it runs: the tools file's folder.
+    pub folder: PathBuf,
+    /// Which of its tools are offered.
+    pub tools: Vec<Pattern>,
+    /// Whether its `readOnlyHint` and `idempotentHint` count for undeclared tools.
+    pub trust_annotations: bool,
+    /// The timeout of its calls, when it sets one.
+    pub timeout_ms: Option<u64>,
+    /// Its tools' declarations, by upstream tool name.
+    pub declared: BTreeMap<String, ToolDecl>,
+}
+
+/// What the tools file says of one upstream tool.
+#[derive(Debug, Clone)]
+pub struct ToolDecl {
+    /// Its effect class.
+    pub effect: EffectClass,
+    /// How far its compensation restores the world.
+    pub reversibility: Reversibility,
+    /// Whether the kernel may retry it.
+    pub idempotent: bool,
+    /// How a call of unknown outcome is settled, when the file says.
+    pub settlement: Option<Settlement>,
+    /// Its own timeout.
+    pub timeout_ms: Option<u64>,
+    /// Its own undo window.
+    pub undo_window: Option<UndoWindow>,
+    /// Its compensation: another tool of the same server, with mapped arguments.
+    pub compensate: Option<Compensation>,
+}
+
+/// `compensate = { tool = "…", args = { … } }`.
+#[derive(Debug, Clone)]
+pub struct Compensation {
+    /// The server's tool that undoes the call.
+    pub tool: String,
+    /// Its arguments, built from `{"args": …, "output": …}` of the step.
+    pub args: Mapping,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    mcp_servers: BTreeMap<String, Spanned<RawServer>>,
+    /// The command tools, which `agent-kernel-tools` reads.
+    #[serde(default)]
+    #[allow(dead_code)]
+    tools: Option<toml::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    command: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    tools: Option<Vec<String>>,
+    #[serde(default)]
+    trust_annotations: bool,
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    tool: BTreeMap<String, Spanned<RawDecl>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDecl {
+    effect: EffectClass,
+    reversibility: Option<Reversibility>,
+    #[serde(default)]
+    idempotent: bool,
+    settlement: Option<Settlement>,
+    timeout_ms: Option<u64>,
+    undo_window: Option<String>,
+    compensate: Option<RawCompensation>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCompensation {
+    tool: String,
+    #[serde(default)]
+    args: toml::Table,
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// The upstream servers the tools file at `path` declares (none when it declares none).
+///
+/// # Errors
+///
+/// A [`ServersFileError`] naming the line: TOML syntax, an unknown key, an empty command,
+/// a server name with a dot, an invalid glob, JSONPath or undo window, a mutating tool with
+/// neither `compensate` nor `reversibility = "none"`, a `probe` settlement (upstream tools
+/// have no probe).
+pub fn load_servers(path: &Path) -> Result<Vec<ServerSpec>, ServersFileError> {
+    let shown = path.display().to_string();
+    let error = |line: Option<usize>, message: String| ServersFileError {
+        path: shown.clone(),
+        line,
+        message,
+    };
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|file| {
+            std::io::Read::read_to_string(
+                &mut std::io::Read::take(file, SERVERS_FILE_BYTES_MAX as u64 + 1),
+                &mut text,
+            )
+        })
+        .map_err(|io| error(None, format!("cannot read it: {io}")))?;
+    if text.len() > SERVERS_FILE_BYTES_MAX {
+        return Err(error(
+            None,
+            format!("it is more than {SERVERS_FILE_BYTES_MAX} bytes"),
+        ));
+    }
+    let file: File = toml::from_str(&text).map_err(|parse| {
+        let line = parse.span().map(|span| line_of(&text, span.start));
+        error(line, parse.message().to_owned())
+    })?;
+    if file.mcp_servers.len() > UPSTREAM_SERVERS_MAX {
+        return Err(error(
+            None,
+            format!("it declares more than {UPSTREAM_SERVERS_MAX} MCP servers"),
+        ));
+    }
+    let folder = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut servers = Vec::new();
+    for (name, raw) in file.mcp_servers {
+        let line = Some(line_of(&text, raw.span().start));
+        let raw = raw.into_inner();
+        if name.is_empty() || name.contains('.') || name.chars().any(char::is_control) {
+            return Err(error(
+                line,
+                format!("MCP server name `{name}` must be non-empty, without a dot"),
+            ));
+        }
+        if raw.command.first().is_none_or(String::is_empty) {
+            return Err(error(
+                line,
+                format!("[mcp_servers.{name}] command must name a program"),
+            ));
+        }
+        let tools = raw
+            .tools
+            .unwrap_or_else(|| vec!["*".to_owned()])
+            .into_iter()
+            .map(|glob| {
+                Pattern::new(&glob).map_err(|err| {
+                    error(
+                        line,
+                        format!("[mcp_servers.{name}] tools: `{glob}` is not a valid glob: {err}"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut declared = BTreeMap::new();
+        for (tool, decl) in raw.tool {
+            let line = Some(line_of(&text, decl.span().start));
+            let decl = decl.into_inner();
+            let at = |message: String| {
+                error(line, format!("[mcp_servers.{name}.tool.{tool}] {message}"))
+            };
+            if decl.settlement == Some(Settlement::Probe) {
+                return Err(at(
+                    "settlement `probe` needs a probe, which upstream tools have not".into(),
+                ));
+            }
+            let reversibility = decl.reversibility.unwrap_or(match decl.effect {
+                EffectClass::ReadOnly => Reversibility::Full,
+                _ if decl.compensate.is_some() => Reversibility::Full,
+                _ => Reversibility::None,
+            });
+            if decl.effect == EffectClass::Mutating
+                && decl.compensate.is_none()
+                && reversibility != Reversibility::None
+            {
+                return Err(at(
+                    "a mutating tool needs `compensate`, or `reversibility = \"none\"`".into(),
+                ));
+            }
+            let undo_window = decl
+                .undo_window
+                .as_deref()
+                .map(str::parse::<UndoWindow>)
+                .transpose()
+                .map_err(|err| at(format!("undo_window: {err}")))?;
+            let compensate = decl
+                .compensate
+                .map(|raw| {
+                    if raw.tool.is_empty() {
+                        return Err(at("compensate.tool is empty".into()));
+                    }
+                    let args =
+                        serde_json::to_value(toml::Value::Table(raw.args)).unwrap_or(Value::Null);
+                    Mapping::new(args)
+                        .map(|args| Compensation {
+                            tool: raw.tool,
+                            args,
+                        })
+                        .map_err(|message| at(format!("compensate.args: {message}")))
+                })
+                .transpose()?;
+            declared.insert(
+                tool,
+                ToolDecl {
+                    effect: decl.effect,
+                    reversibility,
+                    idempotent: decl.idempotent,
+                    settlement: decl.settlement,
+                    timeout_ms: decl.timeout_ms,
+                    undo_window,
+                    compensate,
+                },
+            );
+        }
+        servers.push(ServerSpec {
+            name,
+            command: raw.command,
+            env: raw.env,
+            folder: folder.clone(),
+            tools,
+            trust_annotations: raw.trust_annotations,
+            timeout_ms: raw.timeout_ms,
+            declared,
+        });
+    }
+    Ok(servers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<Vec<ServerSpec>, ServersFileError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("tools.toml");
+        std::fs::write(&path, text).expect("writes");
+        load_servers(&path)
+    }
+
+    #[test]
+    fn a_server_with_declared_tools_loads() {
+        let servers = load(
+            r#"
+[tools."x.y"]
+effect = "read-only"
+settlement = "compensate"
+execute = ["true"]
+
+[mcp_servers.memory]
+command = ["npx", "-y", "@modelcontextprotocol/server-memory"]
+env = { MEMORY_FILE_PATH = "data/memory.json" }
+
+[mcp_servers.memory.tool.create_entities]
+effect = "mutating"
+compensate = { tool = "delete_entities", args = { entityNames = "$.output.entities[*].name" } }
+
+[mcp_servers.memory.tool.read_graph]
+effect = "read-only"
+"#,
+        )
+        .expect("loads");
+        assert_eq!(servers.len(), 1);
+        let memory = &servers[0];
+        assert_eq!(memory.env["MEMORY_FILE_PATH"], "data/memory.json");
+        assert!(memory.tools[0].matches("anything"), "all tools by default");
+        let create = &memory.declared["create_entities"];
+        assert_eq!(create.reversibility, Reversibility::Full);
+        assert!(
+            create
+                .compensate
+                .as_ref()
+                .expect("compensated")
+                .args
+                .reads_output()
+        );
+        assert_eq!(memory.declared["read_graph"].effect, EffectClass::ReadOnly);
+        assert!(load("").expect("loads").is_empty());
+    }
+
+    #[test]
+    fn every_problem_names_its_line() {
+        let cases = [
+            (
+                "[mcp_servers.a]\ncommand = [\"x\"]\ncolour = 1\n",
+                3,
+                "unknown field",
+            ),
+            ("[mcp_servers.a]\ncommand = []\n", 1, "must name a program"),
+            (
+                "[mcp_servers.\"a.b\"]\ncommand = [\"x\"]\n",
+                1,
+                "without a dot",
+            ),
+            (
+                "[mcp_servers.a]\ncommand = [\"x\"]\n\n[mcp_servers.a.tool.t]\neffect = \"mutating\"\nreversibility = \"full\"\n",
+                4,
+                "needs `compensate`",
+            ),
+            (
+                "[mcp_servers.a]\ncommand = [\"x\"]\n\n[mcp_servers.a.tool.t]\neffect = \"mutating\"\ncompensate = { tool = \"u\", args = { x = \"$.args[?\" } }\n",
+                4,
+                "is not a JSONPath query",
+            ),
+            (
+                "[mcp_servers.a]\ncommand = [\"x\"]\n\n[mcp_servers.a.tool.t]\neffect = \"read-only\"\nsettlement = \"probe\"\n",
+                4,
+                "needs a probe",
+            ),
+        ];
+        for (text, line, fragment) in cases {
+            let error = load(text).expect_err(text);
+            assert_eq!(error.line, Some(line), "{error}");
+            assert!(error.message.contains(fragment), "{error}");
+        }
+    }
+}

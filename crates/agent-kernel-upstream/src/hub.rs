@@ -1,0 +1,282 @@
+//! The upstream servers' connections: one thread with its own runtime owns every client
+//! (rmcp over stdio), starts a server when it is first needed, restarts one that died for
+//! the next call within [`SERVER_STARTS_MAX`], and answers calls from any runtime.
+//!
+//! The thread is started before the kernel confines itself (Landlock), so the servers it
+//! starts run outside the kernel's sandbox, as the separate programs they are.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, Tool};
+use rmcp::service::{RoleClient, RunningService, ServiceError};
+use rmcp::transport::TokioChildProcess;
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::{Mutex, mpsc, oneshot};
+use tracing::{info, warn};
+
+use crate::config::ServerSpec;
+
+/// How long a server may take to start and answer `initialize` (an `npx` server may first
+/// be downloaded).
+pub const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How many times one process starts one server: the first start and the restarts after it
+/// died.
+pub const SERVER_STARTS_MAX: u32 = 4;
+
+type Client = RunningService<RoleClient, ()>;
+type Servers = BTreeMap<String, Arc<Server>>;
+type Job = Box<dyn FnOnce(Arc<Servers>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// One server and its connection.
+struct Server {
+    spec: ServerSpec,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    client: Option<Arc<Client>>,
+    starts: u32,
+}
+
+/// Why an upstream call did not answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// The call never reached the server (it could not be started): nothing happened.
+    NotSent(String),
+    /// The server refused the request (a protocol error): nothing happened.
+    Refused(String),
+    /// The connection was lost during the call (the server died): the outcome is unknown.
+    Lost(String),
+}
+
+/// The connections to the upstream servers of one kernel.
+pub struct Hub {
+    jobs: mpsc::UnboundedSender<Job>,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub").finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    /// A live client, starting (or restarting) the server when there is none.
+    async fn client(&self) -> Result<Arc<Client>, String> {
+        let mut state = self.state.lock().await;
+        if let Some(client) = &state.client
+            && !client.is_transport_closed()
+        {
+            return Ok(Arc::clone(client));
+        }
+        if state.starts >= SERVER_STARTS_MAX {
+            return Err(format!(
+                "MCP server `{}` was started {} times and stopped each time; it is not started again by this process (SERVER_STARTS_MAX)",
+                self.spec.name, state.starts
+            ));
+        }
+        state.starts += 1;
+        let client = Arc::new(start(&self.spec).await?);
+        state.client = Some(Arc::clone(&client));
+        Ok(client)
+    }
+}
+
+/// The program of `command`, as the tools file's folder sees a relative path.
+fn program(folder: &Path, program: &str) -> std::path::PathBuf {
+    let path = Path::new(program);
+    if path.is_relative() && program.contains('/') {
+        folder.join(path)
+    } else {
+        path.to_path_buf()
+    }
+}
+
+/// Starts the server of `spec` and initializes the session; its stderr goes to the log.
+async fn start(spec: &ServerSpec) -> Result<Client, String> {
+    let mut command = tokio::process::Command::new(program(&spec.folder, &spec.command[0]));
+    command
+        .args(&spec.command[1..])
+        .current_dir(&spec.folder)
+        .env_clear();
+    for name in ["PATH", "HOME"] {
+        if let Some(value) = std::env::var_os(name) {
+            command.env(name, value);
+        }
+    }
+    command.envs(&spec.env);
+    let (transport, stderr) = TokioChildProcess::builder(command)
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|err| format!("cannot start MCP server `{}`: {err}", spec.name))?;
+    if let Some(stderr) = stderr {
+        let name = spec.name.clone();
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                info!(server = %name, "{line}");
+            }
+        });
+    }
+    let client = tokio::time::timeout(SERVER_START_TIMEOUT, ().serve(transport))
+        .await
+        .map_err(|_| {
+            format!(
+                "MCP server `{}` did not initialize within {} s",
+                spec.name,
+                SERVER_START_TIMEOUT.as_secs()
+            )
+        })?
+        .map_err(|err| format!("MCP server `{}` did not initialize: {err}", spec.name))?;
+    info!(server = %spec.name, "MCP server started");
+    Ok(client)
+}
+
+impl Hub {
+    /// Starts the thread that will own the connections to `specs`' servers; no server is
+    /// started yet.
+    ///
+    /// # Errors
+    ///
+    /// A message when the thread or its runtime cannot be started.
+    pub fn new(specs: Vec<ServerSpec>) -> Result<Hub, String> {
+        let servers: Arc<Servers> = Arc::new(
+            specs
+                .into_iter()
+                .map(|spec| {
+                    (
+                        spec.name.clone(),
+                        Arc::new(Server {
+                            spec,
+                            state: Mutex::new(State::default()),
+                        }),
+                    )
+                })
+                .collect(),
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|err| format!("cannot start the upstream runtime: {err}"))?;
+        let (jobs, mut queue) = mpsc::unbounded_channel::<Job>();
+        std::thread::Builder::new()
+            .name("agent-kernel-upstream".to_owned())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let mut running = tokio::task::JoinSet::new();
+                    while let Some(job) = queue.recv().await {
+                        running.spawn(job(Arc::clone(&servers)));
+                        while running.try_join_next().is_some() {}
+                    }
+                    // The kernel is gone: stop what runs, then every server, here, where
+                    // their runtime still runs.
+                    running.shutdown().await;
+                    for server in servers.values() {
+                        if let Some(client) = server.state.lock().await.client.take()
+                            && let Ok(client) = Arc::try_unwrap(client)
+                        {
+                            let _ = client.cancel().await;
+                        }
+                    }
+                });
+            })
+            .map_err(|err| format!("cannot start the upstream thread: {err}"))?;
+        Ok(Hub { jobs })
+    }
+
+    /// Runs `work` on the upstream thread with the server `name`; its answer.
+    fn submit<T, F>(
+        &self,
+        name: &str,
+        work: impl FnOnce(Arc<Server>) -> F + Send + 'static,
+    ) -> oneshot::Receiver<Result<T, CallError>>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, CallError>> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let name = name.to_owned();
+        let job: Job = Box::new(move |servers: Arc<Servers>| {
+            Box::pin(async move {
+                let result = match servers.get(&name) {
+                    Some(server) => work(Arc::clone(server)).await,
+                    None => Err(CallError::NotSent(format!("no MCP server `{name}`"))),
+                };
+                let _ = reply.send(result);
+            })
+        });
+        let _ = self.jobs.send(job);
+        answer
+    }
+
+    /// The tools of server `name`, starting it; waits (blocking the calling thread) at most
+    /// [`SERVER_START_TIMEOUT`] and a little more. For building a kernel, before its runtime
+    /// runs steps.
+    ///
+    /// # Errors
+    ///
+    /// A message when the server cannot be started or does not list its tools.
+    pub fn list_tools_blocking(&self, name: &str) -> Result<Vec<Tool>, String> {
+        let (reply, answer) = std::sync::mpsc::channel();
+        let pending = self.submit(name, |server: Arc<Server>| async move {
+            let client = server.client().await.map_err(CallError::NotSent)?;
+            client
+                .list_all_tools()
+                .await
+                .map_err(|err| CallError::Refused(err.to_string()))
+        });
+        std::thread::spawn(move || {
+            let _ = reply.send(pending.blocking_recv());
+        });
+        match answer.recv_timeout(SERVER_START_TIMEOUT + Duration::from_secs(5)) {
+            Ok(Ok(Ok(tools))) => Ok(tools),
+            Ok(Ok(Err(
+                CallError::NotSent(message)
+                | CallError::Refused(message)
+                | CallError::Lost(message),
+            ))) => Err(message),
+            Ok(Err(_)) | Err(_) => Err(format!(
+                "MCP server `{name}` did not list its tools in time"
+            )),
+        }
+    }
+
+    /// Calls `tool` of server `name` with `args`.
+    ///
+    /// # Errors
+    ///
+    /// A [`CallError`] saying whether the call may have happened.
+    pub async fn call(
+        &self,
+        name: &str,
+        tool: &str,
+        args: JsonObject,
+    ) -> Result<CallToolResult, CallError> {
+        let tool = tool.to_owned();
+        let answer = self.submit(name, move |server: Arc<Server>| async move {
+            let client = server.client().await.map_err(CallError::NotSent)?;
+            client
+                .call_tool(CallToolRequestParams::new(tool).with_arguments(args))
+                .await
+                .map_err(|err| match err {
+                    ServiceError::McpError(error) => CallError::Refused(error.message.to_string()),
+                    other => {
+                        warn!(%other, "an upstream call was lost");
+                        CallError::Lost(other.to_string())
+                    }
+                })
+        });
+        answer
+            .await
+            .unwrap_or_else(|_| Err(CallError::Lost("the upstream thread stopped".to_owned())))
+    }
+}

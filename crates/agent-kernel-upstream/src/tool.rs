@@ -1,0 +1,222 @@
+//! One upstream tool as a kernel tool: `SERVER.TOOL`, its upstream input schema, the
+//! classes its declaration (or trusted annotations) give it, and its compensation through
+//! another tool of the same server.
+
+use std::sync::Arc;
+
+use agent_kernel_api::{
+    EffectClass, Reversibility, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool,
+    Undo, UndoWindow,
+};
+use rmcp::model::{CallToolResult, JsonObject, Tool};
+use serde_json::Value;
+
+use crate::config::{ServerSpec, ToolDecl};
+use crate::hub::{CallError, Hub};
+
+/// A tool of an upstream MCP server.
+#[derive(Debug)]
+pub struct UpstreamTool {
+    id: String,
+    server: String,
+    name: String,
+    description: String,
+    schema: Value,
+    effect: EffectClass,
+    reversibility: Reversibility,
+    idempotent: bool,
+    settlement: Settlement,
+    undo_window: Option<UndoWindow>,
+    decl: Option<ToolDecl>,
+    hub: Arc<Hub>,
+}
+
+impl UpstreamTool {
+    /// The kernel tool for `tool` of `spec`'s server, classed by its declaration, else by
+    /// its annotations when they are trusted and say read-only, else as mutating and
+    /// irreversible (every call waits for an approval).
+    pub fn new(spec: &ServerSpec, tool: &Tool, hub: Arc<Hub>) -> UpstreamTool {
+        let name = tool.name.to_string();
+        let decl = spec.declared.get(&name).cloned();
+        let annotations = tool.annotations.as_ref();
+        let trusted = |hint: Option<bool>| spec.trust_annotations && hint == Some(true);
+        let (effect, reversibility, idempotent, settlement) = match &decl {
+            Some(decl) => {
+                let blind = decl
+                    .compensate
+                    .as_ref()
+                    .is_some_and(|compensation| !compensation.args.reads_output());
+                let settlement =
+                    decl.settlement
+                        .unwrap_or(if blind || decl.effect == EffectClass::ReadOnly {
+                            Settlement::Compensate
+                        } else {
+                            Settlement::Operator
+                        });
+                (decl.effect, decl.reversibility, decl.idempotent, settlement)
+            }
+            None if trusted(annotations.and_then(|a| a.read_only_hint)) => (
+                EffectClass::ReadOnly,
+                Reversibility::Full,
+                trusted(annotations.and_then(|a| a.idempotent_hint)),
+                Settlement::Compensate,
+            ),
+            None => (
+                EffectClass::Mutating,
+                Reversibility::None,
+                false,
+                Settlement::Operator,
+            ),
+        };
+        UpstreamTool {
+            id: format!("{}.{name}", spec.name),
+            server: spec.name.clone(),
+            description: tool.description.as_deref().unwrap_or_default().to_owned(),
+            schema: Value::Object((*tool.input_schema).clone()),
+            effect,
+            reversibility,
+            idempotent,
+            settlement,
+            undo_window: decl.as_ref().and_then(|decl| decl.undo_window),
+            name,
+            decl,
+            hub,
+        }
+    }
+
+    /// The timeout its declaration, else its server's declaration, sets.
+    pub fn timeout_ms(&self, spec: &ServerSpec) -> Option<u64> {
+        self.decl
+            .as_ref()
+            .and_then(|decl| decl.timeout_ms)
+            .or(spec.timeout_ms)
+    }
+}
+
+/// The output of an upstream result: its structuredContent, else its first text content
+/// parsed as JSON, else that text.
+fn output_of(result: &CallToolResult) -> Value {
+    if let Some(structured) = &result.structured_content {
+        return structured.clone();
+    }
+    let text = result
+        .content
+        .iter()
+        .find_map(|content| content.as_text().map(|text| text.text.clone()));
+    match text {
+        Some(text) => serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        None => Value::Null,
+    }
+}
+
+/// The text of an `isError` result, for the step's error.
+fn error_text(result: &CallToolResult) -> String {
+    let text: Vec<String> = result
+        .content
+        .iter()
+        .filter_map(|content| content.as_text().map(|text| text.text.clone()))
+        .collect();
+    if text.is_empty() {
+        "the upstream tool answered an error".to_owned()
+    } else {
+        text.join("\n")
+    }
+}
+
+fn object(args: &Value) -> Result<JsonObject, ToolError> {
+    match args {
+        Value::Object(map) => Ok(map.clone()),
+        _ => Err(ToolError::invalid_args("the arguments are an object")),
+    }
+}
+
+impl UpstreamTool {
+    async fn call(&self, tool: &str, args: &Value) -> Result<ToolOutput, ToolError> {
+        match self.hub.call(&self.server, tool, object(args)?).await {
+            Ok(result) if result.is_error == Some(true) => Err(ToolError::failed(format!(
+                "`{}.{tool}` answered an error: {}",
+                self.server,
+                error_text(&result)
+            ))),
+            Ok(result) => Ok(ToolOutput::new(output_of(&result))),
+            Err(CallError::NotSent(message) | CallError::Refused(message)) => {
+                Err(ToolError::failed(message).not_applied())
+            }
+            Err(CallError::Lost(message)) => Err(ToolError::uncertain(format!(
+                "the connection to MCP server `{}` was lost during the call ({message}); its outcome is unknown",
+                self.server
+            ))),
+        }
+    }
+}
+
+impl TransactionalTool for UpstreamTool {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn version(&self) -> &str {
+        "upstream"
+    }
+
+    fn effect(&self) -> EffectClass {
+        self.effect
+    }
+
+    fn idempotent(&self) -> bool {
+        self.idempotent
+    }
+
+    fn settlement(&self) -> Settlement {
+        self.settlement
+    }
+
+    fn description(&self) -> &str {
+        &self.description
+    }
+
+    fn reversibility(&self) -> Reversibility {
+        self.reversibility
+    }
+
+    fn undo_window(&self) -> Option<UndoWindow> {
+        self.undo_window
+    }
+
+    fn args_schema(&self) -> Value {
+        self.schema.clone()
+    }
+
+    async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        self.call(&self.name, args).await
+    }
+
+    async fn compensate(
+        &self,
+        _ctx: &ToolContext,
+        args: &Value,
+        _undo: &Undo,
+        output: Option<&ToolOutput>,
+    ) -> Result<(), ToolError> {
+        if self.effect == EffectClass::ReadOnly {
+            return Ok(());
+        }
+        let Some(compensation) = self.decl.as_ref().and_then(|decl| decl.compensate.as_ref())
+        else {
+            return Err(ToolError::failed(format!(
+                "`{}` declares no compensation; an operator must undo it",
+                self.id
+            )));
+        };
+        let arguments = compensation
+            .args
+            .arguments(args, output.map(|output| &output.data))
+            .map_err(|message| {
+                ToolError::failed(format!(
+                    "the compensation of `{}` cannot be built: {message}",
+                    self.id
+                ))
+            })?;
+        self.call(&compensation.tool, &arguments).await.map(|_| ())
+    }
+}
