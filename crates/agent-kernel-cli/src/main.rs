@@ -1068,7 +1068,8 @@ fn build_dispatcher(cli: &Cli, policy: &Policy) -> Result<Dispatcher, Failure> {
                 .map_err(Failure::bad_input)?,
         );
         tools.extend(
-            agent_kernel_core::upstream_tools(&path, &mut limits).map_err(Failure::bad_input)?,
+            agent_kernel_core::upstream_tools(&path, policy, &mut limits)
+                .map_err(Failure::bad_input)?,
         );
     }
     agent_kernel_core::dispatcher_with(limits, tools, policy).map_err(Failure::bad_input)

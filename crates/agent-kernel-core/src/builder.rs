@@ -350,7 +350,7 @@ impl KernelBuilder {
         }
         if let Some(path) = tools_file {
             tools.extend(command_tools(&path, &policy, &mut limits)?);
-            tools.extend(upstream_tools(&path, &mut limits)?);
+            tools.extend(upstream_tools(&path, &policy, &mut limits)?);
         }
         tools.extend(self.tools);
         let dispatcher = dispatcher_with(limits, tools, &policy)?;
@@ -456,17 +456,24 @@ pub fn command_tools(
 }
 
 /// The tools of the upstream MCP servers the tools file at `path` declares (CONTRACT §11):
-/// each server is started and asked for its tools; a tool's declared timeout becomes its
-/// timeout in `limits`, unless `[limits.tools."<id>"]` sets one.
+/// each server is started and asked for its tools; their outputs are bounded by `policy`'s
+/// `max_io_bytes` (or the default); a tool's declared timeout becomes its timeout in
+/// `limits`, unless `[limits.tools."<id>"]` sets one.
 ///
 /// # Errors
 ///
 /// [`KernelError::Setup`] naming the file, the server and the problem.
 pub fn upstream_tools(
     path: &Path,
+    policy: &Policy,
     limits: &mut Limits,
 ) -> Result<Vec<Arc<dyn DynTool>>, KernelError> {
-    let loaded = agent_kernel_upstream::upstream_tools(path).map_err(KernelError::Setup)?;
+    let output_bytes_max = policy.fs().map_or(
+        agent_kernel_sandbox::DEFAULT_MAX_IO_BYTES,
+        agent_kernel_sandbox::FsPolicy::max_io_bytes,
+    );
+    let loaded = agent_kernel_upstream::upstream_tools(path, output_bytes_max)
+        .map_err(KernelError::Setup)?;
     Ok(loaded
         .into_iter()
         .map(|(tool, timeout_ms)| {

@@ -34,14 +34,18 @@ pub use hub::{CallError, Hub, SERVER_START_TIMEOUT, SERVER_STARTS_MAX};
 pub use mapping::Mapping;
 pub use tool::UpstreamTool;
 
-/// The upstream tools of the tools file at `path`, each with the timeout it declares: the
-/// servers are started and asked for their tools (blocking the calling thread), and the
-/// offered ones (`tools` globs) made kernel tools. None when the file declares no server.
+/// The upstream tools of the tools file at `path`, each with the timeout it declares, their
+/// outputs bounded by `output_bytes_max`: the servers are started and asked for their tools
+/// (blocking the calling thread), and the offered ones (`tools` globs) made kernel tools.
+/// None when the file declares no server.
 ///
 /// # Errors
 ///
 /// A message naming the file, the server and the problem.
-pub fn upstream_tools(path: &Path) -> Result<Vec<(UpstreamTool, Option<u64>)>, String> {
+pub fn upstream_tools(
+    path: &Path,
+    output_bytes_max: u64,
+) -> Result<Vec<(UpstreamTool, Option<u64>)>, String> {
     let specs = load_servers(path).map_err(|error| error.to_string())?;
     if specs.is_empty() {
         return Ok(Vec::new());
@@ -56,7 +60,7 @@ pub fn upstream_tools(path: &Path) -> Result<Vec<(UpstreamTool, Option<u64>)>, S
             if !spec.tools.iter().any(|glob| glob.matches(&tool.name)) {
                 continue;
             }
-            let upstream = UpstreamTool::new(spec, &tool, Arc::clone(&hub));
+            let upstream = UpstreamTool::new(spec, &tool, Arc::clone(&hub), output_bytes_max);
             let timeout_ms = upstream.timeout_ms(spec);
             tools.push((upstream, timeout_ms));
         }

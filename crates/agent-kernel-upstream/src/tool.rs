@@ -28,6 +28,7 @@ pub struct UpstreamTool {
     settlement: Settlement,
     undo_window: Option<UndoWindow>,
     decl: Option<ToolDecl>,
+    output_bytes_max: u64,
     hub: Arc<Hub>,
 }
 
@@ -35,7 +36,13 @@ impl UpstreamTool {
     /// The kernel tool for `tool` of `spec`'s server, classed by its declaration, else by
     /// its annotations when they are trusted and say read-only, else as mutating and
     /// irreversible (every call waits for an approval).
-    pub fn new(spec: &ServerSpec, tool: &Tool, hub: Arc<Hub>) -> UpstreamTool {
+    /// Its outputs are bounded by `output_bytes_max` (the policy's `max_io_bytes`).
+    pub fn new(
+        spec: &ServerSpec,
+        tool: &Tool,
+        hub: Arc<Hub>,
+        output_bytes_max: u64,
+    ) -> UpstreamTool {
         let name = tool.name.to_string();
         let decl = spec.declared.get(&name).cloned();
         let annotations = tool.annotations.as_ref();
@@ -80,6 +87,7 @@ impl UpstreamTool {
             undo_window: decl.as_ref().and_then(|decl| decl.undo_window),
             name,
             decl,
+            output_bytes_max,
             hub,
         }
     }
@@ -138,7 +146,23 @@ impl UpstreamTool {
                 self.server,
                 error_text(&result)
             ))),
-            Ok(result) => Ok(ToolOutput::new(output_of(&result))),
+            Ok(result) => {
+                let output = output_of(&result);
+                let size = serde_json::to_string(&output).map_or(0, |text| text.len() as u64);
+                if size > self.output_bytes_max {
+                    let message = format!(
+                        "`{}.{tool}` answered {size} bytes, more than max_io_bytes ({})",
+                        self.server, self.output_bytes_max
+                    );
+                    // The call ran: a mutating one may have acted.
+                    return Err(if self.effect == EffectClass::ReadOnly {
+                        ToolError::failed(message).not_applied()
+                    } else {
+                        ToolError::uncertain(message)
+                    });
+                }
+                Ok(ToolOutput::new(output))
+            }
             Err(CallError::NotSent(message) | CallError::Refused(message)) => {
                 Err(ToolError::failed(message).not_applied())
             }

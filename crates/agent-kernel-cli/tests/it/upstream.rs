@@ -152,3 +152,167 @@ fn after_a_sigkill_recover_compensates_through_a_freshly_started_server() {
         "undone through a new server"
     );
 }
+
+/// A project whose upstream server is the binary's MCP server with its drill tools, for
+/// faults: `fault_fail` answers `isError`, `noop` can be made to outlast its timeout, and
+/// `fs_write`'s compensation is `fault_fail`, which always fails.
+fn faulty(trust_annotations: bool) -> Project {
+    let project = Project::new();
+    fs::create_dir_all(project.path("up/ws")).expect("creates up/ws");
+    fs::write(project.path("up/sandbox.toml"), "[fs]\nallow = [\"ws\"]\n").expect("writes");
+    fs::write(project.path("up/tools.toml"), "").expect("writes");
+    let tools = format!(
+        r#"
+[mcp_servers.faulty]
+command = ["{bin}", "--db", "up/up.db", "--sandbox", "up/sandbox.toml", "--tools", "up/tools.toml", "-q", "mcp", "--drills"]
+trust_annotations = {trust_annotations}
+
+[mcp_servers.faulty.tool.fault_fail]
+effect = "mutating"
+compensate = {{ tool = "noop", args = {{ args = {{}} }} }}
+
+[mcp_servers.faulty.tool.noop]
+effect = "mutating"
+timeout_ms = 500
+compensate = {{ tool = "noop", args = {{ args = {{}} }} }}
+
+[mcp_servers.faulty.tool.fs_write]
+effect = "mutating"
+compensate = {{ tool = "fault_fail", args = {{ args = {{}} }} }}
+"#,
+        bin = bin().display()
+    );
+    fs::write(project.path("tools.toml"), tools).expect("writes tools.toml");
+    project
+}
+
+fn one_step(project: &Project, tool: &str, args: serde_json::Value) -> (i32, serde_json::Value) {
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [{"tool": tool, "args": {"args": args}}]}),
+    );
+    project.run_json(&["run", "--plan", plan.to_str().expect("utf-8")])
+}
+
+#[test]
+fn an_is_error_result_fails_the_step_and_a_timeout_is_settled_by_the_mapping() {
+    let project = faulty(false);
+    let (code, report) = one_step(&project, "faulty.fault_fail", json!({}));
+    assert_eq!(code, 1, "{report}");
+    let message = report["failure"]["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("answered an error"), "{report}");
+    // A definite failure: the server said so.
+    assert_eq!(
+        report["failure"]["error"]["outcome"], "not_applied",
+        "{report}"
+    );
+
+    // Past its timeout the outcome is unknown; the mapping reads only `$.args`, so the
+    // compensation runs blindly through the server.
+    let (code, report) = one_step(&project, "faulty.noop", json!({"sleep_ms": 5000}));
+    assert_eq!(code, 1, "{report}");
+    assert_eq!(report["failure"]["error"]["kind"], "timeout", "{report}");
+    assert_eq!(report["steps"][0]["status"], "COMPENSATED", "{report}");
+}
+
+#[test]
+fn a_compensation_that_fails_upstream_is_a_dead_letter() {
+    let project = faulty(false);
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [
+            {"tool": "faulty.fs_write", "args": {"args": {"path": "up/ws/a.txt", "content": "x"}}},
+            {"tool": "fault.fail", "args": {}},
+        ]}),
+    );
+    let output = project.run(&["run", "--plan", plan.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    let (code, listed) = project.run_json(&["dlq", "list"]);
+    assert_eq!(code, 0, "{listed}");
+    let letters = listed["dead_letters"].as_array().expect("a list");
+    assert_eq!(letters.len(), 1, "{listed}");
+    assert_eq!(letters[0]["tool"], "faulty.fs_write");
+}
+
+#[test]
+fn annotations_count_only_when_trusted() {
+    for (trust, needs_approval, effect) in [(false, true, "mutating"), (true, false, "read-only")] {
+        let project = faulty(trust);
+        let (code, listed) = project.run_json(&["tools"]);
+        assert_eq!(code, 0, "{listed}");
+        let read = listed["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .find(|tool| tool["tool"] == "faulty.fs_read")
+            .expect("listed")
+            .clone();
+        assert_eq!(
+            read["effect"], effect,
+            "trust_annotations = {trust}: {read}"
+        );
+        assert_eq!(read["needs_approval"], needs_approval, "{read}");
+    }
+}
+
+/// The pids of the processes whose command line holds `needle`.
+fn pids_with(needle: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in fs::read_dir("/proc").expect("lists /proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(cmdline) = fs::read(entry.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmdline).contains(needle)
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[test]
+fn a_server_that_dies_mid_call_leaves_the_outcome_unknown_and_is_started_again() {
+    let project = faulty(false);
+    let tools = fs::read_to_string(project.path("tools.toml")).expect("reads");
+    // A log name of its own: the server to kill is found by it, among those of other tests.
+    let tools = tools
+        .replace("timeout_ms = 500", "timeout_ms = 60000")
+        .replace("up/up.db", "up/crashing.db");
+    fs::write(project.path("tools.toml"), tools).expect("writes");
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [{"tool": "faulty.noop", "args": {"args": {"sleep_ms": 60000}}}]}),
+    );
+    let run = project
+        .command(&["--json", "run", "--plan", plan.to_str().expect("utf-8")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawns");
+    // The upstream server is the process whose command line names its log.
+    let needle = "up/crashing.db";
+    crate::wait_until("the upstream call is under way", || {
+        project.path("up/crashing.db").exists() && !pids_with(needle).is_empty()
+    });
+    // Give the call time to reach the server: its own log records the step's BEGIN.
+    crate::wait_until("the upstream server began the step", || {
+        fs::metadata(project.path("up/crashing.db-wal")).is_ok_and(|meta| meta.len() > 0)
+    });
+    for pid in pids_with(needle) {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+    }
+    let output = run.wait_with_output().expect("finishes");
+    let (code, report) = crate::json_output(&output);
+    assert_eq!(code, 1, "{}", describe(&output));
+    let message = report["failure"]["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("lost"), "{report}");
+    // Compensated through a server started again.
+    assert_eq!(report["steps"][0]["status"], "COMPENSATED", "{report}");
+}
