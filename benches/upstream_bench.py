@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""The latency agent-kernel adds to an upstream MCP server's calls: the reference memory
+server called directly, and through `agent-kernel mcp` with the server declared in
+tools.toml (each call a saga of its own: begin, logged step, upstream call, commit),
+alternating in the same minutes. Standard library only: raw JSON-RPC lines over stdio.
+
+    tests/upstream/run.sh    # installs the memory server under target/upstream-servers
+    python3 benches/upstream_bench.py [--bin target/release/agent-kernel] [--calls 500] [--rounds 3]
+
+Latency is what the client sees, from writing the request to reading its answer.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+MEMORY_SERVER = "target/upstream-servers/node_modules/.bin/mcp-server-memory"
+
+
+class Session:
+    def __init__(self, command, folder, env):
+        self.process = subprocess.Popen(
+            command, cwd=folder, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, bufsize=1,
+        )
+        self.next_id = 0
+        self.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}})
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def send(self, message):
+        self.process.stdin.write(json.dumps(message) + "\n")
+        self.process.stdin.flush()
+
+    def request(self, method, params):
+        self.next_id += 1
+        self.send({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
+        while True:
+            answer = json.loads(self.process.stdout.readline())
+            if answer.get("id") == self.next_id:
+                return answer
+
+    def call(self, name, arguments):
+        started = time.perf_counter()
+        answer = self.request("tools/call", {"name": name, "arguments": arguments})
+        elapsed = time.perf_counter() - started
+        assert not answer["result"].get("isError"), answer
+        return elapsed
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def percentile(samples, fraction):
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def entity(round_idx, call_idx):
+    return {"entities": [{"name": f"e-{round_idx}-{call_idx}", "entityType": "bench", "observations": ["x"]}]}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", default="target/release/agent-kernel")
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=3)
+    options = parser.parse_args()
+    server = os.path.abspath(MEMORY_SERVER)
+    binary = os.path.abspath(options.bin)
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
+    results = {"direct": [], "kernel": []}
+    for round_idx in range(options.rounds):
+        with tempfile.TemporaryDirectory() as folder:
+            memory = os.path.join(folder, "memory.json")
+            direct = Session([server], folder, {**env, "MEMORY_FILE_PATH": memory})
+            samples = [direct.call("create_entities", entity(round_idx, i)) for i in range(options.calls)]
+            direct.close()
+            results["direct"].append(samples)
+        with tempfile.TemporaryDirectory() as folder:
+            memory = os.path.join(folder, "memory.json")
+            with open(os.path.join(folder, "tools.toml"), "w") as tools:
+                tools.write(f"""
+[mcp_servers.memory]
+command = ["{server}"]
+env = {{ MEMORY_FILE_PATH = "{memory}" }}
+
+[mcp_servers.memory.tool.create_entities]
+effect = "mutating"
+compensate = {{ tool = "delete_entities", args = {{ entityNames = "$.output.entities[*].name" }} }}
+""")
+            kernel = Session([binary, "--db", os.path.join(folder, "bench.db"), "-q", "mcp"], folder, env)
+            samples = [kernel.call("memory_create_entities", {"args": entity(round_idx, i)}) for i in range(options.calls)]
+            kernel.close()
+            results["kernel"].append(samples)
+    print(f"{options.calls} create_entities calls per round, {options.rounds} rounds, alternating; the kernel's log at durability full")
+    for round_idx in range(options.rounds):
+        direct, kernel = results["direct"][round_idx], results["kernel"][round_idx]
+        d50, d99 = percentile(direct, 0.5) * 1e6, percentile(direct, 0.99) * 1e6
+        k50, k99 = percentile(kernel, 0.5) * 1e6, percentile(kernel, 0.99) * 1e6
+        print(
+            f"round {round_idx + 1}: direct p50 {d50:.0f} µs p99 {d99:.0f} µs | through the kernel p50 {k50:.0f} µs p99 {k99:.0f} µs | added p50 {k50 - d50:.0f} µs p99 {k99 - d99:.0f} µs"
+        )
+    all_direct = [s for samples in results["direct"] for s in samples]
+    all_kernel = [s for samples in results["kernel"] for s in samples]
+    print(f"mean direct {statistics.mean(all_direct) * 1e6:.0f} µs, through the kernel {statistics.mean(all_kernel) * 1e6:.0f} µs")
+
+
+if __name__ == "__main__":
+    main()
