@@ -136,3 +136,37 @@ def test_git_server_add_is_undone_by_reset_when_the_saga_fails(tmp_path):
     code, report = run_plan(proj, "ok.json", [add])
     assert code == 0, report
     assert git("diff", "--cached", "--name-only").stdout.split() == ["new.txt"]
+
+
+def test_an_agent_aborts_a_saga_over_the_kernels_mcp_server_and_the_upstream_effect_is_undone(tmp_path):
+    import anyio
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    proj = project(tmp_path, MEMORY_TOOLS)
+
+    async def scenario():
+        params = StdioServerParameters(
+            command=BIN,
+            args=["--db", str(proj / "log.db"), "-q", "mcp"],
+            cwd=str(proj),
+            env={key: value for key, value in os.environ.items() if not key.startswith("AGENT_KERNEL")},
+        )
+        async with stdio_client(params) as streams:
+            async with ClientSession(streams[0], streams[1]) as client:
+                await client.initialize()
+                names = {tool.name for tool in (await client.list_tools()).tools}
+                assert "memory_create_entities" in names, sorted(names)
+                begun = await client.call_tool("saga_begin", {"name": "agent"})
+                saga = begun.structured_content["saga_id"]
+                made = await client.call_tool(
+                    "memory_create_entities", {"saga_id": saga, "args": create("erin")["args"]}
+                )
+                assert not made.is_error, made
+                read = await client.call_tool("memory_read_graph", {"args": {}})
+                assert [e["name"] for e in read.structured_content["output"]["entities"]] == ["erin"]
+                aborted = await client.call_tool("saga_abort", {"saga_id": saga})
+                assert not aborted.is_error and aborted.structured_content["state"] == "FailedRolledBack"
+
+    anyio.run(scenario)
+    assert graph_names(proj) == [], "undone through the upstream server"
