@@ -98,5 +98,5 @@ pub use reversibility::{DEFAULT_UNDO_WINDOW_MS, MAX_UNDO_WINDOW_MS, Reversibilit
 pub use state::{Durability, SagaId, SagaState, StepStatus};
 pub use tool::{
     BoxFuture, DynTool, EffectClass, Outcome, ProbeOutcome, Settlement, ToolContext, ToolError,
-    ToolErrorKind, ToolOutput, TransactionalTool, Undo,
+    ToolErrorKind, ToolOutput, TransactionalTool, UPSTREAM_TOOL_VERSION, Undo,
 };

@@ -195,6 +195,12 @@ impl Kernel {
             return Ok("read-only: nothing to undo".to_owned());
         }
         let Some(tool) = self.tools.get(&step.tool_id).cloned() else {
+            if step.tool_version == agent_kernel_api::UPSTREAM_TOOL_VERSION {
+                return Err(ToolError::failed(format!(
+                    "`{}` is a tool of an upstream MCP server the tools file no longer declares; cannot compensate",
+                    step.tool_id
+                )));
+            }
             return Err(ToolError::failed(format!(
                 "tool `{}` is not registered in this build; cannot compensate",
                 step.tool_id

@@ -180,7 +180,7 @@ impl TransactionalTool for UpstreamTool {
     }
 
     fn version(&self) -> &str {
-        "upstream"
+        agent_kernel_api::UPSTREAM_TOOL_VERSION
     }
 
     fn effect(&self) -> EffectClass {

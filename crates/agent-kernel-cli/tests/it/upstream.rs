@@ -316,3 +316,39 @@ fn a_server_that_dies_mid_call_leaves_the_outcome_unknown_and_is_started_again()
     // Compensated through a server started again.
     assert_eq!(report["steps"][0]["status"], "COMPENSATED", "{report}");
 }
+
+#[test]
+fn a_server_the_tools_file_no_longer_declares_leaves_a_dead_letter() {
+    let project = project();
+    let plan = project.plan(
+        "slow.json",
+        &json!({"steps": [
+            write("up/ws/f.txt", "phi"),
+            {"tool": "noop", "args": {"sleep_ms": 60000}},
+        ]}),
+    );
+    let mut run = project
+        .command(&["run", "--plan", plan.to_str().expect("utf-8")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawns");
+    crate::wait_until("the upstream call was made", || {
+        project.path("up/ws/f.txt").exists()
+    });
+    run.kill().expect("SIGKILL");
+    run.wait().expect("reaped");
+    fs::write(project.path("tools.toml"), "").expect("the server is no longer declared");
+    let output = project.run(&["recover"]);
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    let (code, listed) = project.run_json(&["dlq", "list"]);
+    assert_eq!(code, 0, "{listed}");
+    let letters = listed["dead_letters"].as_array().expect("a list");
+    assert_eq!(letters.len(), 1, "{listed}");
+    assert!(
+        letters[0]["error"]
+            .as_str()
+            .is_some_and(|error| error.contains("no longer declares")),
+        "{listed}"
+    );
+}
