@@ -232,9 +232,14 @@ pub(crate) struct BenchReport {
     p50_us: u64,
     p99_us: u64,
     max_us: u64,
-    /// Transactions the kernel committed.
+    /// Batches the kernel wrote (each all or nothing).
     n_commits: u64,
     commits_per_step: f64,
+    /// Transactions the log made of them: batches ready at once share one (group commit).
+    n_transactions: u64,
+    /// Batches per transaction, on average and at most.
+    batches_per_transaction: f64,
+    batches_per_transaction_max: u64,
     /// The same number of plain SQLite commits, same settings, no kernel.
     floor: FloorSummary,
     /// Kernel wall time over floor wall time, for the same number of commits.
@@ -267,8 +272,13 @@ impl fmt::Display for BenchReport {
         )?;
         writeln!(
             f,
-            "  {} commits ({:.3} per step) in {:.1} ms",
-            self.n_commits, self.commits_per_step, self.elapsed_ms
+            "  {} commits ({:.3} per step) in {:.1} ms, in {} transactions ({:.2} batches each, at most {})",
+            self.n_commits,
+            self.commits_per_step,
+            self.elapsed_ms,
+            self.n_transactions,
+            self.batches_per_transaction,
+            self.batches_per_transaction_max
         )?;
         writeln!(
             f,
@@ -373,6 +383,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     let elapsed = started.elapsed();
     let n_steps = latencies_us.len() as u64;
     let n_commits = log.n_writes.load(Ordering::Relaxed);
+    let groups = log.inner.group_stats();
     let latency = percentiles(latencies_us);
 
     let floor_path = dir.path().join("floor.db");
@@ -404,6 +415,9 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         max_us: latency.max_us,
         n_commits,
         commits_per_step: n_commits as f64 / n_steps as f64,
+        n_transactions: groups.commits,
+        batches_per_transaction: groups.batches as f64 / groups.commits.max(1) as f64,
+        batches_per_transaction_max: groups.batches_max,
         floor: FloorSummary {
             n_commits: n_floor_commits as u64,
             elapsed_ms: floor_elapsed.as_secs_f64() * 1e3,

@@ -645,6 +645,7 @@ pub(crate) fn read_head(conn: &Connection, key: Option<&AuditKey>) -> Result<Hea
 }
 
 /// Appends records to the chain inside the caller's write transaction.
+#[derive(Clone)]
 pub(crate) struct Appender<'key> {
     key: Option<&'key AuditKey>,
     head: Head,

@@ -149,7 +149,31 @@ pub struct LogOptions {
     pub clock: Arc<dyn Clock>,
 }
 
-type Job = Box<dyn FnOnce(&mut Connection, i64) + Send>;
+/// A job other than a write, run alone on the writer thread.
+type Task = Box<dyn FnOnce(&mut Connection, i64) + Send>;
+
+/// What the writer thread runs.
+enum Job {
+    /// A batch of records, which the writer commits together with the other batches ready
+    /// at the same time (group commit).
+    Write {
+        batch: Vec<LogWrite>,
+        reply: oneshot::Sender<Result<Vec<WriteOutcome>, TxError>>,
+    },
+    /// Anything else, run alone.
+    Other(Task),
+}
+
+/// The most batches one group commit takes: each is a savepoint within it.
+pub const GROUP_BATCHES_MAX: usize = 64;
+
+/// The most records one group commit takes (a batch is never split: a group holds at least
+/// one whole batch, and adds another only while it stays under this).
+pub const GROUP_RECORDS_MAX: usize = 1024;
+
+/// How long a batch waits for others to share its commit: none. The writer takes the
+/// batches that are already queued when it starts a transaction, and never waits for more.
+pub const GROUP_WAIT: Duration = Duration::ZERO;
 
 /// How long the writer polls for the next job before it sleeps.
 ///
@@ -180,6 +204,7 @@ pub struct SqliteLog {
     durability: Durability,
     audit: Arc<AuditSettings>,
     jobs: mpsc::Sender<Job>,
+    stats: Arc<GroupStats>,
 }
 
 impl std::fmt::Debug for SqliteLog {
@@ -267,11 +292,57 @@ impl SqliteLog {
         }
         let (jobs, mut receiver) = mpsc::channel::<Job>(WRITER_QUEUE_MAX);
         let clock = options.clock;
+        let writer_audit = audit.clone();
+        let stats = Arc::new(GroupStats::default());
+        let writer_stats = Arc::clone(&stats);
         thread::Builder::new()
             .name("agent-kernel-txlog".into())
             .spawn(move || {
-                while let Some(job) = next_job(&mut receiver) {
-                    job(&mut conn, clock.now_ms());
+                let mut next = None;
+                loop {
+                    let job = match next.take() {
+                        Some(job) => job,
+                        None => match next_job(&mut receiver) {
+                            Some(job) => job,
+                            None => break,
+                        },
+                    };
+                    match job {
+                        Job::Other(job) => job(&mut conn, clock.now_ms()),
+                        Job::Write { batch, reply } => {
+                            let mut group = vec![(batch, reply)];
+                            let mut n_records = group[0].0.len();
+                            // Group commit: the batches already queued share the commit.
+                            while group.len() < GROUP_BATCHES_MAX {
+                                match receiver.try_recv() {
+                                    Ok(Job::Write { batch, reply })
+                                        if n_records + batch.len() <= GROUP_RECORDS_MAX =>
+                                    {
+                                        n_records += batch.len();
+                                        group.push((batch, reply));
+                                    }
+                                    Ok(other) => {
+                                        next = Some(other);
+                                        break;
+                                    }
+                                    Err(_) => break,
+                                }
+                            }
+                            let batches: Vec<&[LogWrite]> =
+                                group.iter().map(|(batch, _)| batch.as_slice()).collect();
+                            let results = store::write_group(
+                                &mut conn,
+                                &writer_audit,
+                                &batches,
+                                clock.now_ms(),
+                            );
+                            writer_stats.record(group.len(), n_records);
+                            for ((_, reply), result) in group.into_iter().zip(results) {
+                                // The caller may have gone away; its answer is then dropped.
+                                let _ = reply.send(result);
+                            }
+                        }
+                    }
                 }
             })
             .map_err(|err| TxError::Storage(format!("cannot start the log writer: {err}")))?;
@@ -280,6 +351,7 @@ impl SqliteLog {
             durability: options.durability,
             audit,
             jobs,
+            stats,
         })
     }
 
@@ -318,36 +390,102 @@ impl SqliteLog {
     ) -> BoxFuture<'_, Result<T, TxError>> {
         Box::pin(async move {
             let (reply, answer) = oneshot::channel();
-            let job: Job = Box::new(move |conn, now_ms| {
+            let job = Job::Other(Box::new(move |conn, now_ms| {
                 // The caller may have gone away; its answer is then simply dropped.
                 let _ = reply.send(job(conn, now_ms));
-            });
+            }));
             self.jobs.send(job).await.map_err(|_| TxError::Closed)?;
-            // Poll briefly before sleeping, as the writer does (see `WRITER_SPIN`): the answer
-            // usually comes within tens of microseconds. Yielding lets other tasks run.
-            let mut answer = answer;
-            let spin_started = Instant::now();
-            loop {
-                match answer.try_recv() {
-                    Ok(result) => return result,
-                    Err(oneshot::error::TryRecvError::Closed) => return Err(TxError::Closed),
-                    Err(oneshot::error::TryRecvError::Empty)
-                        if spin_started.elapsed() < WRITER_SPIN * 4 =>
-                    {
-                        tokio::task::yield_now().await;
-                    }
-                    Err(oneshot::error::TryRecvError::Empty) => break,
-                }
-            }
-            answer.await.map_err(|_| TxError::Closed)?
+            Self::answer(answer).await
         })
+    }
+
+    /// Sends `batch` to the writer, which may commit it with others; its outcomes.
+    fn send_batch(
+        &self,
+        batch: Vec<LogWrite>,
+    ) -> BoxFuture<'_, Result<Vec<WriteOutcome>, TxError>> {
+        Box::pin(async move {
+            let (reply, answer) = oneshot::channel();
+            self.jobs
+                .send(Job::Write { batch, reply })
+                .await
+                .map_err(|_| TxError::Closed)?;
+            Self::answer(answer).await
+        })
+    }
+
+    /// Waits for the writer's answer: polls briefly, then sleeps.
+    async fn answer<T>(answer: oneshot::Receiver<Result<T, TxError>>) -> Result<T, TxError> {
+        // Poll briefly before sleeping, as the writer does (see `WRITER_SPIN`): the answer
+        // usually comes within tens of microseconds. Yielding lets other tasks run.
+        let mut answer = answer;
+        let spin_started = Instant::now();
+        loop {
+            match answer.try_recv() {
+                Ok(result) => return result,
+                Err(oneshot::error::TryRecvError::Closed) => return Err(TxError::Closed),
+                Err(oneshot::error::TryRecvError::Empty)
+                    if spin_started.elapsed() < WRITER_SPIN * 4 =>
+                {
+                    tokio::task::yield_now().await;
+                }
+                Err(oneshot::error::TryRecvError::Empty) => break,
+            }
+        }
+        answer.await.map_err(|_| TxError::Closed)?
+    }
+
+    /// How many group commits the writer made, and how many batches and records they held.
+    pub fn group_stats(&self) -> GroupCounts {
+        self.stats.counts()
+    }
+}
+
+/// What the writer's group commits held, for `bench`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupCounts {
+    /// Transactions that wrote batches.
+    pub commits: u64,
+    /// Batches they held.
+    pub batches: u64,
+    /// Records they held.
+    pub records: u64,
+    /// The most batches one held.
+    pub batches_max: u64,
+}
+
+/// Counters the writer thread keeps.
+#[derive(Debug, Default)]
+struct GroupStats {
+    commits: std::sync::atomic::AtomicU64,
+    batches: std::sync::atomic::AtomicU64,
+    records: std::sync::atomic::AtomicU64,
+    batches_max: std::sync::atomic::AtomicU64,
+}
+
+impl GroupStats {
+    fn record(&self, batches: usize, records: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.commits.fetch_add(1, Relaxed);
+        self.batches.fetch_add(batches as u64, Relaxed);
+        self.records.fetch_add(records as u64, Relaxed);
+        self.batches_max.fetch_max(batches as u64, Relaxed);
+    }
+
+    fn counts(&self) -> GroupCounts {
+        use std::sync::atomic::Ordering::Relaxed;
+        GroupCounts {
+            commits: self.commits.load(Relaxed),
+            batches: self.batches.load(Relaxed),
+            records: self.records.load(Relaxed),
+            batches_max: self.batches_max.load(Relaxed),
+        }
     }
 }
 
 impl TxLog for SqliteLog {
     fn write(&self, batch: Vec<LogWrite>) -> BoxFuture<'_, Result<Vec<WriteOutcome>, TxError>> {
-        let audit = self.audit.clone();
-        self.call(move |conn, now_ms| store::write_batch(conn, &audit, &batch, now_ms))
+        self.send_batch(batch)
     }
 
     fn saga<'a>(

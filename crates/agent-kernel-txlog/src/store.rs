@@ -79,12 +79,30 @@ fn commit_chained(
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(storage)?;
     let mut chain = Appender::start(&tx, audit.key.as_ref())?;
+    let (outcomes, moves_head) = apply_chained(&tx, &mut chain, audit, batch, now_ms)?;
+    tx.commit().map_err(storage)?;
+    Ok(Committed {
+        outcomes,
+        head: chain.head().clone(),
+        moves_head,
+    })
+}
+
+/// Applies `batch` and chains each record, inside the caller's transaction; returns the
+/// outcomes and whether the head file should move.
+fn apply_chained(
+    tx: &Connection,
+    chain: &mut Appender<'_>,
+    audit: &AuditSettings,
+    batch: &[LogWrite],
+    now_ms: i64,
+) -> Result<(Vec<WriteOutcome>, bool), TxError> {
     let mut outcomes = Vec::with_capacity(batch.len());
     let mut moves_head = false;
     for write in batch {
-        let applied = apply(&tx, write, audit.key.as_ref(), now_ms)?;
+        let applied = apply(tx, write, audit.key.as_ref(), now_ms)?;
         if let Some(kind) = applied.kind {
-            chain.append(&tx, now_ms, kind, applied.saga_id.as_deref(), &applied.body)?;
+            chain.append(tx, now_ms, kind, applied.saga_id.as_deref(), &applied.body)?;
             if let LogWrite::DecideApproval(decision) = write {
                 // The decision's own record, which the request's use checks.
                 tx.prepare_cached("UPDATE approvals SET decision_seq = ?2 WHERE approval_id = ?1")
@@ -100,12 +118,60 @@ fn commit_chained(
             );
         outcomes.push(applied.outcome);
     }
-    tx.commit().map_err(storage)?;
-    Ok(Committed {
-        outcomes,
-        head: chain.head().clone(),
-        moves_head,
-    })
+    Ok((outcomes, moves_head))
+}
+
+/// Writes several batches, ready at the same time, in one immediate transaction (one sync
+/// under `Durability::Full`): each batch in a savepoint of its own, so a batch that fails
+/// leaves nothing of itself and nothing of the others undone; the chain runs through them
+/// in order. Returns each batch's result, in order. A failure of the transaction itself
+/// (its begin or its commit) is every batch's.
+pub(crate) fn write_group(
+    conn: &mut Connection,
+    audit: &AuditSettings,
+    batches: &[&[LogWrite]],
+    now_ms: i64,
+) -> Vec<Result<Vec<WriteOutcome>, TxError>> {
+    if let [batch] = batches {
+        return vec![write_batch(conn, audit, batch, now_ms)];
+    }
+    let every = |error: TxError| batches.iter().map(|_| Err(error.clone())).collect();
+    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(err) => return every(storage(err)),
+    };
+    let mut chain = match Appender::start(&tx, audit.key.as_ref()) {
+        Ok(chain) => chain,
+        Err(error) => return every(error),
+    };
+    let mut results = Vec::with_capacity(batches.len());
+    let mut moves_head = false;
+    for batch in batches {
+        let before = chain.clone();
+        let applied = tx.savepoint().map_err(storage).and_then(|savepoint| {
+            let applied = apply_chained(&savepoint, &mut chain, audit, batch, now_ms)?;
+            savepoint.commit().map_err(storage)?;
+            Ok(applied)
+        });
+        match applied {
+            Ok((outcomes, moves)) => {
+                moves_head |= moves;
+                results.push(Ok(outcomes));
+            }
+            Err(error) => {
+                // The savepoint was rolled back when dropped: so is the chain.
+                chain = before;
+                results.push(Err(error));
+            }
+        }
+    }
+    if let Err(err) = tx.commit() {
+        return every(storage(err));
+    }
+    if moves_head {
+        audit.advance_head(conn, chain.head());
+    }
+    results
 }
 
 /// Appends `event` and writes the head file naming it, whatever the head file held.

@@ -2,6 +2,7 @@
 
 mod approvals;
 mod audit;
+mod group;
 mod open;
 mod records;
 mod schema;
