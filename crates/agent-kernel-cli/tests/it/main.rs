@@ -9,6 +9,7 @@ mod crash;
 mod creation;
 mod dlq;
 mod fsm;
+mod group_crash;
 mod http;
 mod integrations;
 mod layering;
