@@ -4,14 +4,9 @@
 # `mcp` client and pytest, builds the binary, and runs tests/mcp/test_server.py.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source .ci/venv.sh
 venv="target/mcp-client-venv"
-stamp="$venv/.requirements"
-if ! cmp -s tests/mcp/requirements.txt "$stamp" 2>/dev/null; then
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/mcp/requirements.txt
-    cp tests/mcp/requirements.txt "$stamp"
-fi
+ensure_venv "$venv" tests/mcp/requirements.txt
 cargo build --locked -q -p agent-kernel-cli
 AGENT_KERNEL_BIN="$PWD/target/debug/agent-kernel" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/mcp

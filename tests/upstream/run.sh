@@ -12,13 +12,9 @@ if ! cmp -s tests/upstream/package.json "$root/package.json" 2>/dev/null; then
     cp tests/upstream/package.json "$root/package.json"
     npm install --silent --no-audit --no-fund --prefix "$root" >/dev/null
 fi
+source .ci/venv.sh
 venv="$root/venv"
-if ! cmp -s tests/upstream/requirements.txt "$venv/.requirements" 2>/dev/null; then
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/upstream/requirements.txt
-    cp tests/upstream/requirements.txt "$venv/.requirements"
-fi
+ensure_venv "$venv" tests/upstream/requirements.txt
 cargo build --locked -q -p agent-kernel-cli
 AGENT_KERNEL_BIN="$PWD/target/debug/agent-kernel" \
     MEMORY_SERVER="$PWD/$root/node_modules/.bin/mcp-server-memory" \

@@ -11,9 +11,10 @@ use agent_kernel_api::{
     TransactionalTool, TxError, TxLog, Undo, WriteOutcome,
 };
 use agent_kernel_core::{
-    Environment, Kernel, Observer, ProcessProbe, SagaEvent, SystemClock, UuidV7Ids, current_owner,
+    BeginOptions, CallAnswer, Environment, Kernel, NoObserver, Observer, ProcessProbe,
+    RecoveryAction, SagaEvent, SystemClock, UuidV7Ids, current_owner,
 };
-use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
+use agent_kernel_dispatcher::{Dispatcher, Limits, MAX_OPEN_SAGAS, NoJitter};
 use agent_kernel_txlog::{LogOptions, SqliteLog, measure_commit_floor};
 use anyhow::{Context as _, bail};
 use serde::Serialize;
@@ -43,6 +44,13 @@ pub(crate) struct BenchArgs {
     /// `full` (synced) or `normal` (survives process crashes)
     #[arg(long, default_value = "full", value_parser = crate::parse_durability)]
     durability: Durability,
+    /// Drive live sagas (begin, one call per step, commit) instead of plans
+    #[arg(long)]
+    live: bool,
+    /// Measure `recover` instead: leave `--sagas` live sagas of `--steps` committed steps
+    /// unfinished under a dead process, then time one `recover` of them all
+    #[arg(long, conflicts_with = "live")]
+    recovery: bool,
 }
 
 /// A step that changes nothing but is logged exactly as a mutating step: `prepare` returns
@@ -216,14 +224,61 @@ fn percentiles(mut samples: Vec<u64>) -> Latency {
     }
 }
 
-fn micros(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+/// Longest step latency the histogram tells apart (an hour); longer ones count as this.
+const LATENCY_US_MAX: u64 = 3_600_000_000;
+
+/// A histogram of step latencies in microseconds, 3 significant digits: fixed memory,
+/// however many steps are recorded, so `bench` over a million steps measures the kernel's
+/// memory and not its own.
+fn latency_histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, LATENCY_US_MAX, 3)
+        .expect("the bounds are valid: 1 <= low, high >= 2 * low, 3 digits")
 }
 
-/// What `bench` measured.
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros())
+        .unwrap_or(u64::MAX)
+        .clamp(1, LATENCY_US_MAX)
+}
+
+/// This process's resident memory now and at its peak, in KiB (`VmRSS`, `VmHWM`).
+fn rss_kib() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// What `bench` measured: steps, or one recovery.
 #[derive(Debug, Serialize)]
-pub(crate) struct BenchReport {
+#[serde(untagged)]
+pub(crate) enum BenchReport {
+    /// Sagas run to `Done` (the default).
+    Steps(StepsReport),
+    /// One `recover` of abandoned sagas (`--recovery`).
+    Recovery(RecoveryBench),
+}
+
+impl fmt::Display for BenchReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BenchReport::Steps(report) => report.fmt(f),
+            BenchReport::Recovery(report) => report.fmt(f),
+        }
+    }
+}
+
+/// What `bench` measured of sagas run to `Done`.
+#[derive(Debug, Serialize)]
+pub(crate) struct StepsReport {
     durability: Durability,
+    /// `plan` (`Kernel::run`) or `live` (begin, call, commit).
+    mode: &'static str,
     concurrency: u32,
     n_sagas: u32,
     n_steps: u64,
@@ -231,7 +286,12 @@ pub(crate) struct BenchReport {
     steps_per_sec: f64,
     p50_us: u64,
     p99_us: u64,
+    p999_us: u64,
     max_us: u64,
+    /// Resident memory at the end of the run and at its peak, in KiB (before the floor is
+    /// measured).
+    rss_kib: u64,
+    rss_peak_kib: u64,
     /// Batches the kernel wrote (each all or nothing).
     n_commits: u64,
     commits_per_step: f64,
@@ -255,20 +315,26 @@ pub(crate) struct FloorSummary {
     p99_us: u64,
 }
 
-impl fmt::Display for BenchReport {
+impl fmt::Display for StepsReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "kernel: {} sagas x {} steps, concurrency {}, durability {}",
+            "kernel: {} {} sagas x {} steps, concurrency {}, durability {}",
             self.n_sagas,
+            self.mode,
             self.n_steps / u64::from(self.n_sagas),
             self.concurrency,
             self.durability
         )?;
         writeln!(
             f,
-            "  {:.0} steps/s, step latency p50 {} us, p99 {} us, max {} us",
-            self.steps_per_sec, self.p50_us, self.p99_us, self.max_us
+            "  {:.0} steps/s, step latency p50 {} us, p99 {} us, p999 {} us, max {} us",
+            self.steps_per_sec, self.p50_us, self.p99_us, self.p999_us, self.max_us
+        )?;
+        writeln!(
+            f,
+            "  memory: {} KiB resident, {} KiB at peak",
+            self.rss_kib, self.rss_peak_kib
         )?;
         writeln!(
             f,
@@ -297,6 +363,80 @@ impl fmt::Display for BenchReport {
     }
 }
 
+/// What `bench --recovery` measured.
+#[derive(Debug, Serialize)]
+pub(crate) struct RecoveryBench {
+    durability: Durability,
+    /// Unfinished sagas of a dead process, each with `steps_per_saga` committed steps.
+    n_sagas: u32,
+    steps_per_saga: u32,
+    /// Time to leave them (begun and called by `concurrency` tasks).
+    setup_ms: f64,
+    /// Wall time of one `recover` of them all.
+    recover_ms: f64,
+    sagas_per_sec: f64,
+    /// Sagas recover rolled back (all of them, or the bench fails).
+    n_rolled_back: u64,
+    /// Batches recover wrote, and the transactions the log made of them.
+    n_commits: u64,
+    n_transactions: u64,
+    rss_peak_kib: u64,
+}
+
+impl fmt::Display for RecoveryBench {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "recover: {} unfinished sagas of a dead process x {} committed steps, durability {}",
+            self.n_sagas, self.steps_per_saga, self.durability
+        )?;
+        writeln!(
+            f,
+            "  rolled back {} in {:.1} ms ({:.0} sagas/s), {} commits in {} transactions",
+            self.n_rolled_back,
+            self.recover_ms,
+            self.sagas_per_sec,
+            self.n_commits,
+            self.n_transactions
+        )?;
+        write!(
+            f,
+            "  left in {:.1} ms; memory at peak {} KiB",
+            self.setup_ms, self.rss_peak_kib
+        )
+    }
+}
+
+/// The kernel `bench` drives: `bench.step` only, the built-in table, `owner` as this process.
+fn bench_kernel(
+    log: Arc<CountingLog>,
+    owner: Owner,
+    me: Owner,
+    open_sagas_max: usize,
+    durability: Durability,
+) -> anyhow::Result<Arc<Kernel>> {
+    let limits = Limits {
+        open_sagas_max: open_sagas_max.max(Limits::default().open_sagas_max),
+        ..Limits::default()
+    };
+    let mut tools = Dispatcher::new(limits, Arc::new(NoJitter))?;
+    tools.register(Arc::new(BenchStep))?;
+    let env = Environment {
+        clock: Arc::new(SystemClock),
+        ids: Arc::new(UuidV7Ids),
+        liveness: Arc::new(ProcessProbe::new(me)),
+        owner,
+    };
+    let fsm = Arc::new(agent_kernel_fsm::Guardrail::builtin());
+    Ok(Arc::new(Kernel::new(
+        log,
+        Arc::new(tools),
+        fsm,
+        env,
+        durability,
+    )))
+}
+
 /// Runs the benchmark in a temporary directory that is removed afterwards.
 pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
@@ -311,23 +451,85 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         inner: log,
         n_writes: AtomicU64::new(0),
     });
-    let mut tools = Dispatcher::new(Limits::default(), Arc::new(NoJitter))?;
-    tools.register(Arc::new(BenchStep))?;
-    let owner = current_owner().context("cannot identify this process in /proc")?;
-    let env = Environment {
-        clock: Arc::new(SystemClock),
-        ids: Arc::new(UuidV7Ids),
-        liveness: Arc::new(ProcessProbe::new(owner.clone())),
-        owner,
+    if args.recovery {
+        return recovery(args, log).await.map(BenchReport::Recovery);
+    }
+    steps(args, log, dir.path()).await.map(BenchReport::Steps)
+}
+
+/// One saga of `n_steps` live calls, then its commit; returns each step's latency, the
+/// commit charged to the last step as in a plan.
+async fn live_saga(
+    kernel: &Arc<Kernel>,
+    n_steps: u32,
+    latencies: &mut hdrhistogram::Histogram<u64>,
+) -> anyhow::Result<()> {
+    let mut previous = Instant::now();
+    let saga = kernel
+        .begin(BeginOptions {
+            name: Some("bench".into()),
+            actor: None,
+        })
+        .await?;
+    for step in 0..n_steps {
+        match saga.call("bench.step", json!({}), None).await? {
+            CallAnswer::Committed(_) => {}
+            other => bail!("bench call of saga {} came to {other:?}", saga.id()),
+        }
+        if step + 1 < n_steps {
+            let now = Instant::now();
+            latencies.saturating_record(micros(now - previous));
+            previous = now;
+        }
+    }
+    let report = saga.commit().await?;
+    if report.state != SagaState::Done {
+        bail!("bench saga {} ended {}", report.saga_id, report.state);
+    }
+    latencies.saturating_record(micros(previous.elapsed()));
+    Ok(())
+}
+
+/// One plan saga; returns each step's latency.
+async fn plan_saga(
+    kernel: &Arc<Kernel>,
+    plan: &Plan,
+    latencies: &mut hdrhistogram::Histogram<u64>,
+) -> anyhow::Result<()> {
+    let clock = StepClock {
+        marks: Mutex::new(Vec::with_capacity(plan.steps.len())),
     };
-    let fsm = Arc::new(agent_kernel_fsm::Guardrail::builtin());
-    let kernel = Arc::new(Kernel::new(
-        log.clone(),
-        Arc::new(tools),
-        fsm,
-        env,
-        args.durability,
-    ));
+    let saga_started = Instant::now();
+    let report = kernel.run(plan, &clock).await?;
+    let saga_done = Instant::now();
+    if report.state != SagaState::Done {
+        bail!("bench saga {} ended {}", report.saga_id, report.state);
+    }
+    let marks = clock.marks.into_inner().expect("not poisoned");
+    // Step k runs from the previous step's mark (or the saga's start) to its own mark; the
+    // final commit (last outcome + Done) is charged to the last step.
+    let mut previous = saga_started;
+    let n_marks = marks.len();
+    for (mark_idx, mark) in marks.into_iter().enumerate() {
+        let end = if mark_idx + 1 == n_marks {
+            saga_done
+        } else {
+            mark
+        };
+        latencies.saturating_record(micros(end - previous));
+        previous = mark;
+    }
+    Ok(())
+}
+
+async fn steps(
+    args: &BenchArgs,
+    log: Arc<CountingLog>,
+    dir: &std::path::Path,
+) -> anyhow::Result<StepsReport> {
+    let owner = current_owner().context("cannot identify this process in /proc")?;
+    let open = usize::try_from(args.concurrency).context("too many sagas at once")?;
+    let kernel = bench_kernel(log.clone(), owner.clone(), owner, open, args.durability)?;
     let plan = Arc::new(Plan {
         name: Some("bench".into()),
         actor: None,
@@ -346,47 +548,34 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     for _ in 0..args.concurrency {
         let (kernel, plan, next_saga) = (kernel.clone(), plan.clone(), next_saga.clone());
         let n_sagas = u64::from(args.sagas);
+        let (live, n_steps) = (args.live, args.steps);
         workers.push(tokio::spawn(async move {
-            let mut latencies_us = Vec::new();
+            let mut latencies = latency_histogram();
             while next_saga.fetch_add(1, Ordering::Relaxed) < n_sagas {
-                let clock = StepClock {
-                    marks: Mutex::new(Vec::with_capacity(plan.steps.len())),
-                };
-                let saga_started = Instant::now();
-                let report = kernel.run(&plan, &clock).await?;
-                let saga_done = Instant::now();
-                if report.state != SagaState::Done {
-                    bail!("bench saga {} ended {}", report.saga_id, report.state);
-                }
-                let marks = clock.marks.into_inner().expect("not poisoned");
-                // Step k runs from the previous step's mark (or the saga's start) to its own
-                // mark; the final commit (last outcome + Done) is charged to the last step.
-                let mut previous = saga_started;
-                let n_marks = marks.len();
-                for (mark_idx, mark) in marks.into_iter().enumerate() {
-                    let end = if mark_idx + 1 == n_marks {
-                        saga_done
-                    } else {
-                        mark
-                    };
-                    latencies_us.push(micros(end - previous));
-                    previous = mark;
+                if live {
+                    live_saga(&kernel, n_steps, &mut latencies).await?;
+                } else {
+                    plan_saga(&kernel, &plan, &mut latencies).await?;
                 }
             }
-            anyhow::Ok(latencies_us)
+            anyhow::Ok(latencies)
         }));
     }
-    let mut latencies_us = Vec::new();
+    let mut latencies = latency_histogram();
     for worker in workers {
-        latencies_us.extend(worker.await.context("a bench worker panicked")??);
+        let worker = worker.await.context("a bench worker panicked")??;
+        latencies
+            .add(worker)
+            .context("the latency histograms have the same bounds")?;
     }
     let elapsed = started.elapsed();
-    let n_steps = latencies_us.len() as u64;
+    let (rss_kib, rss_peak_kib) = rss_kib();
+    let n_steps = latencies.len();
     let n_commits = log.n_writes.load(Ordering::Relaxed);
     let groups = log.inner.group_stats();
-    let latency = percentiles(latencies_us);
+    drop(kernel);
 
-    let floor_path = dir.path().join("floor.db");
+    let floor_path = dir.join("floor.db");
     let durability = args.durability;
     let n_floor_commits = usize::try_from(n_commits).context("too many commits")?;
     let floor = tokio::task::spawn_blocking(move || {
@@ -403,16 +592,20 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     let floor_elapsed = floor.elapsed;
     let floor_latency = percentiles(floor.latencies_us);
 
-    Ok(BenchReport {
+    Ok(StepsReport {
         durability: args.durability,
+        mode: if args.live { "live" } else { "plan" },
         concurrency: args.concurrency,
         n_sagas: args.sagas,
         n_steps,
         elapsed_ms: elapsed.as_secs_f64() * 1e3,
         steps_per_sec: n_steps as f64 / elapsed.as_secs_f64(),
-        p50_us: latency.p50_us,
-        p99_us: latency.p99_us,
-        max_us: latency.max_us,
+        p50_us: latencies.value_at_quantile(0.50),
+        p99_us: latencies.value_at_quantile(0.99),
+        p999_us: latencies.value_at_quantile(0.999),
+        max_us: latencies.max(),
+        rss_kib,
+        rss_peak_kib,
         n_commits,
         commits_per_step: n_commits as f64 / n_steps as f64,
         n_transactions: groups.commits,
@@ -426,5 +619,83 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
             p99_us: floor_latency.p99_us,
         },
         overhead_ratio: elapsed.as_secs_f64() / floor_elapsed.as_secs_f64(),
+    })
+}
+
+/// Leaves `--sagas` live sagas unfinished under an owner that is dead to this process (the
+/// same host, another boot), then times one `recover`.
+async fn recovery(args: &BenchArgs, log: Arc<CountingLog>) -> anyhow::Result<RecoveryBench> {
+    let me = current_owner().context("cannot identify this process in /proc")?;
+    let dead = Owner {
+        boot_id: format!("{}-bench-dead", me.boot_id),
+        ..me.clone()
+    };
+    let n_sagas = usize::try_from(args.sagas).context("too many sagas")?;
+    if n_sagas > MAX_OPEN_SAGAS {
+        bail!("bench --recovery leaves at most {MAX_OPEN_SAGAS} sagas open, not {n_sagas}");
+    }
+    let setup_started = Instant::now();
+    {
+        let kernel = bench_kernel(log.clone(), dead, me.clone(), n_sagas, args.durability)?;
+        let next_saga = Arc::new(AtomicU64::new(0));
+        let mut workers = Vec::new();
+        for _ in 0..args.concurrency {
+            let (kernel, next_saga) = (kernel.clone(), next_saga.clone());
+            let (n_sagas, n_steps) = (u64::from(args.sagas), args.steps);
+            workers.push(tokio::spawn(async move {
+                while next_saga.fetch_add(1, Ordering::Relaxed) < n_sagas {
+                    let saga = kernel
+                        .begin(BeginOptions {
+                            name: Some("bench-abandoned".into()),
+                            actor: None,
+                        })
+                        .await?;
+                    for _ in 0..n_steps {
+                        match saga.call("bench.step", json!({}), None).await? {
+                            CallAnswer::Committed(_) => {}
+                            other => bail!("bench call of saga {} came to {other:?}", saga.id()),
+                        }
+                    }
+                    // Neither committed nor aborted: left as a killed process leaves it.
+                }
+                anyhow::Ok(())
+            }));
+        }
+        for worker in workers {
+            worker.await.context("a bench worker panicked")??;
+        }
+    }
+    let setup = setup_started.elapsed();
+    let commits_before = log.n_writes.load(Ordering::Relaxed);
+    let groups_before = log.inner.group_stats();
+    let kernel = bench_kernel(log.clone(), me.clone(), me, 0, args.durability)?;
+    let started = Instant::now();
+    let report = kernel.recover(&NoObserver).await?;
+    let elapsed = started.elapsed();
+    let n_rolled_back = report
+        .sagas
+        .iter()
+        .filter(|action| {
+            matches!(action, RecoveryAction::RolledBack(saga) if saga.state == SagaState::FailedRolledBack)
+        })
+        .count() as u64;
+    if n_rolled_back != u64::from(args.sagas) {
+        bail!(
+            "recover rolled back {n_rolled_back} of {} abandoned sagas",
+            args.sagas
+        );
+    }
+    let (_, rss_peak_kib) = rss_kib();
+    Ok(RecoveryBench {
+        durability: args.durability,
+        n_sagas: args.sagas,
+        steps_per_saga: args.steps,
+        setup_ms: setup.as_secs_f64() * 1e3,
+        recover_ms: elapsed.as_secs_f64() * 1e3,
+        sagas_per_sec: f64::from(args.sagas) / elapsed.as_secs_f64(),
+        n_rolled_back,
+        n_commits: log.n_writes.load(Ordering::Relaxed) - commits_before,
+        n_transactions: log.inner.group_stats().commits - groups_before.commits,
+        rss_peak_kib,
     })
 }

@@ -236,21 +236,19 @@ fn a_panicking_tool_is_contained_rolled_back_and_exits_1() {
     assert!(project.snapshot().is_empty());
 }
 
+/// `bench ARGS --durability normal --json` in a fresh project: it must exit 0.
+fn bench(args: &[&str]) -> serde_json::Value {
+    let mut command = vec!["bench"];
+    command.extend_from_slice(args);
+    command.extend_from_slice(&["--durability", "normal"]);
+    let (code, document) = Project::new().run_json(&command);
+    assert_eq!(code, 0, "{document}");
+    document
+}
+
 #[test]
 fn bench_reports_the_contract_fields() {
-    let project = Project::new();
-    let (code, document) = project.run_json(&[
-        "bench",
-        "--sagas",
-        "5",
-        "--steps",
-        "3",
-        "--concurrency",
-        "2",
-        "--durability",
-        "normal",
-    ]);
-    assert_eq!(code, 0, "{document}");
+    let document = bench(&["--sagas", "5", "--steps", "3", "--concurrency", "2"]);
     for field in ["steps_per_sec", "p50_us", "p99_us"] {
         assert!(
             document[field].as_f64().is_some_and(|v| v > 0.0),
@@ -258,8 +256,57 @@ fn bench_reports_the_contract_fields() {
         );
     }
     assert_eq!(document["n_steps"], 15);
+    assert_eq!(document["mode"], "plan");
     // n + 1 commits per saga of n steps.
     assert_eq!(document["n_commits"], 20);
+    let p99 = document["p99_us"].as_u64().expect("p99");
+    let p999 = document["p999_us"].as_u64().expect("p999");
+    assert!(
+        p999 >= p99 && document["max_us"].as_u64() >= Some(p999),
+        "{document}"
+    );
+    let rss = document["rss_kib"].as_u64().expect("rss");
+    assert!(
+        rss > 0 && document["rss_peak_kib"].as_u64() >= Some(rss),
+        "{document}"
+    );
+}
+
+#[test]
+fn bench_drives_live_sagas() {
+    let document = bench(&[
+        "--live",
+        "--sagas",
+        "4",
+        "--steps",
+        "3",
+        "--concurrency",
+        "2",
+    ]);
+    assert_eq!(document["mode"], "live");
+    assert_eq!(document["n_steps"], 12);
+    // A live saga of n steps: its begin, a BEGIN and a COMMIT per call, its commit.
+    assert_eq!(document["n_commits"], 4 * (2 * 3 + 2));
+}
+
+#[test]
+fn bench_measures_one_recovery_of_abandoned_sagas() {
+    let document = bench(&[
+        "--recovery",
+        "--sagas",
+        "20",
+        "--steps",
+        "2",
+        "--concurrency",
+        "4",
+    ]);
+    assert_eq!(document["n_sagas"], 20);
+    assert_eq!(document["n_rolled_back"], 20);
+    assert!(document["recover_ms"].as_f64() > Some(0.0), "{document}");
+    // The take-over, two compensations and the end of each saga, and recover's own record.
+    assert_eq!(document["n_commits"], 20 * 4 + 1);
+    let (code, document) = Project::new().run_json(&["bench", "--recovery", "--live"]);
+    assert_eq!(code, 2, "{document}");
 }
 
 #[test]

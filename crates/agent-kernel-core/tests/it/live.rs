@@ -327,6 +327,44 @@ async fn thirty_two_live_sagas_at_once_end_as_their_drivers_chose() {
     assert_log_verifies(&fixture);
 }
 
+/// Group commit (issue 14) keeps the first promise: 64 live sagas call at once, so their
+/// BEGINs share transactions, and every effect, run while the others commit, finds its own
+/// BEGIN already in the log through a connection of its own (committed, never pending).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_group_commit_every_effect_finds_its_begin_in_the_log() {
+    const N_SAGAS: usize = 64;
+    const N_STEPS: usize = 4;
+    let mut fixture = Fixture::new();
+    fixture.limits.open_sagas_max = N_SAGAS;
+    let log = fixture.open_log();
+    let kernel = Arc::new(fixture.kernel_over(log.clone(), fixture.open_log(), 1));
+    let tasks: Vec<_> = (0..N_SAGAS)
+        .map(|_| {
+            let kernel = Arc::clone(&kernel);
+            tokio::spawn(async move {
+                let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+                let mut seen = Vec::new();
+                for _ in 0..N_STEPS {
+                    let answer = saga.call("probe", json!({}), None).await.expect("calls");
+                    seen.push(committed_output(&answer)["own_step"].clone());
+                }
+                assert_eq!(saga.commit().await.expect("commits").state, SagaState::Done);
+                seen
+            })
+        })
+        .collect();
+    for task in tasks {
+        let seen = task.await.expect("the task ends");
+        assert_eq!(seen, vec![json!("BEGIN"); N_STEPS]);
+    }
+    let groups = log.group_stats();
+    assert!(
+        groups.batches_max > 1,
+        "no two batches shared a transaction: {groups:?}"
+    );
+    assert_log_verifies(&fixture);
+}
+
 /// The fixture's log passes `audit verify`: live sagas, refusals and aborts chain like
 /// every other record.
 fn assert_log_verifies(fixture: &Fixture) {

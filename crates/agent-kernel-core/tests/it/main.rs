@@ -194,7 +194,8 @@ impl TransactionalTool for Boom {
 }
 
 /// `probe {fail?, sleep_ms?}`: read-only; notes the state the log holds for its saga while
-/// it runs (so tests see what was persisted before the step began), then passes or fails.
+/// it runs (so tests see what was persisted before the step began), then passes or fails;
+/// its output carries that state and the status the log holds for its own step.
 pub(crate) struct Probe {
     pub(crate) world: Arc<World>,
     pub(crate) log: Arc<SqliteLog>,
@@ -240,7 +241,15 @@ impl TransactionalTool for Probe {
         if args.get("fail").is_some() {
             return Err(ToolError::validation("probe check does not hold"));
         }
-        Ok(ToolOutput::new(json!({ "state": record.saga.state })))
+        // What the log holds of this very step while its effect runs: its durable BEGIN.
+        let own_step = record
+            .steps
+            .iter()
+            .find(|step| step.step_seq == ctx.step_seq)
+            .map(|step| step.status);
+        Ok(ToolOutput::new(
+            json!({ "state": record.saga.state, "own_step": own_step }),
+        ))
     }
     async fn compensate(
         &self,
