@@ -87,14 +87,16 @@ pub use canonical::{canonical_json, write_json_string};
 pub use clock::{Clock, IdSource, format_rfc3339_ms};
 pub use log::{
     AbortCause, AuditEvent, BeginStep, CallRefusal, KeyBinding, LogWrite, NewSaga, OperatorCommand,
-    Owner, PlanDenial, SagaAbort, SagaRecord, SagaSummary, StepDenial, StepRecord, TxError, TxLog,
-    WriteOutcome,
+    Owner, PlanDenial, PruneSagas, SagaAbort, SagaRecord, SagaSummary, StepDenial, StepRecord,
+    TxError, TxLog, WriteOutcome,
 };
 pub use plan::{
     MAX_IDEMPOTENCY_KEY_BYTES, MAX_LABEL_BYTES, MAX_PLAN_BYTES, MAX_PLAN_STEPS, Plan, PlanError,
     PlanStep,
 };
-pub use reversibility::{DEFAULT_UNDO_WINDOW_MS, MAX_UNDO_WINDOW_MS, Reversibility, UndoWindow};
+pub use reversibility::{
+    DEFAULT_UNDO_WINDOW_MS, MAX_UNDO_WINDOW_MS, Reversibility, UndoWindow, parse_duration_ms,
+};
 pub use state::{Durability, SagaId, SagaState, StepStatus};
 pub use tool::{
     BoxFuture, DynTool, EffectClass, Outcome, ProbeOutcome, Settlement, ToolContext, ToolError,

@@ -175,6 +175,13 @@ pub enum LogWrite {
     /// Settles an open dead letter; one that is not open is left as it is and the write
     /// answers [`WriteOutcome::NotOpen`].
     SettleDeadLetter(SettleDeadLetter),
+    /// Removes finished sagas from the tables (`prune`): each named saga that is, in the
+    /// write's own transaction, still finished, last changed before `before_ms`, with no
+    /// open dead letter and no open approval request, is deleted with its steps,
+    /// idempotency keys, requests and letters; one checkpoint record in the audit chain
+    /// names them and carries the hash of their records. The write answers
+    /// [`WriteOutcome::Pruned`]. The chain's records are kept.
+    Prune(PruneSagas),
     /// Records the outcome of compensating a step.
     Compensation {
         /// The saga.
@@ -311,6 +318,24 @@ pub enum WriteOutcome {
     NotPending(ApprovalStatus),
     /// A `SettleDeadLetter` on a letter that is no longer open: nothing was changed.
     NotOpen(DeadLetterStatus),
+    /// A `Prune`: how many sagas, and steps of theirs, were removed (the named sagas that
+    /// were no longer prunable were left as they are).
+    Pruned {
+        /// Sagas removed.
+        n_sagas: u64,
+        /// Their steps, removed with them.
+        n_steps: u64,
+    },
+}
+
+/// Sagas to remove, finished before a horizon (see [`LogWrite::Prune`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PruneSagas {
+    /// The sagas, each checked again before it is removed.
+    pub saga_ids: Vec<SagaId>,
+    /// The horizon: only a saga last changed before it is removed (milliseconds since the
+    /// Unix epoch).
+    pub before_ms: i64,
 }
 
 /// The binding of an idempotency key: the step that last ran with it.
@@ -597,4 +622,20 @@ pub trait TxLog: Send + Sync + 'static {
         &'a self,
         saga_id: Option<&'a SagaId>,
     ) -> BoxFuture<'a, Result<Vec<DeadLetter>, TxError>>;
+
+    /// Up to `limit` sagas that [`LogWrite::Prune`] would remove at `before_ms`, with their
+    /// steps: finished (`Done`, `FailedRolledBack`, `FailedRollbackPartial`, `Undone`), last
+    /// changed before `before_ms`, with no open dead letter and no open approval request;
+    /// oldest first (by creation, then id), after `after` (the `created_at_ms` and id of a
+    /// saga returned before, to page on) when given.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn prune_candidates(
+        &self,
+        before_ms: i64,
+        after: Option<(i64, SagaId)>,
+        limit: u32,
+    ) -> BoxFuture<'_, Result<Vec<SagaRecord>, TxError>>;
 }

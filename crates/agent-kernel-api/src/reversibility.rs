@@ -81,24 +81,34 @@ impl Default for UndoWindow {
     }
 }
 
+/// Reads a duration written as digits and one unit of `s`, `m`, `h` or `d` (`90s`, `15m`,
+/// `24h`, `7d`) into milliseconds; zero is allowed, the caller bounds the range.
+///
+/// # Errors
+///
+/// A message naming `text` when it is not such a duration, or overflows.
+pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
+    let bad = || format!("`{text}` is not a duration such as 90s, 15m, 24h or 7d");
+    let unit_ms = match text.as_bytes().last() {
+        Some(b's') => 1_000,
+        Some(b'm') => 60_000,
+        Some(b'h') => 3_600_000,
+        Some(b'd') => DAY_MS,
+        _ => return Err(bad()),
+    };
+    let digits = &text[..text.len() - 1];
+    if digits.is_empty() || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let count: u64 = digits.parse().map_err(|_| bad())?;
+    count.checked_mul(unit_ms).ok_or_else(bad)
+}
+
 impl FromStr for UndoWindow {
     type Err = String;
 
     fn from_str(text: &str) -> Result<UndoWindow, String> {
-        let bad = || format!("`{text}` is not a duration such as 90s, 15m, 24h or 7d");
-        let unit_ms = match text.as_bytes().last() {
-            Some(b's') => 1_000,
-            Some(b'm') => 60_000,
-            Some(b'h') => 3_600_000,
-            Some(b'd') => DAY_MS,
-            _ => return Err(bad()),
-        };
-        let digits = &text[..text.len() - 1];
-        if digits.is_empty() || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
-            return Err(bad());
-        }
-        let count: u64 = digits.parse().map_err(|_| bad())?;
-        let ms = count.checked_mul(unit_ms).ok_or_else(bad)?;
+        let ms = parse_duration_ms(text)?;
         UndoWindow::from_ms(ms).map_err(|_| format!("`{text}` is out of range: 1s..=366d"))
     }
 }

@@ -295,6 +295,11 @@ fn summary(record: &agent_kernel_txlog::AuditRecord) -> String {
             text(&body["error"]["message"])
         ),
         "Genesis" => "the chain starts".to_owned(),
+        "Prune" => format!(
+            "{} sagas ({} steps) removed from the tables, their records kept",
+            body["saga_ids"].as_array().map_or(0, Vec::len),
+            body["n_steps"]
+        ),
         "ApprovalRequested" => format!(
             "step {} {} {} waits for approval {} (digest {})",
             body["step_seq"],

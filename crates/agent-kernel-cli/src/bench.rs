@@ -136,6 +136,15 @@ impl TxLog for CountingLog {
         self.inner.unfinished_sagas()
     }
 
+    fn prune_candidates(
+        &self,
+        before_ms: i64,
+        after: Option<(i64, SagaId)>,
+        limit: u32,
+    ) -> BoxFuture<'_, Result<Vec<SagaRecord>, TxError>> {
+        self.inner.prune_candidates(before_ms, after, limit)
+    }
+
     fn key_binding<'a>(
         &'a self,
         key: &'a str,

@@ -177,6 +177,19 @@ enum Command {
         #[arg(long)]
         skip_verify: bool,
     },
+    /// Remove finished sagas older than a horizon from the log; never an open one, one
+    /// waiting for an approval, one with an open dead letter, or one inside its undo window
+    Prune {
+        /// The horizon: sagas that finished longer ago than this (`90s`, `15m`, `24h`, `30d`)
+        #[arg(long, value_name = "DURATION", value_parser = parse_horizon)]
+        before: u64,
+        /// Then rebuild the file so the freed space goes back to the file system (VACUUM)
+        #[arg(long)]
+        vacuum: bool,
+        /// Act even if `audit verify` finds the log tampered with (recorded in the audit chain)
+        #[arg(long)]
+        skip_verify: bool,
+    },
     /// Show one saga with its steps, or list recent sagas
     Log {
         /// Show this saga and every step with its status
@@ -574,6 +587,39 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 _ => exit::ATTENTION,
             })
         }
+        Command::Prune {
+            before,
+            vacuum,
+            skip_verify,
+        } => {
+            require_log(cli)?;
+            let _lock = operator_lock(cli).await?;
+            // What is removed is chosen from the tables: they must say what the chain says.
+            let options = verify_before_acting(cli, *skip_verify).await?;
+            // Opened before the kernel confines this process to the roots: its writer
+            // thread keeps its access to the log.
+            let vacuum_log = if *vacuum {
+                Some(open_log(cli, Durability::Full)?)
+            } else {
+                None
+            };
+            let kernel = open_kernel(
+                cli,
+                Durability::Full,
+                Compensation::AndExecution,
+                options,
+                true,
+            )?;
+            let report = kernel.prune(*before).await?;
+            drop(kernel);
+            if let Some(log) = vacuum_log {
+                log.vacuum().await.map_err(|error| {
+                    log_failure(error, true, "cannot vacuum the log".to_owned())
+                })?;
+            }
+            out.prune(&report, *vacuum);
+            Ok(exit::OK)
+        }
         Command::Dlq { action } => {
             require_log(cli)?;
             match action {
@@ -960,6 +1006,19 @@ fn this_process() -> Result<agent_kernel_api::Owner, Failure> {
     current_owner()
         .context("cannot identify this process in /proc")
         .map_err(Failure::internal)
+}
+
+/// Most `prune --before` accepts: a hundred years.
+const PRUNE_HORIZON_MAX_MS: u64 = 100 * 366 * 86_400_000;
+
+/// `prune --before`: a duration of `agent_kernel_api::parse_duration_ms`, zero to
+/// [`PRUNE_HORIZON_MAX_MS`].
+fn parse_horizon(text: &str) -> Result<u64, String> {
+    let ms = agent_kernel_api::parse_duration_ms(text)?;
+    if ms > PRUNE_HORIZON_MAX_MS {
+        return Err(format!("`{text}` is more than a hundred years"));
+    }
+    Ok(ms)
 }
 
 /// Opens the log, creating it if absent.

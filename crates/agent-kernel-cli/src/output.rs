@@ -309,6 +309,32 @@ impl Output {
     }
 
     /// `recover`.
+    pub(crate) fn prune(&self, report: &agent_kernel_core::PruneReport, vacuumed: bool) {
+        if self.json {
+            let mut document = serde_json::to_value(report).expect("reports serialize");
+            document["vacuumed"] = vacuumed.into();
+            print_json(&document);
+            return;
+        }
+        println!(
+            "pruned {} sagas ({} steps) finished before {}{}",
+            report.n_sagas,
+            report.n_steps,
+            agent_kernel_api::format_rfc3339_ms(report.before_ms),
+            if vacuumed {
+                "; the file was vacuumed"
+            } else {
+                ""
+            }
+        );
+        if report.kept_in_undo_window > 0 {
+            println!(
+                "kept {} finished sagas still inside their undo window",
+                report.kept_in_undo_window
+            );
+        }
+    }
+
     pub(crate) fn recovery(&self, report: &RecoveryReport) {
         if self.json {
             print_json(&serde_json::to_value(report).expect("reports serialize"));

@@ -105,6 +105,7 @@ mod kernel;
 mod live;
 mod owner;
 mod plan;
+mod prune;
 mod recovery;
 mod report;
 mod step;
@@ -128,6 +129,7 @@ pub use error::{KernelError, Problem, ProblemKind};
 pub use kernel::{Environment, Kernel, VALIDATE_HINT, args_hash};
 pub use live::{BeginOptions, CallAnswer, LiveSaga, LiveStatus};
 pub use owner::{Liveness, LivenessProbe, ProcessProbe, current_owner, current_uid};
+pub use prune::PruneReport;
 pub use report::{
     Failure, NoObserver, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport,
     StepReport, approval_document,

@@ -49,7 +49,7 @@ pub(crate) const ZERO_HASH: &str =
     "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// Every record kind the chain may hold.
-pub(crate) const KINDS: [&str; 20] = [
+pub(crate) const KINDS: [&str; 21] = [
     KIND_GENESIS,
     KIND_CREATE_SAGA,
     KIND_SET_STATE,
@@ -70,6 +70,7 @@ pub(crate) const KINDS: [&str; 20] = [
     KIND_APPROVAL_CONSUMED,
     KIND_DEAD_LETTER,
     KIND_DEAD_LETTER_SETTLED,
+    KIND_PRUNE,
 ];
 
 /// The record of a [`LogWrite::RecordDeadLetter`](agent_kernel_api::LogWrite::RecordDeadLetter).
@@ -142,6 +143,10 @@ pub(crate) const KIND_GENESIS: &str = "Genesis";
 
 /// An owner change made by [`TxLog::take_over`](agent_kernel_api::TxLog::take_over).
 pub(crate) const KIND_TAKE_OVER: &str = "TakeOver";
+
+/// The checkpoint of a [`LogWrite::Prune`](agent_kernel_api::LogWrite::Prune): the sagas
+/// removed from the tables and the hash of their records, which stay in the chain.
+pub(crate) const KIND_PRUNE: &str = "Prune";
 
 /// The secret that MACs every audit record, so that a rewrite of the whole chain by someone
 /// without the key is detected.
@@ -325,6 +330,23 @@ impl CanonicalObject {
         self
     }
 
+    pub(crate) fn str_array<'s>(
+        mut self,
+        key: &'static str,
+        values: impl IntoIterator<Item = &'s str>,
+    ) -> CanonicalObject {
+        self.key(key);
+        self.text.push('[');
+        for (idx, value) in values.into_iter().enumerate() {
+            if idx > 0 {
+                self.text.push(',');
+            }
+            write_json_str(&mut self.text, value);
+        }
+        self.text.push(']');
+        self
+    }
+
     pub(crate) fn object(mut self, key: &'static str, value: CanonicalObject) -> CanonicalObject {
         self.key(key);
         self.text.push_str(&value.finish());
@@ -474,7 +496,8 @@ impl RecordView<'_> {
             return Err(format!("its kind `{}` is unknown", quote(self.kind, 64)));
         }
         let saga_id_optional = self.kind == KIND_OPERATOR;
-        let saga_id_absent = self.kind == KIND_GENESIS || self.kind == KIND_PLAN_DENIED;
+        let saga_id_absent =
+            self.kind == KIND_GENESIS || self.kind == KIND_PLAN_DENIED || self.kind == KIND_PRUNE;
         match self.saga_id {
             None if !saga_id_optional && !saga_id_absent => {
                 return Err(format!("a {} record needs a saga id", self.kind));

@@ -90,6 +90,7 @@ mod create;
 mod downgrade;
 mod floor;
 mod head;
+mod prune;
 mod records;
 mod schema;
 mod store;
@@ -112,6 +113,7 @@ pub use create::{DB_LINK_HOPS_MAX, resolve_db_path};
 #[doc(hidden)]
 pub use downgrade::downgrade_in_place;
 pub use floor::{FloorReport, measure_commit_floor};
+pub use prune::PRUNE_SAGAS_MAX;
 pub use records::{
     AUDIT_RECORDS_DEFAULT, AUDIT_RECORDS_MAX, AuditQuery, AuditRecord, audit_record_kinds,
     audit_records,
@@ -355,6 +357,18 @@ impl SqliteLog {
         })
     }
 
+    /// Rebuilds the database file so the space that deletions (a prune) freed is returned
+    /// to the file system (SQLite's `VACUUM`); it needs free space about the size of the
+    /// log while it runs, and holds the writer meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError::Storage`] when SQLite cannot vacuum (the disk is full, another connection
+    /// holds a read transaction open).
+    pub fn vacuum(&self) -> BoxFuture<'_, Result<(), TxError>> {
+        self.call(|conn, _| conn.execute_batch("VACUUM").map_err(schema::storage))
+    }
+
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -502,6 +516,15 @@ impl TxLog for SqliteLog {
 
     fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
         self.call(|conn, _| store::unfinished_sagas(conn))
+    }
+
+    fn prune_candidates(
+        &self,
+        before_ms: i64,
+        after: Option<(i64, SagaId)>,
+        limit: u32,
+    ) -> BoxFuture<'_, Result<Vec<SagaRecord>, TxError>> {
+        self.call(move |conn, _| prune::candidates(conn, before_ms, after.as_ref(), limit))
     }
 
     fn key_binding<'a>(

@@ -114,7 +114,10 @@ fn apply_chained(
         moves_head |= matches!(write, LogWrite::SetState { state, .. } if state.is_terminal())
             || matches!(
                 write,
-                LogWrite::Audit(_) | LogWrite::DecideApproval(_) | LogWrite::SettleDeadLetter(_)
+                LogWrite::Audit(_)
+                    | LogWrite::DecideApproval(_)
+                    | LogWrite::SettleDeadLetter(_)
+                    | LogWrite::Prune(_)
             );
         outcomes.push(applied.outcome);
     }
@@ -220,6 +223,15 @@ fn apply<'w>(
     now_ms: i64,
 ) -> Result<Applied<'w>, TxError> {
     match write {
+        LogWrite::Prune(prune) => {
+            let (outcome, body) = crate::prune::prune(conn, prune)?;
+            Ok(Applied {
+                outcome,
+                kind: body.is_some().then_some(crate::audit::KIND_PRUNE),
+                saga_id: None,
+                body: body.unwrap_or_default(),
+            })
+        }
         LogWrite::CreateSaga(saga) => {
             create_saga(conn, saga, now_ms)?;
             let body = CanonicalObject::new()

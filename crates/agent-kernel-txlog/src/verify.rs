@@ -14,10 +14,11 @@ use crate::audit::{
     self, AuditKey, Head, KIND_APPROVAL_CONSUMED, KIND_APPROVAL_DECIDED, KIND_APPROVAL_REQUESTED,
     KIND_BEGIN_STEP, KIND_CALL_REFUSED, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA,
     KIND_DEAD_LETTER, KIND_DEAD_LETTER_SETTLED, KIND_FAIL_STEP, KIND_GENESIS, KIND_OPERATOR,
-    KIND_PLAN_DENIED, KIND_REFUSE_STEP, KIND_REUSE_STEP, KIND_SAGA_ABORTED, KIND_SET_STATE,
-    KIND_SIMULATE_STEP, KIND_TAKE_OVER, Record, ZERO_HASH, sha256_hex,
+    KIND_PLAN_DENIED, KIND_PRUNE, KIND_REFUSE_STEP, KIND_REUSE_STEP, KIND_SAGA_ABORTED,
+    KIND_SET_STATE, KIND_SIMULATE_STEP, KIND_TAKE_OVER, Record, ZERO_HASH, sha256_hex,
 };
 use crate::head;
+use crate::prune::SagaRecords;
 use crate::schema::{self, AUDIT_SCHEMA_VERSION};
 
 /// What [`verify`] found.
@@ -106,7 +107,8 @@ pub struct BadRecord {
 /// so a log in use never looks tampered with.
 /// The database's content is never changed; SQLite may still create the `-wal` and `-shm`
 /// files of a log in WAL mode, as any reader does.
-/// Memory grows with the number of sagas and steps (the replayed tables are held).
+/// Memory grows with the number of sagas and steps in the tables (the replayed tables are
+/// held; a `Prune` checkpoint drops the sagas it names).
 ///
 /// # Errors
 ///
@@ -565,6 +567,8 @@ struct Replay {
     keys: BTreeMap<String, KeyModel>,
     approvals: BTreeMap<String, ApprovalModel>,
     dead_letters: BTreeMap<String, DeadLetterModel>,
+    /// The running hash of each saga's records, which a `Prune` checkpoint carries.
+    records: BTreeMap<String, SagaRecords>,
 }
 
 /// Typed access to a record body, with messages naming the missing field.
@@ -685,8 +689,17 @@ impl Replay {
             body.as_object()
                 .ok_or_else(|| "its body is not a JSON object".to_owned())?,
         );
+        if let Some(saga_id) = &record.saga_id {
+            self.records
+                .entry(saga_id.clone())
+                .or_default()
+                .add(&record.hash);
+        }
         if record.kind == KIND_GENESIS {
             return self.genesis(record, &body);
+        }
+        if record.kind == KIND_PRUNE {
+            return self.prune(&body);
         }
         if [
             KIND_OPERATOR,
@@ -1102,6 +1115,90 @@ impl Replay {
             binding.step_seq = step_seq;
             binding.last_seq = record.seq;
         }
+        Ok(())
+    }
+
+    /// A `Prune` checkpoint: every saga it names must be prunable here (finished, last
+    /// changed before the horizon, no open dead letter, no open request), its steps must
+    /// add up, and the hash of their records must match; then they leave the tables.
+    fn prune(&mut self, body: &Body<'_>) -> Result<(), String> {
+        let before_ms = body.int("before_ms")?;
+        let n_steps = body.int("n_steps")?;
+        let records_sha256 = body.str("records_sha256")?;
+        let listed = body
+            .field("saga_ids")?
+            .as_array()
+            .ok_or_else(|| "its `saga_ids` is not a list".to_owned())?;
+        let mut pruned = BTreeMap::new();
+        let mut n_counted = 0_i64;
+        for saga_id in listed {
+            let saga_id = saga_id
+                .as_str()
+                .ok_or_else(|| "its `saga_ids` holds something other than text".to_owned())?;
+            if pruned
+                .keys()
+                .next_back()
+                .is_some_and(|last: &&str| *last >= saga_id)
+            {
+                return Err("its `saga_ids` are not in ascending order".to_owned());
+            }
+            let saga = self
+                .sagas
+                .get(saga_id)
+                .ok_or_else(|| format!("it prunes saga {saga_id}, which does not exist"))?;
+            if !saga.state.is_terminal() {
+                return Err(format!(
+                    "it prunes saga {saga_id}, which is {}, not finished",
+                    saga.state
+                ));
+            }
+            if saga.updated_at_ms.is_some_and(|at_ms| at_ms >= before_ms) {
+                return Err(format!(
+                    "it prunes saga {saga_id}, last changed after its horizon"
+                ));
+            }
+            if self
+                .dead_letters
+                .values()
+                .any(|letter| letter.saga_id == saga_id && letter.status == "open")
+            {
+                return Err(format!(
+                    "it prunes saga {saga_id}, which has an open dead letter"
+                ));
+            }
+            if self.approvals.values().any(|request| {
+                request.saga_id == saga_id
+                    && (request.status == "pending" || request.status == "approved")
+            }) {
+                return Err(format!(
+                    "it prunes saga {saga_id}, which has an open approval request"
+                ));
+            }
+            n_counted += i64::try_from(saga.steps.len()).unwrap_or(i64::MAX);
+            pruned.insert(
+                saga_id,
+                self.records.get(saga_id).cloned().unwrap_or_default(),
+            );
+        }
+        if n_counted != n_steps {
+            return Err(format!(
+                "it counts {n_steps} steps, but the sagas it prunes have {n_counted}"
+            ));
+        }
+        let ids: Vec<String> = pruned.keys().map(|saga_id| (*saga_id).to_owned()).collect();
+        if crate::prune::records_sha256(pruned) != records_sha256 {
+            return Err(
+                "its `records_sha256` is not the hash of the pruned sagas' records".to_owned(),
+            );
+        }
+        for saga_id in &ids {
+            self.sagas.remove(saga_id);
+            self.records.remove(saga_id);
+        }
+        let gone = |saga_id: &String| ids.binary_search(saga_id).is_ok();
+        self.keys.retain(|_, key| !gone(&key.saga_id));
+        self.approvals.retain(|_, request| !gone(&request.saga_id));
+        self.dead_letters.retain(|_, letter| !gone(&letter.saga_id));
         Ok(())
     }
 

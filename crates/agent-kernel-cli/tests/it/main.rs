@@ -14,6 +14,7 @@ mod http;
 mod integrations;
 mod layering;
 mod mcp;
+mod prune;
 mod run;
 mod storage;
 mod tamper;

@@ -16,24 +16,7 @@ use agent_kernel_sandbox::{FsSandbox, Policy};
 use agent_kernel_tools::FsWrite;
 use serde_json::{Value, json};
 
-use crate::{Fixture, add, boom, plan};
-
-/// A small deterministic generator (SplitMix64), so that a failing seed reproduces.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use crate::{Fixture, Rng, add, boom, plan};
 
 /// Sagas in the chaos test.
 const CHAOS_SAGAS: usize = 1_000;
@@ -111,15 +94,7 @@ fn snapshot(root: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
 #[tokio::test]
 async fn a_thousand_sagas_with_failing_compensations_lose_nothing_and_retries_bring_every_file_back()
  {
-    let seed = std::env::var("AGENT_KERNEL_DLQ_SEED")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("after 1970")
-                .as_nanos() as u64
-        });
+    let seed = crate::seed_from_env("AGENT_KERNEL_DLQ_SEED");
     eprintln!("dead-letter chaos test: seed {seed} (AGENT_KERNEL_DLQ_SEED={seed} reproduces)");
     let mut rng = Rng(seed);
     let fixture = Fixture::new();

@@ -181,6 +181,14 @@ impl TxLog for StaleReads {
     fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
         Box::pin(async { Ok(Vec::new()) })
     }
+    fn prune_candidates(
+        &self,
+        _before_ms: i64,
+        _after: Option<(i64, SagaId)>,
+        _limit: u32,
+    ) -> BoxFuture<'_, Result<Vec<agent_kernel_api::SagaRecord>, TxError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
     fn key_binding<'a>(
         &'a self,
         key: &'a str,

@@ -6,6 +6,7 @@ mod dead_letters;
 mod fsm;
 mod idempotency;
 mod live;
+mod prune;
 mod recovery;
 mod saga;
 mod settlement;
@@ -348,6 +349,36 @@ impl TransactionalTool for Settled {
     }
 }
 
+/// A small deterministic generator (SplitMix64), so that a failing seed reproduces.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The seed in `var`, else one from the time: printed by the test, so a failure replays.
+pub(crate) fn seed_from_env(var: &str) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_nanos() as u64
+        })
+}
+
 /// A clock that advances one millisecond per reading.
 pub(crate) struct TickClock(AtomicU64);
 
@@ -413,6 +444,9 @@ pub(crate) struct Fixture {
     /// How far ahead of the log's clock the kernels made from now on read the time, in ms:
     /// an operator acting days later.
     pub(crate) clock_ahead_ms: u64,
+    /// One clock for the log and every kernel made from now on, instead of a tick clock
+    /// each: the test moves the time.
+    pub(crate) clock: Option<Arc<dyn Clock>>,
 }
 
 impl Fixture {
@@ -424,6 +458,7 @@ impl Fixture {
             world: Arc::new(World::default()),
             liveness: Arc::new(StagedLiveness::default()),
             clock_ahead_ms: 0,
+            clock: None,
         }
     }
 
@@ -442,7 +477,10 @@ impl Fixture {
                 &self.dir.path().join("log.db"),
                 LogOptions {
                     durability: Durability::Normal,
-                    clock: Arc::new(TickClock(AtomicU64::new(0))),
+                    clock: self
+                        .clock
+                        .clone()
+                        .unwrap_or_else(|| Arc::new(TickClock(AtomicU64::new(0)))),
                 },
             )
             .expect("log opens"),
@@ -520,7 +558,10 @@ impl Fixture {
             Arc::new(tools),
             Arc::new(self.fsm.clone()),
             Environment {
-                clock: Arc::new(TickClock(AtomicU64::new(self.clock_ahead_ms))),
+                clock: self
+                    .clock
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(TickClock(AtomicU64::new(self.clock_ahead_ms)))),
                 ids: Arc::new(CountingIds {
                     prefix: format!("p{pid}"),
                     next: AtomicU64::new(0),

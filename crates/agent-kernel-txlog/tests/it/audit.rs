@@ -1463,3 +1463,198 @@ async fn operator_commands_and_denied_plans_are_chained_and_move_the_head() {
     let (bad, reason) = first_bad(&path, Some(&key()));
     assert_eq!(bad, 6, "{reason}");
 }
+
+/// Prunes every saga the log calls prunable at `before_ms`, page by page; their count.
+async fn prune_all(log: &SqliteLog, before_ms: i64) -> u64 {
+    let mut n_pruned = 0;
+    loop {
+        let page = log
+            .prune_candidates(before_ms, None, 50)
+            .await
+            .expect("lists");
+        if page.is_empty() {
+            return n_pruned;
+        }
+        for record in &page {
+            assert!(record.saga.state.is_terminal(), "{:?}", record.saga);
+            assert!(record.saga.updated_at_ms < before_ms);
+        }
+        let saga_ids = page
+            .iter()
+            .map(|record| record.saga.saga_id.clone())
+            .collect();
+        let outcomes = write(
+            log,
+            vec![LogWrite::Prune(agent_kernel_api::PruneSagas {
+                saga_ids,
+                before_ms,
+            })],
+        )
+        .await;
+        match outcomes.as_slice() {
+            [WriteOutcome::Pruned { n_sagas, .. }] => {
+                assert_eq!(*n_sagas, page.len() as u64);
+                n_pruned += n_sagas;
+            }
+            other => panic!("a prune answered {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_pruned_log_verifies_keeps_its_open_sagas_and_goes_on() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    build_log(&path, 7, 40, Some(key())).await;
+    let conn = Connection::open(&path).expect("opens");
+    let unfinished: Vec<String> = conn
+        .prepare(
+            "SELECT saga_id FROM sagas WHERE state NOT IN
+                 ('Done', 'FailedRolledBack', 'FailedRollbackPartial', 'Undone') ORDER BY saga_id",
+        )
+        .expect("prepares")
+        .query_map([], |row| row.get(0))
+        .expect("reads")
+        .collect::<Result<_, _>>()
+        .expect("reads");
+    assert!(!unfinished.is_empty(), "the seed leaves some saga open");
+    let log = open_log(&path, Some(key()), Durability::Full);
+    let n_pruned = prune_all(&log, i64::MAX).await;
+    assert!(n_pruned > 20, "{n_pruned}");
+    drop(log);
+    assert_intact(&path, Some(&key()));
+    // Only the open sagas are left, with their steps; no row of a pruned saga survives.
+    let left: Vec<String> = conn
+        .prepare("SELECT saga_id FROM sagas ORDER BY saga_id")
+        .expect("prepares")
+        .query_map([], |row| row.get(0))
+        .expect("reads")
+        .collect::<Result<_, _>>()
+        .expect("reads");
+    assert_eq!(left, unfinished);
+    for table in ["saga_steps", "idempotency_keys"] {
+        let orphans: i64 = conn
+            .query_row(
+                &format!(
+                    "SELECT count(*) FROM {table} WHERE saga_id NOT IN (SELECT saga_id FROM sagas)"
+                ),
+                [],
+                |row| row.get(0),
+            )
+            .expect("counts");
+        assert_eq!(orphans, 0, "{table}");
+    }
+    // The chain keeps every record and one checkpoint per page.
+    let checkpoints: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM audit_log WHERE kind = 'Prune'",
+            [],
+            |row| row.get(0),
+        )
+        .expect("counts");
+    assert!(checkpoints >= 1);
+    // Writing goes on, and a second prune of the new sagas verifies too.
+    build_log(&path, 8, 10, Some(key())).await;
+    let log = open_log(&path, Some(key()), Durability::Full);
+    assert!(prune_all(&log, i64::MAX).await > 0);
+    // Nothing left to prune: a prune naming an open saga removes nothing, records nothing.
+    let before = last_seq(&conn);
+    let outcomes = write(
+        &log,
+        vec![LogWrite::Prune(agent_kernel_api::PruneSagas {
+            saga_ids: vec![SagaId::new(&unfinished[0])],
+            before_ms: i64::MAX,
+        })],
+    )
+    .await;
+    assert_eq!(
+        outcomes,
+        [WriteOutcome::Pruned {
+            n_sagas: 0,
+            n_steps: 0
+        }]
+    );
+    assert_eq!(last_seq(&conn), before);
+    drop(log);
+    assert_intact(&path, Some(&key()));
+}
+
+/// Appends a record to the chain as someone without the key would, hashes and all.
+fn forge_record(conn: &Connection, kind: &str, body: &str) -> i64 {
+    let (seq, prev, at_ms): (i64, String, i64) = conn
+        .query_row(
+            "SELECT seq, hash, at_ms FROM audit_log ORDER BY seq DESC LIMIT 1",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+        )
+        .expect("reads the head");
+    let (seq, at_ms) = (seq + 1, at_ms + 1);
+    let hash = record_hash(&prev, seq, at_ms, kind, "", body);
+    conn.execute(
+        "INSERT INTO audit_log (seq, at_ms, kind, saga_id, body, prev_hash, hash, mac)
+         VALUES (?1, ?2, ?3, NULL, ?4, ?5, ?6, NULL)",
+        params![seq, at_ms, kind, body, prev, hash],
+    )
+    .expect("forges");
+    seq
+}
+
+/// Deletes a saga's rows from the tables, as someone holding the file would.
+fn delete_saga_rows(conn: &Connection, saga_id: &str) {
+    for table in ["idempotency_keys", "saga_steps", "sagas"] {
+        conn.execute(
+            &format!("DELETE FROM {table} WHERE saga_id = ?1"),
+            params![saga_id],
+        )
+        .expect("deletes");
+    }
+}
+
+#[tokio::test]
+async fn a_forged_prune_checkpoint_is_detected() {
+    let fixture = Fixture::new(None).await;
+    // It hides an unfinished saga: the rows go, a checkpoint claims them pruned.
+    let (path, conn) = fixture.copy("open-pruned.db");
+    let open: String = conn
+        .query_row(
+            "SELECT saga_id FROM sagas WHERE state = 'Acting' LIMIT 1",
+            [],
+            |row| row.get(0),
+        )
+        .expect("an unfinished saga");
+    delete_saga_rows(&conn, &open);
+    let body = format!(
+        r#"{{"before_ms":9000000000000,"n_steps":0,"records_sha256":"{}","saga_ids":["{open}"]}}"#,
+        "0".repeat(64)
+    );
+    let seq = forge_record(&conn, "Prune", &body);
+    let (bad, reason) = first_bad(&path, None);
+    assert_eq!(bad, seq as u64, "{reason}");
+    assert!(reason.contains("not finished"), "{reason}");
+
+    // A finished saga, but the checkpoint's hash is not that of its records.
+    let (path, conn) = fixture.copy("wrong-hash.db");
+    let (done, n_steps): (String, i64) = conn
+        .query_row(
+            "SELECT saga_id, (SELECT count(*) FROM saga_steps t WHERE t.saga_id = s.saga_id)
+             FROM sagas s WHERE state = 'Done' LIMIT 1",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .expect("a finished saga");
+    delete_saga_rows(&conn, &done);
+    let body = format!(
+        r#"{{"before_ms":9000000000000,"n_steps":{n_steps},"records_sha256":"{}","saga_ids":["{done}"]}}"#,
+        "0".repeat(64)
+    );
+    let seq = forge_record(&conn, "Prune", &body);
+    let (bad, reason) = first_bad(&path, None);
+    assert_eq!(bad, seq as u64, "{reason}");
+    assert!(reason.contains("records_sha256"), "{reason}");
+
+    // Rows removed with no checkpoint at all: the chain still names them.
+    let (path, conn) = fixture.copy("silently-pruned.db");
+    delete_saga_rows(&conn, &done);
+    let report = verify(&path, None).expect("verifies");
+    assert!(!report.is_intact(), "{report:#?}");
+}

@@ -1,0 +1,181 @@
+//! Pruning ([`LogWrite::Prune`](agent_kernel_api::LogWrite::Prune)): finished sagas leave
+//! the tables, their records stay in the chain, and one checkpoint record names them with
+//! the hash of those records, so `verify` can replay the chain through the prune.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use agent_kernel_api::{PruneSagas, SagaId, SagaRecord, TxError, WriteOutcome};
+use rusqlite::{Connection, params};
+use sha2::{Digest as _, Sha256};
+
+use crate::audit::{CanonicalObject, hex};
+use crate::schema::storage;
+use crate::store;
+
+/// Most sagas one `Prune` write may name: its checkpoint record lists them all, and stays
+/// far below [`AUDIT_BODY_BYTES_MAX`](crate::AUDIT_BODY_BYTES_MAX).
+pub const PRUNE_SAGAS_MAX: usize = 1_000;
+
+/// The condition a saga row `s` must meet to be pruned at horizon `?1`: finished, last
+/// changed before the horizon, no open dead letter, no open approval request.
+const PRUNABLE: &str = "(s.state = 'Done' OR s.state = 'FailedRolledBack'
+        OR s.state = 'FailedRollbackPartial' OR s.state = 'Undone')
+    AND s.updated_at_ms < ?1
+    AND NOT EXISTS (SELECT 1 FROM dead_letters d
+        WHERE d.saga_id = s.saga_id AND d.status = 'open')
+    AND NOT EXISTS (SELECT 1 FROM approvals a
+        WHERE a.saga_id = s.saga_id AND (a.status = 'pending' OR a.status = 'approved'))";
+
+/// The running hash of one saga's records: SHA-256 over each record's hash and a newline,
+/// in chain order, for every record whose `saga_id` column names the saga.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SagaRecords(Sha256);
+
+impl SagaRecords {
+    pub(crate) fn add(&mut self, record_hash: &str) {
+        self.0.update(record_hash.as_bytes());
+        self.0.update(b"\n");
+    }
+
+    fn finish(self) -> [u8; 32] {
+        self.0.finalize().into()
+    }
+}
+
+/// The checkpoint's `records_sha256`: SHA-256 over each pruned saga's id, a colon, the hex
+/// of its [`SagaRecords`] and a newline, in the order of the ids.
+pub(crate) fn records_sha256(sagas: BTreeMap<&str, SagaRecords>) -> String {
+    let mut all = Sha256::new();
+    for (saga_id, records) in sagas {
+        all.update(saga_id.as_bytes());
+        all.update(b":");
+        all.update(hex(&records.finish()).as_bytes());
+        all.update(b"\n");
+    }
+    hex(&all.finalize())
+}
+
+/// The sagas a prune at `before_ms` would remove, with their steps (see
+/// [`TxLog::prune_candidates`](agent_kernel_api::TxLog::prune_candidates)).
+pub(crate) fn candidates(
+    conn: &Connection,
+    before_ms: i64,
+    after: Option<&(i64, SagaId)>,
+    limit: u32,
+) -> Result<Vec<SagaRecord>, TxError> {
+    let (after_ms, after_id) = match after {
+        Some((created_at_ms, saga_id)) => (*created_at_ms, saga_id.as_str()),
+        None => (i64::MIN, ""),
+    };
+    let ids: Vec<String> = conn
+        .prepare_cached(&format!(
+            "SELECT s.saga_id FROM sagas s
+             WHERE (s.created_at_ms > ?2 OR (s.created_at_ms = ?2 AND s.saga_id > ?3))
+                 AND {PRUNABLE}
+             ORDER BY s.created_at_ms, s.saga_id LIMIT ?4"
+        ))
+        .and_then(|mut statement| {
+            statement
+                .query_map(params![before_ms, after_ms, after_id, limit], |row| {
+                    row.get(0)
+                })?
+                .collect()
+        })
+        .map_err(storage)?;
+    let mut records = Vec::with_capacity(ids.len());
+    for saga_id in ids {
+        let saga_id = SagaId::new(saga_id);
+        if let Some(record) = store::saga(conn, &saga_id)? {
+            records.push(record);
+        }
+    }
+    Ok(records)
+}
+
+/// Removes the named sagas that are still prunable, inside the caller's transaction;
+/// returns the outcome and, when any was removed, the checkpoint record's body.
+pub(crate) fn prune(
+    conn: &Connection,
+    write: &PruneSagas,
+) -> Result<(WriteOutcome, Option<String>), TxError> {
+    if write.saga_ids.len() > PRUNE_SAGAS_MAX {
+        return Err(TxError::Corrupt(format!(
+            "a prune names {} sagas, more than the maximum of {PRUNE_SAGAS_MAX}",
+            write.saga_ids.len()
+        )));
+    }
+    let mut pruned = BTreeSet::new();
+    {
+        let mut still = conn
+            .prepare_cached(&format!(
+                "SELECT 1 FROM sagas s WHERE s.saga_id = ?2 AND {PRUNABLE}"
+            ))
+            .map_err(storage)?;
+        for saga_id in &write.saga_ids {
+            if still
+                .exists(params![write.before_ms, saga_id.as_str()])
+                .map_err(storage)?
+            {
+                pruned.insert(saga_id.as_str());
+            }
+        }
+    }
+    if pruned.is_empty() {
+        let outcome = WriteOutcome::Pruned {
+            n_sagas: 0,
+            n_steps: 0,
+        };
+        return Ok((outcome, None));
+    }
+    // One pass over the chain: the records of the pruned sagas, in order.
+    let mut records: BTreeMap<&str, SagaRecords> = pruned
+        .iter()
+        .map(|saga_id| (*saga_id, SagaRecords::default()))
+        .collect();
+    {
+        let mut statement = conn
+            .prepare_cached(
+                "SELECT saga_id, hash FROM audit_log WHERE saga_id IS NOT NULL ORDER BY seq",
+            )
+            .map_err(storage)?;
+        let mut rows = statement.query([]).map_err(storage)?;
+        while let Some(row) = rows.next().map_err(storage)? {
+            let saga_id: String = row.get(0).map_err(storage)?;
+            if let Some(saga) = records.get_mut(saga_id.as_str()) {
+                let hash: String = row.get(1).map_err(storage)?;
+                saga.add(&hash);
+            }
+        }
+    }
+    let mut n_steps = 0_u64;
+    for saga_id in &pruned {
+        for sql in [
+            "DELETE FROM idempotency_keys WHERE saga_id = ?1",
+            "DELETE FROM approvals WHERE saga_id = ?1",
+            "DELETE FROM dead_letters WHERE saga_id = ?1",
+        ] {
+            conn.prepare_cached(sql)
+                .and_then(|mut statement| statement.execute(params![saga_id]))
+                .map_err(storage)?;
+        }
+        let steps = conn
+            .prepare_cached("DELETE FROM saga_steps WHERE saga_id = ?1")
+            .and_then(|mut statement| statement.execute(params![saga_id]))
+            .map_err(storage)?;
+        n_steps += steps as u64;
+        conn.prepare_cached("DELETE FROM sagas WHERE saga_id = ?1")
+            .and_then(|mut statement| statement.execute(params![saga_id]))
+            .map_err(storage)?;
+    }
+    let body = CanonicalObject::new()
+        .int("before_ms", write.before_ms)
+        .int("n_steps", n_steps)
+        .str("records_sha256", &records_sha256(records))
+        .str_array("saga_ids", pruned.iter().copied())
+        .finish();
+    let outcome = WriteOutcome::Pruned {
+        n_sagas: pruned.len() as u64,
+        n_steps,
+    };
+    Ok((outcome, Some(body)))
+}
