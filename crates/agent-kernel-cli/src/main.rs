@@ -177,8 +177,8 @@ enum Command {
         #[arg(long)]
         skip_verify: bool,
     },
-    /// Remove finished sagas older than a horizon from the log; never an open one, one
-    /// waiting for an approval, one with an open dead letter, or one inside its undo window
+    /// Remove settled sagas older than a horizon from the log; never an open one, one waiting
+    /// for an approval, one whose compensation failed, or one inside its undo window
     Prune {
         /// The horizon: sagas that finished longer ago than this (`90s`, `15m`, `24h`, `30d`)
         #[arg(long, value_name = "DURATION", value_parser = parse_horizon)]

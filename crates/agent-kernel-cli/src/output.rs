@@ -308,7 +308,7 @@ impl Output {
         println!("{list}");
     }
 
-    /// `recover`.
+    /// `prune`.
     pub(crate) fn prune(&self, report: &agent_kernel_core::PruneReport, vacuumed: bool) {
         if self.json {
             let mut document = serde_json::to_value(report).expect("reports serialize");
@@ -335,6 +335,7 @@ impl Output {
         }
     }
 
+    /// `recover`.
     pub(crate) fn recovery(&self, report: &RecoveryReport) {
         if self.json {
             print_json(&serde_json::to_value(report).expect("reports serialize"));

@@ -3,10 +3,10 @@
 //! and a checkpoint naming them.
 
 use agent_kernel_api::{
-    EffectClass, LogWrite, PruneSagas, Reversibility, SagaRecord, SagaState, StepStatus, TxError,
-    WriteOutcome,
+    EffectClass, LogWrite, MAX_UNDO_WINDOW_MS, PruneSagas, Reversibility, SagaId, SagaRecord,
+    SagaState, StepStatus, TxError, UndoWindow, WriteOutcome,
 };
-use agent_kernel_txlog::PRUNE_SAGAS_MAX;
+use agent_kernel_txlog::{PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX};
 use serde::Serialize;
 use tracing::info;
 
@@ -27,12 +27,13 @@ pub struct PruneReport {
 }
 
 impl Kernel {
-    /// Removes from the log every saga that finished before `older_than_ms` ago: `Done`,
-    /// `FailedRolledBack`, `FailedRollbackPartial` or `Undone`, last changed before the
-    /// horizon, with no open dead letter and no open approval request, and, for a `Done`
-    /// saga, no step still inside its undo window (the tool's, else `[limits]
-    /// undo_window`; a tool this kernel does not have counts with that default). Open
-    /// sagas, and sagas waiting for an approval, are never removed.
+    /// Removes from the log every saga settled for good before `older_than_ms` ago:
+    /// `Done`, `FailedRolledBack` or `Undone` (never `FailedRollbackPartial`, which an
+    /// operator must still see to), last changed before the horizon, with no open dead
+    /// letter and no open approval request, and, for a `Done` saga, no step still inside
+    /// its undo window (the tool's, else `[limits] undo_window`; a tool this kernel does
+    /// not have counts with the longest window, `MAX_UNDO_WINDOW_MS`). Open sagas, and
+    /// sagas waiting for an approval, are never removed.
     ///
     /// Each saga goes with its steps, idempotency keys (a key of a pruned saga may run
     /// again), approval requests and dead letters. The audit chain keeps every record; a
@@ -70,7 +71,7 @@ impl Kernel {
                     saga_ids.push(record.saga.saga_id.clone());
                 }
             }
-            if !saga_ids.is_empty() {
+            for saga_ids in by_bytes(saga_ids) {
                 let outcomes = self
                     .log
                     .write(vec![LogWrite::Prune(PruneSagas {
@@ -104,7 +105,9 @@ impl Kernel {
     }
 
     /// Whether `undo` might still accept `record` at `now_ms`: a `Done` saga with a
-    /// committed, executed, mutating step of a reversible tool whose window is open.
+    /// committed, executed, mutating step of a reversible tool whose window is open. A
+    /// tool this kernel does not have counts with the longest window there is, since its
+    /// own may be as long.
     fn may_still_be_undone(&self, record: &SagaRecord, now_ms: i64) -> bool {
         if record.saga.state != SagaState::Done {
             return false;
@@ -120,7 +123,9 @@ impl Kernel {
             let window = match self.tools.get(&step.tool_id) {
                 Some(tool) if tool.reversibility() == Reversibility::None => return false,
                 Some(tool) => limits.undo_window_for(tool.as_ref()),
-                None => limits.undo_window,
+                None => {
+                    UndoWindow::from_ms(MAX_UNDO_WINDOW_MS).expect("the longest window is a window")
+                }
             };
             let closes_at = step
                 .updated_at_ms
@@ -128,4 +133,24 @@ impl Kernel {
             now_ms <= closes_at
         })
     }
+}
+
+/// `saga_ids` in runs whose ids take at most [`PRUNE_IDS_BYTES_MAX`] bytes, one write each.
+fn by_bytes(saga_ids: Vec<SagaId>) -> Vec<Vec<SagaId>> {
+    let mut runs: Vec<Vec<SagaId>> = Vec::new();
+    let mut run_bytes = 0;
+    for saga_id in saga_ids {
+        let bytes = saga_id.as_str().len();
+        match runs.last_mut() {
+            Some(run) if run_bytes + bytes <= PRUNE_IDS_BYTES_MAX => {
+                run_bytes += bytes;
+                run.push(saga_id);
+            }
+            _ => {
+                run_bytes = bytes;
+                runs.push(vec![saga_id]);
+            }
+        }
+    }
+    runs
 }

@@ -113,7 +113,7 @@ pub use create::{DB_LINK_HOPS_MAX, resolve_db_path};
 #[doc(hidden)]
 pub use downgrade::downgrade_in_place;
 pub use floor::{FloorReport, measure_commit_floor};
-pub use prune::PRUNE_SAGAS_MAX;
+pub use prune::{PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX};
 pub use records::{
     AUDIT_RECORDS_DEFAULT, AUDIT_RECORDS_MAX, AuditQuery, AuditRecord, audit_record_kinds,
     audit_records,
@@ -366,7 +366,11 @@ impl SqliteLog {
     /// [`TxError::Storage`] when SQLite cannot vacuum (the disk is full, another connection
     /// holds a read transaction open).
     pub fn vacuum(&self) -> BoxFuture<'_, Result<(), TxError>> {
-        self.call(|conn, _| conn.execute_batch("VACUUM").map_err(schema::storage))
+        self.call(|conn, _| {
+            // Then the journal the rebuild went through is emptied, so the file shrinks now.
+            conn.execute_batch("VACUUM; PRAGMA wal_checkpoint(TRUNCATE);")
+                .map_err(schema::storage)
+        })
     }
 
     /// The database file.

@@ -8,18 +8,22 @@ use agent_kernel_api::{PruneSagas, SagaId, SagaRecord, TxError, WriteOutcome};
 use rusqlite::{Connection, params};
 use sha2::{Digest as _, Sha256};
 
-use crate::audit::{CanonicalObject, hex};
+use crate::audit::{CanonicalObject, KIND_CREATE_SAGA, hex};
 use crate::schema::storage;
 use crate::store;
 
-/// Most sagas one `Prune` write may name: its checkpoint record lists them all, and stays
-/// far below [`AUDIT_BODY_BYTES_MAX`](crate::AUDIT_BODY_BYTES_MAX).
+/// Most sagas one `Prune` write may name: its checkpoint record lists them all.
 pub const PRUNE_SAGAS_MAX: usize = 1_000;
 
-/// The condition a saga row `s` must meet to be pruned at horizon `?1`: finished, last
-/// changed before the horizon, no open dead letter, no open approval request.
-const PRUNABLE: &str = "(s.state = 'Done' OR s.state = 'FailedRolledBack'
-        OR s.state = 'FailedRollbackPartial' OR s.state = 'Undone')
+/// Most bytes of saga ids one `Prune` write may name, so its checkpoint record stays far
+/// below [`AUDIT_BODY_BYTES_MAX`](crate::AUDIT_BODY_BYTES_MAX) whatever the ids.
+pub const PRUNE_IDS_BYTES_MAX: usize = 256 * 1024;
+
+/// The condition a saga row `s` must meet to be pruned at horizon `?1`: settled for good
+/// (`Done`, `FailedRolledBack`, `Undone`; never `FailedRollbackPartial`, whose effects an
+/// operator must still see to), last changed before the horizon, no open dead letter, no
+/// open approval request.
+const PRUNABLE: &str = "(s.state = 'Done' OR s.state = 'FailedRolledBack' OR s.state = 'Undone')
     AND s.updated_at_ms < ?1
     AND NOT EXISTS (SELECT 1 FROM dead_letters d
         WHERE d.saga_id = s.saga_id AND d.status = 'open')
@@ -27,7 +31,8 @@ const PRUNABLE: &str = "(s.state = 'Done' OR s.state = 'FailedRolledBack'
         WHERE a.saga_id = s.saga_id AND (a.status = 'pending' OR a.status = 'approved'))";
 
 /// The running hash of one saga's records: SHA-256 over each record's hash and a newline,
-/// in chain order, for every record whose `saga_id` column names the saga.
+/// in chain order, for every record whose `saga_id` column names the saga, from its
+/// latest `CreateSaga` record on (an id pruned, then created again, starts afresh).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SagaRecords(Sha256);
 
@@ -98,9 +103,10 @@ pub(crate) fn prune(
     conn: &Connection,
     write: &PruneSagas,
 ) -> Result<(WriteOutcome, Option<String>), TxError> {
-    if write.saga_ids.len() > PRUNE_SAGAS_MAX {
+    let ids_bytes: usize = write.saga_ids.iter().map(|id| id.as_str().len()).sum();
+    if write.saga_ids.len() > PRUNE_SAGAS_MAX || ids_bytes > PRUNE_IDS_BYTES_MAX {
         return Err(TxError::Corrupt(format!(
-            "a prune names {} sagas, more than the maximum of {PRUNE_SAGAS_MAX}",
+            "a prune names {} sagas in {ids_bytes} bytes, more than the maximum of {PRUNE_SAGAS_MAX} or {PRUNE_IDS_BYTES_MAX} bytes",
             write.saga_ids.len()
         )));
     }
@@ -135,14 +141,19 @@ pub(crate) fn prune(
     {
         let mut statement = conn
             .prepare_cached(
-                "SELECT saga_id, hash FROM audit_log WHERE saga_id IS NOT NULL ORDER BY seq",
+                "SELECT saga_id, kind, hash FROM audit_log WHERE saga_id IS NOT NULL
+                 ORDER BY seq",
             )
             .map_err(storage)?;
         let mut rows = statement.query([]).map_err(storage)?;
         while let Some(row) = rows.next().map_err(storage)? {
             let saga_id: String = row.get(0).map_err(storage)?;
             if let Some(saga) = records.get_mut(saga_id.as_str()) {
-                let hash: String = row.get(1).map_err(storage)?;
+                let kind: String = row.get(1).map_err(storage)?;
+                if kind == KIND_CREATE_SAGA {
+                    *saga = SagaRecords::default();
+                }
+                let hash: String = row.get(2).map_err(storage)?;
                 saga.add(&hash);
             }
         }

@@ -17,7 +17,7 @@ use crate::create;
 pub(crate) const APPLICATION_ID: i64 = 0x414B_4C47;
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub(crate) const SCHEMA_VERSION: i64 = 5;
+pub(crate) const SCHEMA_VERSION: i64 = 6;
 
 /// The first schema version with the audit chain.
 pub(crate) const AUDIT_SCHEMA_VERSION: i64 = 2;
@@ -219,6 +219,11 @@ CREATE TABLE dead_letters (
 ) STRICT, WITHOUT ROWID;
 CREATE INDEX dead_letters_open ON dead_letters (first_failed_at_ms, letter_id)
     WHERE status = 'open';
+",
+    // Version 6: `prune` deletes a saga's keys, and its steps, which the keys reference:
+    // both look keys up by step, which without this index is a scan of every key.
+    r"
+CREATE INDEX idempotency_keys_step ON idempotency_keys (saga_id, step_seq);
 ",
 ];
 

@@ -1,7 +1,7 @@
 //! [`verify`]: checks a log's audit chain, its head file, and that the tables the kernel
 //! reads say what the chain says.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use agent_kernel_api::{ApprovalStatus, DeadLetterStatus, SagaState, StepStatus, TxError};
@@ -690,10 +690,18 @@ impl Replay {
                 .ok_or_else(|| "its body is not a JSON object".to_owned())?,
         );
         if let Some(saga_id) = &record.saga_id {
-            self.records
-                .entry(saga_id.clone())
-                .or_default()
-                .add(&record.hash);
+            // Counted from the saga's creation, and only while it exists, as `prune` counts.
+            if record.kind == KIND_CREATE_SAGA {
+                self.records.insert(saga_id.clone(), SagaRecords::default());
+            }
+            if let Some(records) = self.records.get_mut(saga_id) {
+                records.add(&record.hash);
+            } else if self.sagas.contains_key(saga_id) {
+                // A saga from the `Genesis` record: no creation record in the chain.
+                let mut records = SagaRecords::default();
+                records.add(&record.hash);
+                self.records.insert(saga_id.clone(), records);
+            }
         }
         if record.kind == KIND_GENESIS {
             return self.genesis(record, &body);
@@ -1118,9 +1126,10 @@ impl Replay {
         Ok(())
     }
 
-    /// A `Prune` checkpoint: every saga it names must be prunable here (finished, last
-    /// changed before the horizon, no open dead letter, no open request), its steps must
-    /// add up, and the hash of their records must match; then they leave the tables.
+    /// A `Prune` checkpoint: every saga it names must be prunable here (`Done`,
+    /// `FailedRolledBack` or `Undone`, last changed before the horizon, no open dead letter,
+    /// no open request), its steps must add up, and the hash of their records must match;
+    /// then they leave the tables.
     fn prune(&mut self, body: &Body<'_>) -> Result<(), String> {
         let before_ms = body.int("before_ms")?;
         let n_steps = body.int("n_steps")?;
@@ -1129,6 +1138,18 @@ impl Replay {
             .field("saga_ids")?
             .as_array()
             .ok_or_else(|| "its `saga_ids` is not a list".to_owned())?;
+        let with_open_letter: BTreeSet<&str> = self
+            .dead_letters
+            .values()
+            .filter(|letter| letter.status == "open")
+            .map(|letter| letter.saga_id.as_str())
+            .collect();
+        let with_open_request: BTreeSet<&str> = self
+            .approvals
+            .values()
+            .filter(|request| request.status == "pending" || request.status == "approved")
+            .map(|request| request.saga_id.as_str())
+            .collect();
         let mut pruned = BTreeMap::new();
         let mut n_counted = 0_i64;
         for saga_id in listed {
@@ -1146,9 +1167,12 @@ impl Replay {
                 .sagas
                 .get(saga_id)
                 .ok_or_else(|| format!("it prunes saga {saga_id}, which does not exist"))?;
-            if !saga.state.is_terminal() {
+            if !matches!(
+                saga.state,
+                SagaState::Done | SagaState::FailedRolledBack | SagaState::Undone
+            ) {
                 return Err(format!(
-                    "it prunes saga {saga_id}, which is {}, not finished",
+                    "it prunes saga {saga_id}, which is {}, not finished and settled",
                     saga.state
                 ));
             }
@@ -1157,19 +1181,12 @@ impl Replay {
                     "it prunes saga {saga_id}, last changed after its horizon"
                 ));
             }
-            if self
-                .dead_letters
-                .values()
-                .any(|letter| letter.saga_id == saga_id && letter.status == "open")
-            {
+            if with_open_letter.contains(saga_id) {
                 return Err(format!(
                     "it prunes saga {saga_id}, which has an open dead letter"
                 ));
             }
-            if self.approvals.values().any(|request| {
-                request.saga_id == saga_id
-                    && (request.status == "pending" || request.status == "approved")
-            }) {
+            if with_open_request.contains(saga_id) {
                 return Err(format!(
                     "it prunes saga {saga_id}, which has an open approval request"
                 ));

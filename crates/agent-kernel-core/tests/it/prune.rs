@@ -1,6 +1,7 @@
 //! Prune (issue 14), a property test over random histories: every prune removes exactly the
-//! sagas its rules allow (finished before the horizon, no open dead letter, no open
-//! request, outside every undo window), never an open one or one waiting for an approval;
+//! sagas its rules allow (settled for good before the horizon, no open dead letter, no open
+//! request, outside every undo window), never an open one, one waiting for an approval or
+//! one left `FailedRollbackPartial`;
 //! the chain verifies after every prune; `recover` still rolls back what dead processes
 //! left, and nothing else.
 
@@ -60,8 +61,10 @@ fn prunable(
                 && step.tool_id != "send.once"
                 && now_ms <= step.updated_at_ms + WINDOW_MS as i64
         });
-    record.saga.state.is_terminal()
-        && record.saga.updated_at_ms < before_ms
+    matches!(
+        record.saga.state,
+        SagaState::Done | SagaState::FailedRolledBack | SagaState::Undone
+    ) && record.saga.updated_at_ms < before_ms
         && open_letters == 0
         && !request_open
         && !in_window

@@ -1509,21 +1509,22 @@ async fn a_pruned_log_verifies_keeps_its_open_sagas_and_goes_on() {
     let conn = Connection::open(&path).expect("opens");
     let unfinished: Vec<String> = conn
         .prepare(
-            "SELECT saga_id FROM sagas WHERE state NOT IN
-                 ('Done', 'FailedRolledBack', 'FailedRollbackPartial', 'Undone') ORDER BY saga_id",
+            "SELECT saga_id FROM sagas WHERE state NOT IN ('Done', 'FailedRolledBack', 'Undone')
+                 ORDER BY saga_id",
         )
         .expect("prepares")
         .query_map([], |row| row.get(0))
         .expect("reads")
         .collect::<Result<_, _>>()
         .expect("reads");
+    // Open sagas, and those an operator must still see to (`FailedRollbackPartial`).
     assert!(!unfinished.is_empty(), "the seed leaves some saga open");
     let log = open_log(&path, Some(key()), Durability::Full);
     let n_pruned = prune_all(&log, i64::MAX).await;
     assert!(n_pruned > 20, "{n_pruned}");
     drop(log);
     assert_intact(&path, Some(&key()));
-    // Only the open sagas are left, with their steps; no row of a pruned saga survives.
+    // Only those are left, with their steps; no row of a pruned saga survives.
     let left: Vec<String> = conn
         .prepare("SELECT saga_id FROM sagas ORDER BY saga_id")
         .expect("prepares")
@@ -1657,4 +1658,88 @@ async fn a_forged_prune_checkpoint_is_detected() {
     delete_saga_rows(&conn, &done);
     let report = verify(&path, None).expect("verifies");
     assert!(!report.is_intact(), "{report:#?}");
+}
+
+#[tokio::test]
+async fn a_saga_id_created_again_after_a_prune_is_pruned_again_and_verifies() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    let log = open_log(&path, Some(key()), Durability::Normal);
+    let mut rng = Rng(11);
+    for round in 0..3 {
+        // The same id each round, as a business-keyed id source would give.
+        write(
+            &log,
+            vec![
+                create("order-42", 1),
+                LogWrite::BeginStep(step(&mut rng, "order-42", 0, None)),
+            ],
+        )
+        .await;
+        write(
+            &log,
+            vec![
+                commit(&mut rng, "order-42", 0),
+                set_state("order-42", SagaState::Done),
+            ],
+        )
+        .await;
+        assert_eq!(prune_all(&log, i64::MAX).await, 1, "round {round}");
+    }
+    drop(log);
+    assert_intact(&path, Some(&key()));
+}
+
+#[tokio::test]
+async fn a_saga_whose_compensation_failed_is_never_pruned() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    let log = open_log(&path, Some(key()), Durability::Normal);
+    let mut rng = Rng(12);
+    // As a log migrated from version 4 holds it: FailedRollbackPartial with no dead letter.
+    write(
+        &log,
+        vec![
+            create("partial", 1),
+            LogWrite::BeginStep(step(&mut rng, "partial", 0, None)),
+        ],
+    )
+    .await;
+    write(
+        &log,
+        vec![
+            compensation("partial", 0, false),
+            set_state("partial", SagaState::FailedRollbackPartial),
+        ],
+    )
+    .await;
+    assert!(
+        log.prune_candidates(i64::MAX, None, 10)
+            .await
+            .expect("lists")
+            .is_empty()
+    );
+    let outcomes = write(
+        &log,
+        vec![LogWrite::Prune(agent_kernel_api::PruneSagas {
+            saga_ids: vec![SagaId::new("partial")],
+            before_ms: i64::MAX,
+        })],
+    )
+    .await;
+    assert_eq!(
+        outcomes,
+        [WriteOutcome::Pruned {
+            n_sagas: 0,
+            n_steps: 0
+        }]
+    );
+    assert!(
+        log.saga(&SagaId::new("partial"))
+            .await
+            .expect("reads")
+            .is_some()
+    );
+    drop(log);
+    assert_intact(&path, Some(&key()));
 }
