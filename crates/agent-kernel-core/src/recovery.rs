@@ -161,13 +161,18 @@ impl Kernel {
     /// compare-and-swap on its owner, so concurrent recoveries never compensate one saga
     /// twice at once, and a recovery that is itself killed is resumed by the next one.
     ///
+    /// Sagas are taken newest first: last first across sagas as within one, so when two
+    /// unfinished sagas changed the same thing one after the other, the later change is
+    /// undone first and the earlier saga's undo record then restores what was there before
+    /// both.
+    ///
     /// # Errors
     ///
     /// [`KernelError::Log`] when the log fails.
     pub async fn recover(&self, observer: &dyn Observer) -> Result<RecoveryReport, KernelError> {
         self.record_operator_command("recover", None).await?;
         let mut report = RecoveryReport::default();
-        for saga in self.log.unfinished_sagas().await? {
+        for saga in self.log.unfinished_sagas().await?.into_iter().rev() {
             // One saga that cannot be recovered must not stop the recovery of the others.
             match self.recover_one(&saga.saga_id, observer).await {
                 Ok(Some(action)) => report.sagas.push(action),
