@@ -1,5 +1,6 @@
 //! Criterion benches of the log: the cost of one steady-state step record
-//! (a step's COMMIT and the next step's BEGIN in one transaction) under each durability mode.
+//! (a step's COMMIT and the next step's BEGIN in one transaction) under each durability mode,
+//! and the writer thread's round trip alone.
 //!
 //! Run with `cargo bench -p agent-kernel-txlog`.
 
@@ -100,5 +101,35 @@ fn step_records(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, step_records);
+/// The writer thread's round trip alone: a read of a saga that does not exist (one primary
+/// key probe in SQLite), sent to the writer and answered, from a current-thread runtime as
+/// the CLI's. What a batch pays for the hand-off, beside the floor's direct commit.
+fn writer_round_trip(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = SqliteLog::open(
+        &dir.path().join("bench.db"),
+        LogOptions {
+            durability: Durability::Normal,
+            clock: Arc::new(WallClock),
+        },
+    )
+    .expect("opens");
+    let missing = SagaId::new("missing");
+    let mut group = c.benchmark_group("writer");
+    group
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
+    group.bench_function("round_trip_of_a_missing_saga_read", |b| {
+        b.iter(|| {
+            let found = runtime.block_on(log.saga(&missing)).expect("reads");
+            assert!(found.is_none());
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, step_records, writer_round_trip);
 criterion_main!(benches);

@@ -470,6 +470,9 @@ pub struct GroupCounts {
     pub records: u64,
     /// The most batches one held.
     pub batches_max: u64,
+    /// The most records one held (more than [`GROUP_RECORDS_MAX`] only for a batch that
+    /// alone is larger: it is never split, and commits alone).
+    pub records_max: u64,
 }
 
 /// Counters the writer thread keeps.
@@ -479,6 +482,7 @@ struct GroupStats {
     batches: std::sync::atomic::AtomicU64,
     records: std::sync::atomic::AtomicU64,
     batches_max: std::sync::atomic::AtomicU64,
+    records_max: std::sync::atomic::AtomicU64,
 }
 
 impl GroupStats {
@@ -488,6 +492,7 @@ impl GroupStats {
         self.batches.fetch_add(batches as u64, Relaxed);
         self.records.fetch_add(records as u64, Relaxed);
         self.batches_max.fetch_max(batches as u64, Relaxed);
+        self.records_max.fetch_max(records as u64, Relaxed);
     }
 
     fn counts(&self) -> GroupCounts {
@@ -497,6 +502,7 @@ impl GroupStats {
             batches: self.batches.load(Relaxed),
             records: self.records.load(Relaxed),
             batches_max: self.batches_max.load(Relaxed),
+            records_max: self.records_max.load(Relaxed),
         }
     }
 }

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use agent_kernel_api::{LogWrite, SagaId, SagaState, TxLog};
+use agent_kernel_api::{AuditEvent, LogWrite, OperatorCommand, SagaId, SagaState, TxLog};
 use agent_kernel_txlog::{GROUP_BATCHES_MAX, GROUP_RECORDS_MAX, verify};
 
-use crate::{begin, new_saga, open};
+use crate::{begin, new_saga, open, owner};
 
 #[tokio::test]
 async fn concurrent_batches_commit_together_and_a_failing_one_takes_only_itself_down() {
@@ -71,6 +71,59 @@ async fn concurrent_batches_commit_together_and_a_failing_one_takes_only_itself_
         assert_eq!(saga.steps.len(), expected, "saga {saga_idx}");
         assert_eq!(saga.saga.state, SagaState::Done);
     }
+    drop(log);
+    let report = verify(&path, None).expect("verifies");
+    assert!(report.is_intact(), "{:?}", report.first_bad);
+}
+
+/// A batch of `n` audit records (operator commands), which touch no table.
+fn audit_batch(n: usize) -> Vec<LogWrite> {
+    (0..n)
+        .map(|idx| {
+            LogWrite::Audit(AuditEvent::Operator(OperatorCommand {
+                command: format!("test {idx}"),
+                saga_id: None,
+                options: Vec::new(),
+                by: owner(9),
+                uid: None,
+            }))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_group_never_holds_more_records_than_its_bound_and_a_lone_batch_never_waits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("log.db");
+    let log = Arc::new(open(&path).expect("opens"));
+    // Alone on an idle log, a batch is committed at once, in a transaction of its own: the
+    // writer never holds it back for company (`GROUP_WAIT` is zero).
+    log.write(audit_batch(3)).await.expect("writes");
+    let alone = log.group_stats();
+    assert_eq!((alone.commits, alone.batches, alone.records), (1, 1, 3));
+    // 48 batches of 100 records queued at once: groups of at most 10 (1,024 records).
+    let tasks: Vec<_> = (0..48)
+        .map(|_| {
+            let log = Arc::clone(&log);
+            tokio::spawn(async move { log.write(audit_batch(100)).await.expect("writes") })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("no panic");
+    }
+    let counts = log.group_stats();
+    eprintln!("group commits of 100-record batches: {counts:?}");
+    assert!(
+        counts.records_max as usize <= GROUP_RECORDS_MAX,
+        "{counts:?}"
+    );
+    assert_eq!(counts.batches, 1 + 48);
+    // A batch larger than the bound is never split: it commits alone.
+    log.write(audit_batch(GROUP_RECORDS_MAX + 1))
+        .await
+        .expect("writes");
+    let counts = log.group_stats();
+    assert_eq!(counts.records_max as usize, GROUP_RECORDS_MAX + 1);
     drop(log);
     let report = verify(&path, None).expect("verifies");
     assert!(report.is_intact(), "{:?}", report.first_bad);
