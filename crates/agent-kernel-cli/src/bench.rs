@@ -51,6 +51,23 @@ pub(crate) struct BenchArgs {
     /// unfinished under a dead process, then time one `recover` of them all
     #[arg(long, conflicts_with = "live")]
     recovery: bool,
+    /// Write the kernel's log to PATH, a new file, and keep it (to measure `audit verify`
+    /// or `prune` on a log of that size afterwards)
+    #[arg(long, value_name = "PATH")]
+    keep_log: Option<std::path::PathBuf>,
+}
+
+impl BenchArgs {
+    /// Refuses what would make the run touch an existing file.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        match &self.keep_log {
+            Some(path) if path.exists() => Err(format!(
+                "--keep-log {}: the file exists; bench writes a new log and never reuses one",
+                path.display()
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// A step that changes nothing but is logged exactly as a mutating step: `prepare` returns
@@ -449,8 +466,12 @@ fn bench_kernel(
 /// Runs the benchmark in a temporary directory that is removed afterwards.
 pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
+    let log_path = args
+        .keep_log
+        .clone()
+        .unwrap_or_else(|| dir.path().join("bench.db"));
     let log = SqliteLog::open(
-        &dir.path().join("bench.db"),
+        &log_path,
         LogOptions {
             durability: args.durability,
             clock: Arc::new(SystemClock),

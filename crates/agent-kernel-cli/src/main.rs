@@ -848,6 +848,8 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             Ok(exit::OK)
         }
         Command::Bench(args) => {
+            args.check()
+                .map_err(|message| Failure::bad_input(anyhow::anyhow!(message)))?;
             let report = bench::run(args).await.map_err(Failure::internal)?;
             out.bench(&report);
             Ok(exit::OK)

@@ -772,3 +772,27 @@ fn recover_undoes_the_later_of_two_dead_sagas_on_one_file_first() {
         b"original"
     );
 }
+
+#[test]
+fn bench_keeps_its_log_when_asked_and_never_reuses_one() {
+    let project = Project::new();
+    let kept = project.path("kept.db");
+    let kept_arg = kept.to_str().expect("utf8");
+    let document = bench(&["--sagas", "3", "--steps", "2", "--keep-log", kept_arg]);
+    assert_eq!(document["n_steps"], 6);
+    let output = project
+        .isolated(crate::bin())
+        .args(["--db", kept_arg, "audit", "verify"])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        crate::describe(&output)
+    );
+    let before = fs::read(&kept).expect("reads");
+    let (code, document) = project.run_json(&["bench", "--keep-log", kept_arg]);
+    assert_eq!(code, 2, "{document}");
+    assert_eq!(fs::read(&kept).expect("reads"), before);
+}
