@@ -176,18 +176,7 @@ pub(crate) async fn list_command(
     query: agent_kernel_txlog::AuditQuery,
     json: bool,
 ) -> Result<u8, Failure> {
-    let path = db.to_owned();
-    let records = off_thread("reading the audit records", move || {
-        agent_kernel_txlog::audit_records(&path, &query)
-    })
-    .await?
-    .map_err(|error| {
-        crate::log_failure(
-            error,
-            crate::log_exists(db),
-            format!("cannot read the audit records of {}", db.display()),
-        )
-    })?;
+    let records = read_records(db, query).await?;
     if json {
         crate::output::print_json(&json!({ "records": records }));
         return Ok(exit::OK);
@@ -434,4 +423,88 @@ fn print_report(report: &AuditReport, json: bool) {
             "agent-kernel: the records carry MACs but no audit key was given, so the MACs were not checked (set ${AUDIT_KEY_ENV} or pass --audit-key-file)"
         );
     }
+}
+
+/// The audit records of `db` that `query` selects, newest first, read off the runtime.
+async fn read_records(
+    db: &Path,
+    query: agent_kernel_txlog::AuditQuery,
+) -> Result<Vec<agent_kernel_txlog::AuditRecord>, Failure> {
+    let path = db.to_owned();
+    off_thread("reading the audit records", move || {
+        agent_kernel_txlog::audit_records(&path, &query)
+    })
+    .await?
+    .map_err(|error| {
+        crate::log_failure(
+            error,
+            crate::log_exists(db),
+            format!("cannot read the audit records of {}", db.display()),
+        )
+    })
+}
+
+/// The records of one saga's history that `replay` checks (its creation, its changes of
+/// state, its begun steps), oldest first, read from the audit chain.
+///
+/// A saga with more than `AUDIT_RECORDS_MAX` records is refused (exit 2): its history
+/// would be cut.
+pub(crate) async fn saga_history(
+    db: &Path,
+    saga_id: &agent_kernel_api::SagaId,
+) -> Result<Vec<agent_kernel_core::Recorded>, Failure> {
+    use agent_kernel_core::Recorded;
+    let query = agent_kernel_txlog::AuditQuery {
+        kinds: ["CreateSaga", "SetState", "BeginStep"]
+            .map(str::to_owned)
+            .to_vec(),
+        saga_id: Some(saga_id.as_str().to_owned()),
+        limit: agent_kernel_txlog::AUDIT_RECORDS_MAX,
+    };
+    let records = read_records(db, query).await?;
+    if records.len() >= agent_kernel_txlog::AUDIT_RECORDS_MAX as usize {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "saga {saga_id} has {} or more records in its history, more than replay reads",
+            agent_kernel_txlog::AUDIT_RECORDS_MAX
+        )));
+    }
+    let state = |record: &agent_kernel_txlog::AuditRecord| {
+        record.body["state"]
+            .as_str()
+            .and_then(|state| state.parse().ok())
+            .ok_or_else(|| {
+                Failure::internal(anyhow::anyhow!(
+                    "audit record {} holds no saga state: run `agent-kernel audit verify`",
+                    record.seq
+                ))
+            })
+    };
+    // Newest first as read; the history runs oldest first.
+    records
+        .iter()
+        .rev()
+        .map(|record| match record.kind.as_str() {
+            "CreateSaga" => Ok(Recorded::Created {
+                seq: record.seq,
+                state: state(record)?,
+            }),
+            "SetState" => Ok(Recorded::State {
+                seq: record.seq,
+                state: state(record)?,
+            }),
+            _ => record.body["step_seq"]
+                .as_u64()
+                .and_then(|step_seq| u32::try_from(step_seq).ok())
+                .map(|step_seq| Recorded::Begun {
+                    seq: record.seq,
+                    step_seq,
+                })
+                .ok_or_else(|| {
+                    Failure::internal(anyhow::anyhow!(
+                        "audit record {} holds no step: run `agent-kernel audit verify`",
+                        record.seq
+                    ))
+                }),
+        })
+        .collect()
 }

@@ -190,6 +190,14 @@ enum Command {
         #[arg(long)]
         skip_verify: bool,
     },
+    /// Check a saga's recorded history again, executing nothing: every state change against
+    /// the FSM table (the one in force, or --fsm), every step's tool version and argument
+    /// hash; exit 1 naming the first divergence
+    Replay {
+        /// The saga id
+        #[arg(long, value_name = "ID")]
+        saga: String,
+    },
     /// Show one saga with its steps, or list recent sagas
     Log {
         /// Show this saga and every step with its status
@@ -788,6 +796,26 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             let tools = build_dispatcher(cli, &policy)?;
             out.tools(&tools, &approvals);
             Ok(exit::OK)
+        }
+        Command::Replay { saga } => {
+            let saga_id = parse_saga_id(saga)?;
+            require_log(cli)?;
+            let fsm = load_fsm(cli)?;
+            let policy = load_policy(cli)?;
+            let tools = build_dispatcher(cli, &policy)?;
+            let log = open_log(cli, Durability::Full)?;
+            let record = agent_kernel_api::TxLog::saga(&log, &saga_id)
+                .await?
+                .ok_or_else(|| KernelError::SagaNotFound(saga_id.clone()))?;
+            drop(log);
+            let recorded = audit::saga_history(&db_path(cli), &saga_id).await?;
+            let report = agent_kernel_core::replay(&record, &recorded, &fsm, &tools);
+            out.replay(&report);
+            Ok(if report.divergence.is_none() {
+                exit::OK
+            } else {
+                exit::ROLLED_BACK
+            })
         }
         Command::Log { saga, limit } => {
             if saga.is_none() && !log_present(&db_path(cli))? {

@@ -308,6 +308,28 @@ impl Output {
         println!("{list}");
     }
 
+    /// `replay`.
+    pub(crate) fn replay(&self, report: &agent_kernel_core::ReplayReport) {
+        if self.json {
+            let mut document = serde_json::to_value(report).expect("reports serialize");
+            document["consistent"] = report.divergence.is_none().into();
+            print_json(&document);
+            return;
+        }
+        match &report.divergence {
+            None => println!(
+                "saga {}: consistent: {} state changes and {} steps agree with the table and the tools",
+                report.saga_id, report.n_transitions, report.n_steps
+            ),
+            Some(divergence) => println!(
+                "saga {}: diverges at record {}: {}",
+                report.saga_id,
+                divergence.seq,
+                printable(&divergence.reason)
+            ),
+        }
+    }
+
     /// `prune`.
     pub(crate) fn prune(&self, report: &agent_kernel_core::PruneReport, vacuumed: bool) {
         if self.json {

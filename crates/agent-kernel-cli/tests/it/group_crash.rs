@@ -121,6 +121,33 @@ fn converse(mut stdin: std::process::ChildStdin, stdout: std::process::ChildStdo
     let _ = answers(SAGAS);
 }
 
+/// The `(name, state)` of every saga of `round` in the log. A kill can land before the
+/// server has created the log (or committed its schema): then there are none.
+fn sagas_of_round(project: &Project, round: usize) -> Vec<(String, String)> {
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;
+    let Ok(conn) = rusqlite::Connection::open_with_flags(project.db(), flags) else {
+        return Vec::new();
+    };
+    let has_table: bool = conn
+        .query_row(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'sagas'",
+            [],
+            |row| row.get(0),
+        )
+        .expect("reads the schema");
+    if !has_table {
+        return Vec::new();
+    }
+    let mut statement = conn
+        .prepare("SELECT name, state FROM sagas WHERE name LIKE ?1")
+        .expect("prepares");
+    statement
+        .query_map([format!("{round}-%")], |row| Ok((row.get(0)?, row.get(1)?)))
+        .expect("queries")
+        .collect::<Result<_, _>>()
+        .expect("reads")
+}
+
 #[test]
 fn sigkill_among_concurrent_sagas_then_recover_leaves_no_saga_half_done() {
     let seed = seed_from_env("AGENT_KERNEL_GROUP_SEED");
@@ -149,15 +176,7 @@ fn sigkill_among_concurrent_sagas_then_recover_leaves_no_saga_half_done() {
             crate::describe(&output)
         );
         // Every saga of the round: Done with all its files, or rolled back with none.
-        let conn = rusqlite::Connection::open(project.db()).expect("opens");
-        let mut statement = conn
-            .prepare("SELECT name, state FROM sagas WHERE name LIKE ?1")
-            .expect("prepares");
-        let sagas: Vec<(String, String)> = statement
-            .query_map([format!("{round}-%")], |row| Ok((row.get(0)?, row.get(1)?)))
-            .expect("queries")
-            .collect::<Result<_, _>>()
-            .expect("reads");
+        let sagas = sagas_of_round(&project, round);
         let mut named = std::collections::BTreeSet::new();
         for (name, state) in &sagas {
             named.insert(name.clone());

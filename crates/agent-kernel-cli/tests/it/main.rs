@@ -15,6 +15,7 @@ mod integrations;
 mod layering;
 mod mcp;
 mod prune;
+mod replay;
 mod run;
 mod storage;
 mod tamper;
