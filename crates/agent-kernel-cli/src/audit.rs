@@ -176,7 +176,10 @@ pub(crate) async fn list_command(
     query: agent_kernel_txlog::AuditQuery,
     json: bool,
 ) -> Result<u8, Failure> {
-    let records = read_records(db, query).await?;
+    let records = read_log(db, move |path| {
+        agent_kernel_txlog::audit_records(path, &query)
+    })
+    .await?;
     if json {
         crate::output::print_json(&json!({ "records": records }));
         return Ok(exit::OK);
@@ -425,49 +428,46 @@ fn print_report(report: &AuditReport, json: bool) {
     }
 }
 
-/// The audit records of `db` that `query` selects, newest first, read off the runtime.
-async fn read_records(
+/// What `read` reads from the log at `db`, off the runtime; a failure to read is the
+/// log's (`log_failure`).
+async fn read_log<T: Send + 'static>(
     db: &Path,
-    query: agent_kernel_txlog::AuditQuery,
-) -> Result<Vec<agent_kernel_txlog::AuditRecord>, Failure> {
+    read: impl FnOnce(&Path) -> Result<T, agent_kernel_api::TxError> + Send + 'static,
+) -> Result<T, Failure> {
     let path = db.to_owned();
-    off_thread("reading the audit records", move || {
-        agent_kernel_txlog::audit_records(&path, &query)
+    off_thread("reading the audit records", move || read(&path))
+        .await?
+        .map_err(|error| {
+            crate::log_failure(
+                error,
+                crate::log_exists(db),
+                format!("cannot read the audit records of {}", db.display()),
+            )
+        })
+}
+
+/// The whole chain of each saga of `saga_ids`, oldest first.
+pub(crate) async fn saga_chains(
+    db: &Path,
+    saga_ids: std::collections::BTreeSet<String>,
+) -> Result<std::collections::BTreeMap<String, Vec<agent_kernel_txlog::AuditRecord>>, Failure> {
+    read_log(db, move |path| {
+        agent_kernel_txlog::saga_chains(path, &saga_ids)
     })
-    .await?
-    .map_err(|error| {
-        crate::log_failure(
-            error,
-            crate::log_exists(db),
-            format!("cannot read the audit records of {}", db.display()),
-        )
-    })
+    .await
 }
 
 /// The records of one saga's history that `replay` checks (its creation, its changes of
 /// state, its begun steps), oldest first, read from the audit chain.
-///
-/// A saga with more than `AUDIT_RECORDS_MAX` records is refused (exit 2): its history
-/// would be cut.
 pub(crate) async fn saga_history(
     db: &Path,
     saga_id: &agent_kernel_api::SagaId,
 ) -> Result<Vec<agent_kernel_core::Recorded>, Failure> {
     use agent_kernel_core::Recorded;
-    let query = agent_kernel_txlog::AuditQuery {
-        kinds: ["CreateSaga", "SetState", "BeginStep"]
-            .map(str::to_owned)
-            .to_vec(),
-        saga_id: Some(saga_id.as_str().to_owned()),
-        limit: agent_kernel_txlog::AUDIT_RECORDS_MAX,
-    };
-    let records = read_records(db, query).await?;
-    if records.len() >= agent_kernel_txlog::AUDIT_RECORDS_MAX as usize {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "saga {saga_id} has {} or more records in its history, more than replay reads",
-            agent_kernel_txlog::AUDIT_RECORDS_MAX
-        )));
-    }
+    let records = saga_chains(db, [saga_id.as_str().to_owned()].into())
+        .await?
+        .remove(saga_id.as_str())
+        .unwrap_or_default();
     let state = |record: &agent_kernel_txlog::AuditRecord| {
         record.body["state"]
             .as_str()
@@ -479,10 +479,9 @@ pub(crate) async fn saga_history(
                 ))
             })
     };
-    // Newest first as read; the history runs oldest first.
     records
         .iter()
-        .rev()
+        .filter(|record| ["CreateSaga", "SetState", "BeginStep"].contains(&record.kind.as_str()))
         .map(|record| match record.kind.as_str() {
             "CreateSaga" => Ok(Recorded::Created {
                 seq: record.seq,

@@ -8,6 +8,7 @@ mod approvals;
 mod audit;
 mod bench;
 mod dlq;
+mod export;
 mod output;
 mod progress;
 
@@ -197,6 +198,23 @@ enum Command {
         /// The saga id
         #[arg(long, value_name = "ID")]
         saga: String,
+    },
+    /// Write sagas as OpenTelemetry traces (OTLP/JSON): a root span per saga, a span per
+    /// step (`execute_tool TOOL`) and per compensation, times from the log
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["saga", "all"])))]
+    Export {
+        /// OTLP/JSON, the JSON form of an `ExportTraceServiceRequest` (the only format)
+        #[arg(long, required = true)]
+        otel: bool,
+        /// Export this saga
+        #[arg(long, value_name = "ID")]
+        saga: Option<String>,
+        /// Export every saga in the log (the newest `EXPORT_SAGAS_MAX`, 10,000)
+        #[arg(long)]
+        all: bool,
+        /// Write the document to FILE (replaced whole) instead of standard output
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
     },
     /// Show one saga with its steps, or list recent sagas
     Log {
@@ -816,6 +834,16 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             } else {
                 exit::ROLLED_BACK
             })
+        }
+        Command::Export {
+            otel: _,
+            saga,
+            all: _,
+            out: file,
+        } => {
+            let saga_id = saga.as_deref().map(parse_saga_id).transpose()?;
+            require_log(cli)?;
+            export::otel(cli, &db_path(cli), saga_id, file.as_deref()).await
         }
         Command::Log { saga, limit } => {
             if saga.is_none() && !log_present(&db_path(cli))? {

@@ -116,7 +116,7 @@ pub use floor::{FloorReport, measure_commit_floor};
 pub use prune::{PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX};
 pub use records::{
     AUDIT_RECORDS_DEFAULT, AUDIT_RECORDS_MAX, AuditQuery, AuditRecord, audit_record_kinds,
-    audit_records,
+    audit_records, saga_chains,
 };
 pub use verify::{AuditHead, AuditReport, BadRecord, verify, verify_ignoring_head_file};
 

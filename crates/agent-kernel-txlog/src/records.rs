@@ -1,6 +1,8 @@
 //! [`audit_records`]: the audit chain's records, read back for operators (denials, operator
-//! commands, and every other change), newest first.
+//! commands, and every other change), newest first; [`saga_chains`]: the whole history of
+//! some sagas, oldest first, for `replay` and `export`.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use agent_kernel_api::TxError;
@@ -80,14 +82,7 @@ pub fn audit_records(path: &Path, query: &AuditQuery) -> Result<Vec<AuditRecord>
             KINDS.join(", ")
         )));
     }
-    let path = &crate::create::resolve_db_path(path)?;
-    let (conn, version) = schema::open_read_only_checked(path)?;
-    if version < AUDIT_SCHEMA_VERSION {
-        return Err(TxError::Storage(format!(
-            "{} has schema version {version}, which has no audit chain; open it once with this build to start one",
-            path.display()
-        )));
-    }
+    let conn = open_chain(path)?;
     let mut sql = "SELECT seq, at_ms, kind, saga_id, body FROM audit_log WHERE 1 = 1".to_owned();
     let mut bound: Vec<SqlValue> = Vec::new();
     if !query.kinds.is_empty() {
@@ -103,21 +98,77 @@ pub fn audit_records(path: &Path, query: &AuditQuery) -> Result<Vec<AuditRecord>
     bound.push(SqlValue::Integer(i64::from(
         query.limit.min(AUDIT_RECORDS_MAX),
     )));
-    let mut statement = conn.prepare(&sql).map_err(storage)?;
-    let rows = statement
-        .query_map(params_from_iter(bound), |row| {
-            Ok((
-                row.get::<_, i64>(0)?,
-                row.get::<_, i64>(1)?,
-                row.get::<_, String>(2)?,
-                row.get::<_, Option<String>>(3)?,
-                row.get::<_, String>(4)?,
-            ))
-        })
-        .map_err(storage)?;
+    read_rows(&conn, &sql, params_from_iter(bound), |_| true)
+}
+
+/// The audit records of each saga of `saga_ids`, oldest first (chain order), with no
+/// limit: every record whose `saga_id` is one of them. One saga is read by its id; several
+/// in one pass over the chain. A saga with no record is absent from the map. Read-only and
+/// unchecked, like [`audit_records`].
+///
+/// # Errors
+///
+/// As [`audit_records`].
+pub fn saga_chains(
+    path: &Path,
+    saga_ids: &BTreeSet<String>,
+) -> Result<BTreeMap<String, Vec<AuditRecord>>, TxError> {
+    let conn = open_chain(path)?;
+    let records = match saga_ids.iter().next() {
+        None => Vec::new(),
+        Some(only) if saga_ids.len() == 1 => read_rows(
+            &conn,
+            "SELECT seq, at_ms, kind, saga_id, body FROM audit_log WHERE saga_id = ?1 ORDER BY seq",
+            [only],
+            |_| true,
+        )?,
+        Some(_) => read_rows(
+            &conn,
+            "SELECT seq, at_ms, kind, saga_id, body FROM audit_log WHERE saga_id IS NOT NULL ORDER BY seq",
+            [],
+            |saga_id| saga_id.is_some_and(|id| saga_ids.contains(id)),
+        )?,
+    };
+    let mut chains: BTreeMap<String, Vec<AuditRecord>> = BTreeMap::new();
+    for record in records {
+        if let Some(saga_id) = record.saga_id.clone() {
+            chains.entry(saga_id).or_default().push(record);
+        }
+    }
+    Ok(chains)
+}
+
+/// Opens the log at `path` read-only for its chain.
+fn open_chain(path: &Path) -> Result<rusqlite::Connection, TxError> {
+    let path = &crate::create::resolve_db_path(path)?;
+    let (conn, version) = schema::open_read_only_checked(path)?;
+    if version < AUDIT_SCHEMA_VERSION {
+        return Err(TxError::Storage(format!(
+            "{} has schema version {version}, which has no audit chain; open it once with this build to start one",
+            path.display()
+        )));
+    }
+    Ok(conn)
+}
+
+/// The rows `sql` selects (`seq, at_ms, kind, saga_id, body`) whose saga id `keep` accepts,
+/// as records; a body that is not JSON is corrupt.
+fn read_rows(
+    conn: &rusqlite::Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    keep: impl Fn(Option<&String>) -> bool,
+) -> Result<Vec<AuditRecord>, TxError> {
+    let mut statement = conn.prepare(sql).map_err(storage)?;
+    let mut rows = statement.query(params).map_err(storage)?;
     let mut records = Vec::new();
-    for row in rows {
-        let (seq, at_ms, kind, saga_id, body) = row.map_err(storage)?;
+    while let Some(row) = rows.next().map_err(storage)? {
+        let saga_id: Option<String> = row.get(3).map_err(storage)?;
+        if !keep(saga_id.as_ref()) {
+            continue;
+        }
+        let seq: i64 = row.get(0).map_err(storage)?;
+        let body: String = row.get(4).map_err(storage)?;
         let body = serde_json::from_str(&body).map_err(|_| {
             TxError::Corrupt(format!(
                 "audit record {seq} has a body that is not JSON; run `agent-kernel audit verify`"
@@ -125,8 +176,8 @@ pub fn audit_records(path: &Path, query: &AuditQuery) -> Result<Vec<AuditRecord>
         })?;
         records.push(AuditRecord {
             seq,
-            at_ms,
-            kind,
+            at_ms: row.get(1).map_err(storage)?,
+            kind: row.get(2).map_err(storage)?,
             saga_id,
             body,
         });

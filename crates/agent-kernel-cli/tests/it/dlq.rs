@@ -11,7 +11,7 @@ use crate::{Project, describe};
 
 /// `note.add {item}` appends a line to `ws/notes.txt`; its compensation removes it, and
 /// fails while `ws/block` exists.
-const NOTE_PY: &str = r#"
+pub(crate) const NOTE_PY: &str = r#"
 import json, pathlib, sys
 request = json.load(sys.stdin)
 notes = pathlib.Path("ws/notes.txt")
@@ -29,7 +29,7 @@ elif request["phase"] == "compensate":
         notes.write_text("".join(line + "\n" for line in lines))
 "#;
 
-const TOOLS_TOML: &str = r#"
+pub(crate) const TOOLS_TOML: &str = r#"
 [tools."note.add"]
 effect = "mutating"
 settlement = "compensate"

@@ -15,6 +15,8 @@ fn tier(name: &str) -> Option<u32> {
         "agent-kernel-core" => Some(3),
         // The MCP server: a front end over core's live sagas, below the binary.
         "agent-kernel-mcp" => Some(4),
+        // Sagas as OpenTelemetry traces: beside the MCP server, over the log's records.
+        "agent-kernel-otel" => Some(4),
         "agent-kernel-cli" => Some(5),
         // Examples stand above everything, as any user of the crates does.
         "live-ledger" => Some(6),

@@ -134,3 +134,30 @@ fn rolled_back_and_undone_sagas_replay_consistent() {
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["consistent"], true, "{report}");
 }
+
+#[test]
+fn a_chain_edited_to_hold_an_illegal_transition_is_caught() {
+    let project = Project::new();
+    let saga_id = validated_saga(&project);
+    let conn = rusqlite::Connection::open(project.db()).expect("opens");
+    // The saga's move to Validating becomes a move from Acting straight to Undone.
+    let seq: i64 = conn
+        .query_row(
+            "SELECT seq FROM audit_log WHERE kind = 'SetState' AND saga_id = ?1
+             AND body LIKE '%\"state\":\"Validating\"%' ORDER BY seq LIMIT 1",
+            [&saga_id],
+            |row| row.get(0),
+        )
+        .expect("finds the record");
+    conn.execute(
+        "UPDATE audit_log SET body = replace(body, '\"Validating\"', '\"Undone\"') WHERE seq = ?1",
+        [seq],
+    )
+    .expect("edits");
+    drop(conn);
+    let (code, report) = project.run_json(&["replay", "--saga", &saga_id]);
+    assert_eq!(code, 1, "{report}");
+    assert_eq!(report["divergence"]["seq"], seq, "{report}");
+    let reason = report["divergence"]["reason"].as_str().expect("a reason");
+    assert!(reason.contains("from Acting to Undone"), "{reason}");
+}
