@@ -539,12 +539,18 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         } => {
             // Everything about the input is checked before the log is opened.
             let plan = read_plan(plan)?;
-            let kernel = open_kernel(
+            let live = if *dry_run {
+                None
+            } else {
+                live_export_config()?
+            };
+            let (kernel, exporter) = open_kernel_exporting(
                 cli,
                 *durability,
                 Compensation::AndExecution,
                 Vec::new(),
                 true,
+                live,
             )?;
             if *dry_run {
                 let report = kernel.dry_run(&plan).await?;
@@ -568,6 +574,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             }
             progress.finish();
             out.saga(&report);
+            finish_live_export(exporter);
             Ok(approvals::exit_code(&report))
         }
         Command::Resume { saga, no_wait } => {
@@ -884,21 +891,25 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             }
         },
         Command::Mcp { actor, drills } => {
-            let kernel = open_kernel(
+            let live = live_export_config()?;
+            let (kernel, exporter) = open_kernel_exporting(
                 cli,
                 Durability::Full,
                 Compensation::AndExecution,
                 Vec::new(),
                 *drills,
+                live,
             )?;
-            agent_kernel_mcp::serve_stdio(
+            let served = agent_kernel_mcp::serve_stdio(
                 kernel,
                 agent_kernel_mcp::ServerOptions {
                     actor: actor.clone(),
                 },
             )
-            .await
-            .map_err(|error| {
+            .await;
+            // The open sagas were rolled back: their last spans go out before the exit.
+            finish_live_export(exporter);
+            served.map_err(|error| {
                 Failure::internal(anyhow::anyhow!("the MCP server stopped: {error}"))
             })?;
             Ok(exit::OK)
@@ -1296,6 +1307,40 @@ fn open_kernel(
     operator_options: Vec<String>,
     drills: bool,
 ) -> Result<Arc<Kernel>, Failure> {
+    open_kernel_exporting(cli, durability, purpose, operator_options, drills, None)
+        .map(|(kernel, _)| kernel)
+}
+
+/// The standard OTLP variables read for live export (`run` and `mcp`): `Ok(None)` when no
+/// endpoint is set; a malformed value is bad input, before anything runs.
+fn live_export_config() -> Result<Option<agent_kernel_otel::LiveConfig>, Failure> {
+    agent_kernel_otel::LiveConfig::from_env(|name| std::env::var(name).ok())
+        .map_err(|message| Failure::bad_input(anyhow::anyhow!(message)))
+}
+
+/// Stops the live exporter, if any, sending what is left (within `FLUSH_AT_EXIT_MAX`).
+fn finish_live_export(exporter: Option<agent_kernel_otel::LiveExporter>) {
+    if let Some(exporter) = exporter {
+        let (exported, dropped) = exporter.shutdown();
+        if dropped > 0 {
+            tracing::warn!(exported, dropped, "OTLP export: some spans were dropped");
+        } else {
+            tracing::debug!(exported, "OTLP export: every span was sent");
+        }
+    }
+}
+
+/// [`open_kernel`], and with `live` the live OTLP exporter for this process's sagas,
+/// started before the second line confines the process (its thread and its connections
+/// stay outside it, as the log's writer does).
+fn open_kernel_exporting(
+    cli: &Cli,
+    durability: Durability,
+    purpose: Compensation,
+    operator_options: Vec<String>,
+    drills: bool,
+    live: Option<agent_kernel_otel::LiveConfig>,
+) -> Result<(Arc<Kernel>, Option<agent_kernel_otel::LiveExporter>), Failure> {
     let fsm = match purpose {
         Compensation::AndExecution => load_fsm(cli)?,
         // Rollback must stay possible: every loaded table lets failures and compensations
@@ -1350,6 +1395,21 @@ fn open_kernel(
             KernelError::Setup(_) => Failure::bad_input(error),
             other => Failure::from(other),
         })?;
+    let exporter = match live {
+        None => None,
+        Some(config) => {
+            let url = config.url.clone();
+            let exporter =
+                agent_kernel_otel::LiveExporter::start(path.clone(), this_process()?, config)
+                    .map_err(|message| {
+                        Failure::internal(anyhow::anyhow!(
+                            "cannot start the OTLP export: {message}"
+                        ))
+                    })?;
+            tracing::info!(%url, "sending this process's sagas as spans over OTLP/HTTP");
+            Some(exporter)
+        }
+    };
     {
         // The second line: from here on, this thread and every thread it starts (the tools'
         // blocking work included) can reach only the allowed roots. The log's writer thread
@@ -1376,5 +1436,5 @@ fn open_kernel(
             line => tracing::debug!(?line, "landlock confines TCP"),
         }
     }
-    Ok(kernel)
+    Ok((kernel, exporter))
 }

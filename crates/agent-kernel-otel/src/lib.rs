@@ -20,9 +20,18 @@
 //!
 //! Times are the audit records' (milliseconds), made monotone within a saga. Span ids are
 //! derived from the saga id and what the span stands for, so an export is deterministic: the
-//! same log gives the same JSON. Nothing here reads the log or the clock.
+//! same log gives the same JSON. Nothing here reads the log or the clock, except
+//! [`LiveExporter`], which follows a log from its own thread and sends the same spans to an
+//! OTLP/HTTP collector as they end.
 
 use std::collections::BTreeMap;
+
+mod live;
+
+pub use live::{
+    FLUSH_AT_EXIT_MAX, LiveConfig, LiveCounts, LiveExporter, Protocol, TAIL_RECORDS_MAX,
+    TRACKED_SAGAS_MAX,
+};
 
 use agent_kernel_api::{SagaRecord, SagaState, StepRecord, StepStatus};
 use agent_kernel_txlog::AuditRecord;

@@ -115,8 +115,8 @@ pub use downgrade::downgrade_in_place;
 pub use floor::{FloorReport, measure_commit_floor};
 pub use prune::{PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX};
 pub use records::{
-    AUDIT_RECORDS_DEFAULT, AUDIT_RECORDS_MAX, AuditQuery, AuditRecord, audit_record_kinds,
-    audit_records, saga_chains,
+    AUDIT_RECORDS_DEFAULT, AUDIT_RECORDS_MAX, AuditQuery, AuditRecord, ChainReader,
+    audit_record_kinds, audit_records, saga_chains,
 };
 pub use verify::{AuditHead, AuditReport, BadRecord, verify, verify_ignoring_head_file};
 

@@ -138,6 +138,66 @@ pub fn saga_chains(
     Ok(chains)
 }
 
+/// A read-only connection to a log for a reader that follows it as it grows (the live
+/// OTLP exporter): the chain's newest records and the sagas they are about. Each call sees
+/// what was committed before it; nothing is checked (run `verify` for that).
+#[derive(Debug)]
+pub struct ChainReader {
+    conn: rusqlite::Connection,
+}
+
+impl ChainReader {
+    /// Opens the log at `path` read-only.
+    ///
+    /// # Errors
+    ///
+    /// As [`audit_records`].
+    pub fn open(path: &Path) -> Result<ChainReader, TxError> {
+        Ok(ChainReader {
+            conn: open_chain(path)?,
+        })
+    }
+
+    /// The sequence number of the chain's newest record (0 for an empty chain).
+    ///
+    /// # Errors
+    ///
+    /// [`TxError::Storage`] when the log cannot be read.
+    pub fn last_seq(&self) -> Result<i64, TxError> {
+        self.conn
+            .query_row("SELECT coalesce(max(seq), 0) FROM audit_log", [], |row| {
+                row.get(0)
+            })
+            .map_err(storage)
+    }
+
+    /// At most `limit` records after `seq`, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// As [`audit_records`].
+    pub fn records_after(&self, seq: i64, limit: u32) -> Result<Vec<AuditRecord>, TxError> {
+        read_rows(
+            &self.conn,
+            "SELECT seq, at_ms, kind, saga_id, body FROM audit_log WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+            rusqlite::params![seq, i64::from(limit)],
+            |_| true,
+        )
+    }
+
+    /// The saga `saga_id` with its steps, if the log holds it.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError::Storage`] or [`TxError::Corrupt`] when it cannot be read.
+    pub fn saga(
+        &self,
+        saga_id: &agent_kernel_api::SagaId,
+    ) -> Result<Option<agent_kernel_api::SagaRecord>, TxError> {
+        crate::store::saga(&self.conn, saga_id)
+    }
+}
+
 /// Opens the log at `path` read-only for its chain.
 fn open_chain(path: &Path) -> Result<rusqlite::Connection, TxError> {
     let path = &crate::create::resolve_db_path(path)?;

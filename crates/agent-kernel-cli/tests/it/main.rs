@@ -15,6 +15,7 @@ mod http;
 mod integrations;
 mod layering;
 mod mcp;
+mod otlp;
 mod prune;
 mod replay;
 mod run;
@@ -116,7 +117,10 @@ impl Project {
             .current_dir(self.dir.path())
             .env_remove("AGENT_KERNEL_DB")
             .env_remove("AGENT_KERNEL_AUDIT_KEY")
-            .env_remove("RUST_LOG");
+            .env_remove("RUST_LOG")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .env_remove("OTEL_SDK_DISABLED");
         command
     }
 
