@@ -14,51 +14,21 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 
+from mcp_lines import LineSession, percentile
 
-class Server:
+
+class Server(LineSession):
     def __init__(self, binary, folder):
-        self.process = subprocess.Popen(
-            [binary, "--db", os.path.join(folder, "bench.db"), "-q", "mcp"],
-            cwd=folder,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
-        self.next_id = 0
-        self.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}})
-        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-
-    def send(self, message):
-        self.process.stdin.write(json.dumps(message) + "\n")
-        self.process.stdin.flush()
-
-    def request(self, method, params):
-        self.next_id += 1
-        self.send({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
-        while True:
-            answer = json.loads(self.process.stdout.readline())
-            if answer.get("id") == self.next_id:
-                return answer
+        super().__init__([binary, "--db", os.path.join(folder, "bench.db"), "-q", "mcp"], folder)
 
     def call(self, name, arguments):
         answer = self.request("tools/call", {"name": name, "arguments": arguments})
         result = answer["result"]
         assert not result.get("isError"), result
         return result["structuredContent"]
-
-    def close(self):
-        self.process.stdin.close()
-        self.process.wait()
-
-
-def percentile(samples, fraction):
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def report(label, latencies_s, elapsed_s, n_calls):

@@ -14,50 +14,21 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
+
+from mcp_lines import LineSession, percentile
 
 MEMORY_SERVER = "target/upstream-servers/node_modules/.bin/mcp-server-memory"
 
 
-class Session:
-    def __init__(self, command, folder, env):
-        self.process = subprocess.Popen(
-            command, cwd=folder, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True, bufsize=1,
-        )
-        self.next_id = 0
-        self.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}})
-        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-
-    def send(self, message):
-        self.process.stdin.write(json.dumps(message) + "\n")
-        self.process.stdin.flush()
-
-    def request(self, method, params):
-        self.next_id += 1
-        self.send({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
-        while True:
-            answer = json.loads(self.process.stdout.readline())
-            if answer.get("id") == self.next_id:
-                return answer
-
+class Session(LineSession):
     def call(self, name, arguments):
         started = time.perf_counter()
         answer = self.request("tools/call", {"name": name, "arguments": arguments})
         elapsed = time.perf_counter() - started
         assert not answer["result"].get("isError"), answer
         return elapsed
-
-    def close(self):
-        self.process.stdin.close()
-        self.process.wait()
-
-
-def percentile(samples, fraction):
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def entity(round_idx, call_idx):

@@ -76,6 +76,7 @@ mod log;
 mod plan;
 mod reversibility;
 mod state;
+mod text;
 mod tool;
 
 pub use approval::{
@@ -98,6 +99,7 @@ pub use reversibility::{
     DEFAULT_UNDO_WINDOW_MS, MAX_UNDO_WINDOW_MS, Reversibility, UndoWindow, parse_duration_ms,
 };
 pub use state::{Durability, SagaId, SagaState, StepStatus};
+pub use text::{line_of, read_text_bounded};
 pub use tool::{
     BoxFuture, DynTool, EffectClass, Outcome, ProbeOutcome, Settlement, ToolContext, ToolError,
     ToolErrorKind, ToolOutput, TransactionalTool, UPSTREAM_TOOL_VERSION, Undo,

@@ -600,8 +600,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             require_log(cli)?;
             let _lock = operator_lock(cli).await?;
             // Undo compensates from the log's records, as `rollback` does.
-            let options = verify_before_acting(cli, *skip_verify).await?;
-            let kernel = open_kernel(cli, Durability::Full, Compensation::Only, options, true)?;
+            let kernel = open_kernel_to_compensate(cli, *skip_verify).await?;
             let report = kernel
                 .undo(
                     &saga_id,
@@ -667,9 +666,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 } => {
                     let _lock = operator_lock(cli).await?;
                     // A retry compensates from the log's records, as `rollback` does.
-                    let options = verify_before_acting(cli, *skip_verify).await?;
-                    let kernel =
-                        open_kernel(cli, Durability::Full, Compensation::Only, options, true)?;
+                    let kernel = open_kernel_to_compensate(cli, *skip_verify).await?;
                     match id {
                         Some(id) if !*due => dlq::retry_command(&kernel, out, id).await,
                         _ => dlq::retry_due_command(&kernel, out).await,
@@ -722,8 +719,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 out.recovery(&agent_kernel_core::RecoveryReport::default());
                 return Ok(exit::OK);
             }
-            let options = verify_before_acting(cli, *skip_verify).await?;
-            let kernel = open_kernel(cli, Durability::Full, Compensation::Only, options, true)?;
+            let kernel = open_kernel_to_compensate(cli, *skip_verify).await?;
             let report = kernel.recover(&progress::StepProgress::hidden()).await?;
             out.recovery(&report);
             Ok(if report.all_rolled_back() {
@@ -735,8 +731,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         Command::Rollback { saga, skip_verify } => {
             let saga_id = parse_saga_id(saga)?;
             require_log(cli)?;
-            let options = verify_before_acting(cli, *skip_verify).await?;
-            let kernel = open_kernel(cli, Durability::Full, Compensation::Only, options, true)?;
+            let kernel = open_kernel_to_compensate(cli, *skip_verify).await?;
             let report = kernel
                 .rollback(&saga_id, &progress::StepProgress::hidden())
                 .await?;
@@ -1212,6 +1207,14 @@ fn tools_file(cli: &Cli) -> Option<PathBuf> {
         }
         None => None,
     }
+}
+
+/// The kernel of a command that compensates from the log's records (`recover`,
+/// `rollback`, `undo`, `dlq retry`): the log verified first unless `skip_verify`, the
+/// table in force or the built-in one.
+async fn open_kernel_to_compensate(cli: &Cli, skip_verify: bool) -> Result<Arc<Kernel>, Failure> {
+    let options = verify_before_acting(cli, skip_verify).await?;
+    open_kernel(cli, Durability::Full, Compensation::Only, options, true)
 }
 
 /// `recover` and `rollback` act on undo records (previous file contents, paths): before

@@ -432,27 +432,45 @@ pub fn command_tools(
     policy: &Policy,
     limits: &mut Limits,
 ) -> Result<Vec<Arc<dyn DynTool>>, KernelError> {
-    let output_bytes_max = policy.fs().map_or(
-        agent_kernel_sandbox::DEFAULT_MAX_IO_BYTES,
-        agent_kernel_sandbox::FsPolicy::max_io_bytes,
-    );
     let loaded = agent_kernel_tools::load_tools_file(
         path,
-        output_bytes_max,
+        output_bytes_max(policy),
         &agent_kernel_tools::BUILTIN_TOOL_IDS,
     )
     .map_err(|error| KernelError::Setup(error.to_string()))?;
-    for tool in &loaded {
-        if let Some(timeout_ms) = tool.timeout_ms() {
-            let id = agent_kernel_api::TransactionalTool::id(tool).to_owned();
-            let entry = limits.tools.entry(id).or_default();
-            entry.timeout_ms.get_or_insert(timeout_ms);
-        }
-    }
     Ok(loaded
         .into_iter()
-        .map(|tool| Arc::new(tool) as Arc<dyn DynTool>)
+        .map(|tool| {
+            let timeout_ms = tool.timeout_ms();
+            declared_timeout(limits, Arc::new(tool), timeout_ms)
+        })
         .collect())
+}
+
+/// The bound on a declared tool's output: the policy's `max_io_bytes`, or the default.
+fn output_bytes_max(policy: &Policy) -> u64 {
+    policy.fs().map_or(
+        agent_kernel_sandbox::DEFAULT_MAX_IO_BYTES,
+        agent_kernel_sandbox::FsPolicy::max_io_bytes,
+    )
+}
+
+/// `tool`, with its declared `timeout_ms` made its timeout in `limits` unless
+/// `[limits.tools."<id>"]` sets one.
+fn declared_timeout(
+    limits: &mut Limits,
+    tool: Arc<dyn DynTool>,
+    timeout_ms: Option<u64>,
+) -> Arc<dyn DynTool> {
+    if let Some(timeout_ms) = timeout_ms {
+        limits
+            .tools
+            .entry(tool.id().to_owned())
+            .or_default()
+            .timeout_ms
+            .get_or_insert(timeout_ms);
+    }
+    tool
 }
 
 /// The tools of the upstream MCP servers the tools file at `path` declares (CONTRACT §11):
@@ -468,26 +486,11 @@ pub fn upstream_tools(
     policy: &Policy,
     limits: &mut Limits,
 ) -> Result<Vec<Arc<dyn DynTool>>, KernelError> {
-    let output_bytes_max = policy.fs().map_or(
-        agent_kernel_sandbox::DEFAULT_MAX_IO_BYTES,
-        agent_kernel_sandbox::FsPolicy::max_io_bytes,
-    );
-    let loaded = agent_kernel_upstream::upstream_tools(path, output_bytes_max)
+    let loaded = agent_kernel_upstream::upstream_tools(path, output_bytes_max(policy))
         .map_err(KernelError::Setup)?;
     Ok(loaded
         .into_iter()
-        .map(|(tool, timeout_ms)| {
-            if let Some(timeout_ms) = timeout_ms {
-                let id = agent_kernel_api::TransactionalTool::id(&tool).to_owned();
-                limits
-                    .tools
-                    .entry(id)
-                    .or_default()
-                    .timeout_ms
-                    .get_or_insert(timeout_ms);
-            }
-            Arc::new(tool) as Arc<dyn DynTool>
-        })
+        .map(|(tool, timeout_ms)| declared_timeout(limits, Arc::new(tool), timeout_ms))
         .collect())
 }
 

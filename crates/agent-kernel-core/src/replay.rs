@@ -173,7 +173,12 @@ pub fn replay(
 
 /// What is wrong with step `step_seq` of `record` today, if anything.
 fn check_step(record: &SagaRecord, step_seq: u32, tools: &Dispatcher) -> Option<String> {
-    let Some(step) = record.steps.iter().find(|step| step.step_seq == step_seq) else {
+    let found = record
+        .steps
+        .binary_search_by_key(&step_seq, |step| step.step_seq)
+        .ok()
+        .map(|i| &record.steps[i]);
+    let Some(step) = found else {
         return Some(format!(
             "step {step_seq} was begun, but the log holds no such step"
         ));

@@ -3,7 +3,7 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt::{self, Write as _};
 
-use agent_kernel_api::SagaState;
+use agent_kernel_api::{SagaState, line_of};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -118,15 +118,6 @@ struct RowFile {
     to: Spanned<String>,
     #[serde(default)]
     guard: Option<Spanned<String>>,
-}
-
-/// 1-based line of a byte offset.
-fn line_of(text: &str, offset: usize) -> usize {
-    text.as_bytes()[..offset.min(text.len())]
-        .iter()
-        .filter(|&&byte| byte == b'\n')
-        .count()
-        + 1
 }
 
 impl Guardrail {

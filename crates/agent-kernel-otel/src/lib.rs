@@ -159,27 +159,26 @@ struct CompensationTimes {
     body: Value,
 }
 
-/// The spans of one saga: its root, then its steps by `step_seq`, then its compensations
-/// in the order they ran.
+/// The spans of one saga: its root, then one per step of `saga.record.steps`, in that
+/// order, then its compensations in the order they ran.
 pub fn saga_spans(saga: SagaHistory<'_>) -> Vec<Span> {
     let summary = &saga.record.saga;
     let saga_id = summary.saga_id.as_str();
     let trace = trace_id(saga_id).to_vec();
     let root_id = span_id(saga_id, SpanOf::Saga).to_vec();
 
-    let first = nanos(summary.created_at_ms);
+    let first = saga
+        .chain
+        .first()
+        .map_or(nanos(summary.created_at_ms), |record| nanos(record.at_ms));
     let mut clock = first;
     let mut root_events = Vec::new();
     let mut root_dropped = 0_u32;
     let mut steps: BTreeMap<u32, StepTimes> = BTreeMap::new();
     let mut compensations = Vec::new();
-    for (i, record) in saga.chain.iter().enumerate() {
+    for record in saga.chain {
         let previous = clock;
-        clock = if i == 0 {
-            nanos(record.at_ms)
-        } else {
-            clock.max(nanos(record.at_ms))
-        };
+        clock = clock.max(nanos(record.at_ms));
         let step_seq = record.body["step_seq"]
             .as_u64()
             .and_then(|n| u32::try_from(n).ok());
@@ -217,11 +216,7 @@ pub fn saga_spans(saga: SagaHistory<'_>) -> Vec<Span> {
             ),
         }
     }
-    let first = saga
-        .chain
-        .first()
-        .map_or(first, |record| nanos(record.at_ms));
-    let last = clock.max(first);
+    let last = clock;
 
     let mut spans = Vec::with_capacity(1 + saga.record.steps.len() + compensations.len());
     let (code, message, error_type) = match summary.state {
@@ -308,12 +303,7 @@ pub fn saga_spans(saga: SagaHistory<'_>) -> Vec<Span> {
         let attempt = attempts.entry(n).or_default();
         let id = span_id(saga_id, SpanOf::Compensation(n, *attempt));
         *attempt += 1;
-        let tool = saga
-            .record
-            .steps
-            .iter()
-            .find(|step| step.step_seq == n)
-            .map_or("unknown", |step| step.tool_id.as_str());
+        let tool = step_of(saga.record, n).map_or("unknown", |step| step.tool_id.as_str());
         let outcome = compensation.body["status"].as_str().unwrap_or("");
         let failed = outcome == StepStatus::CompensationFailed.as_str();
         let note = compensation.body["compensation"].as_str().unwrap_or("");
@@ -357,6 +347,15 @@ pub fn saga_spans(saga: SagaHistory<'_>) -> Vec<Span> {
         });
     }
     spans
+}
+
+/// Step `step_seq` of `record` (its steps are in `step_seq` order).
+fn step_of(record: &SagaRecord, step_seq: u32) -> Option<&StepRecord> {
+    record
+        .steps
+        .binary_search_by_key(&step_seq, |step| step.step_seq)
+        .ok()
+        .map(|i| &record.steps[i])
 }
 
 /// The attributes of a step's span.

@@ -350,17 +350,14 @@ impl Tail {
         });
         let finished = record.saga.state.is_terminal();
         let mut dropped = 0;
+        // `saga_spans` gives the root, then one span per step in order, then compensations.
         for (i, span) in spans.into_iter().enumerate() {
-            let ended = if i == 0 {
-                finished
-            } else if span.name.starts_with("execute_tool ") {
-                record
+            let ended = match i.checked_sub(1) {
+                None => finished,
+                Some(n) => record
                     .steps
-                    .iter()
-                    .find(|step| step_span_is(&record, step.step_seq, &span))
-                    .is_none_or(|step| step.status != agent_kernel_api::StepStatus::Begin)
-            } else {
-                true
+                    .get(n)
+                    .is_none_or(|step| step.status != agent_kernel_api::StepStatus::Begin),
             };
             if !ended || saga.sent.contains(&span.span_id) {
                 continue;
@@ -472,10 +469,4 @@ fn is_owner(record: &AuditRecord, owner: &Owner) -> bool {
         && body["boot_id"].as_str() == Some(owner.boot_id.as_str())
         && body["pid"].as_u64() == Some(u64::from(owner.pid))
         && body["start_ticks"].as_u64() == Some(owner.start_ticks)
-}
-
-/// Whether `span` is the span of step `step_seq` of `record`.
-fn step_span_is(record: &agent_kernel_api::SagaRecord, step_seq: u32, span: &Span) -> bool {
-    crate::span_id(record.saga.saga_id.as_str(), crate::SpanOf::Step(step_seq)).as_slice()
-        == span.span_id.as_slice()
 }

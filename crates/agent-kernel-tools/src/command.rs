@@ -9,7 +9,7 @@ use std::time::Duration;
 pub use agent_kernel_api::Reversibility;
 use agent_kernel_api::{
     EffectClass, ProbeOutcome, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool,
-    Undo, UndoWindow,
+    Undo, UndoWindow, line_of, read_text_bounded,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -109,11 +109,6 @@ pub struct CommandTool {
     output_bytes_max: u64,
 }
 
-/// The 1-based line of byte `offset` in `text`.
-fn line_of(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())].matches('\n').count() + 1
-}
-
 /// Loads the tools declared in the file at `path`: programs and their working folder
 /// resolve against the file's folder; each run's output is bounded by `output_bytes_max`.
 /// A tool may not take the id of one in `taken` (the built-in tools).
@@ -135,21 +130,10 @@ pub fn load_tools_file(
         line,
         message,
     };
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|file| {
-            std::io::Read::read_to_string(
-                &mut std::io::Read::take(file, TOOLS_FILE_BYTES_MAX as u64 + 1),
-                &mut text,
-            )
-        })
-        .map_err(|io| error(None, format!("cannot read it: {io}")))?;
-    if text.len() > TOOLS_FILE_BYTES_MAX {
-        return Err(error(
-            None,
-            format!("it is more than {TOOLS_FILE_BYTES_MAX} bytes"),
-        ));
-    }
+    let text = std::fs::File::open(path)
+        .map_err(|io| format!("cannot read it: {io}"))
+        .and_then(|file| read_text_bounded(file, TOOLS_FILE_BYTES_MAX))
+        .map_err(|message| error(None, message))?;
     let file: ToolsFile = toml::from_str(&text).map_err(|parse| {
         let line = parse.span().map(|span| line_of(&text, span.start));
         error(line, parse.message().to_owned())

@@ -650,21 +650,16 @@ pub(crate) fn open_dead_letters(
     conn: &Connection,
     saga_id: Option<&SagaId>,
 ) -> Result<Vec<DeadLetter>, TxError> {
-    let mut statement = conn
-        .prepare_cached(&format!(
+    query_all(
+        conn,
+        &format!(
             "SELECT {DEAD_LETTER_COLUMNS} FROM dead_letters
              WHERE status = 'open' AND (?1 IS NULL OR saga_id = ?1)
              ORDER BY first_failed_at_ms, letter_id"
-        ))
-        .map_err(storage)?;
-    let rows = statement
-        .query_map(params![saga_id.map(SagaId::as_str)], dead_letter_from_row)
-        .map_err(storage)?;
-    let mut letters = Vec::new();
-    for row in rows {
-        letters.push(row.map_err(storage)??);
-    }
-    Ok(letters)
+        ),
+        params![saga_id.map(SagaId::as_str)],
+        dead_letter_from_row,
+    )
 }
 
 /// Who settled or decided, as the columns and the audit records hold it.
@@ -1009,15 +1004,24 @@ fn query_approvals(
     sql: &str,
     params: impl rusqlite::Params,
 ) -> Result<Vec<ApprovalRecord>, TxError> {
+    query_all(conn, sql, params, approval_from_row)
+}
+
+/// Every row `sql` selects, each read by `from_row` (whose inner error is a corrupt
+/// value).
+fn query_all<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    from_row: fn(&Row<'_>) -> rusqlite::Result<Result<T, TxError>>,
+) -> Result<Vec<T>, TxError> {
     let mut statement = conn.prepare_cached(sql).map_err(storage)?;
-    let rows = statement
-        .query_map(params, approval_from_row)
-        .map_err(storage)?;
-    let mut approvals = Vec::new();
+    let rows = statement.query_map(params, from_row).map_err(storage)?;
+    let mut all = Vec::new();
     for row in rows {
-        approvals.push(row.map_err(storage)??);
+        all.push(row.map_err(storage)??);
     }
-    Ok(approvals)
+    Ok(all)
 }
 
 /// One request by id.
@@ -1499,15 +1503,7 @@ fn query_sagas(
     sql: &str,
     params: impl rusqlite::Params,
 ) -> Result<Vec<SagaSummary>, TxError> {
-    let mut statement = conn.prepare_cached(sql).map_err(storage)?;
-    let rows = statement
-        .query_map(params, saga_from_row)
-        .map_err(storage)?;
-    let mut sagas = Vec::new();
-    for row in rows {
-        sagas.push(row.map_err(storage)??);
-    }
-    Ok(sagas)
+    query_all(conn, sql, params, saga_from_row)
 }
 
 pub(crate) fn sagas(conn: &Connection, limit: u32) -> Result<Vec<SagaSummary>, TxError> {

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use agent_kernel_api::{EffectClass, Reversibility, Settlement, UndoWindow};
+use agent_kernel_api::{
+    EffectClass, Reversibility, Settlement, UndoWindow, line_of, read_text_bounded,
+};
 use glob::Pattern;
 use serde::Deserialize;
 use serde_json::Value;
@@ -126,10 +128,6 @@ struct RawCompensation {
     args: toml::Table,
 }
 
-fn line_of(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())].matches('\n').count() + 1
-}
-
 /// The upstream servers the tools file at `path` declares (none when it declares none).
 ///
 /// # Errors
@@ -145,21 +143,10 @@ pub fn load_servers(path: &Path) -> Result<Vec<ServerSpec>, ServersFileError> {
         line,
         message,
     };
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|file| {
-            std::io::Read::read_to_string(
-                &mut std::io::Read::take(file, SERVERS_FILE_BYTES_MAX as u64 + 1),
-                &mut text,
-            )
-        })
-        .map_err(|io| error(None, format!("cannot read it: {io}")))?;
-    if text.len() > SERVERS_FILE_BYTES_MAX {
-        return Err(error(
-            None,
-            format!("it is more than {SERVERS_FILE_BYTES_MAX} bytes"),
-        ));
-    }
+    let text = std::fs::File::open(path)
+        .map_err(|io| format!("cannot read it: {io}"))
+        .and_then(|file| read_text_bounded(file, SERVERS_FILE_BYTES_MAX))
+        .map_err(|message| error(None, message))?;
     let file: File = toml::from_str(&text).map_err(|parse| {
         let line = parse.span().map(|span| line_of(&text, span.start));
         error(line, parse.message().to_owned())

@@ -83,6 +83,24 @@ fn spawn(project: &Project, args: &[&str]) -> Child {
         .expect("spawns")
 }
 
+/// A `run` of the project's plan (with `--json` when `json`) spawned and waiting for its
+/// approval; the request's id.
+fn waiting_run(project: &Project, json: bool) -> (Child, String) {
+    let plan = plan(project);
+    let plan = plan.to_str().expect("utf-8");
+    let args: &[&str] = if json {
+        &["--json", "run", "--plan", plan]
+    } else {
+        &["run", "--plan", plan]
+    };
+    let run = spawn(project, args);
+    wait_until("the run waits for an approval", || {
+        pending_once_logged(project) == 1
+    });
+    let id = pending(project)[0]["id"].as_str().expect("id").to_owned();
+    (run, id)
+}
+
 #[test]
 fn no_wait_exits_5_then_approve_and_resume_in_another_process_finish_the_plan() {
     let project = project("");
@@ -176,15 +194,7 @@ fn a_rejected_step_rolls_the_saga_back_with_exit_4() {
 #[test]
 fn a_waiting_run_says_how_to_approve_and_finishes_once_approved() {
     let project = project("");
-    let plan = plan(&project);
-    let run = spawn(
-        &project,
-        &["--json", "run", "--plan", plan.to_str().expect("utf-8")],
-    );
-    wait_until("the run waits for an approval", || {
-        pending_once_logged(&project) == 1
-    });
-    let id = pending(&project)[0]["id"].as_str().expect("id").to_owned();
+    let (run, id) = waiting_run(&project, true);
     let output = project.run(&["approve", &id]);
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
     let output = run.wait_with_output().expect("waits");
@@ -205,12 +215,7 @@ fn a_waiting_run_says_how_to_approve_and_finishes_once_approved() {
 #[test]
 fn a_run_killed_while_it_waits_is_rolled_back_by_recover_and_a_later_approval_applies_to_nothing() {
     let project = project("");
-    let plan = plan(&project);
-    let mut run = spawn(&project, &["run", "--plan", plan.to_str().expect("utf-8")]);
-    wait_until("the run waits for an approval", || {
-        pending_once_logged(&project) == 1
-    });
-    let id = pending(&project)[0]["id"].as_str().expect("id").to_owned();
+    let (mut run, id) = waiting_run(&project, false);
     run.kill().expect("SIGKILL");
     run.wait().expect("reaped");
     let (code, report) = project.run_json(&["recover"]);
@@ -365,15 +370,7 @@ fn an_approval_written_into_the_table_by_hand_is_never_used() {
 #[test]
 fn a_signal_while_run_waits_rolls_the_saga_back_with_exit_1() {
     let project = project("");
-    let plan = plan(&project);
-    let run = spawn(
-        &project,
-        &["--json", "run", "--plan", plan.to_str().expect("utf-8")],
-    );
-    wait_until("the run waits for an approval", || {
-        pending_once_logged(&project) == 1
-    });
-    let id = pending(&project)[0]["id"].as_str().expect("id").to_owned();
+    let (run, id) = waiting_run(&project, true);
     let status = std::process::Command::new("kill")
         .args(["-INT", &run.id().to_string()])
         .status()

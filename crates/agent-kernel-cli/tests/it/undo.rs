@@ -28,14 +28,17 @@ fn done_saga(project: &Project) -> String {
     saga_id
 }
 
+/// The files the done saga will change, written as they are before it; their snapshot.
+fn files_before(project: &Project) -> std::collections::BTreeMap<String, Vec<u8>> {
+    fs::write(project.path("ws/a.txt"), "before").expect("writes");
+    fs::write(project.path("ws/log.txt"), "one\n").expect("writes");
+    project.snapshot()
+}
+
 #[test]
 fn undo_puts_every_file_back_and_the_saga_is_undone() {
     let project = Project::new();
-    let before = {
-        fs::write(project.path("ws/a.txt"), "before").expect("writes");
-        fs::write(project.path("ws/log.txt"), "one\n").expect("writes");
-        project.snapshot()
-    };
+    let before = files_before(&project);
     let saga_id = done_saga(&project);
     let (code, report) =
         project.run_json(&["undo", "--saga", &saga_id, "--reason", "the wrong folder"]);
@@ -156,11 +159,7 @@ fn undo_of_a_saga_that_is_not_done_is_refused() {
 #[test]
 fn two_undos_of_one_saga_at_once_compensate_once() {
     let project = Project::new();
-    let before = {
-        fs::write(project.path("ws/a.txt"), "before").expect("writes");
-        fs::write(project.path("ws/log.txt"), "one\n").expect("writes");
-        project.snapshot()
-    };
+    let before = files_before(&project);
     let saga_id = done_saga(&project);
     let undos: Vec<std::process::Child> = (0..2)
         .map(|_| {

@@ -123,13 +123,13 @@ fn a_call_of_an_undeclared_upstream_tool_waits_for_an_approval() {
     assert!(!project.path("up/ws/log.txt").exists(), "nothing ran");
 }
 
-#[test]
-fn after_a_sigkill_recover_compensates_through_a_freshly_started_server() {
-    let project = project();
+/// Runs a plan that writes `path` through the upstream server and then sleeps, and
+/// SIGKILLs it once the write is made: its saga is left unfinished.
+fn sigkill_after_upstream_write(project: &Project, path: &str, content: &str) {
     let plan = project.plan(
         "slow.json",
         &json!({"steps": [
-            write("up/ws/e.txt", "epsilon"),
+            write(path, content),
             {"tool": "noop", "args": {"sleep_ms": 60000}},
         ]}),
     );
@@ -139,11 +139,15 @@ fn after_a_sigkill_recover_compensates_through_a_freshly_started_server() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("spawns");
-    crate::wait_until("the upstream call was made", || {
-        project.path("up/ws/e.txt").exists()
-    });
+    crate::wait_until("the upstream call was made", || project.path(path).exists());
     run.kill().expect("SIGKILL");
     run.wait().expect("reaped");
+}
+
+#[test]
+fn after_a_sigkill_recover_compensates_through_a_freshly_started_server() {
+    let project = project();
+    sigkill_after_upstream_write(&project, "up/ws/e.txt", "epsilon");
     let (code, report) = project.run_json(&["recover"]);
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["sagas"][0]["action"], "rolled_back", "{report}");
@@ -320,24 +324,7 @@ fn a_server_that_dies_mid_call_leaves_the_outcome_unknown_and_is_started_again()
 #[test]
 fn a_server_the_tools_file_no_longer_declares_leaves_a_dead_letter() {
     let project = project();
-    let plan = project.plan(
-        "slow.json",
-        &json!({"steps": [
-            write("up/ws/f.txt", "phi"),
-            {"tool": "noop", "args": {"sleep_ms": 60000}},
-        ]}),
-    );
-    let mut run = project
-        .command(&["run", "--plan", plan.to_str().expect("utf-8")])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawns");
-    crate::wait_until("the upstream call was made", || {
-        project.path("up/ws/f.txt").exists()
-    });
-    run.kill().expect("SIGKILL");
-    run.wait().expect("reaped");
+    sigkill_after_upstream_write(&project, "up/ws/f.txt", "phi");
     fs::write(project.path("tools.toml"), "").expect("the server is no longer declared");
     let output = project.run(&["recover"]);
     assert_eq!(output.status.code(), Some(3), "{}", describe(&output));

@@ -34,6 +34,19 @@ fn approving(kernel: Kernel, timeout_ms: u64) -> Kernel {
     )
 }
 
+/// Runs a plan of `steps` on `kernel` up to the step that waits: the report and its request.
+async fn run_until_waiting(
+    kernel: &Kernel,
+    steps: Vec<PlanStep>,
+) -> (
+    agent_kernel_core::SagaReport,
+    agent_kernel_api::ApprovalRequest,
+) {
+    let report = kernel.run(&plan(steps), &NoObserver).await.expect("runs");
+    let request = report.approval.clone().expect("waits");
+    (report, request)
+}
+
 fn approve() -> OperatorDecision {
     OperatorDecision {
         approve: true,
@@ -142,11 +155,7 @@ async fn an_approved_step_runs_once_with_exactly_the_approved_arguments() {
 async fn a_rejected_step_never_runs_and_the_saga_rolls_back_as_a_denial() {
     let fixture = Fixture::new();
     let kernel = approving(fixture.kernel(1), 3_600_000);
-    let report = kernel
-        .run(&plan(vec![add("a"), blind("x")]), &NoObserver)
-        .await
-        .expect("runs");
-    let request = report.approval.expect("waits");
+    let (report, request) = run_until_waiting(&kernel, vec![add("a"), blind("x")]).await;
     kernel
         .decide_approval(&request.approval_id, reject("not this one"))
         .await
@@ -172,11 +181,7 @@ async fn an_undecided_request_expires_and_the_saga_rolls_back_recorded_as_expire
     let fixture = Fixture::new();
     // The test clock advances a millisecond per reading: 5 ms pass within a few reads.
     let kernel = approving(fixture.kernel(1), 5);
-    let report = kernel
-        .run(&plan(vec![add("a"), blind("x")]), &NoObserver)
-        .await
-        .expect("runs");
-    let request = report.approval.expect("waits");
+    let (report, request) = run_until_waiting(&kernel, vec![add("a"), blind("x")]).await;
     let waited = kernel
         .wait_for_decision(&request.approval_id)
         .await
@@ -211,11 +216,7 @@ async fn an_undecided_request_expires_and_the_saga_rolls_back_recorded_as_expire
 async fn another_process_resumes_the_saga_of_a_dead_one_and_two_resumers_run_the_step_once() {
     let fixture = Fixture::new();
     let first = approving(fixture.kernel(1), 3_600_000);
-    let report = first
-        .run(&plan(vec![blind("x"), add("c")]), &NoObserver)
-        .await
-        .expect("runs");
-    let request = report.approval.expect("waits");
+    let (report, request) = run_until_waiting(&first, vec![blind("x"), add("c")]).await;
     // While its process lives, no other process may resume it.
     let second = approving(fixture.kernel(2), 3_600_000);
     second
@@ -251,11 +252,7 @@ async fn another_process_resumes_the_saga_of_a_dead_one_and_two_resumers_run_the
 async fn recover_rolls_back_a_saga_whose_process_died_waiting_and_voids_its_request() {
     let fixture = Fixture::new();
     let first = approving(fixture.kernel(1), 3_600_000);
-    let report = first
-        .run(&plan(vec![add("a"), blind("x")]), &NoObserver)
-        .await
-        .expect("runs");
-    let request = report.approval.expect("waits");
+    let (_, request) = run_until_waiting(&first, vec![add("a"), blind("x")]).await;
     fixture.kill([1]);
     let recovery = approving(fixture.kernel(2), 3_600_000)
         .recover(&NoObserver)
@@ -372,11 +369,7 @@ async fn aborting_a_waiting_live_saga_voids_its_request() {
 async fn recover_records_a_request_that_expired_while_its_process_was_dead_as_expired() {
     let mut fixture = Fixture::new();
     let first = approving(fixture.kernel(1), 5);
-    let report = first
-        .run(&plan(vec![add("a"), blind("x")]), &NoObserver)
-        .await
-        .expect("runs");
-    let request = report.approval.expect("waits");
+    let (_, request) = run_until_waiting(&first, vec![add("a"), blind("x")]).await;
     fixture.kill([1]);
     // The recovering kernel reads the time well past the expiry.
     fixture.clock_ahead_ms = 60_000;

@@ -39,6 +39,15 @@ fn decide(id: &str, decision: ApprovalDecision) -> LogWrite {
     })
 }
 
+/// Consumes approval `a1` with `digest` in the transaction of step 0's BEGIN of saga `s1`.
+async fn use_with_begin(
+    log: &agent_kernel_txlog::SqliteLog,
+    digest: &str,
+) -> Result<Vec<agent_kernel_api::WriteOutcome>, TxError> {
+    log.write(vec![consume("s1", "a1", digest), begin("s1", 0, None, "h")])
+        .await
+}
+
 fn consume(saga: &str, id: &str, digest: &str) -> LogWrite {
     LogWrite::ConsumeApproval(ConsumeApproval {
         approval_id: id.into(),
@@ -98,11 +107,7 @@ async fn a_request_is_decided_once_and_consumed_once_for_its_exact_step() {
     assert!(log.pending_approvals().await.expect("reads").is_empty());
 
     // Another digest: refused, and nothing of the batch is written.
-    let error = log
-        .write(vec![
-            consume("s1", "a1", &"e".repeat(64)),
-            begin("s1", 0, None, "h"),
-        ])
+    let error = use_with_begin(&log, &"e".repeat(64))
         .await
         .expect_err("another digest");
     assert!(
@@ -118,12 +123,9 @@ async fn a_request_is_decided_once_and_consumed_once_for_its_exact_step() {
             .is_empty()
     );
     // The right one: consumed with the BEGIN, and never again.
-    log.write(vec![
-        consume("s1", "a1", &"d".repeat(64)),
-        begin("s1", 0, None, "h"),
-    ])
-    .await
-    .expect("consumed");
+    use_with_begin(&log, &"d".repeat(64))
+        .await
+        .expect("consumed");
     let error = log
         .write(vec![consume("s1", "a1", &"d".repeat(64))])
         .await
@@ -198,11 +200,7 @@ async fn an_approval_forged_in_the_table_is_caught_by_verify() {
     assert!(bad.reason.contains("approval a1"), "{}", bad.reason);
     // And the forged approval is never used: its use checks the decision's own record.
     let log = open(&path).expect("opens");
-    let error = log
-        .write(vec![
-            consume("s1", "a1", &"d".repeat(64)),
-            begin("s1", 0, None, "h"),
-        ])
+    let error = use_with_begin(&log, &"d".repeat(64))
         .await
         .expect_err("no decision in the chain");
     assert!(
@@ -344,11 +342,7 @@ async fn under_an_audit_key_a_decision_forged_with_a_consistent_record_is_never_
     .expect("forged status");
     drop(conn);
     let log = open_log(&path, Some(key()), agent_kernel_api::Durability::Full);
-    let error = log
-        .write(vec![
-            consume("s1", "a1", &"d".repeat(64)),
-            begin("s1", 0, None, "h"),
-        ])
+    let error = use_with_begin(&log, &"d".repeat(64))
         .await
         .expect_err("not signed");
     assert!(

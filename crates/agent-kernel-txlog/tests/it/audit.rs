@@ -1611,6 +1611,16 @@ fn delete_saga_rows(conn: &Connection, saga_id: &str) {
     }
 }
 
+/// Appends a `Prune` checkpoint naming `saga_id` with `n_steps` and a hash of zeros, as a
+/// forger without the records would; its sequence number.
+fn forge_prune(conn: &Connection, saga_id: &str, n_steps: i64) -> i64 {
+    let body = format!(
+        r#"{{"before_ms":9000000000000,"n_steps":{n_steps},"records_sha256":"{}","saga_ids":["{saga_id}"]}}"#,
+        "0".repeat(64)
+    );
+    forge_record(conn, "Prune", &body)
+}
+
 #[tokio::test]
 async fn a_forged_prune_checkpoint_is_detected() {
     let fixture = Fixture::new(None).await;
@@ -1624,11 +1634,7 @@ async fn a_forged_prune_checkpoint_is_detected() {
         )
         .expect("an unfinished saga");
     delete_saga_rows(&conn, &open);
-    let body = format!(
-        r#"{{"before_ms":9000000000000,"n_steps":0,"records_sha256":"{}","saga_ids":["{open}"]}}"#,
-        "0".repeat(64)
-    );
-    let seq = forge_record(&conn, "Prune", &body);
+    let seq = forge_prune(&conn, &open, 0);
     let (bad, reason) = first_bad(&path, None);
     assert_eq!(bad, seq as u64, "{reason}");
     assert!(reason.contains("not finished"), "{reason}");
@@ -1644,11 +1650,7 @@ async fn a_forged_prune_checkpoint_is_detected() {
         )
         .expect("a finished saga");
     delete_saga_rows(&conn, &done);
-    let body = format!(
-        r#"{{"before_ms":9000000000000,"n_steps":{n_steps},"records_sha256":"{}","saga_ids":["{done}"]}}"#,
-        "0".repeat(64)
-    );
-    let seq = forge_record(&conn, "Prune", &body);
+    let seq = forge_prune(&conn, &done, n_steps);
     let (bad, reason) = first_bad(&path, None);
     assert_eq!(bad, seq as u64, "{reason}");
     assert!(reason.contains("records_sha256"), "{reason}");
