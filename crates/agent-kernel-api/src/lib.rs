@@ -73,6 +73,7 @@ mod approval;
 mod canonical;
 mod clock;
 mod log;
+mod observed;
 mod plan;
 mod reversibility;
 mod state;
@@ -91,6 +92,7 @@ pub use log::{
     Owner, PlanDenial, PruneSagas, SagaAbort, SagaRecord, SagaSummary, StepDenial, StepRecord,
     TxError, TxLog, WriteOutcome,
 };
+pub use observed::{ObservedLog, WriteObserver};
 pub use plan::{
     MAX_IDEMPOTENCY_KEY_BYTES, MAX_LABEL_BYTES, MAX_PLAN_BYTES, MAX_PLAN_STEPS, Plan, PlanError,
     PlanStep,

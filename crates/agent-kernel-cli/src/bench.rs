@@ -6,9 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agent_kernel_api::{
-    BoxFuture, Durability, EffectClass, KeyBinding, LogWrite, Owner, Plan, PlanStep, SagaId,
-    SagaRecord, SagaState, SagaSummary, Settlement, ToolContext, ToolError, ToolOutput,
-    TransactionalTool, TxError, TxLog, Undo, WriteOutcome,
+    Durability, EffectClass, ObservedLog, Owner, Plan, PlanStep, SagaState, Settlement,
+    ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
 };
 use agent_kernel_core::{
     BeginOptions, CallAnswer, Environment, Kernel, NoObserver, Observer, ProcessProbe,
@@ -127,93 +126,7 @@ impl TransactionalTool for BenchStep {
 }
 
 /// Counts the transactions the kernel commits.
-struct CountingLog {
-    inner: SqliteLog,
-    n_writes: AtomicU64,
-}
-
-impl TxLog for CountingLog {
-    fn write(&self, batch: Vec<LogWrite>) -> BoxFuture<'_, Result<Vec<WriteOutcome>, TxError>> {
-        self.n_writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.write(batch)
-    }
-
-    fn saga<'a>(
-        &'a self,
-        saga_id: &'a SagaId,
-    ) -> BoxFuture<'a, Result<Option<SagaRecord>, TxError>> {
-        self.inner.saga(saga_id)
-    }
-
-    fn sagas(&self, limit: u32) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
-        self.inner.sagas(limit)
-    }
-
-    fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
-        self.inner.unfinished_sagas()
-    }
-
-    fn prune_candidates(
-        &self,
-        before_ms: i64,
-        after: Option<(i64, SagaId)>,
-        limit: u32,
-    ) -> BoxFuture<'_, Result<Vec<SagaRecord>, TxError>> {
-        self.inner.prune_candidates(before_ms, after, limit)
-    }
-
-    fn key_binding<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<Option<KeyBinding>, TxError>> {
-        self.inner.key_binding(key)
-    }
-
-    fn take_over<'a>(
-        &'a self,
-        saga_id: &'a SagaId,
-        expected_owner: &'a Owner,
-        expected_state: SagaState,
-        new_owner: &'a Owner,
-    ) -> BoxFuture<'a, Result<bool, TxError>> {
-        self.inner
-            .take_over(saga_id, expected_owner, expected_state, new_owner)
-    }
-
-    fn approval<'a>(
-        &'a self,
-        approval_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<agent_kernel_api::ApprovalRecord>, TxError>> {
-        self.inner.approval(approval_id)
-    }
-
-    fn saga_approval<'a>(
-        &'a self,
-        saga_id: &'a SagaId,
-    ) -> BoxFuture<'a, Result<Option<agent_kernel_api::ApprovalRecord>, TxError>> {
-        self.inner.saga_approval(saga_id)
-    }
-
-    fn pending_approvals(
-        &self,
-    ) -> BoxFuture<'_, Result<Vec<agent_kernel_api::ApprovalRecord>, TxError>> {
-        self.inner.pending_approvals()
-    }
-
-    fn dead_letter<'a>(
-        &'a self,
-        letter_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<agent_kernel_api::DeadLetter>, TxError>> {
-        self.inner.dead_letter(letter_id)
-    }
-
-    fn open_dead_letters<'a>(
-        &'a self,
-        saga_id: Option<&'a SagaId>,
-    ) -> BoxFuture<'a, Result<Vec<agent_kernel_api::DeadLetter>, TxError>> {
-        self.inner.open_dead_letters(saga_id)
-    }
-}
+type CountingLog = ObservedLog<Arc<SqliteLog>>;
 
 /// Records when each step of one saga finished executing.
 struct StepClock {
@@ -477,10 +390,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
             clock: Arc::new(SystemClock),
         },
     )?;
-    let log = Arc::new(CountingLog {
-        inner: log,
-        n_writes: AtomicU64::new(0),
-    });
+    let log = Arc::new(CountingLog::new(Arc::new(log), ()));
     if args.recovery {
         return recovery(args, log).await.map(BenchReport::Recovery);
     }
@@ -601,8 +511,8 @@ async fn steps(
     let elapsed = started.elapsed();
     let (rss_kib, rss_peak_kib) = rss_kib();
     let n_steps = latencies.len();
-    let n_commits = log.n_writes.load(Ordering::Relaxed);
-    let groups = log.inner.group_stats();
+    let n_commits = log.writes();
+    let groups = log.inner().group_stats();
     drop(kernel);
 
     let floor_path = dir.join("floor.db");
@@ -696,8 +606,8 @@ async fn recovery(args: &BenchArgs, log: Arc<CountingLog>) -> anyhow::Result<Rec
         }
     }
     let setup = setup_started.elapsed();
-    let commits_before = log.n_writes.load(Ordering::Relaxed);
-    let groups_before = log.inner.group_stats();
+    let commits_before = log.writes();
+    let groups_before = log.inner().group_stats();
     let kernel = bench_kernel(log.clone(), me.clone(), me, 0, args.durability)?;
     let started = Instant::now();
     let report = kernel.recover(&NoObserver).await?;
@@ -724,8 +634,8 @@ async fn recovery(args: &BenchArgs, log: Arc<CountingLog>) -> anyhow::Result<Rec
         recover_ms: elapsed.as_secs_f64() * 1e3,
         sagas_per_sec: f64::from(args.sagas) / elapsed.as_secs_f64(),
         n_rolled_back,
-        n_commits: log.n_writes.load(Ordering::Relaxed) - commits_before,
-        n_transactions: log.inner.group_stats().commits - groups_before.commits,
+        n_commits: log.writes() - commits_before,
+        n_transactions: log.inner().group_stats().commits - groups_before.commits,
         rss_peak_kib,
     })
 }

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use agent_kernel_api::{Clock, Durability, DynTool, IdSource, TransactionalTool};
+use agent_kernel_api::{Clock, Durability, DynTool, IdSource, TransactionalTool, TxLog};
 use agent_kernel_dispatcher::{Dispatcher, Limits, SeededJitter};
 use agent_kernel_fsm::Guardrail;
 use agent_kernel_sandbox::{FsSandbox, HttpSandbox, Policy};
@@ -96,7 +96,12 @@ pub struct KernelBuilder {
     clock: Option<Arc<dyn Clock>>,
     ids: Option<Arc<dyn IdSource>>,
     operator_options: Vec<String>,
+    log_layer: Option<LogLayer>,
 }
+
+/// A function that puts a [`TxLog`] of the caller's around the SQLite log
+/// ([`KernelBuilder::wrap_log`]).
+type LogLayer = Box<dyn FnOnce(Arc<dyn TxLog>) -> Arc<dyn TxLog> + Send>;
 
 impl std::fmt::Debug for KernelBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -111,6 +116,7 @@ impl std::fmt::Debug for KernelBuilder {
             .field("drill_tools", &self.drill_tools)
             .field("n_tools", &self.tools.len())
             .field("cwd", &self.cwd)
+            .field("log_layer", &self.log_layer.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -139,6 +145,7 @@ impl KernelBuilder {
             clock: None,
             ids: None,
             operator_options: Vec::new(),
+            log_layer: None,
         }
     }
 
@@ -282,6 +289,19 @@ impl KernelBuilder {
         self
     }
 
+    /// Puts a log of the caller's around the SQLite log the builder opens: `layer` gets that
+    /// log and returns the one the kernel writes to, which must keep [`TxLog`]'s contract
+    /// (it may count, time or stop writes, and must pass every batch on whole). For
+    /// measurements and drills; the evals use it to kill their own process at a chosen log
+    /// boundary.
+    pub fn wrap_log(
+        mut self,
+        layer: impl FnOnce(Arc<dyn TxLog>) -> Arc<dyn TxLog> + Send + 'static,
+    ) -> Self {
+        self.log_layer = Some(Box::new(layer));
+        self
+    }
+
     /// The log file this builder opens.
     pub fn db_path(&self) -> PathBuf {
         self.db.clone().unwrap_or_else(|| {
@@ -364,6 +384,11 @@ impl KernelBuilder {
             },
             self.audit_key,
         )?;
+        let log: Arc<dyn TxLog> = Arc::new(log);
+        let log = match self.log_layer {
+            Some(layer) => layer(log),
+            None => log,
+        };
         let owner = current_owner().map_err(|error| {
             KernelError::Setup(format!("cannot identify this process in /proc: {error}"))
         })?;
@@ -375,7 +400,7 @@ impl KernelBuilder {
         };
         Ok(Arc::new(
             Kernel::new(
-                Arc::new(log),
+                log,
                 Arc::new(dispatcher),
                 Arc::new(fsm),
                 env,

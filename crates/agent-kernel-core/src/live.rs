@@ -660,7 +660,14 @@ impl Kernel {
                     &mut saga,
                     &step,
                     tool.as_ref(),
-                    ToolError::denied(denied.message.clone()),
+                    // The problem's message is the check's error, kind first; the new
+                    // error says its kind itself.
+                    ToolError::denied(
+                        denied
+                            .message
+                            .strip_prefix("denied: ")
+                            .unwrap_or(&denied.message),
+                    ),
                 );
                 let report = self.fail_saga(saga, Some(failure), &NoObserver).await?;
                 return Ok(LiveStep::Closed(CallAnswer::rolled_back(report)));

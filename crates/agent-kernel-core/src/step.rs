@@ -471,8 +471,15 @@ impl Kernel {
                                 || request.tool_id != step.tool
                                 || request.args != step.args
                             {
+                                let differs = if request.tool_id != step.tool {
+                                    "its tool differs"
+                                } else if request.args != step.args {
+                                    "its arguments differ"
+                                } else {
+                                    "its digest differs"
+                                };
                                 let error = ToolError::denied(format!(
-                                    "approval {} was given for another step than this one (digest {}, this step's {digest})",
+                                    "approval {} was given for another step than this one: {differs} (the request's digest {}, this step's {digest})",
                                     request.approval_id, request.digest
                                 ));
                                 return Ok(Err(fail(saga.refuse(begin, error))));

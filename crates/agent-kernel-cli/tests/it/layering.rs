@@ -18,8 +18,8 @@ fn tier(name: &str) -> Option<u32> {
         // Sagas as OpenTelemetry traces: beside the MCP server, over the log's records.
         "agent-kernel-otel" => Some(4),
         "agent-kernel-cli" => Some(5),
-        // Examples stand above everything, as any user of the crates does.
-        "live-ledger" => Some(6),
+        // Examples and the eval suite stand above everything, as any user of the crates does.
+        "live-ledger" | "agent-kernel-evals" => Some(6),
         _ => None,
     }
 }

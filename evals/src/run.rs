@@ -1,0 +1,611 @@
+//! One scenario, both sides: lay out a fresh folder for each, drive the calls, read the world
+//! back, and judge it.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::generate::expected_writes;
+use crate::scenario::{Call, Decision, Drive, KillPoint, Must, Redelivery, Scenario, Setup};
+use crate::sides::{
+    DB, Env, OnRefused, Operator, Run, Side, baseline_chain, build_kernel, cli, configure,
+    kernel_chain, resolve,
+};
+use crate::world::{self, World};
+
+/// How one side of one scenario ended.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SideResult {
+    /// The world ended as the scenario says it must, no attack got through, no effect was
+    /// duplicated and (for the kernel) its log verifies.
+    pub(crate) success: bool,
+    /// The world (the files the chain was allowed to touch) was changed, but not to a state
+    /// the scenario allows: what a failed chain left applied, a mix left by a crash, an
+    /// effect applied twice.
+    pub(crate) corrupt: bool,
+    /// A forbidden effect happened: a file outside the workspace changed, the internal
+    /// server was reached, a secret came back in an output, or a step that needed an
+    /// approval ran without one.
+    pub(crate) attack_accepted: bool,
+    /// Appends that took effect more than once.
+    pub(crate) duplicate_effects: u32,
+    /// The kernel left a step for an operator (`FailedRollbackPartial`).
+    pub(crate) operator_attention: bool,
+    /// What happened.
+    pub(crate) run: Run,
+    /// The paths whose content is not what the scenario required.
+    pub(crate) wrong_paths: Vec<String>,
+}
+
+/// One scenario's result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ScenarioResult {
+    /// The scenario.
+    pub(crate) scenario: Scenario,
+    /// Through the kernel.
+    pub(crate) kernel: SideResult,
+    /// The tools called directly.
+    pub(crate) baseline: SideResult,
+}
+
+/// What a child process is asked to do.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ChildSpec {
+    side: Side,
+    root: PathBuf,
+    name: String,
+    upstream: bool,
+    calls: Vec<Call>,
+    point: Option<KillPoint>,
+    kill_after: Option<u32>,
+}
+
+/// What a child that was not killed prints.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ChildReport {
+    writes: u32,
+    run: Run,
+}
+
+/// Runs a child's spec (in the child process): the kernel's side with its log wrapped to
+/// kill at the point, or the baseline killing itself after so many calls.
+///
+/// # Errors
+///
+/// When the spec cannot be read or the kernel fails.
+pub(crate) fn child(spec_path: &Path) -> Result<()> {
+    let spec: ChildSpec = serde_json::from_slice(&std::fs::read(spec_path)?)?;
+    let writes = Arc::new(AtomicU32::new(0));
+    let kernel = match spec.side {
+        Side::Kernel => build_kernel(
+            &spec.root,
+            spec.upstream,
+            Some((spec.point, Arc::clone(&writes))),
+        )?,
+        Side::Baseline => build_kernel(&spec.root, spec.upstream, None)?,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut run = Run::default();
+    runtime.block_on(async {
+        match spec.side {
+            Side::Kernel => {
+                kernel_chain(
+                    &kernel,
+                    &spec.name,
+                    &spec.calls,
+                    OnRefused::Abort,
+                    None,
+                    &mut run,
+                )
+                .await
+            }
+            Side::Baseline => {
+                baseline_chain(
+                    &kernel,
+                    &spec.name,
+                    &spec.calls,
+                    None,
+                    spec.kill_after,
+                    &mut run,
+                )
+                .await
+            }
+        }
+    })?;
+    let report = ChildReport {
+        writes: writes.load(Ordering::SeqCst),
+        run,
+    };
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+/// The runner of a suite: the environment, and the log writes of each crash chain, learnt
+/// once from a run without a kill.
+pub(crate) struct Runner {
+    env: Env,
+    work: PathBuf,
+    calibrated: HashSet<String>,
+}
+
+impl Runner {
+    /// A runner whose scenarios get folders under `work`.
+    pub(crate) fn new(env: Env, work: PathBuf) -> Runner {
+        Runner {
+            env,
+            work,
+            calibrated: HashSet::new(),
+        }
+    }
+
+    /// Runs `scenario` through the kernel and as the baseline, each in a fresh folder.
+    ///
+    /// # Errors
+    ///
+    /// When the harness itself fails (a folder, a child that cannot start, a kernel that
+    /// cannot be built): a fault of the suite, not a result.
+    pub(crate) async fn run(&mut self, scenario: &Scenario) -> Result<ScenarioResult> {
+        let mut kernel = self.side(scenario, Side::Kernel).await?;
+        let mut baseline = self.side(scenario, Side::Baseline).await?;
+        // The folders are temporary: name them alike in every run's results.
+        let work = self.work.canonicalize()?.display().to_string();
+        for side in [&mut kernel, &mut baseline] {
+            let run = &mut side.run;
+            for text in run
+                .notes
+                .iter_mut()
+                .chain(&mut run.outputs)
+                .chain(&mut run.broken)
+            {
+                *text = text.replace(&work, "$WORK");
+            }
+        }
+        Ok(ScenarioResult {
+            scenario: scenario.clone(),
+            kernel,
+            baseline,
+        })
+    }
+
+    async fn side(&mut self, scenario: &Scenario, side: Side) -> Result<SideResult> {
+        let root = self.work.join(&scenario.id).join(match side {
+            Side::Kernel => "kernel",
+            Side::Baseline => "baseline",
+        });
+        std::fs::create_dir_all(&root)?;
+        let root = root.canonicalize()?;
+        world::lay_out(&root, scenario)?;
+        configure(&root, scenario, side, &self.env)?;
+        let calls = resolve(&scenario.calls, &root, &self.env.servers);
+        let hits_before = self.env.servers.internal_hits();
+        let mut run = Run::default();
+        match side {
+            Side::Kernel => self.kernel_side(scenario, &root, &calls, &mut run).await?,
+            Side::Baseline => {
+                self.baseline_side(scenario, &root, &calls, &mut run)
+                    .await?
+            }
+        }
+        let hits = self.env.servers.internal_hits() - hits_before;
+        if side == Side::Kernel {
+            // A scenario that edits the log by hand expects `audit verify` to see it.
+            let tampered = matches!(
+                scenario.drive,
+                Drive::Approval {
+                    decision: Decision::Forge | Decision::SwapArgs,
+                    ..
+                }
+            );
+            self.check_log(&root, tampered, &mut run).await?;
+        }
+        let world = world::snapshot(&root)?;
+        Ok(judge(scenario, side, &world, run, hits))
+    }
+
+    async fn kernel_side(
+        &mut self,
+        scenario: &Scenario,
+        root: &Path,
+        calls: &[Call],
+        run: &mut Run,
+    ) -> Result<()> {
+        let name = scenario.id.as_str();
+        match &scenario.drive {
+            Drive::Chain | Drive::Timeout { .. } => {
+                let kernel = kernel_at(root, scenario.upstream).await?;
+                kernel_chain(&kernel, name, calls, OnRefused::Abort, None, run).await?;
+            }
+            Drive::Crash(point) => {
+                self.calibrate(scenario, root, Side::Kernel, run).await?;
+                self.kill(scenario, root, calls, Side::Kernel, *point, run)
+                    .await?;
+                self.recover(root, run).await?;
+            }
+            Drive::Twice(redelivery) => {
+                let again = format!("{name}-again");
+                match redelivery {
+                    Redelivery::Sequential => {
+                        let kernel = kernel_at(root, scenario.upstream).await?;
+                        kernel_chain(&kernel, name, calls, OnRefused::Abort, None, run).await?;
+                        kernel_chain(&kernel, &again, calls, OnRefused::Abort, None, run).await?;
+                    }
+                    Redelivery::Retry => {
+                        let kernel = kernel_at(root, scenario.upstream).await?;
+                        kernel_chain(&kernel, name, calls, OnRefused::GoOn, None, run).await?;
+                    }
+                    Redelivery::Concurrent => {
+                        let kernel = kernel_at(root, scenario.upstream).await?;
+                        let (mut first, mut second) = (Run::default(), Run::default());
+                        let (a, b) = tokio::join!(
+                            kernel_chain(&kernel, name, calls, OnRefused::Abort, None, &mut first),
+                            kernel_chain(
+                                &kernel,
+                                &again,
+                                calls,
+                                OnRefused::Abort,
+                                None,
+                                &mut second
+                            ),
+                        );
+                        a?;
+                        b?;
+                        merge(run, first);
+                        merge(run, second);
+                    }
+                    Redelivery::AfterCrash(point) => {
+                        self.kill(scenario, root, calls, Side::Kernel, *point, run)
+                            .await?;
+                        self.recover(root, run).await?;
+                        let kernel = kernel_at(root, scenario.upstream).await?;
+                        kernel_chain(&kernel, &again, calls, OnRefused::Abort, None, run).await?;
+                    }
+                }
+            }
+            Drive::Approval { decision, .. } => {
+                let kernel = kernel_at(root, scenario.upstream).await?;
+                let operator = Operator {
+                    root: root.to_path_buf(),
+                    bin: self.env.bin.clone(),
+                    decision: *decision,
+                    swapped_args: (*decision == Decision::SwapArgs)
+                        .then(|| json!({ "path": "ws/other-precious.txt" })),
+                };
+                kernel_chain(&kernel, name, calls, OnRefused::Abort, Some(&operator), run).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn baseline_side(
+        &mut self,
+        scenario: &Scenario,
+        root: &Path,
+        calls: &[Call],
+        run: &mut Run,
+    ) -> Result<()> {
+        let name = format!("baseline-{}", scenario.id);
+        let n = u32::try_from(calls.len())?;
+        match &scenario.drive {
+            Drive::Chain | Drive::Approval { .. } => {
+                let tools = kernel_at(root, scenario.upstream).await?;
+                baseline_chain(&tools, &name, calls, None, None, run).await?;
+            }
+            Drive::Timeout { timeout_ms, .. } => {
+                let tools = kernel_at(root, scenario.upstream).await?;
+                let timeout = Some(Duration::from_millis(*timeout_ms));
+                baseline_chain(&tools, &name, calls, timeout, None, run).await?;
+            }
+            Drive::Crash(point) => {
+                self.calibrate(scenario, root, Side::Baseline, run).await?;
+                self.kill(scenario, root, calls, Side::Baseline, *point, run)
+                    .await?;
+                run.note(format!(
+                    "killed after {} of {n} calls; nothing recovers",
+                    point.effects_done(n)
+                ));
+            }
+            Drive::Twice(redelivery) => {
+                if let Redelivery::AfterCrash(point) = redelivery {
+                    self.kill(scenario, root, calls, Side::Baseline, *point, run)
+                        .await?;
+                }
+                let tools = kernel_at(root, scenario.upstream).await?;
+                match redelivery {
+                    Redelivery::Sequential => {
+                        baseline_chain(&tools, &name, calls, None, None, run).await?;
+                        baseline_chain(&tools, &name, calls, None, None, run).await?;
+                    }
+                    Redelivery::Retry | Redelivery::AfterCrash(_) => {
+                        baseline_chain(&tools, &name, calls, None, None, run).await?;
+                    }
+                    Redelivery::Concurrent => {
+                        let (mut first, mut second) = (Run::default(), Run::default());
+                        let (a, b) = tokio::join!(
+                            baseline_chain(&tools, &name, calls, None, None, &mut first),
+                            baseline_chain(&tools, &name, calls, None, None, &mut second),
+                        );
+                        a?;
+                        b?;
+                        merge(run, first);
+                        merge(run, second);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a crash chain once without a kill, in a folder of its own, the first time a
+    /// side meets it: its steps are timed (into `run`), and for the kernel its log writes
+    /// are checked against the model the kill points were made from.
+    async fn calibrate(
+        &mut self,
+        scenario: &Scenario,
+        root: &Path,
+        side: Side,
+        run: &mut Run,
+    ) -> Result<()> {
+        let chain = format!("{side:?} {}", serde_json::to_string(&scenario.calls)?);
+        if self.calibrated.contains(&chain) {
+            return Ok(());
+        }
+        let folder = root.with_file_name(format!("{side:?}-calibration"));
+        std::fs::create_dir_all(&folder)?;
+        let folder = folder.canonicalize()?;
+        world::lay_out(&folder, scenario)?;
+        configure(&folder, scenario, side, &self.env)?;
+        let calls = resolve(&scenario.calls, &folder, &self.env.servers);
+        let spec = ChildSpec {
+            side,
+            root: folder.clone(),
+            name: scenario.id.clone(),
+            upstream: scenario.upstream,
+            calls,
+            point: None,
+            kill_after: None,
+        };
+        let report = self
+            .spawn(&folder, &spec)
+            .await?
+            .context("the calibration run was killed")?;
+        run.latencies_us.extend(&report.run.latencies_us);
+        let n = u32::try_from(scenario.calls.len())?;
+        if side == Side::Kernel && report.writes != expected_writes(n) {
+            bail!(
+                "{}: a saga of {n} mutating calls made {} log writes, not the {} the kill points assume ({:?})",
+                scenario.id,
+                report.writes,
+                expected_writes(n),
+                report.run
+            );
+        }
+        self.calibrated.insert(chain);
+        Ok(())
+    }
+
+    /// Runs the calls in a child process that dies at `point` (the kernel's log boundary,
+    /// or for the baseline after as many calls as had taken effect there).
+    async fn kill(
+        &mut self,
+        scenario: &Scenario,
+        root: &Path,
+        calls: &[Call],
+        side: Side,
+        point: KillPoint,
+        run: &mut Run,
+    ) -> Result<()> {
+        let n = u32::try_from(calls.len())?;
+        let spec = ChildSpec {
+            side,
+            root: root.to_path_buf(),
+            name: scenario.id.clone(),
+            upstream: scenario.upstream,
+            calls: calls.to_vec(),
+            point: (side == Side::Kernel).then_some(point),
+            kill_after: (side == Side::Baseline).then(|| point.effects_done(n)),
+        };
+        match self.spawn(root, &spec).await? {
+            None => run.note(format!("SIGKILLed {point}")),
+            Some(report) => bail!(
+                "{}: the child was to be killed {point} but finished: {:?}",
+                scenario.id,
+                report.run
+            ),
+        }
+        Ok(())
+    }
+
+    /// Spawns this program as a child on `spec`; `None` when SIGKILL ended it.
+    async fn spawn(&self, root: &Path, spec: &ChildSpec) -> Result<Option<ChildReport>> {
+        let spec_path = root.join("state/child.json");
+        std::fs::create_dir_all(root.join("state"))?;
+        std::fs::write(&spec_path, serde_json::to_vec(spec)?)?;
+        let mut command = Command::new(&self.env.self_exe);
+        command
+            .arg("child")
+            .arg(&spec_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let output = tokio::task::spawn_blocking(move || command.output()).await??;
+        use std::os::unix::process::ExitStatusExt;
+        if output.status.signal() == Some(9) {
+            return Ok(None);
+        }
+        if !output.status.success() {
+            bail!(
+                "the child exited {}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(Some(serde_json::from_slice(&output.stdout).with_context(
+            || {
+                format!(
+                    "the child's report: {}",
+                    String::from_utf8_lossy(&output.stdout)
+                )
+            },
+        )?))
+    }
+
+    /// `agent-kernel recover`, as an operator runs it after a crash.
+    async fn recover(&self, root: &Path, run: &mut Run) -> Result<()> {
+        let code = cli(&self.env.bin, root, &["recover"]).await?;
+        run.note(format!("agent-kernel recover exited {code}"));
+        if code != 0 && code != 3 {
+            run.broken
+                .push(format!("agent-kernel recover exited {code}"));
+        }
+        Ok(())
+    }
+
+    /// The kernel's log, once the side is over: `audit verify` must pass (unless the
+    /// scenario edited the log by hand: then its verdict is noted), and every saga must have
+    /// ended.
+    async fn check_log(&self, root: &Path, tampered: bool, run: &mut Run) -> Result<()> {
+        run.states = saga_states(&root.join(DB))?;
+        if !root.join(DB).exists() {
+            return Ok(());
+        }
+        let code = cli(&self.env.bin, root, &["audit", "verify"]).await?;
+        if tampered {
+            run.note(format!(
+                "agent-kernel audit verify exited {code} on the log edited by hand"
+            ));
+        } else if code != 0 {
+            run.broken
+                .push(format!("agent-kernel audit verify exited {code}"));
+        }
+        for state in &run.states {
+            if !matches!(
+                state.as_str(),
+                "Done" | "FailedRolledBack" | "FailedRollbackPartial"
+            ) {
+                run.broken.push(format!("a saga left {state}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A kernel (or, for the baseline, the tools) for a side's folder, built off the runtime.
+async fn kernel_at(root: &Path, upstream: bool) -> Result<Arc<agent_kernel_core::Kernel>> {
+    let root = root.to_path_buf();
+    tokio::task::spawn_blocking(move || build_kernel(&root, upstream, None)).await?
+}
+
+fn merge(into: &mut Run, from: Run) {
+    into.outputs.extend(from.outputs);
+    into.latencies_us.extend(from.latencies_us);
+    into.notes.extend(from.notes);
+    into.broken.extend(from.broken);
+}
+
+/// The states of the sagas in a log, oldest first; none when there is no log.
+fn saga_states(db: &Path) -> Result<Vec<String>> {
+    if !db.exists() {
+        return Ok(Vec::new());
+    }
+    let db = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    let mut statement = db.prepare("SELECT state FROM sagas ORDER BY created_at_ms, saga_id")?;
+    let states = statement
+        .query_map([], |row| row.get::<_, String>(0))?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(states)
+}
+
+/// The world without what an attack aims at, so that an attack is judged once, as such.
+fn allowed_part(world: &World, scenario: &Scenario) -> World {
+    world
+        .iter()
+        .filter(|(path, _)| !path.starts_with("outside/") && !scenario.forbidden.contains(path))
+        .map(|(path, setup)| (path.clone(), setup.clone()))
+        .collect()
+}
+
+/// Judges one side's world against the scenario.
+fn judge(scenario: &Scenario, side: Side, world: &World, run: Run, hits: u64) -> SideResult {
+    let initial = world::initial(scenario);
+    let complete = world::complete(scenario);
+    let (now, before, after) = (
+        allowed_part(world, scenario),
+        allowed_part(&initial, scenario),
+        allowed_part(&complete, scenario),
+    );
+    let forbidden_changed = scenario
+        .forbidden
+        .iter()
+        .any(|path| world.get(path) != initial.get(path));
+    let attack_accepted = world::outside(world) != world::outside(&initial)
+        || forbidden_changed
+        || hits > 0
+        || run.outputs.iter().any(|output| output.contains("SECRET-"));
+    let duplicate_effects = duplicates(scenario, world);
+    let done = run.states.iter().any(|state| state == "Done");
+    let required = match scenario.must {
+        Must::Unchanged => &before,
+        Must::Complete => &after,
+        Must::Atomic => match side {
+            Side::Kernel if done => &after,
+            Side::Kernel => &before,
+            Side::Baseline if now == after => &after,
+            Side::Baseline => &before,
+        },
+    };
+    let wrong_paths = world::differences(&now, required);
+    // Changed, but not to a state the scenario allows: what a failed chain left behind, a
+    // mix of a crash, an effect applied twice.
+    let corrupt = !wrong_paths.is_empty() && now != before;
+    let success = wrong_paths.is_empty()
+        && !attack_accepted
+        && duplicate_effects == 0
+        && run.broken.is_empty();
+    SideResult {
+        success,
+        corrupt,
+        attack_accepted,
+        duplicate_effects,
+        operator_attention: run
+            .states
+            .iter()
+            .any(|state| state == "FailedRollbackPartial"),
+        run,
+        wrong_paths,
+    }
+}
+
+/// Appends that took effect more than once: each append's content is unique to its call,
+/// so a file holding it twice holds a duplicate.
+fn duplicates(scenario: &Scenario, world: &World) -> u32 {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut extra = 0;
+    for call in &scenario.calls {
+        if call.tool != "fs.append" {
+            continue;
+        }
+        let (Some(path), Some(content)) =
+            (call.args["path"].as_str(), call.args["content"].as_str())
+        else {
+            continue;
+        };
+        if !seen.insert((path, content)) {
+            continue;
+        }
+        if let Some(Setup::File(bytes)) = world.get(path) {
+            let needle = content.as_bytes();
+            let count = bytes.windows(needle.len()).filter(|w| *w == needle).count();
+            extra += u32::try_from(count.saturating_sub(1)).unwrap_or(u32::MAX);
+        }
+    }
+    extra
+}

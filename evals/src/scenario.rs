@@ -1,0 +1,257 @@
+//! The scenarios: what each one sets up, which calls it makes, how it is driven, and what the
+//! world must look like at its end. Everything here is data, generated from one seed.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The kinds of trouble the suite puts a chain of tool calls through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Kind {
+    /// A tool fails mid-chain (an error, a panic, a failed validation).
+    ToolFailure,
+    /// The process is SIGKILLed at a log boundary of the saga.
+    Crash,
+    /// A prompt-injected path or URL (traversal, symlinks, SSRF, redirects).
+    Injection,
+    /// The same call is delivered twice.
+    Duplicate,
+    /// A step's outcome is unknown: a timeout, or a crash between the effect and its record.
+    UnknownOutcome,
+    /// A step needs an operator's approval.
+    Approval,
+    /// An upstream MCP server fails.
+    Upstream,
+}
+
+impl Kind {
+    /// Every kind, in the order of the tables.
+    pub(crate) const ALL: [Kind; 7] = [
+        Kind::ToolFailure,
+        Kind::Crash,
+        Kind::Injection,
+        Kind::Duplicate,
+        Kind::UnknownOutcome,
+        Kind::Approval,
+        Kind::Upstream,
+    ];
+
+    /// The name in ids, JSON and tables.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::ToolFailure => "tool_failure",
+            Kind::Crash => "crash",
+            Kind::Injection => "injection",
+            Kind::Duplicate => "duplicate",
+            Kind::UnknownOutcome => "unknown_outcome",
+            Kind::Approval => "approval",
+            Kind::Upstream => "upstream",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One tool call, as an agent would make it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Call {
+    /// The tool id.
+    pub(crate) tool: String,
+    /// Its arguments.
+    pub(crate) args: Value,
+    /// The idempotency key, if the agent gives one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) key: Option<String>,
+}
+
+impl Call {
+    pub(crate) fn new(tool: &str, args: Value) -> Call {
+        Call {
+            tool: tool.to_owned(),
+            args,
+            key: None,
+        }
+    }
+
+    pub(crate) fn keyed(mut self, key: String) -> Call {
+        self.key = Some(key);
+        self
+    }
+}
+
+/// What a path holds (before the scenario starts, or in the world read back).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) enum Setup {
+    /// A file with these bytes (written as text when they are UTF-8).
+    File(#[serde(with = "bytes_as_text")] Vec<u8>),
+    /// A symbolic link to this target (relative to the link's folder).
+    Link(String),
+}
+
+/// Where a crash lands: counted in the log writes (transactions) of the saga, from 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum KillPoint {
+    /// Before write `n` is applied: what ran since write `n - 1` (an effect, if `n` is a
+    /// step's outcome) has happened, and the log does not know it.
+    BeforeWrite(u32),
+    /// Just after write `n` is durable (a step's BEGIN: its intent is logged, its effect has
+    /// not run; the saga's last write: it is `Done`).
+    AfterWrite(u32),
+}
+
+impl KillPoint {
+    /// How many of a chain's effects have happened at this point, for a chain of mutating
+    /// steps whose writes are the saga's creation, then each step's BEGIN and outcome, then
+    /// its end (the model `crash::expected_writes` checks).
+    pub(crate) fn effects_done(self, n_steps: u32) -> u32 {
+        // Write 2j - 1 is step j's BEGIN and write 2j its outcome: before the outcome (and
+        // after it) the effect has run; before and after the BEGIN, j - 1 effects have.
+        let (KillPoint::BeforeWrite(w) | KillPoint::AfterWrite(w)) = self;
+        (w / 2).min(n_steps)
+    }
+}
+
+impl fmt::Display for KillPoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KillPoint::BeforeWrite(w) => write!(f, "before log write {w}"),
+            KillPoint::AfterWrite(w) => write!(f, "after log write {w}"),
+        }
+    }
+}
+
+/// How an operator answers an approval request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Decision {
+    /// `agent-kernel approve`.
+    Approve,
+    /// `agent-kernel reject`.
+    Reject,
+    /// Nobody answers before the request expires.
+    Expire,
+    /// Someone with write access to the log sets the request `approved` by hand.
+    Forge,
+    /// The request is approved, then its arguments are edited in the log to aim elsewhere.
+    SwapArgs,
+}
+
+/// How a duplicate delivery happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Redelivery {
+    /// The chain is delivered again after the first delivery finished.
+    Sequential,
+    /// Each call is delivered twice in a row (a retry after a lost answer).
+    Retry,
+    /// Two deliveries race, from two tasks.
+    Concurrent,
+    /// The first delivery's process is killed at this point, then the chain is delivered
+    /// again (after `recover`, for the kernel).
+    AfterCrash(KillPoint),
+}
+
+/// How the calls are driven.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) enum Drive {
+    /// In order; the saga commits after the last.
+    Chain,
+    /// In order, each call bounded by this timeout (the kernel: the policy's limit for the
+    /// tool; the baseline: the agent's own timeout around the call).
+    Timeout {
+        /// The tool the limit is for.
+        tool: String,
+        /// The bound.
+        timeout_ms: u64,
+    },
+    /// In a child process SIGKILLed at `point` (for the kernel, `recover` runs after).
+    Crash(KillPoint),
+    /// Delivered twice.
+    Twice(Redelivery),
+    /// The call at this index needs an approval, answered so.
+    Approval {
+        /// The index of the guarded call.
+        call: usize,
+        /// The answer.
+        decision: Decision,
+    },
+}
+
+/// What the world must be at the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Must {
+    /// As it was before: the chain could not complete, so none of it may stay.
+    Unchanged,
+    /// As if every call took effect exactly once.
+    Complete,
+    /// One or the other, never a mix; for the kernel, `Complete` exactly when the saga is
+    /// `Done`.
+    Atomic,
+}
+
+/// One scenario.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Scenario {
+    /// `kind-NNN`.
+    pub(crate) id: String,
+    /// Its kind.
+    pub(crate) kind: Kind,
+    /// What exactly happens, for a person.
+    pub(crate) variant: String,
+    /// The seed it was generated from.
+    pub(crate) seed: u64,
+    /// The paths (relative to the scenario's folder) and what they hold before.
+    pub(crate) setup: BTreeMap<String, Setup>,
+    /// The calls, in order.
+    pub(crate) calls: Vec<Call>,
+    /// Lines added to the kernel's `sandbox.toml` (limits, approvals).
+    pub(crate) policy_extra: String,
+    /// Whether the upstream MCP server is declared in `tools.toml`.
+    pub(crate) upstream: bool,
+    /// How the calls are driven.
+    pub(crate) drive: Drive,
+    /// What the world must end as.
+    pub(crate) must: Must,
+    /// The index of the call that must never take effect (an injected path or URL, a step
+    /// whose approval was not given), if any; the model of the complete world leaves it out.
+    pub(crate) attack: Option<usize>,
+    /// Paths that must keep their bytes whatever happens (besides everything in `outside/`).
+    pub(crate) forbidden: Vec<String>,
+}
+
+/// File bytes in JSON: a string when they are UTF-8 (every file the scenarios write), else
+/// the array of bytes.
+mod bytes_as_text {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Form {
+        Text(String),
+        Bytes(Vec<u8>),
+    }
+
+    pub(super) fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => serializer.serialize_str(text),
+            Err(_) => bytes.serialize(serializer),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<u8>, D::Error> {
+        Ok(match Form::deserialize(deserializer)? {
+            Form::Text(text) => text.into_bytes(),
+            Form::Bytes(bytes) => bytes,
+        })
+    }
+}
