@@ -207,6 +207,8 @@ pub struct SqliteLog {
     audit: Arc<AuditSettings>,
     jobs: mpsc::Sender<Job>,
     stats: Arc<GroupStats>,
+    /// Told when the writer has closed its connection, after the last sender is gone.
+    closed: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
 }
 
 impl std::fmt::Debug for SqliteLog {
@@ -297,6 +299,7 @@ impl SqliteLog {
         let writer_audit = audit.clone();
         let stats = Arc::new(GroupStats::default());
         let writer_stats = Arc::clone(&stats);
+        let (closed_sender, closed) = oneshot::channel();
         thread::Builder::new()
             .name("agent-kernel-txlog".into())
             .spawn(move || {
@@ -346,6 +349,10 @@ impl SqliteLog {
                         }
                     }
                 }
+                // Closing the last connection checkpoints the WAL into the file: done before
+                // anyone waiting in `close` goes on.
+                drop(conn);
+                let _ = closed_sender.send(());
             })
             .map_err(|err| TxError::Storage(format!("cannot start the log writer: {err}")))?;
         Ok(SqliteLog {
@@ -354,7 +361,21 @@ impl SqliteLog {
             audit,
             jobs,
             stats,
+            closed: std::sync::Mutex::new(Some(closed)),
         })
+    }
+
+    /// Closes the log: the writes already queued are committed, then the writer closes its
+    /// connection (SQLite checkpoints the WAL into the file then), and only then does this
+    /// return. Dropping the log closes it too, but in the background, so a program that
+    /// goes on to copy, move or remove the file should close it first.
+    pub async fn close(self) {
+        let closed = self.closed.lock().map_or(None, |mut closed| closed.take());
+        drop(self.jobs);
+        if let Some(closed) = closed {
+            // An error means the writer is gone already.
+            let _ = closed.await;
+        }
     }
 
     /// Rebuilds the database file so the space that deletions (a prune) freed is returned

@@ -19,6 +19,9 @@ async fn written_log(path: &Path) {
     ])
     .await
     .expect("writes");
+    // Closed before the test edits the file: a writer closing later would checkpoint over
+    // the edit.
+    log.close().await;
 }
 
 /// Plants `sql` in the log at `path` through a plain SQLite connection, as someone who can
