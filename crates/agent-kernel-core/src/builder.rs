@@ -97,6 +97,7 @@ pub struct KernelBuilder {
     ids: Option<Arc<dyn IdSource>>,
     operator_options: Vec<String>,
     log_layer: Option<LogLayer>,
+    declared_timeouts: Vec<(String, u64)>,
 }
 
 /// A function that puts a [`TxLog`] of the caller's around the SQLite log
@@ -146,6 +147,7 @@ impl KernelBuilder {
             ids: None,
             operator_options: Vec::new(),
             log_layer: None,
+            declared_timeouts: Vec::new(),
         }
     }
 
@@ -231,6 +233,20 @@ impl KernelBuilder {
     pub fn tool_arc(mut self, tool: Arc<dyn DynTool>) -> Self {
         self.tools.push(tool);
         self
+    }
+
+    /// Adds a tool with the timeout it declares (as a command tool's `timeout_ms`): its
+    /// timeout in `[limits]` unless `[limits.tools."<id>"]` sets one.
+    pub fn tool_with_timeout<T: TransactionalTool + 'static>(
+        mut self,
+        tool: T,
+        timeout_ms: Option<u64>,
+    ) -> Self {
+        if let Some(timeout_ms) = timeout_ms {
+            self.declared_timeouts
+                .push((tool.id().to_owned(), timeout_ms));
+        }
+        self.tool(tool)
     }
 
     /// The tools file whose command tools to register (CONTRACT §7), instead of
@@ -373,6 +389,14 @@ impl KernelBuilder {
             tools.extend(upstream_tools(&path, &policy, &mut limits)?);
         }
         tools.extend(self.tools);
+        for (id, timeout_ms) in self.declared_timeouts {
+            limits
+                .tools
+                .entry(id)
+                .or_default()
+                .timeout_ms
+                .get_or_insert(timeout_ms);
+        }
         let dispatcher = dispatcher_with(limits, tools, &policy)?;
         let approvals = approval_policy_from(&policy)?;
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));

@@ -17,7 +17,8 @@ fn tier(name: &str) -> Option<u32> {
         "agent-kernel-mcp" => Some(4),
         // Sagas as OpenTelemetry traces: beside the MCP server, over the log's records.
         "agent-kernel-otel" => Some(4),
-        "agent-kernel-cli" => Some(5),
+        // The binary and the Python package's native module: two front ends over core.
+        "agent-kernel-cli" | "agent-kernel-py" => Some(5),
         // Examples and the eval suite stand above everything, as any user of the crates does.
         "live-ledger" | "agent-kernel-evals" => Some(6),
         _ => None,

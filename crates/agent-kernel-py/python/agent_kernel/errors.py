@@ -1,0 +1,89 @@
+"""The exceptions of agent-kernel: one base class, one subclass per way a call can end badly.
+
+Each carries what the engine reported: ``saga_id``, ``state`` (the saga's state after the
+error, e.g. ``"FailedRolledBack"``), ``compensated`` (the steps undone, as their positions)
+and ``report`` (the whole report as a dict, or ``None``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AgentKernelError(Exception):
+    """Something the kernel refused or could not do."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        saga_id: str | None = None,
+        state: str | None = None,
+        compensated: list[int] | None = None,
+        report: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.saga_id = saga_id
+        self.state = state
+        self.compensated = compensated or []
+        self.report = report
+
+
+class BadInput(AgentKernelError):
+    """Bad input: an unknown tool, arguments that fail its schema, an idempotency key bound to
+    other arguments, an invalid policy, table or tools file. Nothing ran; an open saga stays
+    open."""
+
+
+class Denied(AgentKernelError):
+    """The sandbox or the FSM guardrail denied a call; the saga was rolled back."""
+
+
+class StepFailed(AgentKernelError):
+    """A tool failed (an error, a timeout, an exception); the saga was rolled back."""
+
+
+class OperatorAttention(AgentKernelError):
+    """The saga could not be fully rolled back (``FailedRollbackPartial``): a compensation
+    failed or an outcome is unknown, and a dead letter waits for an operator."""
+
+
+class AwaitingApproval(AgentKernelError):
+    """The step needs an operator's approval (``agent-kernel approve ID``); nothing of it ran.
+    ``approval`` holds the request (``id``, ``digest``, ``expires_at``…); call
+    ``saga.resume()`` once it is decided."""
+
+    def __init__(self, message: str, *, approval: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.approval = approval
+
+
+class SagaClosed(AgentKernelError):
+    """The saga has ended (committed, rolled back, or lost with its process)."""
+
+
+class LogError(AgentKernelError):
+    """The log failed; a saga in flight is left for ``recover``."""
+
+
+class NotApplied(Exception):
+    """Raised by a tool's function to say it failed *before* any effect: the step fails
+    definitely and is not compensated. Any other exception leaves the outcome unknown, and
+    the step is settled by the tool's settlement (compensated, by default)."""
+
+
+_KINDS: dict[str, type[AgentKernelError]] = {
+    "bad_input": BadInput,
+    "denied": Denied,
+    "saga_closed": SagaClosed,
+    "not_found": BadInput,
+    "log": LogError,
+    "operator_attention": OperatorAttention,
+}
+
+
+def from_native(error: Exception) -> AgentKernelError:
+    """The exception for a ``NativeError(kind, message)`` of the engine."""
+    kind, message = error.args if len(error.args) == 2 else ("kernel", str(error))
+    return _KINDS.get(kind, AgentKernelError)(message)

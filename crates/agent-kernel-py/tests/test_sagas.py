@@ -1,0 +1,227 @@
+"""Live sagas from Python, over the Rust engine: committed, rolled back, Python tools and
+their compensations, failures of every kind, idempotency keys, asyncio, the GIL."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_kernel import BadInput, Denied, NotApplied, StepFailed, tool
+
+
+def test_a_committed_saga_leaves_its_effects_and_a_failing_one_restores_every_byte(project: Path, make_kernel):
+    kernel = make_kernel()
+    (project / "ws" / "a.txt").write_bytes(b"old \x00 bytes\n")
+    with kernel.saga(name="commit") as saga:
+        saga.call("fs.write", {"path": "ws/a.txt", "content": "new"})
+        saga.call("fs.append", {"path": "ws/a.txt", "content": " and more"})
+    assert (project / "ws" / "a.txt").read_text() == "new and more"
+    assert kernel.saga_record(saga.id)["state"] == "Done"
+
+    before = (project / "ws" / "a.txt").read_bytes()
+    with pytest.raises(RuntimeError, match="the agent changed its mind"):
+        with kernel.saga(name="rollback") as saga:
+            saga.call("fs.write", {"path": "ws/a.txt", "content": "overwritten"})
+            saga.call("fs.write", {"path": "ws/b.txt", "content": "created"})
+            raise RuntimeError("the agent changed its mind")
+    assert (project / "ws" / "a.txt").read_bytes() == before
+    assert not (project / "ws" / "b.txt").exists()
+    record = kernel.saga_record(saga.id)
+    assert record["state"] == "FailedRolledBack"
+    assert [step["status"] for step in record["steps"]] == ["COMPENSATED", "COMPENSATED"]
+
+
+def test_python_tools_are_compensated_last_first(make_kernel):
+    ledger: list[str] = []
+    undone: list[str] = []
+
+    @tool(id="ledger.add")
+    def add(entry: str) -> dict:
+        """Adds an entry to the ledger."""
+        ledger.append(entry)
+        return {"position": len(ledger) - 1}
+
+    @add.compensation
+    def remove(args: dict, output: dict | None) -> None:
+        ledger.remove(args["entry"])
+        undone.append(args["entry"])
+
+    @tool(id="payment.charge")
+    def charge(amount: int) -> dict:
+        raise RuntimeError("the card was declined")
+
+    charge.compensation(lambda args, output: None)
+    kernel = make_kernel(add, charge)
+    assert {"ledger.add", "payment.charge"} <= set(kernel.tool_ids)
+    saga = kernel.begin(name="ledger")
+    assert saga.call("ledger.add", {"entry": "first"}) == {"position": 0}
+    assert saga.call("ledger.add", {"entry": "second"}) == {"position": 1}
+    with pytest.raises(StepFailed, match="the card was declined") as raised:
+        saga.call("payment.charge", {"amount": 12})
+    assert ledger == []
+    assert undone == ["second", "first"]
+    assert raised.value.saga_id == saga.id
+    assert raised.value.state == "FailedRolledBack"
+    # The charge raised, so its outcome was unknown: it was compensated too (a no-op).
+    assert raised.value.compensated == [0, 1, 2]
+
+
+def test_a_python_tool_that_raises_not_applied_is_not_compensated(make_kernel):
+    calls: list[str] = []
+
+    @tool(id="shop.order")
+    def order(item: str) -> dict:
+        raise NotApplied("out of stock")
+
+    @order.compensation
+    def cancel(args, output):
+        calls.append("cancel")
+
+    kernel = make_kernel(order)
+    with pytest.raises(StepFailed, match="out of stock"):
+        with kernel.saga() as saga:
+            saga.call("shop.order", {"item": "book"})
+    assert calls == []
+
+
+def test_a_python_tool_that_hangs_past_its_timeout_fails_and_is_compensated(make_kernel):
+    undone: list[str] = []
+
+    @tool(id="slow.write", timeout_ms=200)
+    def slow(text: str) -> None:
+        time.sleep(2)
+
+    @slow.compensation
+    def undo(args, output):
+        undone.append(args["text"])
+
+    kernel = make_kernel(slow)
+    started = time.monotonic()
+    with pytest.raises(StepFailed, match="no result after 200 ms"):
+        with kernel.saga() as saga:
+            saga.call("slow.write", {"text": "t"})
+    assert time.monotonic() - started < 1.8
+    # The outcome was unknown and the tool settles by compensation: it was compensated.
+    assert undone == ["t"]
+
+
+def test_a_python_tool_that_returns_something_not_json_fails_with_a_clear_message(make_kernel):
+    @tool(id="odd.answer")
+    def odd() -> object:
+        return object()
+
+    odd.compensation(lambda args, output: None)
+    kernel = make_kernel(odd)
+    with pytest.raises(StepFailed, match="not JSON"):
+        with kernel.saga() as saga:
+            saga.call("odd.answer", {})
+
+
+def test_arguments_are_checked_against_the_schema_from_the_type_hints(make_kernel):
+    @tool(id="typed.add", effect="read-only")
+    def add(a: int, b: int = 0) -> int:
+        return a + b
+
+    kernel = make_kernel(add)
+    with kernel.saga() as saga:
+        assert saga.call("typed.add", {"a": 2, "b": 3}) == 5
+        with pytest.raises(BadInput):
+            saga.call("typed.add", {"a": "two"})
+        with pytest.raises(BadInput):
+            saga.call("no.such.tool", {})
+        assert saga.call("typed.add", {"a": 1}) == 1
+
+
+def test_a_denied_path_rolls_the_saga_back(project: Path, make_kernel):
+    kernel = make_kernel()
+    with pytest.raises(Denied) as raised:
+        with kernel.saga() as saga:
+            saga.call("fs.write", {"path": "ws/ok.txt", "content": "fine"})
+            saga.call("fs.write", {"path": "ws/../outside.txt", "content": "no"})
+    assert not (project / "ws" / "ok.txt").exists()
+    assert not (project / "outside.txt").exists()
+    assert raised.value.state == "FailedRolledBack"
+
+
+def test_an_idempotency_key_runs_its_step_once_across_sagas(project: Path, make_kernel):
+    kernel = make_kernel()
+    for _ in range(3):
+        with kernel.saga() as saga:
+            saga.call("fs.append", {"path": "ws/ledger.csv", "content": "paid 10\n"}, key="payment-1")
+    assert (project / "ws" / "ledger.csv").read_text() == "paid 10\n"
+    with pytest.raises(BadInput, match="payment-1"):
+        with kernel.saga() as saga:
+            saga.call("fs.append", {"path": "ws/ledger.csv", "content": "paid 99\n"}, key="payment-1")
+
+
+def test_sagas_from_several_asyncio_tasks_run_at_once(project: Path, make_kernel):
+    kernel = make_kernel()
+
+    async def one(i: int) -> str:
+        async with kernel.saga(name=f"task {i}") as saga:
+            await saga.acall("fs.write", {"path": f"ws/task-{i}.txt", "content": str(i)})
+            await saga.acall("noop", {"sleep_ms": 50})
+            return saga.id
+
+    async def main() -> list[str]:
+        return await asyncio.gather(*(one(i) for i in range(8)))
+
+    started = time.monotonic()
+    ids = asyncio.run(main())
+    # Eight sagas with a 50 ms step each, at once, not one after another.
+    assert time.monotonic() - started < 8 * 0.05
+    assert len(set(ids)) == 8
+    for i in range(8):
+        assert (project / "ws" / f"task-{i}.txt").read_text() == str(i)
+    assert all(kernel.saga_record(saga_id)["state"] == "Done" for saga_id in ids)
+
+
+def test_a_failing_async_saga_rolls_back(project: Path, make_kernel):
+    kernel = make_kernel(drills=True)
+
+    async def main() -> None:
+        async with kernel.saga() as saga:
+            await saga.acall("fs.write", {"path": "ws/a.txt", "content": "a"})
+            await saga.acall("fault.fail", {"message": "boom"})
+
+    with pytest.raises(StepFailed, match="boom"):
+        asyncio.run(main())
+    assert not (project / "ws" / "a.txt").exists()
+
+
+def test_the_gil_is_released_while_the_engine_waits(make_kernel):
+    kernel = make_kernel()
+    counter = 0
+    stop = threading.Event()
+
+    def count() -> None:
+        nonlocal counter
+        while not stop.is_set():
+            counter += 1
+
+    thread = threading.Thread(target=count)
+    thread.start()
+    try:
+        with kernel.saga() as saga:
+            before = counter
+            saga.call("noop", {"sleep_ms": 300})
+            during = counter - before
+    finally:
+        stop.set()
+        thread.join()
+    # A thread that never got the GIL back would count nothing during the 300 ms call.
+    assert during > 1000, during
+
+
+def test_plans_recovery_the_log_and_approvals_are_reachable(project: Path, make_kernel):
+    kernel = make_kernel()
+    report = kernel.run({"steps": [{"tool": "fs.write", "args": {"path": "ws/p.txt", "content": "plan"}}]})
+    assert report["state"] == "Done"
+    assert (project / "ws" / "p.txt").read_text() == "plan"
+    assert kernel.log(limit=5)[0]["saga_id"] == report["saga_id"]
+    assert kernel.recover() == {"sagas": []}
+    assert kernel.approvals() == []
