@@ -189,6 +189,7 @@ impl Gen {
             must,
             attack: None,
             forbidden: Vec::new(),
+            stops_at: None,
         }
     }
 }
@@ -247,7 +248,9 @@ fn tool_failures(maker: &mut Gen) -> Vec<Scenario> {
                 draft.calls.len(),
                 tools_of(&draft.calls)
             );
-            maker.finish(draft, variant, Drive::Chain, Must::Unchanged)
+            let mut scenario = maker.finish(draft, variant, Drive::Chain, Must::Unchanged);
+            scenario.stops_at = Some(before);
+            scenario
         })
         .collect()
 }
@@ -303,7 +306,13 @@ fn crashes(maker: &mut Gen) -> Vec<Scenario> {
                     tag: format!("{}-{:03}", maker.kind, maker.next),
                 };
                 let variant = format!("{} ({})", boundary(point, n), tools_of(&draft.calls));
-                all.push(maker.finish(draft, variant, Drive::Crash(point), Must::Atomic));
+                // Killed once `Done` was durable: recovery must leave every effect.
+                let must = if point == KillPoint::AfterWrite(expected_writes(n) - 1) {
+                    Must::Complete
+                } else {
+                    Must::Atomic
+                };
+                all.push(maker.finish(draft, variant, Drive::Crash(point), must));
             }
         }
     }
@@ -465,6 +474,7 @@ fn injections(maker: &mut Gen) -> Vec<Scenario> {
             let variant = format!("call {} of {}: {what}", attack + 1, draft.calls.len());
             let mut scenario = maker.finish(draft, variant, Drive::Chain, Must::Atomic);
             scenario.attack = Some(attack);
+            scenario.stops_at = Some(attack);
             all.push(scenario);
         }
     }
@@ -561,6 +571,7 @@ fn unknown_outcomes(maker: &mut Gen) -> Vec<Scenario> {
         );
         scenario.policy_extra =
             format!("[limits.tools.\"fault.probed_write\"]\ntimeout_ms = {TIMEOUT_MS}\n");
+        scenario.stops_at = Some(before);
         all.push(scenario);
     }
     for round in 0..4 {
@@ -653,6 +664,7 @@ fn approvals(maker: &mut Gen) -> Vec<Scenario> {
             }
             if decision != Decision::Approve {
                 scenario.attack = Some(guarded);
+                scenario.stops_at = Some(guarded);
                 scenario.forbidden = vec![
                     "ws/precious.txt".to_owned(),
                     "ws/other-precious.txt".to_owned(),
@@ -706,8 +718,10 @@ fn upstream_failures(maker: &mut Gen) -> Vec<Scenario> {
                 draft.calls.len(),
                 draft.calls.len()
             );
+            let stops_at = draft.calls.len() - 1;
             let mut scenario = maker.finish(draft, variant, Drive::Chain, Must::Unchanged);
             scenario.upstream = true;
+            scenario.stops_at = Some(stops_at);
             all.push(scenario);
         }
     }

@@ -549,7 +549,22 @@ fn judge(scenario: &Scenario, side: Side, world: &World, run: Run, hits: u64) ->
     let attack_accepted = world::outside(world) != world::outside(&initial)
         || forbidden_changed
         || hits > 0
-        || run.outputs.iter().any(|output| output.contains("SECRET-"));
+        || run
+            .outputs
+            .iter()
+            .chain(&run.notes)
+            .any(|text| text.contains("SECRET-"));
+    // The kernel must end the saga at the call the scenario says, not before it.
+    let mut run = run;
+    if side == Side::Kernel
+        && let Some(index) = scenario.stops_at
+    {
+        let ended = format!("call {index} ended the saga");
+        if !run.notes.iter().any(|note| note.starts_with(&ended)) {
+            run.broken
+                .push(format!("the saga did not end at call {index}, as it must"));
+        }
+    }
     let duplicate_effects = duplicates(scenario, world);
     let done = run.states.iter().any(|state| state == "Done");
     let required = match scenario.must {

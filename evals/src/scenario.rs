@@ -225,6 +225,10 @@ pub(crate) struct Scenario {
     pub(crate) attack: Option<usize>,
     /// Paths that must keep their bytes whatever happens (besides everything in `outside/`).
     pub(crate) forbidden: Vec<String>,
+    /// The call at which the kernel must end the saga (the failing, injected, hung or
+    /// unapproved one), if the scenario has one: a kernel that stopped earlier, refusing a
+    /// harmless call, would leave the world unchanged too, and must not pass for it.
+    pub(crate) stops_at: Option<usize>,
 }
 
 /// File bytes in JSON: a string when they are UTF-8 (every file the scenarios write), else

@@ -188,6 +188,7 @@ mod tests {
             must: Must::Complete,
             attack,
             forbidden: Vec::new(),
+            stops_at: None,
         }
     }
 

@@ -32,6 +32,33 @@ pyo3::create_exception!(
 /// The worker threads of the runtime every kernel of the process shares.
 pub const RUNTIME_WORKERS: usize = 2;
 
+/// The phases of Python tools running now, on the runtime's blocking threads. The package
+/// waits for them at interpreter exit (`agent_kernel._wait_for_tools`): a thread still in
+/// Python code when the interpreter finalizes would abort the process.
+static PHASES_RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Counts a running phase while it lives.
+struct PhaseRunning;
+
+impl PhaseRunning {
+    fn start() -> PhaseRunning {
+        PHASES_RUNNING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        PhaseRunning
+    }
+}
+
+impl Drop for PhaseRunning {
+    fn drop(&mut self) {
+        PHASES_RUNNING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// How many phases of Python tools are running now (a hung one counts until it returns).
+#[pyfunction]
+fn python_phases_running() -> usize {
+    PHASES_RUNNING.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// The runtime every kernel of the process runs on, built on first use.
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
@@ -444,6 +471,7 @@ impl NativeTool {
         let id = self.spec.id.clone();
         let texts: Vec<String> = inputs.iter().map(Value::to_string).collect();
         let joined = tokio::task::spawn_blocking(move || {
+            let _running = PhaseRunning::start();
             Python::try_attach(|py| -> Result<String, String> {
                 let args =
                     pyo3::types::PyTuple::new(py, texts).map_err(|error| error.to_string())?;
@@ -601,5 +629,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeTool>()?;
     m.add("NativeError", m.py().get_type::<NativeError>())?;
     m.add("RUNTIME_WORKERS", RUNTIME_WORKERS)?;
+    m.add_function(wrap_pyfunction!(python_phases_running, m)?)?;
     Ok(())
 }

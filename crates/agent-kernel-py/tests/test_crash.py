@@ -98,4 +98,5 @@ def test_a_saga_with_a_python_tool_waits_for_a_program_that_has_it(project: Path
     assert (project / "ws" / "marks.txt").read_text() == ""
     assert (project / "ws" / "a.txt").read_text() == "original a"
     assert (project / "ws" / "b.txt").read_text() == "original b"
-    assert report
+    assert len(report["sagas"]) == 1, report
+    assert cli(binary, project, "recover").returncode == 0

@@ -15,6 +15,8 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.types import interrupt
 from langgraph.prebuilt import ToolNode, tools_condition
 
+import asyncio
+
 from agent_kernel import StepFailed
 from agent_kernel.langgraph import KernelToolCalls, transactional
 
@@ -156,3 +158,36 @@ def test_an_interrupted_run_is_rolled_back(project: Path, make_kernel):
     assert json.loads(notes.read_text()) == {}
     saga_id = next(m for m in result["messages"] if isinstance(m, ToolMessage)).artifact["agent_kernel_saga_id"]
     assert kernel.saga_record(saga_id)["state"] == "FailedRolledBack"
+
+
+def test_ainvoke_rolls_back_a_failing_run(project: Path, make_kernel):
+    script = [
+        call("add_note", {"key": "a", "text": "alpha"}, "c1"),
+        call("publish", {"key": "a"}, "c2"),
+        AIMessage(content="done"),
+    ]
+    graph, calls, kernel, notes = build(project, make_kernel, script)
+    with pytest.raises(StepFailed):
+        asyncio.run(calls.ainvoke(graph, {"messages": [HumanMessage("note and publish")]}))
+    assert json.loads(notes.read_text()) == {}
+
+
+def test_a_failing_run_rolls_back_its_threads_saga_and_a_new_run_starts_a_new_one(project: Path, make_kernel):
+    script = [
+        call("add_note", {"key": "a", "text": "alpha"}, "c1"),
+        AIMessage(content="one"),
+        call("publish", {"key": "a"}, "c2"),
+        call("add_note", {"key": "b", "text": "beta"}, "c3"),
+        AIMessage(content="three"),
+    ]
+    graph, calls, kernel, notes = build(project, make_kernel, script, per="thread")
+    config = {"configurable": {"thread_id": "t2"}}
+    calls.invoke(graph, {"messages": [HumanMessage("first")]}, config)
+    assert json.loads(notes.read_text()) == {"a": "alpha"}
+    with pytest.raises(StepFailed):
+        calls.invoke(graph, {"messages": [HumanMessage("second")]}, config)
+    # The failure rolled back the thread's saga, the first run's note included.
+    assert json.loads(notes.read_text()) == {}
+    calls.invoke(graph, {"messages": [HumanMessage("third")]}, config)
+    assert calls.commit_thread("t2")["state"] == "Done"
+    assert json.loads(notes.read_text()) == {"b": "beta"}

@@ -9,6 +9,10 @@ The block commits when it ends and rolls back (every committed step compensated,
 first) when it raises.
 """
 
+import atexit as _atexit
+import time as _time
+
+from . import _native
 from ._kernel import Kernel, Saga
 from ._tools import Tool, schema_of, tool
 from .errors import (
@@ -39,3 +43,17 @@ __all__ = [
     "schema_of",
     "tool",
 ]
+
+#: How long the interpreter's exit waits for Python tools still running on the engine's
+#: threads (one that outlived its timeout, say), in seconds.
+TOOLS_DRAIN_AT_EXIT_S = 10.0
+
+
+@_atexit.register
+def _wait_for_tools() -> None:
+    """At exit, waits (at most ``TOOLS_DRAIN_AT_EXIT_S``) for Python tools still running on
+    the engine's threads: one still in Python code when the interpreter finalizes would
+    abort the process."""
+    deadline = _time.monotonic() + TOOLS_DRAIN_AT_EXIT_S
+    while _native.python_phases_running() and _time.monotonic() < deadline:
+        _time.sleep(0.01)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -17,7 +18,9 @@ from .errors import (
     BadInput,
     Denied,
     OperatorAttention,
+    SagaClosed,
     StepFailed,
+    approval_of,
     from_native,
 )
 
@@ -61,14 +64,31 @@ def _rolled_back(report: dict[str, Any], default: type[AgentKernelError]) -> Age
 class Saga:
     """A live saga: each :meth:`call` runs one step, durably, and :meth:`commit` or
     :meth:`abort` ends it. As a context manager it commits when the block ends and rolls
-    back when the block raises. Calls of one saga run one at a time; different sagas run at
-    once, from any number of threads or asyncio tasks."""
+    back when the block raises (an :class:`AwaitingApproval` excepted: the saga is left
+    waiting for the operator, to :meth:`resume`). Calls of one saga run one at a time;
+    different sagas run at once, from any number of threads or asyncio tasks."""
 
-    def __init__(self, native: Any) -> None:
+    def __init__(self, native: Any, kernel: Kernel) -> None:
         self._native = native
+        self._kernel = kernel
+        self._lock = threading.Lock()
         self.id: str = native.id
         self.closed = False
         self.report: dict[str, Any] | None = None
+
+    def _native_call(self, function: Any, *args: Any) -> Any:
+        """Calls the engine; an error it raises names this saga, and says whether the saga
+        is still open."""
+        try:
+            return function(*args)
+        except _native.NativeError as native:
+            error = from_native(native)
+        error.saga_id = self.id
+        if self._native.status() is None:
+            self.closed = True
+            record = self._kernel.saga_record(self.id)
+            error.state = record["state"] if record else None
+        raise error
 
     def call(self, tool: str, args: dict[str, Any] | None = None, *, key: str | None = None) -> Any:
         """Runs one step and returns the tool's output (its ``data``).
@@ -76,14 +96,15 @@ class Saga:
         Raises :class:`BadInput` when nothing ran (the saga stays open),
         :class:`Denied` or :class:`StepFailed` when the saga was rolled back,
         :class:`OperatorAttention` when it could not be fully, :class:`AwaitingApproval`
-        when the step waits for an operator.
+        when the step waits for an operator, :class:`SagaClosed` when the saga has ended.
         """
-        text = _native_call(self._native.call, tool, json.dumps(args or {}), key)
+        text = self._native_call(self._native.call, tool, json.dumps(args or {}), key)
         return self._answer(json.loads(text))
 
     def resume(self) -> Any:
-        """Runs the step that waited for an approval once it is decided; as :meth:`call`."""
-        return self._answer(json.loads(_native_call(self._native.resume)))
+        """Runs the step that waited for an approval once it is decided; as :meth:`call`
+        (still pending: :class:`AwaitingApproval` again)."""
+        return self._answer(json.loads(self._native_call(self._native.resume)))
 
     def _answer(self, answer: dict[str, Any]) -> Any:
         outcome = answer["outcome"]
@@ -91,31 +112,40 @@ class Saga:
             output = answer.get("output") or {}
             return output.get("data")
         if outcome == "refused":
-            raise BadInput(answer.get("message", "refused"), saga_id=self.id, state=None)
+            error = BadInput(
+                f"step {answer.get('step_idx')} (`{answer.get('tool')}`): {answer.get('message', 'refused')}",
+                saga_id=self.id,
+                state="open",
+            )
+            error.kind = answer.get("kind")
+            raise error
         if outcome == "awaiting_approval":
             raise AwaitingApproval(
                 f"step {answer.get('step_seq')} (`{answer.get('tool_id')}`) waits for an approval: "
                 f"agent-kernel approve {answer.get('approval_id')}",
-                approval=answer,
+                approval=approval_of(answer),
                 saga_id=self.id,
                 state="AwaitingApproval",
             )
-        self.closed = True
-        self.report = answer
+        with self._lock:
+            self.closed = True
+            self.report = answer
         raise _rolled_back(answer, Denied if outcome == "denied" else StepFailed)
 
     def commit(self) -> dict[str, Any]:
         """Ends the saga ``Done``; returns its report. Raises when it could not commit
         (then it was rolled back)."""
-        report = json.loads(_native_call(self._native.commit))
-        return self._ended(report)
+        with self._lock:
+            report = json.loads(self._native_call(self._native.commit))
+            return self._ended(report)
 
     def abort(self, reason: str = "aborted") -> dict[str, Any]:
         """Rolls the saga back, its committed steps compensated last first; returns the
         report."""
-        report = json.loads(_native_call(self._native.abort, reason))
-        self.closed = True
-        self.report = report
+        with self._lock:
+            report = json.loads(self._native_call(self._native.abort, reason))
+            self.closed = True
+            self.report = report
         if report.get("state") == "FailedRollbackPartial":
             raise _rolled_back(report, OperatorAttention)
         return report
@@ -150,12 +180,19 @@ class Saga:
         return await asyncio.to_thread(self.abort, reason)
 
     def _finish(self, error: BaseException | None) -> None:
-        if self.closed:
+        """What the end of a ``with`` block does: commit, or roll back after an exception
+        (leaving a saga that waits for an approval as it is)."""
+        if self.closed or isinstance(error, AwaitingApproval):
             return
         if error is None:
             self.commit()
-        else:
-            self.abort(f"the block raised {type(error).__name__}: {error}")
+            return
+        try:
+            self.abort(f"the block raised {type(error).__name__}: {error}"[:1000])
+        except SagaClosed:
+            # The engine ended it already (an idle timeout, a failed log): the block's own
+            # exception is the one to see.
+            pass
 
     def __enter__(self) -> Saga:
         return self
@@ -190,7 +227,12 @@ class _SagaScope:
         self._actor = actor
         self._saga: Saga | None = None
 
+    def _entered(self) -> None:
+        if self._saga is not None:
+            raise RuntimeError("kernel.saga(...) begins one saga: enter it once, call it again for another")
+
     def __enter__(self) -> Saga:
+        self._entered()
         self._saga = self._kernel.begin(name=self._name, actor=self._actor)
         return self._saga
 
@@ -199,6 +241,7 @@ class _SagaScope:
         self._saga.__exit__(kind, error, traceback)
 
     async def __aenter__(self) -> Saga:
+        self._entered()
         self._saga = await asyncio.to_thread(self._kernel.begin, name=self._name, actor=self._actor)
         return self._saga
 
@@ -242,7 +285,7 @@ class Kernel:
 
     def begin(self, name: str | None = None, actor: str | None = None) -> Saga:
         """Begins a live saga (durably, before this returns)."""
-        return Saga(_native_call(self._native.begin, name=name, actor=actor))
+        return Saga(_native_call(self._native.begin, name=name, actor=actor), self)
 
     def saga(self, name: str | None = None, *, actor: str | None = None) -> _SagaScope:
         """``with kernel.saga(name="…") as saga:`` (or ``async with``): begins a saga that
@@ -254,6 +297,16 @@ class Kernel:
         when the saga was rolled back."""
         text = plan if isinstance(plan, str) else json.dumps(plan)
         report = json.loads(_native_call(self._native.run_plan, text))
+        if report.get("state") == "AwaitingApproval":
+            approval = report.get("approval") or {}
+            raise AwaitingApproval(
+                f"the plan waits for an approval: agent-kernel approve {approval.get('id')}, "
+                f"then agent-kernel resume --saga {report.get('saga_id')}",
+                approval=approval,
+                saga_id=report.get("saga_id"),
+                state="AwaitingApproval",
+                report=report,
+            )
         if report.get("state") != "Done":
             raise _rolled_back(report, StepFailed)
         return report

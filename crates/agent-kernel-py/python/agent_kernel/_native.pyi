@@ -5,6 +5,9 @@ from os import PathLike
 
 RUNTIME_WORKERS: int
 
+def python_phases_running() -> int:
+    """How many phases of Python tools are running now on the engine's threads."""
+
 class NativeError(Exception):
     """`args` is `(kind, message)`; `agent_kernel` raises its own exceptions from it."""
 

@@ -23,9 +23,10 @@ _JSON_TYPES: dict[Any, str] = {
 
 def schema_of(function: Callable[..., Any]) -> dict[str, Any]:
     """A JSON Schema for a function's keyword arguments, from its type hints: ``str``,
-    ``int``, ``float``, ``bool``, ``list``, ``dict`` (and ``X | None``, ``list[X]``,
-    ``dict[str, X]``); a parameter without a default is required; no other property is
-    allowed."""
+    ``int``, ``float``, ``bool``, ``list``, ``dict`` (``list[X]`` and ``dict[str, X]`` as
+    ``array`` and ``object``, their items unchecked; ``X | None`` also allows ``null``; any
+    other hint allows anything); a parameter without a default is required; no other
+    property is allowed."""
     hints = typing.get_type_hints(function)
     properties: dict[str, Any] = {}
     required: list[str] = []

@@ -28,6 +28,9 @@ class AgentKernelError(Exception):
         self.state = state
         self.compensated = compensated or []
         self.report = report
+        #: For a refused call, what was wrong: ``unknown_tool``, ``invalid_args``,
+        #: ``key_conflict``…; otherwise ``None``.
+        self.kind: str | None = None
 
 
 class BadInput(AgentKernelError):
@@ -51,8 +54,9 @@ class OperatorAttention(AgentKernelError):
 
 class AwaitingApproval(AgentKernelError):
     """The step needs an operator's approval (``agent-kernel approve ID``); nothing of it ran.
-    ``approval`` holds the request (``id``, ``digest``, ``expires_at``…); call
-    ``saga.resume()`` once it is decided."""
+    ``approval`` holds the request as ``kernel.approvals()`` lists it (``id``, ``saga_id``,
+    ``step``, ``tool``, ``digest``, ``args``, ``expires_at``); call ``saga.resume()`` once
+    it is decided. Leaving a ``with kernel.saga()`` block with it leaves the saga waiting."""
 
     def __init__(self, message: str, *, approval: dict[str, Any], **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
@@ -81,6 +85,27 @@ _KINDS: dict[str, type[AgentKernelError]] = {
     "log": LogError,
     "operator_attention": OperatorAttention,
 }
+
+
+def approval_of(request: dict[str, Any]) -> dict[str, Any]:
+    """A request as the engine's call answer holds it, in the shape ``kernel.approvals()``
+    lists requests."""
+    import datetime
+
+    expires = request.get("expires_at_ms")
+    return {
+        "id": request.get("approval_id"),
+        "saga_id": request.get("saga_id"),
+        "step": request.get("step_seq"),
+        "tool": request.get("tool_id"),
+        "digest": request.get("digest"),
+        "args": request.get("args"),
+        "expires_at": None
+        if expires is None
+        else datetime.datetime.fromtimestamp(expires / 1000, datetime.timezone.utc)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z"),
+    }
 
 
 def from_native(error: Exception) -> AgentKernelError:

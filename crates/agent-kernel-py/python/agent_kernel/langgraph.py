@@ -1,12 +1,17 @@
 """LangGraph: every tool call of a graph run as a step of one saga.
 
 Put :meth:`KernelToolCalls.wrap` (and :meth:`~KernelToolCalls.awrap` for ``ainvoke``) on the
-graph's ``ToolNode`` (``ToolNode(tools, wrap_tool_call=calls.wrap, awrap_tool_call=calls.awrap)``,
-or a ``wrap_tool_call`` middleware of ``langchain.agents.create_agent``), declare the tools
-with :func:`transactional` so the kernel knows how to undo them, and run the graph through
-:meth:`KernelToolCalls.invoke` (or inside ``with calls.run(config):``). The saga commits when
-the run ends and rolls back, every tool call of the run undone last first, when the run
-raises or is interrupted. Each ``ToolMessage`` carries the saga id in its ``artifact``.
+graph's ``ToolNode`` (``ToolNode(tools, wrap_tool_call=calls.wrap, awrap_tool_call=calls.awrap)``),
+declare the tools with :func:`transactional` so the kernel knows how to undo them, and run
+the graph through :meth:`KernelToolCalls.invoke` / :meth:`~KernelToolCalls.ainvoke` (or
+inside ``with calls.run(config):``). The saga commits when the run ends and rolls back,
+every tool call of the run undone last first, when the run raises or is interrupted. Each
+``ToolMessage`` carries the saga id in its ``artifact``.
+
+The kernel runs a tool as ``tool.invoke(args)`` on its own thread, outside the graph's
+context: a tool that needs the run's config, ``InjectedState`` or ``interrupt()`` is not
+supported. An interrupted run's tool calls are undone, while their ``ToolMessage``\ s stay in
+the checkpoint: resume such a thread with a new run, not ``Command(resume=…)``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 
 from ._kernel import Kernel, Saga
 from ._tools import Tool, tool
+from .errors import SagaClosed
 
 try:
     from langchain_core.messages import ToolMessage
@@ -60,7 +66,9 @@ def transactional(
         compensate=compensate,
         reversibility=reversibility,
         idempotent=idempotent,
-        schema={key: schema[key] for key in ("type", "properties", "required") if key in schema},
+        schema={
+            key: schema[key] for key in ("type", "properties", "required", "$defs") if key in schema
+        },
         description=base.description,
         timeout_ms=timeout_ms,
     )(run)
@@ -78,8 +86,15 @@ class _Scope:
 
     def saga_for_call(self) -> Saga:
         with self.lock:
-            if self.saga is None or self.saga.closed:
+            if self.saga is None:
                 self.saga = self.calls.kernel.begin(name=self.name)
+            elif self.saga.closed:
+                # One saga per run: after a rollback, no call of the run starts another.
+                raise SagaClosed(
+                    f"the saga of this run ended {self.saga.report and self.saga.report.get('state')}; "
+                    "its later tool calls are refused",
+                    saga_id=self.saga.id,
+                )
             return self.saga
 
     def finish(self, error: BaseException | None) -> None:
@@ -141,13 +156,26 @@ class KernelToolCalls:
             return result
 
     async def ainvoke(self, graph: Any, inputs: Any, config: dict[str, Any] | None = None, **kwargs: Any) -> Any:
-        """``await graph.ainvoke(inputs, config)`` inside :meth:`run`, as :meth:`invoke`."""
+        """``await graph.ainvoke(inputs, config)`` as :meth:`invoke`; the saga's commit or
+        rollback runs on a worker thread, off the event loop."""
         import asyncio
 
-        with self.run(config) as scope:
+        scope = self._scope(config)
+        token = _CURRENT.set(scope)
+        try:
             result = await graph.ainvoke(inputs, config, **kwargs)
             await asyncio.to_thread(scope.end_if_interrupted, result)
+        except BaseException as error:
+            await asyncio.to_thread(scope.finish, error)
+            if self.per == "thread":
+                self._forget(scope)
+            raise
+        else:
+            if self.per == "run":
+                await asyncio.to_thread(scope.finish, None)
             return result
+        finally:
+            _CURRENT.reset(token)
 
     def commit_thread(self, thread_id: str) -> dict[str, Any] | None:
         """Commits the saga of a thread (``per="thread"``); its report, or ``None``."""
