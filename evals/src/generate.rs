@@ -190,6 +190,7 @@ impl Gen {
             attack: None,
             forbidden: Vec::new(),
             stops_at: None,
+            writes: None,
         }
     }
 }
@@ -272,6 +273,33 @@ pub(crate) fn expected_writes(n: u32) -> u32 {
     2 * n + 2
 }
 
+/// The log writes of a live saga of `n` mutating calls and then a call that fails: the
+/// forward writes (`2n + 1`), the failing step's BEGIN and failure, and the rollback's
+/// `n + 1` (a compensation per step, the failed step's with the end state).
+pub(crate) fn expected_writes_failing(n: u32) -> u32 {
+    3 * n + 4
+}
+
+/// What the log holds at a kill point of a failing chain, for a variant's text.
+fn rollback_boundary(point: KillPoint, n: u32) -> String {
+    let (KillPoint::BeforeWrite(w) | KillPoint::AfterWrite(w)) = point;
+    let what = if w <= 2 * n {
+        return boundary(point, n);
+    } else if w == 2 * n + 1 {
+        "the failing step's BEGIN".to_owned()
+    } else if w == 2 * n + 2 {
+        "the failing step's failure".to_owned()
+    } else if w == expected_writes_failing(n) - 1 {
+        "the rollback's last write (the saga's end)".to_owned()
+    } else {
+        format!("rollback write {} of {}", w - 2 * n - 2, n + 1)
+    };
+    match point {
+        KillPoint::BeforeWrite(_) => format!("killed before {what}"),
+        KillPoint::AfterWrite(_) => format!("killed after {what}"),
+    }
+}
+
 /// What the log holds at a kill point, for a variant's text.
 fn boundary(point: KillPoint, n: u32) -> String {
     let (KillPoint::BeforeWrite(w) | KillPoint::AfterWrite(w)) = point;
@@ -291,7 +319,9 @@ fn boundary(point: KillPoint, n: u32) -> String {
 }
 
 /// A SIGKILL at every log boundary of chains of 1 to 4 mutating calls, two chains of each
-/// length. The world must be as before, or complete exactly when the saga is `Done`.
+/// length (the world must be as before, or complete exactly when the saga is `Done`), and
+/// at every write of chains of 1 to 3 mutating calls whose last call fails, their rollback
+/// included (the world must be as before).
 fn crashes(maker: &mut Gen) -> Vec<Scenario> {
     let mut all = Vec::new();
     for n in 1..=4_u32 {
@@ -312,8 +342,40 @@ fn crashes(maker: &mut Gen) -> Vec<Scenario> {
                 } else {
                     Must::Atomic
                 };
-                all.push(maker.finish(draft, variant, Drive::Crash(point), must));
+                let mut scenario = maker.finish(draft, variant, Drive::Crash(point), must);
+                scenario.writes = Some(expected_writes(n));
+                all.push(scenario);
             }
+        }
+    }
+    // Killed during a rollback too: chains whose last call fails, at every write of the
+    // forward path and of the compensation, then `recover` must finish the rollback.
+    for n in 1..=3_u32 {
+        let mut chain = maker.draft();
+        maker.mutate(&mut chain, n as usize, Mutations::WithDrill);
+        chain.calls.push(Call::new(
+            "fault.fail",
+            json!({ "message": "the last call fails" }),
+        ));
+        let writes = expected_writes_failing(n);
+        let points = (0..writes)
+            .map(KillPoint::BeforeWrite)
+            .chain([KillPoint::AfterWrite(writes - 1)]);
+        for point in points {
+            let draft = Draft {
+                setup: chain.setup.clone(),
+                calls: chain.calls.clone(),
+                existing: Vec::new(),
+                tag: format!("{}-{:03}", maker.kind, maker.next),
+            };
+            let variant = format!(
+                "{}, the last call failing ({})",
+                rollback_boundary(point, n),
+                tools_of(&draft.calls)
+            );
+            let mut scenario = maker.finish(draft, variant, Drive::Crash(point), Must::Unchanged);
+            scenario.writes = Some(writes);
+            all.push(scenario);
         }
     }
     all
@@ -596,7 +658,10 @@ fn unknown_outcomes(maker: &mut Gen) -> Vec<Scenario> {
                 "{tool} at call {step} of {}: the process dies between its effect and its record",
                 draft.calls.len()
             );
-            all.push(maker.finish(draft, variant, Drive::Crash(point), Must::Atomic));
+            let writes = expected_writes(u32::try_from(draft.calls.len()).expect("short"));
+            let mut scenario = maker.finish(draft, variant, Drive::Crash(point), Must::Atomic);
+            scenario.writes = Some(writes);
+            all.push(scenario);
         }
     }
     all

@@ -109,7 +109,7 @@ pub(crate) enum KillPoint {
 impl KillPoint {
     /// How many of a chain's effects have happened at this point, for a chain of mutating
     /// steps whose writes are the saga's creation, then each step's BEGIN and outcome, then
-    /// its end (the model `crash::expected_writes` checks).
+    /// its end (the model `generate::expected_writes` states).
     pub(crate) fn effects_done(self, n_steps: u32) -> u32 {
         // Write 2j - 1 is step j's BEGIN and write 2j its outcome: before the outcome (and
         // after it) the effect has run; before and after the BEGIN, j - 1 effects have.
@@ -229,6 +229,9 @@ pub(crate) struct Scenario {
     /// unapproved one), if the scenario has one: a kernel that stopped earlier, refusing a
     /// harmless call, would leave the world unchanged too, and must not pass for it.
     pub(crate) stops_at: Option<usize>,
+    /// For a crash: the log writes a run of the chain without a kill makes, which the kill
+    /// points were made from and the calibration run checks.
+    pub(crate) writes: Option<u32>,
 }
 
 /// File bytes in JSON: a string when they are UTF-8 (every file the scenarios write), else

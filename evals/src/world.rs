@@ -189,6 +189,7 @@ mod tests {
             attack,
             forbidden: Vec::new(),
             stops_at: None,
+            writes: None,
         }
     }
 
