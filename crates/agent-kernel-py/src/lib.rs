@@ -10,8 +10,10 @@
 //! one shared tokio runtime, so other Python threads run meanwhile, and a Python tool, which
 //! runs on a blocking thread of that runtime, can take the GIL to run.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use agent_kernel_api::{
     Durability, EffectClass, ProbeOutcome, Reversibility, Settlement, ToolContext, ToolError,
@@ -21,6 +23,7 @@ use agent_kernel_core::{BeginOptions, CallAnswer, Kernel, KernelBuilder, KernelE
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use serde_json::Value;
+use tokio::sync::watch;
 
 pyo3::create_exception!(
     _native,
@@ -349,7 +352,18 @@ struct NativeTool {
     compensate: Option<Arc<Py<PyAny>>>,
     prepare: Option<Arc<Py<PyAny>>>,
     probe: Option<Arc<Py<PyAny>>>,
+    /// The executes still running, by saga and step: one the dispatcher gave up on (its
+    /// timeout) goes on in its thread, and its step is compensated or probed only once it
+    /// has returned.
+    running: Arc<Mutex<RunningExecutes>>,
 }
+
+/// The executes of a tool still running, by saga id and step: told when each returns.
+type RunningExecutes = HashMap<(String, u32), watch::Receiver<bool>>;
+
+/// How long a compensation or a probe waits for the step's execute, still running after
+/// its timeout, when the tool declares no timeout of its own (which is then the wait).
+pub const EXECUTE_DRAIN_DEFAULT_MS: u64 = 30_000;
 
 #[pymethods]
 impl NativeTool {
@@ -442,6 +456,7 @@ impl NativeTool {
             compensate: compensate.map(Arc::new),
             prepare: prepare.map(Arc::new),
             probe: probe.map(Arc::new),
+            running: Arc::default(),
         })
     }
 
@@ -449,6 +464,23 @@ impl NativeTool {
     #[getter]
     fn id(&self) -> String {
         self.spec.id.clone()
+    }
+}
+
+/// A running execute's place in [`NativeTool::running`], left (and its end told) when the
+/// function returns.
+struct Registered {
+    running: Arc<Mutex<RunningExecutes>>,
+    key: (String, u32),
+    done: watch::Sender<bool>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        if let Ok(mut running) = self.running.lock() {
+            running.remove(&self.key);
+        }
+        let _ = self.done.send(true);
     }
 }
 
@@ -460,18 +492,55 @@ enum Answer {
 }
 
 impl NativeTool {
-    /// Calls a phase on a blocking thread, holding the GIL there only.
+    /// Waits until the execute of `ctx`'s step, if it still runs (the dispatcher gave up on
+    /// it), has returned, at most the tool's timeout; fails past it, so that nothing is
+    /// settled while the effect may still land.
+    async fn after_execute(&self, phase: &str, ctx: &ToolContext) -> Result<(), ToolError> {
+        let key = (ctx.saga_id.to_string(), ctx.step_seq);
+        let running = self
+            .running
+            .lock()
+            .map_or(None, |running| running.get(&key).cloned());
+        let Some(mut done) = running else {
+            return Ok(());
+        };
+        let wait_ms = self.spec.timeout_ms.unwrap_or(EXECUTE_DRAIN_DEFAULT_MS);
+        match tokio::time::timeout(Duration::from_millis(wait_ms), done.wait_for(|done| *done))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(_) => Err(ToolError::failed(format!(
+                "`{}` ({phase}): its execute of this step still runs {wait_ms} ms after its timeout; settling the step now could be undone by its effect",
+                self.spec.id
+            ))),
+        }
+    }
+
+    /// Calls a phase on a blocking thread, holding the GIL there only. An execute is
+    /// registered under `execute_of` (its saga and step) until its function returns, even
+    /// when the dispatcher stops waiting for it.
     async fn phase(
         &self,
         name: &'static str,
         function: &Arc<Py<PyAny>>,
         inputs: Vec<Value>,
+        execute_of: Option<&ToolContext>,
     ) -> Result<Answer, ToolError> {
         let function = Arc::clone(function);
         let id = self.spec.id.clone();
         let texts: Vec<String> = inputs.iter().map(Value::to_string).collect();
+        let registration = execute_of.map(|ctx| {
+            let key = (ctx.saga_id.to_string(), ctx.step_seq);
+            let (done, receiver) = watch::channel(false);
+            if let Ok(mut running) = self.running.lock() {
+                running.insert(key.clone(), receiver);
+            }
+            (Arc::clone(&self.running), key, done)
+        });
         let joined = tokio::task::spawn_blocking(move || {
             let _running = PhaseRunning::start();
+            let _registered =
+                registration.map(|(running, key, done)| Registered { running, key, done });
             Python::try_attach(|py| -> Result<String, String> {
                 let args =
                     pyo3::types::PyTuple::new(py, texts).map_err(|error| error.to_string())?;
@@ -557,15 +626,18 @@ impl TransactionalTool for NativeTool {
         let Some(prepare) = &self.prepare else {
             return Ok(Undo::none());
         };
-        match self.phase("prepare", prepare, vec![args.clone()]).await? {
+        match self
+            .phase("prepare", prepare, vec![args.clone()], None)
+            .await?
+        {
             Answer::Ok(data) => Ok(Undo { data, blob: None }),
             Answer::Failed(message) | Answer::Uncertain(message) => Err(ToolError::failed(message)),
         }
     }
 
-    async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         match self
-            .phase("execute", &self.execute, vec![args.clone()])
+            .phase("execute", &self.execute, vec![args.clone()], Some(ctx))
             .await?
         {
             Answer::Ok(data) => Ok(ToolOutput::new(data)),
@@ -576,15 +648,16 @@ impl TransactionalTool for NativeTool {
 
     async fn probe(
         &self,
-        _ctx: &ToolContext,
+        ctx: &ToolContext,
         args: &Value,
         undo: &Undo,
     ) -> Result<ProbeOutcome, ToolError> {
         let Some(probe) = &self.probe else {
             return Ok(ProbeOutcome::Unknown);
         };
+        self.after_execute("probe", ctx).await?;
         match self
-            .phase("probe", probe, vec![args.clone(), undo.data.clone()])
+            .phase("probe", probe, vec![args.clone(), undo.data.clone()], None)
             .await?
         {
             Answer::Ok(Value::Bool(true)) => Ok(ProbeOutcome::Happened(None)),
@@ -595,7 +668,7 @@ impl TransactionalTool for NativeTool {
 
     async fn compensate(
         &self,
-        _ctx: &ToolContext,
+        ctx: &ToolContext,
         args: &Value,
         undo: &Undo,
         output: Option<&ToolOutput>,
@@ -606,12 +679,14 @@ impl TransactionalTool for NativeTool {
                 self.spec.id
             )));
         };
+        self.after_execute("compensate", ctx).await?;
         let output = output.map_or(Value::Null, |output| output.data.clone());
         match self
             .phase(
                 "compensate",
                 compensate,
                 vec![args.clone(), output, undo.data.clone()],
+                None,
             )
             .await?
         {

@@ -4,6 +4,7 @@ their compensations, failures of every kind, idempotency keys, asyncio, the GIL.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from pathlib import Path
@@ -12,7 +13,16 @@ import pytest
 
 import subprocess
 
-from agent_kernel import AwaitingApproval, BadInput, Denied, NotApplied, SagaClosed, StepFailed, tool
+from agent_kernel import (
+    AwaitingApproval,
+    BadInput,
+    Denied,
+    NotApplied,
+    OperatorAttention,
+    SagaClosed,
+    StepFailed,
+    tool,
+)
 
 
 def test_a_committed_saga_leaves_its_effects_and_a_failing_one_restores_every_byte(project: Path, make_kernel):
@@ -90,27 +100,54 @@ def test_a_python_tool_that_raises_not_applied_is_not_compensated(make_kernel):
     assert calls == []
 
 
-def test_a_python_tool_that_hangs_past_its_timeout_fails_and_is_compensated(make_kernel):
-    undone: list[str] = []
-    release, returned = threading.Event(), threading.Event()
+def test_a_python_tool_that_hangs_past_its_timeout_is_compensated_once_it_has_returned(project: Path, make_kernel):
+    target = project / "ws" / "late.txt"
+    order: list[str] = []
 
     @tool(id="slow.write", timeout_ms=200)
     def slow(text: str) -> None:
-        release.wait(10)
-        returned.set()
+        time.sleep(0.3)
+        target.write_text(text)
+        order.append("effect")
 
     @slow.compensation
     def undo(args, output):
-        undone.append(args["text"])
+        order.append("compensation")
+        target.unlink(missing_ok=True)
 
     kernel = make_kernel(slow)
     with pytest.raises(StepFailed, match="no result after 200 ms"):
         with kernel.saga() as saga:
             saga.call("slow.write", {"text": "t"})
-    # The outcome was unknown and the tool settles by compensation: it was compensated,
-    # while the function still ran on its thread (a Python thread cannot be stopped).
-    assert undone == ["t"]
-    assert not returned.is_set()
+    # The call was given up on at 200 ms, but its function went on and wrote at 300 ms: the
+    # compensation waited for it, so the effect did not land after its undoing.
+    assert order == ["effect", "compensation"]
+    assert not target.exists()
+
+
+def test_a_python_tool_still_running_long_after_its_timeout_is_left_for_an_operator(make_kernel):
+    release, returned = threading.Event(), threading.Event()
+    undone: list[str] = []
+
+    @tool(id="stuck.write", timeout_ms=200)
+    def stuck(text: str) -> None:
+        release.wait(10)
+        returned.set()
+
+    @stuck.compensation
+    def undo(args, output):
+        undone.append(args["text"])
+
+    kernel = make_kernel(stuck)
+    with pytest.raises(OperatorAttention, match="no result after 200 ms") as raised:
+        with kernel.saga() as saga:
+            saga.call("stuck.write", {"text": "t"})
+    assert raised.value.state == "FailedRollbackPartial"
+    step = kernel.saga_record(saga.id)["steps"][0]
+    assert step["status"] == "COMPENSATION_FAILED"
+    assert "still runs" in json.dumps(step)
+    # Never compensated blind while its function may still act: a dead letter instead.
+    assert undone == []
     release.set()
     assert returned.wait(5)
 
@@ -293,7 +330,7 @@ def test_a_probe_settles_a_step_of_unknown_outcome(project: Path, make_kernel):
     @tool(id="probed.write", settlement="probe", timeout_ms=200)
     def write(text: str) -> None:
         target.write_text(text)
-        time.sleep(0.6)
+        time.sleep(0.3)
         finished.set()
 
     @write.compensation
