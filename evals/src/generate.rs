@@ -72,6 +72,18 @@ struct Draft {
     tag: String,
 }
 
+impl Draft {
+    /// The same files and calls, for the next scenario of `maker` (its id).
+    fn copy_for(&self, maker: &Gen) -> Draft {
+        Draft {
+            setup: self.setup.clone(),
+            calls: self.calls.clone(),
+            existing: Vec::new(),
+            tag: format!("{}-{:03}", maker.kind, maker.next),
+        }
+    }
+}
+
 /// Which mutations a chain may use.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mutations {
@@ -191,6 +203,7 @@ impl Gen {
             forbidden: Vec::new(),
             stops_at: None,
             writes: None,
+            recovery_writes: None,
         }
     }
 }
@@ -280,6 +293,12 @@ pub(crate) fn expected_writes_failing(n: u32) -> u32 {
     3 * n + 4
 }
 
+/// The log writes of `recover` rolling back one saga of `n` committed-or-in-doubt mutating
+/// steps: its operator command, the move to compensating, a compensation per step, the end.
+pub(crate) fn expected_recovery_writes(n: u32) -> u32 {
+    n + 3
+}
+
 /// What the log holds at a kill point of a failing chain, for a variant's text.
 fn rollback_boundary(point: KillPoint, n: u32) -> String {
     let (KillPoint::BeforeWrite(w) | KillPoint::AfterWrite(w)) = point;
@@ -329,12 +348,7 @@ fn crashes(maker: &mut Gen) -> Vec<Scenario> {
             let mut chain = maker.draft();
             maker.mutate(&mut chain, n as usize, Mutations::WithDrill);
             for point in kill_points(n) {
-                let draft = Draft {
-                    setup: chain.setup.clone(),
-                    calls: chain.calls.clone(),
-                    existing: Vec::new(),
-                    tag: format!("{}-{:03}", maker.kind, maker.next),
-                };
+                let draft = chain.copy_for(maker);
                 let variant = format!("{} ({})", boundary(point, n), tools_of(&draft.calls));
                 // Killed once `Done` was durable: recovery must leave every effect.
                 let must = if point == KillPoint::AfterWrite(expected_writes(n) - 1) {
@@ -346,6 +360,35 @@ fn crashes(maker: &mut Gen) -> Vec<Scenario> {
                 scenario.writes = Some(expected_writes(n));
                 all.push(scenario);
             }
+        }
+    }
+    // Killed during a recovery too: the saga's process dies between its last effect and
+    // its record, then a first `recover` dies at each of its writes, then `recover` again.
+    for n in 1..=3_u32 {
+        let mut chain = maker.draft();
+        maker.mutate(&mut chain, n as usize, Mutations::WithDrill);
+        let first = KillPoint::BeforeWrite(2 * n);
+        let writes = expected_recovery_writes(n);
+        let points = (0..writes)
+            .map(KillPoint::BeforeWrite)
+            .chain([KillPoint::AfterWrite(writes - 1)]);
+        for recovery in points {
+            let draft = chain.copy_for(maker);
+            let (KillPoint::BeforeWrite(w) | KillPoint::AfterWrite(w)) = recovery;
+            let when = match recovery {
+                KillPoint::BeforeWrite(_) => "before",
+                KillPoint::AfterWrite(_) => "after",
+            };
+            let variant = format!(
+                "{}, then the first recover killed {when} its write {w} of {writes} ({})",
+                boundary(first, n),
+                tools_of(&draft.calls)
+            );
+            let drive = Drive::CrashRecovery { first, recovery };
+            let mut scenario = maker.finish(draft, variant, drive, Must::Unchanged);
+            scenario.writes = Some(expected_writes(n));
+            scenario.recovery_writes = Some(writes);
+            all.push(scenario);
         }
     }
     // Killed during a rollback too: chains whose last call fails, at every write of the
@@ -362,12 +405,7 @@ fn crashes(maker: &mut Gen) -> Vec<Scenario> {
             .map(KillPoint::BeforeWrite)
             .chain([KillPoint::AfterWrite(writes - 1)]);
         for point in points {
-            let draft = Draft {
-                setup: chain.setup.clone(),
-                calls: chain.calls.clone(),
-                existing: Vec::new(),
-                tag: format!("{}-{:03}", maker.kind, maker.next),
-            };
+            let draft = chain.copy_for(maker);
             let variant = format!(
                 "{}, the last call failing ({})",
                 rollback_boundary(point, n),

@@ -64,6 +64,9 @@ pub(crate) struct ChildSpec {
     calls: Vec<Call>,
     point: Option<KillPoint>,
     kill_after: Option<u32>,
+    /// Run `recover` (the library's, with the kill switch) instead of the calls.
+    #[serde(default)]
+    recover: bool,
 }
 
 /// What a child that was not killed prints.
@@ -96,6 +99,14 @@ pub(crate) fn child(spec_path: &Path) -> Result<()> {
     let mut run = Run::default();
     runtime.block_on(async {
         match spec.side {
+            Side::Kernel if spec.recover => {
+                let report = kernel
+                    .recover(&agent_kernel_core::NoObserver)
+                    .await
+                    .context("recover")?;
+                run.note(format!("recovered {} sagas", report.sagas.len()));
+                Ok(())
+            }
             Side::Kernel => {
                 kernel_chain(
                     &kernel,
@@ -229,6 +240,13 @@ impl Runner {
                     .await?;
                 self.recover(root, run).await?;
             }
+            Drive::CrashRecovery { first, recovery } => {
+                self.calibrate(scenario, root, Side::Kernel, run).await?;
+                self.kill(scenario, root, calls, Side::Kernel, *first, run)
+                    .await?;
+                self.kill_recovery(scenario, root, *recovery, run).await?;
+                self.recover(root, run).await?;
+            }
             Drive::Twice(redelivery) => {
                 let again = format!("{name}-again");
                 match redelivery {
@@ -303,7 +321,7 @@ impl Runner {
                 let timeout = Some(Duration::from_millis(*timeout_ms));
                 baseline_chain(&tools, &name, calls, timeout, None, run).await?;
             }
-            Drive::Crash(point) => {
+            Drive::Crash(point) | Drive::CrashRecovery { first: point, .. } => {
                 self.calibrate(scenario, root, Side::Baseline, run).await?;
                 self.kill(scenario, root, calls, Side::Baseline, *point, run)
                     .await?;
@@ -371,6 +389,7 @@ impl Runner {
             calls,
             point: None,
             kill_after: None,
+            recover: false,
         };
         let report = self
             .spawn(&folder, &spec)
@@ -412,6 +431,7 @@ impl Runner {
             calls: calls.to_vec(),
             point: (side == Side::Kernel).then_some(point),
             kill_after: (side == Side::Baseline).then(|| point.effects_done(n)),
+            recover: false,
         };
         match self.spawn(root, &spec).await? {
             None => run.note(format!("SIGKILLed {point}")),
@@ -427,6 +447,78 @@ impl Runner {
             ),
         }
         Ok(())
+    }
+
+    /// A first `recover` (the library's, in a child process) SIGKILLed at `point` of its
+    /// own writes; the first time a chain meets it, a recovery without a kill in a folder of
+    /// its own checks the writes the points were made from.
+    async fn kill_recovery(
+        &mut self,
+        scenario: &Scenario,
+        root: &Path,
+        point: KillPoint,
+        run: &mut Run,
+    ) -> Result<()> {
+        let expected = scenario
+            .recovery_writes
+            .context("a recovery crash states its writes")?;
+        let chain = format!("recovery {}", serde_json::to_string(&scenario.calls)?);
+        if !self.calibrated.contains(&chain) {
+            let folder = root.with_file_name("recovery-calibration");
+            std::fs::create_dir_all(&folder)?;
+            let folder = folder.canonicalize()?;
+            world::lay_out(&folder, scenario)?;
+            configure(&folder, scenario, Side::Kernel, &self.env)?;
+            let calls = resolve(&scenario.calls, &folder, &self.env.servers);
+            let Drive::CrashRecovery { first, .. } = scenario.drive else {
+                bail!("{}: not a recovery crash", scenario.id);
+            };
+            let mut scratch = Run::default();
+            self.kill(scenario, &folder, &calls, Side::Kernel, first, &mut scratch)
+                .await?;
+            let spec = self.recovery_spec(scenario, &folder, None);
+            let report = self
+                .spawn(&folder, &spec)
+                .await?
+                .context("the recovery calibration was killed")?;
+            if report.writes != expected {
+                bail!(
+                    "{}: the recovery made {} log writes, not the {expected} the kill points assume ({:?})",
+                    scenario.id,
+                    report.writes,
+                    report.run
+                );
+            }
+            self.calibrated.insert(chain);
+        }
+        let spec = self.recovery_spec(scenario, root, Some(point));
+        match self.spawn(root, &spec).await? {
+            None => run.note(format!("the first recover SIGKILLed {point}")),
+            Some(report) => bail!(
+                "{}: the recovery was to be killed {point} but finished: {:?}",
+                scenario.id,
+                report.run
+            ),
+        }
+        Ok(())
+    }
+
+    fn recovery_spec(
+        &self,
+        scenario: &Scenario,
+        root: &Path,
+        point: Option<KillPoint>,
+    ) -> ChildSpec {
+        ChildSpec {
+            side: Side::Kernel,
+            root: root.to_path_buf(),
+            name: scenario.id.clone(),
+            upstream: scenario.upstream,
+            calls: Vec::new(),
+            point,
+            kill_after: None,
+            recover: true,
+        }
     }
 
     /// Spawns this program as a child on `spec`; `None` when SIGKILL ended it.

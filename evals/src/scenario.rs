@@ -173,6 +173,14 @@ pub(crate) enum Drive {
     },
     /// In a child process SIGKILLed at `point` (for the kernel, `recover` runs after).
     Crash(KillPoint),
+    /// As `Crash(first)`; then, for the kernel, a first `recover` in a child process
+    /// SIGKILLed at `recovery` (counted in its own log writes), then `recover` again.
+    CrashRecovery {
+        /// Where the saga's process dies.
+        first: KillPoint,
+        /// Where the first recovery's process dies.
+        recovery: KillPoint,
+    },
     /// Delivered twice.
     Twice(Redelivery),
     /// The call at this index needs an approval, answered so.
@@ -232,6 +240,8 @@ pub(crate) struct Scenario {
     /// For a crash: the log writes a run of the chain without a kill makes, which the kill
     /// points were made from and the calibration run checks.
     pub(crate) writes: Option<u32>,
+    /// For a crash of a recovery: the log writes that recovery makes without a kill.
+    pub(crate) recovery_writes: Option<u32>,
 }
 
 /// File bytes in JSON: a string when they are UTF-8 (every file the scenarios write), else

@@ -190,6 +190,7 @@ mod tests {
             forbidden: Vec::new(),
             stops_at: None,
             writes: None,
+            recovery_writes: None,
         }
     }
 
