@@ -17,7 +17,7 @@
 
 mod generate;
 mod http;
-mod kill_log;
+mod kill_switch;
 mod report;
 mod run;
 mod scenario;

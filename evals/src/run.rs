@@ -191,11 +191,7 @@ impl Runner {
             Side::Kernel => "kernel",
             Side::Baseline => "baseline",
         });
-        std::fs::create_dir_all(&root)?;
-        let root = root.canonicalize()?;
-        world::lay_out(&root, scenario)?;
-        configure(&root, scenario, side, &self.env)?;
-        let calls = resolve(&scenario.calls, &root, &self.env.servers);
+        let (root, calls) = self.prepare(&root, scenario, side)?;
         let hits_before = self.env.servers.internal_hits();
         let mut run = Run::default();
         match side {
@@ -376,11 +372,7 @@ impl Runner {
             return Ok(());
         }
         let folder = root.with_file_name(format!("{side:?}-calibration"));
-        std::fs::create_dir_all(&folder)?;
-        let folder = folder.canonicalize()?;
-        world::lay_out(&folder, scenario)?;
-        configure(&folder, scenario, side, &self.env)?;
-        let calls = resolve(&scenario.calls, &folder, &self.env.servers);
+        let (folder, calls) = self.prepare(&folder, scenario, side)?;
         let spec = ChildSpec {
             side,
             root: folder.clone(),
@@ -465,11 +457,7 @@ impl Runner {
         let chain = format!("recovery {}", serde_json::to_string(&scenario.calls)?);
         if !self.calibrated.contains(&chain) {
             let folder = root.with_file_name("recovery-calibration");
-            std::fs::create_dir_all(&folder)?;
-            let folder = folder.canonicalize()?;
-            world::lay_out(&folder, scenario)?;
-            configure(&folder, scenario, Side::Kernel, &self.env)?;
-            let calls = resolve(&scenario.calls, &folder, &self.env.servers);
+            let (folder, calls) = self.prepare(&folder, scenario, Side::Kernel)?;
             let Drive::CrashRecovery { first, .. } = scenario.drive else {
                 bail!("{}: not a recovery crash", scenario.id);
             };
@@ -519,6 +507,22 @@ impl Runner {
             kill_after: None,
             recover: true,
         }
+    }
+
+    /// Makes `folder` a fresh place for a side of `scenario`: its files and configuration;
+    /// returns the folder's canonical path and the calls resolved for it.
+    fn prepare(
+        &self,
+        folder: &Path,
+        scenario: &Scenario,
+        side: Side,
+    ) -> Result<(PathBuf, Vec<Call>)> {
+        std::fs::create_dir_all(folder)?;
+        let folder = folder.canonicalize()?;
+        world::lay_out(&folder, scenario)?;
+        configure(&folder, scenario, side, &self.env)?;
+        let calls = resolve(&scenario.calls, &folder, &self.env.servers);
+        Ok((folder, calls))
     }
 
     /// Spawns this program as a child on `spec`; `None` when SIGKILL ended it.

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::http::Servers;
-use crate::kill_log::{KillSwitch, die};
+use crate::kill_switch::{KillSwitch, die};
 use crate::scenario::{Call, Decision, KillPoint, Scenario};
 
 /// The kernel's log, relative to a side's folder.

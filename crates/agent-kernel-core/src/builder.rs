@@ -90,14 +90,14 @@ pub struct KernelBuilder {
     limits: Option<Limits>,
     standard_tools: bool,
     drill_tools: bool,
-    tools: Vec<Arc<dyn DynTool>>,
+    /// The tools added, each with the timeout it declares, if any.
+    tools: Vec<(Arc<dyn DynTool>, Option<u64>)>,
     tools_file: ToolsFileSource,
     cwd: Option<PathBuf>,
     clock: Option<Arc<dyn Clock>>,
     ids: Option<Arc<dyn IdSource>>,
     operator_options: Vec<String>,
     log_layer: Option<LogLayer>,
-    declared_timeouts: Vec<(String, u64)>,
 }
 
 /// A function that puts a [`TxLog`] of the caller's around the SQLite log
@@ -147,7 +147,6 @@ impl KernelBuilder {
             ids: None,
             operator_options: Vec::new(),
             log_layer: None,
-            declared_timeouts: Vec::new(),
         }
     }
 
@@ -225,13 +224,13 @@ impl KernelBuilder {
 
     /// Adds a tool of the program's own.
     pub fn tool<T: TransactionalTool + 'static>(mut self, tool: T) -> Self {
-        self.tools.push(Arc::new(tool));
+        self.tools.push((Arc::new(tool), None));
         self
     }
 
     /// Adds a tool already shared.
     pub fn tool_arc(mut self, tool: Arc<dyn DynTool>) -> Self {
-        self.tools.push(tool);
+        self.tools.push((tool, None));
         self
     }
 
@@ -242,11 +241,8 @@ impl KernelBuilder {
         tool: T,
         timeout_ms: Option<u64>,
     ) -> Self {
-        if let Some(timeout_ms) = timeout_ms {
-            self.declared_timeouts
-                .push((tool.id().to_owned(), timeout_ms));
-        }
-        self.tool(tool)
+        self.tools.push((Arc::new(tool), timeout_ms));
+        self
     }
 
     /// The tools file whose command tools to register (CONTRACT §7), instead of
@@ -388,15 +384,11 @@ impl KernelBuilder {
             tools.extend(command_tools(&path, &policy, &mut limits)?);
             tools.extend(upstream_tools(&path, &policy, &mut limits)?);
         }
-        tools.extend(self.tools);
-        for (id, timeout_ms) in self.declared_timeouts {
-            limits
-                .tools
-                .entry(id)
-                .or_default()
-                .timeout_ms
-                .get_or_insert(timeout_ms);
-        }
+        tools.extend(
+            self.tools
+                .into_iter()
+                .map(|(tool, timeout_ms)| declared_timeout(&mut limits, tool, timeout_ms)),
+        );
         let dispatcher = dispatcher_with(limits, tools, &policy)?;
         let approvals = approval_policy_from(&policy)?;
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));

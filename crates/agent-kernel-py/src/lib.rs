@@ -19,7 +19,7 @@ use agent_kernel_api::{
     Durability, EffectClass, ProbeOutcome, Reversibility, Settlement, ToolContext, ToolError,
     ToolOutput, TransactionalTool, Undo, UndoWindow,
 };
-use agent_kernel_core::{BeginOptions, CallAnswer, Kernel, KernelBuilder, KernelError, LiveSaga};
+use agent_kernel_core::{BeginOptions, Kernel, KernelBuilder, KernelError, LiveSaga};
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use serde_json::Value;
@@ -285,7 +285,7 @@ impl NativeSaga {
         let saga = self.saga.clone();
         let answer = wait(py, async move { saga.call(&tool, args, key).await })
             .map_err(|error| native_error(&error))?;
-        answer_json(&answer)
+        to_json(&answer)
     }
 
     /// Resumes a step that waited for an approval; the answer as JSON.
@@ -293,7 +293,7 @@ impl NativeSaga {
         let saga = self.saga.clone();
         let answer =
             wait(py, async move { saga.resume().await }).map_err(|error| native_error(&error))?;
-        answer_json(&answer)
+        to_json(&answer)
     }
 
     /// Commits; the saga's report as JSON.
@@ -318,10 +318,6 @@ impl NativeSaga {
         let status = wait(py, async move { saga.status().await });
         status.map(|status| to_json(&status)).transpose()
     }
-}
-
-fn answer_json(answer: &CallAnswer) -> PyResult<String> {
-    to_json(answer)
 }
 
 /// What a Python tool declares.

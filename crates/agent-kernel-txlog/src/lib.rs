@@ -208,7 +208,7 @@ pub struct SqliteLog {
     jobs: mpsc::Sender<Job>,
     stats: Arc<GroupStats>,
     /// Told when the writer has closed its connection, after the last sender is gone.
-    closed: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
+    closed: oneshot::Receiver<()>,
 }
 
 impl std::fmt::Debug for SqliteLog {
@@ -361,7 +361,7 @@ impl SqliteLog {
             audit,
             jobs,
             stats,
-            closed: std::sync::Mutex::new(Some(closed)),
+            closed,
         })
     }
 
@@ -370,12 +370,9 @@ impl SqliteLog {
     /// return. Dropping the log closes it too, but in the background, so a program that
     /// goes on to copy, move or remove the file should close it first.
     pub async fn close(self) {
-        let closed = self.closed.lock().map_or(None, |mut closed| closed.take());
         drop(self.jobs);
-        if let Some(closed) = closed {
-            // An error means the writer is gone already.
-            let _ = closed.await;
-        }
+        // An error means the writer is gone already.
+        let _ = self.closed.await;
     }
 
     /// Rebuilds the database file so the space that deletions (a prune) freed is returned

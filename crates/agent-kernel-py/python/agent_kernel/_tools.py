@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import types
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -48,7 +49,7 @@ def schema_of(function: Callable[..., Any]) -> dict[str, Any]:
 
 def _schema_of_hint(hint: Any) -> dict[str, Any]:
     origin = typing.get_origin(hint)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         options = [arg for arg in typing.get_args(hint) if arg is not type(None)]
         inner = _schema_of_hint(options[0]) if len(options) == 1 else {}
         return {"anyOf": [inner, {"type": "null"}]} if inner else {}
@@ -208,23 +209,9 @@ def tool(
     comes from the type hints unless given. Raise :class:`NotApplied` for a failure before
     any effect; any other exception leaves the outcome unknown.
     """
+    options = {name: value for name, value in locals().items() if name != "id"}
 
     def declare(function: Callable[..., Any]) -> Tool:
-        return Tool(
-            function,
-            id=id or function.__name__,
-            effect=effect,
-            compensate=compensate,
-            prepare=prepare,
-            probe=probe,
-            idempotent=idempotent,
-            settlement=settlement,
-            reversibility=reversibility,
-            undo_window=undo_window,
-            schema=schema,
-            description=description,
-            version=version,
-            timeout_ms=timeout_ms,
-        )
+        return Tool(function, id=id or function.__name__, **options)
 
     return declare

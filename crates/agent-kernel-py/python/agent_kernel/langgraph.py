@@ -137,15 +137,22 @@ class KernelToolCalls:
         try:
             yield scope
         except BaseException as error:
+            self._end(scope, error)
+            raise
+        else:
+            self._end(scope, None)
+        finally:
+            _CURRENT.reset(token)
+
+    def _end(self, scope: _Scope, error: BaseException | None) -> None:
+        """The end of a run: a failure rolls its saga back (and a thread's saga is
+        forgotten); a success commits a run's saga and leaves a thread's open."""
+        if error is not None:
             scope.finish(error)
             if self.per == "thread":
                 self._forget(scope)
-            raise
-        else:
-            if self.per == "run":
-                scope.finish(None)
-        finally:
-            _CURRENT.reset(token)
+        elif self.per == "run":
+            scope.finish(None)
 
     def invoke(self, graph: Any, inputs: Any, config: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         """``graph.invoke(inputs, config)`` inside :meth:`run`; a run that ends interrupted
@@ -166,13 +173,10 @@ class KernelToolCalls:
             result = await graph.ainvoke(inputs, config, **kwargs)
             await asyncio.to_thread(scope.end_if_interrupted, result)
         except BaseException as error:
-            await asyncio.to_thread(scope.finish, error)
-            if self.per == "thread":
-                self._forget(scope)
+            await asyncio.to_thread(self._end, scope, error)
             raise
         else:
-            if self.per == "run":
-                await asyncio.to_thread(scope.finish, None)
+            await asyncio.to_thread(self._end, scope, None)
             return result
         finally:
             _CURRENT.reset(token)
