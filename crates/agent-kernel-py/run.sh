@@ -9,9 +9,8 @@ cd "$(dirname "$0")/../.."
 source .ci/venv.sh
 venv="target/python-venv"
 ensure_venv "$venv" crates/agent-kernel-py/requirements.txt
-cargo build --locked -q -p agent-kernel-cli
+ensure_binary
 PATH="$PWD/$venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev --locked" "$venv/bin/pip" install --quiet \
     --disable-pip-version-check --no-build-isolation --no-deps --force-reinstall \
     ./crates/agent-kernel-py
-AGENT_KERNEL_BIN="$PWD/target/debug/agent-kernel" \
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider crates/agent-kernel-py/tests "$@"
+"$venv/bin/python" -m pytest -q -p no:cacheprovider crates/agent-kernel-py/tests "$@"

@@ -7,6 +7,5 @@ cd "$(dirname "$0")/../.."
 source .ci/venv.sh
 venv="target/mcp-client-venv"
 ensure_venv "$venv" tests/mcp/requirements.txt
-cargo build --locked -q -p agent-kernel-cli
-AGENT_KERNEL_BIN="$PWD/target/debug/agent-kernel" \
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/mcp
+ensure_binary
+"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/mcp

@@ -15,8 +15,7 @@ fi
 source .ci/venv.sh
 venv="$root/venv"
 ensure_venv "$venv" tests/upstream/requirements.txt
-cargo build --locked -q -p agent-kernel-cli
-AGENT_KERNEL_BIN="$PWD/target/debug/agent-kernel" \
-    MEMORY_SERVER="$PWD/$root/node_modules/.bin/mcp-server-memory" \
+ensure_binary
+MEMORY_SERVER="$PWD/$root/node_modules/.bin/mcp-server-memory" \
     GIT_SERVER="$PWD/$venv/bin/mcp-server-git" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/upstream
