@@ -18,11 +18,12 @@ use std::fmt;
 
 use agent_kernel_api::{SagaId, ToolError, TxError};
 use hmac::{Hmac, KeyInit, Mac};
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::Connection;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::schema::storage;
+use crate::sql::{Db, OptionalExtension as _, params};
 
 /// The fewest bytes an audit key may have: shorter keys can be guessed.
 pub const AUDIT_KEY_BYTES_MIN: usize = 16;
@@ -584,7 +585,7 @@ impl AuditSettings {
     /// needs to tell. It is then left as is, with a warning, until an operator has looked
     /// (`audit verify`) and sealed the log again ([`SqliteLog::seal`](crate::SqliteLog::seal)).
     /// A head file already at or past `head` (another process's) is left as is too.
-    pub(crate) fn advance_head(&self, conn: &Connection, head: &Head) {
+    pub(crate) fn advance_head(&self, conn: &dyn Db, head: &Head) {
         use crate::head::Advance;
         let path = crate::head::head_path(&self.db_path);
         let holds = |current: &Head| {
@@ -630,19 +631,19 @@ impl AuditSettings {
 }
 
 /// The hash of record `seq`, if the chain holds it.
-pub(crate) fn hash_at(conn: &Connection, seq: i64) -> rusqlite::Result<Option<String>> {
-    conn.prepare_cached("SELECT hash FROM audit_log WHERE seq = ?1")?
-        .query_row(params![seq], |row| row.get(0))
-        .optional()
+pub(crate) fn hash_at(conn: &dyn Db, seq: i64) -> Result<Option<String>, crate::sql::Error> {
+    conn.query_row(
+        "SELECT hash FROM audit_log WHERE seq = ?1",
+        params![seq],
+        |row| row.get(0),
+    )
+    .optional()
 }
 
 /// The newest record in the database, checked as it is read.
-pub(crate) fn read_head(conn: &Connection, key: Option<&AuditKey>) -> Result<Head, TxError> {
+pub(crate) fn read_head(conn: &dyn Db, key: Option<&AuditKey>) -> Result<Head, TxError> {
     let row = conn
-        .prepare_cached("SELECT seq, hash, mac FROM audit_log ORDER BY seq DESC LIMIT 1")
-        .and_then(|mut statement| {
-            statement
-                .query_row([], |row| {
+        .query_row("SELECT seq, hash, mac FROM audit_log ORDER BY seq DESC LIMIT 1", params![], |row| {
                     Ok((
                         row.get::<_, i64>(0)?,
                         row.get::<_, String>(1)?,
@@ -650,7 +651,6 @@ pub(crate) fn read_head(conn: &Connection, key: Option<&AuditKey>) -> Result<Hea
                     ))
                 })
                 .optional()
-        })
         .map_err(|err| {
             TxError::Corrupt(format!(
                 "the audit chain's newest record cannot be read ({err}); run `agent-kernel audit verify`"
@@ -678,7 +678,7 @@ impl<'key> Appender<'key> {
     /// Starts after the newest record. Call inside the write transaction, so that no other
     /// writer can append in between.
     pub(crate) fn start(
-        conn: &Connection,
+        conn: &dyn Db,
         key: Option<&'key AuditKey>,
     ) -> Result<Appender<'key>, TxError> {
         Ok(Appender {
@@ -696,7 +696,7 @@ impl<'key> Appender<'key> {
     /// ([`CanonicalObject`] or [`canonical_json`]).
     pub(crate) fn append(
         &mut self,
-        conn: &Connection,
+        conn: &dyn Db,
         at_ms: i64,
         kind: &str,
         saga_id: Option<&SagaId>,
@@ -723,12 +723,10 @@ impl<'key> Appender<'key> {
         record
             .check_form()
             .map_err(|reason| TxError::Corrupt(format!("audit record {seq}: {reason}")))?;
-        conn.prepare_cached(
+        conn.execute(
             "INSERT INTO audit_log (seq, at_ms, kind, saga_id, body, prev_hash, hash, mac)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        )
-        .and_then(|mut statement| {
-            statement.execute(params![
+            params![
                 record.seq,
                 record.at_ms,
                 record.kind,
@@ -737,8 +735,8 @@ impl<'key> Appender<'key> {
                 record.prev_hash,
                 record.hash,
                 record.mac
-            ])
-        })
+            ],
+        )
         .map_err(storage)?;
         self.head = Head { seq, hash, mac };
         Ok(())

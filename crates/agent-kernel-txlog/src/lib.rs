@@ -86,6 +86,7 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+pub mod backend;
 mod create;
 mod downgrade;
 mod floor;
@@ -93,6 +94,7 @@ mod head;
 mod prune;
 mod records;
 mod schema;
+pub mod sql;
 mod store;
 mod verify;
 

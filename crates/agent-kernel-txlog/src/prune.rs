@@ -5,11 +5,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use agent_kernel_api::{PruneSagas, SagaId, SagaRecord, TxError, WriteOutcome};
-use rusqlite::{Connection, params};
+
 use sha2::{Digest as _, Sha256};
 
 use crate::audit::{CanonicalObject, KIND_CREATE_SAGA, hex};
 use crate::schema::storage;
+use crate::sql::{Db, params};
 use crate::store;
 
 /// Most sagas one `Prune` write may name: its checkpoint record lists them all.
@@ -63,7 +64,7 @@ pub(crate) fn records_sha256(sagas: BTreeMap<&str, SagaRecords>) -> String {
 /// The sagas a prune at `before_ms` would remove, with their steps (see
 /// [`TxLog::prune_candidates`](agent_kernel_api::TxLog::prune_candidates)).
 pub(crate) fn candidates(
-    conn: &Connection,
+    conn: &dyn Db,
     before_ms: i64,
     after: Option<&(i64, SagaId)>,
     limit: u32,
@@ -73,19 +74,16 @@ pub(crate) fn candidates(
         None => (i64::MIN, ""),
     };
     let ids: Vec<String> = conn
-        .prepare_cached(&format!(
-            "SELECT s.saga_id FROM sagas s
-             WHERE (s.created_at_ms > ?2 OR (s.created_at_ms = ?2 AND s.saga_id > ?3))
-                 AND {PRUNABLE}
-             ORDER BY s.created_at_ms, s.saga_id LIMIT ?4"
-        ))
-        .and_then(|mut statement| {
-            statement
-                .query_map(params![before_ms, after_ms, after_id, limit], |row| {
-                    row.get(0)
-                })?
-                .collect()
-        })
+        .query_map(
+            &format!(
+                "SELECT s.saga_id FROM sagas s
+                 WHERE (s.created_at_ms > ?2 OR (s.created_at_ms = ?2 AND s.saga_id > ?3))
+                     AND {PRUNABLE}
+                 ORDER BY s.created_at_ms, s.saga_id LIMIT ?4"
+            ),
+            params![before_ms, after_ms, after_id, limit],
+            |row| row.get(0),
+        )
         .map_err(storage)?;
     let mut records = Vec::with_capacity(ids.len());
     for saga_id in ids {
@@ -100,7 +98,7 @@ pub(crate) fn candidates(
 /// Removes the named sagas that are still prunable, inside the caller's transaction;
 /// returns the outcome and, when any was removed, the checkpoint record's body.
 pub(crate) fn prune(
-    conn: &Connection,
+    conn: &dyn Db,
     write: &PruneSagas,
 ) -> Result<(WriteOutcome, Option<String>), TxError> {
     let ids_bytes: usize = write.saga_ids.iter().map(|id| id.as_str().len()).sum();
@@ -111,19 +109,13 @@ pub(crate) fn prune(
         )));
     }
     let mut pruned = BTreeSet::new();
-    {
-        let mut still = conn
-            .prepare_cached(&format!(
-                "SELECT 1 FROM sagas s WHERE s.saga_id = ?2 AND {PRUNABLE}"
-            ))
-            .map_err(storage)?;
-        for saga_id in &write.saga_ids {
-            if still
-                .exists(params![write.before_ms, saga_id.as_str()])
-                .map_err(storage)?
-            {
-                pruned.insert(saga_id.as_str());
-            }
+    let still = format!("SELECT 1 FROM sagas s WHERE s.saga_id = ?2 AND {PRUNABLE}");
+    for saga_id in &write.saga_ids {
+        if conn
+            .exists(&still, params![write.before_ms, saga_id.as_str()])
+            .map_err(storage)?
+        {
+            pruned.insert(saga_id.as_str());
         }
     }
     if pruned.is_empty() {
@@ -138,26 +130,23 @@ pub(crate) fn prune(
         .iter()
         .map(|saga_id| (*saga_id, SagaRecords::default()))
         .collect();
-    {
-        let mut statement = conn
-            .prepare_cached(
-                "SELECT saga_id, kind, hash FROM audit_log WHERE saga_id IS NOT NULL
-                 ORDER BY seq",
-            )
-            .map_err(storage)?;
-        let mut rows = statement.query([]).map_err(storage)?;
-        while let Some(row) = rows.next().map_err(storage)? {
-            let saga_id: String = row.get(0).map_err(storage)?;
+    conn.query_each(
+        "SELECT saga_id, kind, hash FROM audit_log WHERE saga_id IS NOT NULL ORDER BY seq",
+        params![],
+        &mut |row| {
+            let saga_id: String = row.get(0)?;
             if let Some(saga) = records.get_mut(saga_id.as_str()) {
-                let kind: String = row.get(1).map_err(storage)?;
+                let kind: String = row.get(1)?;
                 if kind == KIND_CREATE_SAGA {
                     *saga = SagaRecords::default();
                 }
-                let hash: String = row.get(2).map_err(storage)?;
+                let hash: String = row.get(2)?;
                 saga.add(&hash);
             }
-        }
-    }
+            Ok(true)
+        },
+    )
+    .map_err(storage)?;
     let mut n_steps = 0_u64;
     for saga_id in &pruned {
         for sql in [
@@ -165,17 +154,16 @@ pub(crate) fn prune(
             "DELETE FROM approvals WHERE saga_id = ?1",
             "DELETE FROM dead_letters WHERE saga_id = ?1",
         ] {
-            conn.prepare_cached(sql)
-                .and_then(|mut statement| statement.execute(params![saga_id]))
-                .map_err(storage)?;
+            conn.execute(sql, params![saga_id]).map_err(storage)?;
         }
         let steps = conn
-            .prepare_cached("DELETE FROM saga_steps WHERE saga_id = ?1")
-            .and_then(|mut statement| statement.execute(params![saga_id]))
+            .execute(
+                "DELETE FROM saga_steps WHERE saga_id = ?1",
+                params![saga_id],
+            )
             .map_err(storage)?;
         n_steps += steps as u64;
-        conn.prepare_cached("DELETE FROM sagas WHERE saga_id = ?1")
-            .and_then(|mut statement| statement.execute(params![saga_id]))
+        conn.execute("DELETE FROM sagas WHERE saga_id = ?1", params![saga_id])
             .map_err(storage)?;
     }
     let body = CanonicalObject::new()

@@ -228,7 +228,7 @@ CREATE INDEX idempotency_keys_step ON idempotency_keys (saga_id, step_seq);
 ];
 
 /// An SQLite error as the log reports it.
-pub(crate) fn storage(err: rusqlite::Error) -> TxError {
+pub(crate) fn storage(err: impl std::fmt::Display) -> TxError {
     TxError::Storage(err.to_string())
 }
 

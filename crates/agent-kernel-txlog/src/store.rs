@@ -9,11 +9,12 @@ use agent_kernel_api::{
 };
 use std::borrow::Cow;
 
-use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+use rusqlite::{Connection, TransactionBehavior};
 use serde_json::{Value, json};
 
 use crate::AuditHead;
 use crate::schema::storage;
+use crate::sql::{Db, OptionalExtension as _, Row, ToValue, params};
 
 use crate::audit::{
     ARGS_SUMMARY_BYTES_MAX, Appender, AuditKey, AuditSettings, CanonicalObject, DENIALS_LISTED_MAX,
@@ -79,7 +80,7 @@ fn commit_chained(
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(storage)?;
     let mut chain = Appender::start(&tx, audit.key.as_ref())?;
-    let (outcomes, moves_head) = apply_chained(&tx, &mut chain, audit, batch, now_ms)?;
+    let (outcomes, moves_head) = apply_chained(&tx, &mut chain, audit.key.as_ref(), batch, now_ms)?;
     tx.commit().map_err(storage)?;
     Ok(Committed {
         outcomes,
@@ -90,24 +91,26 @@ fn commit_chained(
 
 /// Applies `batch` and chains each record, inside the caller's transaction; returns the
 /// outcomes and whether the head file should move.
-fn apply_chained(
-    tx: &Connection,
+pub(crate) fn apply_chained(
+    tx: &dyn Db,
     chain: &mut Appender<'_>,
-    audit: &AuditSettings,
+    key: Option<&AuditKey>,
     batch: &[LogWrite],
     now_ms: i64,
 ) -> Result<(Vec<WriteOutcome>, bool), TxError> {
     let mut outcomes = Vec::with_capacity(batch.len());
     let mut moves_head = false;
     for write in batch {
-        let applied = apply(tx, write, audit.key.as_ref(), now_ms)?;
+        let applied = apply(tx, write, key, now_ms)?;
         if let Some(kind) = applied.kind {
             chain.append(tx, now_ms, kind, applied.saga_id.as_deref(), &applied.body)?;
             if let LogWrite::DecideApproval(decision) = write {
                 // The decision's own record, which the request's use checks.
-                tx.prepare_cached("UPDATE approvals SET decision_seq = ?2 WHERE approval_id = ?1")
-                    .and_then(|mut s| s.execute(params![decision.approval_id, chain.head().seq]))
-                    .map_err(storage)?;
+                tx.execute(
+                    "UPDATE approvals SET decision_seq = ?2 WHERE approval_id = ?1",
+                    params![decision.approval_id, chain.head().seq],
+                )
+                .map_err(storage)?;
             }
         }
         // Audit events are rare and each one should be covered by the head file at once.
@@ -152,7 +155,7 @@ pub(crate) fn write_group(
     for batch in batches {
         let before = chain.clone();
         let applied = tx.savepoint().map_err(storage).and_then(|savepoint| {
-            let applied = apply_chained(&savepoint, &mut chain, audit, batch, now_ms)?;
+            let applied = apply_chained(&savepoint, &mut chain, audit.key.as_ref(), batch, now_ms)?;
             savepoint.commit().map_err(storage)?;
             Ok(applied)
         });
@@ -217,7 +220,7 @@ impl<'w> Applied<'w> {
 }
 
 fn apply<'w>(
-    conn: &Connection,
+    conn: &dyn Db,
     write: &'w LogWrite,
     key: Option<&AuditKey>,
     now_ms: i64,
@@ -247,10 +250,10 @@ fn apply<'w>(
         }
         LogWrite::SetState { saga_id, state } => {
             let n_changed = conn
-                .prepare_cached(
+                .execute(
                     "UPDATE sagas SET state = ?2, updated_at_ms = ?3 WHERE saga_id = ?1",
+                    params![saga_id.as_str(), state.as_str(), now_ms],
                 )
-                .and_then(|mut s| s.execute(params![saga_id.as_str(), state.as_str(), now_ms]))
                 .map_err(storage)?;
             expect_one(n_changed, || format!("no saga {saga_id}"))?;
             let body = CanonicalObject::new()
@@ -275,11 +278,11 @@ fn apply<'w>(
         } => {
             let output = to_json(output)?;
             let n_changed = conn
-                .prepare_cached(
+                .execute(
                     "UPDATE saga_steps SET status = 'COMMIT', output = ?3, updated_at_ms = ?4
                      WHERE saga_id = ?1 AND step_seq = ?2 AND status = 'BEGIN'",
+                    params![saga_id.as_str(), step_seq, output, now_ms],
                 )
-                .and_then(|mut s| s.execute(params![saga_id.as_str(), step_seq, output, now_ms]))
                 .map_err(storage)?;
             expect_one(n_changed, || {
                 format!("saga {saga_id} has no step {step_seq} in BEGIN to commit")
@@ -299,13 +302,11 @@ fn apply<'w>(
         } => {
             let error_text = to_json(error)?;
             let n_changed = conn
-                .prepare_cached(
+                .execute(
                     "UPDATE saga_steps SET status = 'FAIL', error = ?3, updated_at_ms = ?4
                      WHERE saga_id = ?1 AND step_seq = ?2 AND status = 'BEGIN'",
+                    params![saga_id.as_str(), step_seq, error_text, now_ms],
                 )
-                .and_then(|mut s| {
-                    s.execute(params![saga_id.as_str(), step_seq, error_text, now_ms])
-                })
                 .map_err(storage)?;
             expect_one(n_changed, || {
                 format!("saga {saga_id} has no step {step_seq} in BEGIN to fail")
@@ -396,19 +397,11 @@ fn apply<'w>(
                 Err(error) => (StepStatus::CompensationFailed, to_json(error)?),
             };
             let n_changed = conn
-                .prepare_cached(
+                .execute(
                     "UPDATE saga_steps SET status = ?3, compensation = ?4, updated_at_ms = ?5
                      WHERE saga_id = ?1 AND step_seq = ?2 AND status <> 'COMPENSATED'",
+                    params![saga_id.as_str(), step_seq, status.as_str(), note, now_ms],
                 )
-                .and_then(|mut s| {
-                    s.execute(params![
-                        saga_id.as_str(),
-                        step_seq,
-                        status.as_str(),
-                        note,
-                        now_ms
-                    ])
-                })
                 .map_err(storage)?;
             expect_one(n_changed, || {
                 format!("saga {saga_id} has no uncompensated step {step_seq}")
@@ -452,12 +445,12 @@ fn apply<'w>(
 /// returns the audit body (the letter's id and attempts as stored, the error quoted and
 /// hashed).
 fn record_dead_letter(
-    conn: &Connection,
+    conn: &dyn Db,
     letter: &RecordDeadLetter,
     now_ms: i64,
 ) -> Result<String, TxError> {
     let (letter_id, attempts, first_failed_at_ms): (String, i64, i64) = conn
-        .prepare_cached(
+        .query_row(
             "INSERT INTO dead_letters (letter_id, saga_id, step_seq, tool_id, error, attempts,
                  first_failed_at_ms, last_failed_at_ms, next_retry_at_ms, status)
              VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?6, ?7, 'open')
@@ -465,30 +458,22 @@ fn record_dead_letter(
                  attempts = attempts + 1, last_failed_at_ms = ?6, next_retry_at_ms = ?7,
                  status = 'open', settled_at_ms = NULL, settled_by = NULL, note = NULL
              RETURNING letter_id, attempts, first_failed_at_ms",
+            params![
+                letter.letter_id,
+                letter.saga_id.as_str(),
+                letter.step_seq,
+                letter.tool_id,
+                letter.error,
+                now_ms,
+                letter.next_retry_at_ms
+            ],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
         )
-        .and_then(|mut s| {
-            s.query_row(
-                params![
-                    letter.letter_id,
-                    letter.saga_id.as_str(),
-                    letter.step_seq,
-                    letter.tool_id,
-                    letter.error,
-                    now_ms,
-                    letter.next_retry_at_ms
-                ],
-                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
-            )
-        })
         .map_err(|err| match err {
-            rusqlite::Error::SqliteFailure(code, _)
-                if code.code == rusqlite::ErrorCode::ConstraintViolation =>
-            {
-                corrupt(format!(
-                    "a dead letter for saga {} step {} cannot be recorded: {err}",
-                    letter.saga_id, letter.step_seq
-                ))
-            }
+            crate::sql::Error::Constraint(_) => corrupt(format!(
+                "a dead letter for saga {} step {} cannot be recorded: {err}",
+                letter.saga_id, letter.step_seq
+            )),
             other => storage(other),
         })?;
     Ok(CanonicalObject::new()
@@ -507,7 +492,7 @@ fn record_dead_letter(
 /// Settles an open dead letter; one that is not open is left as it is (its status is
 /// answered, and nothing is chained).
 fn settle_dead_letter<'w>(
-    conn: &Connection,
+    conn: &dyn Db,
     settle: &'w SettleDeadLetter,
     now_ms: i64,
 ) -> Result<Applied<'w>, TxError> {
@@ -516,24 +501,20 @@ fn settle_dead_letter<'w>(
     }
     let by = settled_by(settle.user.as_deref(), settle.uid);
     let updated: Option<String> = conn
-        .prepare_cached(
+        .query_row(
             "UPDATE dead_letters SET status = ?2, settled_at_ms = ?3, settled_by = ?4, note = ?5
              WHERE letter_id = ?1 AND status = 'open'
              RETURNING saga_id",
+            params![
+                settle.letter_id,
+                settle.status.as_str(),
+                now_ms,
+                by,
+                settle.note
+            ],
+            |row| row.get(0),
         )
-        .and_then(|mut s| {
-            s.query_row(
-                params![
-                    settle.letter_id,
-                    settle.status.as_str(),
-                    now_ms,
-                    by,
-                    settle.note
-                ],
-                |row| row.get(0),
-            )
-            .optional()
-        })
+        .optional()
         .map_err(storage)?;
     let Some(saga_id) = updated else {
         let current = dead_letter(conn, &settle.letter_id)?
@@ -548,17 +529,16 @@ fn settle_dead_letter<'w>(
     // The last open letter of a `FailedRollbackPartial` saga settled: every failed
     // compensation is accounted for, and the saga is `FailedRolledBack`, in this record.
     let cleared: Option<String> = conn
-        .prepare_cached(
+        .query_row(
             "UPDATE sagas SET state = 'FailedRolledBack', updated_at_ms = ?2
              WHERE saga_id = ?1 AND state = 'FailedRollbackPartial'
                  AND NOT EXISTS (SELECT 1 FROM dead_letters
                                  WHERE saga_id = ?1 AND status = 'open')
              RETURNING state",
+            params![saga_id, now_ms],
+            |row| row.get(0),
         )
-        .and_then(|mut s| {
-            s.query_row(params![saga_id, now_ms], |row| row.get(0))
-                .optional()
-        })
+        .optional()
         .map_err(storage)?;
     let note = settle.note.as_deref();
     let body = CanonicalObject::new()
@@ -595,7 +575,7 @@ const DEAD_LETTER_COLUMNS: &str = "letter_id, saga_id, step_seq, tool_id, error,
     first_failed_at_ms, last_failed_at_ms, next_retry_at_ms, status, settled_at_ms, settled_by,
     note";
 
-fn dead_letter_from_row(row: &Row<'_>) -> rusqlite::Result<Result<DeadLetter, TxError>> {
+fn dead_letter_from_row(row: &Row) -> Result<Result<DeadLetter, TxError>, crate::sql::Error> {
     let step_seq: i64 = row.get(2)?;
     let attempts: i64 = row.get(5)?;
     let status: String = row.get(9)?;
@@ -629,32 +609,27 @@ fn dead_letter_from_row(row: &Row<'_>) -> rusqlite::Result<Result<DeadLetter, Tx
 }
 
 /// One dead letter by id.
-pub(crate) fn dead_letter(
-    conn: &Connection,
-    letter_id: &str,
-) -> Result<Option<DeadLetter>, TxError> {
-    let mut statement = conn
-        .prepare_cached(&format!(
-            "SELECT {DEAD_LETTER_COLUMNS} FROM dead_letters WHERE letter_id = ?1"
-        ))
-        .map_err(storage)?;
-    statement
-        .query_row(params![letter_id], dead_letter_from_row)
-        .optional()
-        .map_err(storage)?
-        .transpose()
+pub(crate) fn dead_letter(conn: &dyn Db, letter_id: &str) -> Result<Option<DeadLetter>, TxError> {
+    conn.query_row(
+        &format!("SELECT {DEAD_LETTER_COLUMNS} FROM dead_letters WHERE letter_id = ?1"),
+        params![letter_id],
+        dead_letter_from_row,
+    )
+    .optional()
+    .map_err(storage)?
+    .transpose()
 }
 
 /// The open dead letters of one saga, or of all, oldest first.
 pub(crate) fn open_dead_letters(
-    conn: &Connection,
+    conn: &dyn Db,
     saga_id: Option<&SagaId>,
 ) -> Result<Vec<DeadLetter>, TxError> {
     query_all(
         conn,
         &format!(
             "SELECT {DEAD_LETTER_COLUMNS} FROM dead_letters
-             WHERE status = 'open' AND (?1 IS NULL OR saga_id = ?1)
+             WHERE status = 'open' AND (CAST(?1 AS TEXT) IS NULL OR saga_id = ?1)
              ORDER BY first_failed_at_ms, letter_id"
         ),
         params![saga_id.map(SagaId::as_str)],
@@ -673,16 +648,14 @@ pub(crate) fn settled_by(user: Option<&str>, uid: Option<u32>) -> Option<String>
 
 /// Inserts a pending request; returns its audit body (arguments and the plan's later steps
 /// by their SHA-256, with a short quote of the arguments).
-fn request_approval(conn: &Connection, request: &ApprovalRequest) -> Result<String, TxError> {
+fn request_approval(conn: &dyn Db, request: &ApprovalRequest) -> Result<String, TxError> {
     let args_text = request.args.to_string();
     let rest_text = request.rest.as_ref().map(to_json).transpose()?;
-    conn.prepare_cached(
+    conn.execute(
         "INSERT INTO approvals (approval_id, saga_id, step_seq, tool_id, args, idempotency_key,
              digest, rest, status, requested_at_ms, expires_at_ms, operator_key_check)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9, ?10, ?11)",
-    )
-    .and_then(|mut s| {
-        s.execute(params![
+        params![
             request.approval_id,
             request.saga_id.as_str(),
             request.step_seq,
@@ -694,17 +667,13 @@ fn request_approval(conn: &Connection, request: &ApprovalRequest) -> Result<Stri
             request.requested_at_ms,
             request.expires_at_ms,
             request.operator_key_check
-        ])
-    })
+        ],
+    )
     .map_err(|err| match err {
-        rusqlite::Error::SqliteFailure(code, _)
-            if code.code == rusqlite::ErrorCode::ConstraintViolation =>
-        {
-            corrupt(format!(
-                "approval {} for saga {} step {} cannot be requested: {err}",
-                request.approval_id, request.saga_id, request.step_seq
-            ))
-        }
+        crate::sql::Error::Constraint(_) => corrupt(format!(
+            "approval {} for saga {} step {} cannot be requested: {err}",
+            request.approval_id, request.saga_id, request.step_seq
+        )),
         other => storage(other),
     })?;
     Ok(CanonicalObject::new()
@@ -733,7 +702,7 @@ fn request_approval(conn: &Connection, request: &ApprovalRequest) -> Result<Stri
 /// answers its status. Only a change is chained (a refused decision is the caller's to
 /// record).
 fn decide_approval<'w>(
-    conn: &Connection,
+    conn: &dyn Db,
     decision: &'w DecideApproval,
     now_ms: i64,
 ) -> Result<Applied<'w>, TxError> {
@@ -749,24 +718,22 @@ fn decide_approval<'w>(
         ApprovalDecision::Cancel | _ => "(status = 'pending' OR status = 'approved')",
     };
     let updated: Option<(String, String)> = conn
-        .prepare_cached(&format!(
-            "UPDATE approvals SET status = ?2, decided_at_ms = ?5, decided_by = ?3, note = ?4
+        .query_row(
+            &format!(
+                "UPDATE approvals SET status = ?2, decided_at_ms = ?5, decided_by = ?3, note = ?4
              WHERE approval_id = ?1 AND {condition}
              RETURNING saga_id, digest"
-        ))
-        .and_then(|mut s| {
-            s.query_row(
-                params![
-                    decision.approval_id,
-                    status.as_str(),
-                    by,
-                    decision.note,
-                    now_ms
-                ],
-                |row| Ok((row.get(0)?, row.get(1)?)),
-            )
-            .optional()
-        })
+            ),
+            params![
+                decision.approval_id,
+                status.as_str(),
+                by,
+                decision.note,
+                now_ms
+            ],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()
         .map_err(storage)?;
     let Some((saga_id, digest)) = updated else {
         let current = approval(conn, &decision.approval_id)?.ok_or_else(|| {
@@ -813,27 +780,25 @@ fn decide_approval<'w>(
 /// Marks an approved request consumed for the step whose BEGIN follows in the batch, only
 /// if it names exactly that saga, step, tool, arguments and digest.
 fn consume_approval(
-    conn: &Connection,
+    conn: &dyn Db,
     consume: &ConsumeApproval,
     key: Option<&AuditKey>,
 ) -> Result<String, TxError> {
     let args_text = consume.args.to_string();
     let n_changed = conn
-        .prepare_cached(
+        .execute(
             "UPDATE approvals SET status = 'consumed'
              WHERE approval_id = ?1 AND status = 'approved' AND saga_id = ?2 AND step_seq = ?3
                  AND tool_id = ?4 AND args = ?5 AND digest = ?6",
-        )
-        .and_then(|mut s| {
-            s.execute(params![
+            params![
                 consume.approval_id,
                 consume.saga_id.as_str(),
                 consume.step_seq,
                 consume.tool_id,
                 args_text,
                 consume.digest
-            ])
-        })
+            ],
+        )
         .map_err(storage)?;
     if n_changed != 1 {
         let reason = match approval(conn, &consume.approval_id)? {
@@ -882,23 +847,25 @@ fn consume_approval(
 /// under an audit key, carries a MAC that verifies. A status set in the table alone, or a
 /// record forged without the key, fails.
 fn unverified_decision(
-    conn: &Connection,
+    conn: &dyn Db,
     consume: &ConsumeApproval,
     key: Option<&AuditKey>,
 ) -> Result<Option<String>, TxError> {
     let decision_seq: Option<i64> = conn
-        .prepare_cached("SELECT decision_seq FROM approvals WHERE approval_id = ?1")
-        .and_then(|mut s| s.query_row(params![consume.approval_id], |row| row.get(0)))
+        .query_row(
+            "SELECT decision_seq FROM approvals WHERE approval_id = ?1",
+            params![consume.approval_id],
+            |row| row.get(0),
+        )
         .map_err(storage)?;
     let Some(seq) = decision_seq else {
         return Ok(Some("no decision of it is in the audit chain".to_owned()));
     };
     let record: Option<crate::audit::Record> = conn
-        .prepare_cached(
+        .query_row(
             "SELECT at_ms, kind, saga_id, body, prev_hash, hash, mac FROM audit_log WHERE seq = ?1",
-        )
-        .and_then(|mut s| {
-            s.query_row(params![seq], |row| {
+            params![seq],
+            |row| {
                 Ok(crate::audit::Record {
                     seq,
                     at_ms: row.get(0)?,
@@ -909,9 +876,9 @@ fn unverified_decision(
                     hash: row.get(5)?,
                     mac: row.get(6)?,
                 })
-            })
-            .optional()
-        })
+            },
+        )
+        .optional()
         .map_err(storage)?;
     let Some(crate::audit::Record {
         at_ms,
@@ -966,7 +933,7 @@ const APPROVAL_COLUMNS: &str = "approval_id, saga_id, step_seq, tool_id, args, i
     digest, rest, status, requested_at_ms, expires_at_ms, decided_at_ms, decided_by, note,
     operator_key_check";
 
-fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ApprovalRecord, TxError>> {
+fn approval_from_row(row: &Row) -> Result<Result<ApprovalRecord, TxError>, crate::sql::Error> {
     let args: String = row.get(4)?;
     let rest: Option<String> = row.get(7)?;
     let status: String = row.get(8)?;
@@ -1000,9 +967,9 @@ fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ApprovalRecord, T
 }
 
 fn query_approvals(
-    conn: &Connection,
+    conn: &dyn Db,
     sql: &str,
-    params: impl rusqlite::Params,
+    params: &[&dyn ToValue],
 ) -> Result<Vec<ApprovalRecord>, TxError> {
     query_all(conn, sql, params, approval_from_row)
 }
@@ -1010,23 +977,20 @@ fn query_approvals(
 /// Every row `sql` selects, each read by `from_row` (whose inner error is a corrupt
 /// value).
 fn query_all<T>(
-    conn: &Connection,
+    conn: &dyn Db,
     sql: &str,
-    params: impl rusqlite::Params,
-    from_row: fn(&Row<'_>) -> rusqlite::Result<Result<T, TxError>>,
+    params: &[&dyn ToValue],
+    from_row: fn(&Row) -> Result<Result<T, TxError>, crate::sql::Error>,
 ) -> Result<Vec<T>, TxError> {
-    let mut statement = conn.prepare_cached(sql).map_err(storage)?;
-    let rows = statement.query_map(params, from_row).map_err(storage)?;
-    let mut all = Vec::new();
-    for row in rows {
-        all.push(row.map_err(storage)??);
-    }
-    Ok(all)
+    conn.query_map(sql, params, from_row)
+        .map_err(storage)?
+        .into_iter()
+        .collect()
 }
 
 /// One request by id.
 pub(crate) fn approval(
-    conn: &Connection,
+    conn: &dyn Db,
     approval_id: &str,
 ) -> Result<Option<ApprovalRecord>, TxError> {
     Ok(query_approvals(
@@ -1039,7 +1003,7 @@ pub(crate) fn approval(
 
 /// The newest request of a saga.
 pub(crate) fn saga_approval(
-    conn: &Connection,
+    conn: &dyn Db,
     saga_id: &SagaId,
 ) -> Result<Option<ApprovalRecord>, TxError> {
     Ok(query_approvals(
@@ -1054,27 +1018,28 @@ pub(crate) fn saga_approval(
 }
 
 /// Every request recorded as pending, oldest first (served by the partial index).
-pub(crate) fn pending_approvals(conn: &Connection) -> Result<Vec<ApprovalRecord>, TxError> {
+pub(crate) fn pending_approvals(conn: &dyn Db) -> Result<Vec<ApprovalRecord>, TxError> {
     query_approvals(
         conn,
         &format!(
             "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = 'pending'
              ORDER BY requested_at_ms, approval_id"
         ),
-        [],
+        params![],
     )
 }
 
 /// Whether the saga is a dry run; an error if the log has no such saga.
-fn is_dry_run(conn: &Connection, saga_id: &SagaId) -> Result<bool, TxError> {
-    conn.prepare_cached("SELECT dry_run FROM sagas WHERE saga_id = ?1")
-        .and_then(|mut s| {
-            s.query_row(params![saga_id.as_str()], |row| row.get::<_, i64>(0))
-                .optional()
-        })
-        .map_err(storage)?
-        .map(|flag| flag != 0)
-        .ok_or_else(|| TxError::NotFound(format!("no saga {saga_id}")))
+fn is_dry_run(conn: &dyn Db, saga_id: &SagaId) -> Result<bool, TxError> {
+    conn.query_row(
+        "SELECT dry_run FROM sagas WHERE saga_id = ?1",
+        params![saga_id.as_str()],
+        |row| row.get::<_, i64>(0),
+    )
+    .optional()
+    .map_err(storage)?
+    .map(|flag| flag != 0)
+    .ok_or_else(|| TxError::NotFound(format!("no saga {saga_id}")))
 }
 
 /// The audit record of an event that changes no table: its kind, saga id and body.
@@ -1197,7 +1162,7 @@ fn expect_one(n_changed: usize, what: impl FnOnce() -> String) -> Result<(), TxE
     }
 }
 
-fn create_saga(conn: &Connection, saga: &NewSaga, now_ms: i64) -> Result<(), TxError> {
+fn create_saga(conn: &dyn Db, saga: &NewSaga, now_ms: i64) -> Result<(), TxError> {
     if saga.n_steps == 0 && saga.dry_run {
         // A live saga (no plan, `n_steps` 0) is never simulated.
         return Err(corrupt("a dry run needs the steps of its plan"));
@@ -1208,14 +1173,16 @@ fn create_saga(conn: &Connection, saga: &NewSaga, now_ms: i64) -> Result<(), TxE
         // Inside the batch's immediate transaction: no other writer can create one between
         // this check and the insert. Served by the partial index of unfinished sagas.
         let busy: Option<String> = conn
-            .prepare_cached(
+            .query_row(
                 "SELECT saga_id FROM sagas
                  WHERE state <> 'Done' AND state <> 'FailedRolledBack'
                      AND state <> 'FailedRollbackPartial' AND state <> 'Undone'
                      AND actor = ?1 AND dry_run = 0
                  LIMIT 1",
+                params![actor],
+                |row| row.get(0),
             )
-            .and_then(|mut s| s.query_row(params![actor], |row| row.get(0)).optional())
+            .optional()
             .map_err(storage)?;
         if let Some(busy) = busy {
             return Err(TxError::ActorBusy {
@@ -1224,13 +1191,11 @@ fn create_saga(conn: &Connection, saga: &NewSaga, now_ms: i64) -> Result<(), TxE
             });
         }
     }
-    conn.prepare_cached(
+    conn.execute(
         "INSERT INTO sagas (saga_id, name, actor, state, owner_host, owner_boot_id, owner_pid,
              owner_start_ticks, n_steps, created_at_ms, updated_at_ms, dry_run)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
-    )
-    .and_then(|mut s| {
-        s.execute(params![
+        params![
             saga.saga_id.as_str(),
             saga.name,
             saga.actor,
@@ -1242,8 +1207,8 @@ fn create_saga(conn: &Connection, saga: &NewSaga, now_ms: i64) -> Result<(), TxE
             saga.n_steps,
             now_ms,
             i64::from(saga.dry_run)
-        ])
-    })
+        ],
+    )
     .map_err(storage)?;
     Ok(())
 }
@@ -1251,7 +1216,7 @@ fn create_saga(conn: &Connection, saga: &NewSaga, now_ms: i64) -> Result<(), TxE
 /// Claims the step's idempotency key (if any) and records its intent; returns the outcome
 /// and the audit body.
 fn begin_step(
-    conn: &Connection,
+    conn: &dyn Db,
     step: &BeginStep,
     now_ms: i64,
 ) -> Result<(WriteOutcome, String), TxError> {
@@ -1282,19 +1247,12 @@ fn begin_step(
                 ArgsSummary::Omitted,
             )?;
             if let Some(key) = &step.idempotency_key {
-                conn.prepare_cached(
+                conn.execute(
                     "INSERT INTO idempotency_keys (key, args_hash, saga_id, step_seq)
                      VALUES (?1, ?2, ?3, ?4)
                      ON CONFLICT (key) DO UPDATE SET saga_id = ?3, step_seq = ?4",
+                    params![key, step.args_hash, step.saga_id.as_str(), step.step_seq],
                 )
-                .and_then(|mut s| {
-                    s.execute(params![
-                        key,
-                        step.args_hash,
-                        step.saga_id.as_str(),
-                        step.step_seq
-                    ])
-                })
                 .map_err(storage)?;
             }
             Ok((WriteOutcome::Written, body))
@@ -1318,7 +1276,7 @@ fn begin_step(
 }
 
 /// Returns why the key cannot be claimed for `step`, or `None` if it can.
-fn claim_key(conn: &Connection, key: &str, step: &BeginStep) -> Result<Option<String>, TxError> {
+fn claim_key(conn: &dyn Db, key: &str, step: &BeginStep) -> Result<Option<String>, TxError> {
     let Some(binding) = key_binding(conn, key)? else {
         return Ok(None);
     };
@@ -1342,7 +1300,7 @@ fn claim_key(conn: &Connection, key: &str, step: &BeginStep) -> Result<Option<St
 /// what was stored.
 #[allow(clippy::too_many_arguments)]
 fn insert_step(
-    conn: &Connection,
+    conn: &dyn Db,
     step: &BeginStep,
     undo: &Undo,
     status: StepStatus,
@@ -1356,14 +1314,12 @@ fn insert_step(
     let error_text = error.map(to_json).transpose()?;
     let args_text = step.args.to_string();
     let undo_text = undo.data.to_string();
-    conn.prepare_cached(
+    conn.execute(
         "INSERT INTO saga_steps (saga_id, step_seq, tool_id, tool_version, effect,
              idempotency_key, args, args_hash, undo, undo_blob, output, status, error,
              reused_from_saga, reused_from_seq, created_at_ms, updated_at_ms)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16)",
-    )
-    .and_then(|mut s| {
-        s.execute(params![
+        params![
             step.saga_id.as_str(),
             step.step_seq,
             step.tool_id,
@@ -1380,17 +1336,13 @@ fn insert_step(
             reused_from.map(|(saga_id, _)| saga_id.as_str().to_owned()),
             reused_from.map(|(_, step_seq)| step_seq),
             now_ms
-        ])
-    })
+        ],
+    )
     .map_err(|err| match err {
-        rusqlite::Error::SqliteFailure(code, _)
-            if code.code == rusqlite::ErrorCode::ConstraintViolation =>
-        {
-            TxError::Corrupt(format!(
-                "saga {} step {} cannot be begun: {err}",
-                step.saga_id, step.step_seq
-            ))
-        }
+        crate::sql::Error::Constraint(_) => TxError::Corrupt(format!(
+            "saga {} step {} cannot be begun: {err}",
+            step.saga_id, step.step_seq
+        )),
         other => storage(other),
     })?;
     let sha256_of = |text: &Option<String>| text.as_ref().map(|text| sha256_hex(text.as_bytes()));
@@ -1427,17 +1379,16 @@ fn insert_step(
         .finish())
 }
 
-pub(crate) fn key_binding(conn: &Connection, key: &str) -> Result<Option<KeyBinding>, TxError> {
+pub(crate) fn key_binding(conn: &dyn Db, key: &str) -> Result<Option<KeyBinding>, TxError> {
     let row = conn
-        .prepare_cached(
+        .query_row(
             "SELECT k.args_hash, k.saga_id, k.step_seq, s.status, s.output, g.state, s.error
              FROM idempotency_keys k
              JOIN saga_steps s ON s.saga_id = k.saga_id AND s.step_seq = k.step_seq
              JOIN sagas g ON g.saga_id = k.saga_id
              WHERE k.key = ?1",
-        )
-        .and_then(|mut s| {
-            s.query_row(params![key], |row| {
+            params![key],
+            |row| {
                 Ok((
                     row.get::<_, String>(0)?,
                     row.get::<_, String>(1)?,
@@ -1447,9 +1398,9 @@ pub(crate) fn key_binding(conn: &Connection, key: &str) -> Result<Option<KeyBind
                     row.get::<_, String>(5)?,
                     row.get::<_, Option<String>>(6)?,
                 ))
-            })
-            .optional()
-        })
+            },
+        )
+        .optional()
         .map_err(storage)?;
     let Some((args_hash, saga_id, step_seq, status, output, state, error)) = row else {
         return Ok(None);
@@ -1469,7 +1420,7 @@ pub(crate) fn key_binding(conn: &Connection, key: &str) -> Result<Option<KeyBind
 const SAGA_COLUMNS: &str = "saga_id, name, actor, state, owner_host, owner_boot_id, owner_pid,
     owner_start_ticks, n_steps, created_at_ms, updated_at_ms, dry_run";
 
-fn saga_from_row(row: &Row<'_>) -> rusqlite::Result<Result<SagaSummary, TxError>> {
+fn saga_from_row(row: &Row) -> Result<Result<SagaSummary, TxError>, crate::sql::Error> {
     let state: String = row.get(3)?;
     let start_ticks: i64 = row.get(7)?;
     let saga_id: String = row.get(0)?;
@@ -1499,14 +1450,14 @@ fn saga_from_row(row: &Row<'_>) -> rusqlite::Result<Result<SagaSummary, TxError>
 }
 
 fn query_sagas(
-    conn: &Connection,
+    conn: &dyn Db,
     sql: &str,
-    params: impl rusqlite::Params,
+    params: &[&dyn ToValue],
 ) -> Result<Vec<SagaSummary>, TxError> {
     query_all(conn, sql, params, saga_from_row)
 }
 
-pub(crate) fn sagas(conn: &Connection, limit: u32) -> Result<Vec<SagaSummary>, TxError> {
+pub(crate) fn sagas(conn: &dyn Db, limit: u32) -> Result<Vec<SagaSummary>, TxError> {
     query_sagas(
         conn,
         &format!(
@@ -1516,7 +1467,7 @@ pub(crate) fn sagas(conn: &Connection, limit: u32) -> Result<Vec<SagaSummary>, T
     )
 }
 
-pub(crate) fn unfinished_sagas(conn: &Connection) -> Result<Vec<SagaSummary>, TxError> {
+pub(crate) fn unfinished_sagas(conn: &dyn Db) -> Result<Vec<SagaSummary>, TxError> {
     query_sagas(
         conn,
         &format!(
@@ -1525,11 +1476,11 @@ pub(crate) fn unfinished_sagas(conn: &Connection) -> Result<Vec<SagaSummary>, Tx
                  AND state <> 'FailedRollbackPartial' AND state <> 'Undone'
              ORDER BY created_at_ms, saga_id"
         ),
-        [],
+        params![],
     )
 }
 
-pub(crate) fn saga(conn: &Connection, saga_id: &SagaId) -> Result<Option<SagaRecord>, TxError> {
+pub(crate) fn saga(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<SagaRecord>, TxError> {
     let mut sagas = query_sagas(
         conn,
         &format!("SELECT {SAGA_COLUMNS} FROM sagas WHERE saga_id = ?1"),
@@ -1538,38 +1489,37 @@ pub(crate) fn saga(conn: &Connection, saga_id: &SagaId) -> Result<Option<SagaRec
     let Some(saga) = sagas.pop() else {
         return Ok(None);
     };
-    let mut statement = conn
-        .prepare_cached(
+    let rows = conn
+        .query_map(
             "SELECT step_seq, tool_id, tool_version, effect, args, args_hash, idempotency_key,
                  undo, undo_blob, status, output, error, reused_from_saga, reused_from_seq,
                  compensation, created_at_ms, updated_at_ms
              FROM saga_steps WHERE saga_id = ?1 ORDER BY step_seq",
+            params![saga_id.as_str()],
+            |row| {
+                Ok((
+                    row.get::<_, u32>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, String>(3)?,
+                    row.get::<_, String>(4)?,
+                    row.get::<_, String>(5)?,
+                    row.get::<_, Option<String>>(6)?,
+                    row.get::<_, String>(7)?,
+                    row.get::<_, Option<Vec<u8>>>(8)?,
+                    row.get::<_, String>(9)?,
+                    row.get::<_, Option<String>>(10)?,
+                    row.get::<_, Option<String>>(11)?,
+                    (
+                        row.get::<_, Option<String>>(12)?,
+                        row.get::<_, Option<u32>>(13)?,
+                        row.get::<_, Option<String>>(14)?,
+                        row.get::<_, i64>(15)?,
+                        row.get::<_, i64>(16)?,
+                    ),
+                ))
+            },
         )
-        .map_err(storage)?;
-    let rows = statement
-        .query_map(params![saga_id.as_str()], |row| {
-            Ok((
-                row.get::<_, u32>(0)?,
-                row.get::<_, String>(1)?,
-                row.get::<_, String>(2)?,
-                row.get::<_, String>(3)?,
-                row.get::<_, String>(4)?,
-                row.get::<_, String>(5)?,
-                row.get::<_, Option<String>>(6)?,
-                row.get::<_, String>(7)?,
-                row.get::<_, Option<Vec<u8>>>(8)?,
-                row.get::<_, String>(9)?,
-                row.get::<_, Option<String>>(10)?,
-                row.get::<_, Option<String>>(11)?,
-                (
-                    row.get::<_, Option<String>>(12)?,
-                    row.get::<_, Option<u32>>(13)?,
-                    row.get::<_, Option<String>>(14)?,
-                    row.get::<_, i64>(15)?,
-                    row.get::<_, i64>(16)?,
-                ),
-            ))
-        })
         .map_err(storage)?;
     let mut steps = Vec::new();
     for row in rows {
@@ -1587,7 +1537,7 @@ pub(crate) fn saga(conn: &Connection, saga_id: &SagaId) -> Result<Option<SagaRec
             output,
             error,
             (reused_saga, reused_seq, compensation, created_at_ms, updated_at_ms),
-        ) = row.map_err(storage)?;
+        ) = row;
         let status: StepStatus = status.parse().map_err(corrupt)?;
         let output: Option<ToolOutput> =
             output.map(|text| from_json("output", &text)).transpose()?;
@@ -1651,6 +1601,34 @@ pub(crate) fn take_over(
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(storage)?;
+    let mut chain = Appender::start(&tx, audit.key.as_ref())?;
+    if !take_over_in(
+        &tx,
+        &mut chain,
+        saga_id,
+        expected,
+        expected_state,
+        new,
+        now_ms,
+    )? {
+        return Ok(false);
+    }
+    tx.commit().map_err(storage)?;
+    audit.advance_head(conn, chain.head());
+    Ok(true)
+}
+
+/// Changes a saga's owner if it still has `expected` and is still in `expected_state`,
+/// and chains the change, inside the caller's write transaction; returns whether it did.
+pub(crate) fn take_over_in(
+    tx: &dyn Db,
+    chain: &mut Appender<'_>,
+    saga_id: &SagaId,
+    expected: &Owner,
+    expected_state: SagaState,
+    new: &Owner,
+    now_ms: i64,
+) -> Result<bool, TxError> {
     let n_changed = tx
         .execute(
             "UPDATE sagas SET owner_host = ?6, owner_boot_id = ?7, owner_pid = ?8,
@@ -1675,15 +1653,12 @@ pub(crate) fn take_over(
     if n_changed != 1 {
         return Ok(false);
     }
-    let mut chain = Appender::start(&tx, audit.key.as_ref())?;
     let body = CanonicalObject::new()
         .object("from_owner", owner_body(expected))
         .str("saga_id", saga_id.as_str())
         .str("state", expected_state.as_str())
         .object("to_owner", owner_body(new))
         .finish();
-    chain.append(&tx, now_ms, KIND_TAKE_OVER, Some(saga_id), &body)?;
-    tx.commit().map_err(storage)?;
-    audit.advance_head(conn, chain.head());
+    chain.append(tx, now_ms, KIND_TAKE_OVER, Some(saga_id), &body)?;
     Ok(true)
 }

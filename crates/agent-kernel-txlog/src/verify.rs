@@ -416,7 +416,7 @@ fn check_head_file(
         ZERO_HASH.to_owned()
     } else {
         audit::hash_at(conn, head.seq)
-            .and_then(|hash| hash.ok_or(rusqlite::Error::QueryReturnedNoRows))
+            .and_then(|hash| hash.ok_or(crate::sql::Error::NoRows))
             .map_err(|err| {
                 bad(
                     head.seq,

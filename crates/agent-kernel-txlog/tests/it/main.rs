@@ -4,18 +4,15 @@ mod approvals;
 mod audit;
 mod group;
 mod open;
-mod records;
 mod schema;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use agent_kernel_api::{
-    BeginStep, Clock, Durability, EffectClass, LogWrite, NewSaga, Owner, SagaId, SagaState, Undo,
-};
+use agent_kernel_api::{Clock, Durability, TxLog};
+pub(crate) use agent_kernel_log_contract::records::{begin, new_saga, owner};
 use agent_kernel_txlog::{LogOptions, SqliteLog};
-use serde_json::json;
 
 pub(crate) struct StepClock(AtomicI64);
 
@@ -35,41 +32,21 @@ pub(crate) fn open(path: &Path) -> Result<SqliteLog, agent_kernel_api::TxError> 
     )
 }
 
-pub(crate) fn owner(pid: u32) -> Owner {
-    Owner {
-        host: "h".into(),
-        boot_id: "b".into(),
-        pid,
-        start_ticks: 7,
+/// A fresh SQLite log in a temporary folder, for the log contract's checks.
+struct SqliteStore {
+    dir: tempfile::TempDir,
+}
+
+impl agent_kernel_log_contract::LogStore for SqliteStore {
+    fn open(&self) -> Arc<dyn TxLog> {
+        Arc::new(open(&self.dir.path().join("log.db")).expect("opens"))
     }
 }
 
-pub(crate) fn new_saga(id: &str) -> LogWrite {
-    LogWrite::CreateSaga(NewSaga {
-        saga_id: SagaId::new(id),
-        name: Some("n".into()),
-        actor: None,
-        owner: owner(1),
-        n_steps: 3,
-        state: SagaState::Acting,
-        dry_run: false,
-        require_actor_idle: false,
+fn fresh_store() -> Option<SqliteStore> {
+    Some(SqliteStore {
+        dir: tempfile::tempdir().expect("temp dir"),
     })
 }
 
-pub(crate) fn begin(id: &str, step_seq: u32, key: Option<&str>, hash: &str) -> LogWrite {
-    LogWrite::BeginStep(BeginStep {
-        saga_id: SagaId::new(id),
-        step_seq,
-        tool_id: "fs.write".into(),
-        tool_version: "1.0.0".into(),
-        effect: EffectClass::Mutating,
-        args: json!({"path": "a.txt", "content": "x"}),
-        args_hash: hash.into(),
-        idempotency_key: key.map(str::to_owned),
-        undo: Undo {
-            data: json!({"existed": true}),
-            blob: Some(b"previous \x00 bytes".to_vec()),
-        },
-    })
-}
+agent_kernel_log_contract::contract_tests!(crate::fresh_store());

@@ -1,31 +1,20 @@
-//! Writing and reading records: round trips, atomic batches, key claims, take-over.
+//! Writing and reading records: round trips, atomic batches, key claims, take-over, two
+//! connections at once.
 
 use agent_kernel_api::{
-    LogWrite, SagaId, SagaState, StepStatus, ToolError, ToolOutput, TxError, TxLog, WriteOutcome,
+    LogWrite, SagaId, SagaState, StepStatus, ToolError, TxError, TxLog, WriteOutcome,
 };
+
+use std::sync::Arc;
+
 use serde_json::json;
 
-use crate::{begin, new_saga, open, owner};
+use crate::LogStore;
+use crate::records::{begin, commit, new_saga, owner, saga_of, set_state};
 
-fn commit(id: &str, step_seq: u32) -> LogWrite {
-    LogWrite::CommitStep {
-        saga_id: SagaId::new(id),
-        step_seq,
-        output: ToolOutput::new(json!({"ok": step_seq})),
-    }
-}
-
-fn set_state(id: &str, state: SagaState) -> LogWrite {
-    LogWrite::SetState {
-        saga_id: SagaId::new(id),
-        state,
-    }
-}
-
-#[tokio::test]
-async fn a_saga_round_trips_with_every_field() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let log = open(&dir.path().join("log.db")).expect("opens");
+/// Checks that a saga round trips with every field.
+pub async fn a_saga_round_trips_with_every_field(store: &dyn LogStore) {
+    let log = store.open();
     log.write(vec![new_saga("s"), begin("s", 0, Some("k"), "h0")])
         .await
         .expect("writes");
@@ -72,10 +61,9 @@ async fn a_saga_round_trips_with_every_field() {
     assert!(log.unfinished_sagas().await.expect("reads").is_empty());
 }
 
-#[tokio::test]
-async fn a_batch_with_a_bad_record_writes_nothing() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let log = open(&dir.path().join("log.db")).expect("opens");
+/// Checks that a batch with a bad record writes nothing.
+pub async fn a_batch_with_a_bad_record_writes_nothing(store: &dyn LogStore) {
+    let log = store.open();
     log.write(vec![new_saga("s"), begin("s", 0, None, "h")])
         .await
         .expect("writes");
@@ -98,10 +86,9 @@ async fn a_batch_with_a_bad_record_writes_nothing() {
     assert_eq!(record.steps[0].status, StepStatus::Begin);
 }
 
-#[tokio::test]
-async fn a_step_cannot_be_committed_twice_or_begun_twice() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let log = open(&dir.path().join("log.db")).expect("opens");
+/// Checks that a step cannot be committed twice or begun twice.
+pub async fn a_step_cannot_be_committed_twice_or_begun_twice(store: &dyn LogStore) {
+    let log = store.open();
     log.write(vec![
         new_saga("s"),
         begin("s", 0, None, "h"),
@@ -113,10 +100,9 @@ async fn a_step_cannot_be_committed_twice_or_begun_twice() {
     assert!(log.write(vec![begin("s", 0, None, "h")]).await.is_err());
 }
 
-#[tokio::test]
-async fn keys_are_held_while_live_and_released_after_compensation() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let log = open(&dir.path().join("log.db")).expect("opens");
+/// Checks that keys are held while live and released after compensation.
+pub async fn keys_are_held_while_live_and_released_after_compensation(store: &dyn LogStore) {
+    let log = store.open();
     log.write(vec![new_saga("a"), begin("a", 0, Some("k"), "h")])
         .await
         .expect("writes");
@@ -160,10 +146,9 @@ async fn keys_are_held_while_live_and_released_after_compensation() {
     assert_eq!(binding.status, StepStatus::Begin);
 }
 
-#[tokio::test]
-async fn take_over_is_a_compare_and_swap_on_owner_and_state() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let log = open(&dir.path().join("log.db")).expect("opens");
+/// Checks that take over is a compare and swap on owner and state.
+pub async fn take_over_is_a_compare_and_swap_on_owner_and_state(store: &dyn LogStore) {
+    let log = store.open();
     log.write(vec![new_saga("s"), begin("s", 0, None, "h")])
         .await
         .expect("writes");
@@ -195,10 +180,9 @@ async fn take_over_is_a_compare_and_swap_on_owner_and_state() {
     assert_eq!(record.saga.state, SagaState::Done);
 }
 
-#[tokio::test]
-async fn a_key_whose_step_failed_with_an_uncertain_outcome_stays_held() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let log = open(&dir.path().join("log.db")).expect("opens");
+/// Checks that a key whose step failed with an uncertain outcome stays held.
+pub async fn a_key_whose_step_failed_with_an_uncertain_outcome_stays_held(store: &dyn LogStore) {
+    let log = store.open();
     log.write(vec![new_saga("a"), begin("a", 0, Some("k"), "h")])
         .await
         .expect("writes");
@@ -232,10 +216,9 @@ async fn a_key_whose_step_failed_with_an_uncertain_outcome_stays_held() {
     assert_eq!(outcomes[1], WriteOutcome::Written);
 }
 
-#[tokio::test]
-async fn a_refused_step_leaves_its_key_alone() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let log = open(&dir.path().join("log.db")).expect("opens");
+/// Checks that a refused step leaves its key alone.
+pub async fn a_refused_step_leaves_its_key_alone(store: &dyn LogStore) {
+    let log = store.open();
     log.write(vec![new_saga("a"), begin("a", 0, Some("k"), "h")])
         .await
         .expect("writes");
@@ -261,7 +244,7 @@ async fn a_refused_step_leaves_its_key_alone() {
     assert_eq!(record.steps[0].status, StepStatus::Fail);
 }
 
-async fn write_many(log: &agent_kernel_txlog::SqliteLog, parity: u32) {
+async fn write_many(log: &dyn TxLog, parity: u32) {
     for n in (0..20).filter(|n| n % 2 == parity) {
         let id = format!("s{n}");
         log.write(vec![new_saga(&id), begin(&id, 0, None, "h")])
@@ -270,31 +253,19 @@ async fn write_many(log: &agent_kernel_txlog::SqliteLog, parity: u32) {
     }
 }
 
-#[tokio::test]
-async fn two_connections_write_one_log_at_once() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("log.db");
-    let (first, second) = (open(&path).expect("opens"), open(&path).expect("opens"));
+/// Checks that two connections write one log at once.
+pub async fn two_connections_write_one_log_at_once(store: &dyn LogStore) {
+    let (first, second) = (store.open(), store.open());
     // Each log has its own writer thread, so the two streams of writes really interleave.
-    tokio::join!(write_many(&first, 0), write_many(&second, 1));
+    tokio::join!(write_many(&*first, 0), write_many(&*second, 1));
     assert_eq!(first.sagas(100).await.expect("reads").len(), 20);
 }
 
-/// A saga of `actor`, created with `require_actor_idle` as given.
-fn saga_of(id: &str, actor: &str, require_actor_idle: bool, dry_run: bool) -> LogWrite {
-    let LogWrite::CreateSaga(mut saga) = new_saga(id) else {
-        unreachable!("new_saga creates a saga")
-    };
-    saga.actor = Some(actor.to_owned());
-    saga.require_actor_idle = require_actor_idle;
-    saga.dry_run = dry_run;
-    LogWrite::CreateSaga(saga)
-}
-
-#[tokio::test]
-async fn a_saga_that_needs_its_actor_idle_is_refused_while_another_is_unfinished() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let log = open(&dir.path().join("log.db")).expect("opens");
+/// Checks that a saga that needs its actor idle is refused while another is unfinished.
+pub async fn a_saga_that_needs_its_actor_idle_is_refused_while_another_is_unfinished(
+    store: &dyn LogStore,
+) {
+    let log = store.open();
     // A dry run of the actor does not hold it.
     log.write(vec![
         saga_of("dry", "alice", false, true),
@@ -356,4 +327,80 @@ async fn a_saga_that_needs_its_actor_idle_is_refused_while_another_is_unfinished
     ])
     .await
     .expect("alice is idle again");
+}
+
+/// How many connections race in the checks below.
+const RACERS: usize = 4;
+
+/// Checks that duplicate keys raced from several connections are claimed once.
+pub async fn duplicate_keys_raced_from_several_connections_are_claimed_once(store: &dyn LogStore) {
+    let logs: Vec<_> = (0..RACERS).map(|_| store.open()).collect();
+    // Each log has a thread (and a connection) of its own: the writes really race.
+    let racing = logs.iter().enumerate().map(|(n, log)| {
+        let log = Arc::clone(log);
+        tokio::spawn(async move {
+            let id = format!("racer{n}");
+            log.write(vec![new_saga(&id), begin(&id, 0, Some("shared"), "h")])
+                .await
+                .expect("writes")
+        })
+    });
+    let outcomes = joined(racing.collect()).await;
+    let claimed: Vec<usize> = outcomes
+        .iter()
+        .enumerate()
+        .filter(|(_, outcomes)| outcomes[1] == WriteOutcome::Written)
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(claimed.len(), 1, "exactly one claim: {outcomes:?}");
+    for (n, outcomes) in outcomes.iter().enumerate() {
+        if n != claimed[0] {
+            assert!(
+                matches!(&outcomes[1], WriteOutcome::KeyRejected(reason) if reason.contains("held by saga")),
+                "{outcomes:?}"
+            );
+        }
+    }
+    let binding = logs[0]
+        .key_binding("shared")
+        .await
+        .expect("reads")
+        .expect("bound");
+    assert_eq!(binding.saga_id, SagaId::new(format!("racer{}", claimed[0])));
+}
+
+/// Checks that take over raced from several connections succeeds once.
+pub async fn take_over_raced_from_several_connections_succeeds_once(store: &dyn LogStore) {
+    let log = store.open();
+    log.write(vec![new_saga("s"), begin("s", 0, None, "h")])
+        .await
+        .expect("writes");
+    let logs: Vec<_> = (0..RACERS).map(|_| store.open()).collect();
+    let saga_id = SagaId::new("s");
+    let racing = logs.iter().enumerate().map(|(n, log)| {
+        let (log, saga_id) = (Arc::clone(log), saga_id.clone());
+        tokio::spawn(async move {
+            let new = owner(100 + u32::try_from(n).expect("few racers"));
+            log.take_over(&saga_id, &owner(1), SagaState::Acting, &new)
+                .await
+                .expect("writes")
+        })
+    });
+    let taken = joined(racing.collect()).await;
+    assert_eq!(taken.iter().filter(|&&taken| taken).count(), 1, "{taken:?}");
+    let winner = taken.iter().position(|&taken| taken).expect("one won");
+    let record = log.saga(&saga_id).await.expect("reads").expect("exists");
+    assert_eq!(
+        record.saga.owner,
+        owner(100 + u32::try_from(winner).expect("few racers"))
+    );
+}
+
+/// The outputs of `tasks`, in order.
+async fn joined<T>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut outputs = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        outputs.push(task.await.expect("the task finished"));
+    }
+    outputs
 }

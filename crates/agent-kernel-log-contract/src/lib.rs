@@ -1,0 +1,62 @@
+//! The transaction log's contract as executable checks: one source, run against every
+//! backend of [`TxLog`] (the SQLite log in `agent-kernel-txlog`, the PostgreSQL log in
+//! `agent-kernel-txlog-postgres`).
+//!
+//! A backend's test suite implements [`LogStore`] (a fresh, empty log, which it can open
+//! several connections to) and expands [`contract_tests!`], which makes one `#[tokio::test]`
+//! of each check:
+//!
+//! ```ignore
+//! agent_kernel_log_contract::contract_tests!(crate::fresh_store());
+//! ```
+//!
+//! where `fresh_store()` returns `Option<impl LogStore>`; `None` skips the checks (a
+//! backend whose server is not configured), saying so on stderr.
+
+pub mod checks;
+pub mod records;
+
+use std::sync::Arc;
+
+use agent_kernel_api::TxLog;
+
+/// One empty log for one check, which may be opened more than once (each a connection of
+/// its own, with its own writer) to race writers against each other.
+pub trait LogStore {
+    /// Opens (another connection to) this store's log.
+    fn open(&self) -> Arc<dyn TxLog>;
+}
+
+/// Expands to one `#[tokio::test]` per check of [`checks`], each on the store `$fresh`
+/// makes (an `Option<impl LogStore>`; `None` skips).
+#[macro_export]
+macro_rules! contract_tests {
+    ($fresh:expr) => {
+        $crate::contract_tests!(@each $fresh;
+            a_saga_round_trips_with_every_field,
+            a_batch_with_a_bad_record_writes_nothing,
+            a_step_cannot_be_committed_twice_or_begun_twice,
+            keys_are_held_while_live_and_released_after_compensation,
+            take_over_is_a_compare_and_swap_on_owner_and_state,
+            a_key_whose_step_failed_with_an_uncertain_outcome_stays_held,
+            a_refused_step_leaves_its_key_alone,
+            two_connections_write_one_log_at_once,
+            a_saga_that_needs_its_actor_idle_is_refused_while_another_is_unfinished,
+            duplicate_keys_raced_from_several_connections_are_claimed_once,
+            take_over_raced_from_several_connections_succeeds_once,
+        );
+    };
+    (@each $fresh:expr; $($check:ident),+ $(,)?) => {
+        mod contract {
+            $(
+                #[tokio::test]
+                async fn $check() {
+                    match $fresh {
+                        Some(store) => $crate::checks::$check(&store).await,
+                        None => eprintln!("skipped: this backend is not configured"),
+                    }
+                }
+            )+
+        }
+    };
+}

@@ -1,0 +1,77 @@
+//! Records the checks write, and that the backends' own tests may reuse.
+
+use agent_kernel_api::{
+    BeginStep, EffectClass, LogWrite, NewSaga, Owner, SagaId, SagaState, ToolOutput, Undo,
+};
+use serde_json::json;
+
+/// An owner on host `h`, boot `b`, with process id `pid`.
+pub fn owner(pid: u32) -> Owner {
+    Owner {
+        host: "h".into(),
+        boot_id: "b".into(),
+        pid,
+        start_ticks: 7,
+    }
+}
+
+/// A new saga `id` of three steps, acting, owned by `owner(1)`.
+pub fn new_saga(id: &str) -> LogWrite {
+    LogWrite::CreateSaga(NewSaga {
+        saga_id: SagaId::new(id),
+        name: Some("n".into()),
+        actor: None,
+        owner: owner(1),
+        n_steps: 3,
+        state: SagaState::Acting,
+        dry_run: false,
+        require_actor_idle: false,
+    })
+}
+
+/// A saga of `actor`, created with `require_actor_idle` and `dry_run` as given.
+pub fn saga_of(id: &str, actor: &str, require_actor_idle: bool, dry_run: bool) -> LogWrite {
+    let LogWrite::CreateSaga(mut saga) = new_saga(id) else {
+        unreachable!("new_saga creates a saga")
+    };
+    saga.actor = Some(actor.to_owned());
+    saga.require_actor_idle = require_actor_idle;
+    saga.dry_run = dry_run;
+    LogWrite::CreateSaga(saga)
+}
+
+/// The BEGIN of step `step_seq` of saga `id`: an `fs.write` with idempotency key `key` and
+/// arguments hashed as `hash`, whose undo data holds bytes with a NUL.
+pub fn begin(id: &str, step_seq: u32, key: Option<&str>, hash: &str) -> LogWrite {
+    LogWrite::BeginStep(BeginStep {
+        saga_id: SagaId::new(id),
+        step_seq,
+        tool_id: "fs.write".into(),
+        tool_version: "1.0.0".into(),
+        effect: EffectClass::Mutating,
+        args: json!({"path": "a.txt", "content": "x"}),
+        args_hash: hash.into(),
+        idempotency_key: key.map(str::to_owned),
+        undo: Undo {
+            data: json!({"existed": true}),
+            blob: Some(b"previous \x00 bytes".to_vec()),
+        },
+    })
+}
+
+/// The COMMIT of step `step_seq` of saga `id`, with output `{"ok": step_seq}`.
+pub fn commit(id: &str, step_seq: u32) -> LogWrite {
+    LogWrite::CommitStep {
+        saga_id: SagaId::new(id),
+        step_seq,
+        output: ToolOutput::new(json!({"ok": step_seq})),
+    }
+}
+
+/// Saga `id` moved to `state`.
+pub fn set_state(id: &str, state: SagaState) -> LogWrite {
+    LogWrite::SetState {
+        saga_id: SagaId::new(id),
+        state,
+    }
+}

@@ -1,0 +1,393 @@
+//! The agent-kernel write-ahead log on PostgreSQL, for many kernel processes on many
+//! machines sharing one log.
+//!
+//! [`PostgresLog`] implements [`agent_kernel_api::TxLog`] with the same records as the
+//! SQLite log ([`agent_kernel_txlog::SqliteLog`]): the statements, checks, compare-and-swap
+//! conditions and audit records of [`agent_kernel_txlog::backend`], run on a PostgreSQL
+//! connection ([`agent_kernel_txlog::sql::Db`]).
+//!
+//! # Using it alone
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use agent_kernel_api::{Clock, Durability, TxLog};
+//! use agent_kernel_txlog::LogOptions;
+//! use agent_kernel_txlog_postgres::PostgresLog;
+//!
+//! struct SystemClock;
+//! impl Clock for SystemClock {
+//!     fn now_ms(&self) -> i64 { 1_700_000_000_000 }
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let options = LogOptions { durability: Durability::Full, clock: Arc::new(SystemClock) };
+//! let log = PostgresLog::open("postgres://agent:secret@127.0.0.1:5432/agents", options, None)?;
+//! let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+//! let unfinished = runtime.block_on(log.unfinished_sagas())?;
+//! println!("{} sagas in flight", unfinished.len());
+//! # Ok(()) }
+//! ```
+//!
+//! # Design
+//!
+//! - **One connection, one thread.** Each log opens one connection, owned by a dedicated
+//!   OS thread (the `postgres` client, the blocking face of `tokio-postgres`); async callers
+//!   send it jobs over a bounded channel and await the answer, so no async runtime thread
+//!   ever waits on the database.
+//! - **One writer at a time, across every process.** Each write transaction first takes a
+//!   transaction-scoped advisory lock ([`schema::WRITE_LOCK`]): batches of every process
+//!   apply one after another, as under SQLite's `BEGIN IMMEDIATE`, so every check the
+//!   batch makes (a key's binding, an actor's idle, an owner still the expected one) holds
+//!   until it commits, and the audit chain is appended by one writer at a time and never
+//!   forks.
+//! - **Durability.** [`Durability::Full`] commits with `synchronous_commit = on`: the
+//!   commit is flushed to the server's WAL before `write` returns. [`Durability::Normal`]
+//!   sets `synchronous_commit = off`: a crash of the server may lose the newest commits
+//!   (never part of one); a crash of the kernel process loses nothing committed.
+//! - **Refusing what is not a log.** A schema (the connection's `current_schema()`) that
+//!   holds tables but no `agent_kernel_meta` row naming the log is refused with
+//!   [`TxError::NotALog`], a newer schema version with [`TxError::SchemaTooNew`], a trigger
+//!   or rule on the log's tables with [`TxError::Tampered`]; nothing is written then.
+
+mod db;
+mod schema;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::thread;
+
+use agent_kernel_api::{
+    ApprovalRecord, BoxFuture, Clock, DeadLetter, Durability, KeyBinding, LogWrite, Owner, SagaId,
+    SagaRecord, SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
+};
+use agent_kernel_txlog::backend::{self, Chain};
+use agent_kernel_txlog::sql::Db;
+use agent_kernel_txlog::{AuditKey, LogOptions};
+use postgres::{Client, Config, IsolationLevel, NoTls};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::db::{PgDb, Statements};
+pub use crate::schema::SCHEMA_VERSION;
+use crate::schema::{WRITE_LOCK, storage};
+
+/// The most jobs that may wait for the connection's thread; senders wait when it is full.
+pub const JOBS_QUEUED_MAX: usize = 1024;
+
+/// Whether `text` names a PostgreSQL database (`postgres://…` or `postgresql://…`) rather
+/// than an SQLite file.
+pub fn is_postgres_url(text: &str) -> bool {
+    let lower = text.get(..13).unwrap_or(text).to_ascii_lowercase();
+    lower.starts_with("postgres://") || lower.starts_with("postgresql://")
+}
+
+/// The database a URL names, without its password: `postgres://user@host:port/dbname`.
+fn describe(config: &Config) -> String {
+    let user = config.get_user().unwrap_or("");
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .zip(config.get_ports().iter().chain(std::iter::repeat(&5432)))
+        .map(|(host, port)| match host {
+            postgres::config::Host::Tcp(name) => format!("{name}:{port}"),
+            postgres::config::Host::Unix(path) => format!("{}:{port}", path.display()),
+        })
+        .collect();
+    let dbname = config.get_dbname().unwrap_or(user);
+    format!("postgres://{user}@{}/{dbname}", hosts.join(","))
+}
+
+/// Connects to the database `config` names, sets the durability and checks the schema.
+fn connect(config: &Config, target: &str, durability: Durability) -> Result<Client, TxError> {
+    let mut client = config
+        .connect(NoTls)
+        .map_err(|err| TxError::Storage(format!("cannot connect to {target}: {err}")))?;
+    let synchronous = match durability {
+        Durability::Full => "on",
+        Durability::Normal => "off",
+    };
+    client
+        .batch_execute(&format!("SET synchronous_commit = {synchronous}"))
+        .map_err(storage)?;
+    schema::prepare(&mut client, target)?;
+    Ok(client)
+}
+
+/// A job, run on the connection's thread with the connection and the clock's time.
+type Job = Box<dyn FnOnce(&mut Connection, i64) + Send>;
+
+/// What the connection's thread holds.
+struct Connection {
+    client: Client,
+    statements: Statements,
+    audit_key: Option<AuditKey>,
+}
+
+impl Connection {
+    /// Applies one batch in one transaction, after every other writer's.
+    fn write(&mut self, batch: &[LogWrite], now_ms: i64) -> Result<Vec<WriteOutcome>, TxError> {
+        let key = self.audit_key.as_ref();
+        let mut tx = self.client.transaction().map_err(storage)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK])
+            .map_err(storage)?;
+        let applied = {
+            let db = PgDb::new(&mut tx, &self.statements);
+            let mut chain = Chain::start(&db, key)?;
+            backend::apply_batch(&db, &mut chain, key, batch, now_ms)?
+        };
+        tx.commit().map_err(storage)?;
+        Ok(applied.outcomes)
+    }
+
+    /// [`TxLog::take_over`] in one write transaction.
+    fn take_over(
+        &mut self,
+        saga_id: &SagaId,
+        expected: &Owner,
+        expected_state: SagaState,
+        new: &Owner,
+        now_ms: i64,
+    ) -> Result<bool, TxError> {
+        let key = self.audit_key.as_ref();
+        let mut tx = self.client.transaction().map_err(storage)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK])
+            .map_err(storage)?;
+        let taken = {
+            let db = PgDb::new(&mut tx, &self.statements);
+            let mut chain = Chain::start(&db, key)?;
+            backend::take_over(
+                &db,
+                &mut chain,
+                saga_id,
+                expected,
+                expected_state,
+                new,
+                now_ms,
+            )?
+        };
+        if taken {
+            tx.commit().map_err(storage)?;
+        }
+        Ok(taken)
+    }
+
+    /// Runs `read` in one read-only snapshot.
+    fn read<T>(&mut self, read: impl FnOnce(&dyn Db) -> Result<T, TxError>) -> Result<T, TxError> {
+        let mut tx = self
+            .client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(storage)?;
+        let value = {
+            let db = PgDb::new(&mut tx, &self.statements);
+            read(&db)?
+        };
+        tx.commit().map_err(storage)?;
+        Ok(value)
+    }
+}
+
+/// The PostgreSQL transaction log. Cheap to share behind an `Arc`.
+pub struct PostgresLog {
+    target: String,
+    durability: Durability,
+    jobs: mpsc::Sender<Job>,
+    closed: oneshot::Receiver<()>,
+}
+
+impl std::fmt::Debug for PostgresLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresLog")
+            .field("target", &self.target)
+            .field("durability", &self.durability)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresLog {
+    /// Opens the log in the database `url` names (`postgres://user:password@host:port/db`,
+    /// any parameter libpq's URLs take), creating its tables in the connection's current
+    /// schema when that schema holds none, and starts its connection's thread.
+    ///
+    /// Blocks while it connects and checks the schema; call it before starting an async
+    /// runtime or from a blocking task. TLS is not offered: reach the server on loopback,
+    /// a Unix socket or a network you trust.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError::Storage`] when the URL does not parse or the server cannot be reached or
+    /// refuses the login; [`TxError::NotALog`], [`TxError::SchemaTooNew`] or
+    /// [`TxError::Tampered`] as the crate documentation describes.
+    pub fn open(
+        url: &str,
+        options: LogOptions,
+        audit_key: Option<AuditKey>,
+    ) -> Result<PostgresLog, TxError> {
+        let config = Config::from_str(url)
+            .map_err(|err| TxError::Storage(format!("the database URL does not parse: {err}")))?;
+        let target = describe(&config);
+        // The blocking client runs a runtime of its own, which must not start inside the
+        // caller's: the connection is made on the thread that keeps it.
+        let (opened_sender, opened) = std::sync::mpsc::sync_channel(1);
+        let (jobs, mut receiver) = mpsc::channel::<Job>(JOBS_QUEUED_MAX);
+        let (closed_sender, closed) = oneshot::channel();
+        let clock: Arc<dyn Clock> = options.clock;
+        let durability = options.durability;
+        let thread_target = target.clone();
+        thread::Builder::new()
+            .name("agent-kernel-txlog-postgres".into())
+            .spawn(move || {
+                let mut connection = match connect(&config, &thread_target, durability) {
+                    Ok(client) => Connection {
+                        client,
+                        statements: Statements::default(),
+                        audit_key,
+                    },
+                    Err(error) => {
+                        let _ = opened_sender.send(Err(error));
+                        return;
+                    }
+                };
+                let _ = opened_sender.send(Ok(()));
+                while let Some(job) = receiver.blocking_recv() {
+                    job(&mut connection, clock.now_ms());
+                }
+                drop(connection);
+                let _ = closed_sender.send(());
+            })
+            .map_err(|err| TxError::Storage(format!("cannot start the log's thread: {err}")))?;
+        opened.recv().map_err(|_| TxError::Closed)??;
+        Ok(PostgresLog {
+            target,
+            durability: options.durability,
+            jobs,
+            closed,
+        })
+    }
+
+    /// The database, as `postgres://user@host:port/db` (no password).
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// The durability mode the log was opened with.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// Closes the log: the jobs already queued run, then the connection is closed, and
+    /// only then does this return.
+    pub async fn close(self) {
+        drop(self.jobs);
+        let _ = self.closed.await;
+    }
+
+    /// Runs `job` on the connection's thread and returns its result.
+    fn call<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(&mut Connection, i64) -> Result<T, TxError> + Send + 'static,
+    ) -> BoxFuture<'_, Result<T, TxError>> {
+        Box::pin(async move {
+            let (reply, answer) = oneshot::channel();
+            let job: Job = Box::new(move |connection, now_ms| {
+                // The caller may have gone away; its answer is then dropped.
+                let _ = reply.send(job(connection, now_ms));
+            });
+            self.jobs.send(job).await.map_err(|_| TxError::Closed)?;
+            answer.await.map_err(|_| TxError::Closed)?
+        })
+    }
+}
+
+impl TxLog for PostgresLog {
+    fn write(&self, batch: Vec<LogWrite>) -> BoxFuture<'_, Result<Vec<WriteOutcome>, TxError>> {
+        self.call(move |connection, now_ms| connection.write(&batch, now_ms))
+    }
+
+    fn saga<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<SagaRecord>, TxError>> {
+        let saga_id = saga_id.clone();
+        self.call(move |connection, _| connection.read(|db| backend::saga(db, &saga_id)))
+    }
+
+    fn sagas(&self, limit: u32) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
+        self.call(move |connection, _| connection.read(|db| backend::sagas(db, limit)))
+    }
+
+    fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
+        self.call(|connection, _| connection.read(backend::unfinished_sagas))
+    }
+
+    fn key_binding<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<KeyBinding>, TxError>> {
+        let key = key.to_owned();
+        self.call(move |connection, _| connection.read(|db| backend::key_binding(db, &key)))
+    }
+
+    fn take_over<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        expected_owner: &'a Owner,
+        expected_state: SagaState,
+        new_owner: &'a Owner,
+    ) -> BoxFuture<'a, Result<bool, TxError>> {
+        let (saga_id, expected, new) = (saga_id.clone(), expected_owner.clone(), new_owner.clone());
+        self.call(move |connection, now_ms| {
+            connection.take_over(&saga_id, &expected, expected_state, &new, now_ms)
+        })
+    }
+
+    fn approval<'a>(
+        &'a self,
+        approval_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>> {
+        let approval_id = approval_id.to_owned();
+        self.call(move |connection, _| connection.read(|db| backend::approval(db, &approval_id)))
+    }
+
+    fn saga_approval<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>> {
+        let saga_id = saga_id.clone();
+        self.call(move |connection, _| connection.read(|db| backend::saga_approval(db, &saga_id)))
+    }
+
+    fn pending_approvals(&self) -> BoxFuture<'_, Result<Vec<ApprovalRecord>, TxError>> {
+        self.call(|connection, _| connection.read(backend::pending_approvals))
+    }
+
+    fn dead_letter<'a>(
+        &'a self,
+        letter_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<DeadLetter>, TxError>> {
+        let letter_id = letter_id.to_owned();
+        self.call(move |connection, _| connection.read(|db| backend::dead_letter(db, &letter_id)))
+    }
+
+    fn open_dead_letters<'a>(
+        &'a self,
+        saga_id: Option<&'a SagaId>,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, TxError>> {
+        let saga_id = saga_id.cloned();
+        self.call(move |connection, _| {
+            connection.read(|db| backend::open_dead_letters(db, saga_id.as_ref()))
+        })
+    }
+
+    fn prune_candidates(
+        &self,
+        before_ms: i64,
+        after: Option<(i64, SagaId)>,
+        limit: u32,
+    ) -> BoxFuture<'_, Result<Vec<SagaRecord>, TxError>> {
+        self.call(move |connection, _| {
+            connection.read(|db| backend::prune_candidates(db, before_ms, after.as_ref(), limit))
+        })
+    }
+}

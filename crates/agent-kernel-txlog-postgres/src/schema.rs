@@ -1,0 +1,186 @@
+//! Opening a database as a log: refusing one that is not, creating the schema in one that
+//! is empty, refusing a newer schema or one with triggers or rules on the log's tables.
+
+use agent_kernel_api::TxError;
+use postgres::Client;
+
+/// What `agent_kernel_meta.application` holds in every log.
+pub(crate) const APPLICATION: &str = "agent-kernel log";
+
+/// The schema version this build creates and reads.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// The schema, version 1.
+const SCHEMA_SQL: &str = include_str!("schema.sql");
+
+/// The tables of the schema: no trigger or rule may sit on them.
+const TABLES: [&str; 7] = [
+    "agent_kernel_meta",
+    "sagas",
+    "saga_steps",
+    "idempotency_keys",
+    "audit_log",
+    "approvals",
+    "dead_letters",
+];
+
+/// The advisory lock the first opens of a database serialize on, so that two processes
+/// never both create the schema ("AKLG", 1).
+const SCHEMA_LOCK: i64 = 0x414B_4C47_0000_0001;
+
+/// The advisory lock every write transaction takes first, so that writers of the log in
+/// every process apply their batches one at a time and the audit chain never forks
+/// ("AKLG", 2).
+pub(crate) const WRITE_LOCK: i64 = 0x414B_4C47_0000_0002;
+
+/// A database error while opening, as [`TxError::Storage`].
+pub(crate) fn storage(err: impl std::fmt::Display) -> TxError {
+    TxError::Storage(err.to_string())
+}
+
+/// Checks the database `target` names (its schema, `current_schema()`) and creates the
+/// log's tables when it holds none; the schema version found.
+pub(crate) fn prepare(client: &mut Client, target: &str) -> Result<i64, TxError> {
+    let mut tx = client.transaction().map_err(storage)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
+        .map_err(storage)?;
+    let schema: Option<String> = tx
+        .query_one("SELECT current_schema()::text", &[])
+        .map_err(storage)?
+        .get(0);
+    let Some(schema) = schema else {
+        return Err(TxError::Storage(format!(
+            "{target} has no current schema (its search_path names none that exists)"
+        )));
+    };
+    let has_meta: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables
+                 WHERE schemaname = $1 AND tablename = 'agent_kernel_meta')",
+            &[&schema],
+        )
+        .map_err(storage)?
+        .get(0);
+    let version = if has_meta {
+        let row = tx
+            .query_opt(
+                "SELECT application, schema_version FROM agent_kernel_meta WHERE singleton = 1",
+                &[],
+            )
+            .map_err(storage)?;
+        let Some(row) = row else {
+            return Err(TxError::NotALog {
+                path: target.to_owned(),
+                reason: "its agent_kernel_meta table is empty".to_owned(),
+            });
+        };
+        let application: String = row.get(0);
+        let version: i64 = row.get(1);
+        if application != APPLICATION {
+            return Err(TxError::NotALog {
+                path: target.to_owned(),
+                reason: format!("agent_kernel_meta names the application `{application}`"),
+            });
+        }
+        if version > SCHEMA_VERSION {
+            return Err(TxError::SchemaTooNew {
+                path: target.to_owned(),
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        if version < 1 {
+            return Err(TxError::Tampered {
+                path: target.to_owned(),
+                reason: format!("agent_kernel_meta holds schema version {version}"),
+            });
+        }
+        version
+    } else {
+        let n_relations: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM pg_catalog.pg_class c
+                 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f')",
+                &[&schema],
+            )
+            .map_err(storage)?
+            .get(0);
+        if n_relations > 0 {
+            return Err(TxError::NotALog {
+                path: target.to_owned(),
+                reason: format!(
+                    "its schema `{schema}` holds {n_relations} tables or views of something else"
+                ),
+            });
+        }
+        tx.batch_execute(SCHEMA_SQL).map_err(storage)?;
+        tx.execute(
+            "INSERT INTO agent_kernel_meta (singleton, application, schema_version)
+             VALUES (1, $1, $2)",
+            &[&APPLICATION, &SCHEMA_VERSION],
+        )
+        .map_err(storage)?;
+        SCHEMA_VERSION
+    };
+    if let Some(reason) = tampering(&mut tx, &schema)? {
+        return Err(TxError::Tampered {
+            path: target.to_owned(),
+            reason,
+        });
+    }
+    tx.commit().map_err(storage)?;
+    Ok(version)
+}
+
+/// A trigger or a rule on one of the log's tables, or one of them missing: what the
+/// schema was given that this build never creates, first found.
+fn tampering(tx: &mut postgres::Transaction<'_>, schema: &str) -> Result<Option<String>, TxError> {
+    let tables: Vec<String> = TABLES.iter().map(|&table| table.to_owned()).collect();
+    let present: Vec<String> = tx
+        .query(
+            "SELECT tablename::text FROM pg_catalog.pg_tables
+             WHERE schemaname = $1 AND tablename = ANY($2)",
+            &[&schema, &tables],
+        )
+        .map_err(storage)?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    if let Some(missing) = TABLES
+        .iter()
+        .find(|&&table| !present.iter().any(|p| p == table))
+    {
+        return Ok(Some(format!("the table `{missing}` is missing")));
+    }
+    let trigger = tx
+        .query_opt(
+            "SELECT t.tgname::text, c.relname::text FROM pg_catalog.pg_trigger t
+             JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relname = ANY($2) AND NOT t.tgisinternal
+             LIMIT 1",
+            &[&schema, &tables],
+        )
+        .map_err(storage)?;
+    if let Some(row) = trigger {
+        let (name, table): (String, String) = (row.get(0), row.get(1));
+        return Ok(Some(format!(
+            "the trigger `{name}` sits on the table `{table}`"
+        )));
+    }
+    let rule = tx
+        .query_opt(
+            "SELECT rulename::text, tablename::text FROM pg_catalog.pg_rules
+             WHERE schemaname = $1 AND tablename = ANY($2) LIMIT 1",
+            &[&schema, &tables],
+        )
+        .map_err(storage)?;
+    if let Some(row) = rule {
+        let (name, table): (String, String) = (row.get(0), row.get(1));
+        return Ok(Some(format!(
+            "the rule `{name}` sits on the table `{table}`"
+        )));
+    }
+    Ok(None)
+}

@@ -1,0 +1,77 @@
+//! Opening: a schema of something else, a newer log, tampering, a bad URL.
+
+use agent_kernel_api::TxError;
+use agent_kernel_txlog_postgres::is_postgres_url;
+
+use crate::{Schema, open, server};
+
+#[test]
+fn postgres_urls_are_told_from_file_paths() {
+    assert!(is_postgres_url("postgres://u@localhost/db"));
+    assert!(is_postgres_url("PostgreSQL://u@localhost/db"));
+    assert!(!is_postgres_url("agent-kernel.db"));
+    assert!(!is_postgres_url("./postgres://x"));
+}
+
+#[test]
+fn a_url_that_does_not_parse_is_refused_naming_it() {
+    let error = open("postgres://u@localhost/db?no_such_option=1").expect_err("refused");
+    assert!(
+        matches!(error, TxError::Storage(ref reason) if reason.contains("does not parse")),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_schema_of_something_else_is_refused_and_left_untouched() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    schema.execute("CREATE TABLE invoices (id BIGINT PRIMARY KEY)");
+    let error = open(&schema.url()).expect_err("refused");
+    assert!(matches!(error, TxError::NotALog { .. }), "{error}");
+    assert!(error.to_string().contains("holds 1 tables"), "{error}");
+    // Nothing was created beside it.
+    schema.execute("CREATE TABLE sagas (x BIGINT)");
+}
+
+#[test]
+fn an_empty_schema_becomes_a_log_once_and_reopens() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    // Two first opens at once: one creates the tables, the other finds them.
+    let (first, second) = crate::blocking(|| {
+        std::thread::scope(|scope| {
+            let a = scope.spawn(|| open(&url));
+            let b = scope.spawn(|| open(&url));
+            (a.join().expect("joins"), b.join().expect("joins"))
+        })
+    });
+    first.expect("opens");
+    second.expect("opens");
+    open(&url).expect("reopens");
+}
+
+#[test]
+fn a_newer_log_and_a_trigger_on_its_tables_are_refused() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    open(&schema.url()).expect("creates");
+    schema.execute(
+        "CREATE FUNCTION keep() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;
+         CREATE TRIGGER rewrite BEFORE INSERT ON audit_log FOR EACH ROW EXECUTE FUNCTION keep()",
+    );
+    let error = open(&schema.url()).expect_err("refused");
+    assert!(
+        matches!(&error, TxError::Tampered { reason, .. } if reason.contains("`rewrite`")),
+        "{error}"
+    );
+    schema.execute(
+        "DROP TRIGGER rewrite ON audit_log; UPDATE agent_kernel_meta SET schema_version = 99",
+    );
+    let error = open(&schema.url()).expect_err("refused");
+    assert!(
+        matches!(error, TxError::SchemaTooNew { found: 99, .. }),
+        "{error}"
+    );
+}

@@ -1,0 +1,204 @@
+//! The log's records over any [`Db`], for a second backend (PostgreSQL, in
+//! `agent-kernel-txlog-postgres`): the same writes, checks, compare-and-swap conditions,
+//! audit records and reads as [`SqliteLog`](crate::SqliteLog), on the caller's connection.
+//!
+//! The caller owns the transaction: it begins one that no other writer of the log can run
+//! beside (SQLite's `BEGIN IMMEDIATE`; on PostgreSQL a transaction-scoped advisory lock
+//! taken first), starts a [`Chain`] in it, applies batches, and commits. The records are
+//! then exactly as SQLite's, so the chain verifies the same way.
+
+use agent_kernel_api::{
+    ApprovalRecord, DeadLetter, KeyBinding, LogWrite, Owner, SagaId, SagaRecord, SagaState,
+    SagaSummary, TxError, WriteOutcome,
+};
+
+use crate::audit::{Appender, AuditKey};
+use crate::sql::Db;
+use crate::{prune, store};
+
+/// The audit chain inside one write transaction: it starts after the newest record and
+/// appends each record the batch writes.
+pub struct Chain<'key> {
+    appender: Appender<'key>,
+}
+
+impl<'key> Chain<'key> {
+    /// Starts after the chain's newest record. Call inside the write transaction, after it
+    /// has excluded every other writer.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError::Corrupt`] when the newest record cannot be read or is malformed.
+    pub fn start(db: &dyn Db, key: Option<&'key AuditKey>) -> Result<Chain<'key>, TxError> {
+        Ok(Chain {
+            appender: Appender::start(db, key)?,
+        })
+    }
+
+    /// The newest record's sequence number (0 for an empty chain) and hash.
+    pub fn head(&self) -> (i64, &str) {
+        let head = self.appender.head();
+        (head.seq, &head.hash)
+    }
+
+    /// The newest record's MAC, under an audit key.
+    pub fn head_mac(&self) -> Option<&str> {
+        self.appender.head().mac.as_deref()
+    }
+}
+
+/// What [`apply_batch`] did.
+#[derive(Debug)]
+pub struct Applied {
+    /// One outcome per record, in order.
+    pub outcomes: Vec<WriteOutcome>,
+    /// Whether the batch ends a saga or holds an audit event: where the log keeps an
+    /// anchor of the chain's head outside the records, it should move now.
+    pub moves_head: bool,
+}
+
+/// Applies `batch` in the caller's transaction, chaining each record; on an error the
+/// caller must roll the transaction (or its savepoint) back, since part of the batch may
+/// have been applied.
+///
+/// # Errors
+///
+/// [`TxError`] as [`TxLog::write`](agent_kernel_api::TxLog::write) describes.
+pub fn apply_batch(
+    db: &dyn Db,
+    chain: &mut Chain<'_>,
+    key: Option<&AuditKey>,
+    batch: &[LogWrite],
+    now_ms: i64,
+) -> Result<Applied, TxError> {
+    let (outcomes, moves_head) = store::apply_chained(db, &mut chain.appender, key, batch, now_ms)?;
+    Ok(Applied {
+        outcomes,
+        moves_head,
+    })
+}
+
+/// [`TxLog::take_over`](agent_kernel_api::TxLog::take_over) in the caller's transaction:
+/// changes the owner if `expected` still owns the saga in `expected_state`, chaining the
+/// change; returns whether it did.
+///
+/// # Errors
+///
+/// [`TxError`] when the log cannot be written.
+pub fn take_over(
+    db: &dyn Db,
+    chain: &mut Chain<'_>,
+    saga_id: &SagaId,
+    expected: &Owner,
+    expected_state: SagaState,
+    new: &Owner,
+    now_ms: i64,
+) -> Result<bool, TxError> {
+    store::take_over_in(
+        db,
+        &mut chain.appender,
+        saga_id,
+        expected,
+        expected_state,
+        new,
+        now_ms,
+    )
+}
+
+/// [`TxLog::saga`](agent_kernel_api::TxLog::saga).
+///
+/// # Errors
+///
+/// [`TxError`] when the log cannot be read or a record breaks its rules.
+pub fn saga(db: &dyn Db, saga_id: &SagaId) -> Result<Option<SagaRecord>, TxError> {
+    store::saga(db, saga_id)
+}
+
+/// [`TxLog::sagas`](agent_kernel_api::TxLog::sagas).
+///
+/// # Errors
+///
+/// As [`saga`].
+pub fn sagas(db: &dyn Db, limit: u32) -> Result<Vec<SagaSummary>, TxError> {
+    store::sagas(db, limit)
+}
+
+/// [`TxLog::unfinished_sagas`](agent_kernel_api::TxLog::unfinished_sagas).
+///
+/// # Errors
+///
+/// As [`saga`].
+pub fn unfinished_sagas(db: &dyn Db) -> Result<Vec<SagaSummary>, TxError> {
+    store::unfinished_sagas(db)
+}
+
+/// [`TxLog::key_binding`](agent_kernel_api::TxLog::key_binding).
+///
+/// # Errors
+///
+/// As [`saga`].
+pub fn key_binding(db: &dyn Db, key: &str) -> Result<Option<KeyBinding>, TxError> {
+    store::key_binding(db, key)
+}
+
+/// [`TxLog::approval`](agent_kernel_api::TxLog::approval).
+///
+/// # Errors
+///
+/// As [`saga`].
+pub fn approval(db: &dyn Db, approval_id: &str) -> Result<Option<ApprovalRecord>, TxError> {
+    store::approval(db, approval_id)
+}
+
+/// [`TxLog::saga_approval`](agent_kernel_api::TxLog::saga_approval).
+///
+/// # Errors
+///
+/// As [`saga`].
+pub fn saga_approval(db: &dyn Db, saga_id: &SagaId) -> Result<Option<ApprovalRecord>, TxError> {
+    store::saga_approval(db, saga_id)
+}
+
+/// [`TxLog::pending_approvals`](agent_kernel_api::TxLog::pending_approvals).
+///
+/// # Errors
+///
+/// As [`saga`].
+pub fn pending_approvals(db: &dyn Db) -> Result<Vec<ApprovalRecord>, TxError> {
+    store::pending_approvals(db)
+}
+
+/// [`TxLog::dead_letter`](agent_kernel_api::TxLog::dead_letter).
+///
+/// # Errors
+///
+/// As [`saga`].
+pub fn dead_letter(db: &dyn Db, letter_id: &str) -> Result<Option<DeadLetter>, TxError> {
+    store::dead_letter(db, letter_id)
+}
+
+/// [`TxLog::open_dead_letters`](agent_kernel_api::TxLog::open_dead_letters).
+///
+/// # Errors
+///
+/// As [`saga`].
+pub fn open_dead_letters(
+    db: &dyn Db,
+    saga_id: Option<&SagaId>,
+) -> Result<Vec<DeadLetter>, TxError> {
+    store::open_dead_letters(db, saga_id)
+}
+
+/// [`TxLog::prune_candidates`](agent_kernel_api::TxLog::prune_candidates).
+///
+/// # Errors
+///
+/// As [`saga`].
+pub fn prune_candidates(
+    db: &dyn Db,
+    before_ms: i64,
+    after: Option<&(i64, SagaId)>,
+    limit: u32,
+) -> Result<Vec<SagaRecord>, TxError> {
+    prune::candidates(db, before_ms, after, limit)
+}
