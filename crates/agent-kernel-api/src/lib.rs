@@ -88,9 +88,9 @@ pub use approval::{
 pub use canonical::{canonical_json, write_json_string};
 pub use clock::{Clock, IdSource, format_rfc3339_ms};
 pub use log::{
-    AbortCause, AuditEvent, BeginStep, CallRefusal, KeyBinding, LogWrite, NewSaga, OperatorCommand,
-    Owner, PlanDenial, PruneSagas, SagaAbort, SagaRecord, SagaSummary, StepDenial, StepRecord,
-    TxError, TxLog, WriteOutcome,
+    AbortCause, AuditEvent, BeginStep, CallRefusal, KeyBinding, LeaseStatus, LogWrite, NewSaga,
+    OperatorCommand, Owner, PlanDenial, PruneSagas, SagaAbort, SagaRecord, SagaSummary, StepDenial,
+    StepRecord, TxError, TxLog, WriteOutcome,
 };
 pub use observed::{ObservedLog, WriteObserver};
 pub use plan::{

@@ -495,6 +495,16 @@ pub enum TxError {
         /// Its unfinished saga.
         saga_id: SagaId,
     },
+    /// This process's lease on the log ran out (it was paused, or cut off from the
+    /// database, longer than its lease): its sagas may have been taken over, so none of
+    /// its writes is accepted any more; nothing of the batch was written.
+    #[error(
+        "this process's lease on the log ran out ({reason}); it must stop, and its sagas are another's to recover"
+    )]
+    Fenced {
+        /// When and why.
+        reason: String,
+    },
     /// A [`LogWrite::ConsumeApproval`] found no approved, unused request naming exactly its
     /// saga, step, tool, arguments and digest; nothing of the batch was written.
     #[error("approval {approval_id} cannot be used for this step: {reason}")]
@@ -504,6 +514,16 @@ pub enum TxError {
         /// Why.
         reason: String,
     },
+}
+
+/// What a log that keeps owners' leases says of one owner ([`TxLog::owner_lease`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseStatus {
+    /// The owner renewed its lease and it has not run out: the owner is alive.
+    Live,
+    /// The owner's lease ran out, or it never held one: it is dead for good (an expired
+    /// lease is never renewed), and its sagas may be taken over.
+    Expired,
 }
 
 /// The write-ahead log the saga engine records every step in.
@@ -622,6 +642,21 @@ pub trait TxLog: Send + Sync + 'static {
         &'a self,
         saga_id: Option<&'a SagaId>,
     ) -> BoxFuture<'a, Result<Vec<DeadLetter>, TxError>>;
+
+    /// Whether `owner` is alive by its lease, for a log shared by processes on many
+    /// machines, whose pids cannot be probed; `None` for a log that keeps no leases (SQLite:
+    /// liveness is the process's, read from `/proc`).
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn owner_lease<'a>(
+        &'a self,
+        owner: &'a Owner,
+    ) -> BoxFuture<'a, Result<Option<LeaseStatus>, TxError>> {
+        let _ = owner;
+        Box::pin(async { Ok(None) })
+    }
 
     /// Up to `limit` sagas that [`LogWrite::Prune`] would remove at `before_ms`, with their
     /// steps: finished (`Done`, `FailedRolledBack`, `FailedRollbackPartial`, `Undone`), last

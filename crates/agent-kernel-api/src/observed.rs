@@ -7,8 +7,8 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{
-    ApprovalRecord, BoxFuture, DeadLetter, KeyBinding, LogWrite, Owner, SagaId, SagaRecord,
-    SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
+    ApprovalRecord, BoxFuture, DeadLetter, KeyBinding, LeaseStatus, LogWrite, Owner, SagaId,
+    SagaRecord, SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
 };
 
 /// What an [`ObservedLog`] tells about each write (one transaction), numbered from 0.
@@ -150,5 +150,12 @@ where
         limit: u32,
     ) -> BoxFuture<'_, Result<Vec<SagaRecord>, TxError>> {
         self.inner.prune_candidates(before_ms, after, limit)
+    }
+
+    fn owner_lease<'a>(
+        &'a self,
+        owner: &'a Owner,
+    ) -> BoxFuture<'a, Result<Option<LeaseStatus>, TxError>> {
+        self.inner.owner_lease(owner)
     }
 }

@@ -5,12 +5,14 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use agent_kernel_api::{Clock, Durability, DynTool, IdSource, TransactionalTool, TxLog};
 use agent_kernel_dispatcher::{Dispatcher, Limits, SeededJitter};
 use agent_kernel_fsm::Guardrail;
 use agent_kernel_sandbox::{FsSandbox, HttpSandbox, Policy};
 use agent_kernel_txlog::{AuditKey, LogOptions, SqliteLog};
+use agent_kernel_txlog_postgres::{PostgresLog, Worker, is_postgres_url};
 
 use crate::approval::ApprovalPolicy;
 use crate::{
@@ -25,6 +27,11 @@ pub const DEFAULT_SANDBOX: &str = "sandbox.toml";
 pub const DEFAULT_FSM: &str = "fsm.toml";
 /// The environment variable naming the log, as for the command line.
 pub const DB_ENV: &str = "AGENT_KERNEL_DB";
+
+/// The environment variable that sets the lease of a process on a PostgreSQL log, in ms
+/// (default [`agent_kernel_txlog_postgres::LEASE_DEFAULT`]): how long after it stops its
+/// unfinished sagas wait before another process may recover them.
+pub const LEASE_ENV: &str = "AGENT_KERNEL_LEASE_MS";
 /// The tools file a builder loads when it exists in the working directory (CONTRACT §7).
 pub const DEFAULT_TOOLS: &str = "tools.toml";
 
@@ -87,6 +94,7 @@ pub struct KernelBuilder {
     policy: PolicySource,
     fsm: FsmSource,
     audit_key: Option<AuditKey>,
+    lease: Option<Duration>,
     limits: Option<Limits>,
     standard_tools: bool,
     drill_tools: bool,
@@ -137,6 +145,7 @@ impl KernelBuilder {
             policy: PolicySource::Default,
             fsm: FsmSource::Default,
             audit_key: None,
+            lease: None,
             limits: None,
             standard_tools: true,
             drill_tools: false,
@@ -157,9 +166,16 @@ impl KernelBuilder {
         self
     }
 
-    /// The log's file.
+    /// The log's file, or a PostgreSQL database's URL (`postgres://…`, `postgresql://…`).
     pub fn db(mut self, path: impl Into<PathBuf>) -> Self {
         self.db = Some(path.into());
+        self
+    }
+
+    /// This process's lease on a PostgreSQL log ([`LEASE_ENV`] otherwise, else the
+    /// default); a SQLite log keeps no leases.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
         self
     }
 
@@ -392,22 +408,35 @@ impl KernelBuilder {
         let dispatcher = dispatcher_with(limits, tools, &policy)?;
         let approvals = approval_policy_from(&policy)?;
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
-        let log = SqliteLog::open_with_audit_key(
-            &db,
-            LogOptions {
-                durability: self.durability,
-                clock: Arc::clone(&clock),
-            },
-            self.audit_key,
-        )?;
-        let log: Arc<dyn TxLog> = Arc::new(log);
+        let owner = current_owner().map_err(|error| {
+            KernelError::Setup(format!("cannot identify this process in /proc: {error}"))
+        })?;
+        let options = LogOptions {
+            durability: self.durability,
+            clock: Arc::clone(&clock),
+        };
+        let log: Arc<dyn TxLog> = match db.to_str().filter(|text| is_postgres_url(text)) {
+            Some(url) => {
+                let lease = match self.lease {
+                    Some(lease) => lease,
+                    None => lease_from_env()?,
+                };
+                let worker = Worker {
+                    owner: owner.clone(),
+                    lease,
+                };
+                Arc::new(PostgresLog::open(url, options, self.audit_key, worker)?)
+            }
+            None => Arc::new(SqliteLog::open_with_audit_key(
+                &db,
+                options,
+                self.audit_key,
+            )?),
+        };
         let log = match self.log_layer {
             Some(layer) => layer(log),
             None => log,
         };
-        let owner = current_owner().map_err(|error| {
-            KernelError::Setup(format!("cannot identify this process in /proc: {error}"))
-        })?;
         let env = Environment {
             clock,
             ids: self.ids.unwrap_or_else(|| Arc::new(UuidV7Ids)),
@@ -571,6 +600,35 @@ pub fn limits_from_policy(policy: &Policy) -> Result<Limits, KernelError> {
         ))
     })?;
     Ok(limits)
+}
+
+/// The lease [`LEASE_ENV`] sets, or the default.
+fn lease_from_env() -> Result<Duration, KernelError> {
+    let Some(text) = std::env::var_os(LEASE_ENV) else {
+        return Ok(agent_kernel_txlog_postgres::LEASE_DEFAULT);
+    };
+    let ms = text
+        .to_str()
+        .and_then(|text| text.parse::<u64>().ok())
+        .ok_or_else(|| {
+            KernelError::Setup(format!(
+                "{LEASE_ENV} is `{}`, not a number of milliseconds",
+                text.to_string_lossy()
+            ))
+        })?;
+    let lease = Duration::from_millis(ms);
+    let (min, max) = (
+        agent_kernel_txlog_postgres::LEASE_MIN,
+        agent_kernel_txlog_postgres::LEASE_MAX,
+    );
+    if !(min..=max).contains(&lease) {
+        return Err(KernelError::Setup(format!(
+            "{LEASE_ENV} is {ms} ms, outside {} ms to {} ms",
+            min.as_millis(),
+            max.as_millis()
+        )));
+    }
+    Ok(lease)
 }
 
 /// A dispatcher with `limits` and `tools`; a `[limits.tools."<id>"]` entry of `policy` must

@@ -117,7 +117,7 @@ pub use approval::{
     operator_key_check,
 };
 pub use builder::{
-    DB_ENV, DEFAULT_DB, DEFAULT_FSM, DEFAULT_SANDBOX, DEFAULT_TOOLS, KernelBuilder,
+    DB_ENV, DEFAULT_DB, DEFAULT_FSM, DEFAULT_SANDBOX, DEFAULT_TOOLS, KernelBuilder, LEASE_ENV,
     OPERATOR_KEY_BYTES_MAX, approval_policy_from, command_tools, dispatcher_with,
     limits_from_policy, read_operator_key, upstream_tools,
 };

@@ -3,8 +3,8 @@
 //! persisted state, and compensating them.
 
 use agent_kernel_api::{
-    ApprovalDecision, ApprovalStatus, DecideApproval, EffectClass, LogWrite, SagaId, SagaRecord,
-    SagaState,
+    ApprovalDecision, ApprovalStatus, DecideApproval, EffectClass, LeaseStatus, LogWrite, SagaId,
+    SagaRecord, SagaState,
 };
 use agent_kernel_fsm::{Denial, Rule};
 use tracing::{Instrument, info, info_span, warn};
@@ -40,7 +40,7 @@ impl Kernel {
     }
 
     /// Refuses a saga owned by another process that is alive (or cannot be checked).
-    fn check_owner_gone(&self, record: &SagaRecord) -> Result<(), KernelError> {
+    async fn check_owner_gone(&self, record: &SagaRecord) -> Result<(), KernelError> {
         let saga = &record.saga;
         if self.live.contains(&saga.saga_id) {
             // An open live saga of this very process: its driver holds it.
@@ -53,7 +53,13 @@ impl Kernel {
         if saga.owner == self.env.owner || saga.state.is_terminal() || saga.owner.is_detached() {
             return Ok(());
         }
-        if self.env.liveness.liveness(&saga.owner) != Liveness::Dead {
+        // A log shared across machines knows its owners by their leases; SQLite's by pid.
+        let liveness = match self.log.owner_lease(&saga.owner).await? {
+            Some(LeaseStatus::Live) => Liveness::Alive,
+            Some(LeaseStatus::Expired) => Liveness::Dead,
+            None => self.env.liveness.liveness(&saga.owner),
+        };
+        if liveness != Liveness::Dead {
             return Err(KernelError::SagaBusy {
                 saga_id: saga.saga_id.clone(),
                 state: saga.state,
@@ -66,8 +72,8 @@ impl Kernel {
     /// Before a saga of a dead process is taken over: its owner must be gone, and this
     /// kernel must have every tool its compensation needs. A saga that fails either check
     /// is left exactly as it is.
-    fn check_recoverable(&self, record: &SagaRecord) -> Result<(), KernelError> {
-        self.check_owner_gone(record)?;
+    async fn check_recoverable(&self, record: &SagaRecord) -> Result<(), KernelError> {
+        self.check_owner_gone(record).await?;
         let tools = self.missing_tools(record);
         if !tools.is_empty() {
             return Err(KernelError::MissingTools {
@@ -84,7 +90,7 @@ impl Kernel {
         if saga.owner == self.env.owner {
             return Ok(());
         }
-        self.check_owner_gone(record)?;
+        self.check_owner_gone(record).await?;
         if self
             .log
             .take_over(&saga.saga_id, &saga.owner, saga.state, &self.env.owner)
@@ -143,7 +149,7 @@ impl Kernel {
             }
             _ => {}
         }
-        self.check_recoverable(&record)?;
+        self.check_recoverable(&record).await?;
         self.take_over(&record).await?;
         info!(saga_id = %saga_id, from = %record.saga.state, "operator rollback");
         let span = info_span!("saga", saga_id = %saga_id, rollback = true);
@@ -214,7 +220,7 @@ impl Kernel {
                 }));
             }
         }
-        let checked = match self.check_recoverable(&record) {
+        let checked = match self.check_recoverable(&record).await {
             Ok(()) => self.take_over(&record).await,
             Err(error) => Err(error),
         };

@@ -10,7 +10,12 @@ use std::sync::Arc;
 use serde_json::json;
 
 use crate::LogStore;
-use crate::records::{begin, commit, new_saga, owner, saga_of, set_state};
+use agent_kernel_api::{ApprovalDecision, ApprovalStatus};
+
+use crate::records::{
+    begin, commit, consume, decide, new_saga, owner, saga_of, set_state, use_with_begin,
+    waiting_saga,
+};
 
 /// Checks that a saga round trips with every field.
 pub async fn a_saga_round_trips_with_every_field(store: &dyn LogStore) {
@@ -403,4 +408,65 @@ async fn joined<T>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
         outputs.push(task.await.expect("the task finished"));
     }
     outputs
+}
+
+/// Checks that a request is decided once and consumed once, for its exact step.
+pub async fn a_request_is_decided_once_and_consumed_once_for_its_exact_step(store: &dyn LogStore) {
+    let log = store.open();
+    waiting_saga(&*log, "s1", "a1", i64::MAX).await;
+    let pending = log.pending_approvals().await.expect("reads");
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].status, ApprovalStatus::Pending);
+    assert_eq!(pending[0].request.rest, Some(Vec::new()));
+    let unfinished = log.unfinished_sagas().await.expect("reads");
+    assert_eq!(unfinished[0].state, SagaState::AwaitingApproval);
+
+    let outcomes = log
+        .write(vec![decide("a1", ApprovalDecision::Approve)])
+        .await
+        .expect("written");
+    assert_eq!(outcomes, [WriteOutcome::Written]);
+    // A second decision, of either kind, changes nothing.
+    for decision in [ApprovalDecision::Approve, ApprovalDecision::Reject] {
+        let outcomes = log
+            .write(vec![decide("a1", decision)])
+            .await
+            .expect("written");
+        assert_eq!(
+            outcomes,
+            [WriteOutcome::NotPending(ApprovalStatus::Approved)]
+        );
+    }
+    let record = log.approval("a1").await.expect("reads").expect("exists");
+    assert_eq!(record.decided_by.as_deref(), Some("alice"));
+    assert_eq!(record.note.as_deref(), Some("looked at it"));
+    assert!(log.pending_approvals().await.expect("reads").is_empty());
+
+    // Another digest: refused, and nothing of the batch is written.
+    let error = use_with_begin(&*log, &"e".repeat(64))
+        .await
+        .expect_err("another digest");
+    assert!(
+        matches!(&error, TxError::ApprovalUnusable { reason, .. } if reason.contains("digest")),
+        "{error}"
+    );
+    assert!(
+        log.saga(&SagaId::new("s1"))
+            .await
+            .expect("reads")
+            .expect("saga")
+            .steps
+            .is_empty()
+    );
+    // The right one: consumed with the BEGIN, and never again.
+    use_with_begin(&*log, &"d".repeat(64))
+        .await
+        .expect("consumed");
+    let error = log
+        .write(vec![consume("s1", "a1", &"d".repeat(64))])
+        .await
+        .expect_err("consumed once");
+    assert!(error.to_string().contains("consumed"), "{error}");
+    let record = log.approval("a1").await.expect("reads").expect("exists");
+    assert_eq!(record.status, ApprovalStatus::Consumed);
 }

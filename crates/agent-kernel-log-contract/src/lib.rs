@@ -14,6 +14,7 @@
 //! backend whose server is not configured), saying so on stderr.
 
 pub mod checks;
+pub mod postgres;
 pub mod records;
 
 use std::sync::Arc;
@@ -25,6 +26,10 @@ use agent_kernel_api::TxLog;
 pub trait LogStore {
     /// Opens (another connection to) this store's log.
     fn open(&self) -> Arc<dyn TxLog>;
+
+    /// Runs once a check has passed and dropped its logs: a backend's own checks of what
+    /// the check left (SQLite verifies the audit chain).
+    fn finished(&self) {}
 }
 
 /// Expands to one `#[tokio::test]` per check of [`checks`], each on the store `$fresh`
@@ -44,6 +49,7 @@ macro_rules! contract_tests {
             a_saga_that_needs_its_actor_idle_is_refused_while_another_is_unfinished,
             duplicate_keys_raced_from_several_connections_are_claimed_once,
             take_over_raced_from_several_connections_succeeds_once,
+            a_request_is_decided_once_and_consumed_once_for_its_exact_step,
         );
     };
     (@each $fresh:expr; $($check:ident),+ $(,)?) => {
@@ -52,7 +58,10 @@ macro_rules! contract_tests {
                 #[tokio::test]
                 async fn $check() {
                     match $fresh {
-                        Some(store) => $crate::checks::$check(&store).await,
+                        Some(store) => {
+                            $crate::checks::$check(&store).await;
+                            $crate::LogStore::finished(&store);
+                        }
                         None => eprintln!("skipped: this backend is not configured"),
                     }
                 }

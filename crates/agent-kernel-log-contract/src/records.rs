@@ -1,7 +1,8 @@
 //! Records the checks write, and that the backends' own tests may reuse.
 
 use agent_kernel_api::{
-    BeginStep, EffectClass, LogWrite, NewSaga, Owner, SagaId, SagaState, ToolOutput, Undo,
+    ApprovalDecision, ApprovalRequest, BeginStep, ConsumeApproval, DecideApproval, EffectClass,
+    LogWrite, NewSaga, Owner, SagaId, SagaState, ToolOutput, TxLog, Undo,
 };
 use serde_json::json;
 
@@ -74,4 +75,68 @@ pub fn set_state(id: &str, state: SagaState) -> LogWrite {
         saga_id: SagaId::new(id),
         state,
     }
+}
+
+/// A request for step 0 of `saga` (an `fs.write`), digest `d…d`, expiring at `expires_at_ms`.
+pub fn request(saga: &str, id: &str, expires_at_ms: i64) -> ApprovalRequest {
+    ApprovalRequest {
+        approval_id: id.into(),
+        saga_id: SagaId::new(saga),
+        step_seq: 0,
+        tool_id: "fs.write".into(),
+        args: json!({"path": "a.txt", "content": "x"}),
+        idempotency_key: None,
+        digest: "d".repeat(64),
+        rest: Some(Vec::new()),
+        requested_at_ms: 0,
+        expires_at_ms,
+        operator_key_check: None,
+    }
+}
+
+/// `alice`'s `decision` on request `id`.
+pub fn decide(id: &str, decision: ApprovalDecision) -> LogWrite {
+    LogWrite::DecideApproval(DecideApproval {
+        approval_id: id.into(),
+        decision,
+        by: owner(9),
+        uid: Some(1000),
+        user: Some("alice".into()),
+        note: Some("looked at it".into()),
+    })
+}
+
+/// The use of request `id` with `digest`, for step 0 of `saga`.
+pub fn consume(saga: &str, id: &str, digest: &str) -> LogWrite {
+    LogWrite::ConsumeApproval(ConsumeApproval {
+        approval_id: id.into(),
+        saga_id: SagaId::new(saga),
+        step_seq: 0,
+        tool_id: "fs.write".into(),
+        args: json!({"path": "a.txt", "content": "x"}),
+        digest: digest.into(),
+    })
+}
+
+/// Saga `saga` created waiting for request `id`.
+pub async fn waiting_saga(log: &dyn TxLog, saga: &str, id: &str, expires_at_ms: i64) {
+    log.write(vec![
+        new_saga(saga),
+        LogWrite::RequestApproval(request(saga, id, expires_at_ms)),
+        LogWrite::SetState {
+            saga_id: SagaId::new(saga),
+            state: SagaState::AwaitingApproval,
+        },
+    ])
+    .await
+    .expect("written");
+}
+
+/// Consumes approval `a1` with `digest` in the transaction of step 0's BEGIN of saga `s1`.
+pub async fn use_with_begin(
+    log: &dyn TxLog,
+    digest: &str,
+) -> Result<Vec<agent_kernel_api::WriteOutcome>, agent_kernel_api::TxError> {
+    log.write(vec![consume("s1", "a1", digest), begin("s1", 0, None, "h")])
+        .await
 }

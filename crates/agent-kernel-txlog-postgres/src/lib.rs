@@ -12,7 +12,7 @@
 //! use std::sync::Arc;
 //! use agent_kernel_api::{Clock, Durability, TxLog};
 //! use agent_kernel_txlog::LogOptions;
-//! use agent_kernel_txlog_postgres::PostgresLog;
+//! use agent_kernel_txlog_postgres::{PostgresLog, Worker};
 //!
 //! struct SystemClock;
 //! impl Clock for SystemClock {
@@ -21,7 +21,9 @@
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let options = LogOptions { durability: Durability::Full, clock: Arc::new(SystemClock) };
-//! let log = PostgresLog::open("postgres://agent:secret@127.0.0.1:5432/agents", options, None)?;
+//! # let this_process = agent_kernel_api::Owner::detached();
+//! let url = "postgres://agent:secret@127.0.0.1:5432/agents";
+//! let log = PostgresLog::open(url, options, None, Worker::new(this_process))?;
 //! let runtime = tokio::runtime::Builder::new_current_thread().build()?;
 //! let unfinished = runtime.block_on(log.unfinished_sagas())?;
 //! println!("{} sagas in flight", unfinished.len());
@@ -40,6 +42,13 @@
 //!   batch makes (a key's binding, an actor's idle, an owner still the expected one) holds
 //!   until it commits, and the audit chain is appended by one writer at a time and never
 //!   forks.
+//! - **Leases.** Every log is opened for a [`Worker`]: the process that holds sagas through
+//!   it, whose lease (a row of `leases`, by the database's clock) a thread of its own
+//!   renews. [`TxLog::owner_lease`] answers whether an owner is alive by its lease, whatever
+//!   its host: recovery takes over only sagas of expired owners. A lease that ran out is
+//!   never renewed, and every write transaction checks the writer's own lease first, under
+//!   the write lock: a process paused or cut off past its lease can no longer write to the
+//!   sagas another process took over ([`TxError::Fenced`]).
 //! - **Durability.** [`Durability::Full`] commits with `synchronous_commit = on`: the
 //!   commit is flushed to the server's WAL before `write` returns. [`Durability::Normal`]
 //!   sets `synchronous_commit = off`: a crash of the server may lose the newest commits
@@ -50,6 +59,7 @@
 //!   or rule on the log's tables with [`TxError::Tampered`]; nothing is written then.
 
 mod db;
+mod lease;
 mod schema;
 
 use std::str::FromStr;
@@ -57,8 +67,8 @@ use std::sync::Arc;
 use std::thread;
 
 use agent_kernel_api::{
-    ApprovalRecord, BoxFuture, Clock, DeadLetter, Durability, KeyBinding, LogWrite, Owner, SagaId,
-    SagaRecord, SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
+    ApprovalRecord, BoxFuture, Clock, DeadLetter, Durability, KeyBinding, LeaseStatus, LogWrite,
+    Owner, SagaId, SagaRecord, SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
 };
 use agent_kernel_txlog::backend::{self, Chain};
 use agent_kernel_txlog::sql::Db;
@@ -67,6 +77,8 @@ use postgres::{Client, Config, IsolationLevel, NoTls};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::db::{PgDb, Statements};
+use crate::lease::Renewer;
+pub use crate::lease::{LEASE_DEFAULT, LEASE_MAX, LEASE_MIN, RENEWALS_PER_LEASE, Worker};
 pub use crate::schema::SCHEMA_VERSION;
 use crate::schema::{WRITE_LOCK, storage};
 
@@ -120,15 +132,39 @@ struct Connection {
     client: Client,
     statements: Statements,
     audit_key: Option<AuditKey>,
+    /// The process writing through this connection, whose lease every write checks.
+    worker: Worker,
+    /// `WRITE_LOCK` taken, prepared once.
+    lock: postgres::Statement,
+    /// [`lease::status_sql`], prepared once.
+    fence: postgres::Statement,
+}
+
+/// Begins a write transaction on `client`: after every other writer's (`lock` takes
+/// `WRITE_LOCK`), and only while `worker`'s lease is live (`fence`). Once it ran out,
+/// another process may have taken its sagas over: the write is refused
+/// ([`TxError::Fenced`]).
+fn begin_write<'c>(
+    client: &'c mut Client,
+    lock: &postgres::Statement,
+    fence: &postgres::Statement,
+    worker: &Worker,
+) -> Result<postgres::Transaction<'c>, TxError> {
+    let mut tx = client.transaction().map_err(storage)?;
+    tx.execute(lock, &[&WRITE_LOCK]).map_err(storage)?;
+    match lease::status(&mut tx, fence, &worker.owner)? {
+        LeaseStatus::Live => Ok(tx),
+        LeaseStatus::Expired => Err(TxError::Fenced {
+            reason: "found run out at a write".to_owned(),
+        }),
+    }
 }
 
 impl Connection {
     /// Applies one batch in one transaction, after every other writer's.
     fn write(&mut self, batch: &[LogWrite], now_ms: i64) -> Result<Vec<WriteOutcome>, TxError> {
         let key = self.audit_key.as_ref();
-        let mut tx = self.client.transaction().map_err(storage)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK])
-            .map_err(storage)?;
+        let mut tx = begin_write(&mut self.client, &self.lock, &self.fence, &self.worker)?;
         let applied = {
             let db = PgDb::new(&mut tx, &self.statements);
             let mut chain = Chain::start(&db, key)?;
@@ -148,9 +184,7 @@ impl Connection {
         now_ms: i64,
     ) -> Result<bool, TxError> {
         let key = self.audit_key.as_ref();
-        let mut tx = self.client.transaction().map_err(storage)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK])
-            .map_err(storage)?;
+        let mut tx = begin_write(&mut self.client, &self.lock, &self.fence, &self.worker)?;
         let taken = {
             let db = PgDb::new(&mut tx, &self.statements);
             let mut chain = Chain::start(&db, key)?;
@@ -194,6 +228,8 @@ pub struct PostgresLog {
     durability: Durability,
     jobs: mpsc::Sender<Job>,
     closed: oneshot::Receiver<()>,
+    /// Renews this process's lease; stops when the log is dropped.
+    renewer: Renewer,
 }
 
 impl std::fmt::Debug for PostgresLog {
@@ -210,6 +246,12 @@ impl PostgresLog {
     /// any parameter libpq's URLs take), creating its tables in the connection's current
     /// schema when that schema holds none, and starts its connection's thread.
     ///
+    /// It takes `worker`'s lease (refused with [`TxError::Fenced`] when that owner's lease
+    /// already ran out) and renews it on a thread and a connection of its own, every lease /
+    /// [`RENEWALS_PER_LEASE`], until the log is dropped; every write checks it is still
+    /// live. Then the lease runs out on its own: the process's unfinished sagas are
+    /// another's to recover one lease after it stopped.
+    ///
     /// Blocks while it connects and checks the schema; call it before starting an async
     /// runtime or from a blocking task. TLS is not offered: reach the server on loopback,
     /// a Unix socket or a network you trust.
@@ -223,6 +265,7 @@ impl PostgresLog {
         url: &str,
         options: LogOptions,
         audit_key: Option<AuditKey>,
+        worker: Worker,
     ) -> Result<PostgresLog, TxError> {
         let config = Config::from_str(url)
             .map_err(|err| TxError::Storage(format!("the database URL does not parse: {err}")))?;
@@ -235,14 +278,28 @@ impl PostgresLog {
         let clock: Arc<dyn Clock> = options.clock;
         let durability = options.durability;
         let thread_target = target.clone();
+        let thread_worker = worker.clone();
+        let thread_config = config.clone();
         thread::Builder::new()
             .name("agent-kernel-txlog-postgres".into())
             .spawn(move || {
-                let mut connection = match connect(&config, &thread_target, durability) {
-                    Ok(client) => Connection {
+                let opened =
+                    connect(&thread_config, &thread_target, durability).and_then(|mut client| {
+                        lease::acquire(&mut client, &thread_worker)?;
+                        let lock = client
+                            .prepare("SELECT pg_advisory_xact_lock($1)")
+                            .map_err(storage)?;
+                        let fence = client.prepare(&lease::status_sql()).map_err(storage)?;
+                        Ok((client, lock, fence))
+                    });
+                let mut connection = match opened {
+                    Ok((client, lock, fence)) => Connection {
                         client,
                         statements: Statements::default(),
                         audit_key,
+                        worker: thread_worker,
+                        lock,
+                        fence,
                     },
                     Err(error) => {
                         let _ = opened_sender.send(Err(error));
@@ -258,11 +315,13 @@ impl PostgresLog {
             })
             .map_err(|err| TxError::Storage(format!("cannot start the log's thread: {err}")))?;
         opened.recv().map_err(|_| TxError::Closed)??;
+        let renewer = Renewer::start(&config, worker)?;
         Ok(PostgresLog {
             target,
             durability: options.durability,
             jobs,
             closed,
+            renewer,
         })
     }
 
@@ -274,6 +333,12 @@ impl PostgresLog {
     /// The durability mode the log was opened with.
     pub fn durability(&self) -> Durability {
         self.durability
+    }
+
+    /// Whether this process's lease was found run out: from then on every write is refused
+    /// ([`TxError::Fenced`]) and the process should stop.
+    pub fn lease_lost(&self) -> bool {
+        self.renewer.lost()
     }
 
     /// Closes the log: the jobs already queued run, then the connection is closed, and
@@ -377,6 +442,17 @@ impl TxLog for PostgresLog {
         let saga_id = saga_id.cloned();
         self.call(move |connection, _| {
             connection.read(|db| backend::open_dead_letters(db, saga_id.as_ref()))
+        })
+    }
+
+    fn owner_lease<'a>(
+        &'a self,
+        owner: &'a Owner,
+    ) -> BoxFuture<'a, Result<Option<LeaseStatus>, TxError>> {
+        let owner = owner.clone();
+        self.call(move |connection, _| {
+            let query = connection.fence.clone();
+            lease::status(&mut connection.client, &query, &owner).map(Some)
         })
     }
 

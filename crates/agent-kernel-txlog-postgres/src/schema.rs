@@ -14,7 +14,7 @@ pub const SCHEMA_VERSION: i64 = 1;
 const SCHEMA_SQL: &str = include_str!("schema.sql");
 
 /// The tables of the schema: no trigger or rule may sit on them.
-const TABLES: [&str; 7] = [
+const TABLES: [&str; 8] = [
     "agent_kernel_meta",
     "sagas",
     "saga_steps",
@@ -22,6 +22,7 @@ const TABLES: [&str; 7] = [
     "audit_log",
     "approvals",
     "dead_letters",
+    "leases",
 ];
 
 /// The advisory lock the first opens of a database serialize on, so that two processes

@@ -120,3 +120,16 @@ CREATE TABLE dead_letters (
 );
 CREATE INDEX dead_letters_open ON dead_letters (first_failed_at_ms, letter_id)
     WHERE status = 'open';
+
+-- One row per process that holds sagas through the log: alive while `expires_at_ms` (by
+-- the database's clock) is ahead. A lease that ran out is never renewed: its owner is dead
+-- for good, its writes are refused, and its sagas are another's to recover.
+CREATE TABLE leases (
+    owner_host         TEXT NOT NULL,
+    owner_boot_id      TEXT NOT NULL,
+    owner_pid          BIGINT NOT NULL,
+    owner_start_ticks  BIGINT NOT NULL,
+    acquired_at_ms     BIGINT NOT NULL,
+    expires_at_ms      BIGINT NOT NULL,
+    PRIMARY KEY (owner_host, owner_boot_id, owner_pid, owner_start_ticks)
+);

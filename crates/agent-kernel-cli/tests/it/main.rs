@@ -16,6 +16,7 @@ mod integrations;
 mod layering;
 mod mcp;
 mod otlp;
+mod postgres;
 mod prune;
 mod replay;
 mod run;

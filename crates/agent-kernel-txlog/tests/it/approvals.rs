@@ -3,139 +3,14 @@
 //! exactly the step they name, and covered by `audit verify`.
 
 use agent_kernel_api::{
-    ApprovalDecision, ApprovalRequest, ApprovalStatus, ConsumeApproval, DecideApproval, LogWrite,
-    SagaId, SagaState, TxError, TxLog, WriteOutcome,
+    ApprovalDecision, ApprovalStatus, LogWrite, SagaId, SagaState, TxError, TxLog, WriteOutcome,
 };
 use agent_kernel_txlog::verify;
 use rusqlite::Connection;
-use serde_json::json;
+
+use agent_kernel_log_contract::records::{decide, use_with_begin, waiting_saga};
 
 use crate::{begin, new_saga, open, owner};
-
-fn request(saga: &str, id: &str, expires_at_ms: i64) -> ApprovalRequest {
-    ApprovalRequest {
-        approval_id: id.into(),
-        saga_id: SagaId::new(saga),
-        step_seq: 0,
-        tool_id: "fs.write".into(),
-        args: json!({"path": "a.txt", "content": "x"}),
-        idempotency_key: None,
-        digest: "d".repeat(64),
-        rest: Some(Vec::new()),
-        requested_at_ms: 0,
-        expires_at_ms,
-        operator_key_check: None,
-    }
-}
-
-fn decide(id: &str, decision: ApprovalDecision) -> LogWrite {
-    LogWrite::DecideApproval(DecideApproval {
-        approval_id: id.into(),
-        decision,
-        by: owner(9),
-        uid: Some(1000),
-        user: Some("alice".into()),
-        note: Some("looked at it".into()),
-    })
-}
-
-/// Consumes approval `a1` with `digest` in the transaction of step 0's BEGIN of saga `s1`.
-async fn use_with_begin(
-    log: &agent_kernel_txlog::SqliteLog,
-    digest: &str,
-) -> Result<Vec<agent_kernel_api::WriteOutcome>, TxError> {
-    log.write(vec![consume("s1", "a1", digest), begin("s1", 0, None, "h")])
-        .await
-}
-
-fn consume(saga: &str, id: &str, digest: &str) -> LogWrite {
-    LogWrite::ConsumeApproval(ConsumeApproval {
-        approval_id: id.into(),
-        saga_id: SagaId::new(saga),
-        step_seq: 0,
-        tool_id: "fs.write".into(),
-        args: json!({"path": "a.txt", "content": "x"}),
-        digest: digest.into(),
-    })
-}
-
-async fn waiting_saga(log: &impl TxLog, saga: &str, id: &str, expires_at_ms: i64) {
-    log.write(vec![
-        new_saga(saga),
-        LogWrite::RequestApproval(request(saga, id, expires_at_ms)),
-        LogWrite::SetState {
-            saga_id: SagaId::new(saga),
-            state: SagaState::AwaitingApproval,
-        },
-    ])
-    .await
-    .expect("written");
-}
-
-#[tokio::test]
-async fn a_request_is_decided_once_and_consumed_once_for_its_exact_step() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("log.db");
-    let log = open(&path).expect("opens");
-    waiting_saga(&log, "s1", "a1", i64::MAX).await;
-    let pending = log.pending_approvals().await.expect("reads");
-    assert_eq!(pending.len(), 1);
-    assert_eq!(pending[0].status, ApprovalStatus::Pending);
-    assert_eq!(pending[0].request.rest, Some(Vec::new()));
-    let unfinished = log.unfinished_sagas().await.expect("reads");
-    assert_eq!(unfinished[0].state, SagaState::AwaitingApproval);
-
-    let outcomes = log
-        .write(vec![decide("a1", ApprovalDecision::Approve)])
-        .await
-        .expect("written");
-    assert_eq!(outcomes, [WriteOutcome::Written]);
-    // A second decision, of either kind, changes nothing.
-    for decision in [ApprovalDecision::Approve, ApprovalDecision::Reject] {
-        let outcomes = log
-            .write(vec![decide("a1", decision)])
-            .await
-            .expect("written");
-        assert_eq!(
-            outcomes,
-            [WriteOutcome::NotPending(ApprovalStatus::Approved)]
-        );
-    }
-    let record = log.approval("a1").await.expect("reads").expect("exists");
-    assert_eq!(record.decided_by.as_deref(), Some("alice"));
-    assert_eq!(record.note.as_deref(), Some("looked at it"));
-    assert!(log.pending_approvals().await.expect("reads").is_empty());
-
-    // Another digest: refused, and nothing of the batch is written.
-    let error = use_with_begin(&log, &"e".repeat(64))
-        .await
-        .expect_err("another digest");
-    assert!(
-        matches!(&error, TxError::ApprovalUnusable { reason, .. } if reason.contains("digest")),
-        "{error}"
-    );
-    assert!(
-        log.saga(&SagaId::new("s1"))
-            .await
-            .expect("reads")
-            .expect("saga")
-            .steps
-            .is_empty()
-    );
-    // The right one: consumed with the BEGIN, and never again.
-    use_with_begin(&log, &"d".repeat(64))
-        .await
-        .expect("consumed");
-    let error = log
-        .write(vec![consume("s1", "a1", &"d".repeat(64))])
-        .await
-        .expect_err("consumed once");
-    assert!(error.to_string().contains("consumed"), "{error}");
-    let record = log.approval("a1").await.expect("reads").expect("exists");
-    assert_eq!(record.status, ApprovalStatus::Consumed);
-    drop(log);
-    assert!(verify(&path, None).expect("verifies").is_intact());
-}
 
 #[tokio::test]
 async fn an_expired_request_cannot_be_approved_and_a_cancelled_one_applies_to_nothing() {

@@ -41,6 +41,13 @@ impl agent_kernel_log_contract::LogStore for SqliteStore {
     fn open(&self) -> Arc<dyn TxLog> {
         Arc::new(open(&self.dir.path().join("log.db")).expect("opens"))
     }
+
+    /// Every check leaves a log whose audit chain verifies.
+    fn finished(&self) {
+        let report =
+            agent_kernel_txlog::verify(&self.dir.path().join("log.db"), None).expect("verifies");
+        assert!(report.is_intact(), "{report:#?}");
+    }
 }
 
 fn fresh_store() -> Option<SqliteStore> {

@@ -1,0 +1,278 @@
+//! Many kernel processes on one PostgreSQL log (SPEC 6.10): four workers running sagas, one
+//! SIGKILLed mid-saga and rolled back by a `recover --watch` worker once its lease ran out,
+//! never twice; a worker paused (SIGSTOP) past its lease, whose saga was taken over, is
+//! fenced when it continues. Skipped without `AGENT_KERNEL_TEST_POSTGRES` (see
+//! `agent_kernel_log_contract::postgres`).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Read as _;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agent_kernel_log_contract::postgres::{Schema, server};
+use serde_json::json;
+
+use crate::{Project, bin, wait_until};
+
+/// The workers' lease in these tests, shortened from the default.
+const LEASE_MS: u64 = 1_000;
+
+/// How soon after a lease runs out its sagas must be rolled back.
+const TAKEOVER_MAX: Duration = Duration::from_secs(5);
+
+/// Steps per worker's saga.
+const STEPS: usize = 6;
+
+const ORIGINAL: &str = "original\n";
+
+/// The binary on the PostgreSQL log at `url`, in `project`'s folder, with the short lease.
+fn on_postgres(project: &Project, url: &str, args: &[&str]) -> Command {
+    let mut command = project.isolated(bin());
+    command
+        .env("AGENT_KERNEL_LEASE_MS", LEASE_MS.to_string())
+        .arg("--db")
+        .arg(url)
+        .args(args);
+    command
+}
+
+/// Worker `n`'s plan: each of its files rewritten, a short sleep after each.
+fn worker_plan(project: &Project, n: usize, sleep_ms: u64) -> String {
+    let mut steps = Vec::new();
+    for step in 0..STEPS {
+        let path = format!("ws/w{n}-{step}.txt");
+        fs::write(project.path(&path), ORIGINAL).expect("writes");
+        steps.push(json!({ "tool": "fs.write", "args": { "path": path, "content": format!("worker {n} step {step}\n") } }));
+        steps.push(json!({ "tool": "noop", "args": { "sleep_ms": sleep_ms } }));
+    }
+    let plan = project.plan(
+        &format!("worker{n}.json"),
+        &json!({ "name": format!("worker {n}"), "steps": steps }),
+    );
+    plan.to_string_lossy().into_owned()
+}
+
+fn file(project: &Project, n: usize, step: usize) -> String {
+    fs::read_to_string(project.path(&format!("ws/w{n}-{step}.txt"))).expect("reads")
+}
+
+/// Every saga's name and state.
+fn saga_states(schema: &Schema) -> BTreeMap<String, String> {
+    schema
+        .rows("SELECT name, state FROM sagas")
+        .into_iter()
+        .map(|row| {
+            (
+                row[0].clone().expect("named"),
+                row[1].clone().expect("state"),
+            )
+        })
+        .collect()
+}
+
+/// How many times any step was begun, or compensated, more than once (audit records).
+fn repeated_records(schema: &Schema) -> Vec<Vec<Option<String>>> {
+    schema.rows(
+        "SELECT saga_id, kind, body::json->>'step_seq', count(*)::text FROM audit_log
+         WHERE kind IN ('BeginStep', 'Compensation')
+         GROUP BY saga_id, kind, body::json->>'step_seq' HAVING count(*) > 1",
+    )
+}
+
+fn stop(mut child: Child) -> String {
+    // SIGTERM: `recover --watch` ends its round and exits 0.
+    let pid = rustix::process::Pid::from_child(&child);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("signals");
+    let status = child.wait().expect("exits");
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .expect("piped")
+        .read_to_string(&mut stdout)
+        .expect("reads");
+    assert!(status.success(), "the watcher exited {status:?}:\n{stdout}");
+    stdout
+}
+
+fn signal(child: &Child, signal: rustix::process::Signal) {
+    rustix::process::kill_process(rustix::process::Pid::from_child(child), signal)
+        .expect("signals");
+}
+
+#[test]
+fn four_workers_share_a_log_and_a_killed_ones_saga_is_rolled_back_once_by_a_watcher() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let project = Project::new();
+    let plans: Vec<String> = (0..4).map(|n| worker_plan(&project, n, 150)).collect();
+    let watcher = on_postgres(&project, &url, &["--json", "recover", "--watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    let mut workers: Vec<Child> = plans
+        .iter()
+        .map(|plan| {
+            on_postgres(&project, &url, &["--json", "run", "--plan", plan])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("starts")
+        })
+        .collect();
+    // Worker 0 is killed once two of its steps have landed.
+    wait_until("worker 0 rewrote two files", || {
+        file(&project, 0, 1) != ORIGINAL
+    });
+    workers[0].kill().expect("SIGKILL");
+    workers[0].wait().expect("reaped");
+    let killed_at = Instant::now();
+    for (n, worker) in workers.iter_mut().enumerate().skip(1) {
+        let status = worker.wait().expect("exits");
+        assert!(status.success(), "worker {n} exited {status:?}");
+        for step in 0..STEPS {
+            assert_eq!(file(&project, n, step), format!("worker {n} step {step}\n"));
+        }
+    }
+    wait_until("the killed worker's files are restored", || {
+        (0..STEPS).all(|step| file(&project, 0, step) == ORIGINAL)
+    });
+    let restored_after = killed_at.elapsed();
+    eprintln!("rolled back {restored_after:?} after the kill (lease {LEASE_MS} ms)");
+    assert!(
+        restored_after < Duration::from_millis(LEASE_MS) + TAKEOVER_MAX,
+        "rolled back {restored_after:?} after the kill, with a lease of {LEASE_MS} ms"
+    );
+    // Another round of the watcher finds nothing more to do.
+    std::thread::sleep(Duration::from_millis(600));
+    let watched = stop(watcher);
+    let rolled_back =
+        watched.matches("\"RolledBack\"").count() + watched.matches("\"rolled_back\"").count();
+    assert!(
+        rolled_back >= 1,
+        "the watcher reported no rollback:\n{watched}"
+    );
+    let states = saga_states(&schema);
+    assert_eq!(states.len(), 4, "{states:?}");
+    assert_eq!(states["worker 0"], "FailedRolledBack", "{states:?}");
+    for n in 1..4 {
+        assert_eq!(states[&format!("worker {n}")], "Done", "{states:?}");
+    }
+    assert_eq!(repeated_records(&schema), Vec::<Vec<Option<String>>>::new());
+    let take_overs = schema.rows("SELECT count(*)::text FROM audit_log WHERE kind = 'TakeOver'");
+    assert_eq!(
+        take_overs[0][0].as_deref(),
+        Some("1"),
+        "one take-over, never two"
+    );
+}
+
+#[test]
+fn a_worker_paused_past_its_lease_is_fenced_when_it_continues() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let project = Project::new();
+    fs::write(project.path("ws/a.txt"), ORIGINAL).expect("writes");
+    let plan = project.plan(
+        "paused.json",
+        &json!({ "name": "paused", "steps": [
+            { "tool": "fs.write", "args": { "path": "ws/a.txt", "content": "changed\n" } },
+            { "tool": "noop", "args": { "sleep_ms": 2_500 } },
+            { "tool": "fs.write", "args": { "path": "ws/b.txt", "content": "never\n" } },
+        ] }),
+    );
+    let worker = on_postgres(
+        &project,
+        &url,
+        &["--json", "run", "--plan", &plan.to_string_lossy()],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("starts");
+    wait_until("the first step landed", || {
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads") != ORIGINAL
+    });
+    // Well inside the sleep step: nothing of the next step has begun.
+    std::thread::sleep(Duration::from_millis(200));
+    signal(&worker, rustix::process::Signal::STOP);
+    let watcher = on_postgres(&project, &url, &["--json", "recover", "--watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    wait_until(
+        "the paused worker's saga is rolled back by the watcher",
+        || saga_states(&schema).get("paused").map(String::as_str) == Some("FailedRolledBack"),
+    );
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        ORIGINAL
+    );
+    signal(&worker, rustix::process::Signal::CONT);
+    let output = worker.wait_with_output().expect("exits");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "the fenced worker exited 0:\n{stderr}"
+    );
+    assert!(stderr.contains("lease"), "{stderr}");
+    eprintln!(
+        "the fenced worker exited {:?}: {}",
+        output.status.code(),
+        stderr.lines().last().unwrap_or("")
+    );
+    stop(watcher);
+    // It wrote nothing more: its sleep's commit and everything after were refused.
+    assert!(
+        !project.path("ws/b.txt").exists(),
+        "a step ran after the fence"
+    );
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        ORIGINAL
+    );
+    assert_eq!(saga_states(&schema)["paused"], "FailedRolledBack");
+    let begun = schema.rows(
+        "SELECT count(*)::text FROM audit_log WHERE kind = 'BeginStep'
+             AND body::json->>'step_seq' = '2'",
+    );
+    assert_eq!(
+        begun[0][0].as_deref(),
+        Some("0"),
+        "the third step never began"
+    );
+    assert_eq!(repeated_records(&schema), Vec::<Vec<Option<String>>>::new());
+}
+
+#[test]
+fn commands_that_read_the_sqlite_file_refuse_a_postgres_log_without_printing_its_password() {
+    let project = Project::new();
+    // No server is needed: each refuses before it connects.
+    let url = "postgres://agent:hunter2@127.0.0.1:1/agents";
+    for args in [
+        &["audit", "verify"][..],
+        &["audit", "list"],
+        &["audit", "seal"],
+        &["log"],
+        &["replay", "--saga", "01a233af-2df2-7442-8416-8fdd19379a1c"],
+        &["export", "--otel", "--all"],
+    ] {
+        let output = on_postgres(&project, url, args).output().expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("PostgreSQL log"), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("postgres://agent@127.0.0.1:1/agents"),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("hunter2"),
+            "{args:?} printed the password: {stderr}"
+        );
+    }
+}

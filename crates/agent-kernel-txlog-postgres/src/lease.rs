@@ -1,0 +1,220 @@
+//! Owners' leases: every process that holds sagas through the log renews a lease on its
+//! owner row; an owner whose lease ran out (by the database's clock) is dead for recovery,
+//! whatever its host, and its writes are refused (fencing).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use agent_kernel_api::{LeaseStatus, Owner, TxError};
+use postgres::{Client, Config, GenericClient, NoTls};
+
+use crate::schema::storage;
+
+/// How long a lease lasts unless renewed, by default.
+pub const LEASE_DEFAULT: Duration = Duration::from_secs(10);
+
+/// The shortest lease accepted: renewals come a quarter of it apart.
+pub const LEASE_MIN: Duration = Duration::from_millis(400);
+
+/// The longest lease accepted: a dead worker's sagas wait this long at most.
+pub const LEASE_MAX: Duration = Duration::from_secs(3600);
+
+/// How many renewals each lease gets before it would run out.
+pub const RENEWALS_PER_LEASE: u32 = 4;
+
+/// The database's clock, in ms since the Unix epoch: every lease is read and written by
+/// it, never by a worker's own clock, so workers whose clocks disagree still agree on
+/// who is alive.
+pub(crate) const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+/// The process that holds sagas through a log, and how long its lease lasts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Worker {
+    /// The process, as its sagas record it.
+    pub owner: Owner,
+    /// How long its lease lasts unless renewed ([`LEASE_MIN`] to [`LEASE_MAX`]).
+    pub lease: Duration,
+}
+
+impl Worker {
+    /// `owner` with the [`LEASE_DEFAULT`] lease.
+    pub fn new(owner: Owner) -> Worker {
+        Worker {
+            owner,
+            lease: LEASE_DEFAULT,
+        }
+    }
+
+    /// The lease in ms, checked against its bounds.
+    pub(crate) fn lease_ms(&self) -> Result<i64, TxError> {
+        if !(LEASE_MIN..=LEASE_MAX).contains(&self.lease) {
+            return Err(TxError::Storage(format!(
+                "a lease of {} ms is outside {} ms to {} ms",
+                self.lease.as_millis(),
+                LEASE_MIN.as_millis(),
+                LEASE_MAX.as_millis()
+            )));
+        }
+        i64::try_from(self.lease.as_millis()).map_err(|_| TxError::Storage("lease too long".into()))
+    }
+}
+
+fn owner_params(owner: &Owner) -> (String, String, i64, i64) {
+    (
+        owner.host.clone(),
+        owner.boot_id.clone(),
+        i64::from(owner.pid),
+        owner.start_ticks as i64,
+    )
+}
+
+/// Takes (or extends) `worker`'s lease; refused when it already ran out.
+pub(crate) fn acquire(client: &mut Client, worker: &Worker) -> Result<(), TxError> {
+    let lease_ms = worker.lease_ms()?;
+    let (host, boot_id, pid, start_ticks) = owner_params(&worker.owner);
+    let taken = client
+        .query_opt(
+            &format!(
+                "INSERT INTO leases AS l (owner_host, owner_boot_id, owner_pid, owner_start_ticks,
+                     acquired_at_ms, expires_at_ms)
+                 VALUES ($1, $2, $3, $4, {NOW_MS}, {NOW_MS} + $5)
+                 ON CONFLICT (owner_host, owner_boot_id, owner_pid, owner_start_ticks)
+                 DO UPDATE SET expires_at_ms = EXCLUDED.expires_at_ms
+                     WHERE l.expires_at_ms > {NOW_MS}
+                 RETURNING 1"
+            ),
+            &[&host, &boot_id, &pid, &start_ticks, &lease_ms],
+        )
+        .map_err(storage)?;
+    if taken.is_none() {
+        return Err(TxError::Fenced {
+            reason: "it ran out before this log was opened".to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Extends a live lease; `false` when it had already run out (and stays so).
+fn renew(client: &mut Client, worker: &Worker, lease_ms: i64) -> Result<bool, postgres::Error> {
+    let (host, boot_id, pid, start_ticks) = owner_params(&worker.owner);
+    let n = client.execute(
+        &format!(
+            "UPDATE leases SET expires_at_ms = {NOW_MS} + $5
+             WHERE owner_host = $1 AND owner_boot_id = $2 AND owner_pid = $3
+                 AND owner_start_ticks = $4 AND expires_at_ms > {NOW_MS}"
+        ),
+        &[&host, &boot_id, &pid, &start_ticks, &lease_ms],
+    )?;
+    Ok(n == 1)
+}
+
+/// The query [`status`] runs: whether an owner's lease is live now.
+pub(crate) fn status_sql() -> String {
+    format!(
+        "SELECT expires_at_ms > {NOW_MS} FROM leases
+         WHERE owner_host = $1 AND owner_boot_id = $2 AND owner_pid = $3
+             AND owner_start_ticks = $4"
+    )
+}
+
+/// Whether `owner`'s lease is live now, by `query` ([`status_sql`], or the statement
+/// prepared from it), in the caller's transaction or connection.
+pub(crate) fn status<T: postgres::ToStatement + ?Sized>(
+    client: &mut impl GenericClient,
+    query: &T,
+    owner: &Owner,
+) -> Result<LeaseStatus, TxError> {
+    let (host, boot_id, pid, start_ticks) = owner_params(owner);
+    let live: Option<bool> = client
+        .query_opt(query, &[&host, &boot_id, &pid, &start_ticks])
+        .map_err(storage)?
+        .map(|row| row.get(0));
+    Ok(if live == Some(true) {
+        LeaseStatus::Live
+    } else {
+        LeaseStatus::Expired
+    })
+}
+
+/// The thread that renews a lease on a connection of its own, so that a long batch on the
+/// log's connection never delays a renewal. Stopped (and joined) when dropped.
+pub(crate) struct Renewer {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<thread::JoinHandle<()>>,
+    lost: Arc<AtomicBool>,
+}
+
+impl Renewer {
+    /// Starts renewing `worker`'s lease, already taken, every lease / [`RENEWALS_PER_LEASE`].
+    pub(crate) fn start(config: &Config, worker: Worker) -> Result<Renewer, TxError> {
+        let lease_ms = worker.lease_ms()?;
+        let period = worker.lease / RENEWALS_PER_LEASE;
+        let (stop, stopped) = mpsc::channel::<()>();
+        let lost = Arc::new(AtomicBool::new(false));
+        let thread_lost = Arc::clone(&lost);
+        let config = config.clone();
+        let (connected_sender, connected) = mpsc::sync_channel(1);
+        let thread = thread::Builder::new()
+            .name("agent-kernel-lease".into())
+            .spawn(move || {
+                // Connected now, before the process may confine itself (Landlock's network
+                // rules would refuse a new connection to the server's port later).
+                let mut client = match config.connect(NoTls) {
+                    Ok(client) => {
+                        let _ = connected_sender.send(Ok(()));
+                        Some(client)
+                    }
+                    Err(err) => {
+                        let _ = connected_sender.send(Err(err.to_string()));
+                        return;
+                    }
+                };
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(period) {
+                    if client.as_ref().is_none_or(Client::is_closed) {
+                        client = config.connect(NoTls).ok();
+                    }
+                    let Some(connected) = client.as_mut() else {
+                        continue;
+                    };
+                    match renew(connected, &worker, lease_ms) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            // Ran out while this process was paused or cut off: for good.
+                            thread_lost.store(true, Ordering::SeqCst);
+                            return;
+                        }
+                        // The server is unreachable: try again next period, on a new
+                        // connection; the lease runs out if that lasts.
+                        Err(_) => client = None,
+                    }
+                }
+            })
+            .map_err(|err| TxError::Storage(format!("cannot start the lease's thread: {err}")))?;
+        connected
+            .recv()
+            .map_err(|_| TxError::Closed)?
+            .map_err(|err| TxError::Storage(format!("the lease's connection: {err}")))?;
+        Ok(Renewer {
+            stop: Some(stop),
+            thread: Some(thread),
+            lost,
+        })
+    }
+
+    /// Whether the lease was found run out.
+    pub(crate) fn lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Renewer {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

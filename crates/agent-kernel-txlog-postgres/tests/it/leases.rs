@@ -1,0 +1,110 @@
+//! Leases: an owner is alive while its log renews its lease, dead once it ran out, and a
+//! writer whose lease ran out is fenced for good.
+
+use std::time::{Duration, Instant};
+
+use agent_kernel_api::{LeaseStatus, Owner, SagaId, TxError, TxLog};
+use agent_kernel_log_contract::records::{begin, new_saga};
+use agent_kernel_txlog_postgres::{LEASE_MIN, Worker};
+
+use crate::{Schema, open, open_as, server};
+
+fn worker(pid: u32, lease: Duration) -> Worker {
+    Worker {
+        owner: Owner {
+            host: "lease-host".into(),
+            boot_id: "lease-boot".into(),
+            pid,
+            start_ticks: 3,
+        },
+        lease,
+    }
+}
+
+/// Polls `lease` of `owner` through `log` until it is `wanted`, for at most `within`.
+async fn wait_for(log: &dyn TxLog, owner: &Owner, wanted: LeaseStatus, within: Duration) {
+    let started = Instant::now();
+    loop {
+        let status = log.owner_lease(owner).await.expect("reads");
+        if status == Some(wanted) {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "the lease of {owner:?} is still {status:?} after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_owner_is_alive_while_its_log_renews_and_dead_one_lease_after_it_closed() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let observer = open(&schema.url()).expect("opens");
+    let short = worker(10, LEASE_MIN);
+    assert_eq!(
+        observer.owner_lease(&short.owner).await.expect("reads"),
+        Some(LeaseStatus::Expired),
+        "an owner that never held a lease is dead"
+    );
+    let log = open_as(&schema.url(), short.clone()).expect("opens");
+    // Renewed a quarter lease apart: alive well past one lease.
+    let started = Instant::now();
+    while started.elapsed() < LEASE_MIN * 3 {
+        assert_eq!(
+            observer.owner_lease(&short.owner).await.expect("reads"),
+            Some(LeaseStatus::Live)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(log);
+    wait_for(&observer, &short.owner, LeaseStatus::Expired, LEASE_MIN * 4).await;
+}
+
+#[tokio::test]
+async fn a_writer_whose_lease_ran_out_is_fenced_for_good() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let fenced = worker(20, Duration::from_secs(30));
+    let log = open_as(&schema.url(), fenced.clone()).expect("opens");
+    log.write(vec![new_saga("s"), begin("s", 0, None, "h")])
+        .await
+        .expect("writes while its lease is live");
+    // As if the process had been paused past its lease.
+    schema.execute("UPDATE leases SET expires_at_ms = 0 WHERE owner_pid = 20");
+    let error = log
+        .write(vec![LogWrite::SetState {
+            saga_id: SagaId::new("s"),
+            state: agent_kernel_api::SagaState::Compensating,
+        }])
+        .await
+        .expect_err("fenced");
+    assert!(matches!(error, TxError::Fenced { .. }), "{error}");
+    let error = log
+        .take_over(
+            &SagaId::new("s"),
+            &agent_kernel_log_contract::records::owner(1),
+            agent_kernel_api::SagaState::Acting,
+            &fenced.owner,
+        )
+        .await
+        .expect_err("fenced");
+    assert!(matches!(error, TxError::Fenced { .. }), "{error}");
+    let record = log
+        .saga(&SagaId::new("s"))
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert_eq!(
+        record.saga.state,
+        agent_kernel_api::SagaState::Acting,
+        "nothing written"
+    );
+    // Its renewals find it run out, and it cannot be taken again.
+    drop(log);
+    let error = open_as(&schema.url(), fenced).expect_err("refused");
+    assert!(matches!(error, TxError::Fenced { .. }), "{error}");
+}
+
+use agent_kernel_api::LogWrite;
