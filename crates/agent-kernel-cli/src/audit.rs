@@ -350,7 +350,22 @@ fn summary(record: &agent_kernel_txlog::AuditRecord) -> String {
 ///
 /// A bad-input [`Failure`] (exit 2) when the log cannot be verified.
 pub(crate) async fn verify_log(db: &Path, key: Option<AuditKey>) -> Result<AuditReport, Failure> {
+    if db
+        .to_str()
+        .is_some_and(agent_kernel_txlog_postgres::is_postgres_url)
+    {
+        return verify_log_with(db, key, verify_postgres).await;
+    }
     verify_log_with(db, key, agent_kernel_txlog::verify).await
+}
+
+/// [`agent_kernel_txlog_postgres::verify`] of the database URL `db`.
+fn verify_postgres(
+    db: &Path,
+    key: Option<&AuditKey>,
+) -> Result<AuditReport, agent_kernel_api::TxError> {
+    let url = db.to_str().unwrap_or_default();
+    agent_kernel_txlog_postgres::verify(url, key)
 }
 
 /// [`verify_log`] with another check of the same shape (`verify_ignoring_head_file`).
@@ -362,7 +377,7 @@ async fn verify_log_with(
     let path = db.to_owned();
     off_thread("the verification", move || verifier(&path, key.as_ref()))
         .await?
-        .with_context(|| format!("cannot verify the log {}", db.display()))
+        .with_context(|| format!("cannot verify the log {}", crate::shown_db(db)))
         .map_err(Failure::bad_input)
 }
 

@@ -760,7 +760,6 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         Command::Audit {
             action: AuditAction::Verify,
         } => {
-            sqlite_only(cli, "audit verify")?;
             let key = audit_key(cli)?;
             require_log(cli)?;
             audit::verify_command(&db_path(cli), key, cli.json).await
@@ -1332,17 +1331,13 @@ async fn verify_before_acting(cli: &Cli, skip: bool) -> Result<Vec<String>, Fail
         tracing::warn!("--skip-verify: acting on the log without checking its audit chain");
         return Ok(vec!["--skip-verify".to_owned()]);
     }
-    if is_postgres(cli) {
-        tracing::warn!(
-            "the audit chain of a PostgreSQL log cannot be verified by this build yet: acting on it unverified (SPEC.md, Known gaps)"
-        );
-        return Ok(vec!["--postgres-unverified".to_owned()]);
-    }
     let key = audit_key(cli)?;
     let path = db_path(cli);
     let checked = path.clone();
-    let verified = audit::off_thread("the audit check", move || {
-        agent_kernel_txlog::verify(&checked, key.as_ref())
+    let postgres = is_postgres(cli);
+    let verified = audit::off_thread("the audit check", move || match checked.to_str() {
+        Some(url) if postgres => agent_kernel_txlog_postgres::verify(url, key.as_ref()),
+        _ => agent_kernel_txlog::verify(&checked, key.as_ref()),
     })
     .await?;
     let report = match verified {
@@ -1365,7 +1360,7 @@ async fn verify_before_acting(cli: &Cli, skip: bool) -> Result<Vec<String>, Fail
             }
             return Err(Failure::internal(anyhow::Error::new(error).context(format!(
                 "cannot check the log {} before acting on it; nothing was undone (to act anyway, pass --skip-verify)",
-                path.display()
+                shown_db(&path)
             ))));
         }
     };
@@ -1376,7 +1371,7 @@ async fn verify_before_acting(cli: &Cli, skip: bool) -> Result<Vec<String>, Fail
             kind: "tampered",
             error: anyhow::anyhow!(
                 "the log {} failed its audit check {}: {}; nothing was undone, since its undo records cannot be trusted. See `agent-kernel audit verify`; to act anyway, pass --skip-verify",
-                path.display(),
+                shown_db(&path),
                 if bad.seq == 0 {
                     "on its schema".to_owned()
                 } else {

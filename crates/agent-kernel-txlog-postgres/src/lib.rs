@@ -72,7 +72,7 @@ use agent_kernel_api::{
 };
 use agent_kernel_txlog::backend::{self, Chain};
 use agent_kernel_txlog::sql::Db;
-use agent_kernel_txlog::{AuditKey, LogOptions};
+use agent_kernel_txlog::{AuditKey, AuditReport, LogOptions};
 use postgres::{Client, Config, IsolationLevel, NoTls};
 use tokio::sync::{mpsc, oneshot};
 
@@ -122,6 +122,68 @@ fn connect(config: &Config, target: &str, durability: Durability) -> Result<Clie
         .map_err(storage)?;
     schema::prepare(&mut client, target)?;
     Ok(client)
+}
+
+/// Verifies the audit chain of the log `url` names, read-only, in one snapshot: every
+/// record's form, hash, link and (under `key`) MAC, then the tables against a replay of the
+/// chain ([`agent_kernel_txlog::verify`]'s checks 1 and 3). A trigger or rule on the log's
+/// tables is reported at record 0, before any row is read. There is no anchor of the chain's
+/// head outside the database: records removed from the end, with the tables edited to
+/// match, go unseen ([`AuditReport::head_file`] is always `None`). An empty schema, where
+/// no log was created yet, verifies with no records.
+///
+/// Blocks (on a thread of its own) while it reads.
+///
+/// # Errors
+///
+/// [`TxError::Storage`] when the URL does not parse or the server cannot be reached;
+/// [`TxError::NotALog`] or [`TxError::SchemaTooNew`] as [`PostgresLog::open`].
+pub fn verify(url: &str, key: Option<&AuditKey>) -> Result<AuditReport, TxError> {
+    let config = Config::from_str(url)
+        .map_err(|err| TxError::Storage(format!("the database URL does not parse: {err}")))?;
+    let target = describe(&config);
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let mut client = config.connect(NoTls).map_err(|err| {
+                    TxError::Storage(format!("cannot connect to {target}: {err}"))
+                })?;
+                let mut tx = client
+                    .build_transaction()
+                    .isolation_level(IsolationLevel::RepeatableRead)
+                    .read_only(true)
+                    .start()
+                    .map_err(storage)?;
+                let inspected = schema::inspect(&mut tx, &target)?;
+                let empty = AuditReport {
+                    n_records: 0,
+                    head: None,
+                    head_file: None,
+                    macs_verified: key.is_some(),
+                    n_records_with_mac: 0,
+                    first_bad: None,
+                };
+                match inspected {
+                    schema::Inspected::Log => {}
+                    // No log yet: nothing recorded, nothing to check.
+                    schema::Inspected::Empty => return Ok(empty),
+                    schema::Inspected::Tampered(reason) => {
+                        return Ok(AuditReport {
+                            first_bad: Some(agent_kernel_txlog::BadRecord {
+                                seq: 0,
+                                reason: format!("the schema is not this build's: {reason}"),
+                            }),
+                            ..empty
+                        });
+                    }
+                }
+                let statements = Statements::default();
+                let db = PgDb::new(&mut tx, &statements);
+                Ok(backend::verify_chain_and_tables(&db, key))
+            })
+            .join()
+            .map_err(|_| TxError::Storage("the verification thread panicked".to_owned()))?
+    })
 }
 
 /// A job, run on the connection's thread with the connection and the clock's time.

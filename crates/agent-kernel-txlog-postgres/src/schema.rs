@@ -54,6 +54,45 @@ pub(crate) fn prepare(client: &mut Client, target: &str) -> Result<i64, TxError>
             "{target} has no current schema (its search_path names none that exists)"
         )));
     };
+    let version = if let Some(version) = read_meta(&mut tx, &schema, target)? {
+        version
+    } else {
+        let n_relations = relations(&mut tx, &schema)?;
+        if n_relations > 0 {
+            return Err(TxError::NotALog {
+                path: target.to_owned(),
+                reason: format!(
+                    "its schema `{schema}` holds {n_relations} tables or views of something else"
+                ),
+            });
+        }
+        tx.batch_execute(SCHEMA_SQL).map_err(storage)?;
+        tx.execute(
+            "INSERT INTO agent_kernel_meta (singleton, application, schema_version)
+             VALUES (1, $1, $2)",
+            &[&APPLICATION, &SCHEMA_VERSION],
+        )
+        .map_err(storage)?;
+        SCHEMA_VERSION
+    };
+    if let Some(reason) = tampering(&mut tx, &schema)? {
+        return Err(TxError::Tampered {
+            path: target.to_owned(),
+            reason,
+        });
+    }
+    tx.commit().map_err(storage)?;
+    Ok(version)
+}
+
+/// The log's schema version, when the schema `schema` holds a log: `None` when it holds no
+/// `agent_kernel_meta` table; an error when that table names another application or a
+/// version this build cannot read.
+fn read_meta(
+    tx: &mut postgres::Transaction<'_>,
+    schema: &str,
+    target: &str,
+) -> Result<Option<i64>, TxError> {
     let has_meta: bool = tx
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables
@@ -62,7 +101,10 @@ pub(crate) fn prepare(client: &mut Client, target: &str) -> Result<i64, TxError>
         )
         .map_err(storage)?
         .get(0);
-    let version = if has_meta {
+    if !has_meta {
+        return Ok(None);
+    }
+    {
         let row = tx
             .query_opt(
                 "SELECT application, schema_version FROM agent_kernel_meta WHERE singleton = 1",
@@ -96,42 +138,8 @@ pub(crate) fn prepare(client: &mut Client, target: &str) -> Result<i64, TxError>
                 reason: format!("agent_kernel_meta holds schema version {version}"),
             });
         }
-        version
-    } else {
-        let n_relations: i64 = tx
-            .query_one(
-                "SELECT count(*) FROM pg_catalog.pg_class c
-                 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-                 WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f')",
-                &[&schema],
-            )
-            .map_err(storage)?
-            .get(0);
-        if n_relations > 0 {
-            return Err(TxError::NotALog {
-                path: target.to_owned(),
-                reason: format!(
-                    "its schema `{schema}` holds {n_relations} tables or views of something else"
-                ),
-            });
-        }
-        tx.batch_execute(SCHEMA_SQL).map_err(storage)?;
-        tx.execute(
-            "INSERT INTO agent_kernel_meta (singleton, application, schema_version)
-             VALUES (1, $1, $2)",
-            &[&APPLICATION, &SCHEMA_VERSION],
-        )
-        .map_err(storage)?;
-        SCHEMA_VERSION
-    };
-    if let Some(reason) = tampering(&mut tx, &schema)? {
-        return Err(TxError::Tampered {
-            path: target.to_owned(),
-            reason,
-        });
+        Ok(Some(version))
     }
-    tx.commit().map_err(storage)?;
-    Ok(version)
 }
 
 /// A trigger or a rule on one of the log's tables, or one of them missing: what the
@@ -184,4 +192,62 @@ fn tampering(tx: &mut postgres::Transaction<'_>, schema: &str) -> Result<Option<
         )));
     }
     Ok(None)
+}
+
+/// For verification, without writing: whether the schema is empty, holds a log, or holds
+/// one with something this build never creates; a schema of something else is `NotALog`,
+/// and a log [`read_meta`] refuses is refused.
+pub(crate) fn inspect(
+    tx: &mut postgres::Transaction<'_>,
+    target: &str,
+) -> Result<Inspected, TxError> {
+    let schema: Option<String> = tx
+        .query_one("SELECT current_schema()::text", &[])
+        .map_err(storage)?
+        .get(0);
+    let Some(schema) = schema else {
+        return Err(TxError::Storage(format!(
+            "{target} has no current schema (its search_path names none that exists)"
+        )));
+    };
+    if read_meta(tx, &schema, target)?.is_none() {
+        let n_relations = relations(tx, &schema)?;
+        if n_relations == 0 {
+            // No log yet: nothing was recorded, so nothing can have been tampered with.
+            return Ok(Inspected::Empty);
+        }
+        return Err(TxError::NotALog {
+            path: target.to_owned(),
+            reason: format!(
+                "its schema `{schema}` holds {n_relations} tables or views of something else"
+            ),
+        });
+    }
+    Ok(match tampering(tx, &schema)? {
+        Some(reason) => Inspected::Tampered(reason),
+        None => Inspected::Log,
+    })
+}
+
+/// What [`inspect`] found.
+pub(crate) enum Inspected {
+    /// An empty schema: no log was ever created there.
+    Empty,
+    /// A log, as this build creates it.
+    Log,
+    /// A log with something this build never creates (why).
+    Tampered(String),
+}
+
+/// How many tables and views the schema `schema` holds.
+fn relations(tx: &mut postgres::Transaction<'_>, schema: &str) -> Result<i64, TxError> {
+    Ok(tx
+        .query_one(
+            "SELECT count(*) FROM pg_catalog.pg_class c
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f')",
+            &[&schema],
+        )
+        .map_err(storage)?
+        .get(0))
 }

@@ -202,3 +202,26 @@ pub fn prune_candidates(
 ) -> Result<Vec<SagaRecord>, TxError> {
     prune::candidates(db, before_ms, after, limit)
 }
+
+/// [`verify`](crate::verify)'s checks of the chain (with its MACs under `key`) and of the
+/// tables against the chain, in the caller's snapshot, for a backend with the tables of the
+/// current SQLite schema. There is no anchor of the head outside the database here, so
+/// records removed from the end of the chain, with the tables edited to match, go unseen.
+pub fn verify_chain_and_tables(db: &dyn Db, key: Option<&AuditKey>) -> crate::AuditReport {
+    let mut report = crate::AuditReport {
+        n_records: 0,
+        head: None,
+        head_file: None,
+        macs_verified: key.is_some(),
+        n_records_with_mac: 0,
+        first_bad: None,
+    };
+    crate::verify::verify_chain_and_tables(
+        db,
+        crate::verify::Tables::of_version(crate::SCHEMA_VERSION),
+        key,
+        None,
+        &mut report,
+    );
+    report
+}

@@ -248,6 +248,11 @@ impl Row {
         Row { values }
     }
 
+    /// Column `idx` as it is (NULL past the last column).
+    pub fn value(&self, idx: usize) -> &Value {
+        self.values.get(idx).unwrap_or(&Value::Null)
+    }
+
     /// Column `idx`, read as `T`.
     ///
     /// # Errors

@@ -4,9 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use crate::sql::{Db, Error as SqlError, Row as SqlRow, Value as SqlValue, params};
 use agent_kernel_api::{ApprovalStatus, DeadLetterStatus, SagaState, StepStatus, TxError};
-use rusqlite::types::Value as SqlValue;
-use rusqlite::{Connection, Row, params};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -203,26 +202,55 @@ fn verify_with(
     }
     // One snapshot for everything below, even while writers go on.
     let tx = conn.transaction().map_err(schema::storage)?;
+    let head_path = head::head_path(path);
+    let anchor = (head_check == HeadFile::Check).then(|| Anchor {
+        head: head_file,
+        name: "the head file",
+        location: head_path.display().to_string(),
+    });
+    verify_chain_and_tables(&tx, Tables::of_version(version), key, anchor, &mut report);
+    Ok(report)
+}
+
+/// Where the chain's newest record is vouched for outside the chain, as read before the
+/// chain: SQLite's head file, PostgreSQL's anchor row.
+pub(crate) struct Anchor {
+    /// What it holds, or why it cannot be read; `None` when there is none.
+    pub(crate) head: Result<Option<crate::audit::Head>, String>,
+    /// What it is, in messages ("the head file").
+    pub(crate) name: &'static str,
+    /// Where it is, in messages (the head file's path).
+    pub(crate) location: String,
+}
+
+/// Checks 1 to 3 of [`verify`] over any backend, in the caller's snapshot: the chain, the
+/// anchor of its head (when `anchor` is given) and the tables, into `report`.
+pub(crate) fn verify_chain_and_tables(
+    conn: &dyn Db,
+    tables: Tables,
+    key: Option<&AuditKey>,
+    anchor: Option<Anchor>,
+    report: &mut AuditReport,
+) {
     let mut replay = Replay::default();
-    let last = match check_chain(&tx, key, &mut replay, &mut report) {
+    let last = match check_chain(conn, key, &mut replay, report) {
         Ok(last) => last,
         Err(bad) => {
             report.first_bad = Some(bad);
-            return Ok(report);
+            return;
         }
     };
     report.head = (last.seq > 0).then(|| AuditHead {
         seq: last.seq.unsigned_abs(),
         hash: last.hash.clone(),
     });
-    if head_check == HeadFile::Check
-        && let Err(bad) = check_head_file(&tx, path, head_file, &last, key)
+    if let Some(anchor) = anchor
+        && let Err(bad) = check_head_file(conn, anchor, &last, key)
     {
         report.first_bad = Some(bad);
-        return Ok(report);
+        return;
     }
-    report.first_bad = replay.compare(&tx, last.seq);
-    Ok(report)
+    report.first_bad = replay.compare(conn, tables, last.seq);
 }
 
 fn bad(seq: i64, reason: impl Into<String>) -> BadRecord {
@@ -240,7 +268,7 @@ struct Last {
 
 /// Walks the chain in order; returns its newest record, or the first bad one.
 fn check_chain(
-    conn: &Connection,
+    conn: &dyn Db,
     key: Option<&AuditKey>,
     replay: &mut Replay,
     report: &mut AuditReport,
@@ -249,124 +277,138 @@ fn check_chain(
         seq: 0,
         hash: ZERO_HASH.to_owned(),
     };
-    let mut statement = conn
-        .prepare(
-            "SELECT seq, at_ms, kind, saga_id, body, prev_hash, hash, mac
-             FROM audit_log ORDER BY seq",
-        )
-        .map_err(|err| bad(1, format!("the audit_log table cannot be read: {err}")))?;
-    let mut rows = statement
-        .query([])
-        .map_err(|err| bad(1, format!("the audit_log table cannot be read: {err}")))?;
-    loop {
+    let mut first_bad = None;
+    let read = conn.query_each(
+        "SELECT seq, at_ms, kind, saga_id, body, prev_hash, hash, mac
+         FROM audit_log ORDER BY seq",
+        params![],
+        &mut |row| match check_record(row, &last, key, replay, report) {
+            Ok(record) => {
+                last = record;
+                Ok(true)
+            }
+            Err(bad) => {
+                first_bad = Some(bad);
+                Ok(false)
+            }
+        },
+    );
+    if let Some(bad) = first_bad {
+        return Err(bad);
+    }
+    if let Err(err) = read {
         let expected_seq = last.seq + 1;
-        let row = match rows.next() {
-            Ok(Some(row)) => row,
-            Ok(None) => return Ok(last),
-            Err(err) => {
+        return Err(bad(
+            expected_seq,
+            if last.seq == 0 {
+                format!("the audit_log table cannot be read: {err}")
+            } else {
+                format!(
+                    "the database cannot be read past record {}: {err}",
+                    last.seq
+                )
+            },
+        ));
+    }
+    Ok(last)
+}
+
+/// Checks the record `row` holds, which must follow `last`; it becomes the newest.
+fn check_record(
+    row: &SqlRow,
+    last: &Last,
+    key: Option<&AuditKey>,
+    replay: &mut Replay,
+    report: &mut AuditReport,
+) -> Result<Last, BadRecord> {
+    let expected_seq = last.seq + 1;
+    let record =
+        record_from_row(row).map_err(|(seq, reason)| bad(seq.unwrap_or(expected_seq), reason))?;
+    let seq = record.seq;
+    if record.mac.is_some() {
+        report.n_records_with_mac += 1;
+    }
+    if seq < 1 {
+        return Err(bad(
+            expected_seq,
+            format!("a record has the sequence number {seq}; the chain starts at 1"),
+        ));
+    }
+    if seq > expected_seq {
+        return Err(bad(
+            expected_seq,
+            format!(
+                "record {expected_seq} is missing: the chain jumps from record {} to record {seq}",
+                last.seq
+            ),
+        ));
+    }
+    if seq < expected_seq {
+        return Err(bad(
+            seq,
+            format!("record {seq} appears twice or out of order"),
+        ));
+    }
+    record
+        .view()
+        .check_form()
+        .map_err(|reason| bad(seq, reason))?;
+    if record.view().expected_hash() != record.hash {
+        return Err(bad(
+            seq,
+            "its hash does not match its content: the record was edited, or moved or copied from another place in the chain",
+        ));
+    }
+    if record.prev_hash != last.hash {
+        return Err(bad(
+            seq,
+            format!(
+                "its prev_hash is not the hash of record {}: records were removed, inserted or reordered before it",
+                last.seq
+            ),
+        ));
+    }
+    if let Some(key) = key {
+        match &record.mac {
+            None => {
                 return Err(bad(
-                    expected_seq,
-                    format!(
-                        "the database cannot be read past record {}: {err}",
-                        last.seq
-                    ),
+                    seq,
+                    "it has no MAC, but a key was given: it was written without the key, or its MAC was removed",
                 ));
             }
-        };
-        let record = record_from_row(row)
-            .map_err(|(seq, reason)| bad(seq.unwrap_or(expected_seq), reason))?;
-        let seq = record.seq;
-        if record.mac.is_some() {
-            report.n_records_with_mac += 1;
-        }
-        if seq < 1 {
-            return Err(bad(
-                expected_seq,
-                format!("a record has the sequence number {seq}; the chain starts at 1"),
-            ));
-        }
-        if seq > expected_seq {
-            return Err(bad(
-                expected_seq,
-                format!(
-                    "record {expected_seq} is missing: the chain jumps from record {} to record {seq}",
-                    last.seq
-                ),
-            ));
-        }
-        if seq < expected_seq {
-            return Err(bad(
-                seq,
-                format!("record {seq} appears twice or out of order"),
-            ));
-        }
-        record
-            .view()
-            .check_form()
-            .map_err(|reason| bad(seq, reason))?;
-        if record.view().expected_hash() != record.hash {
-            return Err(bad(
-                seq,
-                "its hash does not match its content: the record was edited, or moved or copied from another place in the chain",
-            ));
-        }
-        if record.prev_hash != last.hash {
-            return Err(bad(
-                seq,
-                format!(
-                    "its prev_hash is not the hash of record {}: records were removed, inserted or reordered before it",
-                    last.seq
-                ),
-            ));
-        }
-        if let Some(key) = key {
-            match &record.mac {
-                None => {
-                    return Err(bad(
-                        seq,
-                        "it has no MAC, but a key was given: it was written without the key, or its MAC was removed",
-                    ));
-                }
-                Some(mac) if !key.verifies(&record.hash, mac) => {
-                    return Err(bad(
-                        seq,
-                        "its MAC does not verify with the key: the chain was rewritten without the key, or the key is wrong",
-                    ));
-                }
-                Some(_) => {}
+            Some(mac) if !key.verifies(&record.hash, mac) => {
+                return Err(bad(
+                    seq,
+                    "its MAC does not verify with the key: the chain was rewritten without the key, or the key is wrong",
+                ));
             }
+            Some(_) => {}
         }
-        replay.apply(&record).map_err(|reason| bad(seq, reason))?;
-        report.n_records += 1;
-        last = Last {
-            seq,
-            hash: record.hash,
-        };
     }
+    replay.apply(&record).map_err(|reason| bad(seq, reason))?;
+    report.n_records += 1;
+    Ok(Last {
+        seq,
+        hash: record.hash,
+    })
 }
 
 /// Reads one row without trusting its types: a tampered table need not be STRICT.
 /// On failure, the row's seq (when readable) and why.
-fn record_from_row(row: &Row<'_>) -> Result<Record, (Option<i64>, String)> {
-    let column = |idx: usize| -> Result<SqlValue, (Option<i64>, String)> {
-        row.get::<_, SqlValue>(idx)
-            .map_err(|err| (None, format!("a record cannot be read: {err}")))
-    };
-    let seq = match column(0)? {
-        SqlValue::Integer(seq) => seq,
+fn record_from_row(row: &SqlRow) -> Result<Record, (Option<i64>, String)> {
+    let seq = match row.value(0) {
+        SqlValue::Integer(seq) => *seq,
         _ => return Err((None, "a record's seq is not an integer".to_owned())),
     };
     let wrong = |name: &str, what: &str| (Some(seq), format!("its {name} is not {what}"));
-    let integer = |idx: usize, name: &str| match column(idx) {
-        Ok(SqlValue::Integer(value)) => Ok(value),
-        Ok(_) => Err(wrong(name, "an integer")),
-        Err((_, reason)) => Err((Some(seq), reason)),
+    let integer = |idx: usize, name: &str| match row.value(idx) {
+        SqlValue::Integer(value) => Ok(*value),
+        _ => Err(wrong(name, "an integer")),
     };
-    let text = |idx: usize, name: &str| match column(idx) {
-        Ok(SqlValue::Text(value)) => Ok(Some(value)),
-        Ok(SqlValue::Null) => Ok(None),
-        Ok(_) => Err(wrong(name, "text")),
-        Err((_, reason)) => Err((Some(seq), reason)),
+    let text = |idx: usize, name: &str| match row.value(idx) {
+        SqlValue::Text(value) => Ok(Some(value.clone())),
+        SqlValue::Null => Ok(None),
+        _ => Err(wrong(name, "text")),
     };
     let required = |value: Option<String>, name: &str| value.ok_or_else(|| wrong(name, "set"));
     Ok(Record {
@@ -382,23 +424,23 @@ fn record_from_row(row: &Row<'_>) -> Result<Record, (Option<i64>, String)> {
 }
 
 fn check_head_file(
-    conn: &Connection,
-    path: &Path,
-    head_file: Result<Option<crate::audit::Head>, String>,
+    conn: &dyn Db,
+    anchor: Anchor,
     last: &Last,
     key: Option<&AuditKey>,
 ) -> Result<(), BadRecord> {
-    let head_path = head::head_path(path);
+    let Anchor {
+        head: head_file,
+        name,
+        location,
+    } = anchor;
     let head = match head_file {
         Err(reason) => return Err(bad(last.seq.max(1), reason)),
         Ok(None) if last.seq == 0 => return Ok(()),
         Ok(None) => {
             return Err(bad(
                 last.seq,
-                format!(
-                    "the head file {} is missing, so nothing vouches for the newest records",
-                    head_path.display()
-                ),
+                format!("{name} {location} is missing, so nothing vouches for the newest records"),
             ));
         }
         Ok(Some(head)) => head,
@@ -407,7 +449,7 @@ fn check_head_file(
         return Err(bad(
             head.seq,
             format!(
-                "the head file names record {}, but the log ends at record {}: records were deleted at the end, or an older copy of the database was put in its place",
+                "{name} names record {}, but the log ends at record {}: records were deleted at the end, or an older copy of the database was put in its place",
                 head.seq, last.seq
             ),
         ));
@@ -428,7 +470,7 @@ fn check_head_file(
         return Err(bad(
             head.seq.max(1),
             format!(
-                "the head file's hash for record {} is not the record's: the database holds a different history than the one the head file recorded",
+                "{name}'s hash for record {} is not the record's: the database holds a different history than the one {name} recorded",
                 head.seq
             ),
         ));
@@ -440,13 +482,15 @@ fn check_head_file(
             None => {
                 return Err(bad(
                     head.seq,
-                    "the head file has no MAC, but a key was given",
+                    format!("{name} has no MAC, but a key was given"),
                 ));
             }
             Some(mac) if !key.verifies(&head.hash, mac) => {
                 return Err(bad(
                     head.seq,
-                    "the head file's MAC does not verify with the key: it was rewritten without the key, or the key is wrong",
+                    format!(
+                        "{name}'s MAC does not verify with the key: it was rewritten without the key, or the key is wrong"
+                    ),
                 ));
             }
             Some(_) => {}
@@ -1294,12 +1338,12 @@ impl Replay {
 
     /// Compares the tables with the replayed chain; the problem at the earliest record, if
     /// any. `last_seq` is the chain's newest record.
-    fn compare(&self, conn: &Connection, last_seq: i64) -> Option<BadRecord> {
+    fn compare(&self, conn: &dyn Db, tables: Tables, last_seq: i64) -> Option<BadRecord> {
         let mut found = Found {
             first: None,
             unaccounted_seq: last_seq + 1,
         };
-        if let Err(err) = self.compare_sagas(conn, &mut found) {
+        if let Err(err) = self.compare_sagas(conn, tables, &mut found) {
             found.note(
                 last_seq + 1,
                 format!("the sagas table cannot be read: {err}"),
@@ -1317,7 +1361,7 @@ impl Replay {
                 format!("the idempotency_keys table cannot be read: {err}"),
             );
         }
-        if has_table(conn, "approvals")
+        if tables.approvals
             && let Err(err) = self.compare_approvals(conn, &mut found)
         {
             found.note(
@@ -1325,7 +1369,7 @@ impl Replay {
                 format!("the approvals table cannot be read: {err}"),
             );
         }
-        if has_table(conn, "dead_letters")
+        if tables.dead_letters
             && let Err(err) = self.compare_dead_letters(conn, &mut found)
         {
             found.note(
@@ -1336,23 +1380,22 @@ impl Replay {
         found.first
     }
 
-    fn compare_approvals(&self, conn: &Connection, found: &mut Found) -> rusqlite::Result<()> {
-        let mut statement = conn.prepare(
+    fn compare_approvals(&self, conn: &dyn Db, found: &mut Found) -> Result<(), SqlError> {
+        let mut n_seen = 0_usize;
+        let sha256_of = |text: Option<String>| text.map(|text| sha256_hex(text.as_bytes()));
+        conn.query_each(
             "SELECT approval_id, saga_id, step_seq, tool_id, args, idempotency_key, digest, rest,
                  status, requested_at_ms, expires_at_ms, decided_at_ms, note, decided_by,
                  decision_seq, operator_key_check
              FROM approvals",
-        )?;
-        let mut rows = statement.query([])?;
-        let mut n_seen = 0_usize;
-        let sha256_of = |text: Option<String>| text.map(|text| sha256_hex(text.as_bytes()));
-        while let Some(row) = rows.next()? {
+            params![],
+            &mut |row| {
             let approval_id: String = row.get(0)?;
             let Some(known) = self.approvals.get(&approval_id) else {
                 found.unaccounted(format!(
                     "approval {approval_id} is in the approvals table, but no audit record requests it"
                 ));
-                continue;
+                return Ok(true);
             };
             n_seen += 1;
             let actual = ApprovalModel {
@@ -1383,7 +1426,9 @@ impl Replay {
                     ),
                 );
             }
-        }
+                Ok(true)
+            },
+        )?;
         if n_seen < self.approvals.len() {
             note_missing_rows(
                 conn,
@@ -1397,21 +1442,20 @@ impl Replay {
         Ok(())
     }
 
-    fn compare_dead_letters(&self, conn: &Connection, found: &mut Found) -> rusqlite::Result<()> {
-        let mut statement = conn.prepare(
+    fn compare_dead_letters(&self, conn: &dyn Db, found: &mut Found) -> Result<(), SqlError> {
+        let mut n_seen = 0_usize;
+        conn.query_each(
             "SELECT letter_id, saga_id, step_seq, tool_id, error, attempts, first_failed_at_ms,
                  last_failed_at_ms, next_retry_at_ms, status, settled_at_ms, settled_by, note
              FROM dead_letters",
-        )?;
-        let mut rows = statement.query([])?;
-        let mut n_seen = 0_usize;
-        while let Some(row) = rows.next()? {
+            params![],
+            &mut |row| {
             let letter_id: String = row.get(0)?;
             let Some(known) = self.dead_letters.get(&letter_id) else {
                 found.unaccounted(format!(
                     "dead letter {letter_id} is in the dead_letters table, but no audit record writes it"
                 ));
-                continue;
+                return Ok(true);
             };
             n_seen += 1;
             let actual = DeadLetterModel {
@@ -1441,7 +1485,9 @@ impl Replay {
                     ),
                 );
             }
-        }
+                Ok(true)
+            },
+        )?;
         if n_seen < self.dead_letters.len() {
             note_missing_rows(
                 conn,
@@ -1455,87 +1501,90 @@ impl Replay {
         Ok(())
     }
 
-    fn compare_sagas(&self, conn: &Connection, found: &mut Found) -> rusqlite::Result<()> {
+    fn compare_sagas(
+        &self,
+        conn: &dyn Db,
+        tables: Tables,
+        found: &mut Found,
+    ) -> Result<(), SqlError> {
         // Logs of schema version 2 have no `dry_run` column: none of their sagas is one.
-        let has_dry_run: bool = conn.query_row(
-            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('sagas') WHERE name = 'dry_run')",
-            [],
-            |row| row.get(0),
-        )?;
-        let dry_run_column = if has_dry_run { "dry_run" } else { "0" };
-        let mut statement = conn.prepare(&format!(
-            "SELECT saga_id, state, owner_host, owner_boot_id, owner_pid, owner_start_ticks,
+        let dry_run_column = if tables.dry_run { "dry_run" } else { "0" };
+        let mut n_seen = 0_usize;
+        conn.query_each(
+            &format!(
+                "SELECT saga_id, state, owner_host, owner_boot_id, owner_pid, owner_start_ticks,
                  n_steps, name, actor, created_at_ms, updated_at_ms, {dry_run_column}
              FROM sagas"
-        ))?;
-        let mut rows = statement.query([])?;
-        let mut n_seen = 0_usize;
-        while let Some(row) = rows.next()? {
-            let saga_id: String = row.get(0)?;
-            let Some(saga) = self.sagas.get(&saga_id) else {
-                found.unaccounted(format!(
-                    "saga {saga_id} is in the sagas table, but no audit record creates it"
-                ));
-                continue;
-            };
-            n_seen += 1;
-            let state: String = row.get(1)?;
-            let owner = OwnerModel {
-                host: row.get(2)?,
-                boot_id: row.get(3)?,
-                pid: row.get(4)?,
-                start_ticks: row.get(5)?,
-            };
-            let n_steps: i64 = row.get(6)?;
-            let name: Option<String> = row.get(7)?;
-            let actor: Option<String> = row.get(8)?;
-            let created_at_ms: i64 = row.get(9)?;
-            let updated_at_ms: i64 = row.get(10)?;
-            let dry_run: i64 = row.get(11)?;
-            let mut differences = Vec::new();
-            if state != saga.state.as_str() {
-                differences.push("state");
-            }
-            if saga.owner.as_ref().is_some_and(|known| *known != owner) {
-                differences.push("owner");
-            }
-            if saga.n_steps.is_some_and(|known| known != n_steps) {
-                differences.push("n_steps");
-            }
-            if saga
-                .dry_run
-                .is_some_and(|known| i64::from(known) != dry_run)
-            {
-                differences.push("dry_run");
-            }
-            if saga.name.as_ref().is_some_and(|known| *known != name) {
-                differences.push("name");
-            }
-            if saga.actor.as_ref().is_some_and(|known| *known != actor) {
-                differences.push("actor");
-            }
-            if saga
-                .created_at_ms
-                .is_some_and(|known| known != created_at_ms)
-            {
-                differences.push("created_at_ms");
-            }
-            if saga
-                .updated_at_ms
-                .is_some_and(|known| known != updated_at_ms)
-            {
-                differences.push("updated_at_ms");
-            }
-            if !differences.is_empty() {
-                found.note(
+            ),
+            params![],
+            &mut |row| {
+                let saga_id: String = row.get(0)?;
+                let Some(saga) = self.sagas.get(&saga_id) else {
+                    found.unaccounted(format!(
+                        "saga {saga_id} is in the sagas table, but no audit record creates it"
+                    ));
+                    return Ok(true);
+                };
+                n_seen += 1;
+                let state: String = row.get(1)?;
+                let owner = OwnerModel {
+                    host: row.get(2)?,
+                    boot_id: row.get(3)?,
+                    pid: row.get(4)?,
+                    start_ticks: row.get(5)?,
+                };
+                let n_steps: i64 = row.get(6)?;
+                let name: Option<String> = row.get(7)?;
+                let actor: Option<String> = row.get(8)?;
+                let created_at_ms: i64 = row.get(9)?;
+                let updated_at_ms: i64 = row.get(10)?;
+                let dry_run: i64 = row.get(11)?;
+                let mut differences = Vec::new();
+                if state != saga.state.as_str() {
+                    differences.push("state");
+                }
+                if saga.owner.as_ref().is_some_and(|known| *known != owner) {
+                    differences.push("owner");
+                }
+                if saga.n_steps.is_some_and(|known| known != n_steps) {
+                    differences.push("n_steps");
+                }
+                if saga
+                    .dry_run
+                    .is_some_and(|known| i64::from(known) != dry_run)
+                {
+                    differences.push("dry_run");
+                }
+                if saga.name.as_ref().is_some_and(|known| *known != name) {
+                    differences.push("name");
+                }
+                if saga.actor.as_ref().is_some_and(|known| *known != actor) {
+                    differences.push("actor");
+                }
+                if saga
+                    .created_at_ms
+                    .is_some_and(|known| known != created_at_ms)
+                {
+                    differences.push("created_at_ms");
+                }
+                if saga
+                    .updated_at_ms
+                    .is_some_and(|known| known != updated_at_ms)
+                {
+                    differences.push("updated_at_ms");
+                }
+                if !differences.is_empty() {
+                    found.note(
                     saga.last_seq,
                     format!(
                         "saga {saga_id} in the sagas table differs from the audit chain in its {}",
                         differences.join(", ")
                     ),
                 );
-            }
-        }
+                }
+                Ok(true)
+            },
+        )?;
         if n_seen < self.sagas.len() {
             for (saga_id, saga) in &self.sagas {
                 let exists: bool = conn.query_row(
@@ -1554,17 +1603,16 @@ impl Replay {
         Ok(())
     }
 
-    fn compare_steps(&self, conn: &Connection, found: &mut Found) -> rusqlite::Result<()> {
-        let mut statement = conn.prepare(
+    fn compare_steps(&self, conn: &dyn Db, found: &mut Found) -> Result<(), SqlError> {
+        let mut n_seen = 0_usize;
+        let sha256_of = |text: Option<String>| text.map(|text| sha256_hex(text.as_bytes()));
+        conn.query_each(
             "SELECT saga_id, step_seq, status, tool_id, tool_version, effect, idempotency_key,
                  args, args_hash, undo, undo_blob, output, error, reused_from_saga,
                  reused_from_seq, compensation, created_at_ms, updated_at_ms
              FROM saga_steps",
-        )?;
-        let mut rows = statement.query([])?;
-        let mut n_seen = 0_usize;
-        let sha256_of = |text: Option<String>| text.map(|text| sha256_hex(text.as_bytes()));
-        while let Some(row) = rows.next()? {
+            params![],
+            &mut |row| {
             let saga_id: String = row.get(0)?;
             let step_seq: i64 = row.get(1)?;
             let Some(step) = self
@@ -1575,7 +1623,7 @@ impl Replay {
                 found.unaccounted(format!(
                     "step {step_seq} of saga {saga_id} is in the saga_steps table, but no audit record begins it"
                 ));
-                continue;
+                return Ok(true);
             };
             n_seen += 1;
             let mut differences = Vec::new();
@@ -1642,7 +1690,9 @@ impl Replay {
                     ),
                 );
             }
-        }
+                Ok(true)
+            },
+        )?;
         let n_known: usize = self.sagas.values().map(|saga| saga.steps.len()).sum();
         if n_seen < n_known {
             for (saga_id, saga) in &self.sagas {
@@ -1666,32 +1716,34 @@ impl Replay {
         Ok(())
     }
 
-    fn compare_keys(&self, conn: &Connection, found: &mut Found) -> rusqlite::Result<()> {
-        let mut statement =
-            conn.prepare("SELECT key, args_hash, saga_id, step_seq FROM idempotency_keys")?;
-        let mut rows = statement.query([])?;
+    fn compare_keys(&self, conn: &dyn Db, found: &mut Found) -> Result<(), SqlError> {
         let mut n_seen = 0_usize;
-        while let Some(row) = rows.next()? {
-            let key: String = row.get(0)?;
-            let Some(binding) = self.keys.get(&key) else {
-                found.unaccounted(format!(
-                    "idempotency key `{key}` is in the idempotency_keys table, but no audit record claims it"
-                ));
-                continue;
-            };
-            n_seen += 1;
-            if row.get::<_, String>(1)? != binding.args_hash
-                || row.get::<_, String>(2)? != binding.saga_id
-                || row.get::<_, i64>(3)? != binding.step_seq
-            {
-                found.note(
-                    binding.last_seq,
-                    format!(
-                        "idempotency key `{key}` is bound to other arguments or another step in the idempotency_keys table than the audit chain says"
-                    ),
-                );
-            }
-        }
+        conn.query_each(
+            "SELECT key, args_hash, saga_id, step_seq FROM idempotency_keys",
+            params![],
+            &mut |row| {
+                let key: String = row.get(0)?;
+                let Some(binding) = self.keys.get(&key) else {
+                    found.unaccounted(format!(
+                        "idempotency key `{key}` is in the idempotency_keys table, but no audit record claims it"
+                    ));
+                    return Ok(true);
+                };
+                n_seen += 1;
+                if row.get::<_, String>(1)? != binding.args_hash
+                    || row.get::<_, String>(2)? != binding.saga_id
+                    || row.get::<_, i64>(3)? != binding.step_seq
+                {
+                    found.note(
+                        binding.last_seq,
+                        format!(
+                            "idempotency key `{key}` is bound to other arguments or another step in the idempotency_keys table than the audit chain says"
+                        ),
+                    );
+                }
+                Ok(true)
+            },
+        )?;
         if n_seen < self.keys.len() {
             for (key, binding) in &self.keys {
                 let exists: bool = conn.query_row(
@@ -1716,16 +1768,14 @@ impl Replay {
 /// Notes each row the chain describes (`id`, with the record that last set it) that the
 /// table, named with its key column and what a row is, does not hold.
 fn note_missing_rows<'a>(
-    conn: &Connection,
+    conn: &dyn Db,
     found: &mut Found,
     (table, key_column, what): (&str, &str, &str),
     known: impl Iterator<Item = (&'a String, i64)>,
-) -> rusqlite::Result<()> {
-    let mut statement = conn.prepare(&format!(
-        "SELECT EXISTS (SELECT 1 FROM {table} WHERE {key_column} = ?1)"
-    ))?;
+) -> Result<(), SqlError> {
+    let exists_sql = format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE {key_column} = ?1)");
     for (id, last_seq) in known {
-        let exists: bool = statement.query_row(params![id], |row| row.get(0))?;
+        let exists: bool = conn.query_row(&exists_sql, params![id], |row| row.get(0))?;
         if !exists {
             found.note(
                 last_seq,
@@ -1736,14 +1786,27 @@ fn note_missing_rows<'a>(
     Ok(())
 }
 
-/// Whether the log has `table` (older schema versions lack the newer tables).
-fn has_table(conn: &Connection, table: &str) -> bool {
-    conn.query_row(
-        "SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1)",
-        params![table],
-        |row| row.get(0),
-    )
-    .unwrap_or(true)
+/// Which of the newer tables and columns a log's schema has (older SQLite versions lack
+/// some).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tables {
+    /// `sagas.dry_run` (SQLite schema version 3 on).
+    pub(crate) dry_run: bool,
+    /// `approvals` (version 5 on).
+    pub(crate) approvals: bool,
+    /// `dead_letters` (version 5 on).
+    pub(crate) dead_letters: bool,
+}
+
+impl Tables {
+    /// What SQLite schema `version` holds.
+    pub(crate) fn of_version(version: i64) -> Tables {
+        Tables {
+            dry_run: version >= 3,
+            approvals: version >= 5,
+            dead_letters: version >= 5,
+        }
+    }
 }
 
 /// The problem at the earliest record found so far.

@@ -168,6 +168,7 @@ fn four_workers_share_a_log_and_a_killed_ones_saga_is_rolled_back_once_by_a_watc
         Some("1"),
         "one take-over, never two"
     );
+    assert_verifies(&project, &url);
 }
 
 #[test]
@@ -247,6 +248,7 @@ fn a_worker_paused_past_its_lease_is_fenced_when_it_continues() {
         "the third step never began"
     );
     assert_eq!(repeated_records(&schema), Vec::<Vec<Option<String>>>::new());
+    assert_verifies(&project, &url);
 }
 
 #[test]
@@ -255,8 +257,7 @@ fn commands_that_read_the_sqlite_file_refuse_a_postgres_log_without_printing_its
     // No server is needed: each refuses before it connects.
     let url = "postgres://agent:hunter2@127.0.0.1:1/agents";
     for args in [
-        &["audit", "verify"][..],
-        &["audit", "list"],
+        &["audit", "list"][..],
         &["audit", "seal"],
         &["log"],
         &["replay", "--saga", "01a233af-2df2-7442-8416-8fdd19379a1c"],
@@ -275,4 +276,48 @@ fn commands_that_read_the_sqlite_file_refuse_a_postgres_log_without_printing_its
             "{args:?} printed the password: {stderr}"
         );
     }
+}
+
+/// `audit verify` of the log at `url` exits 0.
+#[track_caller]
+fn assert_verifies(project: &Project, url: &str) {
+    let output = on_postgres(project, url, &["audit", "verify"])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        crate::describe(&output)
+    );
+}
+
+#[test]
+fn an_edited_record_fails_audit_verify_and_recover_acts_on_nothing() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let project = Project::new();
+    let plan = worker_plan(&project, 0, 0);
+    let output = on_postgres(&project, &url, &["run", "--plan", &plan])
+        .output()
+        .expect("runs");
+    assert!(output.status.success(), "{}", crate::describe(&output));
+    assert_verifies(&project, &url);
+    schema.execute("UPDATE audit_log SET at_ms = at_ms + 1 WHERE seq = 5");
+    let output = on_postgres(&project, &url, &["--json", "audit", "verify"])
+        .output()
+        .expect("runs");
+    let (code, report) = crate::json_output(&output);
+    assert_eq!(code, 1, "{report}");
+    assert_eq!(report["first_bad"]["seq"], 5, "{report}");
+    let output = on_postgres(&project, &url, &["recover"])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "{}",
+        crate::describe(&output)
+    );
 }

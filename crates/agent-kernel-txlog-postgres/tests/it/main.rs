@@ -60,6 +60,14 @@ impl agent_kernel_log_contract::LogStore for PostgresStore {
     fn open(&self) -> Arc<dyn TxLog> {
         Arc::new(open(&self.schema.url()).expect("opens"))
     }
+
+    /// Every check leaves a log whose audit chain and tables verify.
+    fn finished(&self) {
+        let report =
+            agent_kernel_txlog_postgres::verify(&self.schema.url(), None).expect("verifies");
+        assert!(report.is_intact(), "{report:#?}");
+        assert!(report.n_records > 0, "{report:#?}");
+    }
 }
 
 fn fresh_store() -> Option<PostgresStore> {
