@@ -365,7 +365,8 @@ fn verify_postgres(
     key: Option<&AuditKey>,
 ) -> Result<AuditReport, agent_kernel_api::TxError> {
     let url = db.to_str().unwrap_or_default();
-    agent_kernel_txlog_postgres::verify(url, key)
+    let head_file = agent_kernel_txlog_postgres::default_head_file(url);
+    agent_kernel_txlog_postgres::verify(url, key, head_file.as_deref())
 }
 
 /// [`verify_log`] with another check of the same shape (`verify_ignoring_head_file`).

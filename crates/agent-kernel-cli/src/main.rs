@@ -1336,7 +1336,11 @@ async fn verify_before_acting(cli: &Cli, skip: bool) -> Result<Vec<String>, Fail
     let checked = path.clone();
     let postgres = is_postgres(cli);
     let verified = audit::off_thread("the audit check", move || match checked.to_str() {
-        Some(url) if postgres => agent_kernel_txlog_postgres::verify(url, key.as_ref()),
+        Some(url) if postgres => agent_kernel_txlog_postgres::verify(
+            url,
+            key.as_ref(),
+            agent_kernel_txlog_postgres::default_head_file(url).as_deref(),
+        ),
         _ => agent_kernel_txlog::verify(&checked, key.as_ref()),
     })
     .await?;

@@ -424,6 +424,7 @@ impl KernelBuilder {
                 let worker = Worker {
                     owner: owner.clone(),
                     lease,
+                    head_file: agent_kernel_txlog_postgres::default_head_file(url),
                 };
                 Arc::new(PostgresLog::open(url, options, self.audit_key, worker)?)
             }

@@ -37,6 +37,11 @@ pub struct Worker {
     pub owner: Owner,
     /// How long its lease lasts unless renewed ([`LEASE_MIN`] to [`LEASE_MAX`]).
     pub lease: Duration,
+    /// This machine's head file for the log (named `<name>.audit-head`;
+    /// [`default_head_file`](crate::default_head_file) is where the kernel keeps it), or
+    /// `None` to keep none: then nothing outside the database vouches for the chain's
+    /// newest records.
+    pub head_file: Option<std::path::PathBuf>,
 }
 
 impl Worker {
@@ -45,6 +50,7 @@ impl Worker {
         Worker {
             owner,
             lease: LEASE_DEFAULT,
+            head_file: None,
         }
     }
 

@@ -70,7 +70,7 @@ use agent_kernel_api::{
     ApprovalRecord, BoxFuture, Clock, DeadLetter, Durability, KeyBinding, LeaseStatus, LogWrite,
     Owner, SagaId, SagaRecord, SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
 };
-use agent_kernel_txlog::backend::{self, Chain};
+use agent_kernel_txlog::backend::{self, Chain, HeadFile};
 use agent_kernel_txlog::sql::Db;
 use agent_kernel_txlog::{AuditKey, AuditReport, LogOptions};
 use postgres::{Client, Config, IsolationLevel, NoTls};
@@ -127,10 +127,12 @@ fn connect(config: &Config, target: &str, durability: Durability) -> Result<Clie
 /// Verifies the audit chain of the log `url` names, read-only, in one snapshot: every
 /// record's form, hash, link and (under `key`) MAC, then the tables against a replay of the
 /// chain ([`agent_kernel_txlog::verify`]'s checks 1 and 3). A trigger or rule on the log's
-/// tables is reported at record 0, before any row is read. There is no anchor of the chain's
-/// head outside the database: records removed from the end, with the tables edited to
-/// match, go unseen ([`AuditReport::head_file`] is always `None`). An empty schema, where
-/// no log was created yet, verifies with no records.
+/// tables is reported at record 0, before any row is read. With `head_file` (this machine's,
+/// [`Worker::head_file`]) the head it names must be in the chain, with its hash and MAC
+/// (check 2), read before the chain; without one, or when this machine has none (it never
+/// wrote the log), records removed from the end, with the tables edited to match, go
+/// unseen. An empty schema, where no log was created yet,
+/// verifies with no records.
 ///
 /// Blocks (on a thread of its own) while it reads.
 ///
@@ -138,7 +140,11 @@ fn connect(config: &Config, target: &str, durability: Durability) -> Result<Clie
 ///
 /// [`TxError::Storage`] when the URL does not parse or the server cannot be reached;
 /// [`TxError::NotALog`] or [`TxError::SchemaTooNew`] as [`PostgresLog::open`].
-pub fn verify(url: &str, key: Option<&AuditKey>) -> Result<AuditReport, TxError> {
+pub fn verify(
+    url: &str,
+    key: Option<&AuditKey>,
+    head_file: Option<&std::path::Path>,
+) -> Result<AuditReport, TxError> {
     let config = Config::from_str(url)
         .map_err(|err| TxError::Storage(format!("the database URL does not parse: {err}")))?;
     let target = describe(&config);
@@ -179,11 +185,85 @@ pub fn verify(url: &str, key: Option<&AuditKey>) -> Result<AuditReport, TxError>
                 }
                 let statements = Statements::default();
                 let db = PgDb::new(&mut tx, &statements);
-                Ok(backend::verify_chain_and_tables(&db, key))
+                // A machine that never wrote the log has no head file: that is no evidence
+                // here, where each machine's file vouches only for what it saw.
+                Ok(
+                    match head_file.filter(|path| path.symlink_metadata().is_ok()) {
+                        Some(path) => {
+                            head_file_at(path, key.cloned(), Durability::Full)?.verify(&db, key)
+                        }
+                        None => backend::verify_chain_and_tables(&db, key),
+                    },
+                )
             })
             .join()
             .map_err(|_| TxError::Storage("the verification thread panicked".to_owned()))?
     })
+}
+
+/// The name every head file ends with.
+const HEAD_FILE_SUFFIX: &str = ".audit-head";
+
+/// The head file at `path` (which must end with `.audit-head`), its folder created.
+fn head_file_at(
+    path: &std::path::Path,
+    key: Option<AuditKey>,
+    durability: Durability,
+) -> Result<HeadFile, TxError> {
+    let text = path.to_string_lossy();
+    let Some(base) = text
+        .strip_suffix(HEAD_FILE_SUFFIX)
+        .filter(|base| !base.is_empty())
+    else {
+        return Err(TxError::Storage(format!(
+            "the audit head file {} must be named `<name>{HEAD_FILE_SUFFIX}`",
+            path.display()
+        )));
+    };
+    if let Some(folder) = path
+        .parent()
+        .filter(|folder| !folder.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(folder).map_err(|err| {
+            TxError::Storage(format!(
+                "cannot create the folder {}: {err}",
+                folder.display()
+            ))
+        })?;
+    }
+    Ok(HeadFile::new(std::path::Path::new(base), key, durability))
+}
+
+/// Where this machine keeps its head file for the log `url` names, unless told otherwise:
+/// `$XDG_STATE_HOME/agent-kernel/` (else `~/.local/state/agent-kernel/`), named after the
+/// SHA-256 of the URL without its password (so two logs, even two schemas of one database,
+/// never share one). `None` without a home folder, or for a URL that does not parse.
+pub fn default_head_file(url: &str) -> Option<std::path::PathBuf> {
+    use sha2::Digest as _;
+    let config = Config::from_str(url).ok()?;
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .filter(|dir| !dir.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|dir| !dir.is_empty())
+                .map(|home| std::path::Path::new(&home).join(".local/state"))
+        })?;
+    let identity = format!(
+        "{}?{}",
+        describe(&config),
+        config.get_options().unwrap_or("")
+    );
+    let digest = sha2::Sha256::digest(identity.as_bytes());
+    let name: String = digest[..12]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    Some(
+        state
+            .join("agent-kernel")
+            .join(format!("postgres-{name}{HEAD_FILE_SUFFIX}")),
+    )
 }
 
 /// A job, run on the connection's thread with the connection and the clock's time.
@@ -196,6 +276,8 @@ struct Connection {
     audit_key: Option<AuditKey>,
     /// The process writing through this connection, whose lease every write checks.
     worker: Worker,
+    /// This machine's anchor of the chain's head, when it keeps one.
+    head_file: Option<HeadFile>,
     /// `WRITE_LOCK` taken, prepared once.
     lock: postgres::Statement,
     /// [`lease::status_sql`], prepared once.
@@ -225,14 +307,19 @@ fn begin_write<'c>(
 impl Connection {
     /// Applies one batch in one transaction, after every other writer's.
     fn write(&mut self, batch: &[LogWrite], now_ms: i64) -> Result<Vec<WriteOutcome>, TxError> {
-        let key = self.audit_key.as_ref();
+        let key = self.audit_key.clone();
+        let key = key.as_ref();
         let mut tx = begin_write(&mut self.client, &self.lock, &self.fence, &self.worker)?;
-        let applied = {
+        let (applied, chain) = {
             let db = PgDb::new(&mut tx, &self.statements);
             let mut chain = Chain::start(&db, key)?;
-            backend::apply_batch(&db, &mut chain, key, batch, now_ms)?
+            let applied = backend::apply_batch(&db, &mut chain, key, batch, now_ms)?;
+            (applied, chain)
         };
         tx.commit().map_err(storage)?;
+        if applied.moves_head {
+            self.advance_head_file(&chain);
+        }
         Ok(applied.outcomes)
     }
 
@@ -245,12 +332,13 @@ impl Connection {
         new: &Owner,
         now_ms: i64,
     ) -> Result<bool, TxError> {
-        let key = self.audit_key.as_ref();
+        let key = self.audit_key.clone();
+        let key = key.as_ref();
         let mut tx = begin_write(&mut self.client, &self.lock, &self.fence, &self.worker)?;
-        let taken = {
+        let (taken, chain) = {
             let db = PgDb::new(&mut tx, &self.statements);
             let mut chain = Chain::start(&db, key)?;
-            backend::take_over(
+            let taken = backend::take_over(
                 &db,
                 &mut chain,
                 saga_id,
@@ -258,12 +346,33 @@ impl Connection {
                 expected_state,
                 new,
                 now_ms,
-            )?
+            )?;
+            (taken, chain)
         };
         if taken {
             tx.commit().map_err(storage)?;
+            self.advance_head_file(&chain);
         }
         Ok(taken)
+    }
+
+    /// Moves this machine's head file to `chain`'s newest record, just committed (a batch
+    /// that ended a saga or held an audit event, or a take-over), checked in a new snapshot.
+    fn advance_head_file(&mut self, chain: &Chain<'_>) {
+        let Some(head_file) = &self.head_file else {
+            return;
+        };
+        let snapshot = self
+            .client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start();
+        // Without a snapshot the head file stays where it was; `audit verify` vouches up to it.
+        if let Ok(mut tx) = snapshot {
+            head_file.advance(&PgDb::new(&mut tx, &self.statements), chain);
+            let _ = tx.commit();
+        }
     }
 
     /// Runs `read` in one read-only snapshot.
@@ -354,12 +463,31 @@ impl PostgresLog {
                         let fence = client.prepare(&lease::status_sql()).map_err(storage)?;
                         Ok((client, lock, fence))
                     });
+                let opened = opened.and_then(|(mut client, lock, fence)| {
+                    let head_file = thread_worker
+                        .head_file
+                        .as_deref()
+                        .map(|path| head_file_at(path, audit_key.clone(), durability))
+                        .transpose()?;
+                    if let Some(head_file) = &head_file {
+                        let mut tx = client
+                            .build_transaction()
+                            .isolation_level(IsolationLevel::RepeatableRead)
+                            .read_only(true)
+                            .start()
+                            .map_err(storage)?;
+                        head_file.create_if_missing(&PgDb::new(&mut tx, &Statements::default()))?;
+                        tx.commit().map_err(storage)?;
+                    }
+                    Ok((client, lock, fence, head_file))
+                });
                 let mut connection = match opened {
-                    Ok((client, lock, fence)) => Connection {
+                    Ok((client, lock, fence, head_file)) => Connection {
                         client,
                         statements: Statements::default(),
                         audit_key,
                         worker: thread_worker,
+                        head_file,
                         lock,
                         fence,
                     },

@@ -7,12 +7,14 @@
 //! taken first), starts a [`Chain`] in it, applies batches, and commits. The records are
 //! then exactly as SQLite's, so the chain verifies the same way.
 
+use std::path::{Path, PathBuf};
+
 use agent_kernel_api::{
-    ApprovalRecord, DeadLetter, KeyBinding, LogWrite, Owner, SagaId, SagaRecord, SagaState,
-    SagaSummary, TxError, WriteOutcome,
+    ApprovalRecord, DeadLetter, Durability, KeyBinding, LogWrite, Owner, SagaId, SagaRecord,
+    SagaState, SagaSummary, TxError, WriteOutcome,
 };
 
-use crate::audit::{Appender, AuditKey};
+use crate::audit::{Appender, AuditKey, AuditSettings};
 use crate::sql::Db;
 use crate::{prune, store};
 
@@ -224,4 +226,91 @@ pub fn verify_chain_and_tables(db: &dyn Db, key: Option<&AuditKey>) -> crate::Au
         &mut report,
     );
     report
+}
+
+/// A head file for a log whose database is not a local file (PostgreSQL): the chain's
+/// newest sequence number, hash and MAC, kept by each machine that writes the log in a file
+/// of its own, exactly as beside an SQLite log (`<base>.audit-head`: two checksummed slots,
+/// moved in place under an advisory lock, only from a head the chain confirms, never
+/// backwards, never recreated once the chain has records). Someone who can write the
+/// database but not this file cannot cut the newest records it names unnoticed.
+#[derive(Debug)]
+pub struct HeadFile {
+    settings: AuditSettings,
+}
+
+impl HeadFile {
+    /// The head file `<base>.audit-head`, MACed under `key`, synced under `Full`.
+    pub fn new(base: &Path, key: Option<AuditKey>, durability: Durability) -> HeadFile {
+        HeadFile {
+            settings: AuditSettings {
+                key,
+                db_path: base.to_owned(),
+                durability,
+            },
+        }
+    }
+
+    /// Where the file is.
+    pub fn path(&self) -> PathBuf {
+        crate::head::head_path(&self.settings.db_path)
+    }
+
+    /// Creates the file naming the chain's newest record as `db` holds it, when there is no
+    /// file yet: this machine vouches from here on for what it first found.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError::Corrupt`] when the chain's newest record cannot be read,
+    /// [`TxError::Storage`] when the file cannot be written.
+    pub fn create_if_missing(&self, db: &dyn Db) -> Result<(), TxError> {
+        if crate::head::exists(&self.settings.db_path) {
+            return Ok(());
+        }
+        let head = crate::audit::read_head(db, self.settings.key.as_ref())?;
+        self.settings.create_head(&head).map_err(|err| {
+            TxError::Storage(format!(
+                "cannot write the audit head file {}: {err}",
+                self.path().display()
+            ))
+        })
+    }
+
+    /// Moves the file to `chain`'s newest record, just committed, checking the file's
+    /// current head against the chain in `db` (a snapshot that sees the commit); a file the
+    /// chain contradicts, or a missing one, is left as evidence, with a warning.
+    pub fn advance(&self, db: &dyn Db, chain: &Chain<'_>) {
+        self.settings.advance_head(db, chain.appender.head());
+    }
+
+    /// [`verify_chain_and_tables`], and the head file checked against the chain (6.9's
+    /// check 2), read before the chain.
+    pub fn verify(&self, db: &dyn Db, key: Option<&AuditKey>) -> crate::AuditReport {
+        let head = crate::head::read(&self.settings.db_path);
+        let mut report = crate::AuditReport {
+            n_records: 0,
+            head: None,
+            head_file: head
+                .as_ref()
+                .ok()
+                .and_then(Option::as_ref)
+                .map(crate::AuditHead::from),
+            macs_verified: key.is_some(),
+            n_records_with_mac: 0,
+            first_bad: None,
+        };
+        let anchor = crate::verify::Anchor {
+            head,
+            name: "the head file",
+            location: self.path().display().to_string(),
+        };
+        crate::verify::verify_chain_and_tables(
+            db,
+            crate::verify::Tables::of_version(crate::SCHEMA_VERSION),
+            key,
+            Some(anchor),
+            &mut report,
+        );
+        report
+    }
 }

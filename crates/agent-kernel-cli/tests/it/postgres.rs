@@ -31,6 +31,8 @@ fn on_postgres(project: &Project, url: &str, args: &[&str]) -> Command {
     let mut command = project.isolated(bin());
     command
         .env("AGENT_KERNEL_LEASE_MS", LEASE_MS.to_string())
+        // This machine's head files, in the project's folder.
+        .env("XDG_STATE_HOME", project.path("state"))
         .arg("--db")
         .arg(url)
         .args(args);
@@ -319,5 +321,60 @@ fn an_edited_record_fails_audit_verify_and_recover_acts_on_nothing() {
         Some(3),
         "{}",
         crate::describe(&output)
+    );
+}
+
+#[test]
+fn records_cut_from_the_end_are_caught_by_this_machines_head_file() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let project = Project::new();
+    let max_seq = || -> i64 {
+        schema.rows("SELECT max(seq)::text FROM audit_log")[0][0]
+            .as_deref()
+            .expect("records")
+            .parse()
+            .expect("a number")
+    };
+    for n in 0..2 {
+        let plan = worker_plan(&project, n, 0);
+        let output = on_postgres(&project, &url, &["run", "--plan", &plan])
+            .output()
+            .expect("runs");
+        assert!(output.status.success(), "{}", crate::describe(&output));
+        if n == 0 {
+            let first_end = max_seq();
+            // The second saga, every record and row of it, removed: a consistent earlier
+            // state, which the chain and the tables alone cannot tell from the truth.
+            schema.execute(&format!(
+                "CREATE TABLE cut_after AS SELECT {first_end}::bigint AS seq"
+            ));
+        }
+    }
+    let last = max_seq();
+    schema.execute(
+        "DELETE FROM audit_log WHERE seq > (SELECT seq FROM cut_after);
+         DELETE FROM saga_steps WHERE saga_id IN (SELECT saga_id FROM sagas WHERE name = 'worker 1');
+         DELETE FROM sagas WHERE name = 'worker 1';
+         DROP TABLE cut_after;",
+    );
+    let output = on_postgres(&project, &url, &["--json", "audit", "verify"])
+        .output()
+        .expect("runs");
+    let (code, report) = crate::json_output(&output);
+    assert_eq!(code, 1, "{report}");
+    let reason = report["first_bad"]["reason"].as_str().expect("a reason");
+    assert!(reason.contains(&format!("names record {last}")), "{report}");
+    // Another machine, without this one's head file, cannot tell.
+    let elsewhere = on_postgres(&project, &url, &["audit", "verify"])
+        .env("XDG_STATE_HOME", project.path("elsewhere"))
+        .output()
+        .expect("runs");
+    assert_eq!(
+        elsewhere.status.code(),
+        Some(0),
+        "{}",
+        crate::describe(&elsewhere)
     );
 }

@@ -18,6 +18,7 @@ fn worker(pid: u32, lease: Duration) -> Worker {
             start_ticks: 3,
         },
         lease,
+        head_file: None,
     }
 }
 

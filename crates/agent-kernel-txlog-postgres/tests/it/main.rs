@@ -64,7 +64,7 @@ impl agent_kernel_log_contract::LogStore for PostgresStore {
     /// Every check leaves a log whose audit chain and tables verify.
     fn finished(&self) {
         let report =
-            agent_kernel_txlog_postgres::verify(&self.schema.url(), None).expect("verifies");
+            agent_kernel_txlog_postgres::verify(&self.schema.url(), None, None).expect("verifies");
         assert!(report.is_intact(), "{report:#?}");
         assert!(report.n_records > 0, "{report:#?}");
     }
