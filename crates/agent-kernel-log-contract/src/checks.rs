@@ -470,3 +470,77 @@ pub async fn a_request_is_decided_once_and_consumed_once_for_its_exact_step(stor
     let record = log.approval("a1").await.expect("reads").expect("exists");
     assert_eq!(record.status, ApprovalStatus::Consumed);
 }
+
+/// Checks that a dead letter counts its attempts, settles once, and settling the last one
+/// makes its saga `FailedRolledBack`.
+pub async fn dead_letters_count_attempts_and_settle_once(store: &dyn LogStore) {
+    use agent_kernel_api::{
+        DeadLetterStatus, RecordDeadLetter, SettleDeadLetter, StepStatus, ToolError,
+    };
+
+    let log = store.open();
+    let failed = |error: &str| LogWrite::Compensation {
+        saga_id: SagaId::new("s1"),
+        step_seq: 0,
+        result: Err(ToolError::failed(error)),
+    };
+    let letter = |id: &str| {
+        LogWrite::RecordDeadLetter(RecordDeadLetter {
+            letter_id: id.into(),
+            saga_id: SagaId::new("s1"),
+            step_seq: 0,
+            tool_id: "fs.write".into(),
+            error: "locked".into(),
+            next_retry_at_ms: 99_000,
+        })
+    };
+    log.write(vec![new_saga("s1"), begin("s1", 0, None, "h")])
+        .await
+        .expect("written");
+    log.write(vec![
+        failed("locked"),
+        letter("d1"),
+        LogWrite::SetState {
+            saga_id: SagaId::new("s1"),
+            state: SagaState::FailedRollbackPartial,
+        },
+    ])
+    .await
+    .expect("written");
+    // A second failure of the same step is the same letter, one attempt more.
+    log.write(vec![failed("locked"), letter("d2")])
+        .await
+        .expect("written");
+    let open_letters = log.open_dead_letters(None).await.expect("reads");
+    assert_eq!(open_letters.len(), 1);
+    assert_eq!(
+        (open_letters[0].letter_id.as_str(), open_letters[0].attempts),
+        ("d1", 2)
+    );
+    let settle = || {
+        LogWrite::SettleDeadLetter(SettleDeadLetter {
+            letter_id: "d1".into(),
+            status: DeadLetterStatus::Resolved,
+            by: owner(9),
+            uid: Some(1000),
+            user: Some("alice".into()),
+            note: Some("fixed by hand".into()),
+        })
+    };
+    assert_eq!(
+        log.write(vec![settle()]).await.expect("written"),
+        [WriteOutcome::Written]
+    );
+    assert_eq!(
+        log.write(vec![settle()]).await.expect("written"),
+        [WriteOutcome::NotOpen(DeadLetterStatus::Resolved)]
+    );
+    // The last open letter settled: the saga is FailedRolledBack, in the same record.
+    let record = log
+        .saga(&SagaId::new("s1"))
+        .await
+        .expect("reads")
+        .expect("saga");
+    assert_eq!(record.saga.state, SagaState::FailedRolledBack);
+    assert_eq!(record.steps[0].status, StepStatus::CompensationFailed);
+}

@@ -50,6 +50,7 @@ macro_rules! contract_tests {
             duplicate_keys_raced_from_several_connections_are_claimed_once,
             take_over_raced_from_several_connections_succeeds_once,
             a_request_is_decided_once_and_consumed_once_for_its_exact_step,
+            dead_letters_count_attempts_and_settle_once,
         );
     };
     (@each $fresh:expr; $($check:ident),+ $(,)?) => {

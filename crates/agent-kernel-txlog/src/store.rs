@@ -455,7 +455,7 @@ fn record_dead_letter(
                  first_failed_at_ms, last_failed_at_ms, next_retry_at_ms, status)
              VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?6, ?7, 'open')
              ON CONFLICT (saga_id, step_seq) DO UPDATE SET error = ?5,
-                 attempts = attempts + 1, last_failed_at_ms = ?6, next_retry_at_ms = ?7,
+                 attempts = dead_letters.attempts + 1, last_failed_at_ms = ?6, next_retry_at_ms = ?7,
                  status = 'open', settled_at_ms = NULL, settled_by = NULL, note = NULL
              RETURNING letter_id, attempts, first_failed_at_ms",
             params![

@@ -378,3 +378,49 @@ fn records_cut_from_the_end_are_caught_by_this_machines_head_file() {
         crate::describe(&elsewhere)
     );
 }
+
+#[test]
+fn one_idempotency_key_raced_from_four_worker_processes_gives_one_effect() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let project = Project::new();
+    fs::write(project.path("ws/ledger.txt"), "").expect("writes");
+    let plan = project.plan(
+        "append-once.json",
+        &json!({ "name": "append once", "steps": [
+            { "tool": "fs.append", "args": { "path": "ws/ledger.txt", "content": "paid\n" },
+              "idempotency_key": "invoice-42" },
+        ] }),
+    );
+    let plan = plan.to_string_lossy().into_owned();
+    let workers: Vec<Child> = (0..4)
+        .map(|_| {
+            on_postgres(&project, &url, &["--json", "run", "--plan", &plan])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("starts")
+        })
+        .collect();
+    let codes: Vec<Option<i32>> = workers
+        .into_iter()
+        .map(|mut worker| worker.wait().expect("exits").code())
+        .collect();
+    assert!(codes.contains(&Some(0)), "{codes:?}");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/ledger.txt")).expect("reads"),
+        "paid\n",
+        "one effect, whatever each worker was told: {codes:?}"
+    );
+    let claims = schema.rows(
+        "SELECT count(*)::text FROM audit_log WHERE kind = 'BeginStep'
+             AND body::json->>'status' = 'BEGIN'",
+    );
+    assert_eq!(
+        claims[0][0].as_deref(),
+        Some("1"),
+        "one step began: {codes:?}"
+    );
+    assert_verifies(&project, &url);
+}

@@ -2,15 +2,13 @@
 //! `AwaitingApproval`, decided once, consumed once in the BEGIN's transaction and only for
 //! exactly the step they name, and covered by `audit verify`.
 
-use agent_kernel_api::{
-    ApprovalDecision, ApprovalStatus, LogWrite, SagaId, SagaState, TxError, TxLog, WriteOutcome,
-};
+use agent_kernel_api::{ApprovalDecision, ApprovalStatus, SagaId, TxError, TxLog, WriteOutcome};
 use agent_kernel_txlog::verify;
 use rusqlite::Connection;
 
 use agent_kernel_log_contract::records::{decide, use_with_begin, waiting_saga};
 
-use crate::{begin, new_saga, open, owner};
+use crate::open;
 
 #[tokio::test]
 async fn an_expired_request_cannot_be_approved_and_a_cancelled_one_applies_to_nothing() {
@@ -94,78 +92,9 @@ async fn an_approval_forged_in_the_table_is_caught_by_verify() {
 
 #[tokio::test]
 async fn dead_letters_count_attempts_settle_once_and_an_edit_is_caught_by_verify() {
-    use agent_kernel_api::{
-        DeadLetterStatus, RecordDeadLetter, SettleDeadLetter, StepStatus, ToolError,
-    };
-
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("log.db");
-    let log = open(&path).expect("opens");
-    let failed = |error: &str| LogWrite::Compensation {
-        saga_id: SagaId::new("s1"),
-        step_seq: 0,
-        result: Err(ToolError::failed(error)),
-    };
-    let letter = |id: &str| {
-        LogWrite::RecordDeadLetter(RecordDeadLetter {
-            letter_id: id.into(),
-            saga_id: SagaId::new("s1"),
-            step_seq: 0,
-            tool_id: "fs.write".into(),
-            error: "locked".into(),
-            next_retry_at_ms: 99_000,
-        })
-    };
-    log.write(vec![new_saga("s1"), begin("s1", 0, None, "h")])
-        .await
-        .expect("written");
-    log.write(vec![
-        failed("locked"),
-        letter("d1"),
-        LogWrite::SetState {
-            saga_id: SagaId::new("s1"),
-            state: SagaState::FailedRollbackPartial,
-        },
-    ])
-    .await
-    .expect("written");
-    // A second failure of the same step is the same letter, one attempt more.
-    log.write(vec![failed("locked"), letter("d2")])
-        .await
-        .expect("written");
-    let open_letters = log.open_dead_letters(None).await.expect("reads");
-    assert_eq!(open_letters.len(), 1);
-    assert_eq!(
-        (open_letters[0].letter_id.as_str(), open_letters[0].attempts),
-        ("d1", 2)
-    );
-    let settle = || {
-        LogWrite::SettleDeadLetter(SettleDeadLetter {
-            letter_id: "d1".into(),
-            status: DeadLetterStatus::Resolved,
-            by: owner(9),
-            uid: Some(1000),
-            user: Some("alice".into()),
-            note: Some("fixed by hand".into()),
-        })
-    };
-    assert_eq!(
-        log.write(vec![settle()]).await.expect("written"),
-        [WriteOutcome::Written]
-    );
-    assert_eq!(
-        log.write(vec![settle()]).await.expect("written"),
-        [WriteOutcome::NotOpen(DeadLetterStatus::Resolved)]
-    );
-    // The last open letter settled: the saga is FailedRolledBack, in the same record.
-    let record = log
-        .saga(&SagaId::new("s1"))
-        .await
-        .expect("reads")
-        .expect("saga");
-    assert_eq!(record.saga.state, SagaState::FailedRolledBack);
-    assert_eq!(record.steps[0].status, StepStatus::CompensationFailed);
-    drop(log);
+    let store = crate::fresh_store().expect("a store");
+    agent_kernel_log_contract::checks::dead_letters_count_attempts_and_settle_once(&store).await;
+    let path = store.path();
     assert!(verify(&path, None).expect("verifies").is_intact());
 
     let conn = Connection::open(&path).expect("opens");

@@ -33,8 +33,15 @@ pub(crate) fn open(path: &Path) -> Result<SqliteLog, agent_kernel_api::TxError> 
 }
 
 /// A fresh SQLite log in a temporary folder, for the log contract's checks.
-struct SqliteStore {
+pub(crate) struct SqliteStore {
     dir: tempfile::TempDir,
+}
+
+impl SqliteStore {
+    /// The log's file.
+    pub(crate) fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join("log.db")
+    }
 }
 
 impl agent_kernel_log_contract::LogStore for SqliteStore {
@@ -50,7 +57,7 @@ impl agent_kernel_log_contract::LogStore for SqliteStore {
     }
 }
 
-fn fresh_store() -> Option<SqliteStore> {
+pub(crate) fn fresh_store() -> Option<SqliteStore> {
     Some(SqliteStore {
         dir: tempfile::tempdir().expect("temp dir"),
     })
