@@ -39,6 +39,71 @@ impl Kernel {
         missing
     }
 
+    /// Whether `recover` would find something to do now: an unfinished saga of an owner
+    /// that is gone (or of this process, or left detached). Reads the list of unfinished
+    /// sagas and each distinct owner's liveness once, and writes nothing: what a worker
+    /// that recovers again and again (`recover --watch`) asks before each round, so that an
+    /// idle round leaves no record.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::Log`] when the log cannot be read.
+    pub async fn has_recoverable_sagas(&self) -> Result<bool, KernelError> {
+        let mut dead: std::collections::HashMap<agent_kernel_api::Owner, bool> =
+            std::collections::HashMap::new();
+        for saga in self.log.unfinished_sagas().await? {
+            if self.live.contains(&saga.saga_id) {
+                continue;
+            }
+            if saga.owner.is_detached() {
+                // Left waiting on purpose: recoverable only once its request is settled.
+                let waiting =
+                    self.log
+                        .saga_approval(&saga.saga_id)
+                        .await?
+                        .is_some_and(|approval| {
+                            matches!(
+                                approval.status_at(self.env.clock.now_ms()),
+                                ApprovalStatus::Pending | ApprovalStatus::Approved
+                            )
+                        });
+                if waiting {
+                    continue;
+                }
+                return Ok(true);
+            }
+            if saga.owner == self.env.owner {
+                return Ok(true);
+            }
+            let gone = match dead.get(&saga.owner) {
+                Some(gone) => *gone,
+                None => {
+                    let gone = self.owner_liveness(&saga.owner).await? == Liveness::Dead;
+                    dead.insert(saga.owner.clone(), gone);
+                    gone
+                }
+            };
+            if gone {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Whether `owner` is alive: by its lease on a log that keeps leases, else by the
+    /// probe.
+    async fn owner_liveness(
+        &self,
+        owner: &agent_kernel_api::Owner,
+    ) -> Result<Liveness, KernelError> {
+        // A log shared across machines knows its owners by their leases; SQLite's by pid.
+        Ok(match self.log.owner_lease(owner).await? {
+            Some(LeaseStatus::Live) => Liveness::Alive,
+            Some(LeaseStatus::Expired) => Liveness::Dead,
+            None => self.env.liveness.liveness(owner),
+        })
+    }
+
     /// Refuses a saga owned by another process that is alive (or cannot be checked).
     async fn check_owner_gone(&self, record: &SagaRecord) -> Result<(), KernelError> {
         let saga = &record.saga;
@@ -53,13 +118,7 @@ impl Kernel {
         if saga.owner == self.env.owner || saga.state.is_terminal() || saga.owner.is_detached() {
             return Ok(());
         }
-        // A log shared across machines knows its owners by their leases; SQLite's by pid.
-        let liveness = match self.log.owner_lease(&saga.owner).await? {
-            Some(LeaseStatus::Live) => Liveness::Alive,
-            Some(LeaseStatus::Expired) => Liveness::Dead,
-            None => self.env.liveness.liveness(&saga.owner),
-        };
-        if liveness != Liveness::Dead {
+        if self.owner_liveness(&saga.owner).await? != Liveness::Dead {
             return Err(KernelError::SagaBusy {
                 saga_id: saga.saga_id.clone(),
                 state: saga.state,

@@ -37,7 +37,12 @@ impl<'t, 'c> PgDb<'t, 'c> {
         }
         let statement = self
             .tx
-            .borrow_mut()
+            .try_borrow_mut()
+            .map_err(|_| {
+                Error::Database(
+                    "a statement was prepared while another one's rows were read".to_owned(),
+                )
+            })?
             .prepare(&placeholders(sql))
             .map_err(error)?;
         self.statements
@@ -162,7 +167,10 @@ impl Db for PgDb<'_, '_> {
             .collect();
         let n = self
             .tx
-            .borrow_mut()
+            .try_borrow_mut()
+            .map_err(|_| {
+                Error::Database("a statement was run while another one's rows were read".to_owned())
+            })?
             .execute(&statement, &refs)
             .map_err(error)?;
         usize::try_from(n).map_err(|_| Error::Database(format!("{n} rows changed")))
@@ -176,15 +184,22 @@ impl Db for PgDb<'_, '_> {
     ) -> Result<(), Error> {
         let statement = self.statement(sql)?;
         let binds: Vec<Bind<'_>> = params.iter().map(|param| Bind(param.to_value())).collect();
-        let mut tx = self.tx.borrow_mut();
+        let mut tx = self.tx.try_borrow_mut().map_err(|_| {
+            Error::Database("a statement was run while another one's rows were read".to_owned())
+        })?;
         let mut rows = tx.query_raw(&statement, binds.iter()).map_err(error)?;
+        let mut wanted = true;
         while let Some(row) = rows.next().map_err(error)? {
+            // The rows after the last one wanted are still read to the end: an error the
+            // server sends after them must not go unseen (the transaction would then be
+            // rolled back while its commit looked successful).
+            if !wanted {
+                continue;
+            }
             let values = (0..row.len())
                 .map(|idx| value(&row, idx))
                 .collect::<Result<Vec<_>, _>>()?;
-            if !each(&Row::new(values))? {
-                break;
-            }
+            wanted = each(&Row::new(values))?;
         }
         Ok(())
     }

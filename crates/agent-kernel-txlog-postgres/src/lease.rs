@@ -145,6 +145,32 @@ pub(crate) fn status<T: postgres::ToStatement + ?Sized>(
     })
 }
 
+/// In a take-over's write transaction: ends `owner`'s lease for good if it ran out, and
+/// answers whether the owner is dead. The row lock waits for a renewal in flight, and the
+/// condition is checked again on what it committed, so a renewal that ran just before the
+/// expiry but committed after it cannot bring the owner back once its sagas are taken.
+/// An owner without a lease row (one left detached on purpose) is dead.
+pub(crate) fn end_if_expired(
+    tx: &mut postgres::Transaction<'_>,
+    owner: &Owner,
+) -> Result<bool, TxError> {
+    let (host, boot_id, pid, start_ticks) = owner_params(owner);
+    let ended = tx
+        .execute(
+            &format!(
+                "UPDATE leases SET expires_at_ms = -1
+                 WHERE owner_host = $1 AND owner_boot_id = $2 AND owner_pid = $3
+                     AND owner_start_ticks = $4 AND expires_at_ms <= {NOW_MS}"
+            ),
+            &[&host, &boot_id, &pid, &start_ticks],
+        )
+        .map_err(storage)?;
+    if ended == 1 {
+        return Ok(true);
+    }
+    Ok(status(tx, &status_sql(), owner)? == LeaseStatus::Expired)
+}
+
 /// The thread that renews a lease on a connection of its own, so that a long batch on the
 /// log's connection never delays a renewal. Stopped (and joined) when dropped.
 pub(crate) struct Renewer {
@@ -169,8 +195,20 @@ impl Renewer {
                 // Connected now, before the process may confine itself (Landlock's network
                 // rules would refuse a new connection to the server's port later).
                 let mut client = match config.connect(NoTls) {
-                    Ok(client) => {
-                        let _ = connected_sender.send(Ok(()));
+                    Ok(mut client) => {
+                        // Renewed at once: a short lease taken on the log's connection may
+                        // be close to running out by now.
+                        let renewed = renew(&mut client, &worker, lease_ms);
+                        let _ = connected_sender.send(match &renewed {
+                            Ok(true) => Ok(()),
+                            Ok(false) => {
+                                Err("the lease ran out before its first renewal".to_owned())
+                            }
+                            Err(err) => Err(err.to_string()),
+                        });
+                        if !matches!(renewed, Ok(true)) {
+                            return;
+                        }
                         Some(client)
                     }
                     Err(err) => {

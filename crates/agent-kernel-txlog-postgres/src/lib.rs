@@ -65,6 +65,7 @@ mod schema;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 
 use agent_kernel_api::{
     ApprovalRecord, BoxFuture, Clock, DeadLetter, Durability, KeyBinding, LeaseStatus, LogWrite,
@@ -92,9 +93,14 @@ pub fn is_postgres_url(text: &str) -> bool {
     lower.starts_with("postgres://") || lower.starts_with("postgresql://")
 }
 
-/// The database a URL names, without its password: `postgres://user@host:port/dbname`.
-fn describe(config: &Config) -> String {
-    let user = config.get_user().unwrap_or("");
+/// The database `url` names, as messages may show it: `postgres://user@host:port/dbname`,
+/// with no password and no other parameter; `None` when it does not parse.
+pub fn describe_url(url: &str) -> Option<String> {
+    Config::from_str(url).ok().map(|config| describe(&config))
+}
+
+/// The hosts and ports a URL names, `host:port,host:port`.
+fn hosts_of(config: &Config) -> String {
     let hosts: Vec<String> = config
         .get_hosts()
         .iter()
@@ -104,12 +110,24 @@ fn describe(config: &Config) -> String {
             postgres::config::Host::Unix(path) => format!("{}:{port}", path.display()),
         })
         .collect();
+    hosts.join(",")
+}
+
+/// The database a URL names, without its password: `postgres://user@host:port/dbname`.
+fn describe(config: &Config) -> String {
+    let user = config.get_user().unwrap_or("");
+    let hosts = hosts_of(config);
     let dbname = config.get_dbname().unwrap_or(user);
-    format!("postgres://{user}@{}/{dbname}", hosts.join(","))
+    format!("postgres://{user}@{hosts}/{dbname}")
 }
 
 /// Connects to the database `config` names, sets the durability and checks the schema.
-fn connect(config: &Config, target: &str, durability: Durability) -> Result<Client, TxError> {
+fn connect(
+    config: &Config,
+    target: &str,
+    durability: Durability,
+    lease: Duration,
+) -> Result<Client, TxError> {
     let mut client = config
         .connect(NoTls)
         .map_err(|err| TxError::Storage(format!("cannot connect to {target}: {err}")))?;
@@ -117,11 +135,73 @@ fn connect(config: &Config, target: &str, durability: Durability) -> Result<Clie
         Durability::Full => "on",
         Durability::Normal => "off",
     };
+    // A session paused or cut off inside a transaction (holding `WRITE_LOCK`) is ended by
+    // the server once it has been idle for a lease, so it never blocks the other writers
+    // for longer than it would stay alive.
     client
-        .batch_execute(&format!("SET synchronous_commit = {synchronous}"))
+        .batch_execute(&format!(
+            "SET synchronous_commit = {synchronous}; SET idle_in_transaction_session_timeout = {}",
+            lease.as_millis()
+        ))
         .map_err(storage)?;
     schema::prepare(&mut client, target)?;
     Ok(client)
+}
+
+/// How long connecting to the server may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `config` with the timeouts every connection of the log uses: [`CONNECT_TIMEOUT`], and TCP
+/// keepalives after a lease of silence, so a server that vanished is noticed.
+fn with_timeouts(config: &Config, lease: Duration) -> Config {
+    let mut config = config.clone();
+    config
+        .connect_timeout(CONNECT_TIMEOUT)
+        .keepalives(true)
+        .keepalives_idle(lease.max(Duration::from_secs(1)));
+    config
+}
+
+/// The log's connection, its statements and this machine's head file, made (or made
+/// again, after the server dropped the connection): connected, the schema checked, the
+/// worker's lease taken (refused once it ran out).
+fn open_connection(
+    config: &Config,
+    target: &str,
+    durability: Durability,
+    worker: &Worker,
+    audit_key: Option<&AuditKey>,
+) -> Result<
+    (
+        Client,
+        postgres::Statement,
+        postgres::Statement,
+        Option<HeadFile>,
+    ),
+    TxError,
+> {
+    let mut client = connect(config, target, durability, worker.lease)?;
+    lease::acquire(&mut client, worker)?;
+    let lock = client
+        .prepare("SELECT pg_advisory_xact_lock($1)")
+        .map_err(storage)?;
+    let fence = client.prepare(&lease::status_sql()).map_err(storage)?;
+    let head_file = worker
+        .head_file
+        .as_deref()
+        .map(|path| head_file_at(path, audit_key.cloned(), durability))
+        .transpose()?;
+    if let Some(head_file) = &head_file {
+        let mut tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(storage)?;
+        head_file.create_if_missing(&PgDb::new(&mut tx, &Statements::default()))?;
+        tx.commit().map_err(storage)?;
+    }
+    Ok((client, lock, fence, head_file))
 }
 
 /// Verifies the audit chain of the log `url` names, read-only, in one snapshot: every
@@ -151,6 +231,18 @@ pub fn verify(
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
+                // This machine's head file, read before the snapshot begins: a writer moves
+                // it only after it commits, so a log in use never looks cut. A machine that
+                // never wrote the log has none: that is no evidence here, where each
+                // machine's file vouches only for what it saw.
+                let anchor = match head_file.filter(|path| path.symlink_metadata().is_ok()) {
+                    Some(path) => {
+                        let file = head_file_at(path, key.cloned(), Durability::Full)?;
+                        let read = file.read();
+                        Some((file, read))
+                    }
+                    None => None,
+                };
                 let mut client = config.connect(NoTls).map_err(|err| {
                     TxError::Storage(format!("cannot connect to {target}: {err}"))
                 })?;
@@ -185,16 +277,10 @@ pub fn verify(
                 }
                 let statements = Statements::default();
                 let db = PgDb::new(&mut tx, &statements);
-                // A machine that never wrote the log has no head file: that is no evidence
-                // here, where each machine's file vouches only for what it saw.
-                Ok(
-                    match head_file.filter(|path| path.symlink_metadata().is_ok()) {
-                        Some(path) => {
-                            head_file_at(path, key.cloned(), Durability::Full)?.verify(&db, key)
-                        }
-                        None => backend::verify_chain_and_tables(&db, key),
-                    },
-                )
+                Ok(match anchor {
+                    Some((file, read)) => file.verify(&db, key, read),
+                    None => backend::verify_chain_and_tables(&db, key),
+                })
             })
             .join()
             .map_err(|_| TxError::Storage("the verification thread panicked".to_owned()))?
@@ -236,8 +322,9 @@ fn head_file_at(
 
 /// Where this machine keeps its head file for the log `url` names, unless told otherwise:
 /// `$XDG_STATE_HOME/agent-kernel/` (else `~/.local/state/agent-kernel/`), named after the
-/// SHA-256 of the URL without its password (so two logs, even two schemas of one database,
-/// never share one). `None` without a home folder, or for a URL that does not parse.
+/// SHA-256 of the hosts, database and options (so two logs, even two schemas of one
+/// database, never share one, whichever role connects; a host spelled otherwise, such as
+/// `localhost` for `127.0.0.1`, is another file). `None` without a home folder, or for a URL that does not parse.
 pub fn default_head_file(url: &str) -> Option<std::path::PathBuf> {
     use sha2::Digest as _;
     let config = Config::from_str(url).ok()?;
@@ -249,9 +336,13 @@ pub fn default_head_file(url: &str) -> Option<std::path::PathBuf> {
                 .filter(|dir| !dir.is_empty())
                 .map(|home| std::path::Path::new(&home).join(".local/state"))
         })?;
+    // The database and schema, not the role: an auditor connecting as another role finds
+    // the writers' file.
+    let hosts = hosts_of(&config);
     let identity = format!(
-        "{}?{}",
-        describe(&config),
+        "{}/{}?{}",
+        hosts,
+        config.get_dbname().or(config.get_user()).unwrap_or(""),
         config.get_options().unwrap_or("")
     );
     let digest = sha2::Sha256::digest(identity.as_bytes());
@@ -294,7 +385,13 @@ fn begin_write<'c>(
     fence: &postgres::Statement,
     worker: &Worker,
 ) -> Result<postgres::Transaction<'c>, TxError> {
-    let mut tx = client.transaction().map_err(storage)?;
+    // Read committed, whatever the server's default: each statement then reads what the
+    // writers before this one committed, once the lock is granted.
+    let mut tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+        .map_err(storage)?;
     tx.execute(lock, &[&WRITE_LOCK]).map_err(storage)?;
     match lease::status(&mut tx, fence, &worker.owner)? {
         LeaseStatus::Live => Ok(tx),
@@ -335,6 +432,10 @@ impl Connection {
         let key = self.audit_key.clone();
         let key = key.as_ref();
         let mut tx = begin_write(&mut self.client, &self.lock, &self.fence, &self.worker)?;
+        if !lease::end_if_expired(&mut tx, expected)? {
+            // Renewed after all: the owner is alive, and keeps its saga.
+            return Ok(false);
+        }
         let (taken, chain) = {
             let db = PgDb::new(&mut tx, &self.statements);
             let mut chain = Chain::start(&db, key)?;
@@ -441,6 +542,7 @@ impl PostgresLog {
         let config = Config::from_str(url)
             .map_err(|err| TxError::Storage(format!("the database URL does not parse: {err}")))?;
         let target = describe(&config);
+        let config = with_timeouts(&config, worker.lease);
         // The blocking client runs a runtime of its own, which must not start inside the
         // caller's: the connection is made on the thread that keeps it.
         let (opened_sender, opened) = std::sync::mpsc::sync_channel(1);
@@ -454,33 +556,13 @@ impl PostgresLog {
         thread::Builder::new()
             .name("agent-kernel-txlog-postgres".into())
             .spawn(move || {
-                let opened =
-                    connect(&thread_config, &thread_target, durability).and_then(|mut client| {
-                        lease::acquire(&mut client, &thread_worker)?;
-                        let lock = client
-                            .prepare("SELECT pg_advisory_xact_lock($1)")
-                            .map_err(storage)?;
-                        let fence = client.prepare(&lease::status_sql()).map_err(storage)?;
-                        Ok((client, lock, fence))
-                    });
-                let opened = opened.and_then(|(mut client, lock, fence)| {
-                    let head_file = thread_worker
-                        .head_file
-                        .as_deref()
-                        .map(|path| head_file_at(path, audit_key.clone(), durability))
-                        .transpose()?;
-                    if let Some(head_file) = &head_file {
-                        let mut tx = client
-                            .build_transaction()
-                            .isolation_level(IsolationLevel::RepeatableRead)
-                            .read_only(true)
-                            .start()
-                            .map_err(storage)?;
-                        head_file.create_if_missing(&PgDb::new(&mut tx, &Statements::default()))?;
-                        tx.commit().map_err(storage)?;
-                    }
-                    Ok((client, lock, fence, head_file))
-                });
+                let opened = open_connection(
+                    &thread_config,
+                    &thread_target,
+                    durability,
+                    &thread_worker,
+                    audit_key.as_ref(),
+                );
                 let mut connection = match opened {
                     Ok((client, lock, fence, head_file)) => Connection {
                         client,
@@ -498,6 +580,24 @@ impl PostgresLog {
                 };
                 let _ = opened_sender.send(Ok(()));
                 while let Some(job) = receiver.blocking_recv() {
+                    if connection.client.is_closed() {
+                        // The server dropped the connection (a restart, a failover): made
+                        // again, the lease checked, before the job runs; if that fails the
+                        // job fails, and the next one tries again.
+                        if let Ok((client, lock, fence, head_file)) = open_connection(
+                            &thread_config,
+                            &thread_target,
+                            durability,
+                            &connection.worker,
+                            connection.audit_key.as_ref(),
+                        ) {
+                            connection.client = client;
+                            connection.lock = lock;
+                            connection.fence = fence;
+                            connection.head_file = head_file;
+                            connection.statements = Statements::default();
+                        }
+                    }
                     job(&mut connection, clock.now_ms());
                 }
                 drop(connection);

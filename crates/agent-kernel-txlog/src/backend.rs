@@ -228,6 +228,10 @@ pub fn verify_chain_and_tables(db: &dyn Db, key: Option<&AuditKey>) -> crate::Au
     report
 }
 
+/// What [`HeadFile::read`] found: the head, none, or why it cannot be read.
+#[derive(Debug)]
+pub struct HeadRead(Result<Option<crate::audit::Head>, String>);
+
 /// A head file for a log whose database is not a local file (PostgreSQL): the chain's
 /// newest sequence number, hash and MAC, kept by each machine that writes the log in a file
 /// of its own, exactly as beside an SQLite log (`<base>.audit-head`: two checksummed slots,
@@ -283,10 +287,22 @@ impl HeadFile {
         self.settings.advance_head(db, chain.appender.head());
     }
 
-    /// [`verify_chain_and_tables`], and the head file checked against the chain (6.9's
-    /// check 2), read before the chain.
-    pub fn verify(&self, db: &dyn Db, key: Option<&AuditKey>) -> crate::AuditReport {
-        let head = crate::head::read(&self.settings.db_path);
+    /// Reads the file, for [`verify`](Self::verify): before the snapshot the chain is read
+    /// in begins, since writers move the file only after they commit, so a log in use never
+    /// looks cut.
+    pub fn read(&self) -> HeadRead {
+        HeadRead(crate::head::read(&self.settings.db_path))
+    }
+
+    /// [`verify_chain_and_tables`], and the head file as `read` found it checked against the
+    /// chain (6.9's check 2).
+    pub fn verify(
+        &self,
+        db: &dyn Db,
+        key: Option<&AuditKey>,
+        read: HeadRead,
+    ) -> crate::AuditReport {
+        let head = read.0;
         let mut report = crate::AuditReport {
             n_records: 0,
             head: None,

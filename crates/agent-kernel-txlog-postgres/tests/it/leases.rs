@@ -109,3 +109,49 @@ async fn a_writer_whose_lease_ran_out_is_fenced_for_good() {
 }
 
 use agent_kernel_api::LogWrite;
+
+#[tokio::test]
+async fn a_take_over_needs_the_owners_lease_run_out_and_ends_it_for_good() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let holder = worker(40, Duration::from_secs(30));
+    let log = open_as(&schema.url(), holder.clone()).expect("opens");
+    let LogWrite::CreateSaga(mut saga) = new_saga("held") else {
+        unreachable!("new_saga creates a saga")
+    };
+    saga.owner = holder.owner.clone();
+    log.write(vec![
+        LogWrite::CreateSaga(saga),
+        begin("held", 0, None, "h"),
+    ])
+    .await
+    .expect("writes");
+    let recoverer = open(&schema.url()).expect("opens");
+    let me = crate::this_worker().owner;
+    let acting = agent_kernel_api::SagaState::Acting;
+    assert!(
+        !recoverer
+            .take_over(&SagaId::new("held"), &holder.owner, acting, &me)
+            .await
+            .expect("writes"),
+        "the owner's lease is live: no take-over"
+    );
+    schema.execute("UPDATE leases SET expires_at_ms = 1 WHERE owner_pid = 40");
+    assert!(
+        recoverer
+            .take_over(&SagaId::new("held"), &holder.owner, acting, &me)
+            .await
+            .expect("writes")
+    );
+    // Ended for good by the take-over: a renewal committed afterwards cannot revive it.
+    let ended = schema.rows("SELECT expires_at_ms::text FROM leases WHERE owner_pid = 40");
+    assert_eq!(ended[0][0].as_deref(), Some("-1"));
+    let error = log
+        .write(vec![LogWrite::SetState {
+            saga_id: SagaId::new("held"),
+            state: agent_kernel_api::SagaState::Compensating,
+        }])
+        .await
+        .expect_err("fenced");
+    assert!(matches!(error, TxError::Fenced { .. }), "{error}");
+}
