@@ -146,8 +146,7 @@ async fn an_approved_step_runs_once_with_exactly_the_approved_arguments() {
     assert_eq!(after.state, SagaState::Done);
     assert_eq!(fixture.world.items(), ["a", "x", "c"]);
     // The request, the decision and its use are in the audit chain, which verifies.
-    let audit =
-        agent_kernel_txlog::verify(&fixture.dir.path().join("log.db"), None).expect("verifies");
+    let audit = fixture.verify();
     assert!(audit.is_intact(), "{:?}", audit.first_bad);
 }
 

@@ -245,8 +245,7 @@ async fn a_thousand_sagas_with_failing_compensations_lose_nothing_and_retries_br
             "seed {seed}: saga {saga_id}"
         );
     }
-    let audit =
-        agent_kernel_txlog::verify(&fixture.dir.path().join("log.db"), None).expect("verifies");
+    let audit = fixture.verify();
     assert!(audit.is_intact(), "seed {seed}: {:?}", audit.first_bad);
 }
 
@@ -313,8 +312,7 @@ async fn a_retry_that_fails_again_counts_an_attempt_and_a_resolution_settles_by_
         matches!(error, KernelError::DeadLetterClosed { .. }),
         "{error}"
     );
-    let audit =
-        agent_kernel_txlog::verify(&fixture.dir.path().join("log.db"), None).expect("verifies");
+    let audit = fixture.verify();
     assert!(audit.is_intact(), "{:?}", audit.first_bad);
 }
 

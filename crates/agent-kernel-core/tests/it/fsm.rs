@@ -163,7 +163,7 @@ async fn an_actor_runs_one_saga_at_a_time() {
 
 /// A view of the log whose list of unfinished sagas is always empty, as a read taken just
 /// before another process created its saga would be.
-struct StaleReads(std::sync::Arc<agent_kernel_txlog::SqliteLog>);
+struct StaleReads(std::sync::Arc<dyn TxLog>);
 
 impl TxLog for StaleReads {
     fn write(&self, batch: Vec<LogWrite>) -> BoxFuture<'_, Result<Vec<WriteOutcome>, TxError>> {

@@ -1,5 +1,10 @@
-//! Integration tests of the saga engine over a real SQLite log, with in-memory tools whose
-//! "world" is a shared list, so every effect and every compensation is visible.
+//! Integration tests of the saga engine over a real log, with in-memory tools whose "world"
+//! is a shared list, so every effect and every compensation is visible.
+//!
+//! The log is SQLite, or PostgreSQL when `AGENT_KERNEL_TEST_LOG=postgres` (on the server
+//! `AGENT_KERNEL_TEST_POSTGRES` names, a schema per fixture): one source, both backends.
+//! Liveness stays the staged probe's on both (the PostgreSQL log's leases are tested in its
+//! own crate and through the binary).
 
 mod approvals;
 mod dead_letters;
@@ -16,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agent_kernel_api::TxLog;
 use agent_kernel_api::{
     Clock, Durability, EffectClass, IdSource, Owner, Plan, PlanStep, ProbeOutcome, Reversibility,
     SagaId, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
@@ -23,7 +29,8 @@ use agent_kernel_api::{
 use agent_kernel_core::{Environment, Kernel, Liveness, LivenessProbe, NoObserver};
 use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
 use agent_kernel_fsm::Guardrail;
-use agent_kernel_txlog::{LogOptions, SqliteLog};
+use agent_kernel_log_contract::postgres::Schema;
+use agent_kernel_txlog::{AuditReport, LogOptions, SqliteLog};
 use serde_json::{Value, json};
 
 /// The shared world the test tools act on, and a journal of what they did.
@@ -199,7 +206,7 @@ impl TransactionalTool for Boom {
 /// its output carries that state and the status the log holds for its own step.
 pub(crate) struct Probe {
     pub(crate) world: Arc<World>,
-    pub(crate) log: Arc<SqliteLog>,
+    pub(crate) log: Arc<dyn TxLog>,
 }
 
 impl TransactionalTool for Probe {
@@ -447,6 +454,141 @@ pub(crate) struct Fixture {
     /// One clock for the log and every kernel made from now on, instead of a tick clock
     /// each: the test moves the time.
     pub(crate) clock: Option<Arc<dyn Clock>>,
+    /// Where the log is: `None` for SQLite in `dir`, else a PostgreSQL schema.
+    pub(crate) postgres: Option<Schema>,
+}
+
+/// The variable that runs this suite on PostgreSQL (`postgres`) instead of SQLite.
+const BACKEND_VARIABLE: &str = "AGENT_KERNEL_TEST_LOG";
+
+/// A fresh schema on the test server when the suite runs on PostgreSQL.
+fn postgres_schema() -> Option<Schema> {
+    match std::env::var(BACKEND_VARIABLE).as_deref() {
+        Ok("postgres") => {
+            let server = agent_kernel_log_contract::postgres::server()
+                .expect("AGENT_KERNEL_TEST_LOG=postgres needs AGENT_KERNEL_TEST_POSTGRES");
+            Some(Schema::create(&server))
+        }
+        Ok("sqlite") | Err(_) => None,
+        Ok(other) => panic!("{BACKEND_VARIABLE} is `{other}`: `sqlite` or `postgres`"),
+    }
+}
+
+/// A PostgreSQL log that keeps its owners' liveness to the staged probe, as SQLite does:
+/// these tests kill processes by saying so, not by letting leases run out.
+struct StagedLeases(agent_kernel_txlog_postgres::PostgresLog);
+
+impl TxLog for StagedLeases {
+    fn write(
+        &self,
+        batch: Vec<agent_kernel_api::LogWrite>,
+    ) -> agent_kernel_api::BoxFuture<
+        '_,
+        Result<Vec<agent_kernel_api::WriteOutcome>, agent_kernel_api::TxError>,
+    > {
+        self.0.write(batch)
+    }
+    fn saga<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> agent_kernel_api::BoxFuture<
+        'a,
+        Result<Option<agent_kernel_api::SagaRecord>, agent_kernel_api::TxError>,
+    > {
+        self.0.saga(saga_id)
+    }
+    fn sagas(
+        &self,
+        limit: u32,
+    ) -> agent_kernel_api::BoxFuture<
+        '_,
+        Result<Vec<agent_kernel_api::SagaSummary>, agent_kernel_api::TxError>,
+    > {
+        self.0.sagas(limit)
+    }
+    fn unfinished_sagas(
+        &self,
+    ) -> agent_kernel_api::BoxFuture<
+        '_,
+        Result<Vec<agent_kernel_api::SagaSummary>, agent_kernel_api::TxError>,
+    > {
+        self.0.unfinished_sagas()
+    }
+    fn key_binding<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> agent_kernel_api::BoxFuture<
+        'a,
+        Result<Option<agent_kernel_api::KeyBinding>, agent_kernel_api::TxError>,
+    > {
+        self.0.key_binding(key)
+    }
+    fn take_over<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        expected_owner: &'a Owner,
+        expected_state: agent_kernel_api::SagaState,
+        new_owner: &'a Owner,
+    ) -> agent_kernel_api::BoxFuture<'a, Result<bool, agent_kernel_api::TxError>> {
+        self.0
+            .take_over(saga_id, expected_owner, expected_state, new_owner)
+    }
+    fn approval<'a>(
+        &'a self,
+        approval_id: &'a str,
+    ) -> agent_kernel_api::BoxFuture<
+        'a,
+        Result<Option<agent_kernel_api::ApprovalRecord>, agent_kernel_api::TxError>,
+    > {
+        self.0.approval(approval_id)
+    }
+    fn saga_approval<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> agent_kernel_api::BoxFuture<
+        'a,
+        Result<Option<agent_kernel_api::ApprovalRecord>, agent_kernel_api::TxError>,
+    > {
+        self.0.saga_approval(saga_id)
+    }
+    fn pending_approvals(
+        &self,
+    ) -> agent_kernel_api::BoxFuture<
+        '_,
+        Result<Vec<agent_kernel_api::ApprovalRecord>, agent_kernel_api::TxError>,
+    > {
+        self.0.pending_approvals()
+    }
+    fn dead_letter<'a>(
+        &'a self,
+        letter_id: &'a str,
+    ) -> agent_kernel_api::BoxFuture<
+        'a,
+        Result<Option<agent_kernel_api::DeadLetter>, agent_kernel_api::TxError>,
+    > {
+        self.0.dead_letter(letter_id)
+    }
+    fn open_dead_letters<'a>(
+        &'a self,
+        saga_id: Option<&'a SagaId>,
+    ) -> agent_kernel_api::BoxFuture<
+        'a,
+        Result<Vec<agent_kernel_api::DeadLetter>, agent_kernel_api::TxError>,
+    > {
+        self.0.open_dead_letters(saga_id)
+    }
+    fn prune_candidates(
+        &self,
+        before_ms: i64,
+        after: Option<(i64, SagaId)>,
+        limit: u32,
+    ) -> agent_kernel_api::BoxFuture<
+        '_,
+        Result<Vec<agent_kernel_api::SagaRecord>, agent_kernel_api::TxError>,
+    > {
+        self.0.prune_candidates(before_ms, after, limit)
+    }
+    // `owner_lease` is left to its default: no lease is consulted.
 }
 
 impl Fixture {
@@ -459,6 +601,41 @@ impl Fixture {
             liveness: Arc::new(StagedLiveness::default()),
             clock_ahead_ms: 0,
             clock: None,
+            postgres: postgres_schema(),
+        }
+    }
+
+    /// `audit verify` of the fixture's log.
+    pub(crate) fn verify(&self) -> AuditReport {
+        match &self.postgres {
+            Some(schema) => agent_kernel_txlog_postgres::verify(&schema.url(), None, None),
+            None => agent_kernel_txlog::verify(&self.dir.path().join("log.db"), None),
+        }
+        .expect("verifies")
+    }
+
+    /// The bodies of the audit records of `kind`, newest first.
+    pub(crate) fn audit_bodies(&self, kind: &str) -> Vec<Value> {
+        match &self.postgres {
+            Some(schema) => schema
+                .rows(&format!(
+                    "SELECT body FROM audit_log WHERE kind = '{kind}' ORDER BY seq DESC LIMIT 1000"
+                ))
+                .into_iter()
+                .map(|row| serde_json::from_str(row[0].as_deref().expect("a body")).expect("JSON"))
+                .collect(),
+            None => agent_kernel_txlog::audit_records(
+                &self.dir.path().join("log.db"),
+                &agent_kernel_txlog::AuditQuery {
+                    kinds: vec![kind.to_owned()],
+                    saga_id: None,
+                    limit: 1000,
+                },
+            )
+            .expect("reads the audit records")
+            .into_iter()
+            .map(|record| record.body)
+            .collect(),
         }
     }
 
@@ -471,20 +648,49 @@ impl Fixture {
             .extend(pids);
     }
 
-    pub(crate) fn open_log(&self) -> Arc<SqliteLog> {
-        Arc::new(
-            SqliteLog::open(
-                &self.dir.path().join("log.db"),
-                LogOptions {
-                    durability: Durability::Normal,
-                    clock: self
-                        .clock
-                        .clone()
-                        .unwrap_or_else(|| Arc::new(TickClock(AtomicU64::new(0)))),
-                },
+    pub(crate) fn open_log(&self) -> Arc<dyn TxLog> {
+        let options = LogOptions {
+            durability: Durability::Normal,
+            clock: self
+                .clock
+                .clone()
+                .unwrap_or_else(|| Arc::new(TickClock(AtomicU64::new(0)))),
+        };
+        match &self.postgres {
+            Some(schema) => {
+                let worker = agent_kernel_txlog_postgres::Worker::new(owner(4_000_000));
+                let log = agent_kernel_txlog_postgres::PostgresLog::open(
+                    &schema.url(),
+                    options,
+                    None,
+                    worker,
+                )
+                .expect("log opens");
+                Arc::new(StagedLeases(log))
+            }
+            None => Arc::new(
+                SqliteLog::open(&self.dir.path().join("log.db"), options).expect("log opens"),
+            ),
+        }
+    }
+
+    /// The SQLite log itself (a new connection), when the suite runs on SQLite.
+    pub(crate) fn open_sqlite(&self) -> Option<Arc<SqliteLog>> {
+        self.postgres.is_none().then(|| {
+            Arc::new(
+                SqliteLog::open(
+                    &self.dir.path().join("log.db"),
+                    LogOptions {
+                        durability: Durability::Normal,
+                        clock: self
+                            .clock
+                            .clone()
+                            .unwrap_or_else(|| Arc::new(TickClock(AtomicU64::new(0)))),
+                    },
+                )
+                .expect("log opens"),
             )
-            .expect("log opens"),
-        )
+        })
     }
 
     /// A kernel acting as process `pid` over a fresh connection to the shared log.
@@ -492,7 +698,7 @@ impl Fixture {
         self.kernel_on(self.open_log(), pid)
     }
 
-    pub(crate) fn kernel_on(&self, log: Arc<SqliteLog>, pid: u32) -> Kernel {
+    pub(crate) fn kernel_on(&self, log: Arc<dyn TxLog>, pid: u32) -> Kernel {
         self.kernel_over(log.clone(), log, pid)
     }
 
@@ -501,7 +707,7 @@ impl Fixture {
     pub(crate) fn kernel_over(
         &self,
         log: Arc<dyn agent_kernel_api::TxLog>,
-        sqlite: Arc<SqliteLog>,
+        sqlite: Arc<dyn TxLog>,
         pid: u32,
     ) -> Kernel {
         self.kernel_with(log, sqlite, pid, true)
@@ -517,7 +723,7 @@ impl Fixture {
     fn kernel_with(
         &self,
         log: Arc<dyn agent_kernel_api::TxLog>,
-        sqlite: Arc<SqliteLog>,
+        sqlite: Arc<dyn TxLog>,
         pid: u32,
         with_ledger: bool,
     ) -> Kernel {

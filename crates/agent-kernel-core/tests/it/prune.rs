@@ -9,11 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use agent_kernel_api::{
-    ApprovalStatus, Clock, EffectClass, Plan, PlanStep, SagaRecord, SagaState, StepStatus, TxLog,
+    ApprovalStatus, Clock, EffectClass, Plan, PlanStep, SagaRecord, SagaState, StepStatus,
     UndoWindow,
 };
 use agent_kernel_core::{BeginOptions, CallAnswer, Kernel, LiveSaga, NoObserver, RecoveryAction};
-use agent_kernel_txlog::SqliteLog;
 use serde_json::json;
 
 use crate::{Fixture, Rng, abandon_when, add, boom, probe};
@@ -71,7 +70,7 @@ fn prunable(
 }
 
 /// Every saga of the log with what the rules look at.
-async fn snapshot(log: &SqliteLog) -> Vec<(SagaRecord, usize, bool)> {
+async fn snapshot(log: &dyn agent_kernel_api::TxLog) -> Vec<(SagaRecord, usize, bool)> {
     let mut sagas = Vec::new();
     for summary in log.sagas(10_000).await.expect("lists") {
         let record = log
@@ -102,7 +101,7 @@ async fn snapshot(log: &SqliteLog) -> Vec<(SagaRecord, usize, bool)> {
 async fn prune_and_check(
     seed: u64,
     fixture: &Fixture,
-    log: &SqliteLog,
+    log: &dyn agent_kernel_api::TxLog,
     kernel: &Kernel,
     older_than_ms: u64,
 ) -> u64 {
@@ -136,8 +135,7 @@ async fn prune_and_check(
         );
     }
     assert_eq!(report.n_sagas, n_expected, "seed {seed}: {report:?}");
-    let verified =
-        agent_kernel_txlog::verify(&fixture.dir.path().join("log.db"), None).expect("verifies");
+    let verified = fixture.verify();
     assert!(verified.is_intact(), "seed {seed}: {verified:#?}");
     report.n_sagas
 }
@@ -240,12 +238,12 @@ async fn history(seed: u64) -> (u64, u64) {
         );
         if rng.below(6) == 0 {
             let older_than = rng.below(1_500);
-            n_pruned += prune_and_check(seed, &fixture, &log, &kernel, older_than).await;
+            n_pruned += prune_and_check(seed, &fixture, &*log, &kernel, older_than).await;
         }
     }
     // Past every window: all that is finished and settled goes.
     clock.0.fetch_add(10_000, Ordering::Relaxed);
-    n_pruned += prune_and_check(seed, &fixture, &log, &kernel, 0).await;
+    n_pruned += prune_and_check(seed, &fixture, &*log, &kernel, 0).await;
 
     // Recovery is unaffected: the dead process's sagas are rolled back, the live ones kept.
     fixture.kill([2]);
@@ -268,7 +266,7 @@ async fn history(seed: u64) -> (u64, u64) {
             "seed {seed}: an open saga was pruned"
         );
     }
-    n_pruned += prune_and_check(seed, &fixture, &log, &kernel, 0).await;
+    n_pruned += prune_and_check(seed, &fixture, &*log, &kernel, 0).await;
     (n_pruned, held.len() as u64)
 }
 

@@ -65,8 +65,7 @@ async fn a_done_saga_is_undone_last_first_and_ends_undone() {
         .await
         .expect("reports");
     assert_eq!(again.state, SagaState::Undone);
-    let audit =
-        agent_kernel_txlog::verify(&fixture.dir.path().join("log.db"), None).expect("verifies");
+    let audit = fixture.verify();
     assert!(audit.is_intact(), "{:?}", audit.first_bad);
 }
 
