@@ -350,10 +350,7 @@ fn summary(record: &agent_kernel_txlog::AuditRecord) -> String {
 ///
 /// A bad-input [`Failure`] (exit 2) when the log cannot be verified.
 pub(crate) async fn verify_log(db: &Path, key: Option<AuditKey>) -> Result<AuditReport, Failure> {
-    if db
-        .to_str()
-        .is_some_and(agent_kernel_txlog_postgres::is_postgres_url)
-    {
+    if crate::is_postgres_path(db) {
         return verify_log_with(db, key, verify_postgres).await;
     }
     verify_log_with(db, key, agent_kernel_txlog::verify).await

@@ -1076,18 +1076,21 @@ fn db_path(cli: &Cli) -> PathBuf {
 
 /// Whether `--db` names a PostgreSQL database rather than an SQLite file.
 fn is_postgres(cli: &Cli) -> bool {
-    db_path(cli)
-        .to_str()
+    is_postgres_path(&db_path(cli))
+}
+
+/// Whether `path` is a PostgreSQL database's URL rather than an SQLite file's path.
+pub(crate) fn is_postgres_path(path: &Path) -> bool {
+    path.to_str()
         .is_some_and(agent_kernel_txlog_postgres::is_postgres_url)
 }
 
 /// The log as messages name it: the path, or a database URL without its password.
 fn shown_db(path: &Path) -> String {
-    let text = path.to_string_lossy();
-    if !agent_kernel_txlog_postgres::is_postgres_url(&text) {
+    if !is_postgres_path(path) {
         return path.display().to_string();
     }
-    agent_kernel_txlog_postgres::describe_url(&text)
+    agent_kernel_txlog_postgres::describe_url(&path.to_string_lossy())
         .unwrap_or_else(|| "a PostgreSQL URL that does not parse".to_owned())
 }
 
@@ -1212,10 +1215,7 @@ fn open_log(cli: &Cli, durability: Durability) -> Result<SqliteLog, Failure> {
 /// Whether something that would be opened as the log is at `path` (through links): a
 /// non-empty file, or one that cannot be inspected (which then is not taken for a new log).
 fn log_exists(path: &Path) -> bool {
-    if path
-        .to_str()
-        .is_some_and(agent_kernel_txlog_postgres::is_postgres_url)
-    {
+    if is_postgres_path(path) {
         return true;
     }
     match agent_kernel_txlog::resolve_db_path(path).map(std::fs::metadata) {
@@ -1229,10 +1229,7 @@ fn log_exists(path: &Path) -> bool {
 /// `Ok(false)` only when nothing is there. Links that loop are bad input; a path that cannot
 /// be inspected (a folder without search permission) needs an operator.
 fn log_present(path: &Path) -> Result<bool, Failure> {
-    if path
-        .to_str()
-        .is_some_and(agent_kernel_txlog_postgres::is_postgres_url)
-    {
+    if is_postgres_path(path) {
         // A database is there or not when it is connected to.
         return Ok(true);
     }

@@ -57,16 +57,11 @@ impl Kernel {
             }
             if saga.owner.is_detached() {
                 // Left waiting on purpose: recoverable only once its request is settled.
-                let waiting =
-                    self.log
-                        .saga_approval(&saga.saga_id)
-                        .await?
-                        .is_some_and(|approval| {
-                            matches!(
-                                approval.status_at(self.env.clock.now_ms()),
-                                ApprovalStatus::Pending | ApprovalStatus::Approved
-                            )
-                        });
+                let waiting = self
+                    .log
+                    .saga_approval(&saga.saga_id)
+                    .await?
+                    .is_some_and(|approval| self.still_open(&approval));
                 if waiting {
                     continue;
                 }
@@ -88,6 +83,15 @@ impl Kernel {
             }
         }
         Ok(false)
+    }
+
+    /// Whether a person may still act on `approval` (pending or approved, not expired): its
+    /// saga, left waiting on purpose, is not recovered meanwhile.
+    fn still_open(&self, approval: &agent_kernel_api::ApprovalRecord) -> bool {
+        matches!(
+            approval.status_at(self.env.clock.now_ms()),
+            ApprovalStatus::Pending | ApprovalStatus::Approved
+        )
     }
 
     /// Whether `owner` is alive: by its lease on a log that keeps leases, else by the
@@ -268,10 +272,7 @@ impl Kernel {
         if record.saga.state == SagaState::AwaitingApproval && record.saga.owner.is_detached() {
             // Left waiting on purpose: it is not in flight, a person has it.
             let approval = self.waiting_approval(&record).await?;
-            if matches!(
-                approval.status_at(self.env.clock.now_ms()),
-                ApprovalStatus::Pending | ApprovalStatus::Approved
-            ) {
+            if self.still_open(&approval) {
                 info!(saga_id = %saga_id, approval_id = %approval.request.approval_id, "waits for an approval; skipped");
                 return Ok(Some(RecoveryAction::SkippedWaiting {
                     saga_id: saga_id.clone(),

@@ -192,12 +192,7 @@ fn open_connection(
         .map(|path| head_file_at(path, audit_key.cloned(), durability))
         .transpose()?;
     if let Some(head_file) = &head_file {
-        let mut tx = client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .map_err(storage)?;
+        let mut tx = snapshot(&mut client)?;
         head_file.create_if_missing(&PgDb::new(&mut tx, &Statements::default()))?;
         tx.commit().map_err(storage)?;
     }
@@ -246,12 +241,7 @@ pub fn verify(
                 let mut client = config.connect(NoTls).map_err(|err| {
                     TxError::Storage(format!("cannot connect to {target}: {err}"))
                 })?;
-                let mut tx = client
-                    .build_transaction()
-                    .isolation_level(IsolationLevel::RepeatableRead)
-                    .read_only(true)
-                    .start()
-                    .map_err(storage)?;
+                let mut tx = snapshot(&mut client)?;
                 let inspected = schema::inspect(&mut tx, &target)?;
                 let empty = AuditReport {
                     n_records: 0,
@@ -375,6 +365,36 @@ struct Connection {
     fence: postgres::Statement,
 }
 
+/// A read-only, repeatable-read snapshot on `client`: every read of the log sees one
+/// moment.
+fn snapshot(client: &mut Client) -> Result<postgres::Transaction<'_>, TxError> {
+    client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .map_err(storage)
+}
+
+/// Moves this machine's head file, when it keeps one, to `chain`'s newest record, just
+/// committed (a batch that ended a saga or held an audit event, or a take-over), checked in
+/// a new snapshot.
+fn advance_head_file(
+    client: &mut Client,
+    statements: &Statements,
+    head_file: Option<&HeadFile>,
+    chain: &Chain<'_>,
+) {
+    let Some(head_file) = head_file else {
+        return;
+    };
+    // Without a snapshot the head file stays where it was; `audit verify` vouches up to it.
+    if let Ok(mut tx) = snapshot(client) {
+        head_file.advance(&PgDb::new(&mut tx, statements), chain);
+        let _ = tx.commit();
+    }
+}
+
 /// Begins a write transaction on `client`: after every other writer's (`lock` takes
 /// `WRITE_LOCK`), and only while `worker`'s lease is live (`fence`). Once it ran out,
 /// another process may have taken its sagas over: the write is refused
@@ -404,8 +424,7 @@ fn begin_write<'c>(
 impl Connection {
     /// Applies one batch in one transaction, after every other writer's.
     fn write(&mut self, batch: &[LogWrite], now_ms: i64) -> Result<Vec<WriteOutcome>, TxError> {
-        let key = self.audit_key.clone();
-        let key = key.as_ref();
+        let key = self.audit_key.as_ref();
         let mut tx = begin_write(&mut self.client, &self.lock, &self.fence, &self.worker)?;
         let (applied, chain) = {
             let db = PgDb::new(&mut tx, &self.statements);
@@ -415,7 +434,12 @@ impl Connection {
         };
         tx.commit().map_err(storage)?;
         if applied.moves_head {
-            self.advance_head_file(&chain);
+            advance_head_file(
+                &mut self.client,
+                &self.statements,
+                self.head_file.as_ref(),
+                &chain,
+            );
         }
         Ok(applied.outcomes)
     }
@@ -429,8 +453,7 @@ impl Connection {
         new: &Owner,
         now_ms: i64,
     ) -> Result<bool, TxError> {
-        let key = self.audit_key.clone();
-        let key = key.as_ref();
+        let key = self.audit_key.as_ref();
         let mut tx = begin_write(&mut self.client, &self.lock, &self.fence, &self.worker)?;
         if !lease::end_if_expired(&mut tx, expected)? {
             // Renewed after all: the owner is alive, and keeps its saga.
@@ -452,39 +475,19 @@ impl Connection {
         };
         if taken {
             tx.commit().map_err(storage)?;
-            self.advance_head_file(&chain);
+            advance_head_file(
+                &mut self.client,
+                &self.statements,
+                self.head_file.as_ref(),
+                &chain,
+            );
         }
         Ok(taken)
     }
 
-    /// Moves this machine's head file to `chain`'s newest record, just committed (a batch
-    /// that ended a saga or held an audit event, or a take-over), checked in a new snapshot.
-    fn advance_head_file(&mut self, chain: &Chain<'_>) {
-        let Some(head_file) = &self.head_file else {
-            return;
-        };
-        let snapshot = self
-            .client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start();
-        // Without a snapshot the head file stays where it was; `audit verify` vouches up to it.
-        if let Ok(mut tx) = snapshot {
-            head_file.advance(&PgDb::new(&mut tx, &self.statements), chain);
-            let _ = tx.commit();
-        }
-    }
-
     /// Runs `read` in one read-only snapshot.
     fn read<T>(&mut self, read: impl FnOnce(&dyn Db) -> Result<T, TxError>) -> Result<T, TxError> {
-        let mut tx = self
-            .client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .map_err(storage)?;
+        let mut tx = snapshot(&mut self.client)?;
         let value = {
             let db = PgDb::new(&mut tx, &self.statements);
             read(&db)?
@@ -638,6 +641,14 @@ impl PostgresLog {
         let _ = self.closed.await;
     }
 
+    /// Runs `read` in one snapshot on the connection's thread and returns its result.
+    fn read_job<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&dyn Db) -> Result<T, TxError> + Send + 'static,
+    ) -> BoxFuture<'_, Result<T, TxError>> {
+        self.call(move |connection, _| connection.read(read))
+    }
+
     /// Runs `job` on the connection's thread and returns its result.
     fn call<T: Send + 'static>(
         &self,
@@ -665,15 +676,15 @@ impl TxLog for PostgresLog {
         saga_id: &'a SagaId,
     ) -> BoxFuture<'a, Result<Option<SagaRecord>, TxError>> {
         let saga_id = saga_id.clone();
-        self.call(move |connection, _| connection.read(|db| backend::saga(db, &saga_id)))
+        self.read_job(move |db| backend::saga(db, &saga_id))
     }
 
     fn sagas(&self, limit: u32) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
-        self.call(move |connection, _| connection.read(|db| backend::sagas(db, limit)))
+        self.read_job(move |db| backend::sagas(db, limit))
     }
 
     fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
-        self.call(|connection, _| connection.read(backend::unfinished_sagas))
+        self.read_job(backend::unfinished_sagas)
     }
 
     fn key_binding<'a>(
@@ -681,7 +692,7 @@ impl TxLog for PostgresLog {
         key: &'a str,
     ) -> BoxFuture<'a, Result<Option<KeyBinding>, TxError>> {
         let key = key.to_owned();
-        self.call(move |connection, _| connection.read(|db| backend::key_binding(db, &key)))
+        self.read_job(move |db| backend::key_binding(db, &key))
     }
 
     fn take_over<'a>(
@@ -702,7 +713,7 @@ impl TxLog for PostgresLog {
         approval_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>> {
         let approval_id = approval_id.to_owned();
-        self.call(move |connection, _| connection.read(|db| backend::approval(db, &approval_id)))
+        self.read_job(move |db| backend::approval(db, &approval_id))
     }
 
     fn saga_approval<'a>(
@@ -710,11 +721,11 @@ impl TxLog for PostgresLog {
         saga_id: &'a SagaId,
     ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>> {
         let saga_id = saga_id.clone();
-        self.call(move |connection, _| connection.read(|db| backend::saga_approval(db, &saga_id)))
+        self.read_job(move |db| backend::saga_approval(db, &saga_id))
     }
 
     fn pending_approvals(&self) -> BoxFuture<'_, Result<Vec<ApprovalRecord>, TxError>> {
-        self.call(|connection, _| connection.read(backend::pending_approvals))
+        self.read_job(backend::pending_approvals)
     }
 
     fn dead_letter<'a>(
@@ -722,7 +733,7 @@ impl TxLog for PostgresLog {
         letter_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<DeadLetter>, TxError>> {
         let letter_id = letter_id.to_owned();
-        self.call(move |connection, _| connection.read(|db| backend::dead_letter(db, &letter_id)))
+        self.read_job(move |db| backend::dead_letter(db, &letter_id))
     }
 
     fn open_dead_letters<'a>(
@@ -730,9 +741,7 @@ impl TxLog for PostgresLog {
         saga_id: Option<&'a SagaId>,
     ) -> BoxFuture<'a, Result<Vec<DeadLetter>, TxError>> {
         let saga_id = saga_id.cloned();
-        self.call(move |connection, _| {
-            connection.read(|db| backend::open_dead_letters(db, saga_id.as_ref()))
-        })
+        self.read_job(move |db| backend::open_dead_letters(db, saga_id.as_ref()))
     }
 
     fn owner_lease<'a>(
@@ -752,8 +761,6 @@ impl TxLog for PostgresLog {
         after: Option<(i64, SagaId)>,
         limit: u32,
     ) -> BoxFuture<'_, Result<Vec<SagaRecord>, TxError>> {
-        self.call(move |connection, _| {
-            connection.read(|db| backend::prune_candidates(db, before_ms, after.as_ref(), limit))
-        })
+        self.read_job(move |db| backend::prune_candidates(db, before_ms, after.as_ref(), limit))
     }
 }
