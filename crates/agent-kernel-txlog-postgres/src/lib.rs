@@ -267,10 +267,10 @@ pub fn verify(
                 }
                 let statements = Statements::default();
                 let db = PgDb::new(&mut tx, &statements);
-                Ok(match anchor {
+                match anchor {
                     Some((file, read)) => file.verify(&db, key, read),
                     None => backend::verify_chain_and_tables(&db, key),
-                })
+                }
             })
             .join()
             .map_err(|_| TxError::Storage("the verification thread panicked".to_owned()))?

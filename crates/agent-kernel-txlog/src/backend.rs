@@ -209,7 +209,16 @@ pub fn prune_candidates(
 /// tables against the chain, in the caller's snapshot, for a backend with the tables of the
 /// current SQLite schema. There is no anchor of the head outside the database here, so
 /// records removed from the end of the chain, with the tables edited to match, go unseen.
-pub fn verify_chain_and_tables(db: &dyn Db, key: Option<&AuditKey>) -> crate::AuditReport {
+/// Memory is bounded as [`verify`](crate::verify)'s.
+///
+/// # Errors
+///
+/// [`TxError::Storage`] when the replay's scratch database fails (nothing is then known
+/// about the log).
+pub fn verify_chain_and_tables(
+    db: &dyn Db,
+    key: Option<&AuditKey>,
+) -> Result<crate::AuditReport, TxError> {
     let mut report = crate::AuditReport {
         n_records: 0,
         head: None,
@@ -223,9 +232,10 @@ pub fn verify_chain_and_tables(db: &dyn Db, key: Option<&AuditKey>) -> crate::Au
         crate::verify::Tables::of_version(crate::SCHEMA_VERSION),
         key,
         None,
+        crate::VERIFY_ENTRIES_IN_MEMORY_MAX,
         &mut report,
-    );
-    report
+    )?;
+    Ok(report)
 }
 
 /// What [`HeadFile::read`] found: the head, none, or why it cannot be read.
@@ -296,12 +306,16 @@ impl HeadFile {
 
     /// [`verify_chain_and_tables`], and the head file as `read` found it checked against the
     /// chain (6.9's check 2).
+    ///
+    /// # Errors
+    ///
+    /// As [`verify_chain_and_tables`].
     pub fn verify(
         &self,
         db: &dyn Db,
         key: Option<&AuditKey>,
         read: HeadRead,
-    ) -> crate::AuditReport {
+    ) -> Result<crate::AuditReport, TxError> {
         let head = read.0;
         let mut report = crate::AuditReport {
             n_records: 0,
@@ -325,8 +339,9 @@ impl HeadFile {
             crate::verify::Tables::of_version(crate::SCHEMA_VERSION),
             key,
             Some(anchor),
+            crate::VERIFY_ENTRIES_IN_MEMORY_MAX,
             &mut report,
-        );
-        report
+        )?;
+        Ok(report)
     }
 }

@@ -94,6 +94,7 @@ mod head;
 mod prune;
 mod records;
 mod schema;
+mod spill;
 pub mod sql;
 mod store;
 mod verify;
@@ -120,7 +121,10 @@ pub use records::{
     AUDIT_RECORDS_DEFAULT, AUDIT_RECORDS_MAX, AuditQuery, AuditRecord, ChainReader,
     audit_record_kinds, audit_records, saga_chains,
 };
-pub use verify::{AuditHead, AuditReport, BadRecord, verify, verify_ignoring_head_file};
+pub use spill::VERIFY_ENTRIES_IN_MEMORY_MAX;
+pub use verify::{
+    AuditHead, AuditReport, BadRecord, verify, verify_bounded, verify_ignoring_head_file,
+};
 
 use crate::audit::AuditSettings;
 

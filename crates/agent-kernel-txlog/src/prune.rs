@@ -37,6 +37,37 @@ const PRUNABLE: &str = "(s.state = 'Done' OR s.state = 'FailedRolledBack' OR s.s
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SagaRecords(Sha256);
 
+/// A running hash in `verify`'s scratch database: the hex of SHA-256's serialized state.
+impl serde::Serialize for SagaRecords {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use sha2::digest::common::hazmat::SerializableState as _;
+        serializer.serialize_str(&hex(&self.0.serialize()))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for SagaRecords {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        use sha2::digest::common::hazmat::SerializableState as _;
+        let text = String::deserialize(deserializer)?;
+        let bytes = (0..text.len())
+            .step_by(2)
+            .map(|at| {
+                text.get(at..at + 2)
+                    .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+            })
+            .collect::<Option<Vec<u8>>>()
+            .ok_or_else(|| D::Error::custom("a running hash's state is not hex"))?;
+        let state = bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| D::Error::custom("a running hash's state has the wrong length"))?;
+        Sha256::deserialize(state)
+            .map(SagaRecords)
+            .map_err(|_| D::Error::custom("a running hash's state does not decode"))
+    }
+}
+
 impl SagaRecords {
     pub(crate) fn add(&mut self, record_hash: &str) {
         self.0.update(record_hash.as_bytes());

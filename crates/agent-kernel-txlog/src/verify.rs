@@ -1,12 +1,13 @@
 //! [`verify`]: checks a log's audit chain, its head file, and that the tables the kernel
 //! reads say what the chain says.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::sql::{Db, Error as SqlError, Row as SqlRow, Value as SqlValue, params};
 use agent_kernel_api::{ApprovalStatus, DeadLetterStatus, SagaState, StepStatus, TxError};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::audit::{
@@ -19,6 +20,7 @@ use crate::audit::{
 use crate::head;
 use crate::prune::SagaRecords;
 use crate::schema::{self, AUDIT_SCHEMA_VERSION};
+use crate::spill::{self, Entry, Key, Scratch, Spill, VERIFY_ENTRIES_IN_MEMORY_MAX};
 
 /// What [`verify`] found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -106,17 +108,38 @@ pub struct BadRecord {
 /// so a log in use never looks tampered with.
 /// The database's content is never changed; SQLite may still create the `-wal` and `-shm`
 /// files of a log in WAL mode, as any reader does.
-/// Memory grows with the number of sagas and steps in the tables (the replayed tables are
-/// held; a `Prune` checkpoint drops the sagas it names).
+/// Memory is bounded: the replayed tables keep at most
+/// [`VERIFY_ENTRIES_IN_MEMORY_MAX`](crate::VERIFY_ENTRIES_IN_MEMORY_MAX) sagas, steps,
+/// keys, requests and dead letters each in memory, and the rest in a scratch database in
+/// the temporary directory, deleted when the check ends.
 ///
 /// # Errors
 ///
 /// [`TxError::NotALog`] or [`TxError::SchemaTooNew`] as for
 /// [`SqliteLog::open`](crate::SqliteLog::open), [`TxError::Storage`] when the file does not
-/// exist or cannot be opened, or when its schema predates the audit chain (version 1) and
-/// it has no head file (open it once with this build to start the chain).
+/// exist or cannot be opened, when its schema predates the audit chain (version 1) and
+/// it has no head file (open it once with this build to start the chain), or when the
+/// scratch database fails (a full temporary directory): the log is then neither found
+/// intact nor found tampered with.
 pub fn verify(path: &Path, key: Option<&AuditKey>) -> Result<AuditReport, TxError> {
-    verify_with(path, key, HeadFile::Check)
+    verify_with(path, key, HeadFile::Check, VERIFY_ENTRIES_IN_MEMORY_MAX)
+}
+
+/// [`verify`], keeping at most `entries_in_memory` (at least 1) entries of each replayed
+/// table in memory instead of
+/// [`VERIFY_ENTRIES_IN_MEMORY_MAX`](crate::VERIFY_ENTRIES_IN_MEMORY_MAX): less memory,
+/// more reads and writes of the scratch database. The report is the same whatever the
+/// bound.
+///
+/// # Errors
+///
+/// As [`verify`].
+pub fn verify_bounded(
+    path: &Path,
+    key: Option<&AuditKey>,
+    entries_in_memory: usize,
+) -> Result<AuditReport, TxError> {
+    verify_with(path, key, HeadFile::Check, entries_in_memory)
 }
 
 /// [`verify`] without check 2 (the head file): the chain and the tables only.
@@ -132,7 +155,7 @@ pub fn verify_ignoring_head_file(
     path: &Path,
     key: Option<&AuditKey>,
 ) -> Result<AuditReport, TxError> {
-    verify_with(path, key, HeadFile::Ignore)
+    verify_with(path, key, HeadFile::Ignore, VERIFY_ENTRIES_IN_MEMORY_MAX)
 }
 
 /// Whether [`verify_with`] checks the head file.
@@ -146,6 +169,7 @@ fn verify_with(
     path: &Path,
     key: Option<&AuditKey>,
     head_check: HeadFile,
+    entries_in_memory: usize,
 ) -> Result<AuditReport, TxError> {
     let path = &crate::create::resolve_db_path(path)?;
     let head_file = head::read(path);
@@ -208,7 +232,14 @@ fn verify_with(
         name: "the head file",
         location: head_path.display().to_string(),
     });
-    verify_chain_and_tables(&tx, Tables::of_version(version), key, anchor, &mut report);
+    verify_chain_and_tables(
+        &tx,
+        Tables::of_version(version),
+        key,
+        anchor,
+        entries_in_memory,
+        &mut report,
+    )?;
     Ok(report)
 }
 
@@ -224,20 +255,31 @@ pub(crate) struct Anchor {
 }
 
 /// Checks 1 to 3 of [`verify`] over any backend, in the caller's snapshot: the chain, the
-/// anchor of its head (when `anchor` is given) and the tables, into `report`.
+/// anchor of its head (when `anchor` is given) and the tables, into `report`, keeping at
+/// most `entries_in_memory` entries of each replayed table in memory. `Err` only when the
+/// scratch database of the replay failed: nothing is then known about the log.
 pub(crate) fn verify_chain_and_tables(
     conn: &dyn Db,
     tables: Tables,
     key: Option<&AuditKey>,
     anchor: Option<Anchor>,
+    entries_in_memory: usize,
     report: &mut AuditReport,
-) {
-    let mut replay = Replay::default();
+) -> Result<(), TxError> {
+    let mut replay = Replay::new(entries_in_memory);
+    let scratch_failed = |replay: &Replay| {
+        replay.scratch.failure().map_or(Ok(()), |failure| {
+            Err(TxError::Storage(format!(
+                "the log could not be verified: {failure}"
+            )))
+        })
+    };
     let last = match check_chain(conn, key, &mut replay, report) {
         Ok(last) => last,
         Err(bad) => {
+            scratch_failed(&replay)?;
             report.first_bad = Some(bad);
-            return;
+            return Ok(());
         }
     };
     report.head = (last.seq > 0).then(|| AuditHead {
@@ -248,9 +290,12 @@ pub(crate) fn verify_chain_and_tables(
         && let Err(bad) = check_head_file(conn, anchor, &last, key)
     {
         report.first_bad = Some(bad);
-        return;
+        return Ok(());
     }
-    report.first_bad = replay.compare(conn, tables, last.seq);
+    let first_bad = replay.compare(conn, tables, last.seq);
+    scratch_failed(&replay)?;
+    report.first_bad = first_bad;
+    Ok(())
 }
 
 fn bad(seq: i64, reason: impl Into<String>) -> BadRecord {
@@ -500,7 +545,7 @@ fn check_head_file(
 }
 
 /// A process that owns a saga, as the `sagas` table stores it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct OwnerModel {
     host: String,
     boot_id: String,
@@ -511,7 +556,8 @@ struct OwnerModel {
 
 /// What the chain says a saga row holds. `None` fields are not known: the saga predates
 /// the chain (it came from a `Genesis` record) and no record has set them since.
-#[derive(Debug)]
+/// Its steps are [`Replay::steps`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct SagaModel {
     /// The record that last changed the row.
     last_seq: i64,
@@ -523,11 +569,16 @@ struct SagaModel {
     actor: Option<Option<String>>,
     created_at_ms: Option<i64>,
     updated_at_ms: Option<i64>,
-    steps: BTreeMap<i64, StepModel>,
+    /// How many of its steps the chain has begun.
+    n_known_steps: i64,
+    /// The running hash of its records, which a `Prune` checkpoint carries.
+    records: SagaRecords,
 }
 
+impl Entry for SagaModel {}
+
 /// What a step was begun with; unknown for steps that predate the chain.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct StepContent {
     tool_id: String,
     tool_version: String,
@@ -541,7 +592,7 @@ struct StepContent {
 }
 
 /// What the chain says a step row holds (`None`: not known, as for [`SagaModel`]).
-#[derive(Debug)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct StepModel {
     last_seq: i64,
     status: StepStatus,
@@ -553,8 +604,11 @@ struct StepModel {
     updated_at_ms: Option<i64>,
 }
 
+/// Keyed by `(saga_id, step_seq)`.
+impl Entry for StepModel {}
+
 /// What the chain says an idempotency key is bound to.
-#[derive(Debug)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct KeyModel {
     last_seq: i64,
     args_hash: String,
@@ -562,8 +616,14 @@ struct KeyModel {
     step_seq: i64,
 }
 
+impl Entry for KeyModel {
+    fn group<'a>(&'a self, _: &'a Key) -> &'a str {
+        &self.saga_id
+    }
+}
+
 /// What the chain says an approval request row holds.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct ApprovalModel {
     last_seq: i64,
     saga_id: String,
@@ -585,8 +645,19 @@ struct ApprovalModel {
     operator_key_check: Option<String>,
 }
 
+impl Entry for ApprovalModel {
+    fn group<'a>(&'a self, _: &'a Key) -> &'a str {
+        &self.saga_id
+    }
+
+    fn open(&self) -> bool {
+        self.status == ApprovalStatus::Pending.as_str()
+            || self.status == ApprovalStatus::Approved.as_str()
+    }
+}
+
 /// What the chain says a dead letter row holds.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct DeadLetterModel {
     last_seq: i64,
     saga_id: String,
@@ -604,15 +675,35 @@ struct DeadLetterModel {
     note_sha256: Option<String>,
 }
 
-/// The tables as the chain describes them, built record by record.
-#[derive(Debug, Default)]
+impl Entry for DeadLetterModel {
+    fn group<'a>(&'a self, _: &'a Key) -> &'a str {
+        &self.saga_id
+    }
+
+    fn open(&self) -> bool {
+        self.status == DeadLetterStatus::Open.as_str()
+    }
+}
+
+/// The tables as the chain describes them, built record by record: each map keeps at most
+/// a bound of entries in memory, the rest in one scratch database on disk.
 struct Replay {
-    sagas: BTreeMap<String, SagaModel>,
-    keys: BTreeMap<String, KeyModel>,
-    approvals: BTreeMap<String, ApprovalModel>,
-    dead_letters: BTreeMap<String, DeadLetterModel>,
-    /// The running hash of each saga's records, which a `Prune` checkpoint carries.
-    records: BTreeMap<String, SagaRecords>,
+    scratch: Scratch,
+    /// Keyed by `(saga_id, 0)`.
+    sagas: Spill<SagaModel>,
+    /// Keyed by `(saga_id, step_seq)`.
+    steps: Spill<StepModel>,
+    /// Keyed by `(key, 0)`.
+    keys: Spill<KeyModel>,
+    /// Keyed by `(approval_id, 0)`.
+    approvals: Spill<ApprovalModel>,
+    /// Keyed by `(letter_id, 0)`.
+    dead_letters: Spill<DeadLetterModel>,
+}
+
+/// A key of a map keyed by one id.
+fn id_key(id: &str) -> Key {
+    (id.to_owned(), 0)
 }
 
 /// Typed access to a record body, with messages naming the missing field.
@@ -690,10 +781,36 @@ impl<'a> Body<'a> {
 }
 
 impl Replay {
+    /// An empty replay that keeps at most `entries_in_memory` entries of each map in
+    /// memory.
+    fn new(entries_in_memory: usize) -> Replay {
+        Replay {
+            scratch: Scratch::default(),
+            sagas: Spill::new("sagas", entries_in_memory),
+            steps: Spill::new("steps", entries_in_memory),
+            keys: Spill::new("keys", entries_in_memory),
+            approvals: Spill::new("approvals", entries_in_memory),
+            dead_letters: Spill::new("dead_letters", entries_in_memory),
+        }
+    }
+
+    fn has_saga(&self, saga_id: &str) -> Result<bool, String> {
+        self.scratch
+            .noted(self.sagas.contains(&self.scratch, &id_key(saga_id)))
+    }
+
     fn saga_mut(&mut self, saga_id: &str) -> Result<&mut SagaModel, String> {
-        self.sagas
-            .get_mut(saga_id)
+        let found = self.sagas.get_mut(&mut self.scratch, &id_key(saga_id));
+        self.scratch
+            .noted(found)?
             .ok_or_else(|| format!("it refers to saga {saga_id}, which no earlier record created"))
+    }
+
+    fn has_step(&self, saga_id: &str, step_seq: i64) -> Result<bool, String> {
+        self.scratch.noted(
+            self.steps
+                .contains(&self.scratch, &(saga_id.to_owned(), step_seq)),
+        )
     }
 
     fn approval_mut(
@@ -701,7 +818,10 @@ impl Replay {
         approval_id: &str,
         saga_id: &str,
     ) -> Result<&mut ApprovalModel, String> {
-        let approval = self.approvals.get_mut(approval_id).ok_or_else(|| {
+        let found = self
+            .approvals
+            .get_mut(&mut self.scratch, &id_key(approval_id));
+        let approval = self.scratch.noted(found)?.ok_or_else(|| {
             format!("it refers to approval {approval_id}, which no earlier record requested")
         })?;
         if approval.saga_id != saga_id {
@@ -714,14 +834,35 @@ impl Replay {
     }
 
     fn step_mut(&mut self, saga_id: &str, step_seq: i64) -> Result<&mut StepModel, String> {
-        self.saga_mut(saga_id)?
+        self.saga_mut(saga_id)?;
+        let found = self
             .steps
-            .get_mut(&step_seq)
-            .ok_or_else(|| {
-                format!(
-                    "it refers to step {step_seq} of saga {saga_id}, which no earlier record began"
-                )
-            })
+            .get_mut(&mut self.scratch, &(saga_id.to_owned(), step_seq));
+        self.scratch.noted(found)?.ok_or_else(|| {
+            format!("it refers to step {step_seq} of saga {saga_id}, which no earlier record began")
+        })
+    }
+
+    /// Puts `value` under `key` in `map` (a field of `self`).
+    fn put<V: Entry>(
+        scratch: &mut Scratch,
+        map: &mut Spill<V>,
+        key: Key,
+        value: V,
+    ) -> Result<(), String> {
+        let result = map.insert(scratch, key, value);
+        scratch.noted(result)
+    }
+
+    /// [`Replay::put`] under a key the caller found empty.
+    fn put_new<V: Entry>(
+        scratch: &mut Scratch,
+        map: &mut Spill<V>,
+        key: Key,
+        value: V,
+    ) -> Result<(), String> {
+        let result = map.insert_absent(scratch, key, value);
+        scratch.noted(result)
     }
 
     /// Applies one record that passed the chain checks; `Err` when it cannot follow the
@@ -733,25 +874,26 @@ impl Replay {
             body.as_object()
                 .ok_or_else(|| "its body is not a JSON object".to_owned())?,
         );
+        self.apply_body(record, &body)?;
         if let Some(saga_id) = &record.saga_id {
-            // Counted from the saga's creation, and only while it exists, as `prune` counts.
-            if record.kind == KIND_CREATE_SAGA {
-                self.records.insert(saga_id.clone(), SagaRecords::default());
-            }
-            if let Some(records) = self.records.get_mut(saga_id) {
-                records.add(&record.hash);
-            } else if self.sagas.contains_key(saga_id) {
-                // A saga from the `Genesis` record: no creation record in the chain.
-                let mut records = SagaRecords::default();
-                records.add(&record.hash);
-                self.records.insert(saga_id.clone(), records);
+            // Counted from the saga's creation (or the `Genesis` record), and only while it
+            // exists, as `prune` counts: a record that creates the saga counts, one that
+            // prunes it does not.
+            let found = self.sagas.get_mut(&mut self.scratch, &id_key(saga_id));
+            if let Some(saga) = self.scratch.noted(found)? {
+                saga.records.add(&record.hash);
             }
         }
+        Ok(())
+    }
+
+    /// What [`Replay::apply`] does to the tables.
+    fn apply_body(&mut self, record: &Record, body: &Body<'_>) -> Result<(), String> {
         if record.kind == KIND_GENESIS {
-            return self.genesis(record, &body);
+            return self.genesis(record, body);
         }
         if record.kind == KIND_PRUNE {
-            return self.prune(&body);
+            return self.prune(body);
         }
         if [
             KIND_OPERATOR,
@@ -780,7 +922,7 @@ impl Replay {
         let (seq, at_ms) = (record.seq, record.at_ms);
         match record.kind.as_str() {
             KIND_CREATE_SAGA => {
-                if self.sagas.contains_key(saga_id) {
+                if self.has_saga(saga_id)? {
                     return Err(format!("it creates saga {saga_id}, which already exists"));
                 }
                 let n_steps = body.int("n_steps")?;
@@ -789,21 +931,20 @@ impl Replay {
                         "it creates a saga of {n_steps} steps (0 only for a live saga, never for a dry run)"
                     ));
                 }
-                self.sagas.insert(
-                    saga_id.to_owned(),
-                    SagaModel {
-                        last_seq: seq,
-                        state: body.state("state")?,
-                        owner: Some(body.owner("owner")?),
-                        n_steps: Some(n_steps),
-                        dry_run: Some(body.flag("dry_run")?),
-                        name: Some(body.opt_str("name")?),
-                        actor: Some(body.opt_str("actor")?),
-                        created_at_ms: Some(at_ms),
-                        updated_at_ms: Some(at_ms),
-                        steps: BTreeMap::new(),
-                    },
-                );
+                let saga = SagaModel {
+                    last_seq: seq,
+                    state: body.state("state")?,
+                    owner: Some(body.owner("owner")?),
+                    n_steps: Some(n_steps),
+                    dry_run: Some(body.flag("dry_run")?),
+                    name: Some(body.opt_str("name")?),
+                    actor: Some(body.opt_str("actor")?),
+                    created_at_ms: Some(at_ms),
+                    updated_at_ms: Some(at_ms),
+                    n_known_steps: 0,
+                    records: SagaRecords::default(),
+                };
+                Self::put_new(&mut self.scratch, &mut self.sagas, id_key(saga_id), saga)?;
             }
             KIND_SET_STATE => {
                 let state = body.state("state")?;
@@ -833,12 +974,15 @@ impl Replay {
                 saga.last_seq = seq;
             }
             KIND_BEGIN_STEP | KIND_REFUSE_STEP | KIND_REUSE_STEP | KIND_SIMULATE_STEP => {
-                self.insert_step(record, &body, saga_id)?;
+                self.insert_step(record, body, saga_id)?;
             }
             KIND_APPROVAL_REQUESTED => {
                 self.saga_mut(saga_id)?;
                 let approval_id = body.str("approval_id")?.to_owned();
-                if self.approvals.contains_key(&approval_id) {
+                let exists = self
+                    .approvals
+                    .contains(&self.scratch, &id_key(&approval_id));
+                if self.scratch.noted(exists)? {
                     return Err(format!(
                         "it requests approval {approval_id}, which already exists"
                     ));
@@ -861,7 +1005,12 @@ impl Replay {
                     decision_seq: None,
                     operator_key_check: body.opt_str("operator_key_check")?,
                 };
-                self.approvals.insert(approval_id, model);
+                Self::put_new(
+                    &mut self.scratch,
+                    &mut self.approvals,
+                    id_key(&approval_id),
+                    model,
+                )?;
             }
             KIND_APPROVAL_DECIDED => {
                 body.object("by")?;
@@ -903,7 +1052,8 @@ impl Replay {
             }
             KIND_DEAD_LETTER => {
                 let step_seq = body.int("step_seq")?;
-                if !self.saga_mut(saga_id)?.steps.contains_key(&step_seq) {
+                self.saga_mut(saga_id)?;
+                if !self.has_step(saga_id, step_seq)? {
                     return Err(format!(
                         "it records a dead letter for step {step_seq} of saga {saga_id}, which no earlier record began"
                     ));
@@ -926,11 +1076,16 @@ impl Replay {
                     settled_by: None,
                     note_sha256: None,
                 };
-                let expected_attempts = match self.dead_letters.get(&letter_id) {
+                let known = self.dead_letters.get(&self.scratch, &id_key(&letter_id));
+                let expected_attempts = match self.scratch.noted(known)?.as_deref() {
                     None => {
-                        if let Some((other, _)) = self.dead_letters.iter().find(|(_, letter)| {
-                            letter.saga_id == saga_id && letter.step_seq == step_seq
-                        }) {
+                        let of_saga = self.dead_letters.group_entries(&self.scratch, saga_id);
+                        if let Some(((other, _), _)) = self
+                            .scratch
+                            .noted(of_saga)?
+                            .into_iter()
+                            .find(|(_, letter)| letter.step_seq == step_seq)
+                        {
                             return Err(format!(
                                 "it records dead letter {letter_id} for a step that has letter {other}"
                             ));
@@ -952,7 +1107,12 @@ impl Replay {
                         expected_attempts.0, expected_attempts.1
                     ));
                 }
-                self.dead_letters.insert(letter_id, model);
+                Self::put(
+                    &mut self.scratch,
+                    &mut self.dead_letters,
+                    id_key(&letter_id),
+                    model,
+                )?;
             }
             KIND_DEAD_LETTER_SETTLED => {
                 body.object("by")?;
@@ -963,7 +1123,10 @@ impl Replay {
                 let note_sha256 = body.opt_str("note_sha256")?;
                 let settled_by = body.opt_str("settled_by")?;
                 let letter_id = body.str("letter_id")?;
-                let letter = self.dead_letters.get_mut(letter_id).ok_or_else(|| {
+                let found = self
+                    .dead_letters
+                    .get_mut(&mut self.scratch, &id_key(letter_id));
+                let letter = self.scratch.noted(found)?.ok_or_else(|| {
                     format!("it settles dead letter {letter_id}, which no earlier record wrote")
                 })?;
                 if letter.saga_id != saga_id
@@ -980,9 +1143,12 @@ impl Replay {
                 letter.settled_by = settled_by;
                 letter.note_sha256 = note_sha256;
                 letter.last_seq = seq;
-                let still_open = self.dead_letters.values().any(|letter| {
-                    letter.saga_id == saga_id && letter.status == DeadLetterStatus::Open.as_str()
-                });
+                let of_saga = self.dead_letters.group_entries(&self.scratch, saga_id);
+                let still_open = self
+                    .scratch
+                    .noted(of_saga)?
+                    .iter()
+                    .any(|(_, letter)| letter.open());
                 let saga = self.saga_mut(saga_id)?;
                 let clears = !still_open && saga.state == SagaState::FailedRollbackPartial;
                 match body.opt_str("saga_state")? {
@@ -1124,8 +1290,7 @@ impl Replay {
             .clone()
             .filter(|_| claims_key)
             .map(|key| (key, content.args_hash.clone()));
-        let saga = self.saga_mut(saga_id)?;
-        let dry_run = saga.dry_run == Some(true);
+        let dry_run = self.saga_mut(saga_id)?.dry_run == Some(true);
         if record.kind == KIND_SIMULATE_STEP && !dry_run {
             return Err(format!(
                 "it simulates a step of saga {saga_id}, which is not a dry run"
@@ -1136,13 +1301,16 @@ impl Replay {
                 "it begins a step of saga {saga_id}, which is a dry run"
             ));
         }
-        if saga.steps.contains_key(&step_seq) {
+        if self.has_step(saga_id, step_seq)? {
             return Err(format!(
                 "it begins step {step_seq} of saga {saga_id}, which was already begun"
             ));
         }
-        saga.steps.insert(
-            step_seq,
+        self.saga_mut(saga_id)?.n_known_steps += 1;
+        Self::put_new(
+            &mut self.scratch,
+            &mut self.steps,
+            (saga_id.to_owned(), step_seq),
             StepModel {
                 last_seq: record.seq,
                 status,
@@ -1153,19 +1321,25 @@ impl Replay {
                 created_at_ms: Some(record.at_ms),
                 updated_at_ms: Some(record.at_ms),
             },
-        );
+        )?;
         // The store binds a key to its first arguments for good and moves it to each new
         // step that claims it.
         if let Some((key, args_hash)) = key_claim {
-            let binding = self.keys.entry(key).or_insert(KeyModel {
-                last_seq: record.seq,
-                args_hash,
-                saga_id: String::new(),
-                step_seq: 0,
-            });
-            binding.saga_id = saga_id.to_owned();
-            binding.step_seq = step_seq;
-            binding.last_seq = record.seq;
+            let key = id_key(&key);
+            let found = self.keys.get_mut(&mut self.scratch, &key);
+            if let Some(binding) = self.scratch.noted(found)? {
+                binding.saga_id = saga_id.to_owned();
+                binding.step_seq = step_seq;
+                binding.last_seq = record.seq;
+            } else {
+                let binding = KeyModel {
+                    last_seq: record.seq,
+                    args_hash,
+                    saga_id: saga_id.to_owned(),
+                    step_seq,
+                };
+                Self::put_new(&mut self.scratch, &mut self.keys, key, binding)?;
+            }
         }
         Ok(())
     }
@@ -1182,18 +1356,12 @@ impl Replay {
             .field("saga_ids")?
             .as_array()
             .ok_or_else(|| "its `saga_ids` is not a list".to_owned())?;
-        let with_open_letter: BTreeSet<&str> = self
-            .dead_letters
-            .values()
-            .filter(|letter| letter.status == "open")
-            .map(|letter| letter.saga_id.as_str())
-            .collect();
-        let with_open_request: BTreeSet<&str> = self
-            .approvals
-            .values()
-            .filter(|request| request.status == "pending" || request.status == "approved")
-            .map(|request| request.saga_id.as_str())
-            .collect();
+        let with_open_letter = self
+            .scratch
+            .noted(self.dead_letters.open_groups(&self.scratch))?;
+        let with_open_request = self
+            .scratch
+            .noted(self.approvals.open_groups(&self.scratch))?;
         let mut pruned = BTreeMap::new();
         let mut n_counted = 0_i64;
         for saga_id in listed {
@@ -1208,8 +1376,8 @@ impl Replay {
                 return Err("its `saga_ids` are not in ascending order".to_owned());
             }
             let saga = self
-                .sagas
-                .get(saga_id)
+                .scratch
+                .noted(self.sagas.get(&self.scratch, &id_key(saga_id)))?
                 .ok_or_else(|| format!("it prunes saga {saga_id}, which does not exist"))?;
             if !matches!(
                 saga.state,
@@ -1235,11 +1403,8 @@ impl Replay {
                     "it prunes saga {saga_id}, which has an open approval request"
                 ));
             }
-            n_counted += i64::try_from(saga.steps.len()).unwrap_or(i64::MAX);
-            pruned.insert(
-                saga_id,
-                self.records.get(saga_id).cloned().unwrap_or_default(),
-            );
+            n_counted += saga.n_known_steps;
+            pruned.insert(saga_id, saga.records.clone());
         }
         if n_counted != n_steps {
             return Err(format!(
@@ -1252,15 +1417,17 @@ impl Replay {
                 "its `records_sha256` is not the hash of the pruned sagas' records".to_owned(),
             );
         }
+        let scratch = &mut self.scratch;
+        let mut removed = Ok(());
         for saga_id in &ids {
-            self.sagas.remove(saga_id);
-            self.records.remove(saga_id);
+            removed = removed.and_then(|()| self.sagas.remove(scratch, &id_key(saga_id)));
         }
-        let gone = |saga_id: &String| ids.binary_search(saga_id).is_ok();
-        self.keys.retain(|_, key| !gone(&key.saga_id));
-        self.approvals.retain(|_, request| !gone(&request.saga_id));
-        self.dead_letters.retain(|_, letter| !gone(&letter.saga_id));
-        Ok(())
+        let removed = removed
+            .and_then(|()| self.steps.remove_groups(scratch, &ids))
+            .and_then(|()| self.keys.remove_groups(scratch, &ids))
+            .and_then(|()| self.approvals.remove_groups(scratch, &ids))
+            .and_then(|()| self.dead_letters.remove_groups(scratch, &ids));
+        scratch.noted(removed)
     }
 
     fn genesis(&mut self, record: &Record, body: &Body<'_>) -> Result<(), String> {
@@ -1301,39 +1468,72 @@ impl Replay {
                     },
                 );
             }
-            self.sagas.insert(
-                saga_id.clone(),
-                SagaModel {
-                    last_seq: record.seq,
-                    state: saga.state("state")?,
-                    owner: None,
-                    n_steps: None,
-                    // No log before schema version 3 holds a dry run.
-                    dry_run: Some(false),
-                    name: None,
-                    actor: None,
-                    created_at_ms: None,
-                    updated_at_ms: None,
-                    steps,
-                },
-            );
+            let n_known_steps = i64::try_from(steps.len()).unwrap_or(i64::MAX);
+            for (step_seq, step) in steps {
+                Self::put(
+                    &mut self.scratch,
+                    &mut self.steps,
+                    (saga_id.clone(), step_seq),
+                    step,
+                )?;
+            }
+            let model = SagaModel {
+                last_seq: record.seq,
+                state: saga.state("state")?,
+                owner: None,
+                n_steps: None,
+                // No log before schema version 3 holds a dry run.
+                dry_run: Some(false),
+                name: None,
+                actor: None,
+                created_at_ms: None,
+                updated_at_ms: None,
+                n_known_steps,
+                records: SagaRecords::default(),
+            };
+            Self::put(&mut self.scratch, &mut self.sagas, id_key(saga_id), model)?;
         }
         for (key, binding) in body.object("idempotency_keys")?.0 {
             let binding = binding
                 .as_object()
                 .map(Body)
                 .ok_or_else(|| format!("its idempotency key {key} is not an object"))?;
-            self.keys.insert(
-                key.clone(),
-                KeyModel {
-                    last_seq: record.seq,
-                    args_hash: binding.str("args_hash")?.to_owned(),
-                    saga_id: binding.str("saga_id")?.to_owned(),
-                    step_seq: binding.int("step_seq")?,
-                },
-            );
+            let binding = KeyModel {
+                last_seq: record.seq,
+                args_hash: binding.str("args_hash")?.to_owned(),
+                saga_id: binding.str("saga_id")?.to_owned(),
+                step_seq: binding.int("step_seq")?,
+            };
+            Self::put(&mut self.scratch, &mut self.keys, id_key(key), binding)?;
         }
         Ok(())
+    }
+
+    /// The entry of `map` (a field of `self`) under `key`, for the comparison with the
+    /// tables: a failure of the scratch database is noted and becomes a read error.
+    fn lookup<'a, V: Entry + Clone>(
+        &'a self,
+        map: &'a Spill<V>,
+        key: &Key,
+    ) -> Result<Option<Cow<'a, V>>, SqlError> {
+        self.scratch
+            .noted(map.get(&self.scratch, key))
+            .map_err(SqlError::Database)
+    }
+
+    /// Calls `each` with every entry of `map` (a field of `self`).
+    fn each<V: Entry>(
+        &self,
+        map: &Spill<V>,
+        each: &mut dyn FnMut(&Key, &V) -> Result<(), SqlError>,
+    ) -> Result<(), SqlError> {
+        map.for_each(&self.scratch, &mut |key, value| {
+            each(key, value).map_err(Fault::Log)
+        })
+        .map_err(|fault| match fault {
+            Fault::Log(err) => err,
+            Fault::Scratch(err) => SqlError::Database(self.scratch.note(&err)),
+        })
     }
 
     /// Compares the tables with the replayed chain; the problem at the earliest record, if
@@ -1391,7 +1591,7 @@ impl Replay {
             params![],
             &mut |row| {
             let approval_id: String = row.get(0)?;
-            let Some(known) = self.approvals.get(&approval_id) else {
+            let Some(known) = self.lookup(&self.approvals, &id_key(&approval_id))? else {
                 found.unaccounted(format!(
                     "approval {approval_id} is in the approvals table, but no audit record requests it"
                 ));
@@ -1430,13 +1630,12 @@ impl Replay {
             },
         )?;
         if n_seen < self.approvals.len() {
-            note_missing_rows(
+            self.note_missing_rows(
                 conn,
                 found,
                 ("approvals", "approval_id", "approval"),
-                self.approvals
-                    .iter()
-                    .map(|(id, known)| (id, known.last_seq)),
+                &self.approvals,
+                |known| known.last_seq,
             )?;
         }
         Ok(())
@@ -1451,7 +1650,7 @@ impl Replay {
             params![],
             &mut |row| {
             let letter_id: String = row.get(0)?;
-            let Some(known) = self.dead_letters.get(&letter_id) else {
+            let Some(known) = self.lookup(&self.dead_letters, &id_key(&letter_id))? else {
                 found.unaccounted(format!(
                     "dead letter {letter_id} is in the dead_letters table, but no audit record writes it"
                 ));
@@ -1489,13 +1688,12 @@ impl Replay {
             },
         )?;
         if n_seen < self.dead_letters.len() {
-            note_missing_rows(
+            self.note_missing_rows(
                 conn,
                 found,
                 ("dead_letters", "letter_id", "dead letter"),
-                self.dead_letters
-                    .iter()
-                    .map(|(id, known)| (id, known.last_seq)),
+                &self.dead_letters,
+                |known| known.last_seq,
             )?;
         }
         Ok(())
@@ -1519,7 +1717,7 @@ impl Replay {
             params![],
             &mut |row| {
                 let saga_id: String = row.get(0)?;
-                let Some(saga) = self.sagas.get(&saga_id) else {
+                let Some(saga) = self.lookup(&self.sagas, &id_key(&saga_id))? else {
                     found.unaccounted(format!(
                         "saga {saga_id} is in the sagas table, but no audit record creates it"
                     ));
@@ -1586,19 +1784,13 @@ impl Replay {
             },
         )?;
         if n_seen < self.sagas.len() {
-            for (saga_id, saga) in &self.sagas {
-                let exists: bool = conn.query_row(
-                    "SELECT EXISTS (SELECT 1 FROM sagas WHERE saga_id = ?1)",
-                    params![saga_id],
-                    |row| row.get(0),
-                )?;
-                if !exists {
-                    found.note(
-                        saga.last_seq,
-                        format!("saga {saga_id} is in the audit chain but not in the sagas table"),
-                    );
-                }
-            }
+            self.note_missing_rows(
+                conn,
+                found,
+                ("sagas", "saga_id", "saga"),
+                &self.sagas,
+                |saga| saga.last_seq,
+            )?;
         }
         Ok(())
     }
@@ -1615,11 +1807,7 @@ impl Replay {
             &mut |row| {
             let saga_id: String = row.get(0)?;
             let step_seq: i64 = row.get(1)?;
-            let Some(step) = self
-                .sagas
-                .get(&saga_id)
-                .and_then(|saga| saga.steps.get(&step_seq))
-            else {
+            let Some(step) = self.lookup(&self.steps, &(saga_id.clone(), step_seq))? else {
                 found.unaccounted(format!(
                     "step {step_seq} of saga {saga_id} is in the saga_steps table, but no audit record begins it"
                 ));
@@ -1693,25 +1881,23 @@ impl Replay {
                 Ok(true)
             },
         )?;
-        let n_known: usize = self.sagas.values().map(|saga| saga.steps.len()).sum();
-        if n_seen < n_known {
-            for (saga_id, saga) in &self.sagas {
-                for (step_seq, step) in &saga.steps {
-                    let exists: bool = conn.query_row(
-                        "SELECT EXISTS (SELECT 1 FROM saga_steps WHERE saga_id = ?1 AND step_seq = ?2)",
-                        params![saga_id, step_seq],
-                        |row| row.get(0),
-                    )?;
-                    if !exists {
-                        found.note(
-                            step.last_seq,
-                            format!(
-                                "step {step_seq} of saga {saga_id} is in the audit chain but not in the saga_steps table"
-                            ),
-                        );
-                    }
+        if n_seen < self.steps.len() {
+            self.each(&self.steps, &mut |(saga_id, step_seq), step| {
+                let exists: bool = conn.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM saga_steps WHERE saga_id = ?1 AND step_seq = ?2)",
+                    params![saga_id, step_seq],
+                    |row| row.get(0),
+                )?;
+                if !exists {
+                    found.note(
+                        step.last_seq,
+                        format!(
+                            "step {step_seq} of saga {saga_id} is in the audit chain but not in the saga_steps table"
+                        ),
+                    );
                 }
-            }
+                Ok(())
+            })?;
         }
         Ok(())
     }
@@ -1723,7 +1909,7 @@ impl Replay {
             params![],
             &mut |row| {
                 let key: String = row.get(0)?;
-                let Some(binding) = self.keys.get(&key) else {
+                let Some(binding) = self.lookup(&self.keys, &id_key(&key))? else {
                     found.unaccounted(format!(
                         "idempotency key `{key}` is in the idempotency_keys table, but no audit record claims it"
                     ));
@@ -1745,7 +1931,7 @@ impl Replay {
             },
         )?;
         if n_seen < self.keys.len() {
-            for (key, binding) in &self.keys {
+            self.each(&self.keys, &mut |(key, _), binding| {
                 let exists: bool = conn.query_row(
                     "SELECT EXISTS (SELECT 1 FROM idempotency_keys WHERE key = ?1)",
                     params![key],
@@ -1759,31 +1945,47 @@ impl Replay {
                         ),
                     );
                 }
-            }
+                Ok(())
+            })?;
         }
         Ok(())
     }
+
+    /// Notes each row the chain describes in `known` (a map keyed by one id, with the
+    /// record that last set each) that the table, named with its key column and what a row
+    /// is, does not hold.
+    fn note_missing_rows<V: Entry>(
+        &self,
+        conn: &dyn Db,
+        found: &mut Found,
+        (table, key_column, what): (&str, &str, &str),
+        known: &Spill<V>,
+        last_seq: impl Fn(&V) -> i64,
+    ) -> Result<(), SqlError> {
+        let exists_sql = format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE {key_column} = ?1)");
+        self.each(known, &mut |(id, _), value| {
+            let exists: bool = conn.query_row(&exists_sql, params![id], |row| row.get(0))?;
+            if !exists {
+                found.note(
+                    last_seq(value),
+                    format!("{what} {id} is in the audit chain but not in the {table} table"),
+                );
+            }
+            Ok(())
+        })
+    }
 }
 
-/// Notes each row the chain describes (`id`, with the record that last set it) that the
-/// table, named with its key column and what a row is, does not hold.
-fn note_missing_rows<'a>(
-    conn: &dyn Db,
-    found: &mut Found,
-    (table, key_column, what): (&str, &str, &str),
-    known: impl Iterator<Item = (&'a String, i64)>,
-) -> Result<(), SqlError> {
-    let exists_sql = format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE {key_column} = ?1)");
-    for (id, last_seq) in known {
-        let exists: bool = conn.query_row(&exists_sql, params![id], |row| row.get(0))?;
-        if !exists {
-            found.note(
-                last_seq,
-                format!("{what} {id} is in the audit chain but not in the {table} table"),
-            );
-        }
+/// Why a walk over a [`Spill`] stopped: the log's read, or the scratch database.
+enum Fault {
+    Log(SqlError),
+    Scratch(spill::Error),
+}
+
+impl From<spill::Error> for Fault {
+    fn from(err: spill::Error) -> Fault {
+        Fault::Scratch(err)
     }
-    Ok(())
 }
 
 /// Which of the newer tables and columns a log's schema has (older SQLite versions lack

@@ -517,3 +517,54 @@ fn recover_acts_on_a_log_from_before_the_audit_chain_and_starts_its_chain() {
     let (code, document) = verify_json(&project, None, &[]);
     assert_eq!(code, 0, "{document}");
 }
+
+/// A log of more steps than `audit verify` keeps in memory
+/// (`VERIFY_ENTRIES_IN_MEMORY_MAX`): the replay moves the older ones to its scratch
+/// database, the log still verifies, and an edit of a step that went to disk is caught
+/// with the step named.
+#[test]
+fn a_log_larger_than_verify_keeps_in_memory_verifies_and_an_edit_on_disk_is_caught() {
+    let project = Project::new();
+    let n_sagas = agent_kernel_txlog::VERIFY_ENTRIES_IN_MEMORY_MAX / 10 + 50;
+    let output = project
+        .isolated(crate::bin())
+        .args(["--json", "bench", "--durability", "normal", "--steps", "10"])
+        .arg("--sagas")
+        .arg(n_sagas.to_string())
+        .arg("--keep-log")
+        .arg(project.db())
+        .output()
+        .expect("the binary runs");
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let (code, document) = verify_json(&project, None, &[]);
+    assert_eq!(code, 0, "{document}");
+    // Each step begun and committed, each saga created and finished.
+    assert!(
+        document["n_records"].as_u64().expect("a count") > 20 * n_sagas as u64,
+        "{document}"
+    );
+    // The oldest saga's first step: among the first the replay moves to disk.
+    let conn = rusqlite::Connection::open(project.db()).expect("opens");
+    let saga_id: String = conn
+        .query_row(
+            "SELECT saga_id FROM sagas ORDER BY created_at_ms, saga_id LIMIT 1",
+            [],
+            |row| row.get(0),
+        )
+        .expect("a saga");
+    let n_changed = conn
+        .execute(
+            "UPDATE saga_steps SET output = '{\"forged\":true}' WHERE saga_id = ?1 AND step_seq = 0",
+            [&saga_id],
+        )
+        .expect("edits");
+    assert_eq!(n_changed, 1);
+    drop(conn);
+    let (code, document) = verify_json(&project, None, &[]);
+    assert_eq!(code, 1, "{document}");
+    let reason = document["first_bad"]["reason"].as_str().expect("a reason");
+    assert!(
+        reason.contains(&format!("step 0 of saga {saga_id}")) && reason.contains("output"),
+        "{document}"
+    );
+}

@@ -3,12 +3,11 @@
 //! exactly the step they name, and covered by `audit verify`.
 
 use agent_kernel_api::{ApprovalDecision, ApprovalStatus, SagaId, TxError, TxLog, WriteOutcome};
-use agent_kernel_txlog::verify;
 use rusqlite::Connection;
 
 use agent_kernel_log_contract::records::{decide, use_with_begin, waiting_saga};
 
-use crate::open;
+use crate::{open, verify};
 
 #[tokio::test]
 async fn an_expired_request_cannot_be_approved_and_a_cancelled_one_applies_to_nothing() {

@@ -12,14 +12,14 @@ use agent_kernel_api::{
     SagaId, SagaState, StepDenial, ToolError, ToolOutput, TxError, TxLog, Undo, WriteOutcome,
 };
 use agent_kernel_txlog::{
-    AuditKey, AuditReport, LogOptions, SqliteLog, audit_head_path, downgrade_in_place, verify,
+    AuditKey, AuditReport, LogOptions, SqliteLog, audit_head_path, downgrade_in_place,
     verify_ignoring_head_file,
 };
 use rusqlite::{Connection, params};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::{StepClock, owner};
+use crate::{StepClock, owner, verify};
 
 /// A small deterministic generator (SplitMix64), so that a failing seed reproduces.
 struct Rng(u64);

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use agent_kernel_api::{AuditEvent, LogWrite, OperatorCommand, SagaId, SagaState, TxLog};
-use agent_kernel_txlog::{GROUP_BATCHES_MAX, GROUP_RECORDS_MAX, verify};
+use agent_kernel_txlog::{GROUP_BATCHES_MAX, GROUP_RECORDS_MAX};
 
-use crate::{begin, new_saga, open, owner};
+use crate::{begin, new_saga, open, owner, verify};
 
 #[tokio::test]
 async fn concurrent_batches_commit_together_and_a_failing_one_takes_only_itself_down() {

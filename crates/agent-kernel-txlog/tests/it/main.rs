@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use agent_kernel_api::{Clock, Durability, TxLog};
 pub(crate) use agent_kernel_log_contract::records::{begin, new_saga, owner};
-use agent_kernel_txlog::{LogOptions, SqliteLog};
+use agent_kernel_txlog::{AuditKey, AuditReport, LogOptions, SqliteLog};
 
 pub(crate) struct StepClock(AtomicI64);
 
@@ -20,6 +20,22 @@ impl Clock for StepClock {
     fn now_ms(&self) -> i64 {
         self.0.fetch_add(1, Ordering::Relaxed)
     }
+}
+
+/// [`agent_kernel_txlog::verify`], checked against the same check keeping one entry of each
+/// replayed table in memory and the rest in its scratch database: both must say the same.
+pub(crate) fn verify(
+    path: &Path,
+    key: Option<&AuditKey>,
+) -> Result<AuditReport, agent_kernel_api::TxError> {
+    let report = agent_kernel_txlog::verify(path, key);
+    let bounded = agent_kernel_txlog::verify_bounded(path, key, 1);
+    assert_eq!(
+        format!("{report:?}"),
+        format!("{bounded:?}"),
+        "verify with one entry in memory differs"
+    );
+    report
 }
 
 pub(crate) fn open(path: &Path) -> Result<SqliteLog, agent_kernel_api::TxError> {
@@ -51,8 +67,7 @@ impl agent_kernel_log_contract::LogStore for SqliteStore {
 
     /// Every check leaves a log whose audit chain verifies.
     fn finished(&self) {
-        let report =
-            agent_kernel_txlog::verify(&self.dir.path().join("log.db"), None).expect("verifies");
+        let report = verify(&self.dir.path().join("log.db"), None).expect("verifies");
         assert!(report.is_intact(), "{report:#?}");
     }
 }

@@ -6,9 +6,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use agent_kernel_api::{TxError, TxLog};
-use agent_kernel_txlog::verify;
 
-use crate::open;
+use crate::{open, verify};
 
 /// A log with one saga and one step, closed.
 async fn written_log(path: &Path) {
