@@ -13,6 +13,29 @@ use crate::KernelError;
 use crate::kernel::Kernel;
 use crate::report::{Failure, Observer, SagaEvent, SagaReport};
 
+/// Where a compensation's outcome records go as they become known.
+pub(crate) enum Outcomes {
+    /// Written at once: each durable before the next compensation runs.
+    Now,
+    /// Held in the order the compensations ran, for the caller to write later in that
+    /// order ([`Kernel::recover`], which shares one write among many sagas). Compensation
+    /// is idempotent (SPEC 3.1), so a crash before the write only runs them again.
+    Held(Vec<LogWrite>),
+}
+
+impl Outcomes {
+    /// Writes `batch` now, or holds it after those held before.
+    async fn record(&mut self, kernel: &Kernel, batch: Vec<LogWrite>) -> Result<(), KernelError> {
+        match self {
+            Outcomes::Now => {
+                kernel.log.write(batch).await?;
+            }
+            Outcomes::Held(held) => held.extend(batch),
+        }
+        Ok(())
+    }
+}
+
 impl Kernel {
     /// The state a failing saga moves to: `Compensating`, through the table's failure event
     /// for its state (`ValidationFailed` for a live saga waiting in `Planning`). A table
@@ -55,6 +78,21 @@ impl Kernel {
         observer: &dyn Observer,
     ) -> Result<SagaReport, KernelError> {
         let saga_id = record.saga.saga_id.clone();
+        self.compensate_into(&record, observer, &mut Outcomes::Now)
+            .await?;
+        let record = self.load(&saga_id).await?;
+        Ok(SagaReport::from_record(&record, failure))
+    }
+
+    /// [`Kernel::compensate_saga`]'s work, its records (each step's outcome, then the
+    /// saga's end state) going to `outcomes`; the end state.
+    pub(crate) async fn compensate_into(
+        &self,
+        record: &SagaRecord,
+        observer: &dyn Observer,
+        outcomes: &mut Outcomes,
+    ) -> Result<SagaState, KernelError> {
+        let saga_id = record.saga.saga_id.clone();
         if record.saga.state != SagaState::Compensating {
             return Err(KernelError::Inconsistent {
                 saga_id,
@@ -66,7 +104,7 @@ impl Kernel {
         }
         observer.on_event(&SagaEvent::Compensating { saga_id: &saga_id });
         info!(saga_id = %saga_id, "compensating");
-        let any_failed = self.compensate_steps(&record, observer).await?;
+        let any_failed = self.compensate_steps(record, observer, outcomes).await?;
         let (event, facts) = if any_failed {
             let facts = Facts {
                 any_compensation_failed: true,
@@ -84,23 +122,26 @@ impl Kernel {
             .fsm
             .apply(SagaState::Compensating, event, &facts)
             .expect("loaded tables always let compensation finish");
-        self.log
-            .write(vec![LogWrite::SetState {
-                saga_id: saga_id.clone(),
-                state,
-            }])
+        outcomes
+            .record(
+                self,
+                vec![LogWrite::SetState {
+                    saga_id: saga_id.clone(),
+                    state,
+                }],
+            )
             .await?;
         info!(saga_id = %saga_id, %state, "saga finished");
-        let record = self.load(&saga_id).await?;
-        Ok(SagaReport::from_record(&record, failure))
+        Ok(state)
     }
 
     /// Compensates, last first, every step of `record` whose effect may be in place, each
-    /// outcome written (a failure with its dead letter); returns whether any failed.
+    /// outcome (a failure with its dead letter) to `outcomes`; returns whether any failed.
     pub(crate) async fn compensate_steps(
         &self,
         record: &SagaRecord,
         observer: &dyn Observer,
+        outcomes: &mut Outcomes,
     ) -> Result<bool, KernelError> {
         let saga_id = record.saga.saga_id.clone();
         let actor = record.saga.actor.as_deref();
@@ -169,7 +210,7 @@ impl Kernel {
                 result,
             }];
             batch.extend(dead_letter);
-            self.log.write(batch).await?;
+            outcomes.record(self, batch).await?;
             observer.on_event(&SagaEvent::StepCompensated {
                 step_seq: step.step_seq,
                 tool: &step.tool_id,

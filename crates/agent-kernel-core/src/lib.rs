@@ -131,6 +131,7 @@ pub use kernel::{Environment, Kernel, VALIDATE_HINT, args_hash};
 pub use live::{BeginOptions, CallAnswer, LiveSaga, LiveStatus};
 pub use owner::{Liveness, LivenessProbe, ProcessProbe, current_owner, current_uid};
 pub use prune::PruneReport;
+pub use recovery::{RECOVER_GROUP_SAGAS, RECOVER_HELD_RECORDS_MAX};
 pub use replay::{Divergence, Recorded, ReplayReport, replay};
 pub use report::{
     Failure, NoObserver, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport,

@@ -10,9 +10,35 @@ use agent_kernel_fsm::{Denial, Rule};
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::KernelError;
+use crate::compensation::Outcomes;
 use crate::kernel::Kernel;
 use crate::owner::Liveness;
 use crate::report::{Failure, Observer, RecoveryAction, RecoveryReport, SagaReport};
+
+/// Most sagas [`Kernel::recover`] takes over at once. The group's take-overs are written
+/// concurrently, so they share synced commits; its compensations then run one after
+/// another, newest first, and their outcomes are written together once the group's last
+/// compensation ran.
+pub const RECOVER_GROUP_SAGAS: usize = 64;
+
+/// Most outcome records [`Kernel::recover`] holds before it writes them, within a group.
+pub const RECOVER_HELD_RECORDS_MAX: usize = 1_024;
+
+/// What taking one saga over for recovery came to.
+enum Prepared {
+    /// Nothing to compensate: what the report says of it, if anything.
+    Done(Option<RecoveryAction>),
+    /// Taken over and in `Compensating` (read again since), with what its report says
+    /// started the rollback.
+    Ready(Box<(SagaRecord, Option<Failure>)>),
+}
+
+/// A saga's place in a group's report, in the group's order.
+enum Slot {
+    Done(RecoveryAction),
+    /// Compensated; its outcomes are held or written.
+    Compensated(SagaId, Option<Failure>),
+}
 
 impl Kernel {
     /// The tools that compensating `record` needs and this kernel does not have, sorted.
@@ -241,77 +267,215 @@ impl Kernel {
     pub async fn recover(&self, observer: &dyn Observer) -> Result<RecoveryReport, KernelError> {
         self.record_operator_command("recover", None).await?;
         let mut report = RecoveryReport::default();
-        for saga in self.log.unfinished_sagas().await?.into_iter().rev() {
-            // One saga that cannot be recovered must not stop the recovery of the others.
-            match self.recover_one(&saga.saga_id, observer).await {
-                Ok(Some(action)) => report.sagas.push(action),
-                Ok(None) => {}
-                Err(error) => {
-                    warn!(saga_id = %saga.saga_id, %error, "cannot recover this saga");
+        let newest_first: Vec<SagaId> = self
+            .log
+            .unfinished_sagas()
+            .await?
+            .into_iter()
+            .rev()
+            .map(|saga| saga.saga_id)
+            .collect();
+        for (n_group, group) in newest_first.chunks(RECOVER_GROUP_SAGAS).enumerate() {
+            if let Err(error) = self.recover_group(group, observer, &mut report).await {
+                // A compensation stopped by the log, or outcomes that could not be written,
+                // stop recovery: an older saga's outcome written after a newer one's that
+                // is missing would leave the log saying the older saga was undone and the
+                // newer one not, and the next recovery would then undo the newer one over
+                // the older one's undo.
+                warn!(%error, "recovery stops here");
+                for saga_id in newest_first
+                    .iter()
+                    .skip((n_group + 1) * RECOVER_GROUP_SAGAS)
+                {
                     report.sagas.push(RecoveryAction::Failed {
-                        saga_id: saga.saga_id.clone(),
-                        error: error.to_string(),
+                        saga_id: saga_id.clone(),
+                        error: format!("not attempted: recovery stopped before it ({error})"),
                     });
                 }
+                break;
             }
         }
         Ok(report)
     }
 
-    /// Recovers one unfinished saga; `None` when another recovery finished it meanwhile.
-    async fn recover_one(
+    /// Recovers one group of sagas, newest first, into `report`.
+    ///
+    /// - Each is read, checked and taken over (moved to `Compensating`), all at once: nothing
+    ///   is undone yet, so their order does not matter, and their writes share syncs.
+    /// - Then they are compensated one after another, newest first, their outcomes held
+    ///   ([`Outcomes::Held`]) and written in the order they ran, every
+    ///   [`RECOVER_HELD_RECORDS_MAX`] records and at the group's end.
+    ///
+    /// One saga that cannot be checked or taken over does not stop the others (it is left as
+    /// it is, and reported). A saga whose compensation stops on an error of the log, or a
+    /// write of outcomes that fails, stops the group there: the sagas after it are left
+    /// unfinished for the next recovery, and `Err` says why.
+    async fn recover_group(
         &self,
-        saga_id: &SagaId,
+        group: &[SagaId],
         observer: &dyn Observer,
-    ) -> Result<Option<RecoveryAction>, KernelError> {
+        report: &mut RecoveryReport,
+    ) -> Result<(), KernelError> {
+        let prepared = futures_util::future::join_all(
+            group.iter().map(|saga_id| self.prepare_recovery(saga_id)),
+        )
+        .await;
+        let mut slots = Vec::with_capacity(group.len());
+        let mut held = Vec::new();
+        // How many of `slots` have their outcomes written.
+        let mut n_written = 0;
+        // How many sagas of the group were reached.
+        let mut n_reached = 0;
+        // What stopped the group: a compensation's error, or a failed write of outcomes.
+        let mut stopped: Option<KernelError> = None;
+        let mut write_failed = false;
+        for (saga_id, prepared) in group.iter().zip(prepared) {
+            n_reached += 1;
+            let (record, failure) = match prepared {
+                Ok(Prepared::Done(action)) => {
+                    slots.extend(action.map(Slot::Done));
+                    continue;
+                }
+                Ok(Prepared::Ready(ready)) => *ready,
+                Err(error) => {
+                    // Left exactly as it was: nothing of it ran.
+                    warn!(saga_id = %saga_id, %error, "cannot recover this saga");
+                    slots.push(Slot::Done(RecoveryAction::Failed {
+                        saga_id: saga_id.clone(),
+                        error: error.to_string(),
+                    }));
+                    continue;
+                }
+            };
+            info!(saga_id = %saga_id, "recovering");
+            let span = info_span!("saga", saga_id = %saga_id, recovery = true);
+            let mut outcomes = Outcomes::Held(Vec::new());
+            let compensated = self
+                .compensate_into(&record, observer, &mut outcomes)
+                .instrument(span)
+                .await;
+            if let Outcomes::Held(records) = outcomes {
+                // Outcomes of compensations that ran, even when a later one stopped.
+                held.extend(records);
+            }
+            if let Err(error) = compensated {
+                warn!(saga_id = %saga_id, %error, "cannot recover this saga");
+                slots.push(Slot::Done(RecoveryAction::Failed {
+                    saga_id: saga_id.clone(),
+                    error: error.to_string(),
+                }));
+                stopped = Some(error);
+                break;
+            }
+            slots.push(Slot::Compensated(saga_id.clone(), failure));
+            if held.len() >= RECOVER_HELD_RECORDS_MAX {
+                if let Err(error) = self.log.write(std::mem::take(&mut held)).await {
+                    stopped = Some(error.into());
+                    write_failed = true;
+                    break;
+                }
+                n_written = slots.len();
+            }
+        }
+        // What is held is written in the order it ran, whatever stopped the group, unless
+        // a write failed: nothing after a failed write is written.
+        if !write_failed {
+            if !held.is_empty()
+                && let Err(error) = self.log.write(held).await
+            {
+                stopped = Some(error.into());
+                write_failed = true;
+            }
+            if !write_failed {
+                n_written = slots.len();
+            }
+        }
+        for (n_slot, slot) in slots.into_iter().enumerate() {
+            report.sagas.push(match slot {
+                Slot::Done(action) => action,
+                Slot::Compensated(saga_id, _) if n_slot >= n_written => RecoveryAction::Failed {
+                    error: format!(
+                        "compensated, but its outcome could not be written ({}); it is compensated again by the next recovery",
+                        stopped.as_ref().map_or_else(String::new, ToString::to_string)
+                    ),
+                    saga_id,
+                },
+                Slot::Compensated(saga_id, failure) => match self.load(&saga_id).await {
+                    Ok(record) => RecoveryAction::RolledBack(Box::new(SagaReport::from_record(
+                        &record, failure,
+                    ))),
+                    Err(error) => RecoveryAction::Failed {
+                        saga_id,
+                        error: error.to_string(),
+                    },
+                },
+            });
+        }
+        match stopped {
+            None => Ok(()),
+            Some(error) => {
+                // The sagas of the group after the one that stopped it: untouched.
+                for saga_id in &group[n_reached..] {
+                    report.sagas.push(RecoveryAction::Failed {
+                        saga_id: saga_id.clone(),
+                        error: format!("not attempted: recovery stopped before it ({error})"),
+                    });
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Reads, checks and takes over one unfinished saga for [`Kernel::recover_group`], and
+    /// moves it to `Compensating`; nothing of its compensation runs yet.
+    async fn prepare_recovery(&self, saga_id: &SagaId) -> Result<Prepared, KernelError> {
         let record = self.load(saga_id).await?;
         if record.saga.state.is_terminal() {
             // Another recovery finished it since the list was read.
-            return Ok(None);
+            return Ok(Prepared::Done(None));
         }
         if record.saga.state == SagaState::AwaitingApproval && record.saga.owner.is_detached() {
             // Left waiting on purpose: it is not in flight, a person has it.
             let approval = self.waiting_approval(&record).await?;
             if self.still_open(&approval) {
                 info!(saga_id = %saga_id, approval_id = %approval.request.approval_id, "waits for an approval; skipped");
-                return Ok(Some(RecoveryAction::SkippedWaiting {
+                return Ok(Prepared::Done(Some(RecoveryAction::SkippedWaiting {
                     saga_id: saga_id.clone(),
                     approval_id: approval.request.approval_id,
-                }));
+                })));
             }
         }
         let checked = match self.check_recoverable(&record).await {
             Ok(()) => self.take_over(&record).await,
             Err(error) => Err(error),
         };
-        match checked {
-            Ok(()) => {}
+        let skipped = match checked {
+            Ok(()) => None,
             Err(KernelError::MissingTools { saga_id, tools }) => {
                 warn!(saga_id = %saga_id, ?tools, "tools missing; the saga is left as it is");
-                return Ok(Some(RecoveryAction::MissingTools { saga_id, tools }));
+                Some(RecoveryAction::MissingTools { saga_id, tools })
             }
             Err(KernelError::SagaBusy { saga_id, owner, .. }) => {
                 info!(saga_id = %saga_id, pid = owner.pid, "owner alive; skipped");
-                return Ok(Some(RecoveryAction::SkippedLive {
+                Some(RecoveryAction::SkippedLive {
                     saga_id,
                     pid: owner.pid,
                     host: owner.host,
-                }));
+                })
             }
             Err(KernelError::TakenOver(saga_id)) => {
-                return Ok(Some(RecoveryAction::SkippedTakenOver { saga_id }));
+                Some(RecoveryAction::SkippedTakenOver { saga_id })
             }
             Err(other) => return Err(other),
+        };
+        if skipped.is_some() {
+            return Ok(Prepared::Done(skipped));
         }
         // The take-over held only if the saga was still in the state just read, so that
         // state is current: no one else writes to it now.
-        info!(saga_id = %saga_id, state = %record.saga.state, "recovering");
-        let span = info_span!("saga", saga_id = %saga_id, recovery = true);
-        let saga_report = self
-            .compensate_from_persisted(&record, observer)
-            .instrument(span)
-            .await?;
-        Ok(Some(RecoveryAction::RolledBack(Box::new(saga_report))))
+        let (batch, failure) = self.persisted_entry(&record).await?;
+        let record = self.enter_compensation(&record, batch).await?;
+        Ok(Prepared::Ready(Box::new((record, failure))))
     }
 
     /// Moves a saga just taken over to `Compensating` from the state its log holds (a step
@@ -327,6 +491,16 @@ impl Kernel {
         record: &SagaRecord,
         observer: &dyn Observer,
     ) -> Result<SagaReport, KernelError> {
+        let (batch, failure) = self.persisted_entry(record).await?;
+        self.compensate_from(record, batch, failure, observer).await
+    }
+
+    /// What moving `record` to `Compensating` from its persisted state writes besides the
+    /// move (a waiting request voided), and what its report says started the rollback.
+    async fn persisted_entry(
+        &self,
+        record: &SagaRecord,
+    ) -> Result<(Vec<LogWrite>, Option<Failure>), KernelError> {
         let mut batch = Vec::new();
         let mut failure = None;
         if record.saga.state == SagaState::AwaitingApproval {
@@ -358,7 +532,7 @@ impl Kernel {
             }
             failure = Some(Self::unapproved_failure(&approval, shown));
         }
-        self.compensate_from(record, batch, failure, observer).await
+        Ok((batch, failure))
     }
 
     /// Writes `batch` with the saga's move to `Compensating` (unless it is there already)
@@ -367,10 +541,21 @@ impl Kernel {
     pub(crate) async fn compensate_from(
         &self,
         record: &SagaRecord,
-        mut batch: Vec<LogWrite>,
+        batch: Vec<LogWrite>,
         failure: Option<Failure>,
         observer: &dyn Observer,
     ) -> Result<SagaReport, KernelError> {
+        let record = self.enter_compensation(record, batch).await?;
+        self.compensate_saga(record, failure, observer).await
+    }
+
+    /// Writes `batch` with the saga's move to `Compensating` (unless it is there already)
+    /// in one transaction; the saga as the log then holds it.
+    async fn enter_compensation(
+        &self,
+        record: &SagaRecord,
+        mut batch: Vec<LogWrite>,
+    ) -> Result<SagaRecord, KernelError> {
         let saga_id = &record.saga.saga_id;
         if record.saga.state != SagaState::Compensating {
             let state = self.enter_compensating(saga_id, record.saga.state);
@@ -382,7 +567,6 @@ impl Kernel {
         if !batch.is_empty() {
             self.log.write(batch).await?;
         }
-        let record = self.load(saga_id).await?;
-        self.compensate_saga(record, failure, observer).await
+        self.load(saga_id).await
     }
 }

@@ -9,6 +9,7 @@ use agent_kernel_fsm::{Event, Facts};
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::KernelError;
+use crate::compensation::Outcomes;
 use crate::kernel::Kernel;
 use crate::report::{Observer, SagaReport};
 
@@ -165,7 +166,9 @@ impl Kernel {
         let span = info_span!("saga", saga_id = %saga_id, undo = true);
         async {
             info!(reason = %request.reason, force = request.force, "undoing a Done saga");
-            let any_failed = self.compensate_steps(&record, observer).await?;
+            let any_failed = self
+                .compensate_steps(&record, observer, &mut Outcomes::Now)
+                .await?;
             let state = if any_failed {
                 SagaState::FailedRollbackPartial
             } else {

@@ -685,3 +685,73 @@ async fn an_abandoned_call_frees_its_place_and_leaves_the_saga_to_recover() {
         .await
         .expect("its place in open_sagas_max is free again");
 }
+
+/// More open sagas of a dead process than recovery takes over at once
+/// (`RECOVER_GROUP_SAGAS`): every one is rolled back, and their compensations ran newest
+/// first across the groups, as the order of their records in the chain shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_sagas_of_a_dead_process_in_several_groups_are_undone_newest_first() {
+    let fixture = Fixture::new();
+    let n_sagas = agent_kernel_core::RECOVER_GROUP_SAGAS + 6;
+    let mut saga_ids = Vec::new();
+    // Two processes, since one holds at most 64 open sagas.
+    for (pid, n_of_process) in [(43, n_sagas / 2), (45, n_sagas - n_sagas / 2)] {
+        let kernel = live_kernel(&fixture, pid);
+        for _ in 0..n_of_process {
+            let n = saga_ids.len();
+            let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+            committed_output(
+                &saga
+                    .call("ledger.add", json!({ "item": format!("item-{n}") }), None)
+                    .await
+                    .expect("calls"),
+            );
+            saga_ids.push(saga.id().to_string());
+        }
+        // The process dies with every saga open.
+    }
+    assert_eq!(fixture.world.items().len(), n_sagas);
+    fixture.kill([43, 45]);
+    let report = fixture
+        .kernel(44)
+        .recover(&NoObserver)
+        .await
+        .expect("recovers");
+    let reported: Vec<String> = report
+        .sagas
+        .iter()
+        .map(|action| match action {
+            RecoveryAction::RolledBack(saga) if saga.state == SagaState::FailedRolledBack => {
+                saga.saga_id.to_string()
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    // Newest first: the two processes' clocks tie here, so each one's sagas in reverse.
+    let mut every = reported.clone();
+    every.sort();
+    let mut expected = saga_ids.clone();
+    expected.sort();
+    assert_eq!(every, expected);
+    for prefix in ["p43-", "p45-"] {
+        let of_process = |ids: &[String]| -> Vec<String> {
+            ids.iter()
+                .filter(|id| id.starts_with(prefix))
+                .cloned()
+                .collect()
+        };
+        let mut created = of_process(&saga_ids);
+        created.reverse();
+        assert_eq!(of_process(&reported), created);
+    }
+    assert!(fixture.world.items().is_empty());
+    // The outcomes were written in the order the compensations ran: the report's.
+    let compensated: Vec<String> = fixture
+        .audit_bodies("Compensation")
+        .iter()
+        .rev()
+        .map(|body| body["saga_id"].as_str().expect("a saga").to_owned())
+        .collect();
+    assert_eq!(compensated, reported);
+    assert!(fixture.verify().is_intact());
+}
