@@ -162,17 +162,66 @@ type Task = Box<dyn FnOnce(&mut Connection, i64) + Send>;
 
 /// What the writer thread runs.
 enum Job {
-    /// A batch of records, which the writer commits together with the other batches ready
-    /// at the same time (group commit).
-    Write {
-        batch: Vec<LogWrite>,
-        reply: oneshot::Sender<Result<Vec<WriteOutcome>, TxError>>,
-    },
+    /// A write the writer commits together with the others ready at the same time (group
+    /// commit).
+    Group(Grouped),
     /// Anything else, run alone.
     Other(Task),
 }
 
-/// The most batches one group commit takes: each is a savepoint within it.
+/// A write that shares a group commit.
+enum Grouped {
+    /// A batch of records.
+    Write {
+        batch: Vec<LogWrite>,
+        reply: oneshot::Sender<Result<Vec<WriteOutcome>, TxError>>,
+    },
+    /// A take-over (one record when it holds).
+    TakeOver {
+        request: store::TakeOverRequest,
+        reply: oneshot::Sender<Result<bool, TxError>>,
+    },
+}
+
+impl Grouped {
+    /// How many records it may chain.
+    fn n_records(&self) -> usize {
+        match self {
+            Grouped::Write { batch, .. } => batch.len(),
+            Grouped::TakeOver { .. } => 1,
+        }
+    }
+
+    fn item(&self) -> store::GroupItem<'_> {
+        match self {
+            Grouped::Write { batch, .. } => store::GroupItem::Batch(batch),
+            Grouped::TakeOver { request, .. } => store::GroupItem::TakeOver(request),
+        }
+    }
+
+    /// Sends `result` to whoever asked; a caller that went away is not waited for.
+    fn answer(self, result: Result<store::GroupAnswer, TxError>) {
+        let wrong = || TxError::Storage("the log writer answered another kind of write".into());
+        match self {
+            Grouped::Write { reply, .. } => {
+                let _ = reply.send(match result {
+                    Ok(store::GroupAnswer::Batch(outcomes)) => Ok(outcomes),
+                    Ok(store::GroupAnswer::TakeOver(_)) => Err(wrong()),
+                    Err(error) => Err(error),
+                });
+            }
+            Grouped::TakeOver { reply, .. } => {
+                let _ = reply.send(match result {
+                    Ok(store::GroupAnswer::TakeOver(taken)) => Ok(taken),
+                    Ok(store::GroupAnswer::Batch(_)) => Err(wrong()),
+                    Err(error) => Err(error),
+                });
+            }
+        }
+    }
+}
+
+/// The most batches (and take-overs) one group commit takes: each is a savepoint within it.
 pub const GROUP_BATCHES_MAX: usize = 64;
 
 /// The most records one group commit takes (a batch is never split: a group holds at least
@@ -320,17 +369,17 @@ impl SqliteLog {
                     };
                     match job {
                         Job::Other(job) => job(&mut conn, clock.now_ms()),
-                        Job::Write { batch, reply } => {
-                            let mut group = vec![(batch, reply)];
-                            let mut n_records = group[0].0.len();
-                            // Group commit: the batches already queued share the commit.
+                        Job::Group(first) => {
+                            let mut n_records = first.n_records();
+                            let mut group = vec![first];
+                            // Group commit: the writes already queued share the commit.
                             while group.len() < GROUP_BATCHES_MAX {
                                 match receiver.try_recv() {
-                                    Ok(Job::Write { batch, reply })
-                                        if n_records + batch.len() <= GROUP_RECORDS_MAX =>
+                                    Ok(Job::Group(write))
+                                        if n_records + write.n_records() <= GROUP_RECORDS_MAX =>
                                     {
-                                        n_records += batch.len();
-                                        group.push((batch, reply));
+                                        n_records += write.n_records();
+                                        group.push(write);
                                     }
                                     Ok(other) => {
                                         next = Some(other);
@@ -339,18 +388,18 @@ impl SqliteLog {
                                     Err(_) => break,
                                 }
                             }
-                            let batches: Vec<&[LogWrite]> =
-                                group.iter().map(|(batch, _)| batch.as_slice()).collect();
+                            let items: Vec<store::GroupItem<'_>> =
+                                group.iter().map(Grouped::item).collect();
                             let results = store::write_group(
                                 &mut conn,
                                 &writer_audit,
-                                &batches,
+                                &items,
                                 clock.now_ms(),
                             );
+                            drop(items);
                             writer_stats.record(group.len(), n_records);
-                            for ((_, reply), result) in group.into_iter().zip(results) {
-                                // The caller may have gone away; its answer is then dropped.
-                                let _ = reply.send(result);
+                            for (write, result) in group.into_iter().zip(results) {
+                                write.answer(result);
                             }
                         }
                     }
@@ -446,14 +495,21 @@ impl SqliteLog {
         &self,
         batch: Vec<LogWrite>,
     ) -> BoxFuture<'_, Result<Vec<WriteOutcome>, TxError>> {
-        Box::pin(async move {
-            let (reply, answer) = oneshot::channel();
-            self.jobs
-                .send(Job::Write { batch, reply })
-                .await
-                .map_err(|_| TxError::Closed)?;
-            Self::answer(answer).await
-        })
+        Box::pin(self.send_grouped(|reply| Grouped::Write { batch, reply }))
+    }
+
+    /// Sends the write `grouped` makes around its reply channel to the writer, which may
+    /// commit it with others; its answer.
+    async fn send_grouped<T>(
+        &self,
+        grouped: impl FnOnce(oneshot::Sender<Result<T, TxError>>) -> Grouped,
+    ) -> Result<T, TxError> {
+        let (reply, answer) = oneshot::channel();
+        self.jobs
+            .send(Job::Group(grouped(reply)))
+            .await
+            .map_err(|_| TxError::Closed)?;
+        Self::answer(answer).await
     }
 
     /// Waits for the writer's answer: polls briefly, then sleeps.
@@ -576,19 +632,15 @@ impl TxLog for SqliteLog {
         expected_state: SagaState,
         new_owner: &'a Owner,
     ) -> BoxFuture<'a, Result<bool, TxError>> {
-        let (saga_id, expected, new) = (saga_id.clone(), expected_owner.clone(), new_owner.clone());
-        let audit = self.audit.clone();
-        self.call(move |conn, now_ms| {
-            store::take_over(
-                conn,
-                &audit,
-                &saga_id,
-                &expected,
-                expected_state,
-                &new,
-                now_ms,
-            )
-        })
+        let request = store::TakeOverRequest {
+            saga_id: saga_id.clone(),
+            expected: expected_owner.clone(),
+            expected_state,
+            new: new_owner.clone(),
+        };
+        // Through the group commit: take-overs queued together (`recover` takes a group of
+        // sagas over at once) share one transaction, one sync.
+        Box::pin(self.send_grouped(|reply| Grouped::TakeOver { request, reply }))
     }
 
     fn approval<'a>(

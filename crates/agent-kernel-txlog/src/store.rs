@@ -127,21 +127,60 @@ pub(crate) fn apply_chained(
     Ok((outcomes, moves_head))
 }
 
-/// Writes several batches, ready at the same time, in one immediate transaction (one sync
-/// under `Durability::Full`): each batch in a savepoint of its own, so a batch that fails
-/// leaves nothing of itself and nothing of the others undone; the chain runs through them
-/// in order. Returns each batch's result, in order. A failure of the transaction itself
-/// (its begin or its commit) is every batch's.
+/// A take-over ([`TxLog::take_over`](agent_kernel_api::TxLog::take_over)) for the writer
+/// to commit with the batches queued beside it.
+pub(crate) struct TakeOverRequest {
+    pub(crate) saga_id: SagaId,
+    pub(crate) expected: Owner,
+    pub(crate) expected_state: SagaState,
+    pub(crate) new: Owner,
+}
+
+/// One item of a group commit.
+pub(crate) enum GroupItem<'a> {
+    Batch(&'a [LogWrite]),
+    TakeOver(&'a TakeOverRequest),
+}
+
+/// What one item of a group commit came to: a batch's outcomes, or whether a take-over
+/// held.
+pub(crate) enum GroupAnswer {
+    Batch(Vec<WriteOutcome>),
+    TakeOver(bool),
+}
+
+/// Writes several batches and take-overs, ready at the same time, in one immediate
+/// transaction (one sync under `Durability::Full`): each item in a savepoint of its own, so
+/// an item that fails leaves nothing of itself and nothing of the others undone; the chain
+/// runs through them in order. Returns each item's result, in order. A failure of the
+/// transaction itself (its begin or its commit) is every item's.
 pub(crate) fn write_group(
     conn: &mut Connection,
     audit: &AuditSettings,
-    batches: &[&[LogWrite]],
+    items: &[GroupItem<'_>],
     now_ms: i64,
-) -> Vec<Result<Vec<WriteOutcome>, TxError>> {
-    if let [batch] = batches {
-        return vec![write_batch(conn, audit, batch, now_ms)];
+) -> Vec<Result<GroupAnswer, TxError>> {
+    match items {
+        [GroupItem::Batch(batch)] => {
+            return vec![write_batch(conn, audit, batch, now_ms).map(GroupAnswer::Batch)];
+        }
+        [GroupItem::TakeOver(request)] => {
+            return vec![
+                take_over(
+                    conn,
+                    audit,
+                    &request.saga_id,
+                    &request.expected,
+                    request.expected_state,
+                    &request.new,
+                    now_ms,
+                )
+                .map(GroupAnswer::TakeOver),
+            ];
+        }
+        _ => {}
     }
-    let every = |error: TxError| batches.iter().map(|_| Err(error.clone())).collect();
+    let every = |error: TxError| items.iter().map(|_| Err(error.clone())).collect();
     let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(tx) => tx,
         Err(err) => return every(storage(err)),
@@ -150,19 +189,35 @@ pub(crate) fn write_group(
         Ok(chain) => chain,
         Err(error) => return every(error),
     };
-    let mut results = Vec::with_capacity(batches.len());
+    let mut results = Vec::with_capacity(items.len());
     let mut moves_head = false;
-    for batch in batches {
+    for item in items {
         let before = chain.clone();
         let applied = tx.savepoint().map_err(storage).and_then(|savepoint| {
-            let applied = apply_chained(&savepoint, &mut chain, audit.key.as_ref(), batch, now_ms)?;
+            let applied = match item {
+                GroupItem::Batch(batch) => {
+                    apply_chained(&savepoint, &mut chain, audit.key.as_ref(), batch, now_ms)
+                        .map(|(outcomes, moves)| (GroupAnswer::Batch(outcomes), moves))?
+                }
+                // A take-over moves the head file, as it does alone.
+                GroupItem::TakeOver(request) => take_over_in(
+                    &savepoint,
+                    &mut chain,
+                    &request.saga_id,
+                    &request.expected,
+                    request.expected_state,
+                    &request.new,
+                    now_ms,
+                )
+                .map(|taken| (GroupAnswer::TakeOver(taken), taken))?,
+            };
             savepoint.commit().map_err(storage)?;
             Ok(applied)
         });
         match applied {
-            Ok((outcomes, moves)) => {
+            Ok((answer, moves)) => {
                 moves_head |= moves;
-                results.push(Ok(outcomes));
+                results.push(Ok(answer));
             }
             Err(error) => {
                 // The savepoint was rolled back when dropped: so is the chain.

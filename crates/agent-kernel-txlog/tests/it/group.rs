@@ -128,3 +128,72 @@ async fn a_group_never_holds_more_records_than_its_bound_and_a_lone_batch_never_
     let report = verify(&path, None).expect("verifies");
     assert!(report.is_intact(), "{:?}", report.first_bad);
 }
+
+/// Take-overs sent at once (as `recover` sends a group's) share transactions with each
+/// other and with batches, and each gets its own answer: taken when the saga still had the
+/// owner and state expected, not taken (and nothing written) otherwise.
+#[tokio::test]
+async fn take_overs_sent_at_once_share_transactions_and_each_gets_its_own_answer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("log.db");
+    let log = Arc::new(open(&path).expect("opens"));
+    let n_sagas = 48;
+    for saga_idx in 0..n_sagas {
+        let saga = format!("t{saga_idx}");
+        log.write(vec![new_saga(&saga), begin(&saga, 0, None, "h")])
+            .await
+            .expect("created");
+    }
+    let before = log.group_stats();
+    let mut tasks = Vec::new();
+    for saga_idx in 0..n_sagas {
+        let log = Arc::clone(&log);
+        tasks.push(tokio::spawn(async move {
+            let saga_id = SagaId::new(format!("t{saga_idx}"));
+            // Every fourth asks with the wrong owner; every sixth with the wrong state.
+            let expected_owner = owner(if saga_idx % 4 == 0 { 9 } else { 1 });
+            let expected_state = if saga_idx % 6 == 0 {
+                SagaState::Compensating
+            } else {
+                SagaState::Acting
+            };
+            let taken = log
+                .take_over(&saga_id, &expected_owner, expected_state, &owner(2))
+                .await
+                .expect("answers");
+            // A batch of another saga's next step, queued beside the take-overs.
+            log.write(vec![begin(&format!("t{saga_idx}"), 1, None, "h")])
+                .await
+                .expect("written");
+            (saga_idx, taken)
+        }));
+    }
+    for task in tasks {
+        let (saga_idx, taken) = task.await.expect("no panic");
+        assert_eq!(
+            taken,
+            saga_idx % 4 != 0 && saga_idx % 6 != 0,
+            "saga {saga_idx}"
+        );
+        let saga = log
+            .saga(&SagaId::new(format!("t{saga_idx}")))
+            .await
+            .expect("reads")
+            .expect("exists");
+        assert_eq!(saga.saga.owner, owner(if taken { 2 } else { 1 }));
+        assert_eq!(saga.steps.len(), 2);
+    }
+    let after = log.group_stats();
+    assert_eq!(
+        after.batches - before.batches,
+        2 * n_sagas as u64,
+        "every take-over and batch answered once: {after:?}"
+    );
+    assert!(
+        after.commits - before.commits < 2 * n_sagas as u64,
+        "some shared a transaction: {before:?} → {after:?}"
+    );
+    drop(log);
+    let report = verify(&path, None).expect("verifies");
+    assert!(report.is_intact(), "{:?}", report.first_bad);
+}
