@@ -21,7 +21,9 @@ use crate::report::{Failure, Observer, RecoveryAction, RecoveryReport, SagaRepor
 /// compensation ran.
 pub const RECOVER_GROUP_SAGAS: usize = 64;
 
-/// Most outcome records [`Kernel::recover`] holds before it writes them, within a group.
+/// How many outcome records [`Kernel::recover`] holds, within a group, before it writes
+/// them: checked after each saga, so one saga's outcomes are never split, and a write holds
+/// at most this many less one plus one saga's.
 pub const RECOVER_HELD_RECORDS_MAX: usize = 1_024;
 
 /// What taking one saga over for recovery came to.
@@ -306,10 +308,11 @@ impl Kernel {
     ///   ([`Outcomes::Held`]) and written in the order they ran, every
     ///   [`RECOVER_HELD_RECORDS_MAX`] records and at the group's end.
     ///
-    /// One saga that cannot be checked or taken over does not stop the others (it is left as
-    /// it is, and reported). A saga whose compensation stops on an error of the log, or a
-    /// write of outcomes that fails, stops the group there: the sagas after it are left
-    /// unfinished for the next recovery, and `Err` says why.
+    /// One saga that cannot be checked or taken over does not stop the others (nothing of
+    /// it ran; it is reported, and left for the next recovery). A saga whose compensation
+    /// stops on an error of the log, or a write of outcomes that fails, stops the group
+    /// there: the sagas after it are not compensated (each reported with what its
+    /// preparation came to) and are left for the next recovery, and `Err` says why.
     async fn recover_group(
         &self,
         group: &[SagaId],
@@ -324,13 +327,29 @@ impl Kernel {
         let mut held = Vec::new();
         // How many of `slots` have their outcomes written.
         let mut n_written = 0;
-        // How many sagas of the group were reached.
-        let mut n_reached = 0;
-        // What stopped the group: a compensation's error, or a failed write of outcomes.
+        // What stopped the group (the first): a compensation's error, or a failed write.
         let mut stopped: Option<KernelError> = None;
         let mut write_failed = false;
         for (saga_id, prepared) in group.iter().zip(prepared) {
-            n_reached += 1;
+            if let Some(error) = &stopped {
+                // Past the stop nothing is compensated: each says what its preparation
+                // came to.
+                slots.extend(match prepared {
+                    Ok(Prepared::Done(action)) => action,
+                    Ok(Prepared::Ready(_)) => Some(RecoveryAction::Failed {
+                        saga_id: saga_id.clone(),
+                        error: format!(
+                            "taken over and moved to Compensating, but not compensated: recovery stopped before it ({error}); the next recovery compensates it"
+                        ),
+                    }),
+                    Err(error) => Some(RecoveryAction::Failed {
+                        saga_id: saga_id.clone(),
+                        error: error.to_string(),
+                    }),
+                }
+                .map(Slot::Done));
+                continue;
+            }
             let (record, failure) = match prepared {
                 Ok(Prepared::Done(action)) => {
                     slots.extend(action.map(Slot::Done));
@@ -338,7 +357,7 @@ impl Kernel {
                 }
                 Ok(Prepared::Ready(ready)) => *ready,
                 Err(error) => {
-                    // Left exactly as it was: nothing of it ran.
+                    // Nothing of it ran: left for the next recovery, as a skipped one is.
                     warn!(saga_id = %saga_id, %error, "cannot recover this saga");
                     slots.push(Slot::Done(RecoveryAction::Failed {
                         saga_id: saga_id.clone(),
@@ -365,14 +384,15 @@ impl Kernel {
                     error: error.to_string(),
                 }));
                 stopped = Some(error);
-                break;
+                continue;
             }
             slots.push(Slot::Compensated(saga_id.clone(), failure));
+            // Checked between sagas: one saga's outcomes are written together.
             if held.len() >= RECOVER_HELD_RECORDS_MAX {
                 if let Err(error) = self.log.write(std::mem::take(&mut held)).await {
                     stopped = Some(error.into());
                     write_failed = true;
-                    break;
+                    continue;
                 }
                 n_written = slots.len();
             }
@@ -383,7 +403,7 @@ impl Kernel {
             if !held.is_empty()
                 && let Err(error) = self.log.write(held).await
             {
-                stopped = Some(error.into());
+                stopped.get_or_insert(error.into());
                 write_failed = true;
             }
             if !write_failed {
@@ -411,19 +431,7 @@ impl Kernel {
                 },
             });
         }
-        match stopped {
-            None => Ok(()),
-            Some(error) => {
-                // The sagas of the group after the one that stopped it: untouched.
-                for saga_id in &group[n_reached..] {
-                    report.sagas.push(RecoveryAction::Failed {
-                        saga_id: saga_id.clone(),
-                        error: format!("not attempted: recovery stopped before it ({error})"),
-                    });
-                }
-                Err(error)
-            }
-        }
+        stopped.map_or(Ok(()), Err)
     }
 
     /// Reads, checks and takes over one unfinished saga for [`Kernel::recover_group`], and

@@ -16,8 +16,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 /// Most entries one map of `verify`'s replay keeps in memory; at this size it moves the
-/// older half to the scratch database. Measured in BENCHMARK.md: a log's replay stays
-/// under about 60 MiB at this bound, and logs of fewer entries never touch the disk.
+/// older half to the scratch database. Measured in BENCHMARK.md: `audit verify` of a log
+/// of a million steps peaks under 90 MiB at this bound, and logs of fewer entries never
+/// touch the disk.
 pub const VERIFY_ENTRIES_IN_MEMORY_MAX: usize = 16_384;
 
 /// The scratch database's page cache, in KiB (what it may hold in memory before it
@@ -166,7 +167,8 @@ impl Statements {
             delete_group: format!("DELETE FROM {table} WHERE grp = ?1"),
             open_groups: format!("SELECT DISTINCT grp FROM {table} WHERE open = 1"),
             of_group: format!("SELECT id, sub, value FROM {table} WHERE grp = ?1"),
-            all: format!("SELECT id, sub, value FROM {table}"),
+            // The order of `Key`: SQLite compares text as bytes, as Rust compares `String`.
+            all: format!("SELECT id, sub, value FROM {table} ORDER BY id, sub"),
         }
     }
 }
@@ -334,16 +336,20 @@ impl<V: Entry> Spill<V> {
         Ok(found)
     }
 
-    /// Calls `each` with every entry, in memory first, then on disk; stops at its first
-    /// error.
+    /// Calls `each` with every entry, in the order of their keys (whatever is in memory and
+    /// on disk, so the walk is the same whatever the bound); stops at its first error.
     pub(crate) fn for_each<E: From<Error>>(
         &self,
         scratch: &Scratch,
         each: &mut dyn FnMut(&Key, &V) -> Result<(), E>,
     ) -> Result<(), E> {
-        for (key, (_, value)) in &self.hot {
-            each(key, value)?;
-        }
+        let mut hot: Vec<(&Key, &V)> = self
+            .hot
+            .iter()
+            .map(|(key, (_, value))| (key, value))
+            .collect();
+        hot.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let mut hot = hot.into_iter().peekable();
         if self.n_cold > 0 {
             let conn = scratch.opened();
             let mut select = conn.prepare_cached(&self.sql.all).map_err(Error::from)?;
@@ -353,10 +359,17 @@ impl<V: Entry> Spill<V> {
                     row.get(0).map_err(Error::from)?,
                     row.get(1).map_err(Error::from)?,
                 );
+                // Memory and disk never hold one key both: the smaller goes first.
+                while let Some((hot_key, value)) = hot.next_if(|(hot_key, _)| **hot_key < key) {
+                    each(hot_key, value)?;
+                }
                 let value: Vec<u8> = row.get(2).map_err(Error::from)?;
                 let value: V = serde_json::from_slice(&value).map_err(Error::from)?;
                 each(&key, &value)?;
             }
+        }
+        for (key, value) in hot {
+            each(key, value)?;
         }
         Ok(())
     }
@@ -495,8 +508,14 @@ mod tests {
 
     fn everything(spill: &Spill<Item>, scratch: &Scratch) -> BTreeMap<Key, Item> {
         let mut all = BTreeMap::new();
+        let mut last: Option<Key> = None;
         spill
             .for_each::<Error>(scratch, &mut |key, value| {
+                assert!(
+                    last.as_ref().is_none_or(|last| last < key),
+                    "{key:?} out of order"
+                );
+                last = Some(key.clone());
                 assert!(
                     all.insert(key.clone(), value.clone()).is_none(),
                     "{key:?} twice"

@@ -565,7 +565,17 @@ struct SagaModel {
     owner: Option<OwnerModel>,
     n_steps: Option<i64>,
     dry_run: Option<bool>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "known"
+    )]
     name: Option<Option<String>>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "known"
+    )]
     actor: Option<Option<String>>,
     created_at_ms: Option<i64>,
     updated_at_ms: Option<i64>,
@@ -576,6 +586,18 @@ struct SagaModel {
 }
 
 impl Entry for SagaModel {}
+
+/// Reads a column the chain knows (`Some`, its value or `None` for NULL) in the scratch
+/// database's encoding: a known column is written as its value or `null`, an unknown one is
+/// left out (`#[serde(default, skip_serializing_if = "Option::is_none")]`), so that the two
+/// never read back as each other.
+fn known<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
+}
 
 /// What a step was begun with; unknown for steps that predate the chain.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -597,8 +619,23 @@ struct StepModel {
     last_seq: i64,
     status: StepStatus,
     content: Option<StepContent>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "known"
+    )]
     output_sha256: Option<Option<String>>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "known"
+    )]
     error_sha256: Option<Option<String>>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "known"
+    )]
     compensation_sha256: Option<Option<String>>,
     created_at_ms: Option<i64>,
     updated_at_ms: Option<i64>,
@@ -2032,5 +2069,48 @@ impl Found {
 
     fn unaccounted(&mut self, reason: String) {
         self.note(self.unaccounted_seq, reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the chain knows of a column (its value, or NULL) and what it does not know stay
+    /// apart through the scratch database's encoding.
+    #[test]
+    fn known_and_unknown_columns_survive_the_scratch_database() {
+        let step = StepModel {
+            last_seq: 3,
+            status: StepStatus::Begin,
+            content: None,
+            output_sha256: Some(None),
+            error_sha256: None,
+            compensation_sha256: Some(Some("c".repeat(64))),
+            created_at_ms: None,
+            updated_at_ms: Some(5),
+        };
+        let text = serde_json::to_string(&step).expect("encodes");
+        let back: StepModel = serde_json::from_str(&text).expect("decodes");
+        assert_eq!(back.output_sha256, Some(None), "{text}");
+        assert_eq!(back.error_sha256, None, "{text}");
+        assert_eq!(back.compensation_sha256, step.compensation_sha256, "{text}");
+        let saga = SagaModel {
+            last_seq: 1,
+            state: SagaState::Acting,
+            owner: None,
+            n_steps: None,
+            dry_run: Some(false),
+            name: Some(None),
+            actor: None,
+            created_at_ms: None,
+            updated_at_ms: None,
+            n_known_steps: 2,
+            records: SagaRecords::default(),
+        };
+        let text = serde_json::to_string(&saga).expect("encodes");
+        let back: SagaModel = serde_json::from_str(&text).expect("decodes");
+        assert_eq!(back.name, Some(None), "{text}");
+        assert_eq!(back.actor, None, "{text}");
     }
 }

@@ -780,6 +780,26 @@ async fn editing_a_saga_state_or_output_in_the_tables_is_detected() {
     let (_, reason) = first_bad(&path, None);
     assert!(reason.contains("output"), "{reason}");
 
+    // A column the chain knows to be NULL, given a value: caught whatever the bound of
+    // verify's memory (`crate::verify` compares the report with one entry in memory).
+    let (path, conn) = fixture.copy("compensation.db");
+    let n_changed = conn
+        .execute(
+            "UPDATE saga_steps SET compensation = 'forged' WHERE compensation IS NULL",
+            [],
+        )
+        .expect("edits");
+    assert!(n_changed > 0);
+    let (_, reason) = first_bad(&path, None);
+    assert!(reason.contains("compensation"), "{reason}");
+    let (path, conn) = fixture.copy("actor.db");
+    let n_changed = conn
+        .execute("UPDATE sagas SET actor = 'forged' WHERE actor IS NULL", [])
+        .expect("edits");
+    assert!(n_changed > 0);
+    let (_, reason) = first_bad(&path, None);
+    assert!(reason.contains("actor"), "{reason}");
+
     let (path, conn) = fixture.copy("inserted.db");
     conn.execute(
         "INSERT INTO sagas SELECT 'forged', name, actor, state, owner_host, owner_boot_id,
