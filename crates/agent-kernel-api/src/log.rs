@@ -557,6 +557,28 @@ pub trait TxLog: Send + Sync + 'static {
         saga_id: &'a SagaId,
     ) -> BoxFuture<'a, Result<Option<SagaRecord>, TxError>>;
 
+    /// Several sagas with all their steps, one answer per id asked and in that order (`None`
+    /// for one the log does not have), each as [`saga`](Self::saga) would read it.
+    ///
+    /// Recovery reads a group of sagas at once through this. The default reads them one
+    /// after another; a backend that can read them in one round trip overrides it.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn saga_records<'a>(
+        &'a self,
+        saga_ids: &'a [SagaId],
+    ) -> BoxFuture<'a, Result<Vec<Option<SagaRecord>>, TxError>> {
+        Box::pin(async move {
+            let mut records = Vec::with_capacity(saga_ids.len());
+            for saga_id in saga_ids {
+                records.push(self.saga(saga_id).await?);
+            }
+            Ok(records)
+        })
+    }
+
     /// The most recent sagas, newest first, at most `limit`.
     ///
     /// # Errors
@@ -595,6 +617,39 @@ pub trait TxLog: Send + Sync + 'static {
         expected_state: SagaState,
         new_owner: &'a Owner,
     ) -> BoxFuture<'a, Result<bool, TxError>>;
+
+    /// [`take_over`](Self::take_over), and, if it held, `then` written after it: in the same
+    /// transaction, so that either both are in the log or neither is (`then` refused
+    /// undoes the take-over, and is the error). Recovery takes a saga over and moves it to
+    /// `Compensating` so, in one synced commit.
+    ///
+    /// The default takes over, then writes `then`, in two transactions; both backends of
+    /// this project override it.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be written, or refuses `then`.
+    fn take_over_and_write<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        expected_owner: &'a Owner,
+        expected_state: SagaState,
+        new_owner: &'a Owner,
+        then: Vec<LogWrite>,
+    ) -> BoxFuture<'a, Result<bool, TxError>> {
+        Box::pin(async move {
+            if !self
+                .take_over(saga_id, expected_owner, expected_state, new_owner)
+                .await?
+            {
+                return Ok(false);
+            }
+            if !then.is_empty() {
+                self.write(then).await?;
+            }
+            Ok(true)
+        })
+    }
 
     /// One approval request, or `None` if the log has no such request.
     ///

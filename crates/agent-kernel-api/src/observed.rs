@@ -85,6 +85,13 @@ where
         self.inner.saga(saga_id)
     }
 
+    fn saga_records<'a>(
+        &'a self,
+        saga_ids: &'a [SagaId],
+    ) -> BoxFuture<'a, Result<Vec<Option<SagaRecord>>, TxError>> {
+        self.inner.saga_records(saga_ids)
+    }
+
     fn sagas(&self, limit: u32) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
         self.inner.sagas(limit)
     }
@@ -109,6 +116,35 @@ where
     ) -> BoxFuture<'a, Result<bool, TxError>> {
         self.inner
             .take_over(saga_id, expected_owner, expected_state, new_owner)
+    }
+
+    /// A write (numbered and observed) when `then` has records; a take-over alone is not.
+    fn take_over_and_write<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        expected_owner: &'a Owner,
+        expected_state: SagaState,
+        new_owner: &'a Owner,
+        then: Vec<LogWrite>,
+    ) -> BoxFuture<'a, Result<bool, TxError>> {
+        let n = (!then.is_empty()).then(|| self.writes.fetch_add(1, Ordering::SeqCst));
+        if let Some(n) = n {
+            self.observer.before_write(n);
+        }
+        let write = self.inner.take_over_and_write(
+            saga_id,
+            expected_owner,
+            expected_state,
+            new_owner,
+            then,
+        );
+        Box::pin(async move {
+            let outcome = write.await;
+            if let Some(n) = n {
+                self.observer.after_write(n, outcome.is_ok());
+            }
+            outcome
+        })
     }
 
     fn approval<'a>(

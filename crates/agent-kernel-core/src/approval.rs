@@ -399,7 +399,7 @@ impl Kernel {
         observer: &dyn Observer,
         cancel: &Cancellation,
     ) -> Result<SagaReport, KernelError> {
-        let record = self.load(saga_id).await?;
+        let mut record = self.load(saga_id).await?;
         if record.saga.state.is_terminal() {
             // Finished already: its report says why, when its approval was refused.
             let failure = match self.log.saga_approval(saga_id).await? {
@@ -435,7 +435,7 @@ impl Kernel {
                 "saga {saga_id} is a live saga: only the process that holds it can resume it (if that process has died, `agent-kernel recover` rolls it back)"
             )));
         }
-        self.take_over(&record).await?;
+        self.take_over(&mut record).await?;
         let span = info_span!("saga", saga_id = %saga_id, resumed = true);
         async {
             let now_ms = self.env.clock.now_ms();

@@ -30,9 +30,17 @@ pub const RECOVER_HELD_RECORDS_MAX: usize = 1_024;
 enum Prepared {
     /// Nothing to compensate: what the report says of it, if anything.
     Done(Option<RecoveryAction>),
-    /// Taken over and in `Compensating` (read again since), with what its report says
-    /// started the rollback.
+    /// Taken over and in `Compensating`, with what its report says started the rollback.
     Ready(Box<(SagaRecord, Option<Failure>)>),
+}
+
+/// What checking one saga for recovery came to.
+enum Checked {
+    /// Nothing to take over: what the report says of it, if anything.
+    Done(Option<RecoveryAction>),
+    /// To be taken over, with what its move to `Compensating` writes besides the move, and
+    /// what its report says started the rollback.
+    Ready(Box<(SagaRecord, Vec<LogWrite>, Option<Failure>)>),
 }
 
 /// A saga's place in a group's report, in the group's order.
@@ -175,18 +183,44 @@ impl Kernel {
         Ok(())
     }
 
-    /// Takes a saga over from `owner` (who must be dead, or the saga terminal), or fails.
-    pub(crate) async fn take_over(&self, record: &SagaRecord) -> Result<(), KernelError> {
-        let saga = &record.saga;
-        if saga.owner == self.env.owner {
+    /// Takes a saga over from its owner (who must be dead, or the saga terminal), or fails;
+    /// `record` then names this process its owner, as the log does.
+    pub(crate) async fn take_over(&self, record: &mut SagaRecord) -> Result<(), KernelError> {
+        if record.saga.owner == self.env.owner {
             return Ok(());
         }
         self.check_owner_gone(record).await?;
+        self.take_over_then(record, Vec::new()).await
+    }
+
+    /// Takes a saga over (the caller checked its owner is gone) and writes `then` in the
+    /// same transaction, or writes only `then` if the saga is this process's already; fails
+    /// with nothing written if another process took it first, or it moved on since `record`
+    /// was read. `record` then names this process its owner, as the log does.
+    async fn take_over_then(
+        &self,
+        record: &mut SagaRecord,
+        then: Vec<LogWrite>,
+    ) -> Result<(), KernelError> {
+        let saga = &record.saga;
+        if saga.owner == self.env.owner {
+            if !then.is_empty() {
+                self.log.write(then).await?;
+            }
+            return Ok(());
+        }
         if self
             .log
-            .take_over(&saga.saga_id, &saga.owner, saga.state, &self.env.owner)
+            .take_over_and_write(
+                &saga.saga_id,
+                &saga.owner,
+                saga.state,
+                &self.env.owner,
+                then,
+            )
             .await?
         {
+            record.saga.owner = self.env.owner.clone();
             Ok(())
         } else {
             Err(KernelError::TakenOver(saga.saga_id.clone()))
@@ -241,10 +275,11 @@ impl Kernel {
             _ => {}
         }
         self.check_recoverable(&record).await?;
-        self.take_over(&record).await?;
         info!(saga_id = %saga_id, from = %record.saga.state, "operator rollback");
+        let (batch, failure) = self.persisted_entry(&record).await?;
+        let record = self.take_over_into_compensation(record, batch).await?;
         let span = info_span!("saga", saga_id = %saga_id, rollback = true);
-        self.compensate_from_persisted(&record, observer)
+        self.compensate_saga(record, failure, observer)
             .instrument(span)
             .await
     }
@@ -319,10 +354,36 @@ impl Kernel {
         observer: &dyn Observer,
         report: &mut RecoveryReport,
     ) -> Result<(), KernelError> {
-        let prepared = futures_util::future::join_all(
-            group.iter().map(|saga_id| self.prepare_recovery(saga_id)),
+        let records = match self.log.saga_records(group).await {
+            Ok(records) => records,
+            Err(error) => {
+                // A log that cannot be read stops recovery: nothing of this group ran.
+                for saga_id in group {
+                    report.sagas.push(RecoveryAction::Failed {
+                        saga_id: saga_id.clone(),
+                        error: format!("cannot be read: {error}"),
+                    });
+                }
+                return Err(error.into());
+            }
+        };
+        // First every saga is checked (reads only), then the take-overs are sent all at
+        // once, so that they share as few commits as the writer can make them.
+        let checked = futures_util::future::join_all(
+            group
+                .iter()
+                .zip(records)
+                .map(|(saga_id, record)| self.check_for_recovery(saga_id, record)),
         )
         .await;
+        let prepared =
+            futures_util::future::join_all(checked.into_iter().map(|checked| async move {
+                match checked {
+                    Ok(checked) => self.prepare_recovery(checked).await,
+                    Err(error) => Err(error),
+                }
+            }))
+            .await;
         let mut slots = Vec::with_capacity(group.len());
         let mut held = Vec::new();
         // How many of `slots` have their outcomes written.
@@ -410,6 +471,22 @@ impl Kernel {
                 n_written = slots.len();
             }
         }
+        // The sagas rolled back are reported as the log now holds them, read at once.
+        let rolled_back: Vec<SagaId> = slots[..n_written]
+            .iter()
+            .filter_map(|slot| match slot {
+                Slot::Compensated(saga_id, _) => Some(saga_id.clone()),
+                Slot::Done(_) => None,
+            })
+            .collect();
+        let mut reread = match self.log.saga_records(&rolled_back).await {
+            Ok(records) => records.into_iter().map(Ok).collect(),
+            Err(error) => {
+                let error = error.to_string();
+                vec![Err(error); rolled_back.len()]
+            }
+        }
+        .into_iter();
         for (n_slot, slot) in slots.into_iter().enumerate() {
             report.sagas.push(match slot {
                 Slot::Done(action) => action,
@@ -420,87 +497,121 @@ impl Kernel {
                     ),
                     saga_id,
                 },
-                Slot::Compensated(saga_id, failure) => match self.load(&saga_id).await {
-                    Ok(record) => RecoveryAction::RolledBack(Box::new(SagaReport::from_record(
-                        &record, failure,
-                    ))),
-                    Err(error) => RecoveryAction::Failed {
+                Slot::Compensated(saga_id, failure) => match reread.next() {
+                    Some(Ok(Some(record))) => RecoveryAction::RolledBack(Box::new(
+                        SagaReport::from_record(&record, failure),
+                    )),
+                    Some(Ok(None)) | None => RecoveryAction::Failed {
+                        error: KernelError::SagaNotFound(saga_id.clone()).to_string(),
                         saga_id,
-                        error: error.to_string(),
                     },
+                    Some(Err(error)) => RecoveryAction::Failed { saga_id, error },
                 },
             });
         }
         stopped.map_or(Ok(()), Err)
     }
 
-    /// Reads, checks and takes over one unfinished saga for [`Kernel::recover_group`], and
-    /// moves it to `Compensating`; nothing of its compensation runs yet.
-    async fn prepare_recovery(&self, saga_id: &SagaId) -> Result<Prepared, KernelError> {
-        let record = self.load(saga_id).await?;
+    /// Reads what taking one unfinished saga over for [`Kernel::recover_group`] needs, as
+    /// `record` was just read: whether it is recovered now (its owner gone, every tool
+    /// present), and what its move to `Compensating` writes. Writes nothing.
+    async fn check_for_recovery(
+        &self,
+        saga_id: &SagaId,
+        record: Option<SagaRecord>,
+    ) -> Result<Checked, KernelError> {
+        let record = record.ok_or_else(|| KernelError::SagaNotFound(saga_id.clone()))?;
         if record.saga.state.is_terminal() {
             // Another recovery finished it since the list was read.
-            return Ok(Prepared::Done(None));
+            return Ok(Checked::Done(None));
         }
         if record.saga.state == SagaState::AwaitingApproval && record.saga.owner.is_detached() {
             // Left waiting on purpose: it is not in flight, a person has it.
             let approval = self.waiting_approval(&record).await?;
             if self.still_open(&approval) {
                 info!(saga_id = %saga_id, approval_id = %approval.request.approval_id, "waits for an approval; skipped");
-                return Ok(Prepared::Done(Some(RecoveryAction::SkippedWaiting {
+                return Ok(Checked::Done(Some(RecoveryAction::SkippedWaiting {
                     saga_id: saga_id.clone(),
                     approval_id: approval.request.approval_id,
                 })));
             }
         }
-        let checked = match self.check_recoverable(&record).await {
-            Ok(()) => self.take_over(&record).await,
-            Err(error) => Err(error),
+        if let Err(error) = self.check_recoverable(&record).await {
+            return Self::skipped(error).map(Checked::Done);
+        }
+        let (batch, failure) = self.persisted_entry(&record).await?;
+        Ok(Checked::Ready(Box::new((record, batch, failure))))
+    }
+
+    /// Takes a checked saga over and moves it to `Compensating`, in one transaction;
+    /// nothing of its compensation runs yet.
+    async fn prepare_recovery(&self, checked: Checked) -> Result<Prepared, KernelError> {
+        let (record, batch, failure) = match checked {
+            Checked::Done(action) => return Ok(Prepared::Done(action)),
+            Checked::Ready(ready) => *ready,
         };
-        let skipped = match checked {
-            Ok(()) => None,
-            Err(KernelError::MissingTools { saga_id, tools }) => {
+        match self.take_over_into_compensation(record, batch).await {
+            Ok(record) => Ok(Prepared::Ready(Box::new((record, failure)))),
+            Err(error) => Self::skipped(error).map(Prepared::Done),
+        }
+    }
+
+    /// What the report says of a saga that recovery leaves as it is because of `error`
+    /// (a tool missing, its owner alive, another process first), or `error` itself.
+    fn skipped(error: KernelError) -> Result<Option<RecoveryAction>, KernelError> {
+        match error {
+            KernelError::MissingTools { saga_id, tools } => {
                 warn!(saga_id = %saga_id, ?tools, "tools missing; the saga is left as it is");
-                Some(RecoveryAction::MissingTools { saga_id, tools })
+                Ok(Some(RecoveryAction::MissingTools { saga_id, tools }))
             }
-            Err(KernelError::SagaBusy { saga_id, owner, .. }) => {
+            KernelError::SagaBusy { saga_id, owner, .. } => {
                 info!(saga_id = %saga_id, pid = owner.pid, "owner alive; skipped");
-                Some(RecoveryAction::SkippedLive {
+                Ok(Some(RecoveryAction::SkippedLive {
                     saga_id,
                     pid: owner.pid,
                     host: owner.host,
-                })
+                }))
             }
-            Err(KernelError::TakenOver(saga_id)) => {
-                Some(RecoveryAction::SkippedTakenOver { saga_id })
+            KernelError::TakenOver(saga_id) => {
+                Ok(Some(RecoveryAction::SkippedTakenOver { saga_id }))
             }
-            Err(other) => return Err(other),
-        };
-        if skipped.is_some() {
-            return Ok(Prepared::Done(skipped));
+            other => Err(other),
         }
-        // The take-over held only if the saga was still in the state just read, so that
-        // state is current: no one else writes to it now.
-        let (batch, failure) = self.persisted_entry(&record).await?;
-        let record = self.enter_compensation(&record, batch).await?;
-        Ok(Prepared::Ready(Box::new((record, failure))))
     }
 
-    /// Moves a saga just taken over to `Compensating` from the state its log holds (a step
-    /// was in flight in `Acting` or `Validating`, or it waited in `Planning`: the table's
-    /// failure event for that state applies; one already `Compensating` stays), then
-    /// compensates it.
+    /// Takes over a saga whose owner is gone (checked by the caller) and moves it to
+    /// `Compensating` from the state its log holds (a step was in flight in `Acting` or
+    /// `Validating`, or it waited in `Planning`: the table's failure event for that state
+    /// applies; one already `Compensating` stays), with `batch` (a waiting request voided),
+    /// all in one transaction; the saga as the log then holds it (its `updated_at_ms` as
+    /// read).
     ///
-    /// A saga that waited for an approval (its process died waiting) has its request voided
-    /// in the same transaction, so an approval given afterwards applies to nothing, and its
-    /// report says so.
-    async fn compensate_from_persisted(
+    /// The take-over holds only if the saga is still in the state read, so `record` is
+    /// current: no one else writes to it now, and it is not read again. A saga that waited
+    /// for an approval (its process died waiting) has its request voided with the move, so
+    /// an approval given afterwards applies to nothing.
+    async fn take_over_into_compensation(
         &self,
-        record: &SagaRecord,
-        observer: &dyn Observer,
-    ) -> Result<SagaReport, KernelError> {
-        let (batch, failure) = self.persisted_entry(record).await?;
-        self.compensate_from(record, batch, failure, observer).await
+        mut record: SagaRecord,
+        mut batch: Vec<LogWrite>,
+    ) -> Result<SagaRecord, KernelError> {
+        let state = self.push_compensating(&record, &mut batch);
+        self.take_over_then(&mut record, batch).await?;
+        record.saga.state = state;
+        Ok(record)
+    }
+
+    /// Adds the saga's move to `Compensating` to `batch`, unless it is there already; the
+    /// state it is in once `batch` is written.
+    fn push_compensating(&self, record: &SagaRecord, batch: &mut Vec<LogWrite>) -> SagaState {
+        let state = self.enter_compensating(&record.saga.saga_id, record.saga.state);
+        if state != record.saga.state {
+            batch.push(LogWrite::SetState {
+                saga_id: record.saga.saga_id.clone(),
+                state,
+            });
+        }
+        state
     }
 
     /// What moving `record` to `Compensating` from its persisted state writes besides the
@@ -553,28 +664,27 @@ impl Kernel {
         failure: Option<Failure>,
         observer: &dyn Observer,
     ) -> Result<SagaReport, KernelError> {
-        let record = self.enter_compensation(record, batch).await?;
+        let record = self.enter_compensation(record.clone(), batch).await?;
         self.compensate_saga(record, failure, observer).await
     }
 
     /// Writes `batch` with the saga's move to `Compensating` (unless it is there already)
-    /// in one transaction; the saga as the log then holds it.
+    /// in one transaction; the saga with its new state.
+    ///
+    /// `record` must be the saga as the log holds it, and no one else may write to it (it
+    /// is this process's): then the move changes only its state (and its `updated_at_ms`,
+    /// left as read), so it is not read again; its steps, all compensation needs, are as
+    /// the log holds them.
     async fn enter_compensation(
         &self,
-        record: &SagaRecord,
+        mut record: SagaRecord,
         mut batch: Vec<LogWrite>,
     ) -> Result<SagaRecord, KernelError> {
-        let saga_id = &record.saga.saga_id;
-        if record.saga.state != SagaState::Compensating {
-            let state = self.enter_compensating(saga_id, record.saga.state);
-            batch.push(LogWrite::SetState {
-                saga_id: saga_id.clone(),
-                state,
-            });
-        }
+        let state = self.push_compensating(&record, &mut batch);
         if !batch.is_empty() {
             self.log.write(batch).await?;
         }
-        self.load(saga_id).await
+        record.saga.state = state;
+        Ok(record)
     }
 }

@@ -60,7 +60,7 @@ impl Kernel {
         }
         self.record_operator_command_with("undo", Some(saga_id), options)
             .await?;
-        let record = self.load(saga_id).await?;
+        let mut record = self.load(saga_id).await?;
         let refuse = |step: Option<(u32, &str)>, reason: String| KernelError::UndoRefused {
             saga_id: saga_id.clone(),
             step: step.map(|(seq, tool)| (seq, tool.to_owned())),
@@ -162,7 +162,7 @@ impl Kernel {
             });
         }
         // One undo at a time: a compare-and-swap on the owner of the finished saga.
-        self.take_over(&record).await?;
+        self.take_over(&mut record).await?;
         let span = info_span!("saga", saga_id = %saga_id, undo = true);
         async {
             info!(reason = %request.reason, force = request.force, "undoing a Done saga");

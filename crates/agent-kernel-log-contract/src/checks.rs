@@ -66,6 +66,38 @@ pub async fn a_saga_round_trips_with_every_field(store: &dyn LogStore) {
     assert!(log.unfinished_sagas().await.expect("reads").is_empty());
 }
 
+/// Checks that several sagas read at once come back in the order asked, each as reading it
+/// alone gives it, with `None` for an id the log does not have and a repeated id answered
+/// each time.
+pub async fn sagas_read_at_once_are_answered_in_the_order_asked(store: &dyn LogStore) {
+    let log = store.open();
+    log.write(vec![new_saga("a"), begin("a", 0, None, "h0")])
+        .await
+        .expect("writes");
+    log.write(vec![commit("a", 0), new_saga("b")])
+        .await
+        .expect("writes");
+    let ids = [
+        SagaId::new("b"),
+        SagaId::new("missing"),
+        SagaId::new("a"),
+        SagaId::new("b"),
+    ];
+    let together = log.saga_records(&ids).await.expect("reads");
+    let mut alone = Vec::new();
+    for saga_id in &ids {
+        alone.push(log.saga(saga_id).await.expect("reads"));
+    }
+    assert_eq!(together, alone);
+    let found: Vec<Option<&str>> = together
+        .iter()
+        .map(|record| record.as_ref().map(|record| record.saga.saga_id.as_str()))
+        .collect();
+    assert_eq!(found, [Some("b"), None, Some("a"), Some("b")]);
+    assert_eq!(together[2].as_ref().expect("a").steps.len(), 1);
+    assert!(log.saga_records(&[]).await.expect("reads").is_empty());
+}
+
 /// Checks that a batch with a bad record writes nothing.
 pub async fn a_batch_with_a_bad_record_writes_nothing(store: &dyn LogStore) {
     let log = store.open();
@@ -183,6 +215,57 @@ pub async fn take_over_is_a_compare_and_swap_on_owner_and_state(store: &dyn LogS
     let record = log.saga(&saga_id).await.expect("reads").expect("exists");
     assert_eq!(record.saga.owner, owner(2));
     assert_eq!(record.saga.state, SagaState::Done);
+}
+
+/// Checks that a take-over with a batch writes both in one transaction: the batch only if
+/// the take-over holds, and a refused batch undoes the take-over.
+pub async fn a_take_over_and_its_batch_are_written_together_or_not_at_all(store: &dyn LogStore) {
+    let log = store.open();
+    log.write(vec![new_saga("s"), begin("s", 0, None, "h")])
+        .await
+        .expect("writes");
+    let saga_id = SagaId::new("s");
+    let acting = SagaState::Acting;
+    let compensating = || vec![set_state("s", SagaState::Compensating)];
+    // A batch the log refuses (a step that was never begun): neither is written.
+    let refused = log
+        .take_over_and_write(
+            &saga_id,
+            &owner(1),
+            acting,
+            &owner(2),
+            vec![set_state("s", SagaState::Compensating), commit("s", 7)],
+        )
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    let record = log.saga(&saga_id).await.expect("reads").expect("exists");
+    assert_eq!(record.saga.owner, owner(1), "the take-over was undone");
+    assert_eq!(record.saga.state, acting);
+    // The wrong owner: nothing is written.
+    assert!(
+        !log.take_over_and_write(&saga_id, &owner(9), acting, &owner(2), compensating())
+            .await
+            .expect("writes")
+    );
+    let record = log.saga(&saga_id).await.expect("reads").expect("exists");
+    assert_eq!((record.saga.owner, record.saga.state), (owner(1), acting));
+    // It holds: both are written.
+    assert!(
+        log.take_over_and_write(&saga_id, &owner(1), acting, &owner(2), compensating())
+            .await
+            .expect("writes")
+    );
+    let record = log.saga(&saga_id).await.expect("reads").expect("exists");
+    assert_eq!(
+        (record.saga.owner, record.saga.state),
+        (owner(2), SagaState::Compensating)
+    );
+    // The state moved on: the compare-and-swap fails.
+    assert!(
+        !log.take_over_and_write(&saga_id, &owner(2), acting, &owner(3), Vec::new())
+            .await
+            .expect("writes")
+    );
 }
 
 /// Checks that a key whose step failed with an uncertain outcome stays held.

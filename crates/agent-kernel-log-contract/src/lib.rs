@@ -39,10 +39,12 @@ macro_rules! contract_tests {
     ($fresh:expr) => {
         $crate::contract_tests!(@each $fresh;
             a_saga_round_trips_with_every_field,
+            sagas_read_at_once_are_answered_in_the_order_asked,
             a_batch_with_a_bad_record_writes_nothing,
             a_step_cannot_be_committed_twice_or_begun_twice,
             keys_are_held_while_live_and_released_after_compensation,
             take_over_is_a_compare_and_swap_on_owner_and_state,
+            a_take_over_and_its_batch_are_written_together_or_not_at_all,
             a_key_whose_step_failed_with_an_uncertain_outcome_stays_held,
             a_refused_step_leaves_its_key_alone,
             two_connections_write_one_log_at_once,

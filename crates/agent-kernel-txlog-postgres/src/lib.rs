@@ -444,13 +444,14 @@ impl Connection {
         Ok(applied.outcomes)
     }
 
-    /// [`TxLog::take_over`] in one write transaction.
+    /// [`TxLog::take_over_and_write`] in one write transaction.
     fn take_over(
         &mut self,
         saga_id: &SagaId,
         expected: &Owner,
         expected_state: SagaState,
         new: &Owner,
+        then: &[LogWrite],
         now_ms: i64,
     ) -> Result<bool, TxError> {
         let key = self.audit_key.as_ref();
@@ -471,6 +472,11 @@ impl Connection {
                 new,
                 now_ms,
             )?;
+            if taken && !then.is_empty() {
+                // Refused, it is the error, and the transaction (the take-over with it) is
+                // rolled back when dropped.
+                backend::apply_batch(&db, &mut chain, key, then, now_ms)?;
+            }
             (taken, chain)
         };
         if taken {
@@ -679,6 +685,20 @@ impl TxLog for PostgresLog {
         self.read_job(move |db| backend::saga(db, &saga_id))
     }
 
+    fn saga_records<'a>(
+        &'a self,
+        saga_ids: &'a [SagaId],
+    ) -> BoxFuture<'a, Result<Vec<Option<SagaRecord>>, TxError>> {
+        let saga_ids = saga_ids.to_vec();
+        // One job on one reading connection, each saga as `saga` reads it.
+        self.read_job(move |db| {
+            saga_ids
+                .iter()
+                .map(|saga_id| backend::saga(db, saga_id))
+                .collect()
+        })
+    }
+
     fn sagas(&self, limit: u32) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
         self.read_job(move |db| backend::sagas(db, limit))
     }
@@ -702,9 +722,26 @@ impl TxLog for PostgresLog {
         expected_state: SagaState,
         new_owner: &'a Owner,
     ) -> BoxFuture<'a, Result<bool, TxError>> {
+        self.take_over_and_write(
+            saga_id,
+            expected_owner,
+            expected_state,
+            new_owner,
+            Vec::new(),
+        )
+    }
+
+    fn take_over_and_write<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        expected_owner: &'a Owner,
+        expected_state: SagaState,
+        new_owner: &'a Owner,
+        then: Vec<LogWrite>,
+    ) -> BoxFuture<'a, Result<bool, TxError>> {
         let (saga_id, expected, new) = (saga_id.clone(), expected_owner.clone(), new_owner.clone());
         self.call(move |connection, now_ms| {
-            connection.take_over(&saga_id, &expected, expected_state, &new, now_ms)
+            connection.take_over(&saga_id, &expected, expected_state, &new, &then, now_ms)
         })
     }
 

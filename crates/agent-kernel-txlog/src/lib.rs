@@ -176,7 +176,7 @@ enum Grouped {
         batch: Vec<LogWrite>,
         reply: oneshot::Sender<Result<Vec<WriteOutcome>, TxError>>,
     },
-    /// A take-over (one record when it holds).
+    /// A take-over (one record when it holds), and the batch it then writes.
     TakeOver {
         request: store::TakeOverRequest,
         reply: oneshot::Sender<Result<bool, TxError>>,
@@ -188,7 +188,7 @@ impl Grouped {
     fn n_records(&self) -> usize {
         match self {
             Grouped::Write { batch, .. } => batch.len(),
-            Grouped::TakeOver { .. } => 1,
+            Grouped::TakeOver { request, .. } => 1 + request.then.len(),
         }
     }
 
@@ -600,6 +600,20 @@ impl TxLog for SqliteLog {
         self.call(move |conn, _| store::saga(conn, &saga_id))
     }
 
+    fn saga_records<'a>(
+        &'a self,
+        saga_ids: &'a [SagaId],
+    ) -> BoxFuture<'a, Result<Vec<Option<SagaRecord>>, TxError>> {
+        let saga_ids = saga_ids.to_vec();
+        // One job: the writer reads them all between two commits.
+        self.call(move |conn, _| {
+            saga_ids
+                .iter()
+                .map(|saga_id| store::saga(conn, saga_id))
+                .collect()
+        })
+    }
+
     fn sagas(&self, limit: u32) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
         self.call(move |conn, _| store::sagas(conn, limit))
     }
@@ -632,14 +646,33 @@ impl TxLog for SqliteLog {
         expected_state: SagaState,
         new_owner: &'a Owner,
     ) -> BoxFuture<'a, Result<bool, TxError>> {
+        self.take_over_and_write(
+            saga_id,
+            expected_owner,
+            expected_state,
+            new_owner,
+            Vec::new(),
+        )
+    }
+
+    fn take_over_and_write<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        expected_owner: &'a Owner,
+        expected_state: SagaState,
+        new_owner: &'a Owner,
+        then: Vec<LogWrite>,
+    ) -> BoxFuture<'a, Result<bool, TxError>> {
         let request = store::TakeOverRequest {
             saga_id: saga_id.clone(),
             expected: expected_owner.clone(),
             expected_state,
             new: new_owner.clone(),
+            then,
         };
         // Through the group commit: take-overs queued together (`recover` takes a group of
-        // sagas over at once) share one transaction, one sync.
+        // sagas over at once, each with its move to `Compensating`) share one transaction,
+        // one sync.
         Box::pin(self.send_grouped(|reply| Grouped::TakeOver { request, reply }))
     }
 

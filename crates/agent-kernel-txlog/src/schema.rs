@@ -238,8 +238,31 @@ fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, TxError> {
     let conn = Connection::open_with_flags(path, flags)
         .map_err(|err| TxError::Storage(format!("cannot open {}: {err}", path.display())))?;
     harden(&conn)?;
+    fix_query_plans(&conn)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(storage)?;
     Ok(conn)
+}
+
+/// Turns on SQLite's query planner stability guarantee: a statement's plan is made once,
+/// when it is prepared, and never again because of the values bound to it.
+///
+/// Without it, SQLite marks some statements to be prepared again whenever a parameter is
+/// rebound (its planner looked at the bound value, as it does for `saga_id = ?1` on the
+/// `WITHOUT ROWID` step table), and the statement cache clears a statement's bindings each
+/// time it takes it back, which counts as rebinding: reading a saga's steps was compiled
+/// anew on every read. The log's statements name their partial indexes' states as
+/// literals, and it keeps no `ANALYZE` statistics, so a bound value can never improve a
+/// plan here.
+fn fix_query_plans(conn: &Connection) -> Result<(), TxError> {
+    let on = conn
+        .set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+        .map_err(storage)?;
+    if !on {
+        return Err(TxError::Storage(
+            "sqlite refused the query planner stability guarantee".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Makes a connection treat the file as data, never as code: defensive mode (no writable

@@ -134,6 +134,8 @@ pub(crate) struct TakeOverRequest {
     pub(crate) expected: Owner,
     pub(crate) expected_state: SagaState,
     pub(crate) new: Owner,
+    /// Written after the take-over in its transaction, if it holds.
+    pub(crate) then: Vec<LogWrite>,
 }
 
 /// One item of a group commit.
@@ -165,18 +167,7 @@ pub(crate) fn write_group(
             return vec![write_batch(conn, audit, batch, now_ms).map(GroupAnswer::Batch)];
         }
         [GroupItem::TakeOver(request)] => {
-            return vec![
-                take_over(
-                    conn,
-                    audit,
-                    &request.saga_id,
-                    &request.expected,
-                    request.expected_state,
-                    &request.new,
-                    now_ms,
-                )
-                .map(GroupAnswer::TakeOver),
-            ];
+            return vec![take_over(conn, audit, request, now_ms).map(GroupAnswer::TakeOver)];
         }
         _ => {}
     }
@@ -200,16 +191,10 @@ pub(crate) fn write_group(
                         .map(|(outcomes, moves)| (GroupAnswer::Batch(outcomes), moves))?
                 }
                 // A take-over moves the head file, as it does alone.
-                GroupItem::TakeOver(request) => take_over_in(
-                    &savepoint,
-                    &mut chain,
-                    &request.saga_id,
-                    &request.expected,
-                    request.expected_state,
-                    &request.new,
-                    now_ms,
-                )
-                .map(|taken| (GroupAnswer::TakeOver(taken), taken))?,
+                GroupItem::TakeOver(request) => {
+                    take_over_then(&savepoint, &mut chain, audit.key.as_ref(), request, now_ms)
+                        .map(|taken| (GroupAnswer::TakeOver(taken), taken))?
+                }
             };
             savepoint.commit().map_err(storage)?;
             Ok(applied)
@@ -1642,35 +1627,49 @@ pub(crate) fn saga(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<SagaRecord>
     Ok(Some(SagaRecord { saga, steps }))
 }
 
-/// Changes a saga's owner if it still has `expected` and is still in `expected_state`; the
-/// change is chained into the audit log and the head file brought up to date.
+/// Changes a saga's owner if it still has the expected owner and state, then writes the
+/// request's batch; both are chained into the audit log and the head file brought up to
+/// date. All of it or nothing is written.
 pub(crate) fn take_over(
     conn: &mut Connection,
     audit: &AuditSettings,
-    saga_id: &SagaId,
-    expected: &Owner,
-    expected_state: SagaState,
-    new: &Owner,
+    request: &TakeOverRequest,
     now_ms: i64,
 ) -> Result<bool, TxError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(storage)?;
     let mut chain = Appender::start(&tx, audit.key.as_ref())?;
-    if !take_over_in(
-        &tx,
-        &mut chain,
-        saga_id,
-        expected,
-        expected_state,
-        new,
-        now_ms,
-    )? {
+    if !take_over_then(&tx, &mut chain, audit.key.as_ref(), request, now_ms)? {
         return Ok(false);
     }
     tx.commit().map_err(storage)?;
     audit.advance_head(conn, chain.head());
     Ok(true)
+}
+
+/// [`take_over_in`], then the request's batch if it held, inside the caller's write
+/// transaction (which a refused batch must roll back); returns whether it held.
+fn take_over_then(
+    tx: &dyn Db,
+    chain: &mut Appender<'_>,
+    key: Option<&AuditKey>,
+    request: &TakeOverRequest,
+    now_ms: i64,
+) -> Result<bool, TxError> {
+    let taken = take_over_in(
+        tx,
+        chain,
+        &request.saga_id,
+        &request.expected,
+        request.expected_state,
+        &request.new,
+        now_ms,
+    )?;
+    if taken && !request.then.is_empty() {
+        apply_chained(tx, chain, key, &request.then, now_ms)?;
+    }
+    Ok(taken)
 }
 
 /// Changes a saga's owner if it still has `expected` and is still in `expected_state`,

@@ -533,6 +533,26 @@ impl TxLog for StagedLeases {
         self.0
             .take_over(saga_id, expected_owner, expected_state, new_owner)
     }
+    fn take_over_and_write<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        expected_owner: &'a Owner,
+        expected_state: agent_kernel_api::SagaState,
+        new_owner: &'a Owner,
+        then: Vec<agent_kernel_api::LogWrite>,
+    ) -> agent_kernel_api::BoxFuture<'a, Result<bool, agent_kernel_api::TxError>> {
+        self.0
+            .take_over_and_write(saga_id, expected_owner, expected_state, new_owner, then)
+    }
+    fn saga_records<'a>(
+        &'a self,
+        saga_ids: &'a [SagaId],
+    ) -> agent_kernel_api::BoxFuture<
+        'a,
+        Result<Vec<Option<agent_kernel_api::SagaRecord>>, agent_kernel_api::TxError>,
+    > {
+        self.0.saga_records(saga_ids)
+    }
     fn approval<'a>(
         &'a self,
         approval_id: &'a str,

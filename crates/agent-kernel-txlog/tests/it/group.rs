@@ -6,6 +6,8 @@ use std::sync::Arc;
 use agent_kernel_api::{AuditEvent, LogWrite, OperatorCommand, SagaId, SagaState, TxLog};
 use agent_kernel_txlog::{GROUP_BATCHES_MAX, GROUP_RECORDS_MAX};
 
+use agent_kernel_log_contract::records::{commit, set_state};
+
 use crate::{begin, new_saga, open, owner, verify};
 
 #[tokio::test]
@@ -133,7 +135,7 @@ async fn a_group_never_holds_more_records_than_its_bound_and_a_lone_batch_never_
 /// other and with batches, and each gets its own answer: taken when the saga still had the
 /// owner and state expected, not taken (and nothing written) otherwise.
 #[tokio::test]
-async fn take_overs_sent_at_once_share_transactions_and_each_gets_its_own_answer() {
+async fn take_overs_sent_at_once_share_transactions_and_each_gets_its_own_answer_with_its_batch() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("log.db");
     let log = Arc::new(open(&path).expect("opens"));
@@ -157,10 +159,15 @@ async fn take_overs_sent_at_once_share_transactions_and_each_gets_its_own_answer
             } else {
                 SagaState::Acting
             };
+            // Every fifth writes a batch the log refuses (a step never begun) after it.
+            let saga = format!("t{saga_idx}");
+            let mut then = vec![set_state(&saga, SagaState::Compensating)];
+            if saga_idx % 5 == 0 {
+                then.push(commit(&saga, 7));
+            }
             let taken = log
-                .take_over(&saga_id, &expected_owner, expected_state, &owner(2))
-                .await
-                .expect("answers");
+                .take_over_and_write(&saga_id, &expected_owner, expected_state, &owner(2), then)
+                .await;
             // A batch of another saga's next step, queued beside the take-overs.
             log.write(vec![begin(&format!("t{saga_idx}"), 1, None, "h")])
                 .await
@@ -170,17 +177,28 @@ async fn take_overs_sent_at_once_share_transactions_and_each_gets_its_own_answer
     }
     for task in tasks {
         let (saga_idx, taken) = task.await.expect("no panic");
-        assert_eq!(
-            taken,
-            saga_idx % 4 != 0 && saga_idx % 6 != 0,
-            "saga {saga_idx}"
-        );
+        let holds = saga_idx % 4 != 0 && saga_idx % 6 != 0;
+        let taken = match taken {
+            Ok(taken) => taken,
+            Err(error) => {
+                assert!(holds && saga_idx % 5 == 0, "saga {saga_idx}: {error}");
+                false
+            }
+        };
+        assert_eq!(taken, holds && saga_idx % 5 != 0, "saga {saga_idx}");
         let saga = log
             .saga(&SagaId::new(format!("t{saga_idx}")))
             .await
             .expect("reads")
             .expect("exists");
+        // A refused batch undid its take-over: nothing of either is in the log.
         assert_eq!(saga.saga.owner, owner(if taken { 2 } else { 1 }));
+        let state = if taken {
+            SagaState::Compensating
+        } else {
+            SagaState::Acting
+        };
+        assert_eq!(saga.saga.state, state, "saga {saga_idx}");
         assert_eq!(saga.steps.len(), 2);
     }
     let after = log.group_stats();
