@@ -561,7 +561,8 @@ pub trait TxLog: Send + Sync + 'static {
     /// for one the log does not have), each as [`saga`](Self::saga) would read it.
     ///
     /// Recovery reads a group of sagas at once through this. The default reads them one
-    /// after another; a backend that can read them in one round trip overrides it.
+    /// after another; both backends of this project read them in one job of their
+    /// connection's thread (SQLite's writer, a PostgreSQL snapshot).
     ///
     /// # Errors
     ///
@@ -621,10 +622,8 @@ pub trait TxLog: Send + Sync + 'static {
     /// [`take_over`](Self::take_over), and, if it held, `then` written after it: in the same
     /// transaction, so that either both are in the log or neither is (`then` refused
     /// undoes the take-over, and is the error). Recovery takes a saga over and moves it to
-    /// `Compensating` so, in one synced commit.
-    ///
-    /// The default takes over, then writes `then`, in two transactions; both backends of
-    /// this project override it.
+    /// `Compensating` so, in one synced commit; a log wrapped around another must pass it
+    /// on, never split it in two.
     ///
     /// # Errors
     ///
@@ -636,20 +635,7 @@ pub trait TxLog: Send + Sync + 'static {
         expected_state: SagaState,
         new_owner: &'a Owner,
         then: Vec<LogWrite>,
-    ) -> BoxFuture<'a, Result<bool, TxError>> {
-        Box::pin(async move {
-            if !self
-                .take_over(saga_id, expected_owner, expected_state, new_owner)
-                .await?
-            {
-                return Ok(false);
-            }
-            if !then.is_empty() {
-                self.write(then).await?;
-            }
-            Ok(true)
-        })
-    }
+    ) -> BoxFuture<'a, Result<bool, TxError>>;
 
     /// One approval request, or `None` if the log has no such request.
     ///

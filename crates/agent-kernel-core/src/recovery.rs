@@ -4,9 +4,11 @@
 
 use agent_kernel_api::{
     ApprovalDecision, ApprovalStatus, DecideApproval, EffectClass, LeaseStatus, LogWrite, SagaId,
-    SagaRecord, SagaState,
+    SagaRecord, SagaState, SagaSummary, TxError,
 };
 use agent_kernel_fsm::{Denial, Rule};
+use std::collections::HashMap;
+
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::KernelError;
@@ -30,7 +32,8 @@ pub const RECOVER_HELD_RECORDS_MAX: usize = 1_024;
 enum Prepared {
     /// Nothing to compensate: what the report says of it, if anything.
     Done(Option<RecoveryAction>),
-    /// Taken over and in `Compensating`, with what its report says started the rollback.
+    /// Taken over and in `Compensating`, as read before (read again unless its owner was
+    /// known gone then), with what its report says started the rollback.
     Ready(Box<(SagaRecord, Option<Failure>)>),
 }
 
@@ -277,7 +280,10 @@ impl Kernel {
         self.check_recoverable(&record).await?;
         info!(saga_id = %saga_id, from = %record.saga.state, "operator rollback");
         let (batch, failure) = self.persisted_entry(&record).await?;
-        let record = self.take_over_into_compensation(record, batch).await?;
+        // Read again: steps its owner wrote after the read, before it died, are compensated
+        // too.
+        self.take_over_into_compensation(record, batch).await?;
+        let record = self.load(saga_id).await?;
         let span = info_span!("saga", saga_id = %saga_id, rollback = true);
         self.compensate_saga(record, failure, observer)
             .instrument(span)
@@ -304,13 +310,12 @@ impl Kernel {
     pub async fn recover(&self, observer: &dyn Observer) -> Result<RecoveryReport, KernelError> {
         self.record_operator_command("recover", None).await?;
         let mut report = RecoveryReport::default();
-        let newest_first: Vec<SagaId> = self
+        let newest_first: Vec<SagaSummary> = self
             .log
             .unfinished_sagas()
             .await?
             .into_iter()
             .rev()
-            .map(|saga| saga.saga_id)
             .collect();
         for (n_group, group) in newest_first.chunks(RECOVER_GROUP_SAGAS).enumerate() {
             if let Err(error) = self.recover_group(group, observer, &mut report).await {
@@ -320,12 +325,12 @@ impl Kernel {
                 // newer one not, and the next recovery would then undo the newer one over
                 // the older one's undo.
                 warn!(%error, "recovery stops here");
-                for saga_id in newest_first
+                for saga in newest_first
                     .iter()
                     .skip((n_group + 1) * RECOVER_GROUP_SAGAS)
                 {
                     report.sagas.push(RecoveryAction::Failed {
-                        saga_id: saga_id.clone(),
+                        saga_id: saga.saga_id.clone(),
                         error: format!("not attempted: recovery stopped before it ({error})"),
                     });
                 }
@@ -338,7 +343,10 @@ impl Kernel {
     /// Recovers one group of sagas, newest first, into `report`.
     ///
     /// - Each is read, checked and taken over (moved to `Compensating`), all at once: nothing
-    ///   is undone yet, so their order does not matter, and their writes share syncs.
+    ///   is undone yet, so their order does not matter, and their writes share syncs. Those
+    ///   whose owner was not known gone before the first read are read again, at once, once
+    ///   taken over: a step their owner wrote after that read (it was alive then) is
+    ///   compensated too.
     /// - Then they are compensated one after another, newest first, their outcomes held
     ///   ([`Outcomes::Held`]) and written in the order they ran, every
     ///   [`RECOVER_HELD_RECORDS_MAX`] records and at the group's end.
@@ -350,23 +358,20 @@ impl Kernel {
     /// preparation came to) and are left for the next recovery, and `Err` says why.
     async fn recover_group(
         &self,
-        group: &[SagaId],
+        summaries: &[SagaSummary],
         observer: &dyn Observer,
         report: &mut RecoveryReport,
     ) -> Result<(), KernelError> {
-        let records = match self.log.saga_records(group).await {
-            Ok(records) => records,
-            Err(error) => {
-                // A log that cannot be read stops recovery: nothing of this group ran.
-                for saga_id in group {
-                    report.sagas.push(RecoveryAction::Failed {
-                        saga_id: saga_id.clone(),
-                        error: format!("cannot be read: {error}"),
-                    });
-                }
-                return Err(error.into());
-            }
-        };
+        let group: Vec<SagaId> = summaries.iter().map(|saga| saga.saga_id.clone()).collect();
+        let group = group.as_slice();
+        // Before the read: the sagas no one but a take-over can change any more, whose
+        // read is then current whenever their take-over holds.
+        let mut gone = HashMap::new();
+        let mut settled = Vec::with_capacity(summaries.len());
+        for saga in summaries {
+            settled.push(self.writes_nothing_more(&saga.owner, &mut gone).await);
+        }
+        let records = self.read_each(group).await;
         // First every saga is checked (reads only), then the take-overs are sent all at
         // once, so that they share as few commits as the writer can make them.
         let checked = futures_util::future::join_all(
@@ -384,6 +389,19 @@ impl Kernel {
                 }
             }))
             .await;
+        // The take-over held on the owner and the state read, but an owner that was alive
+        // at the read may have written steps before it died, which change neither: such a
+        // saga is compensated from what the log holds now that no one else writes to it.
+        let stale: Vec<SagaId> = group
+            .iter()
+            .zip(&prepared)
+            .zip(&settled)
+            .filter(|((_, prepared), settled)| {
+                !**settled && matches!(prepared, Ok(Prepared::Ready(_)))
+            })
+            .map(|((saga_id, _), _)| saga_id.clone())
+            .collect();
+        let mut read_again = self.read_each(&stale).await.into_iter();
         let mut slots = Vec::with_capacity(group.len());
         let mut held = Vec::new();
         // How many of `slots` have their outcomes written.
@@ -391,7 +409,7 @@ impl Kernel {
         // What stopped the group (the first): a compensation's error, or a failed write.
         let mut stopped: Option<KernelError> = None;
         let mut write_failed = false;
-        for (saga_id, prepared) in group.iter().zip(prepared) {
+        for ((saga_id, prepared), settled) in group.iter().zip(prepared).zip(settled) {
             if let Some(error) = &stopped {
                 // Past the stop nothing is compensated: each says what its preparation
                 // came to.
@@ -416,7 +434,36 @@ impl Kernel {
                     slots.extend(action.map(Slot::Done));
                     continue;
                 }
-                Ok(Prepared::Ready(ready)) => *ready,
+                Ok(Prepared::Ready(ready)) => {
+                    let (record, failure) = *ready;
+                    let record = if settled {
+                        Ok(record)
+                    } else {
+                        match read_again.next() {
+                            Some(Ok(Some(record))) => Ok(record),
+                            Some(Ok(None)) | None => {
+                                Err(KernelError::SagaNotFound(saga_id.clone()))
+                            }
+                            Some(Err(error)) => Err(error.into()),
+                        }
+                    };
+                    match record {
+                        Ok(record) => (record, failure),
+                        Err(error) => {
+                            // Taken over but unreadable: like a compensation stopped by the
+                            // log, it stops the group, so no older saga is undone before it.
+                            warn!(saga_id = %saga_id, %error, "cannot recover this saga");
+                            slots.push(Slot::Done(RecoveryAction::Failed {
+                                saga_id: saga_id.clone(),
+                                error: format!(
+                                    "taken over and moved to Compensating, but cannot be read again ({error}); the next recovery compensates it"
+                                ),
+                            }));
+                            stopped = Some(error);
+                            continue;
+                        }
+                    }
+                }
                 Err(error) => {
                     // Nothing of it ran: left for the next recovery, as a skipped one is.
                     warn!(saga_id = %saga_id, %error, "cannot recover this saga");
@@ -479,14 +526,7 @@ impl Kernel {
                 Slot::Done(_) => None,
             })
             .collect();
-        let mut reread = match self.log.saga_records(&rolled_back).await {
-            Ok(records) => records.into_iter().map(Ok).collect(),
-            Err(error) => {
-                let error = error.to_string();
-                vec![Err(error); rolled_back.len()]
-            }
-        }
-        .into_iter();
+        let mut reread = self.read_each(&rolled_back).await.into_iter();
         for (n_slot, slot) in slots.into_iter().enumerate() {
             report.sagas.push(match slot {
                 Slot::Done(action) => action,
@@ -505,7 +545,10 @@ impl Kernel {
                         error: KernelError::SagaNotFound(saga_id.clone()).to_string(),
                         saga_id,
                     },
-                    Some(Err(error)) => RecoveryAction::Failed { saga_id, error },
+                    Some(Err(error)) => RecoveryAction::Failed {
+                        saga_id,
+                        error: error.to_string(),
+                    },
                 },
             });
         }
@@ -518,9 +561,9 @@ impl Kernel {
     async fn check_for_recovery(
         &self,
         saga_id: &SagaId,
-        record: Option<SagaRecord>,
+        record: Result<Option<SagaRecord>, TxError>,
     ) -> Result<Checked, KernelError> {
-        let record = record.ok_or_else(|| KernelError::SagaNotFound(saga_id.clone()))?;
+        let record = record?.ok_or_else(|| KernelError::SagaNotFound(saga_id.clone()))?;
         if record.saga.state.is_terminal() {
             // Another recovery finished it since the list was read.
             return Ok(Checked::Done(None));
@@ -556,6 +599,42 @@ impl Kernel {
         }
     }
 
+    /// Whether no one but a take-over can change a saga of `owner` from now on: its owner
+    /// is gone (by its lease, else by the probe; `gone` keeps each owner's answer for the
+    /// group), or it is left detached, whose sagas change only by a take-over. Unknown,
+    /// alive, this process, or an error asking: no.
+    async fn writes_nothing_more(
+        &self,
+        owner: &agent_kernel_api::Owner,
+        gone: &mut HashMap<agent_kernel_api::Owner, bool>,
+    ) -> bool {
+        if owner.is_detached() {
+            return true;
+        }
+        if *owner == self.env.owner {
+            return false;
+        }
+        if let Some(gone) = gone.get(owner) {
+            return *gone;
+        }
+        let is_gone = matches!(self.owner_liveness(owner).await, Ok(Liveness::Dead));
+        gone.insert(owner.clone(), is_gone);
+        is_gone
+    }
+
+    /// `saga_ids` read at once, or, when that fails, one by one, so that a saga that cannot
+    /// be read fails alone.
+    async fn read_each(&self, saga_ids: &[SagaId]) -> Vec<Result<Option<SagaRecord>, TxError>> {
+        if let Ok(records) = self.log.saga_records(saga_ids).await {
+            return records.into_iter().map(Ok).collect();
+        }
+        let mut records = Vec::with_capacity(saga_ids.len());
+        for saga_id in saga_ids {
+            records.push(self.log.saga(saga_id).await);
+        }
+        records
+    }
+
     /// What the report says of a saga that recovery leaves as it is because of `error`
     /// (a tool missing, its owner alive, another process first), or `error` itself.
     fn skipped(error: KernelError) -> Result<Option<RecoveryAction>, KernelError> {
@@ -580,16 +659,17 @@ impl Kernel {
     }
 
     /// Takes over a saga whose owner is gone (checked by the caller) and moves it to
-    /// `Compensating` from the state its log holds (a step was in flight in `Acting` or
+    /// `Compensating` from the state `record` holds (a step was in flight in `Acting` or
     /// `Validating`, or it waited in `Planning`: the table's failure event for that state
     /// applies; one already `Compensating` stays), with `batch` (a waiting request voided),
-    /// all in one transaction; the saga as the log then holds it (its `updated_at_ms` as
-    /// read).
+    /// all in one transaction. A saga that waited for an approval (its process died
+    /// waiting) has its request voided with the move, so an approval given afterwards
+    /// applies to nothing.
     ///
-    /// The take-over holds only if the saga is still in the state read, so `record` is
-    /// current: no one else writes to it now, and it is not read again. A saga that waited
-    /// for an approval (its process died waiting) has its request voided with the move, so
-    /// an approval given afterwards applies to nothing.
+    /// Returns `record` with its new owner and state. The take-over holds only if the saga
+    /// still has the owner and the state `record` holds; its steps may have changed since
+    /// (an owner that was alive at the read wrote more, then died), so unless its owner was
+    /// known gone before the read, the caller reads it again before compensating it.
     async fn take_over_into_compensation(
         &self,
         mut record: SagaRecord,

@@ -161,9 +161,21 @@ async fn an_actor_runs_one_saga_at_a_time() {
     assert_eq!(report.state, SagaState::Done);
 }
 
-/// A view of the log whose list of unfinished sagas is always empty, as a read taken just
-/// before another process created its saga would be.
-struct StaleReads(std::sync::Arc<dyn TxLog>);
+/// A view of the log with some reads older than the log, as reads taken just before
+/// another process wrote would be.
+struct StaleReads(std::sync::Arc<dyn TxLog>, Stale);
+
+/// Which reads of [`StaleReads`] are older than the log.
+enum Stale {
+    /// The list of unfinished sagas (and of prunable ones) is always empty.
+    UnfinishedSagas,
+    /// The first group of sagas read at once lacks each saga's last step, as a read just
+    /// before its owner wrote that step would; the owner dies just after (`dies`).
+    FirstGroupBeforeLastStep {
+        read: std::sync::atomic::AtomicBool,
+        dies: Box<dyn Fn() + Send + Sync>,
+    },
+}
 
 impl TxLog for StaleReads {
     fn write(&self, batch: Vec<LogWrite>) -> BoxFuture<'_, Result<Vec<WriteOutcome>, TxError>> {
@@ -179,15 +191,23 @@ impl TxLog for StaleReads {
         self.0.sagas(limit)
     }
     fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
-        Box::pin(async { Ok(Vec::new()) })
+        match self.1 {
+            Stale::UnfinishedSagas => Box::pin(async { Ok(Vec::new()) }),
+            Stale::FirstGroupBeforeLastStep { .. } => self.0.unfinished_sagas(),
+        }
     }
     fn prune_candidates(
         &self,
-        _before_ms: i64,
-        _after: Option<(i64, SagaId)>,
-        _limit: u32,
+        before_ms: i64,
+        after: Option<(i64, SagaId)>,
+        limit: u32,
     ) -> BoxFuture<'_, Result<Vec<agent_kernel_api::SagaRecord>, TxError>> {
-        Box::pin(async { Ok(Vec::new()) })
+        match self.1 {
+            Stale::UnfinishedSagas => Box::pin(async { Ok(Vec::new()) }),
+            Stale::FirstGroupBeforeLastStep { .. } => {
+                self.0.prune_candidates(before_ms, after, limit)
+            }
+        }
     }
     fn key_binding<'a>(
         &'a self,
@@ -204,6 +224,36 @@ impl TxLog for StaleReads {
     ) -> BoxFuture<'a, Result<bool, TxError>> {
         self.0
             .take_over(saga_id, expected_owner, expected_state, new_owner)
+    }
+
+    fn take_over_and_write<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        expected_owner: &'a Owner,
+        expected_state: SagaState,
+        new_owner: &'a Owner,
+        then: Vec<LogWrite>,
+    ) -> BoxFuture<'a, Result<bool, TxError>> {
+        self.0
+            .take_over_and_write(saga_id, expected_owner, expected_state, new_owner, then)
+    }
+
+    fn saga_records<'a>(
+        &'a self,
+        saga_ids: &'a [SagaId],
+    ) -> BoxFuture<'a, Result<Vec<Option<SagaRecord>>, TxError>> {
+        Box::pin(async move {
+            let mut records = self.0.saga_records(saga_ids).await?;
+            if let Stale::FirstGroupBeforeLastStep { read, dies } = &self.1
+                && !read.swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                for record in records.iter_mut().flatten() {
+                    record.steps.pop();
+                }
+                dies();
+            }
+            Ok(records)
+        })
     }
 
     fn approval<'a>(
@@ -256,7 +306,7 @@ async fn the_log_refuses_a_second_saga_for_a_busy_actor_even_after_a_stale_read(
     // and the log, which checks again in the transaction that creates the saga, refuses.
     let sqlite = fixture.open_log();
     let second = fixture.kernel_over(
-        std::sync::Arc::new(StaleReads(sqlite.clone())),
+        std::sync::Arc::new(StaleReads(sqlite.clone(), Stale::UnfinishedSagas)),
         sqlite.clone(),
         2,
     );
@@ -316,4 +366,52 @@ async fn recovery_resumes_from_the_persisted_validating_state() {
     };
     assert_eq!(saga.state, SagaState::FailedRolledBack);
     assert!(fixture.world.items().is_empty());
+}
+
+#[tokio::test]
+async fn a_step_its_dead_owner_wrote_after_recovery_first_read_the_saga_is_undone_too() {
+    let fixture = Fixture::new();
+    let owner = std::sync::Arc::new(fixture.kernel(43));
+    let saga = owner
+        .begin(agent_kernel_core::BeginOptions::default())
+        .await
+        .expect("begins");
+    for item in ["a", "b"] {
+        saga.call("ledger.add", json!({ "item": item }), None)
+            .await
+            .expect("calls");
+    }
+    // Recovery's first read of the group misses step 1, as a read just before the owner
+    // (alive then) wrote it would; the owner then dies, and the take-over, which compares
+    // only owner and state, holds.
+    let sqlite = fixture.open_log();
+    let liveness = fixture.liveness.clone();
+    let recovering = fixture.kernel_over(
+        std::sync::Arc::new(StaleReads(
+            sqlite.clone(),
+            Stale::FirstGroupBeforeLastStep {
+                read: std::sync::atomic::AtomicBool::new(false),
+                dies: Box::new(move || {
+                    liveness.dead_pids.lock().expect("not poisoned").push(43);
+                }),
+            },
+        )),
+        sqlite,
+        44,
+    );
+    let report = recovering.recover(&NoObserver).await.expect("recovers");
+    match report.sagas.as_slice() {
+        [RecoveryAction::RolledBack(rolled)] => {
+            assert_eq!(rolled.state, SagaState::FailedRolledBack);
+            let statuses: Vec<StepStatus> = rolled.steps.iter().map(|step| step.status).collect();
+            assert_eq!(statuses, [StepStatus::Compensated, StepStatus::Compensated]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        fixture.world.items().is_empty(),
+        "{:?}",
+        fixture.world.items()
+    );
+    assert!(fixture.verify().is_intact());
 }
