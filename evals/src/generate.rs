@@ -294,8 +294,9 @@ pub(crate) fn expected_writes_failing(n: u32) -> u32 {
 }
 
 /// The log writes of `recover` rolling back one saga of `n` committed-or-in-doubt mutating
-/// steps: its operator command, the move to compensating, and one write of the outcomes it
-/// held (a compensation per step, then the end), whatever `n` (SPEC 10.3).
+/// steps: its operator command, its take-over with the move to compensating (one
+/// transaction), and one write of the outcomes it held (a compensation per step, then the
+/// end), whatever `n` (SPEC 10.3).
 pub(crate) fn expected_recovery_writes(_n: u32) -> u32 {
     3
 }
