@@ -606,7 +606,8 @@ pub trait TxLog: Send + Sync + 'static {
 
     /// Makes `new_owner` the owner of a saga if `expected_owner` still is and the saga is
     /// still in `expected_state`. Returns whether it did; `false` means another process took
-    /// it first or the saga moved on (it may have just reached `Done`).
+    /// it first or the saga moved on (it may have just reached `Done`). It is
+    /// [`take_over_and_write`](Self::take_over_and_write) with nothing after it.
     ///
     /// # Errors
     ///
@@ -617,7 +618,15 @@ pub trait TxLog: Send + Sync + 'static {
         expected_owner: &'a Owner,
         expected_state: SagaState,
         new_owner: &'a Owner,
-    ) -> BoxFuture<'a, Result<bool, TxError>>;
+    ) -> BoxFuture<'a, Result<bool, TxError>> {
+        self.take_over_and_write(
+            saga_id,
+            expected_owner,
+            expected_state,
+            new_owner,
+            Vec::new(),
+        )
+    }
 
     /// [`take_over`](Self::take_over), and, if it held, `then` written after it: in the same
     /// transaction, so that either both are in the log or neither is (`then` refused

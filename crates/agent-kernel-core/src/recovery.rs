@@ -4,7 +4,7 @@
 
 use agent_kernel_api::{
     ApprovalDecision, ApprovalStatus, DecideApproval, EffectClass, LeaseStatus, LogWrite, SagaId,
-    SagaRecord, SagaState, SagaSummary, TxError,
+    SagaRecord, SagaState, SagaSummary,
 };
 use agent_kernel_fsm::{Denial, Rule};
 use std::collections::HashMap;
@@ -88,8 +88,7 @@ impl Kernel {
     ///
     /// [`KernelError::Log`] when the log cannot be read.
     pub async fn has_recoverable_sagas(&self) -> Result<bool, KernelError> {
-        let mut dead: std::collections::HashMap<agent_kernel_api::Owner, bool> =
-            std::collections::HashMap::new();
+        let mut gone = HashMap::new();
         for saga in self.log.unfinished_sagas().await? {
             if self.live.contains(&saga.saga_id) {
                 continue;
@@ -109,15 +108,7 @@ impl Kernel {
             if saga.owner == self.env.owner {
                 return Ok(true);
             }
-            let gone = match dead.get(&saga.owner) {
-                Some(gone) => *gone,
-                None => {
-                    let gone = self.owner_liveness(&saga.owner).await? == Liveness::Dead;
-                    dead.insert(saga.owner.clone(), gone);
-                    gone
-                }
-            };
-            if gone {
+            if self.owner_gone(&saga.owner, &mut gone).await? {
                 return Ok(true);
             }
         }
@@ -439,13 +430,9 @@ impl Kernel {
                     let record = if settled {
                         Ok(record)
                     } else {
-                        match read_again.next() {
-                            Some(Ok(Some(record))) => Ok(record),
-                            Some(Ok(None)) | None => {
-                                Err(KernelError::SagaNotFound(saga_id.clone()))
-                            }
-                            Some(Err(error)) => Err(error.into()),
-                        }
+                        read_again
+                            .next()
+                            .unwrap_or_else(|| Err(KernelError::SagaNotFound(saga_id.clone())))
                     };
                     match record {
                         Ok(record) => (record, failure),
@@ -538,16 +525,16 @@ impl Kernel {
                     saga_id,
                 },
                 Slot::Compensated(saga_id, failure) => match reread.next() {
-                    Some(Ok(Some(record))) => RecoveryAction::RolledBack(Box::new(
+                    Some(Ok(record)) => RecoveryAction::RolledBack(Box::new(
                         SagaReport::from_record(&record, failure),
                     )),
-                    Some(Ok(None)) | None => RecoveryAction::Failed {
-                        error: KernelError::SagaNotFound(saga_id.clone()).to_string(),
-                        saga_id,
-                    },
                     Some(Err(error)) => RecoveryAction::Failed {
                         saga_id,
                         error: error.to_string(),
+                    },
+                    None => RecoveryAction::Failed {
+                        error: KernelError::SagaNotFound(saga_id.clone()).to_string(),
+                        saga_id,
                     },
                 },
             });
@@ -561,9 +548,9 @@ impl Kernel {
     async fn check_for_recovery(
         &self,
         saga_id: &SagaId,
-        record: Result<Option<SagaRecord>, TxError>,
+        record: Result<SagaRecord, KernelError>,
     ) -> Result<Checked, KernelError> {
-        let record = record?.ok_or_else(|| KernelError::SagaNotFound(saga_id.clone()))?;
+        let record = record?;
         if record.saga.state.is_terminal() {
             // Another recovery finished it since the list was read.
             return Ok(Checked::Done(None));
@@ -611,28 +598,43 @@ impl Kernel {
         if owner.is_detached() {
             return true;
         }
-        if *owner == self.env.owner {
-            return false;
-        }
+        *owner != self.env.owner && self.owner_gone(owner, gone).await.unwrap_or(false)
+    }
+
+    /// Whether `owner` is dead, asked once per owner: `gone` keeps the answers.
+    async fn owner_gone(
+        &self,
+        owner: &agent_kernel_api::Owner,
+        gone: &mut HashMap<agent_kernel_api::Owner, bool>,
+    ) -> Result<bool, KernelError> {
         if let Some(gone) = gone.get(owner) {
-            return *gone;
+            return Ok(*gone);
         }
-        let is_gone = matches!(self.owner_liveness(owner).await, Ok(Liveness::Dead));
+        let is_gone = self.owner_liveness(owner).await? == Liveness::Dead;
         gone.insert(owner.clone(), is_gone);
-        is_gone
+        Ok(is_gone)
     }
 
     /// `saga_ids` read at once, or, when that fails, one by one, so that a saga that cannot
-    /// be read fails alone.
-    async fn read_each(&self, saga_ids: &[SagaId]) -> Vec<Result<Option<SagaRecord>, TxError>> {
-        if let Ok(records) = self.log.saga_records(saga_ids).await {
-            return records.into_iter().map(Ok).collect();
-        }
-        let mut records = Vec::with_capacity(saga_ids.len());
-        for saga_id in saga_ids {
-            records.push(self.log.saga(saga_id).await);
-        }
-        records
+    /// be read fails alone; one the log lacks is [`KernelError::SagaNotFound`].
+    async fn read_each(&self, saga_ids: &[SagaId]) -> Vec<Result<SagaRecord, KernelError>> {
+        let answers = match self.log.saga_records(saga_ids).await {
+            Ok(records) => records.into_iter().map(Ok).collect(),
+            Err(_) => {
+                let mut answers = Vec::with_capacity(saga_ids.len());
+                for saga_id in saga_ids {
+                    answers.push(self.log.saga(saga_id).await);
+                }
+                answers
+            }
+        };
+        saga_ids
+            .iter()
+            .zip(answers)
+            .map(|(saga_id, answer)| {
+                answer?.ok_or_else(|| KernelError::SagaNotFound(saga_id.clone()))
+            })
+            .collect()
     }
 
     /// What the report says of a saga that recovery leaves as it is because of `error`

@@ -715,22 +715,6 @@ impl TxLog for PostgresLog {
         self.read_job(move |db| backend::key_binding(db, &key))
     }
 
-    fn take_over<'a>(
-        &'a self,
-        saga_id: &'a SagaId,
-        expected_owner: &'a Owner,
-        expected_state: SagaState,
-        new_owner: &'a Owner,
-    ) -> BoxFuture<'a, Result<bool, TxError>> {
-        self.take_over_and_write(
-            saga_id,
-            expected_owner,
-            expected_state,
-            new_owner,
-            Vec::new(),
-        )
-    }
-
     fn take_over_and_write<'a>(
         &'a self,
         saga_id: &'a SagaId,

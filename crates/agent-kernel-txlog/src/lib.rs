@@ -639,22 +639,6 @@ impl TxLog for SqliteLog {
         self.call(move |conn, _| store::key_binding(conn, &key))
     }
 
-    fn take_over<'a>(
-        &'a self,
-        saga_id: &'a SagaId,
-        expected_owner: &'a Owner,
-        expected_state: SagaState,
-        new_owner: &'a Owner,
-    ) -> BoxFuture<'a, Result<bool, TxError>> {
-        self.take_over_and_write(
-            saga_id,
-            expected_owner,
-            expected_state,
-            new_owner,
-            Vec::new(),
-        )
-    }
-
     fn take_over_and_write<'a>(
         &'a self,
         saga_id: &'a SagaId,
