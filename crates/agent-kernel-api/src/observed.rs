@@ -18,8 +18,9 @@ pub trait WriteObserver: Send + Sync + 'static {
         let _ = n;
     }
 
-    /// After write `n` returned; `applied` when it succeeded (it is then as durable as the
-    /// log promises).
+    /// After write `n` returned; `applied` when it succeeded and wrote its records (it is
+    /// then as durable as the log promises): not for a take-over refused by its
+    /// compare-and-swap, which wrote nothing.
     fn after_write(&self, n: u64, applied: bool) {
         let _ = (n, applied);
     }
@@ -141,7 +142,7 @@ where
         Box::pin(async move {
             let outcome = write.await;
             if let Some(n) = n {
-                self.observer.after_write(n, outcome.is_ok());
+                self.observer.after_write(n, matches!(outcome, Ok(true)));
             }
             outcome
         })

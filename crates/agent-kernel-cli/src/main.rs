@@ -1294,11 +1294,7 @@ fn build_dispatcher(cli: &Cli, policy: &Policy) -> Result<Dispatcher, Failure> {
     let mut tools = tools;
     if let Some(path) = tools_file(cli) {
         tools.extend(
-            agent_kernel_core::command_tools(&path, policy, &mut limits)
-                .map_err(Failure::bad_input)?,
-        );
-        tools.extend(
-            agent_kernel_core::upstream_tools(&path, policy, &mut limits)
+            agent_kernel_core::declared_tools(&path, policy, &mut limits)
                 .map_err(Failure::bad_input)?,
         );
     }

@@ -397,8 +397,7 @@ impl KernelBuilder {
             }
         }
         if let Some(path) = tools_file {
-            tools.extend(command_tools(&path, &policy, &mut limits)?);
-            tools.extend(upstream_tools(&path, &policy, &mut limits)?);
+            tools.extend(declared_tools(&path, &policy, &mut limits)?);
         }
         tools.extend(
             self.tools
@@ -491,31 +490,41 @@ pub fn approval_policy_from(policy: &Policy) -> Result<ApprovalPolicy, KernelErr
     Ok(approvals.with_operator_key(&key))
 }
 
-/// The command tools of the tools file at `path` (CONTRACT §7), each run's output bounded
-/// by `policy`'s `max_io_bytes` (or the default). A tool's declared `timeout_ms` becomes
-/// its timeout in `limits`, unless `[limits.tools."<id>"]` sets one.
+/// The tools the tools file at `path` declares: its command tools (CONTRACT §7), then the
+/// tools of its upstream MCP servers (CONTRACT §11), each server started and asked for its
+/// tools. The file is read once, so both come from the same version of it. Outputs are
+/// bounded by `policy`'s `max_io_bytes` (or the default); a tool's declared `timeout_ms`
+/// becomes its timeout in `limits`, unless `[limits.tools."<id>"]` sets one.
 ///
 /// # Errors
 ///
-/// [`KernelError::Setup`] naming the file, the line and the problem.
-pub fn command_tools(
+/// [`KernelError::Setup`] naming the file, the line or the server, and the problem.
+pub fn declared_tools(
     path: &Path,
     policy: &Policy,
     limits: &mut Limits,
 ) -> Result<Vec<Arc<dyn DynTool>>, KernelError> {
-    let loaded = agent_kernel_tools::load_tools_file(
+    let setup = |error: &dyn std::fmt::Display| KernelError::Setup(error.to_string());
+    let text = agent_kernel_tools::read_tools_file(path).map_err(|error| setup(&error))?;
+    let output_bytes_max = output_bytes_max(policy);
+    let commands = agent_kernel_tools::parse_tools_file(
         path,
-        output_bytes_max(policy),
+        &text,
+        output_bytes_max,
         &agent_kernel_tools::BUILTIN_TOOL_IDS,
     )
-    .map_err(|error| KernelError::Setup(error.to_string()))?;
-    Ok(loaded
-        .into_iter()
-        .map(|tool| {
-            let timeout_ms = tool.timeout_ms();
-            declared_timeout(limits, Arc::new(tool), timeout_ms)
-        })
-        .collect())
+    .map_err(|error| setup(&error))?;
+    let upstream = agent_kernel_upstream::upstream_tools_of(path, &text, output_bytes_max)
+        .map_err(|error| setup(&error))?;
+    let mut tools: Vec<Arc<dyn DynTool>> = Vec::with_capacity(commands.len() + upstream.len());
+    for tool in commands {
+        let timeout_ms = tool.timeout_ms();
+        tools.push(declared_timeout(limits, Arc::new(tool), timeout_ms));
+    }
+    for (tool, timeout_ms) in upstream {
+        tools.push(declared_timeout(limits, Arc::new(tool), timeout_ms));
+    }
+    Ok(tools)
 }
 
 /// The bound on a declared tool's output: the policy's `max_io_bytes`, or the default.
@@ -542,27 +551,6 @@ fn declared_timeout(
             .get_or_insert(timeout_ms);
     }
     tool
-}
-
-/// The tools of the upstream MCP servers the tools file at `path` declares (CONTRACT §11):
-/// each server is started and asked for its tools; their outputs are bounded by `policy`'s
-/// `max_io_bytes` (or the default); a tool's declared timeout becomes its timeout in
-/// `limits`, unless `[limits.tools."<id>"]` sets one.
-///
-/// # Errors
-///
-/// [`KernelError::Setup`] naming the file, the server and the problem.
-pub fn upstream_tools(
-    path: &Path,
-    policy: &Policy,
-    limits: &mut Limits,
-) -> Result<Vec<Arc<dyn DynTool>>, KernelError> {
-    let loaded = agent_kernel_upstream::upstream_tools(path, output_bytes_max(policy))
-        .map_err(KernelError::Setup)?;
-    Ok(loaded
-        .into_iter()
-        .map(|(tool, timeout_ms)| declared_timeout(limits, Arc::new(tool), timeout_ms))
-        .collect())
 }
 
 /// Reads and validates an FSM table file.

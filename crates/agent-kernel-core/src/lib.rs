@@ -118,8 +118,8 @@ pub use approval::{
 };
 pub use builder::{
     DB_ENV, DEFAULT_DB, DEFAULT_FSM, DEFAULT_SANDBOX, DEFAULT_TOOLS, KernelBuilder, LEASE_ENV,
-    OPERATOR_KEY_BYTES_MAX, approval_policy_from, command_tools, dispatcher_with,
-    limits_from_policy, read_operator_key, upstream_tools,
+    OPERATOR_KEY_BYTES_MAX, approval_policy_from, declared_tools, dispatcher_with,
+    limits_from_policy, read_operator_key,
 };
 pub use cancel::Cancellation;
 pub use dead_letter::{

@@ -124,18 +124,55 @@ pub fn load_tools_file(
     output_bytes_max: u64,
     taken: &[&str],
 ) -> Result<Vec<CommandTool>, ToolsFileError> {
+    let text = read_tools_file(path)?;
+    parse_tools_file(path, &text, output_bytes_max, taken)
+}
+
+/// The text of the tools file at `path`, at most [`TOOLS_FILE_BYTES_MAX`] bytes: read once
+/// by whoever loads both its command tools ([`parse_tools_file`]) and its upstream servers,
+/// so that both come from the same version of the file.
+///
+/// # Errors
+///
+/// A [`ToolsFileError`] when it cannot be read, is not UTF-8, or is larger.
+pub fn read_tools_file(path: &Path) -> Result<String, ToolsFileError> {
+    std::fs::File::open(path)
+        .map_err(|io| format!("cannot read it: {io}"))
+        .and_then(|file| read_text_bounded(file, TOOLS_FILE_BYTES_MAX))
+        .map_err(|message| ToolsFileError {
+            path: path.display().to_string(),
+            line: None,
+            message,
+        })
+}
+
+/// The tools `text`, the content of the tools file at `path`, declares, as
+/// [`load_tools_file`] loads them; `path` names the file in errors, and its folder is the
+/// one programs resolve against.
+///
+/// # Errors
+///
+/// As [`load_tools_file`], but for reading the file.
+pub fn parse_tools_file(
+    path: &Path,
+    text: &str,
+    output_bytes_max: u64,
+    taken: &[&str],
+) -> Result<Vec<CommandTool>, ToolsFileError> {
     let shown = path.display().to_string();
     let error = |line: Option<usize>, message: String| ToolsFileError {
         path: shown.clone(),
         line,
         message,
     };
-    let text = std::fs::File::open(path)
-        .map_err(|io| format!("cannot read it: {io}"))
-        .and_then(|file| read_text_bounded(file, TOOLS_FILE_BYTES_MAX))
-        .map_err(|message| error(None, message))?;
-    let file: ToolsFile = toml::from_str(&text).map_err(|parse| {
-        let line = parse.span().map(|span| line_of(&text, span.start));
+    if text.len() > TOOLS_FILE_BYTES_MAX {
+        return Err(error(
+            None,
+            format!("it is more than {TOOLS_FILE_BYTES_MAX} bytes"),
+        ));
+    }
+    let file: ToolsFile = toml::from_str(text).map_err(|parse| {
+        let line = parse.span().map(|span| line_of(text, span.start));
         error(line, parse.message().to_owned())
     })?;
     if file.tools.len() > COMMAND_TOOLS_MAX {
@@ -155,7 +192,7 @@ pub fn load_tools_file(
         .map_err(|io| error(None, format!("cannot resolve its folder: {io}")))?;
     let mut tools = Vec::with_capacity(file.tools.len());
     for (id, spanned) in file.tools {
-        let line = Some(line_of(&text, spanned.span().start));
+        let line = Some(line_of(text, spanned.span().start));
         let spec = spanned.into_inner();
         let fail = |message: String| error(line, format!("tool `{id}`: {message}"));
         if id.is_empty() || id.chars().any(|c| c.is_control() || c.is_whitespace()) {

@@ -113,7 +113,8 @@ use agent_kernel_sandbox::{FsSandbox, HttpSandbox};
 
 pub use command::{
     COMMAND_STDERR_BYTES_MAX, COMMAND_TIMEOUT_MS_MAX, COMMAND_TOOLS_MAX, CommandTool, EXIT_RETRY,
-    Reversibility, TOOLS_FILE_BYTES_MAX, ToolsFileError, load_tools_file,
+    Reversibility, TOOLS_FILE_BYTES_MAX, ToolsFileError, load_tools_file, parse_tools_file,
+    read_tools_file,
 };
 pub use common::{TEMP_PREFIX, TEMP_SUFFIX, TOOL_VERSION};
 pub use drill::{DRILL_PAUSE_MS_MAX, DrillWrite};

@@ -137,18 +137,39 @@ struct RawCompensation {
 /// neither `compensate` nor `reversibility = "none"`, a `probe` settlement (upstream tools
 /// have no probe).
 pub fn load_servers(path: &Path) -> Result<Vec<ServerSpec>, ServersFileError> {
+    let text = std::fs::File::open(path)
+        .map_err(|io| format!("cannot read it: {io}"))
+        .and_then(|file| read_text_bounded(file, SERVERS_FILE_BYTES_MAX))
+        .map_err(|message| ServersFileError {
+            path: path.display().to_string(),
+            line: None,
+            message,
+        })?;
+    parse_servers(path, &text)
+}
+
+/// The upstream servers `text`, the content of the tools file at `path`, declares, as
+/// [`load_servers`] reads them; `path` names the file in errors, and its folder is the one
+/// servers' programs resolve against.
+///
+/// # Errors
+///
+/// As [`load_servers`], but for reading the file.
+pub fn parse_servers(path: &Path, text: &str) -> Result<Vec<ServerSpec>, ServersFileError> {
     let shown = path.display().to_string();
     let error = |line: Option<usize>, message: String| ServersFileError {
         path: shown.clone(),
         line,
         message,
     };
-    let text = std::fs::File::open(path)
-        .map_err(|io| format!("cannot read it: {io}"))
-        .and_then(|file| read_text_bounded(file, SERVERS_FILE_BYTES_MAX))
-        .map_err(|message| error(None, message))?;
-    let file: File = toml::from_str(&text).map_err(|parse| {
-        let line = parse.span().map(|span| line_of(&text, span.start));
+    if text.len() > SERVERS_FILE_BYTES_MAX {
+        return Err(error(
+            None,
+            format!("it is more than {SERVERS_FILE_BYTES_MAX} bytes"),
+        ));
+    }
+    let file: File = toml::from_str(text).map_err(|parse| {
+        let line = parse.span().map(|span| line_of(text, span.start));
         error(line, parse.message().to_owned())
     })?;
     if file.mcp_servers.len() > UPSTREAM_SERVERS_MAX {
@@ -163,7 +184,7 @@ pub fn load_servers(path: &Path) -> Result<Vec<ServerSpec>, ServersFileError> {
     };
     let mut servers = Vec::new();
     for (name, raw) in file.mcp_servers {
-        let line = Some(line_of(&text, raw.span().start));
+        let line = Some(line_of(text, raw.span().start));
         let raw = raw.into_inner();
         if name.is_empty() || name.contains('.') || name.chars().any(char::is_control) {
             return Err(error(
@@ -192,7 +213,7 @@ pub fn load_servers(path: &Path) -> Result<Vec<ServerSpec>, ServersFileError> {
             .collect::<Result<Vec<_>, _>>()?;
         let mut declared = BTreeMap::new();
         for (tool, decl) in raw.tool {
-            let line = Some(line_of(&text, decl.span().start));
+            let line = Some(line_of(text, decl.span().start));
             let decl = decl.into_inner();
             let at = |message: String| {
                 error(line, format!("[mcp_servers.{name}.tool.{tool}] {message}"))

@@ -14,7 +14,8 @@
 //!   annotations are trusted and say read-only), and its compensation, another tool of the
 //!   same server called with arguments mapped from the step's arguments and output.
 //!
-//! [`upstream_tools`] does all three for a tools file.
+//! [`upstream_tools`] does all three for a tools file, [`upstream_tools_of`] for its text
+//! read once with its command tools.
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
@@ -28,7 +29,7 @@ use std::sync::Arc;
 
 pub use config::{
     Compensation, SERVERS_FILE_BYTES_MAX, ServerSpec, ServersFileError, ToolDecl,
-    UPSTREAM_SERVERS_MAX, load_servers,
+    UPSTREAM_SERVERS_MAX, load_servers, parse_servers,
 };
 pub use hub::{CallError, Hub, SERVER_START_TIMEOUT, SERVER_STARTS_MAX};
 pub use mapping::Mapping;
@@ -47,6 +48,31 @@ pub fn upstream_tools(
     output_bytes_max: u64,
 ) -> Result<Vec<(UpstreamTool, Option<u64>)>, String> {
     let specs = load_servers(path).map_err(|error| error.to_string())?;
+    tools_of(path, specs, output_bytes_max)
+}
+
+/// The upstream tools `text`, the content of the tools file at `path`, declares, as
+/// [`upstream_tools`] makes them: for a caller that read the file once for its command
+/// tools too.
+///
+/// # Errors
+///
+/// As [`upstream_tools`].
+pub fn upstream_tools_of(
+    path: &Path,
+    text: &str,
+    output_bytes_max: u64,
+) -> Result<Vec<(UpstreamTool, Option<u64>)>, String> {
+    let specs = parse_servers(path, text).map_err(|error| error.to_string())?;
+    tools_of(path, specs, output_bytes_max)
+}
+
+/// The offered tools of the servers `specs` of the tools file at `path`.
+fn tools_of(
+    path: &Path,
+    specs: Vec<ServerSpec>,
+    output_bytes_max: u64,
+) -> Result<Vec<(UpstreamTool, Option<u64>)>, String> {
     if specs.is_empty() {
         return Ok(Vec::new());
     }

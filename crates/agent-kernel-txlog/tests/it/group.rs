@@ -215,3 +215,54 @@ async fn take_overs_sent_at_once_share_transactions_and_each_gets_its_own_answer
     let report = verify(&path, None).expect("verifies");
     assert!(report.is_intact(), "{:?}", report.first_bad);
 }
+
+/// What an [`ObservedLog`](agent_kernel_api::ObservedLog) told its observer: each write's
+/// number and whether it was applied.
+#[derive(Clone, Default)]
+struct Told(Arc<std::sync::Mutex<Vec<(u64, bool)>>>);
+
+impl agent_kernel_api::WriteObserver for Told {
+    fn after_write(&self, n: u64, applied: bool) {
+        self.0.lock().expect("not poisoned").push((n, applied));
+    }
+}
+
+#[tokio::test]
+async fn an_observed_take_over_refused_by_its_compare_and_swap_is_not_told_as_applied() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let told = Told::default();
+    let log = agent_kernel_api::ObservedLog::new(
+        Arc::new(open(&dir.path().join("log.db")).expect("opens")),
+        told.clone(),
+    );
+    log.write(vec![new_saga("s"), begin("s", 0, None, "h")])
+        .await
+        .expect("writes");
+    let saga_id = SagaId::new("s");
+    let compensating = || vec![set_state("s", SagaState::Compensating)];
+    let wrong_owner = log
+        .take_over_and_write(
+            &saga_id,
+            &owner(9),
+            SagaState::Acting,
+            &owner(2),
+            compensating(),
+        )
+        .await
+        .expect("answers");
+    let holds = log
+        .take_over_and_write(
+            &saga_id,
+            &owner(1),
+            SagaState::Acting,
+            &owner(2),
+            compensating(),
+        )
+        .await
+        .expect("answers");
+    assert_eq!((wrong_owner, holds), (false, true));
+    assert_eq!(
+        *told.0.lock().expect("not poisoned"),
+        [(0, true), (1, false), (2, true)]
+    );
+}
