@@ -239,6 +239,9 @@ pub(crate) struct StepsReport {
     /// Batches per transaction, on average and at most.
     batches_per_transaction: f64,
     batches_per_transaction_max: u64,
+    /// Records (each chained into the audit log) per transaction, on average and at most.
+    records_per_transaction: f64,
+    records_per_transaction_max: u64,
     /// The same number of plain SQLite commits, same settings, no kernel.
     floor: FloorSummary,
     /// Kernel wall time over floor wall time, for the same number of commits.
@@ -277,13 +280,15 @@ impl fmt::Display for StepsReport {
         )?;
         writeln!(
             f,
-            "  {} commits ({:.3} per step) in {:.1} ms, in {} transactions ({:.2} batches each, at most {})",
+            "  {} commits ({:.3} per step) in {:.1} ms, in {} transactions ({:.2} batches each, at most {}; {:.2} records each, at most {})",
             self.n_commits,
             self.commits_per_step,
             self.elapsed_ms,
             self.n_transactions,
             self.batches_per_transaction,
-            self.batches_per_transaction_max
+            self.batches_per_transaction_max,
+            self.records_per_transaction,
+            self.records_per_transaction_max
         )?;
         writeln!(
             f,
@@ -551,6 +556,8 @@ async fn steps(
         n_transactions: groups.commits,
         batches_per_transaction: groups.batches as f64 / groups.commits.max(1) as f64,
         batches_per_transaction_max: groups.batches_max,
+        records_per_transaction: groups.records as f64 / groups.commits.max(1) as f64,
+        records_per_transaction_max: groups.records_max,
         floor: FloorSummary {
             n_commits: n_floor_commits as u64,
             elapsed_ms: floor_elapsed.as_secs_f64() * 1e3,

@@ -270,6 +270,23 @@ fn bench_reports_the_contract_fields() {
         rss > 0 && document["rss_peak_kib"].as_u64() >= Some(rss),
         "{document}"
     );
+    // Every batch holds a record at least; no transaction more than the group's bound.
+    let batches = document["batches_per_transaction"]
+        .as_f64()
+        .expect("batches");
+    let records = document["records_per_transaction"]
+        .as_f64()
+        .expect("records");
+    let records_max = document["records_per_transaction_max"]
+        .as_u64()
+        .expect("records max");
+    assert!(
+        batches >= 1.0
+            && records >= batches
+            && records_max as f64 >= records
+            && records_max <= agent_kernel_txlog::GROUP_RECORDS_MAX as u64,
+        "{document}"
+    );
 }
 
 #[test]
