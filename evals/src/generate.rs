@@ -286,19 +286,20 @@ pub(crate) fn expected_writes(n: u32) -> u32 {
     2 * n + 2
 }
 
-/// The log writes of a live saga of `n` mutating calls and then a call that fails: the
-/// forward writes (`2n + 1`), the failing step's BEGIN and failure, and the rollback's
-/// `n + 1` (a compensation per step, the failed step's with the end state).
+/// The log writes of a live saga of `n` (at least one) mutating calls and then a call that
+/// fails: the forward writes (`2n + 1`), the failing step's BEGIN and failure, and the
+/// rollback's `n` (a compensation per step, each durable before the next acts, the last
+/// with the end state).
 pub(crate) fn expected_writes_failing(n: u32) -> u32 {
-    3 * n + 4
+    3 * n + 3
 }
 
-/// The log writes of `recover` rolling back one saga of `n` committed-or-in-doubt mutating
-/// steps: its operator command, its take-over with the move to compensating (one
-/// transaction), and one write of the outcomes it held (a compensation per step, then the
-/// end), whatever `n` (SPEC 10.3).
-pub(crate) fn expected_recovery_writes(_n: u32) -> u32 {
-    3
+/// The log writes of `recover` rolling back one saga of `n` (at least one)
+/// committed-or-in-doubt mutating steps: its operator command, its take-over with the move
+/// to compensating (one transaction), and a compensation per step, each durable before the
+/// next acts, the last with the end (SPEC 10.3).
+pub(crate) fn expected_recovery_writes(n: u32) -> u32 {
+    n + 2
 }
 
 /// What the log holds at a kill point of a failing chain, for a variant's text.
@@ -313,7 +314,7 @@ fn rollback_boundary(point: KillPoint, n: u32) -> String {
     } else if w == expected_writes_failing(n) - 1 {
         "the rollback's last write (the saga's end)".to_owned()
     } else {
-        format!("rollback write {} of {}", w - 2 * n - 2, n + 1)
+        format!("rollback write {} of {}", w - 2 * n - 2, n)
     };
     match point {
         KillPoint::BeforeWrite(_) => format!("killed before {what}"),

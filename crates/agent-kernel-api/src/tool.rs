@@ -197,6 +197,9 @@ pub enum ToolErrorKind {
     Panicked,
     /// A validation check did not hold (the world is not as the plan expects).
     Validation,
+    /// A compensation was not run because what its step left has changed since (another
+    /// saga, a person or another program changed it): running it would destroy that.
+    Changed,
 }
 
 impl ToolErrorKind {
@@ -209,6 +212,7 @@ impl ToolErrorKind {
             ToolErrorKind::Timeout => "timed out",
             ToolErrorKind::Panicked => "panicked",
             ToolErrorKind::Validation => "validation failed",
+            ToolErrorKind::Changed => "changed since",
         }
     }
 }
@@ -265,6 +269,12 @@ impl ToolError {
     /// A validation check that did not hold. Nothing happened (validations only read).
     pub fn validation(message: impl Into<String>) -> Self {
         Self::new(ToolErrorKind::Validation, message, Outcome::NotApplied)
+    }
+
+    /// A compensation left unrun because what its step left has changed since; `message`
+    /// says how. Nothing happened. Its text starts `changed since: `.
+    pub fn changed(message: impl Into<String>) -> Self {
+        Self::new(ToolErrorKind::Changed, message, Outcome::NotApplied)
     }
 
     /// A failure after which the effect may or may not have happened.
@@ -331,6 +341,11 @@ impl ToolError {
     /// Whether a validation check did not hold.
     pub fn is_validation(&self) -> bool {
         self.kind == ToolErrorKind::Validation
+    }
+
+    /// Whether a compensation was left unrun because the world changed since its step.
+    pub fn is_changed(&self) -> bool {
+        self.kind == ToolErrorKind::Changed
     }
 
     /// Whether the arguments were invalid.
@@ -478,15 +493,26 @@ pub trait TransactionalTool: Send + Sync + 'static {
         std::future::ready(Ok(ProbeOutcome::Unknown))
     }
 
-    /// Whether what a committed step left has changed since (another writer touched it), so
-    /// that undoing it now would destroy someone else's work: `Ok(Some(what))` names the
-    /// change, `Ok(None)` says nothing changed, or that the tool cannot tell (the default).
-    /// `agent-kernel undo` refuses a changed step unless forced (CONTRACT §10). It must not
-    /// change anything.
+    /// Whether what a step left has changed since (another saga, a person or another program
+    /// touched it), so that compensating it now would destroy someone else's work:
+    /// `Ok(Some(what))` names the change; `Ok(None)` says nothing changed, or that the tool
+    /// cannot tell (the default).
+    ///
+    /// The kernel asks before every compensation (a failing saga's own rollback, a live
+    /// abort, `rollback`, `recover`, a dead letter's retry, `undo`); a changed step is not
+    /// compensated but left as a dead letter whose error starts `changed since:`, until an
+    /// operator forces it (`dlq retry --force`, `undo --force`).
+    ///
+    /// `undo` and `output` are the step's record. The step's outcome may be unknown (the
+    /// process died between its BEGIN and its outcome), and its compensation may already have
+    /// run once without its outcome being recorded (a rollback killed between the two): so the
+    /// answer is `None` both when what the step left is there and when what its compensation
+    /// restores is (compensating again changes nothing then). It must not change anything.
     ///
     /// # Errors
     ///
-    /// A [`ToolError`] when the check could not be made; `undo` then refuses the step.
+    /// A [`ToolError`] when the check could not be made: the compensation is then not run
+    /// either (a dead letter), and `undo` refuses the step.
     fn changed_since(
         &self,
         _ctx: &ToolContext,

@@ -90,14 +90,15 @@ fn print_outcome(out: &Output, outcome: &RetryOutcome) {
     );
 }
 
-/// `dlq retry ID`: exit 0 when compensated, 3 when it failed again.
+/// `dlq retry ID [--force]`: exit 0 when compensated, 3 when it failed again.
 pub(crate) async fn retry_command(
     kernel: &Kernel,
     out: &Output,
     letter_id: &str,
+    force: bool,
 ) -> Result<u8, Failure> {
     let outcome = kernel
-        .retry_dead_letter(letter_id, operator_name(kernel.operator_uid()))
+        .retry_dead_letter_with(letter_id, operator_name(kernel.operator_uid()), force)
         .await?;
     print_outcome(out, &outcome);
     Ok(if outcome.compensated() {

@@ -304,6 +304,10 @@ enum DlqAction {
         /// Retry every open dead letter whose backoff has passed
         #[arg(long)]
         due: bool,
+        /// Run the compensation even when what its step left has changed since (a letter
+        /// whose error starts `changed since:`): the later change is overwritten
+        #[arg(long, conflicts_with = "due")]
+        force: bool,
         /// Act even if `audit verify` finds the log tampered with (recorded in the audit chain)
         #[arg(long)]
         skip_verify: bool,
@@ -666,13 +670,14 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 DlqAction::Retry {
                     id,
                     due,
+                    force,
                     skip_verify,
                 } => {
                     let _lock = operator_lock(cli).await?;
                     // A retry compensates from the log's records, as `rollback` does.
                     let kernel = open_kernel_to_compensate(cli, *skip_verify).await?;
                     match id {
-                        Some(id) if !*due => dlq::retry_command(&kernel, out, id).await,
+                        Some(id) if !*due => dlq::retry_command(&kernel, out, id, *force).await,
                         _ => dlq::retry_due_command(&kernel, out).await,
                     }
                 }
@@ -1291,7 +1296,10 @@ fn build_dispatcher(cli: &Cli, policy: &Policy) -> Result<Dispatcher, Failure> {
         Arc::new(HttpSandbox::new(policy)),
         cwd,
     );
-    let mut tools = tools;
+    let mut tools = agent_kernel_core::ToolSet {
+        required: tools,
+        ..agent_kernel_core::ToolSet::default()
+    };
     if let Some(path) = tools_file(cli) {
         tools.extend(
             agent_kernel_core::declared_tools(&path, policy, &mut limits)

@@ -380,30 +380,33 @@ impl KernelBuilder {
             None => std::env::current_dir()
                 .map_err(|error| setup(format!("cannot read the working directory: {error}")))?,
         };
-        let mut tools = Vec::new();
+        let mut tools = ToolSet::default();
         if self.standard_tools || self.drill_tools {
             let fs = Arc::new(FsSandbox::new(&policy).map_err(|error| {
                 setup(format!("cannot open the sandbox's allowed roots: {error}"))
             })?);
             if self.standard_tools {
-                tools.extend(agent_kernel_tools::standard_tools(
+                tools.required.extend(agent_kernel_tools::standard_tools(
                     Arc::clone(&fs),
                     Arc::new(HttpSandbox::new(&policy)),
                     cwd.clone(),
                 ));
             }
             if self.drill_tools {
-                tools.extend(agent_kernel_tools::drill_tools(fs, cwd));
+                tools
+                    .required
+                    .extend(agent_kernel_tools::drill_tools(fs, cwd));
             }
         }
         if let Some(path) = tools_file {
             tools.extend(declared_tools(&path, &policy, &mut limits)?);
         }
-        tools.extend(
+        tools.required.extend(
             self.tools
                 .into_iter()
                 .map(|(tool, timeout_ms)| declared_timeout(&mut limits, tool, timeout_ms)),
         );
+        let unavailable = tools.unavailable.clone();
         let dispatcher = dispatcher_with(limits, tools, &policy)?;
         let approvals = approval_policy_from(&policy)?;
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
@@ -452,7 +455,8 @@ impl KernelBuilder {
                 self.durability,
             )
             .with_operator_options(self.operator_options)
-            .with_approval_policy(approvals),
+            .with_approval_policy(approvals)
+            .with_unavailable_servers(unavailable),
         ))
     }
 }
@@ -490,20 +494,63 @@ pub fn approval_policy_from(policy: &Policy) -> Result<ApprovalPolicy, KernelErr
     Ok(approvals.with_operator_key(&key))
 }
 
-/// The tools the tools file at `path` declares: its command tools (CONTRACT §7), then the
-/// tools of its upstream MCP servers (CONTRACT §11), each server started and asked for its
-/// tools. The file is read once, so both come from the same version of it. Outputs are
-/// bounded by `policy`'s `max_io_bytes` (or the default); a tool's declared `timeout_ms`
-/// becomes its timeout in `limits`, unless `[limits.tools."<id>"]` sets one.
+/// The tools a kernel is built with.
+#[derive(Default)]
+pub struct ToolSet {
+    /// Tools that must all be registered: two of one id, or an invalid schema, is an error.
+    pub required: Vec<Arc<dyn DynTool>>,
+    /// Tools of upstream MCP servers: one that cannot be registered (its id is taken, its
+    /// input schema is not a valid JSON Schema) is left out with a warning, so that a
+    /// server never keeps the kernel, and so recovery, from being built.
+    pub upstream: Vec<Arc<dyn DynTool>>,
+    /// Upstream servers none of whose tools are offered, each with why.
+    pub unavailable: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for ToolSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids = |tools: &[Arc<dyn DynTool>]| -> Vec<String> {
+            tools.iter().map(|tool| tool.id().to_owned()).collect()
+        };
+        f.debug_struct("ToolSet")
+            .field("required", &ids(&self.required))
+            .field("upstream", &ids(&self.upstream))
+            .field("unavailable", &self.unavailable)
+            .finish()
+    }
+}
+
+impl ToolSet {
+    /// Adds `other`'s tools and unavailable servers to these.
+    pub fn extend(&mut self, other: ToolSet) {
+        self.required.extend(other.required);
+        self.upstream.extend(other.upstream);
+        self.unavailable.extend(other.unavailable);
+    }
+
+    /// Every tool, required first.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn DynTool>> {
+        self.required.iter().chain(&self.upstream)
+    }
+}
+
+/// The tools the tools file at `path` declares: its command tools (CONTRACT §7), required,
+/// then the tools of its upstream MCP servers (CONTRACT §11), each server started and asked
+/// for its tools, all at once; a server that cannot be used is listed as unavailable, and
+/// only its own tools are missing. The file is read once, so both come from the same
+/// version of it. Outputs are bounded by `policy`'s `max_io_bytes` (or the default); a
+/// tool's declared `timeout_ms` becomes its timeout in `limits`, unless
+/// `[limits.tools."<id>"]` sets one.
 ///
 /// # Errors
 ///
-/// [`KernelError::Setup`] naming the file, the line or the server, and the problem.
+/// [`KernelError::Setup`] naming the file and the line: a file that cannot be read or
+/// parsed, or a command tool that is invalid.
 pub fn declared_tools(
     path: &Path,
     policy: &Policy,
     limits: &mut Limits,
-) -> Result<Vec<Arc<dyn DynTool>>, KernelError> {
+) -> Result<ToolSet, KernelError> {
     let setup = |error: &dyn std::fmt::Display| KernelError::Setup(error.to_string());
     let text = agent_kernel_tools::read_tools_file(path).map_err(|error| setup(&error))?;
     let output_bytes_max = output_bytes_max(policy);
@@ -516,14 +563,23 @@ pub fn declared_tools(
     .map_err(|error| setup(&error))?;
     let upstream = agent_kernel_upstream::upstream_tools_of(path, &text, output_bytes_max)
         .map_err(|error| setup(&error))?;
-    let mut tools: Vec<Arc<dyn DynTool>> = Vec::with_capacity(commands.len() + upstream.len());
+    let mut tools = ToolSet::default();
     for tool in commands {
         let timeout_ms = tool.timeout_ms();
-        tools.push(declared_timeout(limits, Arc::new(tool), timeout_ms));
+        tools
+            .required
+            .push(declared_timeout(limits, Arc::new(tool), timeout_ms));
     }
-    for (tool, timeout_ms) in upstream {
-        tools.push(declared_timeout(limits, Arc::new(tool), timeout_ms));
+    for (tool, timeout_ms) in upstream.tools {
+        tools
+            .upstream
+            .push(declared_timeout(limits, Arc::new(tool), timeout_ms));
     }
+    tools.unavailable = upstream
+        .unavailable
+        .into_iter()
+        .map(|unavailable| (unavailable.server, unavailable.reason))
+        .collect();
     Ok(tools)
 }
 
@@ -621,31 +677,44 @@ fn lease_from_env() -> Result<Duration, KernelError> {
 }
 
 /// A dispatcher with `limits` and `tools`; a `[limits.tools."<id>"]` entry of `policy` must
-/// name one of them.
+/// name one of them (or a tool of an unavailable upstream server, which is warned about).
 ///
 /// # Errors
 ///
-/// [`KernelError::Setup`] for limits out of range, two tools of one id, or a per-tool
-/// entry naming no tool.
+/// [`KernelError::Setup`] for limits out of range, two required tools of one id, or a
+/// per-tool entry naming no tool. An upstream tool that cannot be registered is left out
+/// with a warning, never an error.
 pub fn dispatcher_with(
     limits: Limits,
-    tools: Vec<Arc<dyn DynTool>>,
+    tools: ToolSet,
     policy: &Policy,
 ) -> Result<Dispatcher, KernelError> {
     let jitter = Arc::new(SeededJitter::new(u64::from(std::process::id())));
     let mut dispatcher = Dispatcher::new(limits, jitter)
         .map_err(|error| KernelError::Setup(format!("dispatcher limits: {error}")))?;
-    for tool in tools {
+    for tool in tools.required {
         dispatcher
             .register(tool)
             .map_err(|error| KernelError::Setup(format!("registering the tools: {error}")))?;
     }
+    for tool in tools.upstream {
+        let id = tool.id().to_owned();
+        if let Err(error) = dispatcher.register(tool) {
+            tracing::warn!(tool = %id, %error, "an upstream tool is left out; the others are offered");
+        }
+    }
+    let of_unavailable = |id: &str| {
+        tools.unavailable.iter().any(|(server, _)| {
+            id.strip_prefix(server.as_str())
+                .is_some_and(|rest| rest.starts_with('.'))
+        })
+    };
     // A misspelled tool id would silently leave that tool unbounded by its override.
     if let Some(unknown) = dispatcher
         .limits()
         .tools
         .keys()
-        .find(|id| dispatcher.get(id).is_none())
+        .find(|id| dispatcher.get(id).is_none() && !of_unavailable(id))
     {
         let known: Vec<&str> = dispatcher.ids().collect();
         return Err(KernelError::Setup(format!(

@@ -13,27 +13,13 @@ use crate::KernelError;
 use crate::kernel::Kernel;
 use crate::report::{Failure, Observer, SagaEvent, SagaReport};
 
-/// Where a compensation's outcome records go as they become known.
-pub(crate) enum Outcomes {
-    /// Written at once: each durable before the next compensation runs.
-    Now,
-    /// Held in the order the compensations ran, for the caller to write later in that
-    /// order ([`Kernel::recover`], which shares one write among many sagas). Compensation
-    /// is idempotent (SPEC 3.1), so a crash before the write only runs them again.
-    Held(Vec<LogWrite>),
-}
-
-impl Outcomes {
-    /// Writes `batch` now, or holds it after those held before.
-    async fn record(&mut self, kernel: &Kernel, batch: Vec<LogWrite>) -> Result<(), KernelError> {
-        match self {
-            Outcomes::Now => {
-                kernel.log.write(batch).await?;
-            }
-            Outcomes::Held(held) => held.extend(batch),
-        }
-        Ok(())
-    }
+/// Whether a compensation runs when what its step left has changed since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WhenChanged {
+    /// Not run: the step becomes a dead letter whose error starts `changed since:`.
+    Refuse,
+    /// Run anyway: an operator said so (`dlq retry --force`, `undo --force`).
+    Force,
 }
 
 impl Kernel {
@@ -78,19 +64,17 @@ impl Kernel {
         observer: &dyn Observer,
     ) -> Result<SagaReport, KernelError> {
         let saga_id = record.saga.saga_id.clone();
-        self.compensate_into(&record, observer, &mut Outcomes::Now)
-            .await?;
+        self.compensate_into(&record, observer).await?;
         let record = self.load(&saga_id).await?;
         Ok(SagaReport::from_record(&record, failure))
     }
 
-    /// [`Kernel::compensate_saga`]'s work, its records (each step's outcome, then the
-    /// saga's end state) going to `outcomes`; the end state.
+    /// [`Kernel::compensate_saga`]'s work: each step's outcome is written before the next
+    /// compensation runs, the last one with the saga's end state; returns the end state.
     pub(crate) async fn compensate_into(
         &self,
         record: &SagaRecord,
         observer: &dyn Observer,
-        outcomes: &mut Outcomes,
     ) -> Result<SagaState, KernelError> {
         let saga_id = record.saga.saga_id.clone();
         if record.saga.state != SagaState::Compensating {
@@ -104,7 +88,9 @@ impl Kernel {
         }
         observer.on_event(&SagaEvent::Compensating { saga_id: &saga_id });
         info!(saga_id = %saga_id, "compensating");
-        let any_failed = self.compensate_steps(record, observer, outcomes).await?;
+        let (any_failed, mut last) = self
+            .compensate_steps(record, observer, WhenChanged::Refuse)
+            .await?;
         let (event, facts) = if any_failed {
             let facts = Facts {
                 any_compensation_failed: true,
@@ -122,30 +108,36 @@ impl Kernel {
             .fsm
             .apply(SagaState::Compensating, event, &facts)
             .expect("loaded tables always let compensation finish");
-        outcomes
-            .record(
-                self,
-                vec![LogWrite::SetState {
-                    saga_id: saga_id.clone(),
-                    state,
-                }],
-            )
-            .await?;
+        last.push(LogWrite::SetState {
+            saga_id: saga_id.clone(),
+            state,
+        });
+        self.log.write(last).await?;
         info!(saga_id = %saga_id, %state, "saga finished");
         Ok(state)
     }
 
-    /// Compensates, last first, every step of `record` whose effect may be in place, each
-    /// outcome (a failure with its dead letter) to `outcomes`; returns whether any failed.
+    /// Compensates, last first, every step of `record` whose effect may be in place; returns
+    /// whether any failed, and the last outcome's records, which the caller writes (with the
+    /// saga's end state) before anything else runs.
+    ///
+    /// Intent before effect holds for compensations too: every outcome is durable before
+    /// the next compensation's effect runs, so a kill at any instant leaves at most one
+    /// compensation whose outcome the log lacks, and running that one again is safe (its
+    /// tool's [`changed_since`](agent_kernel_api::TransactionalTool::changed_since) accepts
+    /// what it restores). Holding outcomes until several compensations ran is the bug this
+    /// rules out: a later step's undo run again over an earlier step's undo of one file.
     pub(crate) async fn compensate_steps(
         &self,
         record: &SagaRecord,
         observer: &dyn Observer,
-        outcomes: &mut Outcomes,
-    ) -> Result<bool, KernelError> {
+        when_changed: WhenChanged,
+    ) -> Result<(bool, Vec<LogWrite>), KernelError> {
         let saga_id = record.saga.saga_id.clone();
         let actor = record.saga.actor.as_deref();
         let mut any_failed = false;
+        // The last outcome, not yet written.
+        let mut pending: Vec<LogWrite> = Vec::new();
         // A dry run's steps were simulated: nothing ran, so nothing is undone. (The kernel
         // writes a dry run whole in one batch, so it is never found unfinished; this guards
         // a log written otherwise.)
@@ -165,9 +157,13 @@ impl Kernel {
             if simulated || !Self::needs_compensation(step) {
                 continue;
             }
+            if Self::may_act(step) && !pending.is_empty() {
+                // The outcome before is durable before this compensation acts.
+                self.log.write(std::mem::take(&mut pending)).await?;
+            }
             let span = info_span!("compensate", step = step.step_seq, tool = %step.tool_id, outcome = field::Empty);
             let result = self
-                .compensate_step(&saga_id, actor, step)
+                .compensate_step(&saga_id, actor, step, when_changed)
                 .instrument(span.clone())
                 .await;
             span.record(
@@ -204,28 +200,36 @@ impl Kernel {
                     }),
                 Err(error) => Some(self.dead_letter_for(&saga_id, step, error).await?),
             };
-            let mut batch = vec![LogWrite::Compensation {
+            pending.push(LogWrite::Compensation {
                 saga_id: saga_id.clone(),
                 step_seq: step.step_seq,
                 result,
-            }];
-            batch.extend(dead_letter);
-            outcomes.record(self, batch).await?;
+            });
+            pending.extend(dead_letter);
             observer.on_event(&SagaEvent::StepCompensated {
                 step_seq: step.step_seq,
                 tool: &step.tool_id,
                 status,
             });
         }
-        Ok(any_failed)
+        Ok((any_failed, pending))
     }
 
-    /// Compensates one step; `Ok` carries a note for the log.
+    /// Whether compensating `step` may change the world (run a tool), as opposed to only
+    /// recording that there is nothing to undo.
+    fn may_act(step: &StepRecord) -> bool {
+        step.reused_from.is_none() && step.effect != EffectClass::ReadOnly
+    }
+
+    /// Compensates one step; `Ok` carries a note for the log. Unless `when_changed` forces
+    /// it, a step whose tool says what it left has changed since is not compensated: the
+    /// error ([`ToolError::changed`]) starts `changed since:`.
     pub(crate) async fn compensate_step(
         &self,
         saga_id: &SagaId,
         actor: Option<&str>,
         step: &StepRecord,
+        when_changed: WhenChanged,
     ) -> Result<String, ToolError> {
         if let Some((from_saga, from_seq)) = &step.reused_from {
             return Ok(format!(
@@ -237,8 +241,19 @@ impl Kernel {
         }
         let Some(tool) = self.tools.get(&step.tool_id).cloned() else {
             if step.tool_version == agent_kernel_api::UPSTREAM_TOOL_VERSION {
+                let server = step.tool_id.split('.').next().unwrap_or_default();
+                if let Some((_, reason)) = self
+                    .unavailable_servers
+                    .iter()
+                    .find(|(name, _)| name == server)
+                {
+                    return Err(ToolError::failed(format!(
+                        "`{}` is a tool of the upstream MCP server `{server}`, which is unavailable ({reason}); cannot compensate until it is",
+                        step.tool_id
+                    )));
+                }
                 return Err(ToolError::failed(format!(
-                    "`{}` is a tool of an upstream MCP server the tools file no longer declares; cannot compensate",
+                    "`{}` is a tool of an upstream MCP server that this process does not offer (the tools file no longer declares it, or the server does not list it, or its id was taken); cannot compensate",
                     step.tool_id
                 )));
             }
@@ -257,6 +272,33 @@ impl Kernel {
             step.idempotency_key.as_deref(),
             actor,
         );
+        // Never clobber: what the step left (or, its outcome unknown, what was there before
+        // it) must still be there, or compensating it would destroy a later writer's work.
+        let settles_by_operator = step.status != StepStatus::Commit
+            && step.output.is_none()
+            && !matches!(
+                tool.settlement(),
+                Settlement::Compensate | Settlement::Probe
+            );
+        if when_changed == WhenChanged::Refuse && !settles_by_operator {
+            match self
+                .tools
+                .changed_since(&ctx, &step.args, &step.undo, step.output.as_ref())
+                .await
+            {
+                Ok(None) => {}
+                Ok(Some(change)) => {
+                    return Err(ToolError::changed(format!(
+                        "{change}; the compensation was not run and that change stays (`agent-kernel dlq retry ID --force` runs it anyway)"
+                    )));
+                }
+                Err(error) => {
+                    return Err(ToolError::failed(format!(
+                        "cannot tell whether what the step left is still there ({error}); the compensation was not run"
+                    )));
+                }
+            }
+        }
         // A committed step's effect happened: undo it. Otherwise the outcome is unknown (the
         // process died before the outcome was logged, or the tool failed with an uncertain
         // outcome) and the tool's declared settlement decides.

@@ -10,6 +10,7 @@ use agent_kernel_api::{
 use tracing::{info, warn};
 
 use crate::KernelError;
+use crate::compensation::WhenChanged;
 use crate::kernel::Kernel;
 
 /// The first backoff before a failed compensation is due to be retried (`dlq retry --due`).
@@ -114,8 +115,30 @@ impl Kernel {
         letter_id: &str,
         user: Option<String>,
     ) -> Result<RetryOutcome, KernelError> {
+        self.retry_dead_letter_with(letter_id, user, false).await
+    }
+
+    /// [`Kernel::retry_dead_letter`], and with `force` the compensation runs even when what
+    /// its step left has changed since (`dlq retry --force`): the letter of a rollback
+    /// that refused to clobber a later change, which the operator has looked at. Without
+    /// `force`, a step still changed fails again with a `changed since:` error.
+    ///
+    /// # Errors
+    ///
+    /// As [`Kernel::retry_dead_letter`].
+    pub async fn retry_dead_letter_with(
+        &self,
+        letter_id: &str,
+        user: Option<String>,
+        force: bool,
+    ) -> Result<RetryOutcome, KernelError> {
         let letter = self.dead_letter(letter_id).await?;
-        self.record_operator_command("dlq retry", Some(&letter.saga_id))
+        let options = if force {
+            vec!["--force".to_owned()]
+        } else {
+            Vec::new()
+        };
+        self.record_operator_command_with("dlq retry", Some(&letter.saga_id), options)
             .await?;
         let letter = self.open_letter(letter_id).await?;
         let record = self.load(&letter.saga_id).await?;
@@ -153,7 +176,16 @@ impl Kernel {
             });
         }
         let result = self
-            .compensate_step(&letter.saga_id, record.saga.actor.as_deref(), step)
+            .compensate_step(
+                &letter.saga_id,
+                record.saga.actor.as_deref(),
+                step,
+                if force {
+                    WhenChanged::Force
+                } else {
+                    WhenChanged::Refuse
+                },
+            )
             .await;
         let detail = match &result {
             Ok(note) => note.clone(),

@@ -52,6 +52,8 @@ pub struct Kernel {
     pub(crate) live: crate::live::LiveRegistry,
     /// Which steps wait for an operator's approval, and for how long.
     pub(crate) approvals: crate::approval::ApprovalPolicy,
+    /// Upstream servers none of whose tools this kernel offers, each with why.
+    pub(crate) unavailable_servers: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -111,7 +113,22 @@ impl Kernel {
             operator_options: Vec::new(),
             live: crate::live::LiveRegistry::default(),
             approvals: crate::approval::ApprovalPolicy::default(),
+            unavailable_servers: Vec::new(),
         }
+    }
+
+    /// The kernel knowing that the upstream servers `unavailable` (name, why) offer no
+    /// tools: a step of one of them that must be compensated names the server and the
+    /// reason in its dead letter.
+    #[must_use]
+    pub fn with_unavailable_servers(mut self, unavailable: Vec<(String, String)>) -> Self {
+        self.unavailable_servers = unavailable;
+        self
+    }
+
+    /// The upstream servers none of whose tools this kernel offers, each with why.
+    pub fn unavailable_servers(&self) -> &[(String, String)] {
+        &self.unavailable_servers
     }
 
     /// The kernel with `policy` deciding which steps wait for an operator's approval

@@ -118,7 +118,7 @@ pub use approval::{
 };
 pub use builder::{
     DB_ENV, DEFAULT_DB, DEFAULT_FSM, DEFAULT_SANDBOX, DEFAULT_TOOLS, KernelBuilder, LEASE_ENV,
-    OPERATOR_KEY_BYTES_MAX, approval_policy_from, declared_tools, dispatcher_with,
+    OPERATOR_KEY_BYTES_MAX, ToolSet, approval_policy_from, declared_tools, dispatcher_with,
     limits_from_policy, read_operator_key,
 };
 pub use cancel::Cancellation;
@@ -131,7 +131,7 @@ pub use kernel::{Environment, Kernel, VALIDATE_HINT, args_hash};
 pub use live::{BeginOptions, CallAnswer, LiveSaga, LiveStatus};
 pub use owner::{Liveness, LivenessProbe, ProcessProbe, current_owner, current_uid};
 pub use prune::PruneReport;
-pub use recovery::{RECOVER_GROUP_SAGAS, RECOVER_HELD_RECORDS_MAX};
+pub use recovery::RECOVER_GROUP_SAGAS;
 pub use replay::{Divergence, Recorded, ReplayReport, replay};
 pub use report::{
     Failure, NoObserver, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport,

@@ -4,6 +4,7 @@ use std::fs;
 use std::io;
 
 use agent_kernel_api::Owner;
+use agent_kernel_sandbox::programs::{self, Stopped, read_stat};
 
 /// Whether a saga's owning process is still running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,10 +17,20 @@ pub enum Liveness {
     Unknown,
 }
 
-/// Decides whether an [`Owner`] is alive. Injected so tests can stage any situation.
+/// Decides whether an [`Owner`] is alive, and stops what a dead one started. Injected so
+/// tests can stage any situation.
 pub trait LivenessProbe: Send + Sync + 'static {
     /// Whether `owner` is still running.
     fn liveness(&self, owner: &Owner) -> Liveness;
+
+    /// Stops every program that `owner`, a process known dead, started and that still
+    /// runs (a command tool's phase, its children, an upstream server), and waits until
+    /// they are gone: recovery calls it before it compensates or probes the owner's sagas,
+    /// so no effect of theirs lands after its undoing. Blocking (the kernel calls it on a
+    /// blocking thread). The default stops nothing.
+    fn stop_programs_of(&self, _owner: &Owner) -> Stopped {
+        Stopped::default()
+    }
 }
 
 /// The real probe: reads `/proc` (Linux).
@@ -40,6 +51,18 @@ impl ProcessProbe {
 }
 
 impl LivenessProbe for ProcessProbe {
+    fn stop_programs_of(&self, owner: &Owner) -> Stopped {
+        // Processes outlive neither their machine nor its boot.
+        if owner.host != self.me.host || owner.boot_id != self.me.boot_id || *owner == self.me {
+            return Stopped::default();
+        }
+        let tag = programs::process_tag(owner.pid, owner.start_ticks);
+        programs::stop_tagged(&tag).unwrap_or_else(|error| {
+            tracing::warn!(%error, pid = owner.pid, "cannot look for the programs a dead process started");
+            Stopped::default()
+        })
+    }
+
     fn liveness(&self, owner: &Owner) -> Liveness {
         if owner.host != self.me.host {
             return Liveness::Unknown;
@@ -76,39 +99,6 @@ fn process_exists(pid: u32) -> Option<bool> {
         Err(rustix::io::Errno::SRCH) => Some(false),
         Err(_) => None,
     }
-}
-
-struct ProcStat {
-    start_ticks: u64,
-    is_zombie: bool,
-}
-
-/// Reads `/proc/<pid>/stat`; `None` when no such process exists.
-fn read_stat(pid: u32) -> io::Result<Option<ProcStat>> {
-    let text = match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(text) => text,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(err) => return Err(err),
-    };
-    parse_stat(&text)
-        .map(Some)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed /proc stat"))
-}
-
-/// Parses the fields we need from a `/proc/<pid>/stat` line.
-///
-/// The command name (field 2) is in parentheses and may itself contain spaces and
-/// parentheses, so fields are counted from the last `)`.
-fn parse_stat(text: &str) -> Option<ProcStat> {
-    let after_name = &text[text.rfind(')')? + 1..];
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    // fields[0] is field 3 (state); start time is field 22.
-    let state = *fields.first()?;
-    let start_ticks = fields.get(22 - 3)?.parse().ok()?;
-    Some(ProcStat {
-        start_ticks,
-        is_zombie: state == "Z" || state == "X",
-    })
 }
 
 /// The owner record of the current process.
@@ -173,16 +163,6 @@ mod tests {
         assert_eq!(parse_uid(status), Some(1000));
         assert_eq!(parse_uid("Name:\tx\n"), None);
         assert_eq!(current_uid().is_some(), cfg!(target_os = "linux"));
-    }
-
-    #[test]
-    fn stat_with_spaces_and_parens_in_name() {
-        let line = "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 100";
-        let stat = parse_stat(line).expect("parses");
-        assert_eq!(stat.start_ticks, 987_654);
-        assert!(!stat.is_zombie);
-        let zombie = line.replace(") S ", ") Z ");
-        assert!(parse_stat(&zombie).expect("parses").is_zombie);
     }
 
     #[test]

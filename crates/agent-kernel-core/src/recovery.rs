@@ -7,26 +7,19 @@ use agent_kernel_api::{
     SagaRecord, SagaState, SagaSummary,
 };
 use agent_kernel_fsm::{Denial, Rule};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::KernelError;
-use crate::compensation::Outcomes;
 use crate::kernel::Kernel;
 use crate::owner::Liveness;
 use crate::report::{Failure, Observer, RecoveryAction, RecoveryReport, SagaReport};
 
 /// Most sagas [`Kernel::recover`] takes over at once. The group's take-overs are written
 /// concurrently, so they share synced commits; its compensations then run one after
-/// another, newest first, and their outcomes are written together once the group's last
-/// compensation ran.
+/// another, newest first, each outcome durable before the next compensation acts.
 pub const RECOVER_GROUP_SAGAS: usize = 64;
-
-/// How many outcome records [`Kernel::recover`] holds, within a group, before it writes
-/// them: checked after each saga, so one saga's outcomes are never split, and a write holds
-/// at most this many less one plus one saga's.
-pub const RECOVER_HELD_RECORDS_MAX: usize = 1_024;
 
 /// What taking one saga over for recovery came to.
 enum Prepared {
@@ -49,7 +42,7 @@ enum Checked {
 /// A saga's place in a group's report, in the group's order.
 enum Slot {
     Done(RecoveryAction),
-    /// Compensated; its outcomes are held or written.
+    /// Compensated; its outcomes are written.
     Compensated(SagaId, Option<Failure>),
 }
 
@@ -269,6 +262,17 @@ impl Kernel {
             _ => {}
         }
         self.check_recoverable(&record).await?;
+        let owner = record.saga.owner.clone();
+        if !self
+            .stop_programs_of_owners(std::iter::once(owner.clone()))
+            .await
+            .is_empty()
+        {
+            return Err(KernelError::InvalidRequest(format!(
+                "programs that the saga's process (pid {}) started still run after being killed and waited for; nothing was compensated",
+                owner.pid
+            )));
+        }
         info!(saga_id = %saga_id, from = %record.saga.state, "operator rollback");
         let (batch, failure) = self.persisted_entry(&record).await?;
         // Read again: steps its owner wrote after the read, before it died, are compensated
@@ -310,11 +314,9 @@ impl Kernel {
             .collect();
         for (n_group, group) in newest_first.chunks(RECOVER_GROUP_SAGAS).enumerate() {
             if let Err(error) = self.recover_group(group, observer, &mut report).await {
-                // A compensation stopped by the log, or outcomes that could not be written,
-                // stop recovery: an older saga's outcome written after a newer one's that
-                // is missing would leave the log saying the older saga was undone and the
-                // newer one not, and the next recovery would then undo the newer one over
-                // the older one's undo.
+                // A compensation stopped by the log stops recovery: an older saga undone
+                // while a newer one's undo is unrecorded would have the next recovery undo
+                // the newer one over the older one's undo.
                 warn!(%error, "recovery stops here");
                 for saga in newest_first
                     .iter()
@@ -338,15 +340,16 @@ impl Kernel {
     ///   whose owner was not known gone before the first read are read again, at once, once
     ///   taken over: a step their owner wrote after that read (it was alive then) is
     ///   compensated too.
-    /// - Then they are compensated one after another, newest first, their outcomes held
-    ///   ([`Outcomes::Held`]) and written in the order they ran, every
-    ///   [`RECOVER_HELD_RECORDS_MAX`] records and at the group's end.
+    /// - Then they are compensated one after another, newest first, each compensation's
+    ///   outcome durable before the next one acts (never held for a later write: a kill
+    ///   between two compensations would leave the log saying neither ran, and the next
+    ///   recovery would run the later step's undo again over the earlier one's).
     ///
     /// One saga that cannot be checked or taken over does not stop the others (nothing of
     /// it ran; it is reported, and left for the next recovery). A saga whose compensation
-    /// stops on an error of the log, or a write of outcomes that fails, stops the group
-    /// there: the sagas after it are not compensated (each reported with what its
-    /// preparation came to) and are left for the next recovery, and `Err` says why.
+    /// stops on an error of the log stops the group there: the sagas after it are not
+    /// compensated (each reported with what its preparation came to) and are left for the
+    /// next recovery, and `Err` says why.
     async fn recover_group(
         &self,
         summaries: &[SagaSummary],
@@ -393,14 +396,31 @@ impl Kernel {
             .map(|((saga_id, _), _)| saga_id.clone())
             .collect();
         let mut read_again = self.read_each(&stale).await.into_iter();
+        // Whatever the dead owners started and still runs is stopped before anything of
+        // theirs is compensated or probed; a saga whose owner's programs would not stop is
+        // left for the next recovery.
+        let owners = summaries
+            .iter()
+            .zip(&prepared)
+            .filter(|(_, prepared)| matches!(prepared, Ok(Prepared::Ready(_))))
+            .map(|(saga, _)| saga.owner.clone());
+        let unstoppable = self.stop_programs_of_owners(owners).await;
         let mut slots = Vec::with_capacity(group.len());
-        let mut held = Vec::new();
-        // How many of `slots` have their outcomes written.
-        let mut n_written = 0;
-        // What stopped the group (the first): a compensation's error, or a failed write.
+        // What stopped the group (the first): a compensation stopped by the log.
         let mut stopped: Option<KernelError> = None;
-        let mut write_failed = false;
-        for ((saga_id, prepared), settled) in group.iter().zip(prepared).zip(settled) {
+        for (((saga_id, prepared), settled), summary) in
+            group.iter().zip(prepared).zip(settled).zip(summaries)
+        {
+            if unstoppable.contains(&summary.owner) && matches!(prepared, Ok(Prepared::Ready(_))) {
+                slots.push(Slot::Done(RecoveryAction::Failed {
+                    saga_id: saga_id.clone(),
+                    error: format!(
+                        "programs that its process (pid {}) started still run after being killed and waited for; it is not compensated while they may act (the next recovery tries again)",
+                        summary.owner.pid
+                    ),
+                }));
+                continue;
+            }
             if let Some(error) = &stopped {
                 // Past the stop nothing is compensated: each says what its preparation
                 // came to.
@@ -463,50 +483,24 @@ impl Kernel {
             };
             info!(saga_id = %saga_id, "recovering");
             let span = info_span!("saga", saga_id = %saga_id, recovery = true);
-            let mut outcomes = Outcomes::Held(Vec::new());
-            let compensated = self
-                .compensate_into(&record, observer, &mut outcomes)
+            if let Err(error) = self
+                .compensate_into(&record, observer)
                 .instrument(span)
-                .await;
-            if let Outcomes::Held(records) = outcomes {
-                // Outcomes of compensations that ran, even when a later one stopped.
-                held.extend(records);
-            }
-            if let Err(error) = compensated {
+                .await
+            {
+                // Stopped by the log: no older saga is undone before this one is.
                 warn!(saga_id = %saga_id, %error, "cannot recover this saga");
                 slots.push(Slot::Done(RecoveryAction::Failed {
                     saga_id: saga_id.clone(),
-                    error: error.to_string(),
+                    error: format!("{error}; the next recovery finishes it"),
                 }));
                 stopped = Some(error);
                 continue;
             }
             slots.push(Slot::Compensated(saga_id.clone(), failure));
-            // Checked between sagas: one saga's outcomes are written together.
-            if held.len() >= RECOVER_HELD_RECORDS_MAX {
-                if let Err(error) = self.log.write(std::mem::take(&mut held)).await {
-                    stopped = Some(error.into());
-                    write_failed = true;
-                    continue;
-                }
-                n_written = slots.len();
-            }
-        }
-        // What is held is written in the order it ran, whatever stopped the group, unless
-        // a write failed: nothing after a failed write is written.
-        if !write_failed {
-            if !held.is_empty()
-                && let Err(error) = self.log.write(held).await
-            {
-                stopped.get_or_insert(error.into());
-                write_failed = true;
-            }
-            if !write_failed {
-                n_written = slots.len();
-            }
         }
         // The sagas rolled back are reported as the log now holds them, read at once.
-        let rolled_back: Vec<SagaId> = slots[..n_written]
+        let rolled_back: Vec<SagaId> = slots
             .iter()
             .filter_map(|slot| match slot {
                 Slot::Compensated(saga_id, _) => Some(saga_id.clone()),
@@ -514,16 +508,9 @@ impl Kernel {
             })
             .collect();
         let mut reread = self.read_each(&rolled_back).await.into_iter();
-        for (n_slot, slot) in slots.into_iter().enumerate() {
+        for slot in slots {
             report.sagas.push(match slot {
                 Slot::Done(action) => action,
-                Slot::Compensated(saga_id, _) if n_slot >= n_written => RecoveryAction::Failed {
-                    error: format!(
-                        "compensated, but its outcome could not be written ({}); it is compensated again by the next recovery",
-                        stopped.as_ref().map_or_else(String::new, ToString::to_string)
-                    ),
-                    saga_id,
-                },
                 Slot::Compensated(saga_id, failure) => match reread.next() {
                     Some(Ok(record)) => RecoveryAction::RolledBack(Box::new(
                         SagaReport::from_record(&record, failure),
@@ -613,6 +600,43 @@ impl Kernel {
         let is_gone = self.owner_liveness(owner).await? == Liveness::Dead;
         gone.insert(owner.clone(), is_gone);
         Ok(is_gone)
+    }
+
+    /// Stops what each of `owners` (dead, or this process's or detached, which are
+    /// skipped) started and still runs, once per owner, on a blocking thread; the owners
+    /// some of whose programs could not be stopped.
+    async fn stop_programs_of_owners(
+        &self,
+        owners: impl Iterator<Item = agent_kernel_api::Owner>,
+    ) -> HashSet<agent_kernel_api::Owner> {
+        let mut seen = HashSet::new();
+        let mut unstoppable = HashSet::new();
+        for owner in owners {
+            if owner == self.env.owner || owner.is_detached() || !seen.insert(owner.clone()) {
+                continue;
+            }
+            let probe = std::sync::Arc::clone(&self.env.liveness);
+            let asked = owner.clone();
+            let stopped = tokio::task::spawn_blocking(move || probe.stop_programs_of(&asked))
+                .await
+                .unwrap_or_default();
+            if stopped.n_killed > 0 {
+                info!(
+                    pid = owner.pid,
+                    n_killed = stopped.n_killed,
+                    "stopped programs a dead process started"
+                );
+            }
+            if stopped.n_left > 0 {
+                warn!(
+                    pid = owner.pid,
+                    n_left = stopped.n_left,
+                    "programs a dead process started would not stop"
+                );
+                unstoppable.insert(owner);
+            }
+        }
+        unstoppable
     }
 
     /// `saga_ids` read at once, or, when that fails, one by one, so that a saga that cannot

@@ -9,7 +9,7 @@ use agent_kernel_fsm::{Event, Facts};
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::KernelError;
-use crate::compensation::Outcomes;
+use crate::compensation::WhenChanged;
 use crate::kernel::Kernel;
 use crate::report::{Observer, SagaReport};
 
@@ -166,20 +166,26 @@ impl Kernel {
         let span = info_span!("saga", saga_id = %saga_id, undo = true);
         async {
             info!(reason = %request.reason, force = request.force, "undoing a Done saga");
-            let any_failed = self
-                .compensate_steps(&record, observer, &mut Outcomes::Now)
+            // Checked above: a change since then (a writer racing the undo) is refused
+            // step by step, unless forced.
+            let when_changed = if request.force {
+                WhenChanged::Force
+            } else {
+                WhenChanged::Refuse
+            };
+            let (any_failed, mut last) = self
+                .compensate_steps(&record, observer, when_changed)
                 .await?;
             let state = if any_failed {
                 SagaState::FailedRollbackPartial
             } else {
                 undone
             };
-            self.log
-                .write(vec![LogWrite::SetState {
-                    saga_id: saga_id.clone(),
-                    state,
-                }])
-                .await?;
+            last.push(LogWrite::SetState {
+                saga_id: saga_id.clone(),
+                state,
+            });
+            self.log.write(last).await?;
             info!(%state, "undo finished");
             let record = self.load(saga_id).await?;
             Ok(SagaReport::from_record(&record, None))

@@ -130,6 +130,7 @@ mod hosts;
 mod http;
 mod names;
 mod policy;
+pub mod programs;
 mod sandbox;
 mod second_line;
 

@@ -11,6 +11,7 @@ use agent_kernel_api::{
     EffectClass, ProbeOutcome, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool,
     Undo, UndoWindow, line_of, read_text_bounded,
 };
+use agent_kernel_sandbox::programs;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -287,6 +288,47 @@ impl Drop for GroupGuard {
     }
 }
 
+/// Stops what a run left behind once its outcome is decided, or when the run is dropped
+/// unfinished (its caller stopped waiting): every process carrying its tag.
+struct Leftovers(Option<String>);
+
+impl Leftovers {
+    /// Stops them now, off the async runtime, and waits until they are gone.
+    async fn stop(mut self) {
+        if let Some(tag) = self.0.take() {
+            let _ = tokio::task::spawn_blocking(move || stop_leftovers(&tag)).await;
+        }
+    }
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        // Dropped unfinished: stopped in the background, never on a runtime thread.
+        if let Some(tag) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn_blocking(move || stop_leftovers(&tag));
+        }
+    }
+}
+
+/// Stops the processes tagged `tag`, saying so when there were any.
+fn stop_leftovers(tag: &str) {
+    match programs::stop_tagged(tag) {
+        Ok(stopped) if stopped.n_killed > 0 || stopped.n_left > 0 => {
+            tracing::warn!(
+                n_killed = stopped.n_killed,
+                n_left = stopped.n_left,
+                "a command tool's run left processes behind; they were stopped"
+            );
+        }
+        Ok(_) => {}
+        Err(error) => {
+            tracing::warn!(%error, "cannot look for what a command tool's run left behind")
+        }
+    }
+}
+
 /// What one run of a phase came to.
 struct Run {
     code: Option<i32>,
@@ -300,7 +342,9 @@ impl CommandTool {
         self.timeout_ms
     }
 
-    /// Runs `command` for `phase` with the contract's stdin document.
+    /// Runs `command` for `phase` with the contract's stdin document, then stops whatever
+    /// the run left behind (a child that left the process group with `setsid` included):
+    /// the run's outcome is decided when this returns, and nothing of it may act later.
     async fn run(
         &self,
         phase: &str,
@@ -308,6 +352,25 @@ impl CommandTool {
         ctx: &ToolContext,
         args: &Value,
         output: Option<&Value>,
+    ) -> Result<Run, ToolError> {
+        let tag = programs::new_run_tag(&format!("{}.{}.{phase}", ctx.saga_id, ctx.step_seq));
+        let leftovers = Leftovers(Some(tag.clone()));
+        let run = self
+            .run_tagged(phase, command, ctx, args, output, &tag)
+            .await;
+        leftovers.stop().await;
+        run
+    }
+
+    /// [`CommandTool::run`]'s work, its processes tagged with `tag`.
+    async fn run_tagged(
+        &self,
+        phase: &str,
+        command: &[String],
+        ctx: &ToolContext,
+        args: &Value,
+        output: Option<&Value>,
+        tag: &str,
     ) -> Result<Run, ToolError> {
         let input = json!({
             "phase": phase,
@@ -331,6 +394,7 @@ impl CommandTool {
         if let Some(path) = std::env::var_os("PATH") {
             process.env("PATH", path);
         }
+        process.env(programs::RUN_TAG_VAR, tag);
         for name in &self.env {
             if let Some(value) = std::env::var_os(name) {
                 process.env(name, value);

@@ -134,9 +134,23 @@ impl TransactionalTool for FsAppend {
         _output: Option<&ToolOutput>,
     ) -> Result<Option<String>, ToolError> {
         let ContentArgs { content, .. } = parse_args(args)?;
-        let AppendUndo { target, len, .. } = parse_undo(Self::ID, &undo.data)?;
+        let AppendUndo {
+            target,
+            existed,
+            len,
+        } = parse_undo(Self::ID, &undo.data)?;
         let file = self.files.reconfine(&target)?;
-        blocking(move || crate::fs_write::left_as(&file, len, content.as_bytes())).await
+        blocking(move || {
+            let change = crate::fs_write::left_as(&file, len, content.as_bytes())?;
+            // Compensated already (a rollback killed before its outcome was recorded), or
+            // the append never happened: the file is as compensating leaves it.
+            let restored = match file.stat().map_err(sandbox_error)? {
+                None => !existed,
+                Some(now) => existed && now == len,
+            };
+            Ok(change.filter(|_| !restored))
+        })
+        .await
     }
 
     async fn compensate(

@@ -136,14 +136,20 @@ impl TransactionalTool for FsDelete {
         _output: Option<&ToolOutput>,
     ) -> Result<Option<String>, ToolError> {
         let DeleteUndo { target, .. } = parse_undo(Self::ID, &undo.data)?;
+        let deleted = undo.blob.clone();
         let file = self.files.reconfine(&target)?;
         blocking(move || {
-            Ok(file.stat().map_err(sandbox_error)?.map(|_| {
-                format!(
-                    "`{}` exists again since the step deleted it: another writer created it",
-                    file.path()
-                )
-            }))
+            if file.stat().map_err(sandbox_error)?.is_none()
+                || crate::fs_write::holds_exactly(&file, deleted.as_deref())?
+            {
+                // Still deleted; or restored already (a rollback killed before its outcome
+                // was recorded), or never deleted: compensating changes nothing.
+                return Ok(None);
+            }
+            Ok(Some(format!(
+                "`{}` exists again since the step deleted it, with other bytes: another writer created it",
+                file.path()
+            )))
         })
         .await
     }

@@ -159,9 +159,21 @@ impl TransactionalTool for FsWrite {
         _output: Option<&ToolOutput>,
     ) -> Result<Option<String>, ToolError> {
         let ContentArgs { content, .. } = parse_args(args)?;
-        let WriteUndo { target, .. } = parse_undo(Self::ID, &undo.data)?;
+        let WriteUndo {
+            target, existed, ..
+        } = parse_undo(Self::ID, &undo.data)?;
+        let previous = existed.then(|| undo.blob.clone().unwrap_or_default());
         let file = self.files.reconfine(&target)?;
-        blocking(move || left_as(&file, 0, content.as_bytes())).await
+        blocking(move || {
+            let change = left_as(&file, 0, content.as_bytes())?;
+            if change.is_some() && holds_exactly(&file, previous.as_deref())? {
+                // Compensated already (a rollback killed before its outcome was
+                // recorded), or the write never happened: compensating changes nothing.
+                return Ok(None);
+            }
+            Ok(change)
+        })
+        .await
     }
 
     async fn compensate(
@@ -234,6 +246,21 @@ pub(crate) fn left_as(
                 )
             }))
         }
+    }
+}
+
+/// Whether the file holds exactly `bytes`, or is absent when `bytes` is `None`: what a
+/// compensation restores.
+pub(crate) fn holds_exactly(
+    file: &agent_kernel_sandbox::ConfinedFile,
+    bytes: Option<&[u8]>,
+) -> Result<bool, ToolError> {
+    match (file.stat().map_err(sandbox_error)?, bytes) {
+        (None, None) => Ok(true),
+        (Some(len), Some(bytes)) if len == bytes.len() as u64 => {
+            Ok(file.read(MAX_IO_BYTES_LIMIT).map_err(sandbox_error)? == bytes)
+        }
+        _ => Ok(false),
     }
 }
 

@@ -19,6 +19,8 @@ pub const SERVERS_FILE_BYTES_MAX: usize = 1024 * 1024;
 
 /// The most upstream servers one tools file declares.
 pub const UPSTREAM_SERVERS_MAX: usize = 64;
+/// The longest `start_timeout_ms` a server may declare (ten minutes).
+pub const SERVER_START_TIMEOUT_MS_MAX: u64 = 600_000;
 
 /// Why the servers of a tools file cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,6 +51,10 @@ pub struct ServerSpec {
     pub trust_annotations: bool,
     /// The timeout of its calls, when it sets one.
     pub timeout_ms: Option<u64>,
+    /// How long it may take to start, answer `initialize` and list its tools
+    /// (`start_timeout_ms`, default [`SERVER_START_TIMEOUT`](crate::SERVER_START_TIMEOUT),
+    /// at most [`SERVER_START_TIMEOUT_MS_MAX`]).
+    pub start_timeout: std::time::Duration,
     /// Its tools' declarations, by upstream tool name.
     pub declared: BTreeMap<String, ToolDecl>,
 }
@@ -79,6 +85,8 @@ pub struct Compensation {
     pub tool: String,
     /// Its arguments, built from `{"args": …, "output": …}` of the step.
     pub args: Mapping,
+    /// The 1-based line of the tool's declaration in the tools file.
+    pub line: usize,
 }
 
 #[derive(Deserialize)]
@@ -103,6 +111,7 @@ struct RawServer {
     #[serde(default)]
     trust_annotations: bool,
     timeout_ms: Option<u64>,
+    start_timeout_ms: Option<u64>,
     #[serde(default)]
     tool: BTreeMap<String, Spanned<RawDecl>>,
 }
@@ -213,7 +222,8 @@ pub fn parse_servers(path: &Path, text: &str) -> Result<Vec<ServerSpec>, Servers
             .collect::<Result<Vec<_>, _>>()?;
         let mut declared = BTreeMap::new();
         for (tool, decl) in raw.tool {
-            let line = Some(line_of(text, decl.span().start));
+            let decl_line = line_of(text, decl.span().start);
+            let line = Some(decl_line);
             let decl = decl.into_inner();
             let at = |message: String| {
                 error(line, format!("[mcp_servers.{name}.tool.{tool}] {message}"))
@@ -254,6 +264,7 @@ pub fn parse_servers(path: &Path, text: &str) -> Result<Vec<ServerSpec>, Servers
                         .map(|args| Compensation {
                             tool: raw.tool,
                             args,
+                            line: decl_line,
                         })
                         .map_err(|message| at(format!("compensate.args: {message}")))
                 })
@@ -271,7 +282,22 @@ pub fn parse_servers(path: &Path, text: &str) -> Result<Vec<ServerSpec>, Servers
                 },
             );
         }
+        let start_timeout = match raw.start_timeout_ms {
+            None => crate::SERVER_START_TIMEOUT,
+            Some(ms) if (1..=SERVER_START_TIMEOUT_MS_MAX).contains(&ms) => {
+                std::time::Duration::from_millis(ms)
+            }
+            Some(ms) => {
+                return Err(error(
+                    line,
+                    format!(
+                        "[mcp_servers.{name}] start_timeout_ms = {ms} is outside 1..={SERVER_START_TIMEOUT_MS_MAX}"
+                    ),
+                ));
+            }
+        };
         servers.push(ServerSpec {
+            start_timeout,
             name,
             command: raw.command,
             env: raw.env,

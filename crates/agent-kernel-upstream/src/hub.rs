@@ -21,6 +21,8 @@ use tokio::io::AsyncBufReadExt;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tracing::{info, warn};
 
+#[cfg(doc)]
+use crate::SERVER_START_TIMEOUT_MS_MAX;
 use crate::config::ServerSpec;
 
 /// How long a server may take to start and answer `initialize` (an `npx` server may first
@@ -114,6 +116,11 @@ async fn start(spec: &ServerSpec) -> Result<Client, String> {
         }
     }
     command.envs(&spec.env);
+    // Tagged, so that `recover` stops it (and what it started) once this process is dead.
+    command.env(
+        agent_kernel_sandbox::programs::RUN_TAG_VAR,
+        agent_kernel_sandbox::programs::new_run_tag(&format!("upstream.{}", spec.name)),
+    );
     let (transport, stderr) = TokioChildProcess::builder(command)
         .stderr(Stdio::piped())
         .spawn()
@@ -127,13 +134,13 @@ async fn start(spec: &ServerSpec) -> Result<Client, String> {
             }
         });
     }
-    let client = tokio::time::timeout(SERVER_START_TIMEOUT, ().serve(transport))
+    let client = tokio::time::timeout(spec.start_timeout, ().serve(transport))
         .await
         .map_err(|_| {
             format!(
                 "MCP server `{}` did not initialize within {} s",
                 spec.name,
-                SERVER_START_TIMEOUT.as_secs()
+                spec.start_timeout.as_secs_f64()
             )
         })?
         .map_err(|err| format!("MCP server `{}` did not initialize: {err}", spec.name))?;
@@ -226,28 +233,74 @@ impl Hub {
     ///
     /// A message when the server cannot be started or does not list its tools.
     pub fn list_tools_blocking(&self, name: &str) -> Result<Vec<Tool>, String> {
-        let (reply, answer) = std::sync::mpsc::channel();
-        let pending = self.submit(name, |server: Arc<Server>| async move {
-            let client = server.client().await.map_err(CallError::NotSent)?;
-            client
-                .list_all_tools()
-                .await
-                .map_err(|err| CallError::Refused(err.to_string()))
-        });
-        std::thread::spawn(move || {
-            let _ = reply.send(pending.blocking_recv());
-        });
-        match answer.recv_timeout(SERVER_START_TIMEOUT + Duration::from_secs(5)) {
-            Ok(Ok(Ok(tools))) => Ok(tools),
-            Ok(Ok(Err(
-                CallError::NotSent(message)
-                | CallError::Refused(message)
-                | CallError::Lost(message),
-            ))) => Err(message),
-            Ok(Err(_)) | Err(_) => Err(format!(
-                "MCP server `{name}` did not list its tools in time"
-            )),
+        self.list_all_tools_blocking(&[name.to_owned()])
+            .pop()
+            .unwrap_or_else(|| Err(format!("MCP server `{name}` did not list its tools")))
+    }
+
+    /// The tools of each server of `names`, in that order, all started and asked at once,
+    /// so a server that hangs delays the others by nothing: each answer is its tools or why
+    /// not, each server waited for at most its `start_timeout_ms`, the whole waiting
+    /// (blocking the calling thread) at most [`SERVER_START_TIMEOUT_MS_MAX`] and a little
+    /// more.
+    pub fn list_all_tools_blocking(&self, names: &[String]) -> Vec<Result<Vec<Tool>, String>> {
+        let (reply, answers) = std::sync::mpsc::channel();
+        for (idx, name) in names.iter().enumerate() {
+            let pending = self.submit(name, |server: Arc<Server>| async move {
+                let start_timeout = server.spec.start_timeout;
+                let listed = async {
+                    let client = server.client().await.map_err(CallError::NotSent)?;
+                    client
+                        .list_all_tools()
+                        .await
+                        .map_err(|err| CallError::Refused(err.to_string()))
+                };
+                tokio::time::timeout(start_timeout, listed)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(CallError::NotSent(format!(
+                            "MCP server `{}` did not start and list its tools within {} s (start_timeout_ms)",
+                            server.spec.name,
+                            start_timeout.as_secs_f64()
+                        )))
+                    })
+            });
+            let reply = reply.clone();
+            std::thread::spawn(move || {
+                let _ = reply.send((idx, pending.blocking_recv()));
+            });
         }
+        drop(reply);
+        let deadline = std::time::Instant::now()
+            + Duration::from_millis(crate::SERVER_START_TIMEOUT_MS_MAX)
+            + Duration::from_secs(5);
+        let mut results: Vec<Result<Vec<Tool>, String>> = names
+            .iter()
+            .map(|name| {
+                Err(format!(
+                    "MCP server `{name}` did not start and list its tools in time"
+                ))
+            })
+            .collect();
+        for _ in names {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let Ok((idx, answer)) = answers.recv_timeout(left) else {
+                break;
+            };
+            results[idx] = match answer {
+                Ok(Ok(tools)) => Ok(tools),
+                Ok(Err(
+                    CallError::NotSent(message)
+                    | CallError::Refused(message)
+                    | CallError::Lost(message),
+                )) => Err(message),
+                Err(_) => Err(format!(
+                    "MCP server `{}` did not list its tools: the upstream thread stopped",
+                    names[idx]
+                )),
+            };
+        }
+        results
     }
 
     /// Calls `tool` of server `name` with `args`.

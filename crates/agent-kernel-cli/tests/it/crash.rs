@@ -24,7 +24,7 @@ const DEFAULT_KILLS: u32 = 60;
 /// Full runs timed before the kills; the shortest sets the range of the kill delays.
 const CALIBRATION_RUNS: u32 = 3;
 
-type Files = BTreeMap<String, Vec<u8>>;
+pub(crate) type Files = BTreeMap<String, Vec<u8>>;
 
 /// The files before every attempt.
 fn initial_files() -> Files {
@@ -80,15 +80,21 @@ fn plan_and_model() -> (Value, Files) {
 }
 
 fn reset(project: &Project) {
+    reset_to(project, initial_files());
+}
+
+/// Empties `ws/` and puts `files` in it.
+pub(crate) fn reset_to(project: &Project, files: Files) {
     let ws = project.path("ws");
     fs::remove_dir_all(&ws).expect("removes ws");
     fs::create_dir(&ws).expect("creates ws");
-    for (name, bytes) in initial_files() {
+    for (name, bytes) in files {
         fs::write(ws.join(name), bytes).expect("writes");
     }
 }
 
-fn spawn(project: &Project, args: &[&str]) -> Child {
+/// The binary with `args` on the project's log, its output dropped.
+pub(crate) fn spawn(project: &Project, args: &[&str]) -> Child {
     project
         .command(args)
         .stdout(Stdio::null())
@@ -99,7 +105,7 @@ fn spawn(project: &Project, args: &[&str]) -> Child {
 
 /// Kills `child` with SIGKILL after `delay` (unless it already exited); returns whether it
 /// was still running when killed.
-fn kill_after(mut child: Child, delay: Duration) -> bool {
+pub(crate) fn kill_after(mut child: Child, delay: Duration) -> bool {
     thread::sleep(delay);
     let running = child.try_wait().expect("polls").is_none();
     // `Child::kill` sends SIGKILL on Unix.

@@ -301,7 +301,7 @@ async fn a_connection_uses_only_its_own_sagas_and_two_share_one_log() {
 }
 
 /// The server over raw pipes: JSON-RPC lines in, one answer line per request out.
-struct Raw {
+pub(crate) struct Raw {
     child: Child,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
@@ -309,7 +309,7 @@ struct Raw {
 }
 
 impl Raw {
-    fn start(project: &Project) -> Raw {
+    pub(crate) fn start(project: &Project) -> Raw {
         let mut child = project
             .command(&["-q", "mcp"])
             .stdin(Stdio::piped())
@@ -365,7 +365,14 @@ impl Raw {
         }
     }
 
-    fn call(&mut self, name: &str, arguments: Value) -> Value {
+    /// Ends input and waits for the server to exit 0.
+    pub(crate) fn close(mut self) {
+        drop(self.stdin.take());
+        let status = self.child.wait().expect("exits");
+        assert_eq!(status.code(), Some(0));
+    }
+
+    pub(crate) fn call(&mut self, name: &str, arguments: Value) -> Value {
         self.request(
             "tools/call",
             json!({ "name": name, "arguments": arguments }),

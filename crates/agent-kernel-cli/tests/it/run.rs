@@ -320,10 +320,10 @@ fn bench_measures_one_recovery_of_abandoned_sagas() {
     assert_eq!(document["n_sagas"], 20);
     assert_eq!(document["n_rolled_back"], 20);
     assert!(document["recover_ms"].as_f64() > Some(0.0), "{document}");
-    // Each saga's move to Compensating, one write of the group's held outcomes (20 sagas
-    // are one group: their two compensations and their end each), and recover's own
+    // Each saga's move to Compensating, then per saga one write per compensation (each
+    // durable before the next one acts; the last with the saga's end), and recover's own
     // record. (Take-overs are not writes of batches.)
-    assert_eq!(document["n_commits"], 20 + 1 + 1);
+    assert_eq!(document["n_commits"], 20 + 20 * 2 + 1);
     let (code, document) = Project::new().run_json(&["bench", "--recovery", "--live"]);
     assert_eq!(code, 2, "{document}");
 }

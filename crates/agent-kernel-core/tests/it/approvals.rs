@@ -235,15 +235,25 @@ async fn another_process_resumes_the_saga_of_a_dead_one_and_two_resumers_run_the
         second.resume(&report.saga_id, &NoObserver, &cancel),
         third.resume(&report.saga_id, &NoObserver, &cancel)
     );
-    let done: Vec<_> = [&a, &b]
+    // One resumer takes it over and finishes it; the other is refused, or (when its read
+    // comes after the end, as it can on a loaded machine) reports the finished saga.
+    let done = [&a, &b]
         .into_iter()
         .filter(|result| matches!(result, Ok(report) if report.state == SagaState::Done))
-        .collect();
-    assert_eq!(
-        done.len(),
-        1,
-        "exactly one resumer finishes it: {a:?} {b:?}"
-    );
+        .count();
+    assert!(done >= 1, "one resumer finishes it: {a:?} {b:?}");
+    for result in [&a, &b] {
+        assert!(
+            matches!(result, Ok(report) if report.state == SagaState::Done)
+                || matches!(
+                    result,
+                    Err(KernelError::TakenOver(_)
+                        | KernelError::SagaBusy { .. }
+                        | KernelError::NotAwaitingApproval { .. })
+                ),
+            "{result:?}"
+        );
+    }
     assert_eq!(fixture.world.items(), ["x", "c"], "the step ran once");
 }
 
