@@ -693,6 +693,20 @@ pub trait TxLog: Send + Sync + 'static {
         saga_id: Option<&'a SagaId>,
     ) -> BoxFuture<'a, Result<Vec<DeadLetter>, TxError>>;
 
+    /// Whether this process may start an effect now (a step's or a compensation's): on a
+    /// log shared by many machines, only while its lease is certainly live, so that a
+    /// process cut off from the log past its lease never acts on a saga another may have
+    /// taken over. The default (a log of one machine, whose owners' liveness is their
+    /// processes') always allows. Called right before every effect; must be cheap and must
+    /// not block.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError::Fenced`] saying why not.
+    fn effect_allowed(&self) -> Result<(), TxError> {
+        Ok(())
+    }
+
     /// Whether `owner` is alive by its lease, for a log shared by processes on many
     /// machines, whose pids cannot be probed; `None` for a log that keeps no leases (SQLite:
     /// liveness is the process's, read from `/proc`).
@@ -706,6 +720,19 @@ pub trait TxLog: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Option<LeaseStatus>, TxError>> {
         let _ = owner;
         Box::pin(async { Ok(None) })
+    }
+
+    /// Ends `owner`'s lease now, for good, on a log that keeps leases: the caller found its
+    /// process gone (an owner on this machine, in this boot, whose pid and start time no
+    /// longer name a running process), which can never renew it, so its sagas need not
+    /// wait for the lease to run out. The default (a log that keeps no leases) does nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be written.
+    fn end_lease<'a>(&'a self, owner: &'a Owner) -> BoxFuture<'a, Result<(), TxError>> {
+        let _ = owner;
+        Box::pin(async { Ok(()) })
     }
 
     /// Up to `limit` sagas that [`LogWrite::Prune`] would remove at `before_ms`, with their

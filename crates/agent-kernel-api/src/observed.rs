@@ -79,6 +79,14 @@ where
         })
     }
 
+    fn effect_allowed(&self) -> Result<(), TxError> {
+        self.inner.effect_allowed()
+    }
+
+    fn end_lease<'a>(&'a self, owner: &'a Owner) -> BoxFuture<'a, Result<(), TxError>> {
+        self.inner.end_lease(owner)
+    }
+
     fn saga<'a>(
         &'a self,
         saga_id: &'a SagaId,

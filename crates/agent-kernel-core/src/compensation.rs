@@ -157,9 +157,14 @@ impl Kernel {
             if simulated || !Self::needs_compensation(step) {
                 continue;
             }
-            if Self::may_act(step) && !pending.is_empty() {
-                // The outcome before is durable before this compensation acts.
-                self.log.write(std::mem::take(&mut pending)).await?;
+            if Self::may_act(step) {
+                if !pending.is_empty() {
+                    // The outcome before is durable before this compensation acts.
+                    self.log.write(std::mem::take(&mut pending)).await?;
+                }
+                // No effect once this process's lease is not certainly live (a log shared
+                // by many machines): another may have taken the saga over.
+                self.log.effect_allowed()?;
             }
             let span = info_span!("compensate", step = step.step_seq, tool = %step.tool_id, outcome = field::Empty);
             let result = self

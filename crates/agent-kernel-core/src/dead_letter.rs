@@ -175,6 +175,7 @@ impl Kernel {
                 tools: vec![step.tool_id.clone()],
             });
         }
+        self.log.effect_allowed()?;
         let result = self
             .compensate_step(
                 &letter.saga_id,

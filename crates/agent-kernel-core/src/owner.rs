@@ -44,8 +44,14 @@ pub struct ProcessProbe {
 }
 
 impl ProcessProbe {
-    /// A probe that compares owners with `me`, the current process.
+    /// A probe that compares owners with `me`, the current process. It starts the thread
+    /// that stops tagged programs (`agent_kernel_sandbox::programs::start_stopper`) now, so
+    /// that a kernel built before the process confines itself can still find and stop what
+    /// a dead kernel started, outside this process's Landlock domain.
     pub fn new(me: Owner) -> Self {
+        if let Err(error) = programs::start_stopper() {
+            tracing::warn!(%error, "cannot start the thread that stops a dead process's programs; they are looked for from the recovering thread");
+        }
         Self { me }
     }
 }

@@ -73,9 +73,10 @@ impl Kernel {
 
     /// Whether `recover` would find something to do now: an unfinished saga of an owner
     /// that is gone (or of this process, or left detached). Reads the list of unfinished
-    /// sagas and each distinct owner's liveness once, and writes nothing: what a worker
-    /// that recovers again and again (`recover --watch`) asks before each round, so that an
-    /// idle round leaves no record.
+    /// sagas and each distinct owner's liveness once, and writes nothing but, on a log that
+    /// keeps leases, the end of the lease of an owner on this machine whose process is gone
+    /// (`TxLog::end_lease`): what a worker that recovers again and again (`recover --watch`)
+    /// asks before each round, so that an idle round leaves no record.
     ///
     /// # Errors
     ///
@@ -125,10 +126,30 @@ impl Kernel {
     ) -> Result<Liveness, KernelError> {
         // A log shared across machines knows its owners by their leases; SQLite's by pid.
         Ok(match self.log.owner_lease(owner).await? {
+            Some(LeaseStatus::Live) if self.gone_from_this_machine(owner) => {
+                // Its process is gone and can never renew: its lease ends now, rather than
+                // its sagas waiting for it to run out.
+                self.log.end_lease(owner).await?;
+                info!(
+                    pid = owner.pid,
+                    "the owner's process is gone from this machine; its lease is ended"
+                );
+                Liveness::Dead
+            }
             Some(LeaseStatus::Live) => Liveness::Alive,
             Some(LeaseStatus::Expired) => Liveness::Dead,
             None => self.env.liveness.liveness(owner),
         })
+    }
+
+    /// Whether `owner` ran on this machine, in this boot, and its process is gone (by the
+    /// probe: its pid and start time name no running process).
+    fn gone_from_this_machine(&self, owner: &agent_kernel_api::Owner) -> bool {
+        owner.host == self.env.owner.host
+            && owner.boot_id == self.env.owner.boot_id
+            && *owner != self.env.owner
+            && !owner.is_detached()
+            && self.env.liveness.liveness(owner) == Liveness::Dead
     }
 
     /// Refuses a saga owned by another process that is alive (or cannot be checked).
@@ -375,6 +396,11 @@ impl Kernel {
                 .map(|(saga_id, record)| self.check_for_recovery(saga_id, record)),
         )
         .await;
+        // Whatever the dead owners started and still runs is stopped before anything of
+        // theirs is taken over, compensated or probed (a take-over would make this process
+        // their owner, and the next recovery would no longer know whose programs to stop);
+        // an owner whose programs would not stop keeps its sagas, left as they are.
+        let checked = self.stop_programs_before_taking_over(checked).await;
         let prepared =
             futures_util::future::join_all(checked.into_iter().map(|checked| async move {
                 match checked {
@@ -396,31 +422,10 @@ impl Kernel {
             .map(|((saga_id, _), _)| saga_id.clone())
             .collect();
         let mut read_again = self.read_each(&stale).await.into_iter();
-        // Whatever the dead owners started and still runs is stopped before anything of
-        // theirs is compensated or probed; a saga whose owner's programs would not stop is
-        // left for the next recovery.
-        let owners = summaries
-            .iter()
-            .zip(&prepared)
-            .filter(|(_, prepared)| matches!(prepared, Ok(Prepared::Ready(_))))
-            .map(|(saga, _)| saga.owner.clone());
-        let unstoppable = self.stop_programs_of_owners(owners).await;
         let mut slots = Vec::with_capacity(group.len());
         // What stopped the group (the first): a compensation stopped by the log.
         let mut stopped: Option<KernelError> = None;
-        for (((saga_id, prepared), settled), summary) in
-            group.iter().zip(prepared).zip(settled).zip(summaries)
-        {
-            if unstoppable.contains(&summary.owner) && matches!(prepared, Ok(Prepared::Ready(_))) {
-                slots.push(Slot::Done(RecoveryAction::Failed {
-                    saga_id: saga_id.clone(),
-                    error: format!(
-                        "programs that its process (pid {}) started still run after being killed and waited for; it is not compensated while they may act (the next recovery tries again)",
-                        summary.owner.pid
-                    ),
-                }));
-                continue;
-            }
+        for ((saga_id, prepared), settled) in group.iter().zip(prepared).zip(settled) {
             if let Some(error) = &stopped {
                 // Past the stop nothing is compensated: each says what its preparation
                 // came to.
@@ -602,9 +607,45 @@ impl Kernel {
         Ok(is_gone)
     }
 
+    /// `checked`, after what the owners of those ready to be taken over started was
+    /// stopped; one whose owner's programs would not stop is left as it is (reported, for
+    /// the next recovery).
+    async fn stop_programs_before_taking_over(
+        &self,
+        checked: Vec<Result<Checked, KernelError>>,
+    ) -> Vec<Result<Checked, KernelError>> {
+        let owners: Vec<agent_kernel_api::Owner> = checked
+            .iter()
+            .filter_map(|checked| match checked {
+                Ok(Checked::Ready(ready)) => Some(ready.0.saga.owner.clone()),
+                _ => None,
+            })
+            .collect();
+        let unstoppable = self.stop_programs_of_owners(owners.into_iter()).await;
+        if unstoppable.is_empty() {
+            return checked;
+        }
+        checked
+            .into_iter()
+            .map(|checked| match checked {
+                Ok(Checked::Ready(ready)) if unstoppable.contains(&ready.0.saga.owner) => {
+                    let saga = &ready.0.saga;
+                    Ok(Checked::Done(Some(RecoveryAction::Failed {
+                        saga_id: saga.saga_id.clone(),
+                        error: format!(
+                            "programs that its process (pid {}) started still run, or cannot be looked at, after being killed and waited for; it is left as it is while they may act (the next recovery tries again)",
+                            saga.owner.pid
+                        ),
+                    })))
+                }
+                other => other,
+            })
+            .collect()
+    }
+
     /// Stops what each of `owners` (dead, or this process's or detached, which are
     /// skipped) started and still runs, once per owner, on a blocking thread; the owners
-    /// some of whose programs could not be stopped.
+    /// some of whose programs could not be stopped (or looked for).
     async fn stop_programs_of_owners(
         &self,
         owners: impl Iterator<Item = agent_kernel_api::Owner>,
@@ -617,9 +658,17 @@ impl Kernel {
             }
             let probe = std::sync::Arc::clone(&self.env.liveness);
             let asked = owner.clone();
-            let stopped = tokio::task::spawn_blocking(move || probe.stop_programs_of(&asked))
-                .await
-                .unwrap_or_default();
+            let Ok(stopped) =
+                tokio::task::spawn_blocking(move || probe.stop_programs_of(&asked)).await
+            else {
+                // The stop itself failed (a panic): nothing says its programs are gone.
+                warn!(
+                    pid = owner.pid,
+                    "stopping the programs of a dead process failed"
+                );
+                unstoppable.insert(owner);
+                continue;
+            };
             if stopped.n_killed > 0 {
                 info!(
                     pid = owner.pid,

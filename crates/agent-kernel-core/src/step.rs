@@ -556,6 +556,10 @@ impl Kernel {
                 if let Some(WriteOutcome::KeyRejected(reason)) = outcomes.get(begin_idx) {
                     return Ok(Err(fail(ToolError::failed(reason.clone()))));
                 }
+                // On a log shared by many machines the effect starts only while this
+                // process's lease is certainly live: cut off past it, another process may
+                // have taken the saga over (and compensated a change not yet made).
+                self.log.effect_allowed()?;
                 let executed = self
                     .tools
                     .execute(&ctx, &step.args)

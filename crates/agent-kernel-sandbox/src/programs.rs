@@ -11,6 +11,12 @@
 //! root), signalled through a pidfd opened before the tag is checked again, so a pid reused
 //! meanwhile is never signalled.
 //!
+//! Reading another process's environment is what Landlock forbids a confined process to
+//! do outside its own domain, so the scans run on one thread started before the kernel
+//! confines itself ([`start_stopper`]), as the log's writer is; a process of this user whose
+//! environment still cannot be read is counted as left ([`Stopped::n_left`]), never as
+//! untagged.
+//!
 //! What this does not stop: a program that clears its environment (or execs with a new
 //! one) after leaving the process group; processes of another user that `/proc` hides.
 
@@ -55,12 +61,18 @@ fn own_tag() -> &'static str {
 /// (`/` and NUL replaced), then a number no other run of this process has.
 pub fn new_run_tag(what: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let what: String = what
+    let n_run = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{}/{n_run}/", run_tag_prefix(what))
+}
+
+/// The tag prefix of every run of this process whose `what` starts with `what_prefix`
+/// (`/` and NUL replaced as [`new_run_tag`] replaces them): every phase of one step, say.
+pub fn run_tag_prefix(what_prefix: &str) -> String {
+    let what: String = what_prefix
         .chars()
         .map(|c| if c == '/' || c == '\0' { '_' } else { c })
         .collect();
-    let n_run = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{}{what}/{n_run}/", own_tag())
+    format!("{}{what}", own_tag())
 }
 
 /// What [`stop_tagged`] did.
@@ -68,33 +80,78 @@ pub fn new_run_tag(what: &str) -> String {
 pub struct Stopped {
     /// Processes killed (SIGKILL) and seen gone.
     pub n_killed: usize,
-    /// Processes still there after [`STOP_WAIT_MS_MAX`] (or past [`STOP_PROCESSES_MAX`]).
+    /// Processes still there after [`STOP_WAIT_MS_MAX`] (or past [`STOP_PROCESSES_MAX`]),
+    /// and processes of this user whose environment could not be read (they may be tagged).
     pub n_left: usize,
+}
+
+/// A request to the stopper thread: a prefix, and where to answer.
+type StopRequest = (String, std::sync::mpsc::Sender<io::Result<Stopped>>);
+
+/// The stopper thread's requests, once it runs.
+static STOPPER: OnceLock<std::sync::mpsc::Sender<StopRequest>> = OnceLock::new();
+
+/// Starts, once per process, the thread that [`stop_tagged`] hands its work to: call it
+/// before the process confines itself (Landlock), so that the thread may read and signal
+/// the processes of another domain (a dead kernel's programs). Later calls do nothing.
+///
+/// # Errors
+///
+/// An I/O error when the thread cannot be started.
+pub fn start_stopper() -> io::Result<()> {
+    if STOPPER.get().is_some() {
+        return Ok(());
+    }
+    let (requests, queue) = std::sync::mpsc::channel::<StopRequest>();
+    std::thread::Builder::new()
+        .name("agent-kernel-stopper".to_owned())
+        .spawn(move || {
+            for (prefix, reply) in queue {
+                let _ = reply.send(stop_tagged_here(&prefix));
+            }
+        })?;
+    // Another thread may have started one first: this one then ends with its queue.
+    let _ = STOPPER.set(requests);
+    Ok(())
 }
 
 /// Kills (SIGKILL) every process whose tag starts with `prefix`, again until none is left
 /// (one may fork while the others die), and waits until they are gone (exited; a zombie
-/// counts as gone, it can do nothing more). Blocking: run it off the async runtime.
+/// counts as gone, it can do nothing more). Runs on the stopper thread when one was started
+/// ([`start_stopper`]), else on the calling thread. Blocking: run it off the async runtime.
 ///
 /// # Errors
 ///
 /// An I/O error when `/proc` cannot be listed.
 pub fn stop_tagged(prefix: &str) -> io::Result<Stopped> {
+    if let Some(stopper) = STOPPER.get() {
+        let (reply, answer) = std::sync::mpsc::channel();
+        if stopper.send((prefix.to_owned(), reply)).is_ok()
+            && let Ok(stopped) = answer.recv()
+        {
+            return stopped;
+        }
+    }
+    stop_tagged_here(prefix)
+}
+
+/// [`stop_tagged`]'s work, on the calling thread.
+fn stop_tagged_here(prefix: &str) -> io::Result<Stopped> {
     let deadline = Instant::now() + Duration::from_millis(STOP_WAIT_MS_MAX);
     let mut killed: HashSet<u32> = HashSet::new();
     let mut pause = Duration::from_millis(1);
     loop {
-        let found = find_tagged(prefix)?;
+        let (found, n_unreadable) = find_tagged(prefix)?;
         if found.is_empty() {
             return Ok(Stopped {
                 n_killed: killed.len(),
-                n_left: 0,
+                n_left: n_unreadable,
             });
         }
         if Instant::now() >= deadline || killed.len() >= STOP_PROCESSES_MAX {
             return Ok(Stopped {
                 n_killed: killed.len().saturating_sub(found.len()),
-                n_left: found.len(),
+                n_left: found.len() + n_unreadable,
             });
         }
         for pid in found {
@@ -107,22 +164,53 @@ pub fn stop_tagged(prefix: &str) -> io::Result<Stopped> {
     }
 }
 
-/// Whether the environment of `pid` holds a tag starting with `prefix`; `false` when it
-/// cannot be read (gone, a zombie, or another user's).
-fn is_tagged(pid: u32, prefix: &str) -> bool {
-    let Ok(environ) = fs::read(format!("/proc/{pid}/environ")) else {
-        return false;
-    };
-    let wanted = format!("{RUN_TAG_VAR}={prefix}");
-    environ
-        .split(|byte| *byte == 0)
-        .any(|entry| entry.starts_with(wanted.as_bytes()))
+/// What reading a process's environment said of a tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tagged {
+    Yes,
+    No,
+    /// Reading it was refused (another user's, a process this one may not inspect, or a
+    /// Landlock domain this thread is confined from).
+    Unreadable,
 }
 
-/// The live (not zombie) processes, other than this one, tagged with `prefix`.
-fn find_tagged(prefix: &str) -> io::Result<Vec<u32>> {
+/// Whether the environment of `pid` holds a tag starting with `prefix`.
+fn is_tagged(pid: u32, prefix: &str) -> Tagged {
+    let environ = match fs::read(format!("/proc/{pid}/environ")) {
+        Ok(environ) => environ,
+        Err(error) if error.kind() == io::ErrorKind::PermissionDenied => {
+            return Tagged::Unreadable;
+        }
+        // Gone, or a kernel thread (no environment).
+        Err(_) => return Tagged::No,
+    };
+    let wanted = format!("{RUN_TAG_VAR}={prefix}");
+    if environ
+        .split(|byte| *byte == 0)
+        .any(|entry| entry.starts_with(wanted.as_bytes()))
+    {
+        Tagged::Yes
+    } else {
+        Tagged::No
+    }
+}
+
+/// The start ticks a tag prefix names (`PID.START_TICKS/…`): programs carrying it started
+/// later.
+fn started_at(prefix: &str) -> Option<u64> {
+    prefix.split('/').next()?.split('.').nth(1)?.parse().ok()
+}
+
+/// The live (not zombie) processes, other than this one, tagged with `prefix`; and how
+/// many live processes of this user, started after the process the prefix names, refused
+/// to be read (they may carry the tag).
+fn find_tagged(prefix: &str) -> io::Result<(Vec<u32>, usize)> {
+    use std::os::unix::fs::MetadataExt as _;
     let me = std::process::id();
+    let uid = rustix::process::geteuid().as_raw();
+    let since = started_at(prefix).unwrap_or(0);
     let mut found = Vec::new();
+    let mut n_unreadable = 0;
     for entry in fs::read_dir("/proc")? {
         let Ok(entry) = entry else { continue };
         let Some(pid) = entry
@@ -132,14 +220,28 @@ fn find_tagged(prefix: &str) -> io::Result<Vec<u32>> {
         else {
             continue;
         };
-        if pid == me || !is_tagged(pid, prefix) {
+        if pid == me {
             continue;
         }
-        if matches!(read_stat(pid), Ok(Some(stat)) if !stat.is_zombie) {
-            found.push(pid);
+        let tagged = is_tagged(pid, prefix);
+        if tagged == Tagged::No {
+            continue;
+        }
+        let stat = read_stat(pid).ok().flatten().filter(|stat| !stat.is_zombie);
+        match (tagged, stat) {
+            (Tagged::Yes, Some(_)) => found.push(pid),
+            // This user's process, alive, started after the tag's process, whose environment
+            // cannot be read: it may carry the tag, so it is not taken for untagged.
+            (Tagged::Unreadable, Some(stat))
+                if stat.start_ticks >= since
+                    && entry.metadata().is_ok_and(|meta| meta.uid() == uid) =>
+            {
+                n_unreadable += 1;
+            }
+            _ => {}
         }
     }
-    Ok(found)
+    Ok((found, n_unreadable))
 }
 
 /// Kills `pid` if it still carries the tag: through a pidfd opened first, so that a pid
@@ -156,7 +258,7 @@ fn kill_if_tagged(pid: u32, prefix: &str) -> bool {
     };
     // The pidfd names one process for good: if it still carries the tag now, the signal
     // reaches that process, whatever reuses its pid later.
-    if !is_tagged(pid, prefix) {
+    if is_tagged(pid, prefix) != Tagged::Yes {
         return false;
     }
     rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL).is_ok()

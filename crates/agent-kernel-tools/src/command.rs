@@ -312,6 +312,14 @@ impl Drop for Leftovers {
     }
 }
 
+/// Stops, and waits for, whatever this process's earlier runs of the step of `ctx` left
+/// (an execute that timed out or was abandoned stops its leftovers only in the background):
+/// a compensation or a probe looks at the world only once nothing of the step can act.
+async fn stop_step_leftovers(ctx: &ToolContext) {
+    let prefix = programs::run_tag_prefix(&format!("{}.{}.", ctx.saga_id, ctx.step_seq));
+    let _ = tokio::task::spawn_blocking(move || stop_leftovers(&prefix)).await;
+}
+
 /// Stops the processes tagged `tag`, saying so when there were any.
 fn stop_leftovers(tag: &str) {
     match programs::stop_tagged(tag) {
@@ -584,6 +592,7 @@ impl TransactionalTool for CommandTool {
         args: &Value,
         _undo: &Undo,
     ) -> Result<ProbeOutcome, ToolError> {
+        stop_step_leftovers(ctx).await;
         let Some(command) = &self.probe else {
             return Ok(ProbeOutcome::Unknown);
         };
@@ -606,6 +615,7 @@ impl TransactionalTool for CommandTool {
         _undo: &Undo,
         output: Option<&ToolOutput>,
     ) -> Result<(), ToolError> {
+        stop_step_leftovers(ctx).await;
         let Some(command) = &self.compensate else {
             return Err(ToolError::failed(format!(
                 "`{}` declares no compensation (reversibility none)",

@@ -128,11 +128,14 @@ impl TransactionalTool for FsAppend {
 
     async fn changed_since(
         &self,
-        _ctx: &ToolContext,
+        ctx: &ToolContext,
         args: &Value,
         undo: &Undo,
         _output: Option<&ToolOutput>,
     ) -> Result<Option<String>, ToolError> {
+        // A timed-out effect still under way lands first: judged half-done, it would
+        // look like another writer's change.
+        settle(ctx).await;
         let ContentArgs { content, .. } = parse_args(args)?;
         let AppendUndo {
             target,

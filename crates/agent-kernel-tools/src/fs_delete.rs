@@ -130,11 +130,14 @@ impl TransactionalTool for FsDelete {
 
     async fn changed_since(
         &self,
-        _ctx: &ToolContext,
+        ctx: &ToolContext,
         _args: &Value,
         undo: &Undo,
         _output: Option<&ToolOutput>,
     ) -> Result<Option<String>, ToolError> {
+        // A timed-out effect still under way lands first: judged half-done, it would
+        // look like another writer's change.
+        settle(ctx).await;
         let DeleteUndo { target, .. } = parse_undo(Self::ID, &undo.data)?;
         let deleted = undo.blob.clone();
         let file = self.files.reconfine(&target)?;

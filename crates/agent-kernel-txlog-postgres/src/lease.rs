@@ -2,9 +2,9 @@
 //! owner row; an owner whose lease ran out (by the database's clock) is dead for recovery,
 //! whatever its host, and its writes are refused (fencing).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -24,6 +24,13 @@ pub const LEASE_MAX: Duration = Duration::from_secs(3600);
 
 /// How many renewals each lease gets before it would run out.
 pub const RENEWALS_PER_LEASE: u32 = 4;
+
+/// The part of a lease, counted from the moment a renewal was sent, that an effect may
+/// start in (three quarters): the database set the lease to end a whole lease after it
+/// received the renewal, which is after it was sent, so the last quarter is the margin for
+/// the two clocks' rates and the time between the check and the effect.
+const EFFECT_PART_NUM: u32 = 3;
+const EFFECT_PART_DEN: u32 = 4;
 
 /// The database's clock, in ms since the Unix epoch: every lease is read and written by
 /// it, never by a worker's own clock, so workers whose clocks disagree still agree on
@@ -171,12 +178,59 @@ pub(crate) fn end_if_expired(
     Ok(status(tx, &status_sql(), owner)? == LeaseStatus::Expired)
 }
 
+/// Ends `owner`'s lease for good, whether or not it ran out (its process is known gone).
+pub(crate) fn end(tx: &mut postgres::Transaction<'_>, owner: &Owner) -> Result<(), TxError> {
+    let (host, boot_id, pid, start_ticks) = owner_params(owner);
+    tx.execute(
+        "UPDATE leases SET expires_at_ms = -1
+         WHERE owner_host = $1 AND owner_boot_id = $2 AND owner_pid = $3
+             AND owner_start_ticks = $4",
+        &[&host, &boot_id, &pid, &start_ticks],
+    )
+    .map_err(storage)?;
+    Ok(())
+}
+
 /// The thread that renews a lease on a connection of its own, so that a long batch on the
 /// log's connection never delays a renewal. Stopped (and joined) when dropped.
 pub(crate) struct Renewer {
     stop: Option<mpsc::Sender<()>>,
     thread: Option<thread::JoinHandle<()>>,
     lost: Arc<AtomicBool>,
+    /// Until when, by [`since_boot`], the lease is certainly live: from the last renewal
+    /// the database confirmed (`None` before the first).
+    live_until: Arc<Mutex<Option<Duration>>>,
+}
+
+/// This machine's clock since it booted, suspended time included (`CLOCK_BOOTTIME`): a
+/// monotonic clock that stops while the machine sleeps would make a lease that ran out
+/// during a suspend look live after the resume.
+fn since_boot() -> Duration {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    Duration::new(
+        u64::try_from(now.tv_sec).unwrap_or(0),
+        u32::try_from(now.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// Renews on `client` and, when the database confirmed it, moves `live_until` to the part
+/// of the lease counted from the moment the renewal was sent ([`EFFECT_PART_NUM`] /
+/// [`EFFECT_PART_DEN`]).
+fn renew_and_mark(
+    client: &mut Client,
+    worker: &Worker,
+    lease_ms: i64,
+    live_until: &Mutex<Option<Duration>>,
+) -> Result<bool, postgres::Error> {
+    let sent = since_boot();
+    let renewed = renew(client, worker, lease_ms)?;
+    if renewed {
+        let until = sent + worker.lease * EFFECT_PART_NUM / EFFECT_PART_DEN;
+        if let Ok(mut live) = live_until.lock() {
+            *live = Some(until);
+        }
+    }
+    Ok(renewed)
 }
 
 impl Renewer {
@@ -187,6 +241,8 @@ impl Renewer {
         let (stop, stopped) = mpsc::channel::<()>();
         let lost = Arc::new(AtomicBool::new(false));
         let thread_lost = Arc::clone(&lost);
+        let live_until = Arc::new(Mutex::new(None));
+        let thread_live_until = Arc::clone(&live_until);
         let config = config.clone();
         let (connected_sender, connected) = mpsc::sync_channel(1);
         let thread = thread::Builder::new()
@@ -198,7 +254,8 @@ impl Renewer {
                     Ok(mut client) => {
                         // Renewed at once: a short lease taken on the log's connection may
                         // be close to running out by now.
-                        let renewed = renew(&mut client, &worker, lease_ms);
+                        let renewed =
+                            renew_and_mark(&mut client, &worker, lease_ms, &thread_live_until);
                         let _ = connected_sender.send(match &renewed {
                             Ok(true) => Ok(()),
                             Ok(false) => {
@@ -223,7 +280,7 @@ impl Renewer {
                     let Some(connected) = client.as_mut() else {
                         continue;
                     };
-                    match renew(connected, &worker, lease_ms) {
+                    match renew_and_mark(connected, &worker, lease_ms, &thread_live_until) {
                         Ok(true) => {}
                         Ok(false) => {
                             // Ran out while this process was paused or cut off: for good.
@@ -245,12 +302,31 @@ impl Renewer {
             stop: Some(stop),
             thread: Some(thread),
             lost,
+            live_until,
         })
     }
 
     /// Whether the lease was found run out.
     pub(crate) fn lost(&self) -> bool {
         self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Whether the lease is certainly live now, by this machine's clock since boot from the
+    /// last renewal the database confirmed; why not, when it is not.
+    pub(crate) fn certainly_live(&self) -> Result<(), String> {
+        if self.lost() {
+            return Err("its lease ran out".to_owned());
+        }
+        let until = self.live_until.lock().ok().and_then(|live| *live);
+        let now = since_boot();
+        match until {
+            Some(until) if now < until => Ok(()),
+            Some(until) => Err(format!(
+                "its lease is not certainly live: the database has confirmed no renewal for {} ms past the safe part of the last one (cut off from the server?)",
+                now.saturating_sub(until).as_millis()
+            )),
+            None => Err("its lease was never confirmed".to_owned()),
+        }
     }
 }
 

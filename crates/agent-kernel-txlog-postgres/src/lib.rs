@@ -677,6 +677,12 @@ impl TxLog for PostgresLog {
         self.call(move |connection, now_ms| connection.write(&batch, now_ms))
     }
 
+    fn effect_allowed(&self) -> Result<(), TxError> {
+        self.renewer
+            .certainly_live()
+            .map_err(|reason| TxError::Fenced { reason })
+    }
+
     fn saga<'a>(
         &'a self,
         saga_id: &'a SagaId,
@@ -773,6 +779,20 @@ impl TxLog for PostgresLog {
         self.call(move |connection, _| {
             let query = connection.fence.clone();
             lease::status(&mut connection.client, &query, &owner).map(Some)
+        })
+    }
+
+    fn end_lease<'a>(&'a self, owner: &'a Owner) -> BoxFuture<'a, Result<(), TxError>> {
+        let owner = owner.clone();
+        self.call(move |connection, _| {
+            let mut tx = begin_write(
+                &mut connection.client,
+                &connection.lock,
+                &connection.fence,
+                &connection.worker,
+            )?;
+            lease::end(&mut tx, &owner)?;
+            tx.commit().map_err(storage)
         })
     }
 

@@ -3,7 +3,9 @@
 //! step's document `{"args": …, "output": …}`; every other value is literal.
 //!
 //! A query must match: one that selects nothing (a misspelled key, an output of another
-//! shape) makes the compensation fail, never run with an empty value that undoes nothing.
+//! shape) makes the compensation fail, never run with an empty value that undoes nothing;
+//! only a list that is there and empty (`entities` is `[]` for `$.output.entities[*].name`)
+//! gives an empty list, since the call then acted on nothing.
 //!
 //! An object `{"$each": QUERY, "map": TEMPLATE}` is a list with one element per match of
 //! `QUERY`: `TEMPLATE` filled for each, where strings starting with `@` are queries over
@@ -90,7 +92,7 @@ fn select(query: &str, shown: &str, document: &Value) -> Result<Value, String> {
     let nodes = path.query(document);
     if selects_many(query) {
         let all: Vec<Value> = nodes.all().into_iter().cloned().collect();
-        if all.is_empty() {
+        if all.is_empty() && !walks_an_empty_list(query, document) {
             return Err(format!(
                 "`{shown}` matches nothing in the step's record, so the compensation would undo nothing"
             ));
@@ -102,6 +104,19 @@ fn select(query: &str, shown: &str, document: &Value) -> Result<Value, String> {
             .map_err(|err| format!("`{shown}` selects no single value ({err})"))?
             .clone())
     }
+}
+
+/// Whether `query` selects nothing because the list it walks (the part before its first
+/// `[*]`) is there and empty: the call acted on nothing, so there is nothing to undo.
+fn walks_an_empty_list(query: &str, document: &Value) -> bool {
+    let Some(idx) = query.find("[*]") else {
+        return false;
+    };
+    JsonPath::parse(&query[..idx]).is_ok_and(|path| {
+        path.query(document)
+            .exactly_one()
+            .is_ok_and(|node| node.as_array().is_some_and(Vec::is_empty))
+    })
 }
 
 /// `value` filled from `document`, and `@` queries from `element` when inside a
@@ -231,6 +246,12 @@ mod tests {
             .expect_err("matches nothing");
         assert!(error.contains("matches nothing"), "{error}");
         assert!(error.contains("$.output.entity[*].name"), "{error}");
+        // A list that is there and empty: the call acted on nothing, nothing to undo.
+        let empty = json!({"entity": []});
+        assert_eq!(
+            mapping.arguments(&json!({}), Some(&empty)).expect("fills"),
+            json!({"entityNames": []})
+        );
     }
 
     #[test]

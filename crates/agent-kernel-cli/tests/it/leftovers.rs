@@ -20,8 +20,9 @@ use crate::{Project, describe};
 const DEFAULT_KILLS: u32 = 100;
 
 /// The program behind `ledger.*`: `slow S` appends `entry` to `ws/ledger.txt` after S
-/// seconds; `daemon S W` starts, in a session of its own, a process that appends it after
-/// S seconds, then waits W seconds; `compensate` removes every `entry` line. (The daemon's
+/// seconds; `daemon S W` starts, in a session of its own, a process that writes
+/// `ws/late.txt` after S seconds (a file no compensation touches, so nothing can hide that
+/// it acted), then waits W seconds; `compensate` removes every `entry` line. (The daemon's
 /// output goes to a file of `ws/`: under the second line a program may not open
 /// `/dev/null` for writing.)
 const LEDGER_SH: &str = r#"
@@ -29,7 +30,7 @@ cat > /dev/null
 case "$1" in
   slow) sleep "$2"; echo entry >> ws/ledger.txt ;;
   daemon)
-    setsid sh -c "sleep $2; echo entry >> ws/ledger.txt" < ledger.sh > ws/daemon.out 2>&1 &
+    setsid sh -c "sleep $2; echo late > ws/late.txt" < ledger.sh > ws/daemon.out 2>&1 &
     sleep "$3" ;;
   compensate)
     if [ -f ws/ledger.txt ]; then
@@ -49,13 +50,20 @@ compensate = ["/bin/sh", "ledger.sh", "compensate"]
 [tools."ledger.daemon"]
 effect = "mutating"
 settlement = "compensate"
-execute = ["/bin/sh", "ledger.sh", "daemon", "1", "5"]
+execute = ["/bin/sh", "ledger.sh", "daemon", "3", "10"]
 compensate = ["/bin/sh", "ledger.sh", "compensate"]
 
 [tools."ledger.quick_daemon"]
 effect = "mutating"
 settlement = "compensate"
 execute = ["/bin/sh", "ledger.sh", "daemon", "0.8", "0.3"]
+compensate = ["/bin/sh", "ledger.sh", "compensate"]
+
+[tools."ledger.timed_out"]
+effect = "mutating"
+settlement = "compensate"
+timeout_ms = 300
+execute = ["/bin/sh", "ledger.sh", "daemon", "1", "10"]
 compensate = ["/bin/sh", "ledger.sh", "compensate"]
 "#;
 
@@ -160,11 +168,19 @@ fn a_setsid_daemon_of_a_killed_run_never_acts_after_recover() {
     // The program has started its daemon by now (it does so first, then waits).
     thread::sleep(Duration::from_millis(300));
     kill_after(child, Duration::ZERO);
+    let started = Instant::now();
     let (code, report) = project.run_json(&["recover"]);
     assert_eq!(code, 0, "{report}");
-    // The daemon acts 1 s after it started: well past that.
-    thread::sleep(Duration::from_millis(1_500));
-    assert_eq!(ledger(&project), "", "the daemon acted after the rollback");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "recover took too long for the daemon's delay to mean anything"
+    );
+    // The daemon acts 3 s after it started: well past that.
+    thread::sleep(Duration::from_millis(3_500));
+    assert!(
+        !project.path("ws/late.txt").exists(),
+        "the daemon acted after the rollback"
+    );
 }
 
 #[test]
@@ -176,9 +192,25 @@ fn a_setsid_daemon_never_outlives_its_runs_decision() {
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
     // The daemon (detached while the program waits 0.3 s) acts 0.8 s after it started.
     thread::sleep(Duration::from_millis(1_200));
-    assert_eq!(
-        ledger(&project),
-        "",
+    assert!(
+        !project.path("ws/late.txt").exists(),
         "a process the run started acted after the run was decided"
+    );
+}
+
+#[test]
+fn a_setsid_daemon_of_a_timed_out_run_never_acts_after_its_compensation() {
+    // The step times out (300 ms) while its program waits; the daemon it started acts 1 s
+    // after it started. The outcome is unknown, so the step is compensated: not before
+    // what the timed-out run left is stopped.
+    let project = project();
+    fs::write(project.path("ws/ledger.txt"), "").expect("writes");
+    let plan = plan_of(&project, "ledger.timed_out");
+    let output = project.run(&["run", "--plan", &plan]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    thread::sleep(Duration::from_millis(1_500));
+    assert!(
+        !project.path("ws/late.txt").exists(),
+        "the timed-out run's daemon acted after its compensation"
     );
 }

@@ -424,3 +424,232 @@ fn one_idempotency_key_raced_from_four_worker_processes_gives_one_effect() {
     );
     assert_verifies(&project, &url);
 }
+
+/// A loopback TCP proxy in front of the PostgreSQL server that the test controls: once
+/// armed, it forwards the next `COMMIT` a client sends (a simple query, as the log's
+/// transactions end) and then holds every byte of every connection, both ways, until
+/// released, as a network partition would right after a commit left the worker.
+struct Partition {
+    port: u16,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    held: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The protocol's simple query `COMMIT`: 'Q', its length (4 + 7), the text with its NUL.
+const COMMIT_QUERY: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+
+impl Partition {
+    fn start(upstream: std::net::SocketAddr) -> Partition {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+        let port = listener.local_addr().expect("an address").port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let held = Arc::new(AtomicBool::new(false));
+        let (accept_armed, accept_held) = (Arc::clone(&armed), Arc::clone(&held));
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = std::net::TcpStream::connect(upstream) else {
+                    continue;
+                };
+                let pump =
+                    |from: std::net::TcpStream, to: std::net::TcpStream, watch_commit: bool| {
+                        let (armed, held) = (Arc::clone(&accept_armed), Arc::clone(&accept_held));
+                        std::thread::spawn(move || pump(from, to, watch_commit, &armed, &held));
+                    };
+                let (client_read, server_read) = (
+                    client.try_clone().expect("clones"),
+                    server.try_clone().expect("clones"),
+                );
+                pump(client_read, server, true);
+                pump(server_read, client, false);
+            }
+        });
+        Partition { port, armed, held }
+    }
+
+    fn arm(&self) {
+        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn holding(&self) -> bool {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn release(&self) {
+        self.held.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// `url` with its host and port replaced by the proxy's.
+    fn url(&self, url: &str) -> String {
+        let at = url.find('@').expect("a user in the URL") + 1;
+        let end = at + url[at..].find('/').expect("a database in the URL");
+        format!("{}127.0.0.1:{}{}", &url[..at], self.port, &url[end..])
+    }
+}
+
+/// Copies `from` to `to`, waiting while the partition holds; on the client's side, the
+/// armed partition starts holding right after it forwarded a `COMMIT`.
+fn pump(
+    mut from: std::net::TcpStream,
+    mut to: std::net::TcpStream,
+    watch_commit: bool,
+    armed: &std::sync::atomic::AtomicBool,
+    held: &std::sync::atomic::AtomicBool,
+) {
+    use std::io::Write as _;
+    use std::sync::atomic::Ordering;
+    let mut buffer = [0_u8; 16 * 1024];
+    loop {
+        let Ok(n_read) = from.read(&mut buffer) else {
+            return;
+        };
+        if n_read == 0 {
+            return;
+        }
+        while held.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let chunk = &buffer[..n_read];
+        if to.write_all(chunk).is_err() {
+            return;
+        }
+        if watch_commit
+            && chunk
+                .windows(COMMIT_QUERY.len())
+                .any(|window| window == COMMIT_QUERY)
+            && armed.swap(false, Ordering::SeqCst)
+        {
+            held.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The address of the server `url` names.
+fn server_address(url: &str) -> std::net::SocketAddr {
+    let at = url.find('@').expect("a user in the URL") + 1;
+    let end = at + url[at..].find('/').expect("a database in the URL");
+    url[at..end].parse().expect("an IP address and a port")
+}
+
+#[test]
+fn a_worker_cut_off_after_a_begin_never_makes_its_effect_after_the_take_over() {
+    let Some(server) = server() else { return };
+    let tries: usize = std::env::var("AGENT_KERNEL_PARTITION_TRIES")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(20);
+    for attempt in 0..tries {
+        let schema = Schema::create(&server);
+        let url = schema.url();
+        let partition = Partition::start(server_address(&url));
+        let project = Project::new();
+        fs::write(project.path("ws/a.txt"), ORIGINAL).expect("writes");
+        let plan = project.plan(
+            "cut.json",
+            &json!({ "name": "cut", "steps": [
+                { "tool": "fs.write", "args": { "path": "ws/a.txt", "content": "changed\n" } },
+                { "tool": "noop", "args": { "sleep_ms": 400 } },
+                { "tool": "fs.write", "args": { "path": "ws/b.txt", "content": "too late\n" } },
+            ] }),
+        );
+        let watcher = on_postgres(&project, &url, &["--json", "recover", "--watch"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starts");
+        let worker = on_postgres(
+            &project,
+            &partition.url(&url),
+            &["--json", "run", "--plan", &plan.to_string_lossy()],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starts");
+        // Once the sleep has begun, the worker's next commit is the one that ends the
+        // sleep and begins the last step: the partition holds everything right after it.
+        wait_until("the sleep step began", || {
+            // The worker creates the tables when it opens the log.
+            let created = schema.rows("SELECT (to_regclass('saga_steps') IS NOT NULL)::text");
+            created[0][0].as_deref() == Some("true")
+                && schema
+                    .rows("SELECT count(*)::text FROM saga_steps")
+                    .first()
+                    .and_then(|row| row[0].clone())
+                    .is_some_and(|n| n == "2")
+        });
+        partition.arm();
+        wait_until("the partition never began", || partition.holding());
+        wait_until(
+            "the cut-off worker's saga is rolled back by the watcher",
+            || saga_states(&schema).get("cut").map(String::as_str) == Some("FailedRolledBack"),
+        );
+        partition.release();
+        let output = worker.wait_with_output().expect("exits");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(3),
+            "attempt {attempt}: the cut-off worker:\n{stderr}"
+        );
+        assert!(stderr.contains("lease"), "attempt {attempt}: {stderr}");
+        stop(watcher);
+        assert!(
+            !project.path("ws/b.txt").exists(),
+            "attempt {attempt}: the effect landed after the take-over"
+        );
+        assert_eq!(
+            fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+            ORIGINAL,
+            "attempt {attempt}"
+        );
+        assert_eq!(saga_states(&schema)["cut"], "FailedRolledBack");
+    }
+}
+
+#[test]
+fn recover_right_after_a_sigkill_on_this_machine_does_not_wait_for_the_lease() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let project = Project::new();
+    fs::write(project.path("ws/a.txt"), ORIGINAL).expect("writes");
+    let plan = project.plan(
+        "killed.json",
+        &json!({ "name": "killed", "steps": [
+            { "tool": "fs.write", "args": { "path": "ws/a.txt", "content": "changed\n" } },
+            { "tool": "noop", "args": { "sleep_ms": 30_000 } },
+        ] }),
+    );
+    // A long lease: recovery must not wait for it.
+    let mut worker = on_postgres(&project, &url, &["run", "--plan", &plan.to_string_lossy()])
+        .env("AGENT_KERNEL_LEASE_MS", "600000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    wait_until("the first step landed", || {
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads") != ORIGINAL
+    });
+    worker.kill().expect("SIGKILLs");
+    worker.wait().expect("reaps");
+    let started = Instant::now();
+    let output = on_postgres(&project, &url, &["--json", "recover"])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(saga_states(&schema)["killed"], "FailedRolledBack");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        ORIGINAL
+    );
+    assert_verifies(&project, &url);
+}

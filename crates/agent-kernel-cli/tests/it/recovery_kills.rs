@@ -338,9 +338,9 @@ fn recover_leaves_an_mcp_autocommit_write_and_records_the_change() {
 
 #[test]
 fn a_rollback_that_finds_its_file_unchanged_or_already_restored_finishes() {
-    // The saga's own steps change one file several times; a person restores it to what it
-    // was before the saga while the saga is dead. Every step then finds the world either
-    // as it left it or as its compensation restores it, so recovery finishes (exit 0).
+    // A person restores the dead saga's file to what it was before the saga: the world is
+    // then as the step's compensation would leave it, which is no change to destroy, so
+    // recovery finishes (exit 0) and the file stays as it was.
     let project = Project::new();
     fs::write(project.path("ws/config.txt"), "v1").expect("writes");
     dead_saga_writing(&project, "v2-dead");

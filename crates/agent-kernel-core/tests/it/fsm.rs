@@ -181,6 +181,12 @@ impl TxLog for StaleReads {
     fn write(&self, batch: Vec<LogWrite>) -> BoxFuture<'_, Result<Vec<WriteOutcome>, TxError>> {
         self.0.write(batch)
     }
+    fn effect_allowed(&self) -> Result<(), TxError> {
+        self.0.effect_allowed()
+    }
+    fn end_lease<'a>(&'a self, owner: &'a Owner) -> BoxFuture<'a, Result<(), TxError>> {
+        self.0.end_lease(owner)
+    }
     fn saga<'a>(
         &'a self,
         saga_id: &'a SagaId,

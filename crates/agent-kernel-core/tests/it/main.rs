@@ -489,6 +489,10 @@ impl TxLog for StagedLeases {
     > {
         self.0.write(batch)
     }
+    fn effect_allowed(&self) -> Result<(), agent_kernel_api::TxError> {
+        self.0.effect_allowed()
+    }
+    // No `end_lease`: liveness here is the staged probe's, and this log keeps no leases.
     fn saga<'a>(
         &'a self,
         saga_id: &'a SagaId,
