@@ -722,6 +722,22 @@ pub trait TxLog: Send + Sync + 'static {
         Box::pin(async { Ok(None) })
     }
 
+    /// How long `owner`'s lease has left, in ms (zero or less: it ran out), on a log that
+    /// keeps leases; `None` on a log that keeps none, or for an owner that holds none. For
+    /// reports and for waiting on it (`recover --wait`), never for deciding liveness, which
+    /// [`TxLog::owner_lease`] does.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn lease_left_ms<'a>(
+        &'a self,
+        owner: &'a Owner,
+    ) -> BoxFuture<'a, Result<Option<i64>, TxError>> {
+        let _ = owner;
+        Box::pin(async { Ok(None) })
+    }
+
     /// Ends `owner`'s lease now, for good, on a log that keeps leases: the caller found its
     /// process gone (an owner on this machine, in this boot, whose pid and start time no
     /// longer name a running process), which can never renew it, so its sagas need not

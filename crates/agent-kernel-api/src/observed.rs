@@ -87,6 +87,13 @@ where
         self.inner.end_lease(owner)
     }
 
+    fn lease_left_ms<'a>(
+        &'a self,
+        owner: &'a Owner,
+    ) -> BoxFuture<'a, Result<Option<i64>, TxError>> {
+        self.inner.lease_left_ms(owner)
+    }
+
     fn saga<'a>(
         &'a self,
         saga_id: &'a SagaId,

@@ -157,6 +157,10 @@ enum Command {
         /// owner found dead (on PostgreSQL, whose lease ran out), until SIGINT or SIGTERM
         #[arg(long)]
         watch: bool,
+        /// On PostgreSQL: wait until every lease that keeps a saga from recovery has run
+        /// out (at most RECOVER_WAIT_MAX), then recover those sagas too
+        #[arg(long, conflicts_with = "watch")]
+        wait: bool,
     },
     /// Compensate a saga's committed steps in reverse order
     Rollback {
@@ -725,6 +729,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         Command::Recover {
             skip_verify,
             watch: true,
+            ..
         } => {
             let kernel = open_kernel_to_compensate(cli, *skip_verify).await?;
             recover_watch(&kernel, out).await
@@ -732,6 +737,21 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         Command::Recover {
             skip_verify,
             watch: false,
+            wait: true,
+        } => {
+            let kernel = open_kernel_to_compensate(cli, *skip_verify).await?;
+            let report = recover_waiting(&kernel).await?;
+            out.recovery(&report);
+            Ok(if report.all_rolled_back() {
+                exit::OK
+            } else {
+                exit::ATTENTION
+            })
+        }
+        Command::Recover {
+            skip_verify,
+            watch: false,
+            wait: false,
         } => {
             if !log_present(&db_path(cli))? {
                 // Nothing was ever logged here, so nothing can need recovery.
@@ -1134,25 +1154,113 @@ async fn recover_watch(kernel: &Kernel, out: &output::Output) -> Result<u8, Fail
         period_ms = RECOVER_WATCH_PERIOD.as_millis() as u64,
         "recovering the sagas of dead owners until stopped"
     );
+    let mut pause = RECOVER_WATCH_PERIOD;
     loop {
-        if kernel.has_recoverable_sagas().await? {
-            let report = kernel.recover(&progress::StepProgress::hidden()).await?;
-            if report.sagas.iter().any(|action| {
-                !matches!(
-                    action,
-                    agent_kernel_core::RecoveryAction::SkippedLive { .. }
-                        | agent_kernel_core::RecoveryAction::SkippedWaiting { .. }
-                )
-            }) {
-                out.recovery(&report);
+        match watch_round(kernel, out).await {
+            Ok(()) => {
+                if pause != RECOVER_WATCH_PERIOD {
+                    tracing::warn!("the log answers again; watching on");
+                }
+                pause = RECOVER_WATCH_PERIOD;
             }
+            Err(KernelError::Log(error)) if watch_may_retry(&error) => {
+                // The database went away (a lost connection, a restart): its connection is
+                // made again by the next round; nobody else may be recovering meanwhile.
+                pause = (pause * 2).clamp(RECOVER_WATCH_PERIOD, RECOVER_WATCH_BACKOFF_MAX);
+                tracing::warn!(
+                    %error,
+                    retry_in_ms = pause.as_millis() as u64,
+                    "the log does not answer; trying again"
+                );
+            }
+            Err(error) => return Err(error.into()),
         }
         tokio::select! {
-            () = tokio::time::sleep(RECOVER_WATCH_PERIOD) => {}
+            () = tokio::time::sleep(pause) => {}
             _ = interrupt.recv() => return Ok(exit::OK),
             _ = terminate.recv() => return Ok(exit::OK),
         }
     }
+}
+
+/// The longest `recover --wait` waits for leases, in all.
+const RECOVER_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(3_600);
+
+/// `recover --wait`: recovers, and while sagas are skipped because their owner's lease is
+/// live, waits until the soonest of those leases would run out and recovers again, at most
+/// [`RECOVER_WAIT_MAX`] in all; the report of every saga, the last word on each.
+async fn recover_waiting(kernel: &Kernel) -> Result<agent_kernel_core::RecoveryReport, Failure> {
+    let deadline = std::time::Instant::now() + RECOVER_WAIT_MAX;
+    // Each saga's latest word, in the order the sagas were first reported.
+    let mut sagas: Vec<agent_kernel_core::RecoveryAction> = Vec::new();
+    loop {
+        let report = kernel.recover(&progress::StepProgress::hidden()).await?;
+        let mut soonest_ms: Option<u64> = None;
+        let mut n_waiting = 0_usize;
+        for action in report.sagas {
+            if let agent_kernel_core::RecoveryAction::SkippedLive {
+                lease_left_ms: Some(left_ms),
+                ..
+            } = &action
+            {
+                soonest_ms = Some(soonest_ms.map_or(*left_ms, |soonest| soonest.min(*left_ms)));
+                n_waiting += 1;
+            }
+            match sagas
+                .iter_mut()
+                .find(|known| known.saga_id() == action.saga_id())
+            {
+                Some(known) => *known = action,
+                None => sagas.push(action),
+            }
+        }
+        let Some(left_ms) = soonest_ms else {
+            return Ok(agent_kernel_core::RecoveryReport { sagas });
+        };
+        // A little past the lease's end, by the database's clock.
+        let pause = std::time::Duration::from_millis(left_ms.saturating_add(100));
+        if std::time::Instant::now() + pause > deadline {
+            return Ok(agent_kernel_core::RecoveryReport { sagas });
+        }
+        let waiting = n_waiting;
+        eprintln!(
+            "agent-kernel: {waiting} saga(s) wait for their worker's lease; the soonest runs out in {:.1} s",
+            left_ms as f64 / 1000.0
+        );
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// The longest `recover --watch` waits between two tries while the log does not answer.
+const RECOVER_WATCH_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether `recover --watch` tries again after `error`: the storage went away, which the
+/// log's own connection makes good, as opposed to this process being fenced (its lease ran
+/// out: it can never write again, and a new process must take its place) or a log that
+/// cannot be trusted.
+fn watch_may_retry(error: &agent_kernel_api::TxError) -> bool {
+    matches!(
+        error,
+        agent_kernel_api::TxError::Storage(_) | agent_kernel_api::TxError::NotFound(_)
+    )
+}
+
+/// One round of `recover --watch`: recovers when there is something to recover, and prints
+/// the round when it acted.
+async fn watch_round(kernel: &Kernel, out: &output::Output) -> Result<(), KernelError> {
+    if kernel.has_recoverable_sagas().await? {
+        let report = kernel.recover(&progress::StepProgress::hidden()).await?;
+        if report.sagas.iter().any(|action| {
+            !matches!(
+                action,
+                agent_kernel_core::RecoveryAction::SkippedLive { .. }
+                    | agent_kernel_core::RecoveryAction::SkippedWaiting { .. }
+            )
+        }) {
+            out.recovery(&report);
+        }
+    }
+    Ok(())
 }
 
 /// The audit key (`--audit-key-file`, else `$AGENT_KERNEL_AUDIT_KEY`), read once per

@@ -376,7 +376,18 @@ impl Output {
                         println!("  {}", printable(&failure.error.to_string()));
                     }
                 }
-                RecoveryAction::SkippedLive { saga_id, pid, host } => println!(
+                RecoveryAction::SkippedLive {
+                    saga_id,
+                    pid,
+                    host,
+                    lease_left_ms: Some(left_ms),
+                } => println!(
+                    "saga {saga_id}: skipped, the lease of its worker (pid {pid} on {host}) runs out in {:.1} s; `agent-kernel recover --wait` waits for it",
+                    *left_ms as f64 / 1000.0
+                ),
+                RecoveryAction::SkippedLive {
+                    saga_id, pid, host, ..
+                } => println!(
                     "saga {saga_id}: skipped, its process {pid} on {host} is still running"
                 ),
                 RecoveryAction::SkippedWaiting {

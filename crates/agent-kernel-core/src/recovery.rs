@@ -559,7 +559,7 @@ impl Kernel {
             }
         }
         if let Err(error) = self.check_recoverable(&record).await {
-            return Self::skipped(error).map(Checked::Done);
+            return self.skipped(error).await.map(Checked::Done);
         }
         let (batch, failure) = self.persisted_entry(&record).await?;
         Ok(Checked::Ready(Box::new((record, batch, failure))))
@@ -574,7 +574,7 @@ impl Kernel {
         };
         match self.take_over_into_compensation(record, batch).await {
             Ok(record) => Ok(Prepared::Ready(Box::new((record, failure)))),
-            Err(error) => Self::skipped(error).map(Prepared::Done),
+            Err(error) => self.skipped(error).await.map(Prepared::Done),
         }
     }
 
@@ -711,8 +711,32 @@ impl Kernel {
     }
 
     /// What the report says of a saga that recovery leaves as it is because of `error`
-    /// (a tool missing, its owner alive, another process first), or `error` itself.
-    fn skipped(error: KernelError) -> Result<Option<RecoveryAction>, KernelError> {
+    /// (a tool missing, its owner alive, another process first), or `error` itself; for an
+    /// owner alive by its lease, how long the lease has left.
+    async fn skipped(&self, error: KernelError) -> Result<Option<RecoveryAction>, KernelError> {
+        match error {
+            KernelError::SagaBusy { saga_id, owner, .. } => {
+                let lease_left_ms = self
+                    .log
+                    .lease_left_ms(&owner)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|left| u64::try_from(left.max(0)).unwrap_or(0));
+                info!(saga_id = %saga_id, pid = owner.pid, ?lease_left_ms, "owner alive; skipped");
+                Ok(Some(RecoveryAction::SkippedLive {
+                    saga_id,
+                    pid: owner.pid,
+                    host: owner.host,
+                    lease_left_ms,
+                }))
+            }
+            other => Self::skipped_for(other),
+        }
+    }
+
+    /// [`Kernel::skipped`] for every error but an owner alive.
+    fn skipped_for(error: KernelError) -> Result<Option<RecoveryAction>, KernelError> {
         match error {
             KernelError::MissingTools { saga_id, tools } => {
                 warn!(saga_id = %saga_id, ?tools, "tools missing; the saga is left as it is");
@@ -724,6 +748,7 @@ impl Kernel {
                     saga_id,
                     pid: owner.pid,
                     host: owner.host,
+                    lease_left_ms: None,
                 }))
             }
             KernelError::TakenOver(saga_id) => {

@@ -147,6 +147,10 @@ pub enum RecoveryAction {
         pid: u32,
         /// The owner's host.
         host: String,
+        /// On a log that keeps leases, how long the owner's lease had left when it was
+        /// checked, in ms: the saga is recovered once it runs out (`recover --wait`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        lease_left_ms: Option<u64>,
     },
     /// It waits for an operator's approval, left so on purpose (`run --no-wait`), and its
     /// request is still open: not touched; `resume` continues it once decided.
@@ -183,6 +187,20 @@ pub enum RecoveryAction {
 pub struct RecoveryReport {
     /// One entry per unfinished saga found.
     pub sagas: Vec<RecoveryAction>,
+}
+
+impl RecoveryAction {
+    /// The saga the action is about.
+    pub fn saga_id(&self) -> &SagaId {
+        match self {
+            RecoveryAction::RolledBack(report) => &report.saga_id,
+            RecoveryAction::SkippedLive { saga_id, .. }
+            | RecoveryAction::SkippedWaiting { saga_id, .. }
+            | RecoveryAction::SkippedTakenOver { saga_id }
+            | RecoveryAction::MissingTools { saga_id, .. }
+            | RecoveryAction::Failed { saga_id, .. } => saga_id,
+        }
+    }
 }
 
 impl RecoveryReport {

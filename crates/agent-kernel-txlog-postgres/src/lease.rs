@@ -178,6 +178,25 @@ pub(crate) fn end_if_expired(
     Ok(status(tx, &status_sql(), owner)? == LeaseStatus::Expired)
 }
 
+/// How long `owner`'s lease has left, in ms by the database's clock; `None` without one.
+pub(crate) fn left_ms(
+    client: &mut impl GenericClient,
+    owner: &Owner,
+) -> Result<Option<i64>, TxError> {
+    let (host, boot_id, pid, start_ticks) = owner_params(owner);
+    Ok(client
+        .query_opt(
+            &format!(
+                "SELECT expires_at_ms - {NOW_MS} FROM leases
+                 WHERE owner_host = $1 AND owner_boot_id = $2 AND owner_pid = $3
+                     AND owner_start_ticks = $4"
+            ),
+            &[&host, &boot_id, &pid, &start_ticks],
+        )
+        .map_err(storage)?
+        .map(|row| row.get(0)))
+}
+
 /// Ends `owner`'s lease for good, whether or not it ran out (its process is known gone).
 pub(crate) fn end(tx: &mut postgres::Transaction<'_>, owner: &Owner) -> Result<(), TxError> {
     let (host, boot_id, pid, start_ticks) = owner_params(owner);

@@ -782,6 +782,14 @@ impl TxLog for PostgresLog {
         })
     }
 
+    fn lease_left_ms<'a>(
+        &'a self,
+        owner: &'a Owner,
+    ) -> BoxFuture<'a, Result<Option<i64>, TxError>> {
+        let owner = owner.clone();
+        self.call(move |connection, _| lease::left_ms(&mut connection.client, &owner))
+    }
+
     fn end_lease<'a>(&'a self, owner: &'a Owner) -> BoxFuture<'a, Result<(), TxError>> {
         let owner = owner.clone();
         self.call(move |connection, _| {

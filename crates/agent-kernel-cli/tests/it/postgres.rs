@@ -433,6 +433,10 @@ struct Partition {
     port: u16,
     armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
     held: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Every connection through it (both ends), for [`Partition::restart`].
+    streams: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    /// Until when new connections are refused (closed at once), as during a restart.
+    refusing_until: std::sync::Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 /// The protocol's simple query `COMMIT`: 'Q', its length (4 + 7), the text with its NUL.
@@ -446,13 +450,28 @@ impl Partition {
         let port = listener.local_addr().expect("an address").port();
         let armed = Arc::new(AtomicBool::new(false));
         let held = Arc::new(AtomicBool::new(false));
+        let streams = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let refusing_until = Arc::new(std::sync::Mutex::new(None::<Instant>));
         let (accept_armed, accept_held) = (Arc::clone(&armed), Arc::clone(&held));
+        let (accept_streams, accept_refusing) = (Arc::clone(&streams), Arc::clone(&refusing_until));
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
+                let refusing = accept_refusing
+                    .lock()
+                    .expect("not poisoned")
+                    .is_some_and(|until| Instant::now() < until);
+                if refusing {
+                    continue;
+                }
                 let Ok(server) = std::net::TcpStream::connect(upstream) else {
                     continue;
                 };
+                for stream in [&client, &server] {
+                    if let Ok(clone) = stream.try_clone() {
+                        accept_streams.lock().expect("not poisoned").push(clone);
+                    }
+                }
                 let pump =
                     |from: std::net::TcpStream, to: std::net::TcpStream, watch_commit: bool| {
                         let (armed, held) = (Arc::clone(&accept_armed), Arc::clone(&accept_held));
@@ -466,7 +485,22 @@ impl Partition {
                 pump(server_read, client, false);
             }
         });
-        Partition { port, armed, held }
+        Partition {
+            port,
+            armed,
+            held,
+            streams,
+            refusing_until,
+        }
+    }
+
+    /// As a server restart looks from a client: every connection is cut, and new ones are
+    /// refused for `down`.
+    fn restart(&self, down: Duration) {
+        *self.refusing_until.lock().expect("not poisoned") = Some(Instant::now() + down);
+        for stream in self.streams.lock().expect("not poisoned").drain(..) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     fn arm(&self) {
@@ -550,7 +584,8 @@ fn a_worker_cut_off_after_a_begin_never_makes_its_effect_after_the_take_over() {
             "cut.json",
             &json!({ "name": "cut", "steps": [
                 { "tool": "fs.write", "args": { "path": "ws/a.txt", "content": "changed\n" } },
-                { "tool": "noop", "args": { "sleep_ms": 400 } },
+                // Long enough for the test to see the sleep begun on a loaded machine.
+                { "tool": "noop", "args": { "sleep_ms": 1_500 } },
                 { "tool": "fs.write", "args": { "path": "ws/b.txt", "content": "too late\n" } },
             ] }),
         );
@@ -652,4 +687,133 @@ fn recover_right_after_a_sigkill_on_this_machine_does_not_wait_for_the_lease() {
         ORIGINAL
     );
     assert_verifies(&project, &url);
+}
+
+#[test]
+fn recover_watch_survives_a_lost_connection_and_a_restart() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let partition = Partition::start(server_address(&url));
+    let project = Project::new();
+    fs::write(project.path("ws/a.txt"), ORIGINAL).expect("writes");
+    let stderr = fs::File::create(project.path("watcher.err")).expect("creates");
+    // The watcher's lease outlasts the outage; the worker's is the short one.
+    let watcher = on_postgres(
+        &project,
+        &partition.url(&url),
+        &["--json", "-v", "recover", "--watch"],
+    )
+    .env("AGENT_KERNEL_LEASE_MS", "10000")
+    .stdout(Stdio::piped())
+    .stderr(stderr)
+    .spawn()
+    .expect("starts");
+    wait_until("the watcher started watching", || {
+        fs::read_to_string(project.path("watcher.err"))
+            .is_ok_and(|said| said.contains("recovering the sagas of dead owners until stopped"))
+    });
+    partition.restart(Duration::from_secs(1));
+    let plan = project.plan(
+        "killed.json",
+        &json!({ "name": "killed", "steps": [
+            { "tool": "fs.write", "args": { "path": "ws/a.txt", "content": "changed\n" } },
+            { "tool": "noop", "args": { "sleep_ms": 30_000 } },
+        ] }),
+    );
+    let mut worker = on_postgres(&project, &url, &["run", "--plan", &plan.to_string_lossy()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    wait_until("the first step landed", || {
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads") != ORIGINAL
+    });
+    worker.kill().expect("SIGKILLs");
+    worker.wait().expect("reaps");
+    let mut watcher = watcher;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while saga_states(&schema).get("killed").map(String::as_str) != Some("FailedRolledBack") {
+        let said = || fs::read_to_string(project.path("watcher.err")).unwrap_or_default();
+        if let Some(status) = watcher.try_wait().expect("polls") {
+            panic!("the watcher exited {status:?}:\n{}", said());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the watcher did not roll the dead worker's saga back:\n{}",
+            said()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        ORIGINAL
+    );
+    stop(watcher);
+    let said = fs::read_to_string(project.path("watcher.err")).expect("reads");
+    assert!(said.contains("does not answer"), "{said}");
+}
+
+#[test]
+fn recover_names_a_live_lease_and_recover_wait_waits_for_it() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let project = Project::new();
+    fs::write(project.path("ws/a.txt"), ORIGINAL).expect("writes");
+    let plan = project.plan(
+        "paused.json",
+        &json!({ "name": "paused", "steps": [
+            { "tool": "fs.write", "args": { "path": "ws/a.txt", "content": "changed\n" } },
+            { "tool": "noop", "args": { "sleep_ms": 30_000 } },
+        ] }),
+    );
+    // A paused worker: its process still exists, so only its lease can say it is gone
+    // (long enough that the first `recover`, on a loaded machine, still finds it live).
+    let worker = on_postgres(&project, &url, &["run", "--plan", &plan.to_string_lossy()])
+        .env("AGENT_KERNEL_LEASE_MS", "8000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    // Stopped inside its sleep, with no transaction of its own open: a worker stopped
+    // mid-transaction holds the log's write lock, and `recover` would wait for its lease
+    // to run out before it could even record itself.
+    wait_until("the sleep step began", || {
+        let created = schema.rows("SELECT (to_regclass('saga_steps') IS NOT NULL)::text");
+        created[0][0].as_deref() == Some("true")
+            && schema.rows("SELECT count(*)::text FROM saga_steps")[0][0].as_deref() == Some("2")
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    signal(&worker, rustix::process::Signal::STOP);
+    let output = on_postgres(&project, &url, &["-v", "recover"])
+        .output()
+        .expect("runs");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        said.contains("the lease of its worker") && said.contains("runs out in"),
+        "{said}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        !["Done", "FailedRolledBack", "FailedRollbackPartial"]
+            .contains(&saga_states(&schema)["paused"].as_str()),
+        "recover left the saga of a live lease alone"
+    );
+    let output = on_postgres(&project, &url, &["--json", "recover", "--wait"])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(saga_states(&schema)["paused"], "FailedRolledBack");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        ORIGINAL
+    );
+    signal(&worker, rustix::process::Signal::KILL);
+    let _ = worker.wait_with_output();
 }

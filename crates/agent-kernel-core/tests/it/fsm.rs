@@ -187,6 +187,12 @@ impl TxLog for StaleReads {
     fn end_lease<'a>(&'a self, owner: &'a Owner) -> BoxFuture<'a, Result<(), TxError>> {
         self.0.end_lease(owner)
     }
+    fn lease_left_ms<'a>(
+        &'a self,
+        owner: &'a Owner,
+    ) -> BoxFuture<'a, Result<Option<i64>, TxError>> {
+        self.0.lease_left_ms(owner)
+    }
     fn saga<'a>(
         &'a self,
         saga_id: &'a SagaId,
