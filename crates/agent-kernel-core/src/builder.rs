@@ -534,8 +534,8 @@ impl ToolSet {
     }
 }
 
-/// The tools the tools file at `path` declares: its command tools (CONTRACT §7), required,
-/// then the tools of its upstream MCP servers (CONTRACT §11), each server started and asked
+/// The tools the tools file at `path` declares: its command tools, required, then the
+/// tools of its upstream MCP servers (`[mcp_servers.NAME]`), each server started and asked
 /// for its tools, all at once; a server that cannot be used is listed as unavailable, and
 /// only its own tools are missing. The file is read once, so both come from the same
 /// version of it. Outputs are bounded by `policy`'s `max_io_bytes` (or the default); a
