@@ -389,7 +389,7 @@ pub(crate) async fn baseline_chain(
         let started = Instant::now();
         // On a task of its own, so that a tool that panics fails its call (as an agent
         // loop that catches exceptions sees it) instead of ending the suite.
-        let (tool, args) = (Arc::clone(tool), call.args.clone());
+        let (tool, args) = (tool, call.args.clone());
         let task = tokio::spawn(async move { tool.execute(&ctx, &args).await });
         let joined = match timeout {
             Some(timeout) => {

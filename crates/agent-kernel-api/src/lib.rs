@@ -103,6 +103,7 @@ pub use reversibility::{
 pub use state::{Durability, SagaId, SagaState, StepStatus};
 pub use text::{line_of, read_text_bounded};
 pub use tool::{
-    BoxFuture, DynTool, EffectClass, Outcome, ProbeOutcome, Settlement, ToolContext, ToolError,
-    ToolErrorKind, ToolOutput, TransactionalTool, UPSTREAM_TOOL_VERSION, Undo,
+    BoxFuture, DynTool, EffectClass, Outcome, ProbeOutcome, Settlement, SourcedTool, ToolContext,
+    ToolError, ToolErrorKind, ToolOutput, ToolSource, TransactionalTool, UPSTREAM_TOOL_VERSION,
+    Undo,
 };

@@ -722,6 +722,20 @@ impl<T: TransactionalTool> DynTool for T {
     }
 }
 
+/// A tool of a [`ToolSource`], with the timeout it declares (`None`: the kernel's).
+pub type SourcedTool = (std::sync::Arc<dyn DynTool>, Option<u64>);
+
+/// A family of tools that exist only once their source has been asked for them: the tools
+/// of an upstream MCP server, whose ids are `NAME.TOOL`. A dispatcher asks the source the
+/// first time a step, a compensation or a listing needs one of its tools, and never again:
+/// a source that cannot be used makes only its own tools unavailable.
+pub trait ToolSource: Send + Sync + 'static {
+    /// The family's name: its tools' ids are this name, a dot, and the tool's own name.
+    fn name(&self) -> &str;
+    /// Starts the source and answers its tools, or why none of them can be used.
+    fn load(&self) -> BoxFuture<'_, Result<Vec<SourcedTool>, String>>;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -855,6 +855,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
             let approvals =
                 agent_kernel_core::approval_policy_from(&policy).map_err(Failure::bad_input)?;
             let tools = build_dispatcher(cli, &policy)?;
+            tools.load_all().await;
             out.tools(&tools, &approvals);
             Ok(exit::OK)
         }
@@ -870,6 +871,10 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 .await?
                 .ok_or_else(|| KernelError::SagaNotFound(saga_id.clone()))?;
             drop(log);
+            for step in &record.steps {
+                // An upstream server is asked for its tools only when a step used one.
+                let _ = tools.load(&step.tool_id).await;
+            }
             let recorded = audit::saga_history(&db_path(cli), &saga_id).await?;
             let report = agent_kernel_core::replay(&record, &recorded, &fsm, &tools);
             out.replay(&report);

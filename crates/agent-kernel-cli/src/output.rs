@@ -594,8 +594,14 @@ impl Output {
         approvals: &agent_kernel_core::ApprovalPolicy,
     ) {
         let limits = tools.limits();
-        let rows: Vec<Value> = tools
-            .ids()
+        let unavailable: Vec<Value> = tools
+            .unavailable()
+            .into_iter()
+            .map(|(server, reason)| json!({"server": server, "reason": reason}))
+            .collect();
+        let ids = tools.ids();
+        let rows: Vec<Value> = ids
+            .iter()
             .filter_map(|id| tools.get(id).map(|tool| (id, tool)))
             .map(|(id, tool)| {
                 let reversibility = tool.reversibility();
@@ -613,7 +619,7 @@ impl Output {
                     "undo_window": undo_window,
                     "idempotent": tool.idempotent(),
                     "settlement": tool.settlement().as_str(),
-                    "timeout_ms": limits.timeout_ms_for(id),
+                    "timeout_ms": tools.timeout_ms_of(id),
                     "retries_max": if tool.idempotent() { limits.retries_max_for(id) } else { 0 },
                     "concurrency_max": limits.tools.get(id).and_then(|l| l.concurrency_max),
                     "needs_approval": approvals.reason_for(id, tool.as_ref()).is_some(),
@@ -623,6 +629,7 @@ impl Output {
         if self.json {
             print_json(&json!({
                 "tools": rows,
+                "unavailable": unavailable,
                 "limits": {
                     "timeout_ms": limits.timeout_ms,
                     "compensation_timeout_ms": limits.compensation_timeout_ms,
@@ -662,6 +669,13 @@ impl Output {
             ]);
         }
         println!("{list}");
+        for server in &unavailable {
+            println!(
+                "upstream MCP server `{}` is unavailable, its tools are not listed: {}",
+                server["server"].as_str().unwrap_or_default(),
+                server["reason"].as_str().unwrap_or_default()
+            );
+        }
         println!(
             "all tools: at most {} calls at once; compensation timeout {} ms; backoff {}..{} ms",
             limits.concurrency_max,

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_kernel_api::{Clock, Durability, DynTool, IdSource, TransactionalTool, TxLog};
+use agent_kernel_api::{
+    Clock, Durability, DynTool, IdSource, ToolSource, TransactionalTool, TxLog,
+};
 use agent_kernel_dispatcher::{Dispatcher, Limits, SeededJitter};
 use agent_kernel_fsm::Guardrail;
 use agent_kernel_sandbox::{FsSandbox, HttpSandbox, Policy};
@@ -406,7 +408,6 @@ impl KernelBuilder {
                 .into_iter()
                 .map(|(tool, timeout_ms)| declared_timeout(&mut limits, tool, timeout_ms)),
         );
-        let unavailable = tools.unavailable.clone();
         let dispatcher = dispatcher_with(limits, tools, &policy)?;
         let approvals = approval_policy_from(&policy)?;
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
@@ -455,8 +456,7 @@ impl KernelBuilder {
                 self.durability,
             )
             .with_operator_options(self.operator_options)
-            .with_approval_policy(approvals)
-            .with_unavailable_servers(unavailable),
+            .with_approval_policy(approvals),
         ))
     }
 }
@@ -499,48 +499,39 @@ pub fn approval_policy_from(policy: &Policy) -> Result<ApprovalPolicy, KernelErr
 pub struct ToolSet {
     /// Tools that must all be registered: two of one id, or an invalid schema, is an error.
     pub required: Vec<Arc<dyn DynTool>>,
-    /// Tools of upstream MCP servers: one that cannot be registered (its id is taken, its
-    /// input schema is not a valid JSON Schema) is left out with a warning, so that a
-    /// server never keeps the kernel, and so recovery, from being built.
-    pub upstream: Vec<Arc<dyn DynTool>>,
-    /// Upstream servers none of whose tools are offered, each with why.
-    pub unavailable: Vec<(String, String)>,
+    /// Sources of tools asked only when one of their tools is first needed (upstream MCP
+    /// servers): a tool of theirs that cannot be registered (its id is taken, its input
+    /// schema is not a valid JSON Schema) is left out with a warning, and a source that
+    /// cannot be used makes only its own tools unavailable, so that a server never keeps
+    /// the kernel, and so recovery, from being built or from settling other sagas.
+    pub sources: Vec<Arc<dyn ToolSource>>,
 }
 
 impl std::fmt::Debug for ToolSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ids = |tools: &[Arc<dyn DynTool>]| -> Vec<String> {
-            tools.iter().map(|tool| tool.id().to_owned()).collect()
-        };
+        let required: Vec<&str> = self.required.iter().map(|tool| tool.id()).collect();
+        let sources: Vec<&str> = self.sources.iter().map(|source| source.name()).collect();
         f.debug_struct("ToolSet")
-            .field("required", &ids(&self.required))
-            .field("upstream", &ids(&self.upstream))
-            .field("unavailable", &self.unavailable)
+            .field("required", &required)
+            .field("sources", &sources)
             .finish()
     }
 }
 
 impl ToolSet {
-    /// Adds `other`'s tools and unavailable servers to these.
+    /// Adds `other`'s tools and sources to these.
     pub fn extend(&mut self, other: ToolSet) {
         self.required.extend(other.required);
-        self.upstream.extend(other.upstream);
-        self.unavailable.extend(other.unavailable);
-    }
-
-    /// Every tool, required first.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn DynTool>> {
-        self.required.iter().chain(&self.upstream)
+        self.sources.extend(other.sources);
     }
 }
 
-/// The tools the tools file at `path` declares: its command tools, required, then the
-/// tools of its upstream MCP servers (`[mcp_servers.NAME]`), each server started and asked
-/// for its tools, all at once; a server that cannot be used is listed as unavailable, and
-/// only its own tools are missing. The file is read once, so both come from the same
-/// version of it. Outputs are bounded by `policy`'s `max_io_bytes` (or the default); a
-/// tool's declared `timeout_ms` becomes its timeout in `limits`, unless
-/// `[limits.tools."<id>"]` sets one.
+/// The tools the tools file at `path` declares: its command tools, required, then its
+/// upstream MCP servers (`[mcp_servers.NAME]`) as sources, none of them started here (a
+/// server starts when a step, a compensation or a listing first needs one of its tools).
+/// The file is read once, so both come from the same version of it. Outputs are bounded by
+/// `policy`'s `max_io_bytes` (or the default); a command tool's declared `timeout_ms`
+/// becomes its timeout in `limits`, unless `[limits.tools."<id>"]` sets one.
 ///
 /// # Errors
 ///
@@ -561,7 +552,7 @@ pub fn declared_tools(
         &agent_kernel_tools::BUILTIN_TOOL_IDS,
     )
     .map_err(|error| setup(&error))?;
-    let upstream = agent_kernel_upstream::upstream_tools_of(path, &text, output_bytes_max)
+    let sources = agent_kernel_upstream::upstream_sources_of(path, &text, output_bytes_max)
         .map_err(|error| setup(&error))?;
     let mut tools = ToolSet::default();
     for tool in commands {
@@ -570,15 +561,9 @@ pub fn declared_tools(
             .required
             .push(declared_timeout(limits, Arc::new(tool), timeout_ms));
     }
-    for (tool, timeout_ms) in upstream.tools {
-        tools
-            .upstream
-            .push(declared_timeout(limits, Arc::new(tool), timeout_ms));
-    }
-    tools.unavailable = upstream
-        .unavailable
+    tools.sources = sources
         .into_iter()
-        .map(|unavailable| (unavailable.server, unavailable.reason))
+        .map(|source| Arc::new(source) as Arc<dyn ToolSource>)
         .collect();
     Ok(tools)
 }
@@ -677,13 +662,13 @@ fn lease_from_env() -> Result<Duration, KernelError> {
 }
 
 /// A dispatcher with `limits` and `tools`; a `[limits.tools."<id>"]` entry of `policy` must
-/// name one of them (or a tool of an unavailable upstream server, which is warned about).
+/// name one of them, or a tool of one of its sources.
 ///
 /// # Errors
 ///
-/// [`KernelError::Setup`] for limits out of range, two required tools of one id, or a
-/// per-tool entry naming no tool. An upstream tool that cannot be registered is left out
-/// with a warning, never an error.
+/// [`KernelError::Setup`] for limits out of range, two required tools of one id, two
+/// sources of one name, or a per-tool entry naming no tool. A tool of a source that cannot
+/// be registered is left out with a warning when the source is asked, never an error.
 pub fn dispatcher_with(
     limits: Limits,
     tools: ToolSet,
@@ -697,26 +682,23 @@ pub fn dispatcher_with(
             .register(tool)
             .map_err(|error| KernelError::Setup(format!("registering the tools: {error}")))?;
     }
-    for tool in tools.upstream {
-        let id = tool.id().to_owned();
-        if let Err(error) = dispatcher.register(tool) {
-            tracing::warn!(tool = %id, %error, "an upstream tool is left out; the others are offered");
+    for source in tools.sources {
+        let name = source.name().to_owned();
+        if let Err(error) = dispatcher.add_source(source) {
+            return Err(KernelError::Setup(format!(
+                "registering the tools of `{name}`: {error}"
+            )));
         }
     }
-    let of_unavailable = |id: &str| {
-        tools.unavailable.iter().any(|(server, _)| {
-            id.strip_prefix(server.as_str())
-                .is_some_and(|rest| rest.starts_with('.'))
-        })
-    };
-    // A misspelled tool id would silently leave that tool unbounded by its override.
+    // A misspelled tool id would silently leave that tool unbounded by its override (a
+    // tool of a source is checked once the source is asked: it is not known before).
     if let Some(unknown) = dispatcher
         .limits()
         .tools
         .keys()
-        .find(|id| dispatcher.get(id).is_none() && !of_unavailable(id))
+        .find(|id| !dispatcher.knows(id))
     {
-        let known: Vec<&str> = dispatcher.ids().collect();
+        let known = dispatcher.ids();
         return Err(KernelError::Setup(format!(
             "sandbox policy {}: [limits.tools.\"{unknown}\"] names no tool (known tools: {})",
             policy.origin(),

@@ -244,19 +244,16 @@ impl Kernel {
         if step.effect == EffectClass::ReadOnly {
             return Ok("read-only: nothing to undo".to_owned());
         }
-        let Some(tool) = self.tools.get(&step.tool_id).cloned() else {
+        let unavailable = self.tools.load(&step.tool_id).await.err();
+        let Some(tool) = self.tools.get(&step.tool_id) else {
+            if let Some(reason) = unavailable {
+                let server = self.tools.source_of(&step.tool_id).unwrap_or_default();
+                return Err(ToolError::failed(format!(
+                    "`{}` is a tool of the upstream MCP server `{server}`, which is unavailable ({reason}); cannot compensate until it is",
+                    step.tool_id
+                )));
+            }
             if step.tool_version == agent_kernel_api::UPSTREAM_TOOL_VERSION {
-                let server = step.tool_id.split('.').next().unwrap_or_default();
-                if let Some((_, reason)) = self
-                    .unavailable_servers
-                    .iter()
-                    .find(|(name, _)| name == server)
-                {
-                    return Err(ToolError::failed(format!(
-                        "`{}` is a tool of the upstream MCP server `{server}`, which is unavailable ({reason}); cannot compensate until it is",
-                        step.tool_id
-                    )));
-                }
                 return Err(ToolError::failed(format!(
                     "`{}` is a tool of an upstream MCP server that this process does not offer (the tools file no longer declares it, or the server does not list it, or its id was taken); cannot compensate",
                     step.tool_id
@@ -304,20 +301,29 @@ impl Kernel {
                 }
             }
         }
+        // A retry after a backoff acts only while this process's lease is still certainly
+        // live (a log shared by many machines).
+        let lease_live = || self.log.effect_allowed().is_ok();
         // A committed step's effect happened: undo it. Otherwise the outcome is unknown (the
         // process died before the outcome was logged, or the tool failed with an uncertain
         // outcome) and the tool's declared settlement decides.
         if step.status == StepStatus::Commit || step.output.is_some() {
             return self
                 .tools
-                .compensate(&ctx, &step.args, &step.undo, step.output.as_ref())
+                .compensate_while(
+                    &ctx,
+                    &step.args,
+                    &step.undo,
+                    step.output.as_ref(),
+                    &lease_live,
+                )
                 .await
                 .map(|()| "compensated".to_owned());
         }
         match tool.settlement() {
             Settlement::Compensate => self
                 .tools
-                .compensate(&ctx, &step.args, &step.undo, None)
+                .compensate_while(&ctx, &step.args, &step.undo, None, &lease_live)
                 .await
                 .map(|()| {
                     "compensated (outcome was in doubt; compensation is safe either way)".to_owned()
@@ -325,7 +331,7 @@ impl Kernel {
             Settlement::Probe => match self.tools.probe(&ctx, &step.args, &step.undo).await {
                 Ok(ProbeOutcome::Happened(output)) => self
                     .tools
-                    .compensate(&ctx, &step.args, &step.undo, output.as_ref())
+                    .compensate_while(&ctx, &step.args, &step.undo, output.as_ref(), &lease_live)
                     .await
                     .map(|()| "probe: the effect happened; compensated".to_owned()),
                 Ok(ProbeOutcome::NotHappened) => {

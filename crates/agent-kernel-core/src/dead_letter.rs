@@ -169,7 +169,9 @@ impl Kernel {
                 ),
             });
         }
-        if self.tools.get(&step.tool_id).is_none() {
+        // An unavailable upstream server fails the compensation below, naming it.
+        let unavailable = self.tools.load(&step.tool_id).await.is_err();
+        if self.tools.get(&step.tool_id).is_none() && !unavailable {
             return Err(KernelError::MissingTools {
                 saga_id: letter.saga_id.clone(),
                 tools: vec![step.tool_id.clone()],

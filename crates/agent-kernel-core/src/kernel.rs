@@ -52,8 +52,6 @@ pub struct Kernel {
     pub(crate) live: crate::live::LiveRegistry,
     /// Which steps wait for an operator's approval, and for how long.
     pub(crate) approvals: crate::approval::ApprovalPolicy,
-    /// Upstream servers none of whose tools this kernel offers, each with why.
-    pub(crate) unavailable_servers: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -113,22 +111,22 @@ impl Kernel {
             operator_options: Vec::new(),
             live: crate::live::LiveRegistry::default(),
             approvals: crate::approval::ApprovalPolicy::default(),
-            unavailable_servers: Vec::new(),
         }
     }
 
-    /// The kernel knowing that the upstream servers `unavailable` (name, why) offer no
-    /// tools: a step of one of them that must be compensated names the server and the
-    /// reason in its dead letter.
-    #[must_use]
-    pub fn with_unavailable_servers(mut self, unavailable: Vec<(String, String)>) -> Self {
-        self.unavailable_servers = unavailable;
-        self
+    /// The upstream servers asked for their tools whose tools cannot be used, each with
+    /// why (a server is asked only when one of its tools is first needed, or by
+    /// [`Kernel::load_all_tools`]).
+    pub fn unavailable_servers(&self) -> Vec<(String, String)> {
+        self.tools.unavailable()
     }
 
-    /// The upstream servers none of whose tools this kernel offers, each with why.
-    pub fn unavailable_servers(&self) -> &[(String, String)] {
-        &self.unavailable_servers
+    /// Asks every upstream server not yet asked for its tools (starting them, all at once),
+    /// so that [`Kernel::tool_ids`] lists them: for listings (`tools`, an MCP client's
+    /// `tools/list`). A server that cannot be used is then in
+    /// [`Kernel::unavailable_servers`].
+    pub async fn load_all_tools(&self) {
+        self.tools.load_all().await;
     }
 
     /// The kernel with `policy` deciding which steps wait for an operator's approval
@@ -237,6 +235,8 @@ impl Kernel {
         let mut problems = Vec::new();
         let mut keys_seen: HashMap<&str, usize> = HashMap::new();
         for (step_idx, step) in plan.steps.iter().enumerate() {
+            // A tool of an upstream server is known once the server is asked.
+            let _ = self.tools.load(&step.tool).await;
             let repeated_key = step.idempotency_key.as_deref().and_then(|key| {
                 keys_seen
                     .insert(key, step_idx)
@@ -289,11 +289,22 @@ impl Kernel {
             kind,
             message,
         };
-        if self.tools.get(&step.tool).is_none() {
-            let known: Vec<&str> = self.tools.ids().collect();
+        if let Err(reason) = self.tools.load(&step.tool).await {
+            let server = self.tools.source_of(&step.tool).unwrap_or_default();
             return Ok(vec![problem(
                 ProblemKind::UnknownTool,
-                format!("unknown tool (known tools: {})", known.join(", ")),
+                format!(
+                    "a tool of the upstream MCP server `{server}`, which is unavailable: {reason}"
+                ),
+            )]);
+        }
+        if self.tools.get(&step.tool).is_none() {
+            return Ok(vec![problem(
+                ProblemKind::UnknownTool,
+                format!(
+                    "unknown tool (known tools: {})",
+                    self.tools.ids().join(", ")
+                ),
             )]);
         }
         let mut problems = Vec::new();
@@ -333,15 +344,14 @@ impl Kernel {
         }
     }
 
-    /// The ids of every registered tool, sorted.
+    /// The ids of every registered tool, sorted: an upstream server's tools once it has
+    /// been asked for them (see [`Kernel::load_all_tools`]).
     pub fn tool_ids(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.tools.ids().map(str::to_owned).collect();
-        ids.sort();
-        ids
+        self.tools.ids()
     }
 
-    /// The tool registered under `id`.
-    pub fn tool(&self, id: &str) -> Option<&Arc<dyn DynTool>> {
+    /// The tool registered under `id` (an upstream server's once it has been asked).
+    pub fn tool(&self, id: &str) -> Option<Arc<dyn DynTool>> {
         self.tools.get(id)
     }
 }

@@ -134,8 +134,7 @@ impl Kernel {
                 let tool = self
                     .tools
                     .get(&step.tool)
-                    .expect("preflight checked that every tool is registered")
-                    .clone();
+                    .expect("preflight checked that every tool is registered");
                 let error = ToolError::failed(format!("cancelled before this step: {reason}"));
                 warn!(saga_id = %saga.saga_id, step_idx, %error, "saga cancelled");
                 // Never begun: recorded as refused, its idempotency key left alone.

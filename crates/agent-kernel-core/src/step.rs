@@ -560,9 +560,11 @@ impl Kernel {
                 // process's lease is certainly live: cut off past it, another process may
                 // have taken the saga over (and compensated a change not yet made).
                 self.log.effect_allowed()?;
+                // And each retry only while it still is.
+                let lease_live = || self.log.effect_allowed().is_ok();
                 let executed = self
                     .tools
-                    .execute(&ctx, &step.args)
+                    .execute_while(&ctx, &step.args, &lease_live)
                     .instrument(step_span.clone())
                     .await;
                 step_span.record("outcome", if executed.is_ok() { "commit" } else { "fail" });

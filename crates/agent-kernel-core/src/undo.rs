@@ -96,7 +96,9 @@ impl Kernel {
                 continue;
             }
             let at = Some((step.step_seq, step.tool_id.as_str()));
-            let Some(tool) = self.tools.get(&step.tool_id).cloned() else {
+            // An upstream server's tool is known once the server is asked.
+            let _ = self.tools.load(&step.tool_id).await;
+            let Some(tool) = self.tools.get(&step.tool_id) else {
                 missing.push(step.tool_id.clone());
                 continue;
             };

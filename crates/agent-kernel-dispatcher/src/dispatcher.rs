@@ -4,14 +4,16 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use agent_kernel_api::{DynTool, ProbeOutcome, ToolContext, ToolError, ToolOutput, Undo};
+use agent_kernel_api::{
+    BoxFuture, DynTool, ProbeOutcome, ToolContext, ToolError, ToolOutput, ToolSource, Undo,
+};
 use serde_json::Value;
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{OnceCell, Semaphore, SemaphorePermit};
 use tracing::{debug, warn};
 
 use crate::{DispatchError, Limits};
@@ -114,13 +116,26 @@ struct Entry {
     tool: Arc<dyn DynTool>,
     schema: jsonschema::Validator,
     permits: Option<Semaphore>,
+    timeout_ms: u64,
+}
+
+/// A [`ToolSource`] and what asking it gave: nothing yet, or `Ok` once its tools are
+/// registered, or why none of them can be used.
+struct Source {
+    source: Arc<dyn ToolSource>,
+    loaded: OnceCell<Result<(), String>>,
 }
 
 /// The tool registry and the one path every call takes: arguments checked against the
 /// tool's JSON Schema, concurrency bounded, calls bounded in time, panics contained,
 /// retriable failures of idempotent tools retried with backoff.
+///
+/// Tools are registered up front, or come from a [`ToolSource`] (an upstream MCP server)
+/// the first time one of its tools is needed: every async call path asks for it first, and
+/// [`Dispatcher::load`] or [`Dispatcher::load_all`] do it for the synchronous ones.
 pub struct Dispatcher {
-    tools: BTreeMap<String, Entry>,
+    tools: RwLock<BTreeMap<String, Arc<Entry>>>,
+    sources: BTreeMap<String, Source>,
     permits: Semaphore,
     limits: Limits,
     jitter: Arc<dyn Jitter>,
@@ -129,10 +144,17 @@ pub struct Dispatcher {
 impl std::fmt::Debug for Dispatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dispatcher")
-            .field("tools", &self.tools.keys().collect::<Vec<_>>())
+            .field("tools", &self.ids())
+            .field("sources", &self.sources.keys().collect::<Vec<_>>())
             .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
+}
+
+/// Whether `id` is a tool of the family `name` (`NAME.TOOL`).
+fn of_family(id: &str, name: &str) -> bool {
+    id.strip_prefix(name)
+        .is_some_and(|rest| rest.starts_with('.'))
 }
 
 impl Dispatcher {
@@ -144,7 +166,8 @@ impl Dispatcher {
     pub fn new(limits: Limits, jitter: Arc<dyn Jitter>) -> Result<Self, DispatchError> {
         limits.validate().map_err(DispatchError::Limits)?;
         Ok(Self {
-            tools: BTreeMap::new(),
+            tools: RwLock::new(BTreeMap::new()),
+            sources: BTreeMap::new(),
             permits: Semaphore::new(limits.concurrency_max),
             limits,
             jitter,
@@ -159,11 +182,42 @@ impl Dispatcher {
     /// past [`MAX_TOOLS`], [`DispatchError::Schema`] when the tool's schema is not a valid
     /// JSON Schema.
     pub fn register(&mut self, tool: Arc<dyn DynTool>) -> Result<(), DispatchError> {
+        let tools = self.tools.get_mut().unwrap_or_else(PoisonError::into_inner);
+        Self::insert(&self.limits, tools, tool, None)
+    }
+
+    /// Adds a source whose tools are registered the first time one of them is needed.
+    ///
+    /// # Errors
+    ///
+    /// [`DispatchError::DuplicateTool`] when a source of that name is already added.
+    pub fn add_source(&mut self, source: Arc<dyn ToolSource>) -> Result<(), DispatchError> {
+        let name = source.name().to_owned();
+        if self.sources.contains_key(&name) {
+            return Err(DispatchError::DuplicateTool(format!("{name}.*")));
+        }
+        self.sources.insert(
+            name,
+            Source {
+                source,
+                loaded: OnceCell::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Registers `tool` in `tools`, its timeout `declared_ms` unless `limits` sets one.
+    fn insert(
+        limits: &Limits,
+        tools: &mut BTreeMap<String, Arc<Entry>>,
+        tool: Arc<dyn DynTool>,
+        declared_ms: Option<u64>,
+    ) -> Result<(), DispatchError> {
         let id = tool.id().to_owned();
-        if self.tools.contains_key(&id) {
+        if tools.contains_key(&id) {
             return Err(DispatchError::DuplicateTool(id));
         }
-        if self.tools.len() >= MAX_TOOLS {
+        if tools.len() >= MAX_TOOLS {
             return Err(DispatchError::TooManyTools(MAX_TOOLS));
         }
         let schema = jsonschema::validator_for(&tool.args_schema()).map_err(|err| {
@@ -172,19 +226,22 @@ impl Dispatcher {
                 reason: err.to_string(),
             }
         })?;
-        let permits = self
-            .limits
-            .tools
-            .get(&id)
+        let own = limits.tools.get(&id);
+        let permits = own
             .and_then(|limits| limits.concurrency_max)
             .map(Semaphore::new);
-        self.tools.insert(
+        let timeout_ms = own
+            .and_then(|limits| limits.timeout_ms)
+            .or(declared_ms)
+            .unwrap_or(limits.timeout_ms);
+        tools.insert(
             id,
-            Entry {
+            Arc::new(Entry {
                 tool,
                 schema,
                 permits,
-            },
+                timeout_ms,
+            }),
         );
         Ok(())
     }
@@ -194,20 +251,139 @@ impl Dispatcher {
         &self.limits
     }
 
-    /// The tool registered under `id`.
-    pub fn get(&self, id: &str) -> Option<&Arc<dyn DynTool>> {
-        self.tools.get(id).map(|entry| &entry.tool)
+    /// The tool registered under `id`: `None` for a tool of a source not yet asked (see
+    /// [`Dispatcher::load`]).
+    pub fn get(&self, id: &str) -> Option<Arc<dyn DynTool>> {
+        self.read().get(id).map(|entry| Arc::clone(&entry.tool))
     }
 
     /// Every registered id, sorted.
-    pub fn ids(&self) -> impl Iterator<Item = &str> {
-        self.tools.keys().map(String::as_str)
+    pub fn ids(&self) -> Vec<String> {
+        self.read().keys().cloned().collect()
     }
 
-    fn entry(&self, id: &str) -> Result<&Entry, ToolError> {
-        self.tools
+    /// The timeout of a call of `id`, in milliseconds: its own limit, else what it
+    /// declares, else the default.
+    pub fn timeout_ms_of(&self, id: &str) -> u64 {
+        self.read()
             .get(id)
-            .ok_or_else(|| ToolError::invalid_args(format!("unknown tool `{id}`")))
+            .map_or_else(|| self.limits.timeout_ms_for(id), |entry| entry.timeout_ms)
+    }
+
+    /// The name of the source whose tool `id` would be, if any.
+    pub fn source_of(&self, id: &str) -> Option<&str> {
+        self.sources
+            .keys()
+            .find(|name| of_family(id, name))
+            .map(String::as_str)
+    }
+
+    /// Whether `id` is registered or belongs to a source (asked or not).
+    pub fn knows(&self, id: &str) -> bool {
+        self.read().contains_key(id) || self.source_of(id).is_some()
+    }
+
+    /// Makes sure the source `id` belongs to, if any, has been asked for its tools (once,
+    /// whoever asks first; others wait for its answer).
+    ///
+    /// # Errors
+    ///
+    /// Why the source's tools cannot be used, naming it. A tool of no source is no error:
+    /// it is registered or unknown.
+    pub async fn load(&self, id: &str) -> Result<(), String> {
+        if self.read().contains_key(id) {
+            return Ok(());
+        }
+        let Some(name) = self.source_of(id) else {
+            return Ok(());
+        };
+        self.load_source(name).await
+    }
+
+    /// Asks every source not yet asked for its tools, all at once.
+    pub async fn load_all(&self) {
+        let mut pending: Vec<BoxFuture<'_, Result<(), String>>> = self
+            .sources
+            .keys()
+            .map(|name| Box::pin(self.load_source(name)) as BoxFuture<'_, _>)
+            .collect();
+        std::future::poll_fn(|cx| {
+            pending.retain_mut(|future| future.as_mut().poll(cx).is_pending());
+            if pending.is_empty() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+
+    /// The sources asked whose tools cannot be used, each with why.
+    pub fn unavailable(&self) -> Vec<(String, String)> {
+        self.sources
+            .iter()
+            .filter_map(|(name, source)| match source.loaded.get() {
+                Some(Err(reason)) => Some((name.clone(), reason.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    async fn load_source(&self, name: &str) -> Result<(), String> {
+        let source = &self.sources[name];
+        source
+            .loaded
+            .get_or_init(|| async {
+                let tools = source.source.load().await.map_err(|reason| {
+                    warn!(source = %name, %reason, "a tool source is unavailable: its tools are not offered");
+                    reason
+                })?;
+                let mut registered = self.tools.write().unwrap_or_else(PoisonError::into_inner);
+                for (tool, declared_ms) in tools {
+                    let id = tool.id().to_owned();
+                    if !of_family(&id, name) {
+                        warn!(source = %name, tool = %id, "a tool source offered a tool outside its family; left out");
+                        continue;
+                    }
+                    if let Err(error) = Self::insert(&self.limits, &mut registered, tool, declared_ms) {
+                        warn!(tool = %id, %error, "a tool is left out; the others are offered");
+                    }
+                }
+                Ok(())
+            })
+            .await
+            .clone()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Entry>>> {
+        self.tools.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn entry(&self, id: &str) -> Result<Arc<Entry>, ToolError> {
+        if let Some(entry) = self.read().get(id) {
+            return Ok(Arc::clone(entry));
+        }
+        let Some(name) = self.source_of(id) else {
+            return Err(ToolError::invalid_args(format!("unknown tool `{id}`")));
+        };
+        Err(match self.sources[name].loaded.get() {
+            Some(Err(reason)) => ToolError::failed(format!(
+                "`{id}` is a tool of `{name}`, which is unavailable: {reason}"
+            )),
+            Some(Ok(())) => {
+                ToolError::invalid_args(format!("unknown tool `{id}`: `{name}` does not offer it"))
+            }
+            None => ToolError::invalid_args(format!(
+                "`{id}` is a tool of `{name}`, which has not been asked for its tools yet"
+            )),
+        })
+    }
+
+    /// The entry of `id`, its source asked first if it has one.
+    async fn loaded_entry(&self, id: &str) -> Result<Arc<Entry>, ToolError> {
+        // A source that cannot be used is answered by `entry`, naming it.
+        let _ = self.load(id).await;
+        self.entry(id)
     }
 
     /// Checks `args` against the tool's JSON Schema (every violation, with its path and
@@ -267,13 +443,9 @@ impl Dispatcher {
     ///
     /// The tool's error, a timeout, or a contained panic.
     pub async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        let entry = self.entry(&ctx.tool_id)?;
-        let _permits = self.permits(entry).await;
-        guarded(
-            self.limits.timeout_ms_for(&ctx.tool_id),
-            entry.tool.prepare(ctx, args),
-        )
-        .await
+        let entry = self.loaded_entry(&ctx.tool_id).await?;
+        let _permits = self.permits(&entry).await;
+        guarded(entry.timeout_ms, entry.tool.prepare(ctx, args)).await
     }
 
     /// Performs the effect: bounded in concurrency and time, contained, and retried with
@@ -284,15 +456,30 @@ impl Dispatcher {
     ///
     /// The last attempt's error; a timeout or a panic has an uncertain outcome.
     pub async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
-        let entry = self.entry(&ctx.tool_id)?;
-        let timeout_ms = self.limits.timeout_ms_for(&ctx.tool_id);
+        self.execute_while(ctx, args, &|| true).await
+    }
+
+    /// [`Dispatcher::execute`], each retry made only while `may_act` answers `true` (asked
+    /// after the backoff, right before the attempt): when it answers `false`, the last
+    /// attempt's error is the answer and nothing more runs.
+    ///
+    /// # Errors
+    ///
+    /// As [`Dispatcher::execute`].
+    pub async fn execute_while(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+        may_act: &(dyn Fn() -> bool + Sync),
+    ) -> Result<ToolOutput, ToolError> {
+        let entry = self.loaded_entry(&ctx.tool_id).await?;
         let retries_max = if entry.tool.idempotent() {
             self.limits.retries_max_for(&ctx.tool_id)
         } else {
             0
         };
         let (result, attempts) = self
-            .retrying(entry, ctx, timeout_ms, retries_max, || {
+            .retrying(&entry, ctx, entry.timeout_ms, retries_max, may_act, || {
                 entry.tool.execute(ctx, args)
             })
             .await;
@@ -301,14 +488,15 @@ impl Dispatcher {
     }
 
     /// Calls `call` under the tool's permits and `timeout_ms`, again after a backoff with
-    /// jitter while it fails with a retriable error, at most `retries_max` more times.
-    /// Returns the last result and the number of attempts.
+    /// jitter while it fails with a retriable error and `may_act` allows, at most
+    /// `retries_max` more times. Returns the last result and the number of attempts.
     async fn retrying<T, Fut>(
         &self,
         entry: &Entry,
         ctx: &ToolContext,
         timeout_ms: u64,
         retries_max: u32,
+        may_act: &(dyn Fn() -> bool + Sync),
         call: impl Fn() -> Fut,
     ) -> (Result<T, ToolError>, u32)
     where
@@ -326,6 +514,10 @@ impl Dispatcher {
                     let backoff_ms = backoff_ms + self.jitter.jitter_ms(backoff_ms / 2);
                     warn!(tool = %ctx.tool_id, step_seq = ctx.step_seq, retry = retry_idx + 1, backoff_ms, %error, "retrying");
                     tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                    if !may_act() {
+                        warn!(tool = %ctx.tool_id, step_seq = ctx.step_seq, "no retry: this process may no longer act");
+                        return (Err(error), retry_idx + 1);
+                    }
                     retry_idx += 1;
                 }
                 other => return (other, retry_idx + 1),
@@ -344,13 +536,9 @@ impl Dispatcher {
         args: &Value,
         undo: &Undo,
     ) -> Result<ProbeOutcome, ToolError> {
-        let entry = self.entry(&ctx.tool_id)?;
-        let _permits = self.permits(entry).await;
-        guarded(
-            self.limits.timeout_ms_for(&ctx.tool_id),
-            entry.tool.probe(ctx, args, undo),
-        )
-        .await
+        let entry = self.loaded_entry(&ctx.tool_id).await?;
+        let _permits = self.permits(&entry).await;
+        guarded(entry.timeout_ms, entry.tool.probe(ctx, args, undo)).await
     }
 
     /// Asks whether what a committed step left has changed since (contained, bounded by the
@@ -366,10 +554,10 @@ impl Dispatcher {
         undo: &Undo,
         output: Option<&ToolOutput>,
     ) -> Result<Option<String>, ToolError> {
-        let entry = self.entry(&ctx.tool_id)?;
-        let _permits = self.permits(entry).await;
+        let entry = self.loaded_entry(&ctx.tool_id).await?;
+        let _permits = self.permits(&entry).await;
         guarded(
-            self.limits.timeout_ms_for(&ctx.tool_id),
+            entry.timeout_ms,
             entry.tool.changed_since(ctx, args, undo, output),
         )
         .await
@@ -389,14 +577,33 @@ impl Dispatcher {
         undo: &Undo,
         output: Option<&ToolOutput>,
     ) -> Result<(), ToolError> {
-        let entry = self.entry(&ctx.tool_id)?;
+        self.compensate_while(ctx, args, undo, output, &|| true)
+            .await
+    }
+
+    /// [`Dispatcher::compensate`], each retry made only while `may_act` answers `true`, as
+    /// [`Dispatcher::execute_while`] does.
+    ///
+    /// # Errors
+    ///
+    /// The last attempt's error.
+    pub async fn compensate_while(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+        undo: &Undo,
+        output: Option<&ToolOutput>,
+        may_act: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(), ToolError> {
+        let entry = self.loaded_entry(&ctx.tool_id).await?;
         let retries_max = self.limits.retries_max_for(&ctx.tool_id);
         let (result, _) = self
             .retrying(
-                entry,
+                &entry,
                 ctx,
                 self.limits.compensation_timeout_ms,
                 retries_max,
+                may_act,
                 || entry.tool.compensate(ctx, args, undo, output),
             )
             .await;

@@ -192,7 +192,8 @@ fn complete(result: CallToolResult) -> Result<CallToolResponse, McpError> {
 }
 
 impl KernelServer {
-    /// A server over `kernel`.
+    /// A server over `kernel`, offering the tools it has registered (an upstream server's
+    /// once it has been asked: see [`Kernel::load_all_tools`], which [`serve_stdio`] calls).
     pub fn new(kernel: Arc<Kernel>, options: ServerOptions) -> KernelServer {
         let mut names = BTreeMap::new();
         for id in kernel.tool_ids() {
@@ -605,7 +606,9 @@ impl ServerHandler for KernelServer {
 }
 
 /// Serves `kernel` over stdio until end of input or SIGTERM, then rolls back every saga
-/// still open (recording why) and returns.
+/// still open (recording why) and returns. The upstream servers are asked for their tools
+/// first (all at once), since a client lists the tools as soon as it connects; one that
+/// cannot be used is left out.
 ///
 /// # Errors
 ///
@@ -615,6 +618,7 @@ pub async fn serve_stdio(
     kernel: Arc<Kernel>,
     options: ServerOptions,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    kernel.load_all_tools().await;
     let server = KernelServer::new(Arc::clone(&kernel), options);
     let running = server.serve(rmcp::transport::stdio()).await?;
     info!("MCP session initialized");

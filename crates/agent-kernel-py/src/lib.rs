@@ -252,8 +252,10 @@ impl NativeKernel {
         to_json(&documents)
     }
 
-    /// The ids of the tools this kernel runs.
-    fn tool_ids(&self) -> Vec<String> {
+    /// The ids of the tools this kernel runs (its upstream servers asked for theirs).
+    fn tool_ids(&self, py: Python<'_>) -> Vec<String> {
+        let kernel = Arc::clone(&self.kernel);
+        wait(py, async move { kernel.load_all_tools().await });
         self.kernel.tool_ids()
     }
 }

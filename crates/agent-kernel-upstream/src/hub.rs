@@ -225,82 +225,45 @@ impl Hub {
         answer
     }
 
-    /// The tools of server `name`, starting it; waits (blocking the calling thread) at most
-    /// [`SERVER_START_TIMEOUT`] and a little more. For building a kernel, before its runtime
-    /// runs steps.
+    /// The tools of server `name`, starting it when it is not running: waited for at most
+    /// its `start_timeout_ms` (default [`SERVER_START_TIMEOUT`], at most
+    /// [`SERVER_START_TIMEOUT_MS_MAX`]).
     ///
     /// # Errors
     ///
-    /// A message when the server cannot be started or does not list its tools.
-    pub fn list_tools_blocking(&self, name: &str) -> Result<Vec<Tool>, String> {
-        self.list_all_tools_blocking(&[name.to_owned()])
-            .pop()
-            .unwrap_or_else(|| Err(format!("MCP server `{name}` did not list its tools")))
-    }
-
-    /// The tools of each server of `names`, in that order, all started and asked at once,
-    /// so a server that hangs delays the others by nothing: each answer is its tools or why
-    /// not, each server waited for at most its `start_timeout_ms`, the whole waiting
-    /// (blocking the calling thread) at most [`SERVER_START_TIMEOUT_MS_MAX`] and a little
-    /// more.
-    pub fn list_all_tools_blocking(&self, names: &[String]) -> Vec<Result<Vec<Tool>, String>> {
-        let (reply, answers) = std::sync::mpsc::channel();
-        for (idx, name) in names.iter().enumerate() {
-            let pending = self.submit(name, |server: Arc<Server>| async move {
-                let start_timeout = server.spec.start_timeout;
-                let listed = async {
-                    let client = server.client().await.map_err(CallError::NotSent)?;
-                    client
-                        .list_all_tools()
-                        .await
-                        .map_err(|err| CallError::Refused(err.to_string()))
-                };
-                tokio::time::timeout(start_timeout, listed)
+    /// A message naming the server when it cannot be started, does not answer in time or
+    /// does not list its tools.
+    pub async fn list_tools(&self, name: &str) -> Result<Vec<Tool>, String> {
+        let answer = self.submit(name, |server: Arc<Server>| async move {
+            let start_timeout = server.spec.start_timeout;
+            let listed = async {
+                let client = server.client().await.map_err(CallError::NotSent)?;
+                client
+                    .list_all_tools()
                     .await
-                    .unwrap_or_else(|_| {
-                        Err(CallError::NotSent(format!(
-                            "MCP server `{}` did not start and list its tools within {} s (start_timeout_ms)",
-                            server.spec.name,
-                            start_timeout.as_secs_f64()
-                        )))
-                    })
-            });
-            let reply = reply.clone();
-            std::thread::spawn(move || {
-                let _ = reply.send((idx, pending.blocking_recv()));
-            });
-        }
-        drop(reply);
-        let deadline = std::time::Instant::now()
-            + Duration::from_millis(crate::SERVER_START_TIMEOUT_MS_MAX)
-            + Duration::from_secs(5);
-        let mut results: Vec<Result<Vec<Tool>, String>> = names
-            .iter()
-            .map(|name| {
-                Err(format!(
-                    "MCP server `{name}` did not start and list its tools in time"
-                ))
-            })
-            .collect();
-        for _ in names {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let Ok((idx, answer)) = answers.recv_timeout(left) else {
-                break;
+                    .map_err(|err| CallError::Refused(err.to_string()))
             };
-            results[idx] = match answer {
-                Ok(Ok(tools)) => Ok(tools),
-                Ok(Err(
-                    CallError::NotSent(message)
-                    | CallError::Refused(message)
-                    | CallError::Lost(message),
-                )) => Err(message),
-                Err(_) => Err(format!(
-                    "MCP server `{}` did not list its tools: the upstream thread stopped",
-                    names[idx]
-                )),
-            };
+            tokio::time::timeout(start_timeout, listed)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(CallError::NotSent(format!(
+                        "MCP server `{}` did not start and list its tools within {} s (start_timeout_ms)",
+                        server.spec.name,
+                        start_timeout.as_secs_f64()
+                    )))
+                })
+        });
+        match answer.await {
+            Ok(Ok(tools)) => Ok(tools),
+            Ok(Err(
+                CallError::NotSent(message)
+                | CallError::Refused(message)
+                | CallError::Lost(message),
+            )) => Err(message),
+            Err(_) => Err(format!(
+                "MCP server `{name}` did not list its tools: the upstream thread stopped"
+            )),
         }
-        results
     }
 
     /// Calls `tool` of server `name` with `args`.

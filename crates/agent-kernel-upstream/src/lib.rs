@@ -6,7 +6,8 @@
 //!   compensation argument mappings included ([`Mapping`], RFC 9535 JSONPath through
 //!   `serde_json_path`).
 //! - [`Hub`] owns the connections (rmcp's client over stdio) on a thread of its own: a
-//!   server is started when first needed, with a cleared environment (plus the listed
+//!   server is started only when a step, a compensation or a listing first needs one of its
+//!   tools, with a cleared environment (plus the listed
 //!   variables, `PATH` and `HOME`), its stderr in the kernel's log, and restarted for the
 //!   next call after it died, within [`SERVER_STARTS_MAX`].
 //! - [`UpstreamTool`] is one upstream tool: its own input schema, the classes its
@@ -14,8 +15,9 @@
 //!   annotations are trusted and say read-only), and its compensation, another tool of the
 //!   same server called with arguments mapped from the step's arguments and output.
 //!
-//! [`upstream_tools`] does all three for a tools file, [`upstream_tools_of`] for its text
-//! read once with its command tools.
+//! [`upstream_sources`] does all three for a tools file, [`upstream_sources_of`] for its
+//! text read once with its command tools: one [`UpstreamSource`] per server, which a
+//! dispatcher asks for its tools the first time one of them is needed.
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
@@ -24,8 +26,10 @@ mod hub;
 mod mapping;
 mod tool;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use agent_kernel_api::{BoxFuture, DynTool, SourcedTool, ToolSource};
 
 pub use config::{
     Compensation, SERVER_START_TIMEOUT_MS_MAX, SERVERS_FILE_BYTES_MAX, ServerSpec,
@@ -39,100 +43,93 @@ pub use tool::UpstreamTool;
 /// (a runaway list would otherwise fill the kernel's registry).
 pub const UPSTREAM_TOOLS_PER_SERVER_MAX: usize = 1_024;
 
-/// What the upstream servers of a tools file offer: the tools of those that started and
-/// listed tools that can be used, and the servers that are unavailable, with why.
+/// One upstream server as a source of kernel tools: asked for its tools (which starts it)
+/// only the first time a step, a compensation or a listing needs one of them.
 ///
-/// A server that cannot be used makes only its own tools unavailable: never the built-in
-/// tools, the command tools or another server's.
-#[derive(Debug, Default)]
-pub struct UpstreamTools {
-    /// Each offered tool, with the timeout it declares.
-    pub tools: Vec<(UpstreamTool, Option<u64>)>,
-    /// The servers none of whose tools are offered, each with the reason.
-    pub unavailable: Vec<Unavailable>,
+/// A server that cannot be used (it does not start, hangs past its `start_timeout_ms`,
+/// lists too many tools, or lacks a tool its declarations compensate with) makes only its
+/// own tools unavailable: never the built-in tools, the command tools or another server's.
+#[derive(Debug)]
+pub struct UpstreamSource {
+    spec: ServerSpec,
+    path: PathBuf,
+    hub: Arc<Hub>,
+    output_bytes_max: u64,
 }
 
-/// An upstream server whose tools are not offered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unavailable {
-    /// The server's name in the tools file.
-    pub server: String,
-    /// Why: it did not start, did not answer in time, listed too many tools, or does not
-    /// list a tool its declarations compensate with.
-    pub reason: String,
+impl ToolSource for UpstreamSource {
+    fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    fn load(&self) -> BoxFuture<'_, Result<Vec<SourcedTool>, String>> {
+        Box::pin(async move {
+            let listed = self.hub.list_tools(&self.spec.name).await?;
+            let listed = usable(&self.path, &self.spec, listed)?;
+            Ok(listed
+                .iter()
+                .map(|tool| {
+                    let upstream = UpstreamTool::new(
+                        &self.spec,
+                        tool,
+                        Arc::clone(&self.hub),
+                        self.output_bytes_max,
+                    );
+                    let timeout_ms = upstream.timeout_ms(&self.spec);
+                    (Arc::new(upstream) as Arc<dyn DynTool>, timeout_ms)
+                })
+                .collect())
+        })
+    }
 }
 
-/// The upstream tools of the tools file at `path`, their outputs bounded by
-/// `output_bytes_max`: the servers are started and asked for their tools, all at once
-/// (blocking the calling thread), and the offered ones (`tools` globs) made kernel tools, each server waited for at most its
-/// `start_timeout_ms` (default [`SERVER_START_TIMEOUT`]).
+/// The upstream servers of the tools file at `path` as tool sources, their tools' outputs
+/// bounded by `output_bytes_max`. No server is started here.
 ///
 /// # Errors
 ///
-/// A message naming the file and the line when the file cannot be read or parsed; a server
-/// that cannot be used is no error, but [`UpstreamTools::unavailable`].
-pub fn upstream_tools(path: &Path, output_bytes_max: u64) -> Result<UpstreamTools, String> {
+/// A message naming the file and the line when the file cannot be read or parsed, or when
+/// the thread that owns the connections cannot be started.
+pub fn upstream_sources(path: &Path, output_bytes_max: u64) -> Result<Vec<UpstreamSource>, String> {
     let specs = load_servers(path).map_err(|error| error.to_string())?;
-    Ok(tools_of(path, specs, output_bytes_max))
+    sources_of(path, specs, output_bytes_max)
 }
 
-/// The upstream tools `text`, the content of the tools file at `path`, declares, as
-/// [`upstream_tools`] makes them: for a caller that read the file once for its command
+/// The upstream servers `text`, the content of the tools file at `path`, declares, as
+/// [`upstream_sources`] makes them: for a caller that read the file once for its command
 /// tools too.
 ///
 /// # Errors
 ///
-/// As [`upstream_tools`].
-pub fn upstream_tools_of(
+/// As [`upstream_sources`].
+pub fn upstream_sources_of(
     path: &Path,
     text: &str,
     output_bytes_max: u64,
-) -> Result<UpstreamTools, String> {
+) -> Result<Vec<UpstreamSource>, String> {
     let specs = parse_servers(path, text).map_err(|error| error.to_string())?;
-    Ok(tools_of(path, specs, output_bytes_max))
+    sources_of(path, specs, output_bytes_max)
 }
 
-/// The offered tools of the servers `specs` of the tools file at `path`.
-fn tools_of(path: &Path, specs: Vec<ServerSpec>, output_bytes_max: u64) -> UpstreamTools {
-    let mut offered = UpstreamTools::default();
+/// The sources of the servers `specs` of the tools file at `path`, sharing one [`Hub`].
+fn sources_of(
+    path: &Path,
+    specs: Vec<ServerSpec>,
+    output_bytes_max: u64,
+) -> Result<Vec<UpstreamSource>, String> {
     if specs.is_empty() {
-        return offered;
+        return Ok(Vec::new());
     }
-    let hub = match Hub::new(specs.clone()) {
-        Ok(hub) => Arc::new(hub),
-        Err(reason) => {
-            offered.unavailable = specs
-                .iter()
-                .map(|spec| Unavailable {
-                    server: spec.name.clone(),
-                    reason: reason.clone(),
-                })
-                .collect();
-            return offered;
-        }
-    };
-    let names: Vec<String> = specs.iter().map(|spec| spec.name.clone()).collect();
-    let listed = hub.list_all_tools_blocking(&names);
-    for (spec, listed) in specs.iter().zip(listed) {
-        match listed.and_then(|listed| usable(path, spec, listed)) {
-            Ok(listed) => {
-                for tool in listed {
-                    let upstream =
-                        UpstreamTool::new(spec, &tool, Arc::clone(&hub), output_bytes_max);
-                    let timeout_ms = upstream.timeout_ms(spec);
-                    offered.tools.push((upstream, timeout_ms));
-                }
-            }
-            Err(reason) => {
-                tracing::warn!(server = %spec.name, %reason, "upstream MCP server unavailable: its tools are not offered");
-                offered.unavailable.push(Unavailable {
-                    server: spec.name.clone(),
-                    reason,
-                });
-            }
-        }
-    }
-    offered
+    let hub = Arc::new(Hub::new(specs.clone())?);
+    Ok(specs
+        .into_iter()
+        .map(|spec| UpstreamSource {
+            spec,
+            path: path.to_path_buf(),
+            hub: Arc::clone(&hub),
+            output_bytes_max,
+        })
+        .collect())
 }
 
 /// The offered tools of what `spec`'s server listed, or why none of its tools can be used.

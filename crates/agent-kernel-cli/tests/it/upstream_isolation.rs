@@ -13,13 +13,15 @@ use serde_json::{Value, json};
 
 use crate::{Project, describe};
 
-/// A minimal MCP server over stdio (JSON-RPC lines), by mode: `good` lists `put` and `del`
-/// and logs every call to `ws/upstream.log`; `hang` never answers `initialize`; `exit`
+/// A minimal MCP server over stdio (JSON-RPC lines), by mode, that notes each start in
+/// `ws/starts.log`: `good` lists `put` and `del` and logs every call to `ws/upstream.log`; `hang` never answers `initialize`; `exit`
 /// exits at once; `many` lists 2,000 tools; `collide` also lists `write`; `badschema` also
 /// lists a tool whose input schema is not a JSON Schema.
 const FAKE_SERVER_PY: &str = r#"
 import json, sys, time
 mode = sys.argv[1]
+with open("ws/starts.log", "a") as starts:
+    starts.write(mode + "\n")
 if mode == "exit":
     sys.exit(1)
 def send(message):
@@ -84,6 +86,14 @@ fn project(mode: &str) -> Project {
     project
 }
 
+/// How many times an upstream server was started.
+fn starts(project: &Project) -> usize {
+    fs::read_to_string(project.path("ws/starts.log"))
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
 fn upstream_log(project: &Project) -> String {
     fs::read_to_string(project.path("ws/upstream.log")).unwrap_or_default()
 }
@@ -103,29 +113,39 @@ fn dead_saga(project: &Project, name: &str, plan: &Value, landed: impl Fn() -> b
     project.latest_saga().expect("a saga").0
 }
 
+/// A dead saga that wrote `content` to `ws/a.txt`.
+fn dead_file_saga(project: &Project, content: &str) -> String {
+    dead_saga(
+        project,
+        &format!("{content}.json"),
+        &json!({"steps": [
+            {"tool": "fs.write", "args": {"path": "ws/a.txt", "content": content}},
+            {"tool": "noop", "args": {"sleep_ms": 20_000}},
+        ]}),
+        || fs::read_to_string(project.path("ws/a.txt")).is_ok_and(|now| now == content),
+    )
+}
+
+/// A dead saga that called `memo.put` with the key `k1`.
+fn dead_upstream_saga(project: &Project) -> String {
+    dead_saga(
+        project,
+        "upstream.json",
+        &json!({"steps": [
+            {"tool": "memo.put", "args": {"key": "k1"}},
+            {"tool": "noop", "args": {"sleep_ms": 20_000}},
+        ]}),
+        || upstream_log(project).contains("put"),
+    )
+}
+
 #[test]
 fn a_broken_upstream_server_leaves_only_its_own_sagas_to_an_operator() {
     for broken in ["hang", "exit", "many"] {
         let project = project("good");
         fs::write(project.path("ws/a.txt"), "before").expect("writes");
-        let upstream = dead_saga(
-            &project,
-            "upstream.json",
-            &json!({"steps": [
-                {"tool": "memo.put", "args": {"key": "k1"}},
-                {"tool": "noop", "args": {"sleep_ms": 20_000}},
-            ]}),
-            || upstream_log(&project).contains("put"),
-        );
-        let files = dead_saga(
-            &project,
-            "files.json",
-            &json!({"steps": [
-                {"tool": "fs.write", "args": {"path": "ws/a.txt", "content": "after"}},
-                {"tool": "noop", "args": {"sleep_ms": 20_000}},
-            ]}),
-            || fs::read_to_string(project.path("ws/a.txt")).is_ok_and(|now| now == "after"),
-        );
+        let upstream = dead_upstream_saga(&project);
+        let files = dead_file_saga(&project, "after");
         // The server breaks before anyone recovers.
         fs::write(
             project.path("tools.toml"),
@@ -161,6 +181,7 @@ fn a_broken_upstream_server_leaves_only_its_own_sagas_to_an_operator() {
             "ok.json",
             &json!({"steps": [{"tool": "fs.write", "args": {"path": "ws/b.txt", "content": "b"}}]}),
         );
+        let started = starts(&project);
         let output = project.run(&["run", "--plan", plan.to_str().expect("utf8")]);
         assert_eq!(
             output.status.code(),
@@ -168,10 +189,10 @@ fn a_broken_upstream_server_leaves_only_its_own_sagas_to_an_operator() {
             "{broken}: {}",
             describe(&output)
         );
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            stderr.contains("memo"),
-            "{broken}: the server is named: {stderr}"
+        assert_eq!(
+            starts(&project),
+            started,
+            "{broken}: the server was not needed"
         );
 
         // Once the server works again, the letter is retried through it.
@@ -287,4 +308,61 @@ fn a_compensating_tool_the_server_does_not_list_is_named_with_its_line() {
         !listed.to_string().contains("memo.put"),
         "the server's tools are not offered: {listed}"
     );
+}
+
+#[test]
+fn an_upstream_server_starts_only_when_a_step_or_a_compensation_needs_it() {
+    let project = project("good");
+    let plan = project.plan(
+        "files.json",
+        &json!({"steps": [{"tool": "fs.write", "args": {"path": "ws/a.txt", "content": "a"}}]}),
+    );
+    let output = project.run(&["run", "--plan", plan.to_str().expect("utf8")]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    for command in [
+        &["recover"][..],
+        &["approvals"],
+        &["dlq", "list"],
+        &["log"],
+        &["audit", "verify"],
+    ] {
+        let output = project.run(command);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{command:?}: {}",
+            describe(&output)
+        );
+    }
+    assert_eq!(starts(&project), 0, "no command needed the server");
+
+    // A dead saga of file steps alone is settled without it.
+    let files = dead_file_saga(&project, "dead");
+    let (code, report) = project.run_json(&["recover"]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "a"
+    );
+    assert!(report.to_string().contains(&files), "{report}");
+    assert_eq!(
+        starts(&project),
+        0,
+        "recovery of file steps started no server"
+    );
+
+    // A step of the server starts it once; so does its compensation in a later process.
+    let upstream = dead_upstream_saga(&project);
+    assert_eq!(starts(&project), 1);
+    let (code, report) = project.run_json(&["recover"]);
+    assert_eq!(code, 0, "{report}");
+    assert!(report.to_string().contains(&upstream), "{report}");
+    assert!(upstream_log(&project).contains(r#"del {"key": "k1"}"#));
+    assert_eq!(starts(&project), 2, "the compensation started it again");
+
+    // A listing asks every server.
+    let (code, listed) = project.run_json(&["tools"]);
+    assert_eq!(code, 0, "{listed}");
+    assert!(listed.to_string().contains("memo.put"), "{listed}");
+    assert_eq!(starts(&project), 3);
 }

@@ -40,6 +40,7 @@ fn the_tools_file_is_read_once_for_its_command_tools_and_its_servers() {
         let _ = done.send(
             agent_kernel_core::declared_tools(&fifo, &policy, &mut limits).map(|tools| {
                 tools
+                    .required
                     .iter()
                     .map(|tool| tool.id().to_owned())
                     .collect::<Vec<_>>()

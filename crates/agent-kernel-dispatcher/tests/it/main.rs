@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agent_kernel_api::{
-    Durability, EffectClass, SagaId, Settlement, ToolContext, ToolError, ToolOutput,
-    TransactionalTool, Undo,
+    BoxFuture, Durability, DynTool, EffectClass, SagaId, Settlement, SourcedTool, ToolContext,
+    ToolError, ToolOutput, ToolSource, TransactionalTool, Undo,
 };
 use agent_kernel_dispatcher::{DispatchError, Dispatcher, Limits, NoJitter, ToolLimits};
 use serde_json::{Value, json};
@@ -334,4 +334,163 @@ async fn a_panicking_tool_is_contained() {
         .execute(&ctx("work"), &json!({}))
         .await
         .expect("runs");
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_retry_once_the_process_may_no_longer_act() {
+    let work = Work::new("work", true);
+    let dispatcher = dispatcher(Limits::default(), std::slice::from_ref(&work));
+    let asked = AtomicU32::new(0);
+    let may_act = || {
+        asked.fetch_add(1, Ordering::SeqCst);
+        false
+    };
+    let error = dispatcher
+        .execute_while(&ctx("work"), &json!({"fail_retriable_times": 3}), &may_act)
+        .await
+        .expect_err("the first attempt's error");
+    assert!(error.to_string().contains("transient failure 1"), "{error}");
+    assert_eq!(work.attempts.load(Ordering::SeqCst), 1, "no retry ran");
+    assert_eq!(asked.load(Ordering::SeqCst), 1, "asked after the backoff");
+    let compensated = dispatcher
+        .compensate_while(&ctx("work"), &json!({}), &Undo::none(), None, &may_act)
+        .await;
+    assert!(compensated.is_ok(), "a first attempt needs no asking");
+}
+
+/// A source of `Work` tools named `NAME.a` and `NAME.b` (plus, when `stray`, a tool outside
+/// its family), counting how often it is asked; `fail` makes it unavailable.
+struct Family {
+    name: &'static str,
+    tools: Vec<Arc<Work>>,
+    fail: bool,
+    asked: AtomicU32,
+}
+
+impl Family {
+    fn new(name: &'static str, ids: &[&'static str], fail: bool) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            tools: ids.iter().map(|id| Work::new(id, true)).collect(),
+            fail,
+            asked: AtomicU32::new(0),
+        })
+    }
+}
+
+impl ToolSource for Family {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn load(&self) -> BoxFuture<'_, Result<Vec<SourcedTool>, String>> {
+        Box::pin(async move {
+            self.asked.fetch_add(1, Ordering::SeqCst);
+            // Long enough for concurrent callers to meet here.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if self.fail {
+                return Err("it did not start".to_owned());
+            }
+            Ok(self
+                .tools
+                .iter()
+                .map(|tool| (Arc::clone(tool) as Arc<dyn DynTool>, Some(1_234)))
+                .collect())
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_source_is_asked_once_when_one_of_its_tools_is_first_needed() {
+    let local = Work::new("local", true);
+    let memo = Family::new("memo", &["memo.a", "memo.b", "other.c"], false);
+    let broken = Family::new("broken", &["broken.a"], true);
+    let mut dispatcher = dispatcher(Limits::default(), &[local]);
+    dispatcher
+        .add_source(Arc::clone(&memo) as Arc<dyn ToolSource>)
+        .expect("adds");
+    dispatcher
+        .add_source(Arc::clone(&broken) as Arc<dyn ToolSource>)
+        .expect("adds");
+    assert!(matches!(
+        dispatcher.add_source(Arc::clone(&memo) as Arc<dyn ToolSource>),
+        Err(DispatchError::DuplicateTool(_))
+    ));
+    assert_eq!(dispatcher.ids(), ["local"], "nothing asked yet");
+    assert!(dispatcher.knows("memo.zzz") && !dispatcher.knows("nope.a"));
+    dispatcher
+        .execute(&ctx("local"), &json!({}))
+        .await
+        .expect("runs");
+    assert_eq!(memo.asked.load(Ordering::SeqCst), 0);
+    let error = dispatcher
+        .check("memo.a", &json!({}))
+        .expect_err("not asked yet");
+    assert!(error.to_string().contains("has not been asked"), "{error}");
+
+    // Three calls at once: one asking.
+    let (ctx_a, ctx_b, args) = (ctx("memo.a"), ctx("memo.b"), json!({}));
+    let (a, b, c) = tokio::join!(
+        dispatcher.execute(&ctx_a, &args),
+        dispatcher.execute(&ctx_b, &args),
+        dispatcher.execute(&ctx_a, &args),
+    );
+    assert!(a.is_ok() && b.is_ok() && c.is_ok());
+    assert_eq!(memo.asked.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        dispatcher.ids(),
+        ["local", "memo.a", "memo.b"],
+        "other.c is left out"
+    );
+    assert_eq!(
+        dispatcher.timeout_ms_of("memo.a"),
+        1_234,
+        "its declared timeout"
+    );
+    dispatcher.check("memo.a", &json!({})).expect("known now");
+
+    // An unavailable source fails its own tools alone, naming itself, asked once.
+    for _ in 0..2 {
+        let error = dispatcher
+            .execute(&ctx("broken.a"), &json!({}))
+            .await
+            .expect_err("unavailable");
+        assert!(
+            error.to_string().contains("`broken`") && error.to_string().contains("did not start"),
+            "{error}"
+        );
+    }
+    assert_eq!(broken.asked.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        dispatcher.unavailable(),
+        [("broken".to_owned(), "it did not start".to_owned())]
+    );
+    dispatcher.load_all().await;
+    assert_eq!(memo.asked.load(Ordering::SeqCst), 1, "never asked again");
+    let error = dispatcher
+        .execute(&ctx("memo.zzz"), &json!({}))
+        .await
+        .expect_err("unknown");
+    assert!(error.to_string().contains("does not offer it"), "{error}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn load_all_asks_every_source_at_once() {
+    let first = Family::new("first", &["first.a"], false);
+    let second = Family::new("second", &["second.a"], true);
+    let mut dispatcher = dispatcher(Limits::default(), &[]);
+    for source in [&first, &second] {
+        dispatcher
+            .add_source(Arc::clone(source) as Arc<dyn ToolSource>)
+            .expect("adds");
+    }
+    let started = tokio::time::Instant::now();
+    dispatcher.load_all().await;
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(50),
+        "the sources were asked together, not one after the other"
+    );
+    assert_eq!(dispatcher.ids(), ["first.a"]);
+    assert_eq!(dispatcher.unavailable().len(), 1);
 }
