@@ -8,7 +8,9 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use crate::scenario::{Call, Decision, Drive, KillPoint, Kind, Must, Redelivery, Scenario, Setup};
+use crate::scenario::{
+    Call, Decision, Drive, KillPoint, Kind, Must, Redelivery, Scenario, Setup, Writer,
+};
 
 /// The scenarios each kind contributes to the reduced suite (`--quick`).
 pub(crate) const QUICK_PER_KIND: usize = 8;
@@ -44,6 +46,9 @@ pub(crate) fn scenarios(seed: u64, quick: bool) -> Vec<Scenario> {
             Kind::UnknownOutcome => unknown_outcomes(&mut maker),
             Kind::Approval => approvals(&mut maker),
             Kind::Upstream => upstream_failures(&mut maker),
+            Kind::RollbackKill => rollback_kills(&mut maker),
+            Kind::LaterWriter => later_writers(&mut maker),
+            Kind::SlowCommand => slow_commands(&mut maker),
         };
         if quick {
             of_kind.shuffle(&mut maker.rng);
@@ -108,10 +113,19 @@ impl Gen {
 
     /// A new draft with 2 to 4 workspace files and the files outside the workspace.
     fn draft(&mut self) -> Draft {
+        self.draft_with(None)
+    }
+
+    /// A new draft with `n` workspace files and the files outside the workspace.
+    fn draft_of(&mut self, n: usize) -> Draft {
+        self.draft_with(Some(n))
+    }
+
+    fn draft_with(&mut self, files: Option<usize>) -> Draft {
         let tag = format!("{}-{:03}", self.kind, self.next);
         let mut names = NAMES.to_vec();
         names.shuffle(&mut self.rng);
-        let n = self.rng.random_range(2..=4);
+        let n = files.unwrap_or_else(|| self.rng.random_range(2..=4));
         let mut setup = BTreeMap::new();
         let mut existing = Vec::new();
         for name in &names[..n] {
@@ -204,6 +218,8 @@ impl Gen {
             stops_at: None,
             writes: None,
             recovery_writes: None,
+            later_write: None,
+            commands: false,
         }
     }
 }
@@ -416,6 +432,123 @@ fn crashes(maker: &mut Gen) -> Vec<Scenario> {
             );
             let mut scenario = maker.finish(draft, variant, Drive::Crash(point), Must::Unchanged);
             scenario.writes = Some(writes);
+            all.push(scenario);
+        }
+    }
+    all
+}
+
+/// A SIGKILL between two compensations: chains of 2 to 4 mutating calls on the same two
+/// files, the saga's process killed between its last effect and its record, then a first
+/// `recover` killed right before each compensation's outcome is written (its effect made)
+/// and right after each but the last, then `recover` again. The world must be as before.
+fn rollback_kills(maker: &mut Gen) -> Vec<Scenario> {
+    let mut all = Vec::new();
+    for n in 2..=4_u32 {
+        for _ in 0..2 {
+            let mut chain = maker.draft_of(2);
+            maker.mutate(&mut chain, n as usize, Mutations::Files);
+            let first = KillPoint::BeforeWrite(2 * n);
+            let writes = expected_recovery_writes(n);
+            // Write 0 is the operator command, 1 the take-over, 2 + k compensation k's
+            // outcome (the last with the saga's end).
+            let points = (2..writes)
+                .map(KillPoint::BeforeWrite)
+                .chain((2..writes - 1).map(KillPoint::AfterWrite));
+            for recovery in points {
+                let draft = chain.copy_for(maker);
+                let variant = match recovery {
+                    KillPoint::BeforeWrite(w) => format!(
+                        "recover killed after compensation {} of {n} acted, before its outcome ({})",
+                        w - 1,
+                        tools_of(&draft.calls)
+                    ),
+                    KillPoint::AfterWrite(w) => format!(
+                        "recover killed between compensations {} and {} of {n} ({})",
+                        w - 1,
+                        w,
+                        tools_of(&draft.calls)
+                    ),
+                };
+                let drive = Drive::CrashRecovery { first, recovery };
+                let mut scenario = maker.finish(draft, variant, drive, Must::Unchanged);
+                scenario.writes = Some(expected_writes(n));
+                scenario.recovery_writes = Some(writes);
+                all.push(scenario);
+            }
+        }
+    }
+    all
+}
+
+/// A later writer before recovery: chains of 1 to 3 mutating calls whose first writes a
+/// file the others leave alone, the process killed after each step's outcome or between
+/// the second effect and its record; then a person, or a later saga through the kernel,
+/// writes that file before `recover`. What the later writer wrote must stay, and the rest
+/// of the chain must be undone.
+fn later_writers(maker: &mut Gen) -> Vec<Scenario> {
+    let mut all = Vec::new();
+    for n in 1..=3_u32 {
+        for by in [Writer::Person, Writer::Saga] {
+            let mut chain = maker.draft();
+            let target = chain.existing.remove(0);
+            chain.calls.push(Call::new(
+                "fs.write",
+                json!({ "path": target, "content": format!("{} call 0\n", chain.tag) }),
+            ));
+            maker.mutate(&mut chain, n as usize - 1, Mutations::NoDelete);
+            let mut points: Vec<KillPoint> =
+                (1..=n).map(|j| KillPoint::AfterWrite(2 * j)).collect();
+            if n > 1 {
+                points.push(KillPoint::BeforeWrite(4));
+            }
+            for first in points {
+                let draft = chain.copy_for(maker);
+                let content = format!("{}: the later writer's\n", draft.tag);
+                let who = match by {
+                    Writer::Person => "a person",
+                    Writer::Saga => "a later saga",
+                };
+                let variant = format!(
+                    "{}, then {who} writes {target} ({})",
+                    boundary(first, n),
+                    tools_of(&draft.calls)
+                );
+                let drive = Drive::LaterWrite { first, by };
+                let mut scenario = maker.finish(draft, variant, drive, Must::Unchanged);
+                scenario.writes = Some(expected_writes(n));
+                scenario.later_write = Some((target.clone(), content));
+                all.push(scenario);
+            }
+        }
+    }
+    all
+}
+
+/// A slow command tool killed: after 0 to 3 mutating calls, a command tool's program
+/// SIGKILLs the process that ran it and makes its effect (appending a line to a ledger)
+/// [`crate::scenario::SLOW_EFFECT_MS`] later. The world, read once that delay has passed, must be as
+/// before: no effect may land after the chain's rollback.
+fn slow_commands(maker: &mut Gen) -> Vec<Scenario> {
+    let mut all = Vec::new();
+    for n in 0..=3_usize {
+        for _ in 0..2 {
+            let mut draft = maker.draft();
+            draft.setup.insert(
+                "ws/ledger.txt".to_owned(),
+                Setup::File(format!("ledger ({})\n", draft.tag).into_bytes()),
+            );
+            maker.mutate(&mut draft, n, Mutations::Files);
+            draft.calls.push(Call::new(
+                "drill.slow_append",
+                json!({ "path": "ws/ledger.txt", "line": format!("{} entry", draft.tag), "die": true }),
+            ));
+            let variant = format!(
+                "the process killed by the slow command's program after {n} mutating calls ({})",
+                tools_of(&draft.calls)
+            );
+            let mut scenario = maker.finish(draft, variant, Drive::SlowCommand, Must::Unchanged);
+            scenario.commands = true;
             all.push(scenario);
         }
     }

@@ -21,6 +21,8 @@ pub(crate) struct Tally {
     pub(crate) attacks_accepted: usize,
     /// Effects that happened more than once, summed.
     pub(crate) duplicate_effects: u32,
+    /// Later writers' changes lost, summed.
+    pub(crate) lost_updates: u32,
     /// Scenarios the kernel left for an operator.
     pub(crate) operator_attention: usize,
     /// Median step latency, in milliseconds.
@@ -41,6 +43,7 @@ impl Tally {
             tally.corrupt += usize::from(side.corrupt);
             tally.attacks_accepted += usize::from(side.attack_accepted);
             tally.duplicate_effects += side.duplicate_effects;
+            tally.lost_updates += side.lost_updates;
             tally.operator_attention += usize::from(side.operator_attention);
             latencies.extend_from_slice(&side.run.latencies_us);
         }
@@ -64,6 +67,7 @@ impl Tally {
         self.corrupt == 0
             && self.attacks_accepted == 0
             && self.duplicate_effects == 0
+            && self.lost_updates == 0
             && self.successes == self.scenarios
     }
 }
@@ -124,11 +128,11 @@ pub(crate) fn markdown(rows: &[Row], header: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "| kind | scenarios | success | residual corruption | accepted attacks | duplicate effects | left for an operator | p50 step (ms) | p99 step (ms) |"
+        "| kind | scenarios | success | residual corruption | accepted attacks | duplicate effects | lost updates | left for an operator | p50 step (ms) | p99 step (ms) |"
     );
     let _ = writeln!(
         out,
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for row in rows {
         let (k, b) = (&row.kernel, &row.baseline);
@@ -139,7 +143,7 @@ pub(crate) fn markdown(rows: &[Row], header: &str) -> String {
         };
         let _ = writeln!(
             out,
-            "| {kind} | {} | **{:.0}%** / {:.0}% | **{}** / {} | **{}** / {} | **{}** / {} | **{}** / {} | **{}** / {} | **{}** / {} |",
+            "| {kind} | {} | **{:.0}%** / {:.0}% | **{}** / {} | **{}** / {} | **{}** / {} | **{}** / {} | **{}** / {} | **{}** / {} | **{}** / {} |",
             k.scenarios,
             k.success_rate(),
             b.success_rate(),
@@ -149,6 +153,8 @@ pub(crate) fn markdown(rows: &[Row], header: &str) -> String {
             b.attacks_accepted,
             k.duplicate_effects,
             b.duplicate_effects,
+            k.lost_updates,
+            b.lost_updates,
             k.operator_attention,
             b.operator_attention,
             ms(k.p50_step_ms),

@@ -6,13 +6,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::scenario::{Call, Decision, Drive, KillPoint, Must, Redelivery, Scenario, Setup};
+use crate::scenario::{
+    Call, Decision, Drive, KillPoint, Must, Redelivery, SLOW_EFFECT_MS, Scenario, Setup, Writer,
+};
 use crate::sides::{
     DB, Env, OnRefused, Operator, Run, Side, baseline_chain, build_kernel, cli, configure,
     kernel_chain, resolve,
@@ -35,6 +37,9 @@ pub(crate) struct SideResult {
     pub(crate) attack_accepted: bool,
     /// Appends that took effect more than once.
     pub(crate) duplicate_effects: u32,
+    /// A later writer's change that was lost (undone by a rollback).
+    #[serde(default)]
+    pub(crate) lost_updates: u32,
     /// The kernel left a step for an operator (`FailedRollbackPartial`).
     pub(crate) operator_attention: bool,
     /// What happened.
@@ -60,7 +65,8 @@ pub(crate) struct ChildSpec {
     side: Side,
     root: PathBuf,
     name: String,
-    upstream: bool,
+    /// Whether the kernel reads the side's `tools.toml`.
+    tools_file: bool,
     calls: Vec<Call>,
     point: Option<KillPoint>,
     kill_after: Option<u32>,
@@ -88,10 +94,10 @@ pub(crate) fn child(spec_path: &Path) -> Result<()> {
     let kernel = match spec.side {
         Side::Kernel => build_kernel(
             &spec.root,
-            spec.upstream,
+            spec.tools_file,
             Some((spec.point, Arc::clone(&writes))),
         )?,
-        Side::Baseline => build_kernel(&spec.root, spec.upstream, None)?,
+        Side::Baseline => build_kernel(&spec.root, spec.tools_file, None)?,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -227,7 +233,7 @@ impl Runner {
         let name = scenario.id.as_str();
         match &scenario.drive {
             Drive::Chain | Drive::Timeout { .. } => {
-                let kernel = kernel_at(root, scenario.upstream).await?;
+                let kernel = kernel_at(root, scenario.tools_file()).await?;
                 kernel_chain(&kernel, name, calls, OnRefused::Abort, None, run).await?;
             }
             Drive::Crash(point) => {
@@ -243,20 +249,34 @@ impl Runner {
                 self.kill_recovery(scenario, root, *recovery, run).await?;
                 self.recover(root, run).await?;
             }
+            Drive::LaterWrite { first, by } => {
+                self.calibrate(scenario, root, Side::Kernel, run).await?;
+                self.kill(scenario, root, calls, Side::Kernel, *first, run)
+                    .await?;
+                self.later_write(scenario, root, Some(*by), run).await?;
+                self.recover(root, run).await?;
+            }
+            Drive::SlowCommand => {
+                let killed = self
+                    .killed_by_its_tool(scenario, root, calls, Side::Kernel, run)
+                    .await?;
+                self.recover(root, run).await?;
+                wait_past_slow_effect(killed).await;
+            }
             Drive::Twice(redelivery) => {
                 let again = format!("{name}-again");
                 match redelivery {
                     Redelivery::Sequential => {
-                        let kernel = kernel_at(root, scenario.upstream).await?;
+                        let kernel = kernel_at(root, scenario.tools_file()).await?;
                         kernel_chain(&kernel, name, calls, OnRefused::Abort, None, run).await?;
                         kernel_chain(&kernel, &again, calls, OnRefused::Abort, None, run).await?;
                     }
                     Redelivery::Retry => {
-                        let kernel = kernel_at(root, scenario.upstream).await?;
+                        let kernel = kernel_at(root, scenario.tools_file()).await?;
                         kernel_chain(&kernel, name, calls, OnRefused::GoOn, None, run).await?;
                     }
                     Redelivery::Concurrent => {
-                        let kernel = kernel_at(root, scenario.upstream).await?;
+                        let kernel = kernel_at(root, scenario.tools_file()).await?;
                         let (mut first, mut second) = (Run::default(), Run::default());
                         let (a, b) = tokio::join!(
                             kernel_chain(&kernel, name, calls, OnRefused::Abort, None, &mut first),
@@ -278,13 +298,13 @@ impl Runner {
                         self.kill(scenario, root, calls, Side::Kernel, *point, run)
                             .await?;
                         self.recover(root, run).await?;
-                        let kernel = kernel_at(root, scenario.upstream).await?;
+                        let kernel = kernel_at(root, scenario.tools_file()).await?;
                         kernel_chain(&kernel, &again, calls, OnRefused::Abort, None, run).await?;
                     }
                 }
             }
             Drive::Approval { decision, .. } => {
-                let kernel = kernel_at(root, scenario.upstream).await?;
+                let kernel = kernel_at(root, scenario.tools_file()).await?;
                 let operator = Operator {
                     root: root.to_path_buf(),
                     bin: self.env.bin.clone(),
@@ -309,15 +329,17 @@ impl Runner {
         let n = u32::try_from(calls.len())?;
         match &scenario.drive {
             Drive::Chain | Drive::Approval { .. } => {
-                let tools = kernel_at(root, scenario.upstream).await?;
+                let tools = kernel_at(root, scenario.tools_file()).await?;
                 baseline_chain(&tools, &name, calls, None, None, run).await?;
             }
             Drive::Timeout { timeout_ms, .. } => {
-                let tools = kernel_at(root, scenario.upstream).await?;
+                let tools = kernel_at(root, scenario.tools_file()).await?;
                 let timeout = Some(Duration::from_millis(*timeout_ms));
                 baseline_chain(&tools, &name, calls, timeout, None, run).await?;
             }
-            Drive::Crash(point) | Drive::CrashRecovery { first: point, .. } => {
+            Drive::Crash(point)
+            | Drive::CrashRecovery { first: point, .. }
+            | Drive::LaterWrite { first: point, .. } => {
                 self.calibrate(scenario, root, Side::Baseline, run).await?;
                 self.kill(scenario, root, calls, Side::Baseline, *point, run)
                     .await?;
@@ -325,13 +347,21 @@ impl Runner {
                     "killed after {} of {n} calls; nothing recovers",
                     point.effects_done(n)
                 ));
+                self.later_write(scenario, root, None, run).await?;
+            }
+            Drive::SlowCommand => {
+                let killed = self
+                    .killed_by_its_tool(scenario, root, calls, Side::Baseline, run)
+                    .await?;
+                run.note("killed by the slow command's program; nothing recovers");
+                wait_past_slow_effect(killed).await;
             }
             Drive::Twice(redelivery) => {
                 if let Redelivery::AfterCrash(point) = redelivery {
                     self.kill(scenario, root, calls, Side::Baseline, *point, run)
                         .await?;
                 }
-                let tools = kernel_at(root, scenario.upstream).await?;
+                let tools = kernel_at(root, scenario.tools_file()).await?;
                 match redelivery {
                     Redelivery::Sequential => {
                         baseline_chain(&tools, &name, calls, None, None, run).await?;
@@ -377,7 +407,7 @@ impl Runner {
             side,
             root: folder.clone(),
             name: scenario.id.clone(),
-            upstream: scenario.upstream,
+            tools_file: scenario.tools_file(),
             calls,
             point: None,
             kill_after: None,
@@ -419,7 +449,7 @@ impl Runner {
             side,
             root: root.to_path_buf(),
             name: scenario.id.clone(),
-            upstream: scenario.upstream,
+            tools_file: scenario.tools_file(),
             calls: calls.to_vec(),
             point: (side == Side::Kernel).then_some(point),
             kill_after: (side == Side::Baseline).then(|| point.effects_done(n)),
@@ -501,7 +531,7 @@ impl Runner {
             side: Side::Kernel,
             root: root.to_path_buf(),
             name: scenario.id.clone(),
-            upstream: scenario.upstream,
+            tools_file: scenario.tools_file(),
             calls: Vec::new(),
             point,
             kill_after: None,
@@ -559,6 +589,72 @@ impl Runner {
         )?))
     }
 
+    /// The scenario's later write, if it has one: by `by` on the kernel's side (a person
+    /// writes the file; a later saga runs `agent-kernel run` on a plan that writes it), and
+    /// directly on the baseline's (`None`), which has no kernel.
+    async fn later_write(
+        &self,
+        scenario: &Scenario,
+        root: &Path,
+        by: Option<Writer>,
+        run: &mut Run,
+    ) -> Result<()> {
+        let Some((path, content)) = &scenario.later_write else {
+            return Ok(());
+        };
+        if by == Some(Writer::Saga) {
+            let plan = json!({"name": "later", "steps": [
+                {"tool": "fs.write", "args": {"path": path, "content": content}},
+            ]});
+            std::fs::write(root.join("state/later.json"), serde_json::to_vec(&plan)?)?;
+            let code = cli(&self.env.bin, root, &["run", "--plan", "state/later.json"]).await?;
+            run.note(format!(
+                "a later saga wrote {path}: agent-kernel run exited {code}"
+            ));
+            if code != 0 {
+                run.broken
+                    .push(format!("the later saga's agent-kernel run exited {code}"));
+            }
+        } else {
+            std::fs::write(root.join(path), content)?;
+            run.note(format!("{path} written by a later writer"));
+        }
+        Ok(())
+    }
+
+    /// Runs the calls in a child process that the slow command tool's program SIGKILLs;
+    /// answers when it died.
+    async fn killed_by_its_tool(
+        &self,
+        scenario: &Scenario,
+        root: &Path,
+        calls: &[Call],
+        side: Side,
+        run: &mut Run,
+    ) -> Result<Instant> {
+        let spec = ChildSpec {
+            side,
+            root: root.to_path_buf(),
+            name: scenario.id.clone(),
+            tools_file: scenario.tools_file(),
+            calls: calls.to_vec(),
+            point: None,
+            kill_after: None,
+            recover: false,
+        };
+        match self.spawn(root, &spec).await? {
+            None => {
+                run.note("SIGKILLed by the slow command's program");
+                Ok(Instant::now())
+            }
+            Some(report) => bail!(
+                "{}: the slow command's program was to kill the child, which finished: {:?}",
+                scenario.id,
+                report.run
+            ),
+        }
+    }
+
     /// `agent-kernel recover`, as an operator runs it after a crash.
     async fn recover(&self, root: &Path, run: &mut Run) -> Result<()> {
         let code = cli(&self.env.bin, root, &["recover"]).await?;
@@ -599,10 +695,20 @@ impl Runner {
     }
 }
 
+/// Waits until the slow command's program, started right before `killed`, would have made
+/// its effect (and a little more): what is read after is what stays.
+async fn wait_past_slow_effect(killed: Instant) {
+    let past = killed + Duration::from_millis(SLOW_EFFECT_MS + SLOW_EFFECT_MARGIN_MS);
+    tokio::time::sleep_until(past.into()).await;
+}
+
+/// How long past [`SLOW_EFFECT_MS`] the world is read, for a loaded machine's scheduling.
+const SLOW_EFFECT_MARGIN_MS: u64 = 400;
+
 /// A kernel (or, for the baseline, the tools) for a side's folder, built off the runtime.
-async fn kernel_at(root: &Path, upstream: bool) -> Result<Arc<agent_kernel_core::Kernel>> {
+async fn kernel_at(root: &Path, tools_file: bool) -> Result<Arc<agent_kernel_core::Kernel>> {
     let root = root.to_path_buf();
-    tokio::task::spawn_blocking(move || build_kernel(&root, upstream, None)).await?
+    tokio::task::spawn_blocking(move || build_kernel(&root, tools_file, None)).await?
 }
 
 fn merge(into: &mut Run, from: Run) {
@@ -667,6 +773,14 @@ fn judge(scenario: &Scenario, side: Side, world: &World, run: Run, hits: u64) ->
         }
     }
     let duplicate_effects = duplicates(scenario, world);
+    let lost_updates = u32::from(
+        scenario
+            .later_write
+            .as_ref()
+            .is_some_and(|(path, content)| {
+                world.get(path) != Some(&Setup::File(content.clone().into_bytes()))
+            }),
+    );
     let done = run.states.iter().any(|state| state == "Done");
     let required = match scenario.must {
         Must::Unchanged => &before,
@@ -685,12 +799,14 @@ fn judge(scenario: &Scenario, side: Side, world: &World, run: Run, hits: u64) ->
     let success = wrong_paths.is_empty()
         && !attack_accepted
         && duplicate_effects == 0
+        && lost_updates == 0
         && run.broken.is_empty();
     SideResult {
         success,
         corrupt,
         attack_accepted,
         duplicate_effects,
+        lost_updates,
         operator_attention: run
             .states
             .iter()

@@ -25,11 +25,19 @@ pub(crate) enum Kind {
     Approval,
     /// An upstream MCP server fails.
     Upstream,
+    /// The process is SIGKILLed during a rollback, between two compensations of steps on
+    /// the same files, then `recover` is SIGKILLed between two of its own.
+    RollbackKill,
+    /// The process is SIGKILLed, then a later writer changes a file the chain wrote
+    /// before anyone recovers: what it wrote must stay.
+    LaterWriter,
+    /// A command tool's program outlives the process that ran it, and would act late.
+    SlowCommand,
 }
 
 impl Kind {
     /// Every kind, in the order of the tables.
-    pub(crate) const ALL: [Kind; 7] = [
+    pub(crate) const ALL: [Kind; 10] = [
         Kind::ToolFailure,
         Kind::Crash,
         Kind::Injection,
@@ -37,6 +45,9 @@ impl Kind {
         Kind::UnknownOutcome,
         Kind::Approval,
         Kind::Upstream,
+        Kind::RollbackKill,
+        Kind::LaterWriter,
+        Kind::SlowCommand,
     ];
 
     /// The name in ids, JSON and tables.
@@ -49,6 +60,9 @@ impl Kind {
             Kind::UnknownOutcome => "unknown_outcome",
             Kind::Approval => "approval",
             Kind::Upstream => "upstream",
+            Kind::RollbackKill => "rollback_kill",
+            Kind::LaterWriter => "later_writer",
+            Kind::SlowCommand => "slow_command",
         }
     }
 }
@@ -158,6 +172,17 @@ pub(crate) enum Redelivery {
     AfterCrash(KillPoint),
 }
 
+/// Who changes a file after the chain's process died and before anyone recovers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Writer {
+    /// A person (or another program) writes the file directly.
+    Person,
+    /// A later saga writes it through the kernel (`agent-kernel run`) and is `Done`; the
+    /// baseline, which has no kernel, writes it directly.
+    Saga,
+}
+
 /// How the calls are driven.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) enum Drive {
@@ -181,6 +206,18 @@ pub(crate) enum Drive {
         /// Where the first recovery's process dies.
         recovery: KillPoint,
     },
+    /// As `Crash(first)`; then the scenario's `later_write` is made by `by` before
+    /// `recover` (the kernel) or nothing (the baseline).
+    LaterWrite {
+        /// Where the saga's process dies.
+        first: KillPoint,
+        /// Who writes.
+        by: Writer,
+    },
+    /// In a child process that a command tool's program SIGKILLs as it starts, before it
+    /// makes its effect late ([`SLOW_EFFECT_MS`] after it started); for the kernel,
+    /// `recover` runs after. The world is read once that delay has passed.
+    SlowCommand,
     /// Delivered twice.
     Twice(Redelivery),
     /// The call at this index needs an approval, answered so.
@@ -191,6 +228,9 @@ pub(crate) enum Drive {
         decision: Decision,
     },
 }
+
+/// How long the slow command tool's program waits before it makes its effect.
+pub(crate) const SLOW_EFFECT_MS: u64 = 600;
 
 /// What the world must be at the end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -242,6 +282,20 @@ pub(crate) struct Scenario {
     pub(crate) writes: Option<u32>,
     /// For a crash of a recovery: the log writes that recovery makes without a kill.
     pub(crate) recovery_writes: Option<u32>,
+    /// A later writer's change (path, content), made after the chain's process died: the
+    /// world must keep it, whatever the chain needs undone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) later_write: Option<(String, String)>,
+    /// Whether the scenario's command tools are declared in `tools.toml`.
+    #[serde(default)]
+    pub(crate) commands: bool,
+}
+
+impl Scenario {
+    /// Whether the side's kernel reads `tools.toml` (an upstream server, or command tools).
+    pub(crate) fn tools_file(&self) -> bool {
+        self.upstream || self.commands
+    }
 }
 
 /// File bytes in JSON: a string when they are UTF-8 (every file the scenarios write), else

@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::http::Servers;
 use crate::kill_switch::{KillSwitch, die};
-use crate::scenario::{Call, Decision, KillPoint, Scenario};
+use crate::scenario::{Call, Decision, KillPoint, SLOW_EFFECT_MS, Scenario};
 
 /// The kernel's log, relative to a side's folder.
 pub(crate) const DB: &str = "state/kernel.db";
@@ -118,8 +118,47 @@ execute = ["sh", "-c", "kill -9 $PPID"]
 "#,
         )?;
     }
+    if scenario.commands {
+        std::fs::write(root.join("tools.toml"), SLOW_TOOLS)?;
+        std::fs::write(
+            root.join("slow_append.sh"),
+            SLOW_APPEND_SH.replace("@DELAY@", &format!("{:.3}", SLOW_EFFECT_MS as f64 / 1000.0)),
+        )?;
+    }
     Ok(())
 }
+
+/// The command tool of a slow-command scenario.
+const SLOW_TOOLS: &str = r#"[tools."drill.slow_append"]
+description = "Appends a line to a file some time after it starts; with die, first SIGKILLs the process that ran it"
+effect = "mutating"
+settlement = "compensate"
+execute = ["sh", "slow_append.sh", "execute"]
+compensate = ["sh", "slow_append.sh", "compensate"]
+args_schema = { type = "object", required = ["path", "line"], properties = { path = { type = "string" }, line = { type = "string" }, die = { type = "boolean" } } }
+"#;
+
+/// Its program: `execute` (SIGKILLs its parent first when `die` is set) waits, then appends
+/// the line; `compensate` removes the line wherever it is (nothing when it is not there).
+/// Arguments are read from the JSON on stdin with `sed`: the scenarios' paths and lines
+/// hold no quotes.
+const SLOW_APPEND_SH: &str = r#"input=$(cat)
+field() { printf '%s' "$input" | sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p"; }
+path=$(field path)
+line=$(field line)
+case "$1" in
+execute)
+    case "$input" in *'"die":true'*) kill -9 "$PPID" ;; esac
+    sleep @DELAY@
+    printf '%s\n' "$line" >> "$path"
+    ;;
+compensate)
+    [ -f "$path" ] || exit 0
+    { grep -vxF "$line" "$path" || true; } > "$path.undo"
+    mv "$path.undo" "$path"
+    ;;
+esac
+"#;
 
 /// The calls with `@ROOT@`, `@ALLOWED@` and `@INTERNAL@` replaced in every string.
 pub(crate) fn resolve(calls: &[Call], root: &Path, servers: &Servers) -> Vec<Call> {
@@ -148,7 +187,7 @@ pub(crate) fn resolve(calls: &[Call], root: &Path, servers: &Servers) -> Vec<Cal
 }
 
 /// The kernel of a side's folder: its log, its `sandbox.toml`, the built-in table, the
-/// built-in and drill tools (and the upstream server's, for an upstream scenario), the log
+/// built-in and drill tools (and those of `tools.toml` when `tools_file`), the log
 /// observed by a [`KillSwitch`] when `kill` is given.
 ///
 /// # Errors
@@ -156,7 +195,7 @@ pub(crate) fn resolve(calls: &[Call], root: &Path, servers: &Servers) -> Vec<Cal
 /// When the kernel cannot be built.
 pub(crate) fn build_kernel(
     root: &Path,
-    upstream: bool,
+    tools_file: bool,
     kill: Option<(Option<KillPoint>, Arc<AtomicU32>)>,
 ) -> Result<Arc<Kernel>> {
     let mut builder = KernelBuilder::new()
@@ -165,7 +204,7 @@ pub(crate) fn build_kernel(
         .fsm(Guardrail::builtin())
         .with_drill_tools()
         .cwd(root);
-    builder = if upstream {
+    builder = if tools_file {
         builder.tools_file(root.join("tools.toml"))
     } else {
         builder.without_tools_file()
@@ -370,13 +409,16 @@ pub(crate) async fn baseline_chain(
     kill_after: Option<u32>,
     run: &mut Run,
 ) -> Result<()> {
+    // The tools of an upstream server exist once it has been asked for them.
+    kernel.load_all_tools().await;
     for (index, call) in calls.iter().enumerate() {
         if kill_after == Some(u32::try_from(index)?) {
             die();
         }
+        // A baseline without the tool would change nothing and pass for it: a fault of the
+        // suite, never a result.
         let Some(tool) = kernel.tool(&call.tool) else {
-            run.note(format!("call {index}: no tool {}", call.tool));
-            return Ok(());
+            bail!("call {index}: the baseline has no tool {}", call.tool);
         };
         let ctx = ToolContext {
             saga_id: SagaId::new(name),

@@ -81,9 +81,10 @@ fn walk(root: &Path, dir: &Path, world: &mut World) -> Result<()> {
     Ok(())
 }
 
-/// The world before the scenario: its setup, restricted to the watched folders.
+/// The world before the scenario: its setup, restricted to the watched folders, with a
+/// later writer's change, if the scenario has one (the world that no chain touched).
 pub(crate) fn initial(scenario: &Scenario) -> World {
-    scenario
+    let mut world: World = scenario
         .setup
         .iter()
         .filter(|(path, _)| {
@@ -92,7 +93,12 @@ pub(crate) fn initial(scenario: &Scenario) -> World {
                 .any(|dir| path.starts_with(&format!("{dir}/")))
         })
         .map(|(path, setup)| (path.clone(), setup.clone()))
-        .collect()
+        .collect();
+    // What a later writer changed must stay, whatever the chain needs undone.
+    if let Some((path, content)) = &scenario.later_write {
+        world.insert(path.clone(), Setup::File(content.clone().into_bytes()));
+    }
+    world
 }
 
 /// The world once every call has taken effect exactly once (a call whose idempotency key
@@ -123,6 +129,15 @@ fn apply(world: &mut World, call: &Call) {
         return;
     };
     let content = text(args, "content").unwrap_or_default().into_bytes();
+    if tool == "drill.slow_append" {
+        let mut bytes = match world.get(&path) {
+            Some(Setup::File(bytes)) => bytes.clone(),
+            _ => Vec::new(),
+        };
+        bytes.extend_from_slice(format!("{}\n", text(args, "line").unwrap_or_default()).as_bytes());
+        world.insert(path, Setup::File(bytes));
+        return;
+    }
     match tool {
         "fs.write" | "fault.probed_write" => {
             world.insert(path, Setup::File(content));
@@ -191,6 +206,8 @@ mod tests {
             stops_at: None,
             writes: None,
             recovery_writes: None,
+            later_write: None,
+            commands: false,
         }
     }
 
