@@ -403,11 +403,7 @@ fn crashes(maker: &mut Gen) -> Vec<Scenario> {
                 boundary(first, n),
                 tools_of(&draft.calls)
             );
-            let drive = Drive::CrashRecovery { first, recovery };
-            let mut scenario = maker.finish(draft, variant, drive, Must::Unchanged);
-            scenario.writes = Some(expected_writes(n));
-            scenario.recovery_writes = Some(writes);
-            all.push(scenario);
+            all.push(recovery_crash(maker, draft, variant, n, recovery));
         }
     }
     // Killed during a rollback too: chains whose last call fails, at every write of the
@@ -438,6 +434,24 @@ fn crashes(maker: &mut Gen) -> Vec<Scenario> {
     all
 }
 
+/// A chain of `n` mutating calls whose process dies between its last effect and its
+/// record, then a first `recover` killed at `recovery` of its writes, then `recover` again:
+/// the world must be as before.
+fn recovery_crash(
+    maker: &mut Gen,
+    draft: Draft,
+    variant: String,
+    n: u32,
+    recovery: KillPoint,
+) -> Scenario {
+    let first = KillPoint::BeforeWrite(2 * n);
+    let drive = Drive::CrashRecovery { first, recovery };
+    let mut scenario = maker.finish(draft, variant, drive, Must::Unchanged);
+    scenario.writes = Some(expected_writes(n));
+    scenario.recovery_writes = Some(expected_recovery_writes(n));
+    scenario
+}
+
 /// A SIGKILL between two compensations: chains of 2 to 4 mutating calls on the same two
 /// files, the saga's process killed between its last effect and its record, then a first
 /// `recover` killed right before each compensation's outcome is written (its effect made)
@@ -448,7 +462,6 @@ fn rollback_kills(maker: &mut Gen) -> Vec<Scenario> {
         for _ in 0..2 {
             let mut chain = maker.draft_of(2);
             maker.mutate(&mut chain, n as usize, Mutations::Files);
-            let first = KillPoint::BeforeWrite(2 * n);
             let writes = expected_recovery_writes(n);
             // Write 0 is the operator command, 1 the take-over, 2 + k compensation k's
             // outcome (the last with the saga's end).
@@ -470,11 +483,7 @@ fn rollback_kills(maker: &mut Gen) -> Vec<Scenario> {
                         tools_of(&draft.calls)
                     ),
                 };
-                let drive = Drive::CrashRecovery { first, recovery };
-                let mut scenario = maker.finish(draft, variant, drive, Must::Unchanged);
-                scenario.writes = Some(expected_writes(n));
-                scenario.recovery_writes = Some(writes);
-                all.push(scenario);
+                all.push(recovery_crash(maker, draft, variant, n, recovery));
             }
         }
     }

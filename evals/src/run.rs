@@ -75,6 +75,22 @@ pub(crate) struct ChildSpec {
     recover: bool,
 }
 
+impl ChildSpec {
+    /// `calls` of `scenario` on `side` in `root`, killed nowhere.
+    fn chain(scenario: &Scenario, root: &Path, calls: Vec<Call>, side: Side) -> ChildSpec {
+        ChildSpec {
+            side,
+            root: root.to_path_buf(),
+            name: scenario.id.clone(),
+            tools_file: scenario.tools_file(),
+            calls,
+            point: None,
+            kill_after: None,
+            recover: false,
+        }
+    }
+}
+
 /// What a child that was not killed prints.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct ChildReport {
@@ -403,16 +419,7 @@ impl Runner {
         }
         let folder = root.with_file_name(format!("{side:?}-calibration"));
         let (folder, calls) = self.prepare(&folder, scenario, side)?;
-        let spec = ChildSpec {
-            side,
-            root: folder.clone(),
-            name: scenario.id.clone(),
-            tools_file: scenario.tools_file(),
-            calls,
-            point: None,
-            kill_after: None,
-            recover: false,
-        };
+        let spec = ChildSpec::chain(scenario, &folder, calls, side);
         let report = self
             .spawn(&folder, &spec)
             .await?
@@ -446,14 +453,9 @@ impl Runner {
     ) -> Result<()> {
         let n = u32::try_from(calls.len())?;
         let spec = ChildSpec {
-            side,
-            root: root.to_path_buf(),
-            name: scenario.id.clone(),
-            tools_file: scenario.tools_file(),
-            calls: calls.to_vec(),
             point: (side == Side::Kernel).then_some(point),
             kill_after: (side == Side::Baseline).then(|| point.effects_done(n)),
-            recover: false,
+            ..ChildSpec::chain(scenario, root, calls.to_vec(), side)
         };
         match self.spawn(root, &spec).await? {
             None => run.note(format!("SIGKILLed {point}")),
@@ -528,14 +530,9 @@ impl Runner {
         point: Option<KillPoint>,
     ) -> ChildSpec {
         ChildSpec {
-            side: Side::Kernel,
-            root: root.to_path_buf(),
-            name: scenario.id.clone(),
-            tools_file: scenario.tools_file(),
-            calls: Vec::new(),
             point,
-            kill_after: None,
             recover: true,
+            ..ChildSpec::chain(scenario, root, Vec::new(), Side::Kernel)
         }
     }
 
@@ -632,16 +629,7 @@ impl Runner {
         side: Side,
         run: &mut Run,
     ) -> Result<Instant> {
-        let spec = ChildSpec {
-            side,
-            root: root.to_path_buf(),
-            name: scenario.id.clone(),
-            tools_file: scenario.tools_file(),
-            calls: calls.to_vec(),
-            point: None,
-            kill_after: None,
-            recover: false,
-        };
+        let spec = ChildSpec::chain(scenario, root, calls.to_vec(), side);
         match self.spawn(root, &spec).await? {
             None => {
                 run.note("SIGKILLed by the slow command's program");
