@@ -644,20 +644,27 @@ fn a_worker_cut_off_after_a_begin_never_makes_its_effect_after_the_take_over() {
     }
 }
 
+/// A project whose `ws/a.txt` holds [`ORIGINAL`], and its plan `NAME.json`: a saga named
+/// `name` that changes the file, then waits 30 s.
+fn write_then_wait(name: &str) -> (Project, std::path::PathBuf) {
+    let project = Project::new();
+    fs::write(project.path("ws/a.txt"), ORIGINAL).expect("writes");
+    let plan = project.plan(
+        &format!("{name}.json"),
+        &json!({ "name": name, "steps": [
+            { "tool": "fs.write", "args": { "path": "ws/a.txt", "content": "changed\n" } },
+            { "tool": "noop", "args": { "sleep_ms": 30_000 } },
+        ] }),
+    );
+    (project, plan)
+}
+
 #[test]
 fn recover_right_after_a_sigkill_on_this_machine_does_not_wait_for_the_lease() {
     let Some(server) = server() else { return };
     let schema = Schema::create(&server);
     let url = schema.url();
-    let project = Project::new();
-    fs::write(project.path("ws/a.txt"), ORIGINAL).expect("writes");
-    let plan = project.plan(
-        "killed.json",
-        &json!({ "name": "killed", "steps": [
-            { "tool": "fs.write", "args": { "path": "ws/a.txt", "content": "changed\n" } },
-            { "tool": "noop", "args": { "sleep_ms": 30_000 } },
-        ] }),
-    );
+    let (project, plan) = write_then_wait("killed");
     // A long lease: recovery must not wait for it.
     let mut worker = on_postgres(&project, &url, &["run", "--plan", &plan.to_string_lossy()])
         .env("AGENT_KERNEL_LEASE_MS", "600000")
@@ -759,15 +766,7 @@ fn recover_names_a_live_lease_and_recover_wait_waits_for_it() {
     let Some(server) = server() else { return };
     let schema = Schema::create(&server);
     let url = schema.url();
-    let project = Project::new();
-    fs::write(project.path("ws/a.txt"), ORIGINAL).expect("writes");
-    let plan = project.plan(
-        "paused.json",
-        &json!({ "name": "paused", "steps": [
-            { "tool": "fs.write", "args": { "path": "ws/a.txt", "content": "changed\n" } },
-            { "tool": "noop", "args": { "sleep_ms": 30_000 } },
-        ] }),
-    );
+    let (project, plan) = write_then_wait("paused");
     // A paused worker: its process still exists, so only its lease can say it is gone
     // (long enough that the first `recover`, on a loaded machine, still finds it live).
     let worker = on_postgres(&project, &url, &["run", "--plan", &plan.to_string_lossy()])
