@@ -666,6 +666,21 @@ pub trait TxLog: Send + Sync + 'static {
         saga_id: &'a SagaId,
     ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>>;
 
+    /// [`saga_approval`](Self::saga_approval), once the log has shown that the request's row
+    /// still says what the kernel recorded, in the audit chain, when it asked: the same step,
+    /// tool, arguments, idempotency key, digest and later steps of the plan, in a sound
+    /// record. `resume` runs what this returns, so a row rewritten after the request (another
+    /// plan put in the place of the later steps, say) runs nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError::ApprovalUnusable`] naming what differs; [`TxError`] when the log cannot be
+    /// read.
+    fn vouched_saga_approval<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>>;
+
     /// Every request still recorded as pending (expired ones included), oldest first.
     ///
     /// # Errors

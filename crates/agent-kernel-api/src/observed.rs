@@ -177,6 +177,13 @@ where
         self.inner.saga_approval(saga_id)
     }
 
+    fn vouched_saga_approval<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>> {
+        self.inner.vouched_saga_approval(saga_id)
+    }
+
     fn pending_approvals(&self) -> BoxFuture<'_, Result<Vec<ApprovalRecord>, TxError>> {
         self.inner.pending_approvals()
     }

@@ -6,6 +6,7 @@ use std::path::Path;
 use agent_kernel_api::{ApprovalRecord, ApprovalStatus};
 use agent_kernel_core::{
     Cancellation, Kernel, KernelError, Observer, OperatorDecision, SagaReport, approval_document,
+    shown_json,
 };
 use serde_json::json;
 
@@ -44,7 +45,8 @@ pub(crate) fn operator_name(uid: Option<u32>) -> Option<String> {
     })
 }
 
-/// `approvals`: the requests still open to a decision, oldest first.
+/// `approvals`: the requests still open to a decision, oldest first, each with its whole
+/// arguments (canonical JSON, hidden characters escaped and named) and digest: never cut.
 pub(crate) async fn list_command(kernel: &Kernel, out: &Output) -> Result<u8, Failure> {
     let now_ms = agent_kernel_api::Clock::now_ms(&agent_kernel_core::SystemClock);
     let pending: Vec<ApprovalRecord> = kernel
@@ -65,32 +67,122 @@ pub(crate) async fn list_command(kernel: &Kernel, out: &Output) -> Result<u8, Fa
         println!("no approval is pending");
         return Ok(exit::OK);
     }
-    let mut list = table(&["id", "saga", "step", "tool", "arguments", "expires"]);
+    let mut list = table(&[
+        "id",
+        "saga",
+        "step",
+        "tool",
+        "arguments",
+        "digest",
+        "expires",
+    ]);
     for record in &pending {
         let request = &record.request;
-        let args = request.args.to_string();
-        let shown: String = args.chars().take(60).collect();
         list.add_row(vec![
             printable(&request.approval_id),
             printable(request.saga_id.as_str()),
             request.step_seq.to_string(),
             printable(&request.tool_id),
-            printable(&if shown.len() < args.len() {
-                format!("{shown}…")
-            } else {
-                shown
-            }),
+            shown_arguments(&request.args),
+            request.digest.clone(),
             format_ms(request.expires_at_ms),
         ]);
     }
     println!("{list}");
+    println!(
+        "each request shows its whole arguments; `agent-kernel approvals --show ID` shows one with the plan's later steps"
+    );
     println!(
         "approve with `agent-kernel approve ID [--note TEXT]`, reject with `agent-kernel reject ID --reason TEXT`"
     );
     Ok(exit::OK)
 }
 
-/// `approve ID` and `reject ID`: the decision, once.
+/// The whole canonical arguments for a person, hidden characters escaped, then one line
+/// per kind of hidden character ("⚠ contains U+202E …").
+fn shown_arguments(args: &serde_json::Value) -> String {
+    let shown = shown_json(args);
+    let mut text = shown.text.clone();
+    for warning in shown.warnings() {
+        text.push_str("\n⚠ ");
+        text.push_str(&warning);
+    }
+    text
+}
+
+/// `approvals --show ID`: one request in full, whatever its status.
+pub(crate) async fn show_command(
+    kernel: &Kernel,
+    out: &Output,
+    approval_id: &str,
+) -> Result<u8, Failure> {
+    let record = kernel.approval(approval_id).await?;
+    let now_ms = agent_kernel_api::Clock::now_ms(&agent_kernel_core::SystemClock);
+    let request = &record.request;
+    let later: Option<Vec<serde_json::Value>> = request.rest.as_ref().map(|rest| {
+        rest.iter()
+            .map(|step| {
+                let shown = shown_json(&step.args);
+                json!({
+                    "tool": step.tool,
+                    "args": step.args,
+                    "args_shown": shown.text,
+                    "args_warnings": shown.warnings(),
+                })
+            })
+            .collect()
+    });
+    if out.is_json() {
+        let mut document = approval_document(request);
+        document["status"] = json!(record.status_at(now_ms));
+        document["decided_by"] = json!(record.decided_by);
+        document["note"] = json!(record.note);
+        document["later_steps"] = json!(later);
+        crate::output::print_json(&document);
+        return Ok(exit::OK);
+    }
+    println!("approval {}", printable(&request.approval_id));
+    println!("  status     {}", record.status_at(now_ms));
+    println!(
+        "  saga       {} step {}",
+        printable(request.saga_id.as_str()),
+        request.step_seq
+    );
+    println!("  tool       {}", printable(&request.tool_id));
+    println!("  digest     {}", request.digest);
+    println!("  requested  {}", format_ms(request.requested_at_ms));
+    println!("  expires    {}", format_ms(request.expires_at_ms));
+    if let Some(by) = &record.decided_by {
+        println!("  decided by {}", printable(by));
+    }
+    if let Some(note) = &record.note {
+        println!("  note       {}", printable(note));
+    }
+    println!("  arguments (canonical JSON, whole):");
+    for line in shown_arguments(&request.args).lines() {
+        println!("    {line}");
+    }
+    match &later {
+        None => println!("  a live saga's step: its agent sends the next steps"),
+        Some(later) if later.is_empty() => println!("  the plan has no step after it"),
+        Some(later) => {
+            println!("  the plan's steps after it, which run once it is approved:");
+            for (n, step) in later.iter().enumerate() {
+                println!(
+                    "    {} {}",
+                    request.step_seq as usize + 1 + n,
+                    printable(step["tool"].as_str().unwrap_or_default())
+                );
+                for line in shown_arguments(&step["args"]).lines() {
+                    println!("      {line}");
+                }
+            }
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// `approve ID` and `reject ID`: the decision, once; says what was approved, in full.
 pub(crate) async fn decide_command(
     kernel: &Kernel,
     out: &Output,
@@ -119,12 +211,17 @@ pub(crate) async fn decide_command(
         crate::output::print_json(&document);
     } else {
         println!(
-            "approval {}: {} (saga {} step {}, `{}`); the saga moves on when its process next looks, or at `agent-kernel resume --saga {}`",
+            "approval {}: {} (saga {} step {}, `{}`, digest {})",
             printable(&request.approval_id),
             record.status,
             request.saga_id,
             request.step_seq,
             printable(&request.tool_id),
+            request.digest,
+        );
+        println!("arguments: {}", shown_arguments(&request.args));
+        println!(
+            "the saga moves on when its process next looks, or at `agent-kernel resume --saga {}`",
             request.saga_id
         );
     }

@@ -124,8 +124,13 @@ enum Command {
         #[arg(long)]
         no_wait: bool,
     },
-    /// List the approval requests waiting for a decision
-    Approvals,
+    /// List the approval requests waiting for a decision, each with its whole arguments
+    Approvals {
+        /// Show one request in full (any status): its arguments, digest, decision and the
+        /// plan's steps that run after it
+        #[arg(long, value_name = "ID")]
+        show: Option<String>,
+    },
     /// Approve a pending request: its step runs once, with exactly the arguments shown
     Approve {
         /// The request id (`agent-kernel approvals`)
@@ -691,10 +696,13 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
                 }
             }
         }
-        Command::Approvals => {
+        Command::Approvals { show } => {
             require_log(cli)?;
             let kernel = open_kernel_for_approvals(cli)?;
-            approvals::list_command(&kernel, out).await
+            match show {
+                Some(id) => approvals::show_command(&kernel, out, id).await,
+                None => approvals::list_command(&kernel, out).await,
+            }
         }
         Command::Approve {
             id,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use agent_kernel_api::{
     ApprovalDecision, ApprovalRecord, ApprovalRequest, ApprovalStatus, DEFAULT_APPROVAL_TIMEOUT_MS,
     DecideApproval, DynTool, LogWrite, MAX_APPROVAL_TIMEOUT_MS, MAX_DECISION_NOTE_BYTES, Plan,
-    PlanStep, Reversibility, SagaId, SagaRecord, SagaState, ToolError, WriteOutcome,
+    PlanStep, Reversibility, SagaId, SagaRecord, SagaState, ToolError, TxError, WriteOutcome,
     canonical_json,
 };
 use agent_kernel_fsm::{Event, Facts};
@@ -423,7 +423,7 @@ impl Kernel {
                 state: record.saga.state,
             });
         }
-        let approval = self.waiting_approval(&record).await?;
+        let mut approval = self.waiting_approval(&record).await?;
         if approval.request.rest.is_none() {
             // A live saga: only its own process can run its next steps.
             if self.live.contains(saga_id) || record.saga.owner == self.env.owner {
@@ -434,6 +434,11 @@ impl Kernel {
             return Err(KernelError::InvalidRequest(format!(
                 "saga {saga_id} is a live saga: only the process that holds it can resume it (if that process has died, `agent-kernel recover` rolls it back)"
             )));
+        }
+        if approval.status_at(self.env.clock.now_ms()) == ApprovalStatus::Approved {
+            // What runs is what the kernel recorded when it asked, checked before the saga
+            // is taken over: a rewritten row leaves it waiting as it was, for an operator.
+            approval = self.vouched_approval(&record).await?;
         }
         self.take_over(&mut record).await?;
         let span = info_span!("saga", saga_id = %saga_id, resumed = true);
@@ -556,6 +561,31 @@ impl Kernel {
                 reason: "it waits in AwaitingApproval, but the log holds no request for it"
                     .to_owned(),
             })
+    }
+
+    /// The request a waiting saga waits on, vouched for by its audit record
+    /// ([`TxLog::vouched_saga_approval`](agent_kernel_api::TxLog::vouched_saga_approval)).
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::Inconsistent`] when the row does not say what the kernel recorded
+    /// (nothing ran, and the saga is left waiting); [`KernelError::Log`].
+    async fn vouched_approval(&self, record: &SagaRecord) -> Result<ApprovalRecord, KernelError> {
+        let saga_id = &record.saga.saga_id;
+        match self.log.vouched_saga_approval(saga_id).await {
+            Ok(Some(approval)) => Ok(approval),
+            Ok(None) => self.waiting_approval(record).await,
+            Err(TxError::ApprovalUnusable {
+                approval_id,
+                reason,
+            }) => Err(KernelError::Inconsistent {
+                saga_id: saga_id.clone(),
+                reason: format!(
+                    "approval {approval_id} cannot be used: {reason}; nothing ran and the saga still waits: `agent-kernel audit verify` shows what was changed, `agent-kernel rollback --saga {saga_id} --skip-verify` rolls the saga back"
+                ),
+            }),
+            Err(error) => Err(error.into()),
+        }
     }
 
     /// Where a saga goes when its step is approved: `ApprovalGranted` from

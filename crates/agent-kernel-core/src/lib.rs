@@ -109,6 +109,7 @@ mod prune;
 mod recovery;
 mod replay;
 mod report;
+mod shown;
 mod step;
 mod undo;
 
@@ -137,4 +138,5 @@ pub use report::{
     Failure, NoObserver, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport,
     StepReport, approval_document,
 };
+pub use shown::{HiddenChar, Shown, is_hidden, shown_json};
 pub use undo::UndoRequest;

@@ -107,6 +107,9 @@ struct LiveEntry {
     saga: tokio::sync::Mutex<Option<SagaInFlight>>,
     /// When it was last begun, called or looked at.
     touched: Mutex<Instant>,
+    /// Told when the saga leaves the registry, so that its idle watch ends with it instead
+    /// of sleeping out its timeout (a settled saga holds nothing in the process).
+    ended: Arc<tokio::sync::Notify>,
 }
 
 impl LiveEntry {
@@ -134,8 +137,13 @@ impl LiveRegistry {
         self.lock().get(saga_id).cloned()
     }
 
+    /// Takes the saga out and ends its idle watch.
     fn remove(&self, saga_id: &SagaId) {
-        self.lock().remove(saga_id);
+        let removed = self.lock().remove(saga_id);
+        if let Some(entry) = removed {
+            // A permit is kept if the watch is not waiting right now.
+            entry.ended.notify_one();
+        }
     }
 
     /// Whether `saga_id` is open here.
@@ -238,6 +246,7 @@ impl Kernel {
         let entry = Arc::new(LiveEntry {
             saga: tokio::sync::Mutex::new(Some(saga)),
             touched: Mutex::new(Instant::now()),
+            ended: Arc::new(tokio::sync::Notify::new()),
         });
         let registered = {
             let mut sagas = self.live.lock();
@@ -317,14 +326,23 @@ impl Kernel {
     }
 }
 
-/// Rolls the saga back once it has been untouched for `idle`; ends when the saga does.
+/// Rolls the saga back once it has been untouched for `idle`; ends as soon as the saga
+/// leaves the registry.
 fn spawn_idle_watch(kernel: Weak<Kernel>, saga_id: SagaId, entry: Weak<LiveEntry>, idle: Duration) {
+    let Some(ended) = entry.upgrade().map(|entry| Arc::clone(&entry.ended)) else {
+        return;
+    };
     tokio::spawn(async move {
         loop {
             let Some(deadline) = entry.upgrade().map(|entry| entry.touched() + idle) else {
                 return;
             };
-            tokio::time::sleep_until(deadline).await;
+            if tokio::time::timeout_at(deadline, ended.notified())
+                .await
+                .is_ok()
+            {
+                return;
+            }
             let (Some(kernel), Some(entry)) = (kernel.upgrade(), entry.upgrade()) else {
                 return;
             };

@@ -63,9 +63,12 @@ pub struct SagaReport {
 }
 
 /// A request as every document shows it (`approvals --json`, `run --json`, MCP answers):
-/// `{id, saga_id, step, tool, digest, requested_at, expires_at, args}`, times in RFC 3339
-/// (UTC, milliseconds).
+/// `{id, saga_id, step, tool, digest, requested_at, expires_at, args, args_shown,
+/// args_warnings}`, times in RFC 3339 (UTC, milliseconds); `args_shown` is the whole
+/// canonical JSON of the arguments with hidden characters escaped, and `args_warnings`
+/// names each kind of hidden character ([`shown_json`](crate::shown_json)).
 pub fn approval_document(request: &ApprovalRequest) -> serde_json::Value {
+    let shown = crate::shown_json(&request.args);
     serde_json::json!({
         "id": request.approval_id,
         "saga_id": request.saga_id,
@@ -75,6 +78,8 @@ pub fn approval_document(request: &ApprovalRequest) -> serde_json::Value {
         "requested_at": agent_kernel_api::format_rfc3339_ms(request.requested_at_ms),
         "expires_at": agent_kernel_api::format_rfc3339_ms(request.expires_at_ms),
         "args": request.args,
+        "args_shown": shown.text,
+        "args_warnings": shown.warnings(),
     })
 }
 

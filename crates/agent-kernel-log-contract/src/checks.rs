@@ -522,6 +522,13 @@ pub async fn a_request_is_decided_once_and_consumed_once_for_its_exact_step(stor
     }
     let record = log.approval("a1").await.expect("reads").expect("exists");
     assert_eq!(record.decided_by.as_deref(), Some("alice"));
+    // Its row says what the request's audit record says.
+    let vouched = log
+        .vouched_saga_approval(&SagaId::new("s1"))
+        .await
+        .expect("vouched for")
+        .expect("exists");
+    assert_eq!(vouched.request, record.request);
     assert_eq!(record.note.as_deref(), Some("looked at it"));
     assert!(log.pending_approvals().await.expect("reads").is_empty());
 

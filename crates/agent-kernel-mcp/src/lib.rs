@@ -25,20 +25,23 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use agent_kernel_api::{
-    AbortCause, ApprovalRequest, EffectClass, Reversibility, SagaId, SagaState, format_rfc3339_ms,
+    AbortCause, ApprovalRequest, EffectClass, Reversibility, SagaId, SagaState,
 };
 use agent_kernel_core::{
     BeginOptions, CallAnswer, Kernel, KernelError, LiveSaga, SagaReport, StepReport,
 };
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
-    ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CustomRequest, CustomResult,
+    Implementation, JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
+    ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
+
+mod screen;
+pub use screen::MESSAGE_DEPTH_MAX;
 
 /// What the server tells an agent about itself, in three sentences.
 pub const INSTRUCTIONS: &str = "Every tool call runs through agent-kernel as a step of a saga: its intent is logged before it runs, the sandbox policy confines it, and it can be undone. Call saga_begin, then call tools with its saga_id, then saga_commit to keep their effects or saga_abort to undo them all, last first; a call without saga_id is a saga of its own that commits at once. A call that is refused leaves the saga open; one that is denied or fails rolls the whole saga back and says what was undone. A call whose effect needs a person's approval answers status AWAITING_APPROVAL without running; an operator decides it outside this server, and saga_resume then runs it (or reports the rollback).";
@@ -73,11 +76,8 @@ fn awaiting_result(saga_id: &SagaId, request: &ApprovalRequest) -> CallToolResul
         "tool": request.tool_id,
         "status": "AWAITING_APPROVAL",
         "state": SagaState::AwaitingApproval,
-        "approval": {
-            "id": request.approval_id,
-            "digest": request.digest,
-            "expires_at": format_rfc3339_ms(request.expires_at_ms),
-        },
+        // What the operator is shown: the whole arguments, hidden characters escaped.
+        "approval": agent_kernel_core::approval_document(request),
     }))
 }
 
@@ -394,13 +394,7 @@ impl KernelServer {
                             "steps": steps_of(&status.steps),
                         });
                         if let Some(request) = &status.approval {
-                            document["approval"] = json!({
-                                "id": request.approval_id,
-                                "step": request.step_seq,
-                                "tool": request.tool_id,
-                                "digest": request.digest,
-                                "expires_at": format_rfc3339_ms(request.expires_at_ms),
-                            });
+                            document["approval"] = agent_kernel_core::approval_document(request);
                         }
                         CallToolResult::structured(document)
                     }
@@ -576,6 +570,17 @@ impl ServerHandler for KernelServer {
         Ok(ListToolsResult::with_all_items(self.tools()))
     }
 
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        Err(screen::custom_request_error(
+            &request.method,
+            request.params.as_ref(),
+        ))
+    }
+
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
@@ -620,7 +625,8 @@ pub async fn serve_stdio(
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     kernel.load_all_tools().await;
     let server = KernelServer::new(Arc::clone(&kernel), options);
-    let running = server.serve(rmcp::transport::stdio()).await?;
+    let input = screen::screened(tokio::io::stdin());
+    let running = server.serve((input, tokio::io::stdout())).await?;
     info!("MCP session initialized");
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let reason = tokio::select! {

@@ -751,6 +751,17 @@ impl TxLog for PostgresLog {
         self.read_job(move |db| backend::saga_approval(db, &saga_id))
     }
 
+    fn vouched_saga_approval<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>> {
+        let saga_id = saga_id.clone();
+        self.call(move |connection, _| {
+            let key = connection.audit_key.clone();
+            connection.read(move |db| backend::vouched_saga_approval(db, &saga_id, key.as_ref()))
+        })
+    }
+
     fn pending_approvals(&self) -> BoxFuture<'_, Result<Vec<ApprovalRecord>, TxError>> {
         self.read_job(backend::pending_approvals)
     }

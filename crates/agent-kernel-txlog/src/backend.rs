@@ -161,6 +161,20 @@ pub fn saga_approval(db: &dyn Db, saga_id: &SagaId) -> Result<Option<ApprovalRec
     store::saga_approval(db, saga_id)
 }
 
+/// [`TxLog::vouched_saga_approval`](agent_kernel_api::TxLog::vouched_saga_approval), the
+/// MACs checked under `key`.
+///
+/// # Errors
+///
+/// As [`TxLog::vouched_saga_approval`](agent_kernel_api::TxLog::vouched_saga_approval).
+pub fn vouched_saga_approval(
+    db: &dyn Db,
+    saga_id: &SagaId,
+    key: Option<&AuditKey>,
+) -> Result<Option<ApprovalRecord>, TxError> {
+    store::vouched_saga_approval(db, saga_id, key)
+}
+
 /// [`TxLog::pending_approvals`](agent_kernel_api::TxLog::pending_approvals).
 ///
 /// # Errors

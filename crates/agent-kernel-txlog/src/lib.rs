@@ -676,6 +676,15 @@ impl TxLog for SqliteLog {
         self.call(move |conn, _| store::saga_approval(conn, &saga_id))
     }
 
+    fn vouched_saga_approval<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>> {
+        let saga_id = saga_id.clone();
+        let key = self.audit.key.clone();
+        self.call(move |conn, _| store::vouched_saga_approval(conn, &saga_id, key.as_ref()))
+    }
+
     fn pending_approvals(&self) -> BoxFuture<'_, Result<Vec<ApprovalRecord>, TxError>> {
         self.call(|conn, _| store::pending_approvals(conn))
     }

@@ -891,53 +891,25 @@ fn unverified_decision(
     consume: &ConsumeApproval,
     key: Option<&AuditKey>,
 ) -> Result<Option<String>, TxError> {
-    let decision_seq: Option<i64> = conn
-        .query_row(
-            "SELECT decision_seq FROM approvals WHERE approval_id = ?1",
-            params![consume.approval_id],
-            |row| row.get(0),
-        )
-        .map_err(storage)?;
-    let Some(seq) = decision_seq else {
+    let Some(seq) = decision_seq(conn, &consume.approval_id)? else {
         return Ok(Some("no decision of it is in the audit chain".to_owned()));
     };
     let record: Option<crate::audit::Record> = conn
         .query_row(
-            "SELECT at_ms, kind, saga_id, body, prev_hash, hash, mac FROM audit_log WHERE seq = ?1",
+            &format!("SELECT {AUDIT_RECORD_COLUMNS} FROM audit_log WHERE seq = ?1"),
             params![seq],
-            |row| {
-                Ok(crate::audit::Record {
-                    seq,
-                    at_ms: row.get(0)?,
-                    kind: row.get(1)?,
-                    saga_id: row.get(2)?,
-                    body: row.get(3)?,
-                    prev_hash: row.get(4)?,
-                    hash: row.get(5)?,
-                    mac: row.get(6)?,
-                })
-            },
+            audit_record_from_row,
         )
         .optional()
         .map_err(storage)?;
-    let Some(crate::audit::Record {
-        at_ms,
-        kind,
-        saga_id,
-        body,
-        prev_hash,
-        hash,
-        mac,
-        ..
-    }) = record
-    else {
+    let Some(record) = record else {
         return Ok(Some(format!(
             "its decision's audit record {seq} is missing"
         )));
     };
-    let fields: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-    let approves = kind == KIND_APPROVAL_DECIDED
-        && saga_id.as_deref() == Some(consume.saga_id.as_str())
+    let fields: Value = serde_json::from_str(&record.body).unwrap_or(Value::Null);
+    let approves = record.kind == KIND_APPROVAL_DECIDED
+        && record.saga_id.as_deref() == Some(consume.saga_id.as_str())
         && fields["approval_id"] == consume.approval_id.as_str()
         && fields["status"] == ApprovalStatus::Approved.as_str()
         && fields["digest"] == consume.digest.as_str();
@@ -946,7 +918,27 @@ fn unverified_decision(
             "audit record {seq} does not approve this request for this digest"
         )));
     }
-    if crate::audit::record_hash(&prev_hash, seq, at_ms, &kind, saga_id.as_deref(), &body) != hash {
+    unsound_record(conn, &record, key)
+}
+
+/// Why the audit record `record`, read from the chain, cannot be relied on alone, or `None`
+/// when it can: it hashes as written, follows its predecessor, and, under an audit key,
+/// carries a MAC that verifies (so no one without the key wrote it).
+fn unsound_record(
+    conn: &dyn Db,
+    record: &crate::audit::Record,
+    key: Option<&AuditKey>,
+) -> Result<Option<String>, TxError> {
+    let seq = record.seq;
+    let hash = crate::audit::record_hash(
+        &record.prev_hash,
+        seq,
+        record.at_ms,
+        &record.kind,
+        record.saga_id.as_deref(),
+        &record.body,
+    );
+    if hash != record.hash {
         return Ok(Some(format!("audit record {seq} does not hash as written")));
     }
     let previous: Option<String> = if seq == 1 {
@@ -954,19 +946,147 @@ fn unverified_decision(
     } else {
         crate::audit::hash_at(conn, seq - 1).map_err(storage)?
     };
-    if previous.as_deref() != Some(prev_hash.as_str()) {
+    if previous.as_deref() != Some(record.prev_hash.as_str()) {
         return Ok(Some(format!(
             "audit record {seq} does not follow its predecessor"
         )));
     }
     if let Some(key) = key
-        && !mac.as_deref().is_some_and(|mac| key.verifies(&hash, mac))
+        && !record
+            .mac
+            .as_deref()
+            .is_some_and(|mac| key.verifies(&record.hash, mac))
     {
         return Ok(Some(format!(
             "audit record {seq} is not signed with the audit key"
         )));
     }
     Ok(None)
+}
+
+/// The newest request of a saga, once its row is shown to say what the kernel recorded
+/// when it asked: the `ApprovalRequested` record of the same request (the newest before its
+/// decision) names the same saga, step, tool, idempotency key and digest, the SHA-256 of the
+/// same arguments and of the same later steps of the plan, and is sound
+/// ([`unsound_record`]). What `resume` runs comes from the record this returns.
+///
+/// # Errors
+///
+/// [`TxError::ApprovalUnusable`] naming what differs, when the row does not match its
+/// record or no sound record vouches for it; [`TxError`] when the log cannot be read.
+pub(crate) fn vouched_saga_approval(
+    conn: &dyn Db,
+    saga_id: &SagaId,
+    key: Option<&AuditKey>,
+) -> Result<Option<ApprovalRecord>, TxError> {
+    let Some(approval) = saga_approval(conn, saga_id)? else {
+        return Ok(None);
+    };
+    match unvouched_request(conn, &approval.request, key)? {
+        None => Ok(Some(approval)),
+        Some(reason) => Err(TxError::ApprovalUnusable {
+            approval_id: approval.request.approval_id.clone(),
+            reason: format!(
+                "{reason}: the approvals table no longer holds what the kernel recorded when it asked; it was changed outside agent-kernel"
+            ),
+        }),
+    }
+}
+
+/// The audit record of a request's decision, if one was made.
+fn decision_seq(conn: &dyn Db, approval_id: &str) -> Result<Option<i64>, TxError> {
+    conn.query_row(
+        "SELECT decision_seq FROM approvals WHERE approval_id = ?1",
+        params![approval_id],
+        |row| row.get(0),
+    )
+    .map_err(storage)
+}
+
+/// The columns of an audit record, in the order [`audit_record_from_row`] reads them.
+const AUDIT_RECORD_COLUMNS: &str = "seq, at_ms, kind, saga_id, body, prev_hash, hash, mac";
+
+fn audit_record_from_row(row: &Row) -> Result<crate::audit::Record, crate::sql::Error> {
+    Ok(crate::audit::Record {
+        seq: row.get(0)?,
+        at_ms: row.get(1)?,
+        kind: row.get(2)?,
+        saga_id: row.get(3)?,
+        body: row.get(4)?,
+        prev_hash: row.get(5)?,
+        hash: row.get(6)?,
+        mac: row.get(7)?,
+    })
+}
+
+/// Why `request` (as its row reads) is not what its `ApprovalRequested` audit record
+/// says, or `None` when it is.
+fn unvouched_request(
+    conn: &dyn Db,
+    request: &ApprovalRequest,
+    key: Option<&AuditKey>,
+) -> Result<Option<String>, TxError> {
+    // The request's record precedes its decision's; scanned newest first, a saga's records
+    // of kind `ApprovalRequested` are few.
+    let candidates: Vec<crate::audit::Record> = conn
+        .query_map(
+            &format!(
+                "SELECT {AUDIT_RECORD_COLUMNS} FROM audit_log
+                 WHERE seq < ?1 AND kind = ?2 AND saga_id = ?3 ORDER BY seq DESC"
+            ),
+            params![
+                decision_seq(conn, &request.approval_id)?.unwrap_or(i64::MAX),
+                KIND_APPROVAL_REQUESTED,
+                request.saga_id.as_str()
+            ],
+            audit_record_from_row,
+        )
+        .map_err(storage)?;
+    let found = candidates.into_iter().find_map(|record| {
+        let fields: Value = serde_json::from_str(&record.body).ok()?;
+        (fields["approval_id"] == request.approval_id.as_str()).then_some((record, fields))
+    });
+    let Some((record, fields)) = found else {
+        return Ok(Some(format!(
+            "the audit chain holds no request record of approval {}",
+            request.approval_id
+        )));
+    };
+    let seq = record.seq;
+    let rest_sha256 = request
+        .rest
+        .as_ref()
+        .map(to_json)
+        .transpose()?
+        .map(|text| sha256_hex(text.as_bytes()));
+    let differs = [
+        ("step", fields["step_seq"] != i64::from(request.step_seq)),
+        ("tool", fields["tool"] != request.tool_id.as_str()),
+        ("digest", fields["digest"] != request.digest.as_str()),
+        (
+            "arguments",
+            fields["args_sha256"] != sha256_hex(request.args.to_string().as_bytes()).as_str(),
+        ),
+        (
+            "idempotency key",
+            fields["idempotency_key"].as_str() != request.idempotency_key.as_deref(),
+        ),
+        (
+            "later steps of the plan",
+            fields["rest_sha256"].as_str() != rest_sha256.as_deref(),
+        ),
+    ];
+    let changed: Vec<&str> = differs
+        .iter()
+        .filter_map(|(what, differs)| differs.then_some(*what))
+        .collect();
+    if !changed.is_empty() {
+        return Ok(Some(format!(
+            "its {} differ from its request's audit record {seq}",
+            changed.join(", ")
+        )));
+    }
+    unsound_record(conn, &record, key)
 }
 
 const APPROVAL_COLUMNS: &str = "approval_id, saga_id, step_seq, tool_id, args, idempotency_key,

@@ -368,6 +368,164 @@ fn an_approval_written_into_the_table_by_hand_is_never_used() {
 }
 
 #[test]
+fn later_steps_rewritten_in_the_log_are_never_run_resume_refuses_with_exit_3() {
+    let project = project("");
+    let (saga_id, approval) = run_no_wait(&project);
+    let id = approval["id"].as_str().expect("id");
+    // The operator can see what runs after the step.
+    let (code, shown) = project.run_json(&["approvals", "--show", id]);
+    assert_eq!(code, 0, "{shown}");
+    assert_eq!(
+        shown["later_steps"][0]["args"]["path"], "ws/c.txt",
+        "{shown}"
+    );
+    // Someone who can write the log puts a plan of their own after the waiting step.
+    let forged = json!([{"tool": "fs.write", "args": {"path": "ws/planted.txt", "content": "x"}}]);
+    let conn = rusqlite::Connection::open(project.db()).expect("opens");
+    let n_changed = conn
+        .execute(
+            "UPDATE approvals SET rest = ?2 WHERE approval_id = ?1",
+            [id, &forged.to_string()],
+        )
+        .expect("forged");
+    assert_eq!(n_changed, 1);
+    drop(conn);
+    // The operator approves the step they were shown.
+    let (code, decided) = project.run_json(&["approve", id]);
+    assert_eq!(code, 0, "{decided}");
+    let output = project.run(&["--json", "resume", "--saga", &saga_id]);
+    let (code, document) = json_output(&output);
+    assert_eq!(code, 3, "{}", describe(&output));
+    let message = document["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("later steps of the plan") && message.contains("nothing ran"),
+        "{document}"
+    );
+    assert!(
+        !project.path("ws/planted.txt").exists(),
+        "the forged step never ran"
+    );
+    assert!(
+        !project.path("ws/log.txt").exists(),
+        "the approved step never ran"
+    );
+    assert!(
+        project.path("ws/a.txt").exists(),
+        "nothing was rolled back either"
+    );
+    assert_eq!(project.latest_saga().expect("a saga").1, "AwaitingApproval");
+    assert!(message.contains("--skip-verify"), "{document}");
+    // The log fails its audit check, so rolling back needs the operator's word.
+    let (code, refused) = project.run_json(&["rollback", "--saga", &saga_id]);
+    assert_eq!(code, 3, "{refused}");
+    assert_eq!(refused["error"]["kind"], "tampered", "{refused}");
+    let (code, rolled) = project.run_json(&["rollback", "--saga", &saga_id, "--skip-verify"]);
+    assert_eq!(code, 0, "{rolled}");
+    assert!(!project.path("ws/a.txt").exists());
+    assert!(!project.path("ws/planted.txt").exists());
+}
+
+#[test]
+fn arguments_and_digest_rewritten_together_after_the_approval_are_never_run() {
+    let project = project("");
+    let (saga_id, approval) = run_no_wait(&project);
+    let id = approval["id"].as_str().expect("id");
+    let (code, decided) = project.run_json(&["approve", id]);
+    assert_eq!(code, 0, "{decided}");
+    // The approved request's arguments replaced, with a digest computed for them.
+    let args = json!({"path": "ws/other.txt", "content": "x"});
+    let digest = agent_kernel_core::approval_digest(
+        &agent_kernel_api::SagaId::new(saga_id.clone()),
+        1,
+        "fs.append",
+        &args,
+    );
+    let conn = rusqlite::Connection::open(project.db()).expect("opens");
+    conn.execute(
+        "UPDATE approvals SET args = ?2, digest = ?3 WHERE approval_id = ?1",
+        [id, &args.to_string(), &digest],
+    )
+    .expect("forged");
+    drop(conn);
+    let output = project.run(&["--json", "resume", "--saga", &saga_id]);
+    let (code, document) = json_output(&output);
+    assert_eq!(code, 3, "{}", describe(&output));
+    let message = document["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("digest, arguments"), "{document}");
+    assert!(!project.path("ws/other.txt").exists());
+    assert!(!project.path("ws/log.txt").exists());
+}
+
+#[test]
+fn the_operator_sees_the_whole_arguments_and_every_hidden_character_escaped() {
+    let project = project("");
+    // The agent puts what matters past where a shortened view would cut.
+    let folder = format!("ws/tmp-cache-safe-to-delete-{}", "a".repeat(120));
+    fs::create_dir_all(project.path(&folder)).expect("creates");
+    let path = format!("{folder}/../important.txt");
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [
+            {"tool": "fs.append", "args": {"path": path, "content": "ok\u{202e}txt.exe\u{200b}"}},
+        ]}),
+    );
+    let output = project.run(&["run", "--no-wait", "--plan", plan.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(5), "{}", describe(&output));
+
+    // The table: the whole path, the override escaped and named, the digest.
+    let listed = project.run(&["approvals"]);
+    let table = String::from_utf8_lossy(&listed.stdout);
+    assert!(table.contains("/../important.txt"), "{table}");
+    assert!(table.contains(&"a".repeat(120)), "{table}");
+    assert!(table.contains(r"ok\u202etxt.exe\u200b"), "{table}");
+    assert!(
+        !table.contains('\u{202e}') && !table.contains('\u{200b}'),
+        "{table}"
+    );
+    assert!(
+        table.contains(r"contains U+202E RIGHT-TO-LEFT OVERRIDE (shown as \u202e)"),
+        "{table}"
+    );
+    assert!(
+        table.contains("contains U+200B ZERO WIDTH SPACE"),
+        "{table}"
+    );
+    let request = &pending(&project)[0];
+    let digest = request["digest"].as_str().expect("digest");
+    assert!(table.contains(digest), "{table}");
+
+    // The JSON view: the same, and the arguments themselves.
+    let shown = request["args_shown"].as_str().expect("args_shown");
+    assert!(shown.contains("/../important.txt"), "{request}");
+    assert!(shown.contains(r"\u202e"), "{request}");
+    assert_eq!(request["args"]["path"], path.as_str());
+    let warnings = request["args_warnings"].to_string();
+    assert!(
+        warnings.contains("U+202E RIGHT-TO-LEFT OVERRIDE"),
+        "{request}"
+    );
+
+    // One request in full; `approve` says what it approved.
+    let id = request["id"].as_str().expect("id");
+    let one = project.run(&["approvals", "--show", id]);
+    let one = String::from_utf8_lossy(&one.stdout);
+    assert!(
+        one.contains("/../important.txt") && one.contains(digest),
+        "{one}"
+    );
+    assert!(one.contains("the plan has no step after it"), "{one}");
+    let approved = project.run(&["approve", id]);
+    assert_eq!(approved.status.code(), Some(0), "{}", describe(&approved));
+    let approved = String::from_utf8_lossy(&approved.stdout);
+    assert!(
+        approved.contains("/../important.txt")
+            && approved.contains(r"\u202e")
+            && approved.contains(digest),
+        "{approved}"
+    );
+}
+
+#[test]
 fn a_signal_while_run_waits_rolls_the_saga_back_with_exit_1() {
     let project = project("");
     let (run, id) = waiting_run(&project, true);

@@ -379,6 +379,38 @@ impl Raw {
         )
     }
 
+    /// Sends `n` calls of `name` at once, then reads their `n` answers (in any order);
+    /// each must be a result that is not an error.
+    fn call_many(&mut self, name: &str, arguments: &Value, n: usize) {
+        let first = self.next_id;
+        for _ in 0..n {
+            let id = self.next_id;
+            self.next_id += 1;
+            let request = json!({
+                "jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": { "name": name, "arguments": arguments },
+            });
+            let stdin = self.stdin.as_mut().expect("open");
+            writeln!(stdin, "{request}").expect("writes");
+        }
+        self.stdin.as_mut().expect("open").flush().expect("flushes");
+        let mut n_answered = 0;
+        while n_answered < n {
+            let mut line = String::new();
+            assert!(
+                self.stdout.read_line(&mut line).expect("reads") > 0,
+                "the server hung up"
+            );
+            let message: Value = serde_json::from_str(&line).expect("one JSON-RPC message a line");
+            let Some(id) = message["id"].as_u64() else {
+                continue;
+            };
+            assert!((first..self.next_id).contains(&id), "{message}");
+            assert_eq!(message["result"]["isError"], false, "{message}");
+            n_answered += 1;
+        }
+    }
+
     fn begin_and_write(&mut self, path: &str) -> String {
         let begun = self.call("saga_begin", json!({}));
         let saga = begun["result"]["structuredContent"]["saga_id"]
@@ -480,6 +512,112 @@ fn malformed_requests_are_protocol_errors_and_the_server_goes_on() {
     assert_eq!(begun["result"]["isError"], false, "{begun}");
     drop(raw.stdin.take());
     assert_eq!(raw.child.wait().expect("exits").code(), Some(0));
+}
+
+/// Reads lines until the answer to request `id`; fails if the server hangs up first.
+fn answer_to(raw: &mut Raw, id: u64) -> Value {
+    loop {
+        let mut line = String::new();
+        assert!(
+            raw.stdout.read_line(&mut line).expect("reads") > 0,
+            "the server hung up"
+        );
+        let message: Value = serde_json::from_str(&line).expect("one JSON-RPC message a line");
+        if message["id"] == id {
+            return message;
+        }
+    }
+}
+
+#[test]
+fn every_request_with_an_id_is_answered_whatever_its_params_or_depth() {
+    let project = Project::new();
+    let mut raw = Raw::start(&project);
+    let mut deep = json!("leaf");
+    for _ in 0..200 {
+        deep = json!({ "a": deep });
+    }
+    let deep_text = deep.to_string();
+    let requests = [
+        // params of the wrong shape
+        (101, r#"{"jsonrpc":"2.0","id":101,"method":"tools/call","params":{"name":5}}"#.to_owned()),
+        (102, r#"{"jsonrpc":"2.0","id":102,"method":"tools/call","params":"text"}"#.to_owned()),
+        (103, r#"{"jsonrpc":"2.0","id":103,"method":"tools/call"}"#.to_owned()),
+        (104, r#"{"jsonrpc":"2.0","id":104,"method":"tools/call","params":{"name":"fs_read","arguments":[1]}}"#.to_owned()),
+        // arguments nested 200 deep
+        (
+            105,
+            format!(
+                r#"{{"jsonrpc":"2.0","id":105,"method":"tools/call","params":{{"name":"fs_read","arguments":{{"args":{deep_text}}}}}}}"#
+            ),
+        ),
+        // an unknown method
+        (106, r#"{"jsonrpc":"2.0","id":106,"method":"no/such","params":{}}"#.to_owned()),
+    ];
+    for (id, line) in &requests {
+        raw.send_line(line);
+        let answer = answer_to(&mut raw, *id);
+        let code = answer["error"]["code"].as_i64();
+        let refused = answer["result"]["isError"] == true;
+        assert!(code.is_some() || refused, "request {id}: {answer}");
+        if *id <= 104 {
+            assert_eq!(code, Some(-32602), "invalid params, request {id}: {answer}");
+            let message = answer["error"]["message"].as_str().unwrap_or_default();
+            assert!(!message.is_empty(), "{answer}");
+        }
+        if *id == 106 {
+            assert_eq!(code, Some(-32601), "{answer}");
+        }
+    }
+    // Still answering.
+    let begun = raw.call("saga_begin", json!({}));
+    assert_eq!(begun["result"]["isError"], false, "{begun}");
+    raw.close();
+}
+
+/// The resident memory of process `pid`, in KiB (`VmRSS`).
+fn rss_kib(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("reads its status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("a VmRSS line")
+}
+
+/// The autocommit calls of the memory test, the number after which its first reading is
+/// taken, and how many are in flight at once.
+const LOOP_CALLS: usize = 50_000;
+const LOOP_CALLS_WARM: usize = 5_000;
+const LOOP_CALLS_IN_FLIGHT: usize = 64;
+
+#[test]
+fn a_long_loop_of_autocommit_calls_leaves_memory_flat() {
+    let project = Project::new();
+    fs::write(project.path("ws/a.txt"), "x").expect("writes");
+    let mut raw = Raw::start(&project);
+    let pid = raw.child.id();
+    let call = json!({ "args": { "path": "ws/a.txt" } });
+    let mut n_done = 0;
+    let mut rss_warm = None;
+    while n_done < LOOP_CALLS {
+        let n = LOOP_CALLS_IN_FLIGHT.min(LOOP_CALLS - n_done);
+        raw.call_many("fs_read", &call, n);
+        n_done += n;
+        if n_done >= LOOP_CALLS_WARM && rss_warm.is_none() {
+            rss_warm = Some(rss_kib(pid));
+        }
+    }
+    let rss_warm = rss_warm.expect("read");
+    let rss_end = rss_kib(pid);
+    eprintln!(
+        "RSS after {LOOP_CALLS_WARM} calls: {rss_warm} KiB; after {LOOP_CALLS}: {rss_end} KiB"
+    );
+    assert!(
+        rss_end * 10 <= rss_warm * 11,
+        "RSS grew from {rss_warm} KiB after {LOOP_CALLS_WARM} calls to {rss_end} KiB after {LOOP_CALLS}"
+    );
+    raw.close();
 }
 
 #[test]

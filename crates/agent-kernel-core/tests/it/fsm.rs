@@ -282,6 +282,13 @@ impl TxLog for StaleReads {
         self.0.saga_approval(saga_id)
     }
 
+    fn vouched_saga_approval<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<agent_kernel_api::ApprovalRecord>, TxError>> {
+        self.0.vouched_saga_approval(saga_id)
+    }
+
     fn pending_approvals(
         &self,
     ) -> BoxFuture<'_, Result<Vec<agent_kernel_api::ApprovalRecord>, TxError>> {

@@ -576,6 +576,15 @@ impl TxLog for StagedLeases {
     > {
         self.0.saga_approval(saga_id)
     }
+    fn vouched_saga_approval<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> agent_kernel_api::BoxFuture<
+        'a,
+        Result<Option<agent_kernel_api::ApprovalRecord>, agent_kernel_api::TxError>,
+    > {
+        self.0.vouched_saga_approval(saga_id)
+    }
     fn pending_approvals(
         &self,
     ) -> agent_kernel_api::BoxFuture<
