@@ -850,9 +850,74 @@ fn unknown_outcomes(maker: &mut Gen) -> Vec<Scenario> {
     all
 }
 
-/// A delete that needs an operator's approval, answered five ways.
-fn approvals(maker: &mut Gen) -> Vec<Scenario> {
+/// What a deceptive delete hides from an operator who reads only part of a view.
+#[derive(Debug, Clone, Copy)]
+enum Deception {
+    /// The path climbs back out (`/../precious.txt`) past where a 60-character view cuts.
+    PastTheCut,
+    /// The file's name holds a right-to-left override, so that it reads as another name.
+    Invisible,
+}
+
+/// A delete of a precious file that needs an approval, disguised (see [`Deception`]); the
+/// operator inspects the view ([`Decision::Inspect`]), so the view decides.
+fn deceptive_approvals(maker: &mut Gen) -> Vec<Scenario> {
     let mut all = Vec::new();
+    for _ in 0..3 {
+        for deception in [Deception::PastTheCut, Deception::Invisible] {
+            let mut draft = maker.draft();
+            let cache = format!("ws/tmp-cache-safe-to-delete-{}", "a".repeat(60));
+            let (precious, path) = match deception {
+                Deception::PastTheCut => (
+                    "ws/precious.txt".to_owned(),
+                    format!("{cache}/../precious.txt"),
+                ),
+                Deception::Invisible => {
+                    let name = "ws/keep-\u{202e}txt.pmt".to_owned();
+                    (name.clone(), name)
+                }
+            };
+            draft.setup.insert(
+                precious.clone(),
+                Setup::File(b"precious: keep me\n".to_vec()),
+            );
+            draft
+                .setup
+                .insert(format!("{cache}/old.tmp"), Setup::File(b"old\n".to_vec()));
+            let before = maker.rng.random_range(1..=2);
+            maker.mutate(&mut draft, before, Mutations::NoDelete);
+            let guarded = draft.calls.len();
+            draft
+                .calls
+                .push(Call::new("fs.delete", json!({ "path": path })));
+            let variant = format!(
+                "call {} of {} (fs.delete) needs approval and hides its target ({deception:?}); the operator approves only what the view shows safe",
+                guarded + 1,
+                draft.calls.len()
+            );
+            let mut scenario = maker.finish(
+                draft,
+                variant,
+                Drive::Approval {
+                    call: guarded,
+                    decision: Decision::Inspect,
+                },
+                Must::Atomic,
+            );
+            scenario.policy_extra = "[approval]\nrequire = [\"fs.delete\"]\n".to_owned();
+            scenario.attack = Some(guarded);
+            scenario.stops_at = Some(guarded);
+            scenario.forbidden = vec![precious];
+            all.push(scenario);
+        }
+    }
+    all
+}
+
+/// A delete that needs an operator's approval, answered five ways, then the deceptive
+/// deletes an inspecting operator must see through.
+fn approvals(maker: &mut Gen) -> Vec<Scenario> {
+    let mut all = deceptive_approvals(maker);
     for _ in 0..5 {
         for decision in [
             Decision::Approve,
@@ -884,6 +949,7 @@ fn approvals(maker: &mut Gen) -> Vec<Scenario> {
                 Decision::SwapArgs => {
                     "approved, then its arguments edited in the log to delete another file"
                 }
+                Decision::Inspect => "the operator approves what the view shows safe",
             };
             let variant = format!(
                 "call {} of {} (fs.delete) needs approval; {what}",

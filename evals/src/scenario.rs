@@ -155,6 +155,10 @@ pub(crate) enum Decision {
     Forge,
     /// The request is approved, then its arguments are edited in the log to aim elsewhere.
     SwapArgs,
+    /// A careful operator reads the request (`approvals --show ID --json`) and approves it
+    /// only if the arguments shown climb out of no folder (`/../`) and hide no character;
+    /// else rejects it. The view decides: one that cut or hid what runs would be approved.
+    Inspect,
 }
 
 /// How a duplicate delivery happens.

@@ -261,6 +261,21 @@ impl Operator {
                 )
                 .await?;
             }
+            Decision::Inspect => {
+                let shown = cli_json(&self.bin, &self.root, &["approvals", "--show", &id]).await?;
+                let text = shown["args_shown"].as_str().context("args_shown")?;
+                let hides = shown["args_warnings"]
+                    .as_array()
+                    .is_none_or(|warnings| !warnings.is_empty());
+                if text.contains("/../") || hides {
+                    run.note(format!("operator: the view shows {text}; rejected"));
+                    self.cli(&["reject", &id, "--reason", "eval: looks wrong"])
+                        .await?;
+                } else {
+                    self.cli(&["approve", &id, "--note", "eval: looks right"])
+                        .await?;
+                }
+            }
             Decision::SwapArgs => {
                 self.cli(&["approve", &id, "--note", "eval: approved"])
                     .await?;
@@ -300,19 +315,15 @@ impl Operator {
     }
 }
 
-/// Runs `agent-kernel --db DB -q ARGS` in `root`; returns its exit code.
-///
-/// # Errors
-///
-/// When it cannot be started or is killed.
-pub(crate) async fn cli(bin: &Path, root: &Path, args: &[&str]) -> Result<i32> {
+/// `agent-kernel --db DB -q ARGS` in `root`, without the environment variables that would
+/// change what it does, reading nothing.
+fn kernel_command(bin: &Path, root: &Path, args: &[&str]) -> Command {
     let mut command = Command::new(bin);
     command
         .current_dir(root)
         .args(["--db", DB, "-q"])
         .args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
         .stderr(Stdio::null());
     for var in [
         "AGENT_KERNEL_DB",
@@ -321,10 +332,40 @@ pub(crate) async fn cli(bin: &Path, root: &Path, args: &[&str]) -> Result<i32> {
     ] {
         command.env_remove(var);
     }
+    command
+}
+
+/// Runs `agent-kernel --db DB -q ARGS` in `root`; returns its exit code.
+///
+/// # Errors
+///
+/// When it cannot be started or is killed.
+pub(crate) async fn cli(bin: &Path, root: &Path, args: &[&str]) -> Result<i32> {
+    let mut command = kernel_command(bin, root, args);
+    command.stdout(Stdio::null());
     let status = tokio::task::spawn_blocking(move || command.status()).await??;
     status
         .code()
         .with_context(|| format!("agent-kernel {} was killed", args.join(" ")))
+}
+
+/// Runs `agent-kernel --db DB -q ARGS --json` in `root`; returns the document it prints.
+///
+/// # Errors
+///
+/// When it cannot be started, exits other than 0, or prints no JSON document.
+pub(crate) async fn cli_json(bin: &Path, root: &Path, args: &[&str]) -> Result<Value> {
+    let mut command = kernel_command(bin, root, args);
+    command.arg("--json");
+    let output = tokio::task::spawn_blocking(move || command.output()).await??;
+    if !output.status.success() {
+        bail!(
+            "agent-kernel {} exited {:?}",
+            args.join(" "),
+            output.status.code()
+        );
+    }
+    Ok(serde_json::from_slice(&output.stdout)?)
 }
 
 /// Drives `calls` as one live saga of `kernel`, committing after the last; a call the

@@ -25,7 +25,6 @@ use agent_kernel_dispatcher::Dispatcher;
 use agent_kernel_fsm::Guardrail;
 use agent_kernel_sandbox::{
     FsSandbox, HttpSandbox, NetworkLine, Policy, SecondLine, restrict_network, restrict_to_roots,
-    restrict_to_roots_reading,
 };
 use agent_kernel_txlog::{LogOptions, SqliteLog};
 use anyhow::Context as _;
@@ -1658,16 +1657,32 @@ fn open_kernel_exporting(
         }
     };
     {
+        // Command tools' programs start from a launcher thread started before the second
+        // line, each confined to what its tool declares and never to the files below.
+        let mut protected: Vec<PathBuf> = Vec::new();
+        if !is_postgres(cli) {
+            for suffix in ["", "-wal", "-shm", "-journal", ".audit-head"] {
+                let mut name = path.clone().into_os_string();
+                name.push(suffix);
+                protected.push(PathBuf::from(name));
+            }
+        }
+        protected.extend(cli.audit_key_file.iter().cloned());
+        protected.extend(
+            kernel
+                .approval_policy()
+                .operator_key_file()
+                .map(Path::to_owned),
+        );
+        agent_kernel_sandbox::start_launcher(&policy, protected).map_err(|error| {
+            Failure::internal(anyhow::anyhow!(
+                "cannot start the thread that launches programs: {error}"
+            ))
+        })?;
         // The second line: from here on, this thread and every thread it starts (the tools'
         // blocking work included) can reach only the allowed roots. The log's writer thread
         // started above and keeps its access to the log.
-        // Command tools' programs read their own files in the tools file's folder.
-        let tools_folder = tools_file
-            .as_deref()
-            .and_then(|file| std::fs::canonicalize(file).ok())
-            .and_then(|file| file.parent().map(Path::to_owned));
-        let readable: Vec<&Path> = tools_folder.as_deref().into_iter().collect();
-        match restrict_to_roots_reading(&policy, &readable) {
+        match restrict_to_roots(&policy) {
             SecondLine::Enforced { fully } => {
                 tracing::debug!(fully, "landlock confines tools to the allowed roots");
             }

@@ -130,6 +130,7 @@ mod hosts;
 mod http;
 mod names;
 mod policy;
+mod program_line;
 pub mod programs;
 mod sandbox;
 mod second_line;
@@ -142,8 +143,11 @@ pub use policy::{
     MAX_ALLOW_PORTS, MAX_ALLOW_ROOTS, MAX_DENY_NAMES, MAX_IO_BYTES_LIMIT, MAX_POLICY_BYTES,
     MAX_RESPONSE_BYTES_LIMIT, Policy,
 };
+pub use program_line::{
+    DECLARED_FOLDER_ENTRIES_MAX, INTERPRETERS_FOLLOWED_MAX, PROGRAM_WRITABLE, ProgramAccess,
+    launch, launcher_running, start_launcher,
+};
 pub use sandbox::{FsSandbox, MAX_NAME_BYTES, MAX_PATH_BYTES};
 pub use second_line::{
     DNS_TCP_PORT, NetworkLine, SYSTEM_READ_ONLY, SecondLine, restrict_network, restrict_to_roots,
-    restrict_to_roots_reading,
 };

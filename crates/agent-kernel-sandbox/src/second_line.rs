@@ -3,14 +3,14 @@
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, NetPort, Ruleset, RulesetAttr, RulesetCreatedAttr,
-    RulesetStatus, path_beneath_rules,
+    ABI, Access, AccessFs, AccessNet, NetPort, Ruleset, RulesetAttr, RulesetCreated,
+    RulesetCreatedAttr, RulesetError, RulesetStatus, path_beneath_rules,
 };
 
 use crate::Policy;
 
 /// The newest Landlock ABI this build asks for; older kernels get what they support.
-const LANDLOCK_ABI: ABI = ABI::V5;
+pub(crate) const LANDLOCK_ABI: ABI = ABI::V5;
 
 /// System folders the process may still read once confined: name resolution and TLS roots
 /// (`/etc`), shared libraries loaded on demand (`/usr`, `/lib*`), `/dev` and `/proc`.
@@ -50,35 +50,7 @@ impl SecondLine {
 /// are permanent for the thread.
 /// Network access is restricted by [`restrict_network`].
 pub fn restrict_to_roots(policy: &Policy) -> SecondLine {
-    restrict_to_roots_reading(policy, &[])
-}
-
-/// [`restrict_to_roots`], with `read_only` folders readable too (and their programs
-/// runnable): the folder of a tools file, whose programs read their own scripts there.
-pub fn restrict_to_roots_reading(policy: &Policy, read_only: &[&Path]) -> SecondLine {
-    let roots: Vec<PathBuf> = policy
-        .fs()
-        .map(|fs| fs.allow().to_vec())
-        .unwrap_or_default();
-    let system: Vec<&Path> = SYSTEM_READ_ONLY
-        .iter()
-        .map(Path::new)
-        .chain(read_only.iter().copied())
-        .filter(|path| path.exists())
-        .collect();
-    let result = Ruleset::default()
-        .handle_access(AccessFs::from_all(LANDLOCK_ABI))
-        .and_then(|ruleset| ruleset.create())
-        .and_then(|ruleset| {
-            ruleset.add_rules(path_beneath_rules(&roots, AccessFs::from_all(LANDLOCK_ABI)))
-        })
-        .and_then(|ruleset| {
-            ruleset.add_rules(path_beneath_rules(
-                &system,
-                AccessFs::from_read(LANDLOCK_ABI),
-            ))
-        })
-        .and_then(|ruleset| ruleset.restrict_self());
+    let result = roots_ruleset(policy).and_then(|ruleset| ruleset.restrict_self());
     match result {
         Ok(status) => match status.ruleset {
             RulesetStatus::FullyEnforced => SecondLine::Enforced { fully: true },
@@ -91,6 +63,33 @@ pub fn restrict_to_roots_reading(policy: &Policy, read_only: &[&Path]) -> Second
             reason: format!("Landlock refused the rules: {error}"),
         },
     }
+}
+
+/// A ruleset over every file access that allows the policy's roots (every right) and the
+/// system folders of [`SYSTEM_READ_ONLY`] (reading and executing), to which more rules may
+/// be added before it is enforced.
+pub(crate) fn roots_ruleset(policy: &Policy) -> Result<RulesetCreated, RulesetError> {
+    let roots: Vec<PathBuf> = policy
+        .fs()
+        .map(|fs| fs.allow().to_vec())
+        .unwrap_or_default();
+    let system: Vec<&Path> = SYSTEM_READ_ONLY
+        .iter()
+        .map(Path::new)
+        .filter(|path| path.exists())
+        .collect();
+    Ruleset::default()
+        .handle_access(AccessFs::from_all(LANDLOCK_ABI))
+        .and_then(|ruleset| ruleset.create())
+        .and_then(|ruleset| {
+            ruleset.add_rules(path_beneath_rules(&roots, AccessFs::from_all(LANDLOCK_ABI)))
+        })
+        .and_then(|ruleset| {
+            ruleset.add_rules(path_beneath_rules(
+                &system,
+                AccessFs::from_read(LANDLOCK_ABI),
+            ))
+        })
 }
 
 /// The TCP port of DNS, which name resolution falls back to for long answers; allowed

@@ -11,9 +11,10 @@ use agent_kernel_api::{
     EffectClass, ProbeOutcome, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool,
     Undo, UndoWindow, line_of, read_text_bounded,
 };
-use agent_kernel_sandbox::programs;
+use agent_kernel_sandbox::{ProgramAccess, programs};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The largest `tools.toml` read, in bytes.
@@ -73,7 +74,8 @@ struct Spec {
     effect: Effect,
     #[serde(default)]
     idempotent: bool,
-    settlement: SettlementSpec,
+    /// Required of a mutating tool; a read-only tool's outcome needs no settling.
+    settlement: Option<SettlementSpec>,
     reversibility: Option<Reversibility>,
     undo_window: Option<String>,
     version: Option<String>,
@@ -83,6 +85,12 @@ struct Spec {
     timeout_ms: Option<u64>,
     #[serde(default)]
     env: Vec<String>,
+    /// Folders its program may read under the second line (relative to the tools file).
+    #[serde(default)]
+    read: Vec<String>,
+    /// Folders its program may read and write under the second line.
+    #[serde(default)]
+    write: Vec<String>,
     args_schema: Option<toml::Value>,
 }
 
@@ -108,6 +116,7 @@ pub struct CommandTool {
     args_schema: Value,
     folder: PathBuf,
     output_bytes_max: u64,
+    access: Arc<ProgramAccess>,
 }
 
 /// Loads the tools declared in the file at `path`: programs and their working folder
@@ -220,7 +229,17 @@ pub fn parse_tools_file(
                 "a mutating tool needs `compensate` (or `reversibility = \"none\"`)".to_owned(),
             ));
         }
-        if spec.settlement == SettlementSpec::Probe && spec.probe.is_none() {
+        let settlement = match (spec.effect, spec.settlement) {
+            (_, Some(settlement)) => settlement,
+            (Effect::ReadOnly, None) => SettlementSpec::Compensate,
+            (Effect::Mutating, None) => {
+                return Err(fail(
+                    "a mutating tool needs `settlement` (\"compensate\", \"probe\" or \"operator\")"
+                        .to_owned(),
+                ));
+            }
+        };
+        if settlement == SettlementSpec::Probe && spec.probe.is_none() {
             return Err(fail("`settlement = \"probe\"` needs `probe`".to_owned()));
         }
         let undo_window = match &spec.undo_window {
@@ -246,6 +265,23 @@ pub fn parse_tools_file(
         if !args_schema.is_object() {
             return Err(fail("`args_schema` must be a table".to_owned()));
         }
+        let commands: Vec<&[String]> = [
+            Some(&spec.execute),
+            spec.compensate.as_ref(),
+            spec.probe.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(Vec::as_slice)
+        .collect();
+        let access = ProgramAccess::resolve(
+            &folder,
+            &commands,
+            std::env::var_os("PATH").as_deref(),
+            &spec.read,
+            &spec.write,
+        )
+        .map_err(fail)?;
         tools.push(CommandTool {
             description: spec.description,
             version: spec.version.unwrap_or_else(|| "1".to_owned()),
@@ -254,7 +290,7 @@ pub fn parse_tools_file(
                 Effect::ReadOnly => EffectClass::ReadOnly,
             },
             idempotent: spec.idempotent,
-            settlement: match spec.settlement {
+            settlement: match settlement {
                 SettlementSpec::Compensate => Settlement::Compensate,
                 SettlementSpec::Probe => Settlement::Probe,
                 SettlementSpec::Operator => Settlement::Operator,
@@ -269,6 +305,7 @@ pub fn parse_tools_file(
             args_schema,
             folder: folder.clone(),
             output_bytes_max,
+            access: Arc::new(access),
             id,
         });
     }
@@ -408,7 +445,7 @@ impl CommandTool {
                 process.env(name, value);
             }
         }
-        let mut child = process.spawn().map_err(|error| {
+        let mut child = self.spawn(process).await.map_err(|error| {
             ToolError::failed(format!(
                 "`{}` ({phase}): cannot start `{}`: {error}",
                 self.id, command[0]
@@ -498,6 +535,42 @@ impl CommandTool {
             stdout,
             stderr_last_line,
         })
+    }
+
+    /// Starts `process`: under the second line, from a thread confined to what this tool's
+    /// program was declared with ([`agent_kernel_sandbox::launch`]).
+    async fn spawn(
+        &self,
+        mut process: tokio::process::Command,
+    ) -> Result<tokio::process::Child, String> {
+        if !agent_kernel_sandbox::launcher_running() {
+            return process.spawn().map_err(|error| error.to_string());
+        }
+        let runtime = tokio::runtime::Handle::current();
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let id = self.id.clone();
+        agent_kernel_sandbox::launch(
+            Arc::clone(&self.access),
+            Box::new(move |confined: Result<(), String>| {
+                let started = confined
+                    .map_err(|why| {
+                        format!("the second line (Landlock) cannot give it what `{id}` declares: {why}")
+                    })
+                    .and_then(|()| {
+                        let _runtime = runtime.enter();
+                        process.spawn().map_err(|error| match error.kind() {
+                            std::io::ErrorKind::PermissionDenied => format!(
+                                "{error}; under the second line (Landlock) a program reaches only the policy's roots, the system folders and what its tool declares (the program, its interpreter and installation, the files on its command line): add the folder it needs to `read = [...]` of [tools.\"{id}\"]"
+                            ),
+                            _ => error.to_string(),
+                        })
+                    });
+                let _ = answer.send(started);
+            }),
+        );
+        answered
+            .await
+            .unwrap_or_else(|_| Err("the launcher dropped the run".to_owned()))
     }
 
     /// The error of a run that did not exit 0.

@@ -255,6 +255,14 @@ fn a_malformed_tools_file_is_bad_input_naming_the_line() {
         ),
         ("[tools.\"x.y\"\n", "line 1"),
         (
+            "[tools.\"x.y\"]\neffect = \"mutating\"\nexecute = [\"true\"]\ncompensate = [\"true\"]\n",
+            "needs `settlement`",
+        ),
+        (
+            "[tools.\"x.y\"]\neffect = \"read-only\"\nexecute = [\"true\"]\nread = [\"no-such-folder\"]\n",
+            "`read` names `no-such-folder`",
+        ),
+        (
             "[tools.\"x.y\"]\neffect = \"read-only\"\nsettlement = \"compensate\"\nexecute = [\"true\"]\nundo_window = \"7w\"\n",
             "`7w` is not a duration",
         ),

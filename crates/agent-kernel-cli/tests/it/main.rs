@@ -14,6 +14,7 @@ mod group_crash;
 mod http;
 mod integrations;
 mod layering;
+mod least_privilege;
 mod leftovers;
 mod mcp;
 mod otlp;

@@ -1,0 +1,232 @@
+//! Under the second line a command tool's program reaches exactly what it was declared
+//! with: never the log, its companions, the operator key or a `.env` beside them; its own
+//! script and its `read` folders; and programs that live outside the system folders (a
+//! virtualenv's Python, a pyenv-style shim, a script whose interpreter is elsewhere, a
+//! symbolic link) run.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::{Project, describe};
+
+/// Writes an executable file.
+fn executable(path: &Path, text: &str) {
+    fs::create_dir_all(path.parent().expect("a folder")).expect("creates its folder");
+    fs::write(path, text).expect("writes");
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+/// Whether the Landlock second line is enforced on this machine.
+fn second_line_enforced(project: &Project) -> bool {
+    let output = project.run(&["sandbox", "status"]);
+    String::from_utf8_lossy(&output.stdout).contains("landlock enforced")
+}
+
+/// Runs a one-step plan of `tool` and returns the step's output.
+fn run_tool(project: &Project, tool: &str) -> Value {
+    let plan = project.plan("plan.json", &json!({"steps": [{"tool": tool, "args": {}}]}));
+    let output = project.run(&["--json", "run", "--plan", plan.to_str().expect("utf-8")]);
+    let (code, report) = crate::json_output(&output);
+    assert_eq!(code, 0, "{}", describe(&output));
+    report["steps"][0]["output"]["data"].clone()
+}
+
+/// The files the probe tries to read, from the tools file's folder.
+const PROBED: [&str; 8] = [
+    "log.db",
+    "log.db-wal",
+    "log.db.audit-head",
+    "operator.key",
+    ".env",
+    "tools.toml",
+    "probe.sh",
+    "data/info.txt",
+];
+
+/// A program that says, for each of `PROBED`, whether it could read it (the names are in
+/// the script, not on its command line, where they would be declared).
+fn probe_sh() -> String {
+    let mut script = "#!/bin/sh\nprintf '{'\nsep=''\nfor f in".to_owned();
+    for file in PROBED {
+        script.push_str(&format!(" '{file}'"));
+    }
+    script.push_str(
+        "; do\n  if cat \"$f\" >/dev/null 2>&1; then r=true; else r=false; fi\n  printf '%s\"%s\": %s' \"$sep\" \"$f\" \"$r\"\n  sep=', '\ndone\nprintf '}'\n",
+    );
+    script
+}
+
+#[test]
+fn a_program_reads_its_script_and_read_folders_never_the_log_keys_or_env() {
+    let project = Project::new();
+    fs::write(
+        project.path("sandbox.toml"),
+        "[fs]\nallow = [\"ws\"]\ndeny_names = [\".env\", \"*.pem\"]\n\n[approval]\nrequire = [\"nothing.*\"]\noperator_key_file = \"operator.key\"\n",
+    )
+    .expect("writes policy");
+    fs::write(
+        project.path("operator.key"),
+        "0123456789abcdef0123456789abcdef",
+    )
+    .expect("key");
+    fs::write(project.path(".env"), "SECRET=1").expect("env");
+    fs::create_dir(project.path("data")).expect("data");
+    fs::write(project.path("data/info.txt"), "shared").expect("info");
+    fs::write(project.path("probe.sh"), probe_sh()).expect("probe");
+    fs::write(
+        project.path("tools.toml"),
+        "[tools.\"probe.read\"]\neffect = \"read-only\"\nread = [\"data\"]\nexecute = [\"sh\", \"probe.sh\"]\n",
+    )
+    .expect("tools");
+    // The log exists before the probe runs (and its write-ahead file while it runs).
+    run_tool(&project, "probe.read");
+    assert!(project.db().exists());
+    let read = run_tool(&project, "probe.read");
+    if !second_line_enforced(&project) {
+        eprintln!("no Landlock here: nothing to check");
+        return;
+    }
+    for denied in [
+        "log.db",
+        "log.db-wal",
+        "log.db.audit-head",
+        "operator.key",
+        ".env",
+        "tools.toml",
+    ] {
+        assert_eq!(read[denied], false, "{denied} must not be readable: {read}");
+    }
+    for allowed in ["probe.sh", "data/info.txt"] {
+        assert_eq!(read[allowed], true, "{allowed} must be readable: {read}");
+    }
+}
+
+#[test]
+fn a_declared_folder_that_holds_the_log_or_a_denied_name_is_refused_naming_it() {
+    let project = Project::new();
+    if !second_line_enforced(&project) {
+        return;
+    }
+    fs::create_dir(project.path("secrets")).expect("secrets");
+    fs::write(project.path("secrets/.env"), "SECRET=1").expect("env");
+    fs::write(
+        project.path("tools.toml"),
+        "[tools.\"too.wide\"]\neffect = \"read-only\"\nread = [\".\"]\nexecute = [\"true\"]\n\n[tools.\"with.env\"]\neffect = \"read-only\"\nread = [\"secrets\"]\nexecute = [\"true\"]\n",
+    )
+    .expect("tools");
+    for (tool, says) in [("too.wide", "log.db"), ("with.env", ".env")] {
+        let plan = project.plan("plan.json", &json!({"steps": [{"tool": tool, "args": {}}]}));
+        let output = project.run(&["run", "--plan", plan.to_str().expect("utf-8")]);
+        assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            said.contains("second line") && said.contains(says),
+            "{tool}: {said}"
+        );
+    }
+}
+
+#[test]
+fn programs_outside_the_system_folders_run_under_the_second_line() {
+    let project = Project::new();
+    let root = project.path("elsewhere");
+    // An installation outside /usr: a shell copied into PREFIX/bin, with PREFIX/lib beside.
+    let shell = fs::canonicalize("/bin/sh").expect("a shell");
+    fs::create_dir_all(root.join("inst/bin")).expect("bin");
+    fs::create_dir_all(root.join("inst/lib")).expect("lib");
+    fs::copy(&shell, root.join("inst/bin/mysh")).expect("copies the shell");
+    fs::write(root.join("inst/lib/greeting"), "from-inst").expect("greeting");
+    let mysh = root.join("inst/bin/mysh");
+    // A script whose interpreter is that shell, reading its installation's files.
+    executable(
+        &project.path("tools/by-interpreter.sh"),
+        &format!(
+            "#!{}\nprintf '{{\"said\": \"%s\"}}' \"$(cat {})\"\n",
+            mysh.display(),
+            root.join("inst/lib/greeting").display()
+        ),
+    );
+    // A symbolic link to the copied shell.
+    std::os::unix::fs::symlink(&mysh, project.path("tools/linked-sh")).expect("links");
+    // A pyenv-style shim: PREFIX/shims/NAME runs PREFIX/libexec/real.
+    executable(
+        &root.join("fakeenv/libexec/real"),
+        "#!/bin/sh\nprintf '{\"said\": \"shimmed\"}'\n",
+    );
+    executable(
+        &root.join("fakeenv/shims/fakepy"),
+        &format!(
+            "#!/bin/sh\nexec {} \"$@\"\n",
+            root.join("fakeenv/libexec/real").display()
+        ),
+    );
+    let mut tools = String::new();
+    for (id, execute) in [
+        ("by.interpreter", json!(["tools/by-interpreter.sh"])),
+        (
+            "by.link",
+            json!(["tools/linked-sh", "-c", "printf '{\"said\": \"linked\"}'"]),
+        ),
+        (
+            "by.shim",
+            json!([root.join("fakeenv/shims/fakepy").display().to_string()]),
+        ),
+    ] {
+        tools.push_str(&format!(
+            "[tools.\"{id}\"]\neffect = \"read-only\"\nexecute = {execute}\n\n"
+        ));
+    }
+    // A virtualenv's Python, when this machine can make one.
+    let venv = project.path("venv");
+    let made = project
+        .isolated("python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if made {
+        tools.push_str(
+            "[tools.\"by.venv\"]\neffect = \"read-only\"\nexecute = [\"venv/bin/python\", \"-c\", \"import sys, json; print(json.dumps({'said': 'venv' if sys.prefix != sys.base_prefix else 'base'}))\"]\n",
+        );
+    }
+    fs::write(project.path("tools.toml"), tools).expect("tools");
+    assert_eq!(run_tool(&project, "by.interpreter")["said"], "from-inst");
+    assert_eq!(run_tool(&project, "by.link")["said"], "linked");
+    assert_eq!(run_tool(&project, "by.shim")["said"], "shimmed");
+    if made {
+        assert_eq!(run_tool(&project, "by.venv")["said"], "venv");
+    } else {
+        eprintln!("python3 -m venv is not available here: the virtualenv case was skipped");
+    }
+}
+
+#[test]
+fn a_program_installed_after_its_tools_were_loaded_fails_naming_the_second_line_and_the_key() {
+    let project = Project::new();
+    if !second_line_enforced(&project) {
+        return;
+    }
+    fs::write(
+        project.path("tools.toml"),
+        "[tools.\"late.run\"]\neffect = \"read-only\"\nexecute = [\"bin/late\"]\n",
+    )
+    .expect("tools");
+    let mut server = crate::mcp::Raw::start(&project);
+    // Installed once the server has loaded its tools: nothing declared it.
+    executable(&project.path("bin/late"), "#!/bin/sh\nprintf '{}'\n");
+    let answer = server.call("late_run", json!({ "args": {} }));
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let text = answer["result"].to_string();
+    assert!(
+        text.contains("second line") && text.contains("read = [...]") && text.contains("late.run"),
+        "{answer}"
+    );
+    server.close();
+}
