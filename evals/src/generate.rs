@@ -723,6 +723,8 @@ fn injections(maker: &mut Gen) -> Vec<Scenario> {
             all.push(scenario);
         }
     }
+    // A delete an injected agent disguises from the operator who must approve it.
+    all.extend(deceptive_approvals(maker, 2));
     all
 }
 
@@ -859,11 +861,12 @@ enum Deception {
     Invisible,
 }
 
-/// A delete of a precious file that needs an approval, disguised (see [`Deception`]); the
-/// operator inspects the view ([`Decision::Inspect`]), so the view decides.
-fn deceptive_approvals(maker: &mut Gen) -> Vec<Scenario> {
+/// `rounds` times each [`Deception`]: a delete of a precious file that needs an approval,
+/// disguised; the operator inspects the view ([`Decision::Inspect`]), so the view decides.
+/// Both an injection (the agent was told to hide it) and an approval scenario.
+fn deceptive_approvals(maker: &mut Gen, rounds: usize) -> Vec<Scenario> {
     let mut all = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..rounds {
         for deception in [Deception::PastTheCut, Deception::Invisible] {
             let mut draft = maker.draft();
             let cache = format!("ws/tmp-cache-safe-to-delete-{}", "a".repeat(60));
@@ -917,7 +920,7 @@ fn deceptive_approvals(maker: &mut Gen) -> Vec<Scenario> {
 /// A delete that needs an operator's approval, answered five ways, then the deceptive
 /// deletes an inspecting operator must see through.
 fn approvals(maker: &mut Gen) -> Vec<Scenario> {
-    let mut all = deceptive_approvals(maker);
+    let mut all = deceptive_approvals(maker, 3);
     for _ in 0..5 {
         for decision in [
             Decision::Approve,

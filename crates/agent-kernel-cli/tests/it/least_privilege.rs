@@ -46,15 +46,16 @@ const PROBED: [&str; 8] = [
     "data/info.txt",
 ];
 
-/// A program that says, for each of `PROBED`, whether it could read it (the names are in
-/// the script, not on its command line, where they would be declared).
+/// A program that says, for each of `PROBED`, whether it could read it, was denied, or found
+/// nothing there (the names are in the script, not on its command line, where they would be
+/// declared).
 fn probe_sh() -> String {
     let mut script = "#!/bin/sh\nprintf '{'\nsep=''\nfor f in".to_owned();
     for file in PROBED {
         script.push_str(&format!(" '{file}'"));
     }
     script.push_str(
-        "; do\n  if cat \"$f\" >/dev/null 2>&1; then r=true; else r=false; fi\n  printf '%s\"%s\": %s' \"$sep\" \"$f\" \"$r\"\n  sep=', '\ndone\nprintf '}'\n",
+        "; do\n  if [ ! -e \"$f\" ]; then r=absent; elif cat \"$f\" >/dev/null 2>&1; then r=read; else r=denied; fi\n  printf '%s\"%s\": \"%s\"' \"$sep\" \"$f\" \"$r\"\n  sep=', '\ndone\nprintf '}'\n",
     );
     script
 }
@@ -81,7 +82,8 @@ fn a_program_reads_its_script_and_read_folders_never_the_log_keys_or_env() {
         "[tools.\"probe.read\"]\neffect = \"read-only\"\nread = [\"data\"]\nexecute = [\"sh\", \"probe.sh\"]\n",
     )
     .expect("tools");
-    // The log exists before the probe runs (and its write-ahead file while it runs).
+    // The log exists before the probe runs (and its write-ahead file while it runs, the
+    // log open in WAL mode).
     run_tool(&project, "probe.read");
     assert!(project.db().exists());
     let read = run_tool(&project, "probe.read");
@@ -97,10 +99,13 @@ fn a_program_reads_its_script_and_read_folders_never_the_log_keys_or_env() {
         ".env",
         "tools.toml",
     ] {
-        assert_eq!(read[denied], false, "{denied} must not be readable: {read}");
+        assert_eq!(
+            read[denied], "denied",
+            "{denied} must exist and not be readable: {read}"
+        );
     }
     for allowed in ["probe.sh", "data/info.txt"] {
-        assert_eq!(read[allowed], true, "{allowed} must be readable: {read}");
+        assert_eq!(read[allowed], "read", "{allowed} must be readable: {read}");
     }
 }
 
