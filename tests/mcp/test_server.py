@@ -1,4 +1,4 @@
-"""The official Python MCP client against the real `agent-kernel mcp` (CONTRACT §9)."""
+"""The official Python MCP client against the real `agent-kernel mcp` (reference §9)."""
 
 import pathlib
 

@@ -1,4 +1,4 @@
-"""agent-kernel in front of real third-party MCP servers (CONTRACT §11): the npm reference
+"""agent-kernel in front of real third-party MCP servers (reference §11): the npm reference
 memory server and the PyPI git server, declared in tools.toml, driven through the real
 binary with plans: a saga of upstream calls committed, one failing at its last step with
 every earlier call compensated through the server (its state read back through its own

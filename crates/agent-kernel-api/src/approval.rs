@@ -1,4 +1,4 @@
-//! Approvals and dead letters (CONTRACT §10): a request for an operator's decision on one
+//! Approvals and dead letters (reference §10): a request for an operator's decision on one
 //! exact step and the decisions that end it; a failed compensation kept for an operator.
 
 use std::fmt;
@@ -107,7 +107,7 @@ impl ApprovalDecision {
 }
 
 /// A request for an operator's approval of one step, recorded before anything of the step
-/// runs (CONTRACT §10).
+/// runs (reference §10).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApprovalRequest {
     /// The request's id (what `approve` and `reject` name).
@@ -251,7 +251,7 @@ impl FromStr for DeadLetterStatus {
 }
 
 /// A compensation that failed (after its retries), or a step of unknown outcome left to an
-/// operator, as the log holds it (CONTRACT §10).
+/// operator, as the log holds it (reference §10).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeadLetter {
     /// The letter's id (what `dlq retry` and `dlq resolve` name).

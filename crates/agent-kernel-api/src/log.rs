@@ -159,7 +159,7 @@ pub enum LogWrite {
     },
     /// Records an event in the audit chain only: no saga or step changes.
     Audit(AuditEvent),
-    /// Records a request for an operator's approval of a step that has not begun (CONTRACT
+    /// Records a request for an operator's approval of a step that has not begun (reference
     /// §10); the saga's move to `AwaitingApproval` rides in the same batch.
     RequestApproval(ApprovalRequest),
     /// Records a decision on a request: approve or reject (only while it is pending and not

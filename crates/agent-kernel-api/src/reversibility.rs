@@ -1,4 +1,4 @@
-//! How far a tool's effect can be taken back, and for how long (CONTRACT §10).
+//! How far a tool's effect can be taken back, and for how long (reference §10).
 
 use std::fmt;
 use std::str::FromStr;

@@ -54,7 +54,7 @@ pub enum SagaState {
     /// A compensation failed: an operator must look. Terminal.
     FailedRollbackPartial,
     /// A step needs an operator's approval before anything of it runs; the saga waits for
-    /// the decision (CONTRACT §10).
+    /// the decision (reference §10).
     AwaitingApproval,
     /// A `Done` saga whose steps an operator undid (`agent-kernel undo`). Terminal.
     Undone,

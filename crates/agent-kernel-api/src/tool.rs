@@ -12,7 +12,7 @@ use crate::{Durability, Reversibility, SagaId, UndoWindow};
 /// A boxed, sendable future: what the object-safe traits return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The [`TransactionalTool::version`] of every tool of an upstream MCP server (CONTRACT §11),
+/// The [`TransactionalTool::version`] of every tool of an upstream MCP server (reference §11),
 /// as its steps record it: when a later tools file no longer declares the server, recovery
 /// does not wait for it (as it waits for a missing tool of the program's own) but leaves
 /// each of those steps a dead letter.

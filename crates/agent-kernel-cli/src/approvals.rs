@@ -1,4 +1,4 @@
-//! The operator's side of approvals (CONTRACT §10): `approvals`, `approve`, `reject`, the
+//! The operator's side of approvals (reference §10): `approvals`, `approve`, `reject`, the
 //! operator key given to them, and the wait of `run` and `resume` for a decision.
 
 use std::path::Path;
@@ -241,6 +241,10 @@ pub(crate) fn say_how_to_decide(report: &SagaReport) {
         printable(&request.tool_id),
         request.digest,
         format_ms(request.expires_at_ms)
+    );
+    eprintln!(
+        "agent-kernel: see exactly what it runs with: agent-kernel approvals --show {}",
+        request.approval_id
     );
     eprintln!(
         "agent-kernel: approve with: agent-kernel approve {}    (reject with: agent-kernel reject {} --reason TEXT)",

@@ -23,7 +23,7 @@ pub(crate) const AUDIT_KEY_ENV: &str = "AGENT_KERNEL_AUDIT_KEY";
 /// The largest key file read: the longest hex key and a line break.
 const KEY_FILE_BYTES_MAX: u64 = 2 * AUDIT_KEY_BYTES_MAX as u64 + 2;
 
-/// `audit verify` found tampering (CONTRACT §5).
+/// `audit verify` found tampering (reference §5).
 const EXIT_TAMPERED: u8 = 1;
 
 /// The audit key: from `file` when given (hex digits; surrounding whitespace ignored),

@@ -1,4 +1,4 @@
-//! `dlq list`, `dlq retry`, `dlq resolve` (CONTRACT §10): the failed compensations an
+//! `dlq list`, `dlq retry`, `dlq resolve` (reference §10): the failed compensations an
 //! operator must see, retry, or settle by hand.
 
 use agent_kernel_api::DeadLetter;

@@ -1,4 +1,4 @@
-//! `export --otel (--saga ID | --all) [--out FILE]` (CONTRACT §12): sagas as OTLP/JSON,
+//! `export --otel (--saga ID | --all) [--out FILE]` (reference §12): sagas as OTLP/JSON,
 //! built by `agent-kernel-otel` from the log's tables and its audit chain.
 
 use std::collections::BTreeSet;

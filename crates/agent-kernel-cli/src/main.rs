@@ -1,6 +1,6 @@
 //! `agent-kernel`: run tool-call plans as sagas with durable intent, rollback and recovery.
 //!
-//! See `agent-kernel --help`, the README and SPEC.md for the commands, and CONTRACT-level
+//! See `agent-kernel --help`, docs/reference.md and SPEC.md for the commands, and reference-level
 //! exit codes: 0 success, 1 rolled back, 2 bad input, 3 operator attention, 4 denied, 5 the
 //! saga waits for an approval.
 

@@ -1,4 +1,4 @@
-//! Approvals (CONTRACT §10): which steps wait for an operator, the request bound to the
+//! Approvals (reference §10): which steps wait for an operator, the request bound to the
 //! exact step, the decisions, and resuming a saga once its step is decided.
 //!
 //! A step needs an approval when its tool's reversibility is `none`, or when its tool id

@@ -34,7 +34,7 @@ pub const DB_ENV: &str = "AGENT_KERNEL_DB";
 /// (default [`agent_kernel_txlog_postgres::LEASE_DEFAULT`]): how long after it stops its
 /// unfinished sagas wait before another process may recover them.
 pub const LEASE_ENV: &str = "AGENT_KERNEL_LEASE_MS";
-/// The tools file a builder loads when it exists in the working directory (CONTRACT §7).
+/// The tools file a builder loads when it exists in the working directory (reference §7).
 pub const DEFAULT_TOOLS: &str = "tools.toml";
 
 /// Where the command tools come from.
@@ -263,7 +263,7 @@ impl KernelBuilder {
         self
     }
 
-    /// The tools file whose command tools to register (CONTRACT §7), instead of
+    /// The tools file whose command tools to register (reference §7), instead of
     /// `./tools.toml` when it exists.
     pub fn tools_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.tools_file = ToolsFileSource::File(path.into());

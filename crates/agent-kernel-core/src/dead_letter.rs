@@ -1,4 +1,4 @@
-//! Dead letters (CONTRACT §10): every compensation that still fails after its retries, and
+//! Dead letters (reference §10): every compensation that still fails after its retries, and
 //! every step of unknown outcome left to an operator, is kept as a dead letter until a retry
 //! compensates it or an operator resolves it by hand; when none of a saga's remains, the
 //! saga is `FailedRolledBack`.

@@ -130,7 +130,7 @@ impl Kernel {
     }
 
     /// The kernel with `policy` deciding which steps wait for an operator's approval
-    /// (CONTRACT §10): those of irreversible tools always, and those `[approval] require`
+    /// (reference §10): those of irreversible tools always, and those `[approval] require`
     /// names.
     #[must_use]
     pub fn with_approval_policy(mut self, policy: crate::approval::ApprovalPolicy) -> Self {

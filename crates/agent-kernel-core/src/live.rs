@@ -1,4 +1,4 @@
-//! Live sagas (CONTRACT §8): begun, then driven one call at a time, each call chosen after
+//! Live sagas (reference §8): begun, then driven one call at a time, each call chosen after
 //! the previous answers, then committed or aborted. Each call goes through the same step
 //! path as a plan's step (`step.rs`); a live saga is a plan whose next step is known only
 //! when it is called.

@@ -61,7 +61,7 @@ impl Kernel {
                     && step.effect != EffectClass::ReadOnly
                     && self.tools.get(&step.tool_id).is_none()
                     // An upstream server the tools file no longer declares: its steps
-                    // become dead letters (CONTRACT §11) rather than wait for it.
+                    // become dead letters (reference §11) rather than wait for it.
                     && step.tool_version != agent_kernel_api::UPSTREAM_TOOL_VERSION
             })
             .map(|step| step.tool_id.clone())

@@ -1,4 +1,4 @@
-//! Replay (CONTRACT §12): a saga's recorded history checked again, executing nothing,
+//! Replay (reference §12): a saga's recorded history checked again, executing nothing,
 //! against an FSM table (the one in force, or another), the tools' versions and the
 //! arguments' hashes; the first divergence is named.
 

@@ -1,4 +1,4 @@
-//! Undo (CONTRACT §10): an operator compensates a `Done` saga's steps, last first, within
+//! Undo (reference §10): an operator compensates a `Done` saga's steps, last first, within
 //! their undo windows, and the saga ends `Undone`. `recover` never does this; only `undo`.
 
 use agent_kernel_api::{

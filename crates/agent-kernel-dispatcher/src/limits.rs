@@ -24,12 +24,12 @@ pub const MAX_RETRIES: u32 = 10;
 pub const DEFAULT_BACKOFF_BASE_MS: u64 = 100;
 /// Default longest backoff between retries, in milliseconds.
 pub const DEFAULT_BACKOFF_MAX_MS: u64 = 5_000;
-/// Default number of live sagas one process may hold open at once (CONTRACT §8).
+/// Default number of live sagas one process may hold open at once (reference §8).
 pub const DEFAULT_OPEN_SAGAS_MAX: usize = 64;
 /// Largest number of open live sagas that may be configured.
 pub const MAX_OPEN_SAGAS: usize = 65_536;
 /// Default time a live saga may stay untouched before it is rolled back, in milliseconds
-/// (ten minutes, CONTRACT §8).
+/// (ten minutes, reference §8).
 pub const DEFAULT_SAGA_IDLE_TIMEOUT_MS: u64 = 600_000;
 /// Longest idle timeout of a live saga that may be configured, in milliseconds (a day).
 pub const MAX_SAGA_IDLE_TIMEOUT_MS: u64 = 86_400_000;
@@ -76,7 +76,7 @@ pub struct Limits {
     /// in milliseconds. Read by the kernel, like `open_sagas_max`.
     pub saga_idle_timeout_ms: u64,
     /// How long after its saga ended a step of a tool that declares no window of its own may
-    /// still be undone (`undo_window = "7d"`, CONTRACT §10). Read by the kernel.
+    /// still be undone (`undo_window = "7d"`, reference §10). Read by the kernel.
     pub undo_window: UndoWindow,
 }
 

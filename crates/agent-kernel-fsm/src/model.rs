@@ -24,7 +24,7 @@ pub enum Event {
     CompensationDone,
     /// At least one compensation failed.
     CompensationFailed,
-    /// A step needs an operator's approval before anything of it runs (CONTRACT §10).
+    /// A step needs an operator's approval before anything of it runs (reference §10).
     ApprovalRequested,
     /// The operator approved the waiting step: it runs next.
     ApprovalGranted,

@@ -1,4 +1,4 @@
-//! The agent-kernel MCP server (CONTRACT §9): an agent's tool calls run through the kernel
+//! The agent-kernel MCP server (reference §9): an agent's tool calls run through the kernel
 //! as live sagas, over the Model Context Protocol on stdio, with the official Rust SDK
 //! (`rmcp`).
 //!

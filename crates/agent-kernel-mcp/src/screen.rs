@@ -85,7 +85,9 @@ fn screen(line: &[u8]) -> Screened {
             scan.depth_max
         )
     } else {
-        match serde_json::from_slice::<ClientJsonRpcMessage>(line) {
+        // As the SDK reads it: a byte-order mark first is ignored.
+        let body = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
+        match serde_json::from_slice::<ClientJsonRpcMessage>(body) {
             Ok(_) => return Screened::Pass,
             // Not a request the SDK reads (params that are not an object, say): refused
             // here when it has an id to answer; anything else is the SDK's to handle.
@@ -273,6 +275,14 @@ mod tests {
         assert_eq!(message["method"], REFUSED_METHOD);
         // Not JSON at all, or a response from the client: the SDK's.
         assert_eq!(screen(b"{not json\n"), Screened::Pass);
+        assert_eq!(
+            screen(b"\xEF\xBB\xBF{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n"),
+            Screened::Pass
+        );
+        assert_eq!(
+            screen(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n"),
+            Screened::Pass
+        );
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! agent-kernel's sagas as OpenTelemetry traces (CONTRACT §12).
+//! agent-kernel's sagas as OpenTelemetry traces (reference §12).
 //!
 //! [`export_request`] turns sagas, as the log holds them (the [`SagaRecord`] and the saga's
 //! records in the audit chain, oldest first), into an OTLP `ExportTraceServiceRequest`

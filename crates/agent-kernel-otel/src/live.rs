@@ -1,4 +1,4 @@
-//! Live export (CONTRACT §12): with `OTEL_EXPORTER_OTLP_ENDPOINT` set, the spans of this
+//! Live export (reference §12): with `OTEL_EXPORTER_OTLP_ENDPOINT` set, the spans of this
 //! process's sagas go to an OTLP/HTTP collector as the sagas progress.
 //!
 //! The exporter never touches a step: it runs on its own thread and tails the log's audit

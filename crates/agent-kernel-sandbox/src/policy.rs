@@ -76,7 +76,7 @@ struct RawPolicy {
     http: Option<RawHttp>,
     /// The dispatcher's bounds; the sandbox carries them without ruling on them.
     limits: Option<toml::Table>,
-    /// Which steps wait for an operator (CONTRACT §10); carried, not ruled on, like
+    /// Which steps wait for an operator (reference §10); carried, not ruled on, like
     /// `[limits]`.
     approval: Option<toml::Table>,
 }

@@ -350,13 +350,20 @@ fn check(access: &ProgramAccess, launcher: &Launcher) -> Result<(), String> {
     if deny.is_empty() {
         return Ok(());
     }
+    // Names are matched as the built-in tools match them below a root: the entry's own name
+    // and the names below it, never the folders above it (a home folder's `.pyenv`, say).
+    let denied_name = |path: &Path| {
+        let name = path.file_name()?.to_string_lossy().into_owned();
+        let pattern = deny.matching(&name)?;
+        Some((name, pattern))
+    };
     for path in access
         .run
         .iter()
         .map(PathBuf::as_path)
         .filter(|path| path.is_file())
     {
-        if let Some((name, pattern)) = deny.first_denied(path) {
+        if let Some((name, pattern)) = denied_name(path) {
             return Err(format!(
                 "it names {}, whose name `{name}` the policy denies (`{pattern}`)",
                 path.display()
@@ -364,7 +371,7 @@ fn check(access: &ProgramAccess, launcher: &Launcher) -> Result<(), String> {
         }
     }
     for folder in access.declared() {
-        if let Some((name, pattern)) = deny.first_denied(folder) {
+        if let Some((name, pattern)) = denied_name(folder) {
             return Err(format!(
                 "it declares {}, whose name `{name}` the policy denies (`{pattern}`)",
                 folder.display()

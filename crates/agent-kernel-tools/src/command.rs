@@ -1,4 +1,4 @@
-//! Command tools (CONTRACT §7): tools that are programs in any language, declared in
+//! Command tools (reference §7): tools that are programs in any language, declared in
 //! `tools.toml`, run one process per phase with a JSON object on stdin.
 
 use std::collections::BTreeMap;
@@ -46,7 +46,7 @@ pub struct ToolsFileError {
 struct ToolsFile {
     #[serde(default)]
     tools: BTreeMap<String, toml::Spanned<Spec>>,
-    /// Upstream MCP servers (CONTRACT §11), which `agent-kernel-upstream` reads.
+    /// Upstream MCP servers (reference §11), which `agent-kernel-upstream` reads.
     #[serde(default)]
     #[allow(dead_code)]
     mcp_servers: Option<toml::Value>,
@@ -94,7 +94,7 @@ struct Spec {
     args_schema: Option<toml::Value>,
 }
 
-/// A tool that is a program (CONTRACT §7): each phase (`execute`, `compensate`, `probe`) is
+/// A tool that is a program (reference §7): each phase (`execute`, `compensate`, `probe`) is
 /// one run of a program in the tools file's folder, with a JSON object on stdin, the
 /// environment cleared but for `PATH` and the listed names, stdout bounded, and its whole
 /// process group killed at its timeout.

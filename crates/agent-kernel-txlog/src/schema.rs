@@ -138,7 +138,7 @@ CREATE INDEX sagas_unfinished ON sagas (created_at_ms, saga_id)
     WHERE state <> 'Done' AND state <> 'FailedRolledBack' AND state <> 'FailedRollbackPartial';
 CREATE INDEX sagas_by_created ON sagas (created_at_ms, saga_id);
 ",
-    // Version 5: approvals and dead letters (CONTRACT §10). `sagas` is rebuilt for the new
+    // Version 5: approvals and dead letters (reference §10). `sagas` is rebuilt for the new
     // states `AwaitingApproval` (unfinished) and `Undone` (terminal), as in version 4.
     r"
 CREATE TABLE sagas_v5 (

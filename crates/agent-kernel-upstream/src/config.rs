@@ -1,4 +1,4 @@
-//! `[mcp_servers.NAME]` in `tools.toml` (CONTRACT §11), parsed strictly, every problem
+//! `[mcp_servers.NAME]` in `tools.toml` (reference §11), parsed strictly, every problem
 //! naming its line.
 
 use std::collections::BTreeMap;

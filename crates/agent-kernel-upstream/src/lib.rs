@@ -1,4 +1,4 @@
-//! Upstream MCP servers (CONTRACT §11): the tools of MCP servers declared in `tools.toml`
+//! Upstream MCP servers (reference §11): the tools of MCP servers declared in `tools.toml`
 //! under `[mcp_servers.NAME]`, offered as kernel tools `NAME.TOOL`, so that each call is a
 //! logged, compensable saga step.
 //!

@@ -1,4 +1,4 @@
-//! The argument mapping of a compensation (CONTRACT §11): a JSON template whose strings
+//! The argument mapping of a compensation (reference §11): a JSON template whose strings
 //! starting with `$` are RFC 9535 JSONPath queries (through `serde_json_path`) over the
 //! step's document `{"args": …, "output": …}`; every other value is literal.
 //!

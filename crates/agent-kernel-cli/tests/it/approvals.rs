@@ -1,4 +1,4 @@
-//! Approvals through the binary (CONTRACT §10): `run --no-wait` (exit 5), `approvals`,
+//! Approvals through the binary (reference §10): `run --no-wait` (exit 5), `approvals`,
 //! `approve`, `reject`, `resume` from another process, a waiting `run`, SIGKILL while
 //! waiting, two approvers at once, the operator key, and expiry.
 

@@ -1,4 +1,4 @@
-//! Command tools (CONTRACT §7): programs declared in `tools.toml`, run by the real binary,
+//! Command tools (reference §7): programs declared in `tools.toml`, run by the real binary,
 //! compensated through the programs, after a failure and after a SIGKILL.
 
 use std::fs;

@@ -1,6 +1,6 @@
 //! The crash test: the real binary, SIGKILLed at random moments, then `recover`.
 //!
-//! CONTRACT §6.1: after a kill and a recovery, every file the saga touched holds its bytes
+//! reference §6.1: after a kill and a recovery, every file the saga touched holds its bytes
 //! from before the saga, or the saga reached `Done` and every effect is present. Never a mix,
 //! and no temporary file of the kernel is left among the user's files.
 //!
@@ -351,7 +351,7 @@ fn files(a: &str, b: &str) -> BTreeMap<String, Vec<u8>> {
     ])
 }
 
-/// CONTRACT-level settlement after a real SIGKILL, for the `probe` and `operator` classes
+/// Reference-level settlement after a real SIGKILL, for the `probe` and `operator` classes
 /// (the drill tools `fault.probed_write` and `fault.opaque_write`).
 #[test]
 fn sigkill_settles_each_unknown_outcome_by_its_class() {

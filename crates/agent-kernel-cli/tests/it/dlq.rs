@@ -1,4 +1,4 @@
-//! Dead letters through the binary (CONTRACT §10): a compensation that fails becomes a
+//! Dead letters through the binary (reference §10): a compensation that fails becomes a
 //! dead letter, `dlq list` shows it, `dlq retry` runs it again (exit 3 while it still
 //! fails, 0 once it is compensated), `dlq resolve` settles one by hand, and the saga is
 //! `FailedRolledBack` once none is left.

@@ -1,4 +1,4 @@
-//! `export --otel` through the real binary (CONTRACT §12): the JSON parses back into an
+//! `export --otel` through the real binary (reference §12): the JSON parses back into an
 //! `ExportTraceServiceRequest`; ids have their lengths, parents are consistent, every step
 //! and compensation has its span, times are monotone within a saga; golden documents (ids,
 //! times and saga ids normalized) for a committed, a rolled-back and a partial saga.

@@ -8,6 +8,7 @@ mod command;
 mod crash;
 mod creation;
 mod dlq;
+mod docs;
 mod export;
 mod fsm;
 mod group_crash;

@@ -1,4 +1,4 @@
-//! `agent-kernel mcp` (CONTRACT §9), driven by rmcp's client over stdio, and by raw
+//! `agent-kernel mcp` (reference §9), driven by rmcp's client over stdio, and by raw
 //! JSON-RPC lines where the test needs to close stdin or send garbage.
 
 use std::fs;

@@ -1,4 +1,4 @@
-//! Live OTLP export through the real binary (CONTRACT §12): with
+//! Live OTLP export through the real binary (reference §12): with
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` set, `run` and `mcp` send their sagas' spans to an
 //! OTLP/HTTP collector on loopback (JSON or protobuf), the same spans `export --otel`
 //! writes; `mcp` sends them while it runs; a dead or silent collector never fails a saga

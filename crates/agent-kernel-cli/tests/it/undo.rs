@@ -1,4 +1,4 @@
-//! `undo --saga ID --reason TEXT` through the binary (CONTRACT §10): every file back and
+//! `undo --saga ID --reason TEXT` through the binary (reference §10): every file back and
 //! the saga `Undone`; refused (exit 4, naming the step) past the undo window, or after
 //! another writer changed a file, unless `--force`.
 

@@ -1,4 +1,4 @@
-//! Upstream MCP servers (CONTRACT §11) through the binary: another `agent-kernel mcp` (a real
+//! Upstream MCP servers (reference §11) through the binary: another `agent-kernel mcp` (a real
 //! MCP server over stdio, with its own log and sandbox) declared in `tools.toml`, its tools
 //! offered as `files.TOOL`, each call a saga step compensated through the upstream server.
 

@@ -1,4 +1,4 @@
-//! Approvals (CONTRACT §10) over the real log: a step that needs one waits before anything
+//! Approvals (reference §10) over the real log: a step that needs one waits before anything
 //! of it runs; approved, it runs once with exactly the approved arguments; rejected,
 //! expired, or left by a dead process, the saga rolls back; a decision is taken once.
 

@@ -1,4 +1,4 @@
-//! Dead letters (CONTRACT §10): every failed compensation is kept, one letter per step,
+//! Dead letters (reference §10): every failed compensation is kept, one letter per step,
 //! until a retry compensates it or an operator resolves it; nothing is dropped.
 
 use std::collections::{BTreeMap, HashSet};

@@ -1,4 +1,4 @@
-//! Exactly-once by idempotency key (CONTRACT §6.4).
+//! Exactly-once by idempotency key (reference §6.4).
 
 use agent_kernel_api::{SagaState, StepStatus};
 use agent_kernel_core::{KernelError, NoObserver, ProblemKind};

@@ -1,4 +1,4 @@
-//! Live sagas (CONTRACT §8): begun, called one step at a time, committed or aborted.
+//! Live sagas (reference §8): begun, called one step at a time, committed or aborted.
 
 use std::sync::Arc;
 use std::time::Duration;

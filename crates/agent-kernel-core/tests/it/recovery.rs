@@ -1,4 +1,4 @@
-//! Recovery of sagas left unfinished by dead processes (CONTRACT §6.1, §6.2).
+//! Recovery of sagas left unfinished by dead processes (reference §6.1, §6.2).
 
 use agent_kernel_api::{SagaState, StepStatus};
 use agent_kernel_core::{NoObserver, RecoveryAction};
@@ -264,7 +264,7 @@ async fn a_dry_run_stops_where_a_run_would_find_its_key_held() {
     );
 }
 
-/// CONTRACT §8: a process asked to compensate a step whose tool it does not have leaves the
+/// reference §8: a process asked to compensate a step whose tool it does not have leaves the
 /// saga as it is and names the tool; a process that has the tool recovers it later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saga_whose_tool_is_missing_is_left_untouched_for_a_program_that_has_it() {

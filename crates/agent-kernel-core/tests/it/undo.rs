@@ -1,4 +1,4 @@
-//! Undo of a `Done` saga (CONTRACT §10): every step compensated last first and the saga
+//! Undo of a `Done` saga (reference §10): every step compensated last first and the saga
 //! `Undone`, within the undo window (on an injected clock), never for an irreversible step,
 //! and never by `recover`.
 

@@ -293,7 +293,7 @@ class Kernel:
         return _SagaScope(self, name, actor)
 
     def run(self, plan: dict[str, Any] | str) -> dict[str, Any]:
-        """Runs a plan (CONTRACT §2) to its end; returns the report, raising as a call would
+        """Runs a plan (reference §2) to its end; returns the report, raising as a call would
         when the saga was rolled back."""
         text = plan if isinstance(plan, str) else json.dumps(plan)
         report = json.loads(_native_call(self._native.run_plan, text))

@@ -1,4 +1,4 @@
-//! Approval requests in the log (CONTRACT §10): requested with the saga's move to
+//! Approval requests in the log (reference §10): requested with the saga's move to
 //! `AwaitingApproval`, decided once, consumed once in the BEGIN's transaction and only for
 //! exactly the step they name, and covered by `audit verify`.
 
