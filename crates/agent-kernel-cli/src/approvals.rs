@@ -119,20 +119,20 @@ pub(crate) async fn show_command(
     let record = kernel.approval(approval_id).await?;
     let now_ms = agent_kernel_api::Clock::now_ms(&agent_kernel_core::SystemClock);
     let request = &record.request;
-    let later: Option<Vec<serde_json::Value>> = request.rest.as_ref().map(|rest| {
-        rest.iter()
-            .map(|step| {
-                let shown = shown_json(&step.args);
-                json!({
-                    "tool": step.tool,
-                    "args": step.args,
-                    "args_shown": shown.text,
-                    "args_warnings": shown.warnings(),
-                })
-            })
-            .collect()
-    });
     if out.is_json() {
+        let later: Option<Vec<serde_json::Value>> = request.rest.as_ref().map(|rest| {
+            rest.iter()
+                .map(|step| {
+                    let shown = shown_json(&step.args);
+                    json!({
+                        "tool": step.tool,
+                        "args": step.args,
+                        "args_shown": shown.text,
+                        "args_warnings": shown.warnings(),
+                    })
+                })
+                .collect()
+        });
         let mut document = approval_document(request);
         document["status"] = json!(record.status_at(now_ms));
         document["decided_by"] = json!(record.decided_by);
@@ -162,7 +162,7 @@ pub(crate) async fn show_command(
     for line in shown_arguments(&request.args).lines() {
         println!("    {line}");
     }
-    match &later {
+    match &request.rest {
         None => println!("  a live saga's step: its agent sends the next steps"),
         Some(later) if later.is_empty() => println!("  the plan has no step after it"),
         Some(later) => {
@@ -171,9 +171,9 @@ pub(crate) async fn show_command(
                 println!(
                     "    {} {}",
                     request.step_seq as usize + 1 + n,
-                    printable(step["tool"].as_str().unwrap_or_default())
+                    printable(&step.tool)
                 );
-                for line in shown_arguments(&step["args"]).lines() {
+                for line in shown_arguments(&step.args).lines() {
                     println!("      {line}");
                 }
             }

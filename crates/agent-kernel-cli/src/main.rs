@@ -1659,14 +1659,11 @@ fn open_kernel_exporting(
     {
         // Command tools' programs start from a launcher thread started before the second
         // line, each confined to what its tool declares and never to the files below.
-        let mut protected: Vec<PathBuf> = Vec::new();
-        if !is_postgres(cli) {
-            for suffix in ["", "-wal", "-shm", "-journal", ".audit-head"] {
-                let mut name = path.clone().into_os_string();
-                name.push(suffix);
-                protected.push(PathBuf::from(name));
-            }
-        }
+        let mut protected: Vec<PathBuf> = if is_postgres(cli) {
+            Vec::new()
+        } else {
+            agent_kernel_txlog::log_files(&path)
+        };
         protected.extend(cli.audit_key_file.iter().cloned());
         protected.extend(
             kernel

@@ -556,11 +556,7 @@ impl Kernel {
         self.log
             .saga_approval(&record.saga.saga_id)
             .await?
-            .ok_or_else(|| KernelError::Inconsistent {
-                saga_id: record.saga.saga_id.clone(),
-                reason: "it waits in AwaitingApproval, but the log holds no request for it"
-                    .to_owned(),
-            })
+            .ok_or_else(|| no_request(&record.saga.saga_id))
     }
 
     /// The request a waiting saga waits on, vouched for by its audit record
@@ -574,7 +570,7 @@ impl Kernel {
         let saga_id = &record.saga.saga_id;
         match self.log.vouched_saga_approval(saga_id).await {
             Ok(Some(approval)) => Ok(approval),
-            Ok(None) => self.waiting_approval(record).await,
+            Ok(None) => Err(no_request(saga_id)),
             Err(TxError::ApprovalUnusable {
                 approval_id,
                 reason,
@@ -656,5 +652,13 @@ impl Kernel {
         let failure = Self::unapproved_failure(approval, status);
         self.compensate_from(record, batch, Some(failure), observer)
             .await
+    }
+}
+
+/// A saga that waits in `AwaitingApproval` with no request in the log.
+fn no_request(saga_id: &SagaId) -> KernelError {
+    KernelError::Inconsistent {
+        saga_id: saga_id.clone(),
+        reason: "it waits in AwaitingApproval, but the log holds no request for it".to_owned(),
     }
 }

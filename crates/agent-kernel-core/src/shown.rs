@@ -28,6 +28,8 @@ pub struct HiddenChar {
     pub code_point: String,
     /// What it is: `RIGHT-TO-LEFT OVERRIDE`, or its kind (`a format character`).
     pub name: &'static str,
+    /// How the text shows it: `\u202e`.
+    pub escaped: String,
     /// How many times it occurs.
     pub count: usize,
 }
@@ -40,11 +42,9 @@ impl HiddenChar {
         } else {
             format!(" {} times", self.count)
         };
-        let code = u32::from_str_radix(&self.code_point[2..], 16).unwrap_or_default();
-        let escaped = char::from_u32(code).map(json_escape).unwrap_or_default();
         format!(
-            "contains {} {}{times} (shown as {escaped})",
-            self.code_point, self.name
+            "contains {} {}{times} (shown as {})",
+            self.code_point, self.name, self.escaped
         )
     }
 }
@@ -76,6 +76,7 @@ pub fn shown_json(value: &Value) -> Shown {
             .map(|(c, count)| HiddenChar {
                 code_point: format!("U+{:04X}", u32::from(c)),
                 name: hidden_name(c),
+                escaped: json_escape(c),
                 count,
             })
             .collect(),

@@ -71,12 +71,13 @@ impl ProgramAccess {
         write: &[String],
     ) -> Result<ProgramAccess, String> {
         let mut access = ProgramAccess::default();
+        let mut followed = BTreeSet::new();
         for command in commands {
             let Some((program, arguments)) = command.split_first() else {
                 continue;
             };
             if let Some(found) = find_program(folder, program, path_var) {
-                access.add_program(&found, path_var, 0);
+                access.add_program(&found, path_var, 0, &mut followed);
             }
             for argument in arguments {
                 let named = folder.join(argument);
@@ -102,8 +103,15 @@ impl ProgramAccess {
     }
 
     /// Adds the program at `found` (as found, before its links are followed): its
-    /// virtualenv, its resolved file and installation, and its interpreter.
-    fn add_program(&mut self, found: &Path, path_var: Option<&OsStr>, depth: usize) {
+    /// virtualenv, its resolved file and installation, and its interpreter; a program in
+    /// `followed` (resolved for another phase) is not followed again.
+    fn add_program(
+        &mut self,
+        found: &Path,
+        path_var: Option<&OsStr>,
+        depth: usize,
+        followed: &mut BTreeSet<PathBuf>,
+    ) {
         // A virtualenv's Python finds its `pyvenv.cfg` beside the folder it was called from.
         if let Some(venv) = found.parent().and_then(Path::parent)
             && venv.join("pyvenv.cfg").is_file()
@@ -114,6 +122,10 @@ impl ProgramAccess {
         let Ok(resolved) = fs::canonicalize(found) else {
             return;
         };
+        if !followed.insert(resolved.clone()) {
+            // Another phase runs the same program: it was followed already.
+            return;
+        }
         if let Some(installation) = installation_of(&resolved) {
             self.run.insert(installation);
         }
@@ -122,7 +134,7 @@ impl ProgramAccess {
             return;
         }
         if let Some(interpreter) = interpreter_of(&resolved, path_var) {
-            self.add_program(&interpreter, path_var, depth + 1);
+            self.add_program(&interpreter, path_var, depth + 1, followed);
         }
     }
 

@@ -284,6 +284,23 @@ pub fn audit_head_path(db: &Path) -> PathBuf {
     head::head_path(&resolve_db_path(db).unwrap_or_else(|_| db.to_owned()))
 }
 
+/// Every file of the log at `db` (its links followed, as opening it follows them): the
+/// database, its `-wal`, `-shm` and `-journal` files, and its head file. What the second
+/// line keeps from every program.
+pub fn log_files(db: &Path) -> Vec<PathBuf> {
+    let resolved = resolve_db_path(db).unwrap_or_else(|_| db.to_owned());
+    let mut files: Vec<PathBuf> = ["", "-wal", "-shm", "-journal"]
+        .iter()
+        .map(|suffix| {
+            let mut name = resolved.clone().into_os_string();
+            name.push(suffix);
+            PathBuf::from(name)
+        })
+        .collect();
+    files.push(head::head_path(&resolved));
+    files
+}
+
 impl SqliteLog {
     /// Opens the log at `path`, creating it if absent, and starts its writer thread.
     ///

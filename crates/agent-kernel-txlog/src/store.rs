@@ -686,11 +686,9 @@ pub(crate) fn settled_by(user: Option<&str>, uid: Option<u32>) -> Option<String>
     }
 }
 
-/// Inserts a pending request; returns its audit body (arguments and the plan's later steps
-/// by their SHA-256, with a short quote of the arguments).
+/// Inserts a pending request; returns its audit body ([`request_body`]).
 fn request_approval(conn: &dyn Db, request: &ApprovalRequest) -> Result<String, TxError> {
-    let args_text = request.args.to_string();
-    let rest_text = request.rest.as_ref().map(to_json).transpose()?;
+    let (args_text, rest_text) = request_texts(request)?;
     conn.execute(
         "INSERT INTO approvals (approval_id, saga_id, step_seq, tool_id, args, idempotency_key,
              digest, rest, status, requested_at_ms, expires_at_ms, operator_key_check)
@@ -716,10 +714,25 @@ fn request_approval(conn: &dyn Db, request: &ApprovalRequest) -> Result<String, 
         )),
         other => storage(other),
     })?;
-    Ok(CanonicalObject::new()
+    Ok(request_body(request, &args_text, rest_text.as_deref()))
+}
+
+/// A request's arguments and the plan's later steps as the row holds them (JSON text).
+fn request_texts(request: &ApprovalRequest) -> Result<(String, Option<String>), TxError> {
+    Ok((
+        request.args.to_string(),
+        request.rest.as_ref().map(to_json).transpose()?,
+    ))
+}
+
+/// The audit body of a request: arguments and the plan's later steps (`args_text` and
+/// `rest_text`, [`request_texts`]) by their SHA-256, with a short quote of the arguments.
+/// A request's row is checked against the same function of the row ([`unvouched_request`]).
+fn request_body(request: &ApprovalRequest, args_text: &str, rest_text: Option<&str>) -> String {
+    CanonicalObject::new()
         .str("approval_id", &request.approval_id)
         .str("args_sha256", &sha256_hex(args_text.as_bytes()))
-        .str("args_summary", &quote(&args_text, ARGS_SUMMARY_BYTES_MAX))
+        .str("args_summary", &quote(args_text, ARGS_SUMMARY_BYTES_MAX))
         .str("digest", &request.digest)
         .int("expires_at_ms", request.expires_at_ms)
         .opt_str("idempotency_key", request.idempotency_key.as_deref())
@@ -727,15 +740,12 @@ fn request_approval(conn: &dyn Db, request: &ApprovalRequest) -> Result<String, 
         .int("requested_at_ms", request.requested_at_ms)
         .opt_str(
             "rest_sha256",
-            rest_text
-                .as_deref()
-                .map(|text| sha256_hex(text.as_bytes()))
-                .as_deref(),
+            rest_text.map(|text| sha256_hex(text.as_bytes())).as_deref(),
         )
         .str("saga_id", request.saga_id.as_str())
         .int("step_seq", request.step_seq)
         .str("tool", &request.tool_id)
-        .finish())
+        .finish()
 }
 
 /// Records a decision if the request is still open to it; otherwise changes nothing and
@@ -1053,33 +1063,22 @@ fn unvouched_request(
         )));
     };
     let seq = record.seq;
-    let rest_sha256 = request
-        .rest
-        .as_ref()
-        .map(to_json)
-        .transpose()?
-        .map(|text| sha256_hex(text.as_bytes()));
-    let differs = [
-        ("step", fields["step_seq"] != i64::from(request.step_seq)),
-        ("tool", fields["tool"] != request.tool_id.as_str()),
-        ("digest", fields["digest"] != request.digest.as_str()),
-        (
-            "arguments",
-            fields["args_sha256"] != sha256_hex(request.args.to_string().as_bytes()).as_str(),
-        ),
-        (
-            "idempotency key",
-            fields["idempotency_key"].as_str() != request.idempotency_key.as_deref(),
-        ),
-        (
-            "later steps of the plan",
-            fields["rest_sha256"].as_str() != rest_sha256.as_deref(),
-        ),
-    ];
-    let changed: Vec<&str> = differs
-        .iter()
-        .filter_map(|(what, differs)| differs.then_some(*what))
-        .collect();
+    let (args_text, rest_text) = request_texts(request)?;
+    let expected: Value =
+        serde_json::from_str(&request_body(request, &args_text, rest_text.as_deref()))
+            .map_err(|err| corrupt(format!("a request's audit body: {err}")))?;
+    let changed: Vec<&str> = [
+        ("step_seq", "step"),
+        ("tool", "tool"),
+        ("digest", "digest"),
+        ("args_sha256", "arguments"),
+        ("idempotency_key", "idempotency key"),
+        ("rest_sha256", "later steps of the plan"),
+    ]
+    .into_iter()
+    .filter(|(key, _)| fields.get(key) != expected.get(key))
+    .map(|(_, what)| what)
+    .collect();
     if !changed.is_empty() {
         return Ok(Some(format!(
             "its {} differ from its request's audit record {seq}",
