@@ -1,5 +1,5 @@
 """Live sagas of `noop` steps driven from Python through `agent_kernel`: the Python side of
-benches/python/run.sh (the Rust side is the core crate's `live_steps` example).
+benches/python/run.sh (the Rust side is the front-door crate's `live_steps` example).
 
     python live_steps.py SAGAS STEPS full|normal [builtin|python-tool]
 

@@ -123,7 +123,7 @@ pub(crate) fn child(spec_path: &Path) -> Result<()> {
         match spec.side {
             Side::Kernel if spec.recover => {
                 let report = kernel
-                    .recover(&agent_kernel_core::NoObserver)
+                    .recover(&agent_kernel::NoObserver)
                     .await
                     .context("recover")?;
                 run.note(format!("recovered {} sagas", report.sagas.len()));
@@ -694,7 +694,7 @@ async fn wait_past_slow_effect(killed: Instant) {
 const SLOW_EFFECT_MARGIN_MS: u64 = 400;
 
 /// A kernel (or, for the baseline, the tools) for a side's folder, built off the runtime.
-async fn kernel_at(root: &Path, tools_file: bool) -> Result<Arc<agent_kernel_core::Kernel>> {
+async fn kernel_at(root: &Path, tools_file: bool) -> Result<Arc<agent_kernel::Kernel>> {
     let root = root.to_path_buf();
     tokio::task::spawn_blocking(move || build_kernel(&root, tools_file, None)).await?
 }

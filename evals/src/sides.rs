@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use agent_kernel::{BeginOptions, CallAnswer, Kernel, KernelBuilder};
 use agent_kernel_api::{ApprovalRequest, Durability, ObservedLog, SagaId, ToolContext};
-use agent_kernel_core::{BeginOptions, CallAnswer, Kernel, KernelBuilder};
 use agent_kernel_fsm::Guardrail;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
@@ -468,6 +468,7 @@ pub(crate) async fn baseline_chain(
             idempotency_key: call.key.clone(),
             actor: None,
             durability: Durability::Full,
+            files: std::sync::Arc::new(agent_kernel::NoFiles::new(".")),
         };
         let started = Instant::now();
         // On a task of its own, so that a tool that panics fails its call (as an agent

@@ -89,8 +89,8 @@ pub use canonical::{canonical_json, write_json_string};
 pub use clock::{Clock, IdSource, format_rfc3339_ms};
 pub use log::{
     AbortCause, AuditEvent, BeginStep, CallRefusal, KeyBinding, LeaseStatus, LogWrite, NewSaga,
-    OperatorCommand, Owner, PlanDenial, PruneSagas, SagaAbort, SagaRecord, SagaSummary, StepDenial,
-    StepRecord, TxError, TxLog, WriteOutcome,
+    OperatorCommand, Owner, PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX, PlanDenial, PruneSagas,
+    SagaAbort, SagaRecord, SagaSummary, StepDenial, StepRecord, TxError, TxLog, WriteOutcome,
 };
 pub use observed::{ObservedLog, WriteObserver};
 pub use plan::{
@@ -103,7 +103,7 @@ pub use reversibility::{
 pub use state::{Durability, SagaId, SagaState, StepStatus};
 pub use text::{line_of, read_text_bounded};
 pub use tool::{
-    BoxFuture, DynTool, EffectClass, Outcome, ProbeOutcome, Settlement, SourcedTool, ToolContext,
-    ToolError, ToolErrorKind, ToolOutput, ToolSource, TransactionalTool, UPSTREAM_TOOL_VERSION,
-    Undo,
+    BoxFuture, DynTool, EffectClass, Files, NoFiles, Outcome, ProbeOutcome, Settlement,
+    SourcedTool, ToolContext, ToolError, ToolErrorKind, ToolOutput, ToolSource, TransactionalTool,
+    UPSTREAM_TOOL_VERSION, Undo,
 };

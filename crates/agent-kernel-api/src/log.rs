@@ -328,6 +328,13 @@ pub enum WriteOutcome {
     },
 }
 
+/// Most sagas one [`LogWrite::Prune`] may name: its checkpoint record lists them all.
+pub const PRUNE_SAGAS_MAX: usize = 1_000;
+
+/// Most bytes of saga ids one [`LogWrite::Prune`] may name, so that its checkpoint record
+/// stays far below a log's bound on one audit record whatever the ids.
+pub const PRUNE_IDS_BYTES_MAX: usize = 256 * 1024;
+
 /// Sagas to remove, finished before a horizon (see [`LogWrite::Prune`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PruneSagas {

@@ -3,10 +3,8 @@
 
 use std::path::Path;
 
-use agent_kernel_api::{ApprovalRecord, ApprovalStatus};
-use agent_kernel_core::{
-    Cancellation, Kernel, KernelError, Observer, OperatorDecision, SagaReport, approval_document,
-    shown_json,
+use agent_kernel::{
+    Cancellation, Kernel, KernelError, Observer, SagaReport, approval_document, operator,
 };
 use serde_json::json;
 
@@ -17,7 +15,7 @@ use crate::{Failure, exit};
 pub(crate) fn given_operator_key(given: Option<&Path>) -> Result<Option<Vec<u8>>, Failure> {
     given
         .map(|path| {
-            agent_kernel_core::read_operator_key(path).map_err(|message| {
+            agent_kernel::read_operator_key(path).map_err(|message| {
                 Failure::bad_input(anyhow::anyhow!(
                     "--operator-key-file: {message}; nothing was changed"
                 ))
@@ -26,39 +24,14 @@ pub(crate) fn given_operator_key(given: Option<&Path>) -> Result<Option<Vec<u8>>
         .transpose()
 }
 
-/// Who runs this command, as decisions record it: `alice (uid 1000)`.
-pub(crate) fn operator_name(uid: Option<u32>) -> Option<String> {
-    let uid = uid?;
-    let name = std::fs::read_to_string("/etc/passwd")
-        .ok()
-        .and_then(|passwd| {
-            passwd.lines().find_map(|line| {
-                let mut fields = line.split(':');
-                let name = fields.next()?;
-                let found: u32 = fields.nth(1)?.parse().ok()?;
-                (found == uid && !name.is_empty()).then(|| name.to_owned())
-            })
-        });
-    Some(match name {
-        Some(name) => format!("{name} (uid {uid})"),
-        None => format!("uid {uid}"),
-    })
-}
-
 /// `approvals`: the requests still open to a decision, oldest first, each with its whole
 /// arguments (canonical JSON, hidden characters escaped and named) and digest: never cut.
 pub(crate) async fn list_command(kernel: &Kernel, out: &Output) -> Result<u8, Failure> {
-    let now_ms = agent_kernel_api::Clock::now_ms(&agent_kernel_core::SystemClock);
-    let pending: Vec<ApprovalRecord> = kernel
-        .pending_approvals()
-        .await?
-        .into_iter()
-        .filter(|record| record.status_at(now_ms) == ApprovalStatus::Pending)
-        .collect();
+    let pending = operator::pending_approvals(kernel).await?;
     if out.is_json() {
         let approvals: Vec<_> = pending
             .iter()
-            .map(|record| approval_document(&record.request))
+            .map(|view| approval_document(&view.request))
             .collect();
         crate::output::print_json(&json!({ "approvals": approvals }));
         return Ok(exit::OK);
@@ -76,14 +49,14 @@ pub(crate) async fn list_command(kernel: &Kernel, out: &Output) -> Result<u8, Fa
         "digest",
         "expires",
     ]);
-    for record in &pending {
-        let request = &record.request;
+    for view in &pending {
+        let request = &view.request;
         list.add_row(vec![
             printable(&request.approval_id),
             printable(request.saga_id.as_str()),
             request.step_seq.to_string(),
             printable(&request.tool_id),
-            shown_arguments(&request.args),
+            shown_arguments(&view.args_shown, &view.args_warnings),
             request.digest.clone(),
             format_ms(request.expires_at_ms),
         ]);
@@ -100,12 +73,11 @@ pub(crate) async fn list_command(kernel: &Kernel, out: &Output) -> Result<u8, Fa
 
 /// The whole canonical arguments for a person, hidden characters escaped, then one line
 /// per kind of hidden character ("⚠ contains U+202E …").
-fn shown_arguments(args: &serde_json::Value) -> String {
-    let shown = shown_json(args);
-    let mut text = shown.text.clone();
-    for warning in shown.warnings() {
+fn shown_arguments(shown: &str, warnings: &[String]) -> String {
+    let mut text = shown.to_owned();
+    for warning in warnings {
         text.push_str("\n⚠ ");
-        text.push_str(&warning);
+        text.push_str(warning);
     }
     text
 }
@@ -116,33 +88,19 @@ pub(crate) async fn show_command(
     out: &Output,
     approval_id: &str,
 ) -> Result<u8, Failure> {
-    let record = kernel.approval(approval_id).await?;
-    let now_ms = agent_kernel_api::Clock::now_ms(&agent_kernel_core::SystemClock);
-    let request = &record.request;
+    let view = operator::approval(kernel, approval_id).await?;
+    let request = &view.request;
     if out.is_json() {
-        let later: Option<Vec<serde_json::Value>> = request.rest.as_ref().map(|rest| {
-            rest.iter()
-                .map(|step| {
-                    let shown = shown_json(&step.args);
-                    json!({
-                        "tool": step.tool,
-                        "args": step.args,
-                        "args_shown": shown.text,
-                        "args_warnings": shown.warnings(),
-                    })
-                })
-                .collect()
-        });
         let mut document = approval_document(request);
-        document["status"] = json!(record.status_at(now_ms));
-        document["decided_by"] = json!(record.decided_by);
-        document["note"] = json!(record.note);
-        document["later_steps"] = json!(later);
+        document["status"] = json!(view.status);
+        document["decided_by"] = json!(view.decided_by);
+        document["note"] = json!(view.note);
+        document["later_steps"] = json!(view.later_steps);
         crate::output::print_json(&document);
         return Ok(exit::OK);
     }
     println!("approval {}", printable(&request.approval_id));
-    println!("  status     {}", record.status_at(now_ms));
+    println!("  status     {}", view.status);
     println!(
         "  saga       {} step {}",
         printable(request.saga_id.as_str()),
@@ -152,17 +110,17 @@ pub(crate) async fn show_command(
     println!("  digest     {}", request.digest);
     println!("  requested  {}", format_ms(request.requested_at_ms));
     println!("  expires    {}", format_ms(request.expires_at_ms));
-    if let Some(by) = &record.decided_by {
+    if let Some(by) = &view.decided_by {
         println!("  decided by {}", printable(by));
     }
-    if let Some(note) = &record.note {
+    if let Some(note) = &view.note {
         println!("  note       {}", printable(note));
     }
     println!("  arguments (canonical JSON, whole):");
-    for line in shown_arguments(&request.args).lines() {
+    for line in shown_arguments(&view.args_shown, &view.args_warnings).lines() {
         println!("    {line}");
     }
-    match &request.rest {
+    match &view.later_steps {
         None => println!("  a live saga's step: its agent sends the next steps"),
         Some(later) if later.is_empty() => println!("  the plan has no step after it"),
         Some(later) => {
@@ -173,7 +131,7 @@ pub(crate) async fn show_command(
                     request.step_seq as usize + 1 + n,
                     printable(&step.tool)
                 );
-                for line in shown_arguments(&step.args).lines() {
+                for line in shown_arguments(&step.args_shown, &step.args_warnings).lines() {
                     println!("      {line}");
                 }
             }
@@ -191,35 +149,37 @@ pub(crate) async fn decide_command(
     note: Option<String>,
     operator_key: Option<Vec<u8>>,
 ) -> Result<u8, Failure> {
-    let record = kernel
-        .decide_approval(
-            approval_id,
-            OperatorDecision {
-                approve,
-                operator_key,
-                user: operator_name(kernel.operator_uid()),
-                note,
-            },
-        )
-        .await?;
-    let request = &record.request;
+    let view = operator::decide(
+        kernel,
+        operator::Decision {
+            approval_id: approval_id.to_owned(),
+            approve,
+            note,
+            operator_key,
+        },
+    )
+    .await?;
+    let request = &view.request;
     if out.is_json() {
         let mut document = approval_document(request);
-        document["status"] = json!(record.status);
-        document["decided_by"] = json!(record.decided_by);
-        document["note"] = json!(record.note);
+        document["status"] = json!(view.status);
+        document["decided_by"] = json!(view.decided_by);
+        document["note"] = json!(view.note);
         crate::output::print_json(&document);
     } else {
         println!(
             "approval {}: {} (saga {} step {}, `{}`, digest {})",
             printable(&request.approval_id),
-            record.status,
+            view.status,
             request.saga_id,
             request.step_seq,
             printable(&request.tool_id),
             request.digest,
         );
-        println!("arguments: {}", shown_arguments(&request.args));
+        println!(
+            "arguments: {}",
+            shown_arguments(&view.args_shown, &view.args_warnings)
+        );
         println!(
             "the saga moves on when its process next looks, or at `agent-kernel resume --saga {}`",
             request.saga_id

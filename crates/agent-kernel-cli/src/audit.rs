@@ -139,7 +139,7 @@ pub(crate) async fn seal_command(
                 saga_id: None,
                 options: Vec::new(),
                 by: owner,
-                uid: agent_kernel_core::current_uid(),
+                uid: agent_kernel::current_uid(),
             },
         ))
         .await
@@ -344,26 +344,16 @@ fn summary(record: &agent_kernel_txlog::AuditRecord) -> String {
     }
 }
 
-/// Verifies the log at `db` on the blocking pool (it reads the whole log).
+/// Verifies the log at `db` ([`agent_kernel::operator::verify`], on a thread of its own).
 ///
 /// # Errors
 ///
 /// A bad-input [`Failure`] (exit 2) when the log cannot be verified.
 pub(crate) async fn verify_log(db: &Path, key: Option<AuditKey>) -> Result<AuditReport, Failure> {
-    if crate::is_postgres_path(db) {
-        return verify_log_with(db, key, verify_postgres).await;
-    }
-    verify_log_with(db, key, agent_kernel_txlog::verify).await
-}
-
-/// [`agent_kernel_txlog_postgres::verify`] of the database URL `db`.
-fn verify_postgres(
-    db: &Path,
-    key: Option<&AuditKey>,
-) -> Result<AuditReport, agent_kernel_api::TxError> {
-    let url = db.to_str().unwrap_or_default();
-    let head_file = agent_kernel_txlog_postgres::default_head_file(url);
-    agent_kernel_txlog_postgres::verify(url, key, head_file.as_deref())
+    agent_kernel::operator::verify(db, key)
+        .await
+        .with_context(|| format!("cannot verify the log {}", crate::shown_db(db)))
+        .map_err(Failure::bad_input)
 }
 
 /// [`verify_log`] with another check of the same shape (`verify_ignoring_head_file`).
@@ -475,8 +465,8 @@ pub(crate) async fn saga_chains(
 pub(crate) async fn saga_history(
     db: &Path,
     saga_id: &agent_kernel_api::SagaId,
-) -> Result<Vec<agent_kernel_core::Recorded>, Failure> {
-    use agent_kernel_core::Recorded;
+) -> Result<Vec<agent_kernel::Recorded>, Failure> {
+    use agent_kernel::Recorded;
     let records = saga_chains(db, [saga_id.as_str().to_owned()].into())
         .await?
         .remove(saga_id.as_str())

@@ -5,13 +5,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agent_kernel::{
+    BeginOptions, CallAnswer, Environment, Kernel, NoObserver, Observer, ProcessProbe,
+    RecoveryAction, SagaEvent, SystemClock, UuidV7Ids, current_owner,
+};
 use agent_kernel_api::{
     Durability, EffectClass, ObservedLog, Owner, Plan, PlanStep, SagaState, Settlement,
     ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
-};
-use agent_kernel_core::{
-    BeginOptions, CallAnswer, Environment, Kernel, NoObserver, Observer, ProcessProbe,
-    RecoveryAction, SagaEvent, SystemClock, UuidV7Ids, current_owner,
 };
 use agent_kernel_dispatcher::{Dispatcher, Limits, MAX_OPEN_SAGAS, NoJitter};
 use agent_kernel_txlog::{LogOptions, SqliteLog, measure_commit_floor};

@@ -1,11 +1,10 @@
 //! `dlq list`, `dlq retry`, `dlq resolve` (reference §10): the failed compensations an
 //! operator must see, retry, or settle by hand.
 
+use agent_kernel::{Kernel, RetryOutcome, operator};
 use agent_kernel_api::DeadLetter;
-use agent_kernel_core::{Kernel, RetryOutcome};
 use serde_json::{Value, json};
 
-use crate::approvals::operator_name;
 use crate::output::{Output, format_ms, print_json, printable, table};
 use crate::{Failure, exit};
 
@@ -29,7 +28,7 @@ fn letter_document(letter: &DeadLetter) -> Value {
 
 /// `dlq list`: the open letters, oldest first.
 pub(crate) async fn list_command(kernel: &Kernel, out: &Output) -> Result<u8, Failure> {
-    let letters = kernel.dead_letters(None).await?;
+    let letters = operator::dead_letters(kernel).await?;
     if out.is_json() {
         let letters: Vec<Value> = letters.iter().map(letter_document).collect();
         print_json(&json!({ "dead_letters": letters }));
@@ -97,9 +96,14 @@ pub(crate) async fn retry_command(
     letter_id: &str,
     force: bool,
 ) -> Result<u8, Failure> {
-    let outcome = kernel
-        .retry_dead_letter_with(letter_id, operator_name(kernel.operator_uid()), force)
-        .await?;
+    let outcome = operator::retry_dead_letter(
+        kernel,
+        &operator::RetryRequest {
+            letter_id: letter_id.to_owned(),
+            force,
+        },
+    )
+    .await?;
     print_outcome(out, &outcome);
     Ok(if outcome.compensated() {
         exit::OK
@@ -111,33 +115,16 @@ pub(crate) async fn retry_command(
 /// `dlq retry --due`: every open letter whose backoff has passed; exit 0 when all of them
 /// were compensated (or none was due), 3 when one failed again.
 pub(crate) async fn retry_due_command(kernel: &Kernel, out: &Output) -> Result<u8, Failure> {
-    let now_ms = agent_kernel_api::Clock::now_ms(&agent_kernel_core::SystemClock);
-    let due: Vec<DeadLetter> = kernel
-        .dead_letters(None)
-        .await?
-        .into_iter()
-        .filter(|letter| letter.next_retry_at_ms <= now_ms)
-        .collect();
-    let mut outcomes = Vec::with_capacity(due.len());
-    let mut refused = Vec::new();
-    for letter in &due {
-        // One letter that cannot be retried (its saga's rollback unfinished, its tool
-        // missing) does not stop the others.
-        match kernel
-            .retry_dead_letter(&letter.letter_id, operator_name(kernel.operator_uid()))
-            .await
-        {
-            Ok(outcome) => outcomes.push(outcome),
-            Err(error) => {
-                eprintln!(
-                    "agent-kernel: dead letter {} not retried: {error}",
-                    printable(&letter.letter_id)
-                );
-                refused.push(json!({ "id": letter.letter_id, "error": error.to_string() }));
-            }
-        }
+    let due = operator::retry_due(kernel).await?;
+    for refused in &due.not_retried {
+        eprintln!(
+            "agent-kernel: dead letter {} not retried: {}",
+            printable(&refused.id),
+            refused.error
+        );
     }
-    let all_compensated = refused.is_empty() && outcomes.iter().all(RetryOutcome::compensated);
+    let all_compensated = due.all_compensated();
+    let outcomes = due.retried;
     if out.is_json() {
         let retried: Vec<Value> = outcomes
             .iter()
@@ -148,7 +135,7 @@ pub(crate) async fn retry_due_command(kernel: &Kernel, out: &Output) -> Result<u
                 document
             })
             .collect();
-        print_json(&json!({ "retried": retried, "not_retried": refused }));
+        print_json(&json!({ "retried": retried, "not_retried": due.not_retried }));
     } else if outcomes.is_empty() {
         println!("no dead letter is due for a retry");
     } else {
@@ -170,13 +157,7 @@ pub(crate) async fn resolve_command(
     letter_id: &str,
     note: &str,
 ) -> Result<u8, Failure> {
-    let outcome = kernel
-        .resolve_dead_letter(
-            letter_id,
-            note.to_owned(),
-            operator_name(kernel.operator_uid()),
-        )
-        .await?;
+    let outcome = operator::resolve_dead_letter(kernel, letter_id, note).await?;
     print_outcome(out, &outcome);
     Ok(exit::OK)
 }

@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::Path;
 
+use agent_kernel::KernelError;
 use agent_kernel_api::{SagaId, SagaRecord, TxLog};
-use agent_kernel_core::KernelError;
 use agent_kernel_otel::{SagaHistory, export_request};
 use anyhow::Context;
 

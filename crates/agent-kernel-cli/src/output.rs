@@ -1,7 +1,7 @@
 //! Everything the command prints: human tables or exactly one JSON document on stdout.
 
+use agent_kernel::{RecoveryAction, RecoveryReport, SagaReport};
 use agent_kernel_api::{EffectClass, Reversibility, SagaRecord, SagaSummary};
-use agent_kernel_core::{RecoveryAction, RecoveryReport, SagaReport};
 use comfy_table::{ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
 use serde_json::{Value, json};
 
@@ -101,8 +101,8 @@ impl Output {
                     .map(|problem| json!({ "line": problem.line, "message": problem.message }))
                     .collect();
             }
-            if let Some(agent_kernel_core::KernelError::Preflight(problems)) =
-                error.downcast_ref::<agent_kernel_core::KernelError>()
+            if let Some(agent_kernel::KernelError::Preflight(problems)) =
+                error.downcast_ref::<agent_kernel::KernelError>()
             {
                 document["error"]["problems"] = problems
                     .iter()
@@ -309,7 +309,7 @@ impl Output {
     }
 
     /// `replay`.
-    pub(crate) fn replay(&self, report: &agent_kernel_core::ReplayReport) {
+    pub(crate) fn replay(&self, report: &agent_kernel::ReplayReport) {
         if self.json {
             let mut document = serde_json::to_value(report).expect("reports serialize");
             document["consistent"] = report.divergence.is_none().into();
@@ -330,8 +330,74 @@ impl Output {
         }
     }
 
+    /// `undo --preview`: each step an undo would compensate, last first, with its verdict.
+    pub(crate) fn undo_preview(&self, preview: &agent_kernel::UndoPreview, undoable: bool) {
+        if self.json {
+            let mut document = serde_json::to_value(preview).expect("previews serialize");
+            document["undoable"] = undoable.into();
+            print_json(&document);
+            return;
+        }
+        if preview.nothing_to_undo {
+            println!(
+                "saga {} is {}{}: nothing to undo",
+                preview.saga_id,
+                preview.state,
+                if preview.state == agent_kernel_api::SagaState::Undone {
+                    ""
+                } else {
+                    " (a dry run)"
+                }
+            );
+            return;
+        }
+        if let Some(reason) = &preview.refused {
+            println!(
+                "saga {}: an undo would be refused: {}",
+                preview.saga_id,
+                printable(reason)
+            );
+            return;
+        }
+        let mut list = table(&["seq", "tool", "window closes", "undo"]);
+        for step in &preview.steps {
+            use agent_kernel::UndoVerdict;
+            let verdict = match &step.verdict {
+                UndoVerdict::Undoable => "can be undone".to_owned(),
+                UndoVerdict::Irreversible => "irreversible: cannot be undone".to_owned(),
+                UndoVerdict::WindowClosed { window } => format!("its window of {window} closed"),
+                UndoVerdict::Changed { change } => {
+                    format!(
+                        "changed since: {} (undone only with --force)",
+                        printable(change)
+                    )
+                }
+                UndoVerdict::Unknown { error } => {
+                    format!("cannot tell whether it changed: {}", printable(error))
+                }
+                UndoVerdict::MissingTool => "its tool is missing here".to_owned(),
+            };
+            list.add_row(vec![
+                step.step_seq.to_string(),
+                printable(&step.tool_id),
+                step.window_closes_at_ms.map(format_ms).unwrap_or_default(),
+                verdict,
+            ]);
+        }
+        println!("{list}");
+        println!(
+            "saga {}: {}",
+            preview.saga_id,
+            if undoable {
+                "an undo would compensate every step above, last first"
+            } else {
+                "an undo would be refused, and nothing would be undone"
+            }
+        );
+    }
+
     /// `prune`.
-    pub(crate) fn prune(&self, report: &agent_kernel_core::PruneReport, vacuumed: bool) {
+    pub(crate) fn prune(&self, report: &agent_kernel::PruneReport, vacuumed: bool) {
         if self.json {
             let mut document = serde_json::to_value(report).expect("reports serialize");
             document["vacuumed"] = vacuumed.into();
@@ -591,7 +657,7 @@ impl Output {
     pub(crate) fn tools(
         &self,
         tools: &agent_kernel_dispatcher::Dispatcher,
-        approvals: &agent_kernel_core::ApprovalPolicy,
+        approvals: &agent_kernel::ApprovalPolicy,
     ) {
         let limits = tools.limits();
         let unavailable: Vec<Value> = tools

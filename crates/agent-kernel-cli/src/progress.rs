@@ -1,6 +1,6 @@
 //! Progress of multi-step plans on stderr, shown only when stderr is a terminal.
 
-use agent_kernel_core::{Observer, SagaEvent};
+use agent_kernel::{Observer, SagaEvent};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Shows a bar for plans of at least this many steps.

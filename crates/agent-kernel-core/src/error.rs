@@ -183,6 +183,15 @@ pub enum KernelError {
         /// Its state.
         state: SagaState,
     },
+    /// The log failed its audit check, so its undo records cannot be trusted: nothing was
+    /// undone (an operator action that compensates checks the chain first).
+    #[error("the log failed its audit check {}: {reason}", if *seq == 0 { "on its schema".to_owned() } else { format!("at record {seq}") })]
+    Tampered {
+        /// The first bad record (0: the schema).
+        seq: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The log holds a saga the kernel cannot make sense of.
     #[error("saga {saga_id}: {reason}")]
     Inconsistent {

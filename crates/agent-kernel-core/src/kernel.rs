@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use agent_kernel_api::{
-    AuditEvent, Clock, Durability, DynTool, IdSource, LogWrite, NewSaga, OperatorCommand, Owner,
-    Plan, PlanStep, SagaId, SagaState, ToolContext, TxError, TxLog,
+    AuditEvent, Clock, Durability, DynTool, Files, IdSource, LogWrite, NewSaga, NoFiles,
+    OperatorCommand, Owner, Plan, PlanStep, SagaId, SagaState, ToolContext, TxError, TxLog,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -52,6 +52,8 @@ pub struct Kernel {
     pub(crate) live: crate::live::LiveRegistry,
     /// Which steps wait for an operator's approval, and for how long.
     pub(crate) approvals: crate::approval::ApprovalPolicy,
+    /// The file access every tool's context carries.
+    files: Arc<dyn Files>,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -107,11 +109,21 @@ impl Kernel {
             fsm,
             env,
             durability,
-            uid: crate::owner::current_uid(),
+            uid: None,
             operator_options: Vec::new(),
             live: crate::live::LiveRegistry::default(),
             approvals: crate::approval::ApprovalPolicy::default(),
+            files: Arc::new(NoFiles::new(".")),
         }
+    }
+
+    /// The kernel handing `files` to every tool in its [`ToolContext`]: the sandbox and
+    /// folder a tool of the program's own reaches files through (none by default; the front
+    /// door's builder gives the policy's sandbox).
+    #[must_use]
+    pub fn with_files(mut self, files: Arc<dyn Files>) -> Self {
+        self.files = files;
+        self
     }
 
     /// The upstream servers asked for their tools whose tools cannot be used, each with
@@ -146,6 +158,14 @@ impl Kernel {
     /// The user recorded with operator commands and decisions.
     pub fn operator_uid(&self) -> Option<u32> {
         self.uid
+    }
+
+    /// The kernel recording `uid` as the user of operator commands and decisions (the front
+    /// door's builder records this process's real user id; none by default).
+    #[must_use]
+    pub fn with_operator_uid(mut self, uid: Option<u32>) -> Self {
+        self.uid = uid;
+        self
     }
 
     /// The options that changed how the operator command at hand was carried out (for
@@ -341,6 +361,7 @@ impl Kernel {
             idempotency_key: key.map(str::to_owned),
             actor: actor.map(str::to_owned),
             durability: self.durability,
+            files: Arc::clone(&self.files),
         }
     }
 

@@ -36,56 +36,45 @@
 //! or undone).
 //! A [`Cancellation`] stops a saga at the next step boundary and rolls back what ran.
 //!
-//! # Example: a live saga over a tool of your own
+//! # The engine alone
 //!
-//! A tool implements [`TransactionalTool`](agent_kernel_api::TransactionalTool): its id,
-//! effect class, idempotence, settlement, argument schema, `execute` and (for a mutating
-//! tool) `compensate`; the rest has defaults. [`KernelBuilder`] opens the log with the
-//! command line's defaults; [`Kernel::begin`] starts a live saga, each
-//! [`LiveSaga::call`] runs one step, and [`LiveSaga::commit`] or [`LiveSaga::abort`] ends it.
+//! This crate is the engine and nothing else: it depends on `agent-kernel-api` (the
+//! traits), `agent-kernel-fsm` and `agent-kernel-dispatcher`, and sees the log, the tools
+//! and the process table only through traits. Most programs build a kernel with the front
+//! door, the `agent-kernel` crate (`agent_kernel::KernelBuilder`), which wires a log
+//! (SQLite or PostgreSQL), a sandbox policy, the built-in, command and upstream tools and
+//! this process's identity. A program that brings its own [`TxLog`](agent_kernel_api::TxLog)
+//! and tools calls [`Kernel::new`] with an [`Environment`]:
 //!
 //! ```
-//! use std::sync::{Arc, Mutex};
-//! use agent_kernel_api::{EffectClass, SagaState, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo};
-//! use agent_kernel_core::{BeginOptions, CallAnswer, KernelBuilder};
-//! use serde_json::{json, Value};
+//! use std::sync::Arc;
+//! use agent_kernel_api::{Durability, Owner, SagaState};
+//! use agent_kernel_core::{BeginOptions, Environment, Kernel, Liveness, LivenessProbe, SystemClock, UuidV7Ids};
+//! use agent_kernel_dispatcher::{Dispatcher, Limits, SeededJitter};
+//! use agent_kernel_txlog::{LogOptions, SqliteLog};
 //!
-//! /// `note.add {text}`: appends to a list; compensation takes it out again.
-//! struct Notes(Arc<Mutex<Vec<String>>>);
-//!
-//! impl TransactionalTool for Notes {
-//!     fn id(&self) -> &str { "note.add" }
-//!     fn effect(&self) -> EffectClass { EffectClass::Mutating }
-//!     fn idempotent(&self) -> bool { false }
-//!     fn settlement(&self) -> Settlement { Settlement::Compensate }
-//!     fn args_schema(&self) -> Value { json!({"type": "object", "required": ["text"]}) }
-//!     async fn execute(&self, _: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
-//!         self.0.lock().expect("not poisoned").push(args["text"].to_string());
-//!         Ok(ToolOutput::new(json!({ "notes": self.0.lock().expect("not poisoned").len() })))
-//!     }
-//!     async fn compensate(&self, _: &ToolContext, args: &Value, _: &Undo, _: Option<&ToolOutput>) -> Result<(), ToolError> {
-//!         self.0.lock().expect("not poisoned").retain(|note| *note != args["text"].to_string());
-//!         Ok(())
-//!     }
+//! /// Every other owner is alive: nothing is ever recovered (a test's probe).
+//! struct AllAlive;
+//! impl LivenessProbe for AllAlive {
+//!     fn liveness(&self, _: &Owner) -> Liveness { Liveness::Alive }
 //! }
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let dir = tempfile::tempdir()?;
-//! let notes = Arc::new(Mutex::new(Vec::new()));
-//! let kernel = KernelBuilder::new()
-//!     .db(dir.path().join("agent-kernel.db"))
-//!     .tool(Notes(notes.clone()))
-//!     .build()?;
-//! tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
-//!     let saga = kernel.begin(BeginOptions::default()).await?;
-//!     let answer = saga.call("note.add", json!({ "text": "first" }), None).await?;
-//!     assert!(matches!(answer, CallAnswer::Committed(_)));
-//!     saga.call("note.add", json!({ "text": "second" }), None).await?;
-//!     let report = saga.abort("changed my mind").await?;
-//!     assert_eq!(report.state, SagaState::FailedRolledBack);
-//!     Ok::<_, agent_kernel_core::KernelError>(())
+//! let options = LogOptions { durability: Durability::Full, clock: Arc::new(SystemClock) };
+//! let log = Arc::new(SqliteLog::open(&dir.path().join("saga.db"), options)?);
+//! let tools = Dispatcher::new(Limits::default(), Arc::new(SeededJitter::new(7)))?;
+//! let env = Environment {
+//!     clock: Arc::new(SystemClock),
+//!     ids: Arc::new(UuidV7Ids),
+//!     owner: Owner { host: "here".into(), boot_id: "boot".into(), pid: 1, start_ticks: 1 },
+//!     liveness: Arc::new(AllAlive),
+//! };
+//! let kernel = Arc::new(Kernel::new(log, Arc::new(tools), Arc::new(agent_kernel_fsm::Guardrail::builtin()), env, Durability::Full));
+//! let report = tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+//!     kernel.begin(BeginOptions::default()).await?.abort("nothing to do").await
 //! })?;
-//! assert!(notes.lock().expect("not poisoned").is_empty(), "both notes were taken out again");
+//! assert_eq!(report.state, SagaState::FailedRolledBack);
 //! # Ok(()) }
 //! ```
 //!
@@ -95,7 +84,6 @@
 #![forbid(unsafe_code)]
 
 mod approval;
-mod builder;
 mod cancel;
 mod compensation;
 mod dead_letter;
@@ -117,11 +105,6 @@ pub use approval::{
     APPROVAL_POLL_INTERVAL, ApprovalPolicy, MAX_APPROVAL_RULES, OperatorDecision, approval_digest,
     operator_key_check,
 };
-pub use builder::{
-    DB_ENV, DEFAULT_DB, DEFAULT_FSM, DEFAULT_SANDBOX, DEFAULT_TOOLS, KernelBuilder, LEASE_ENV,
-    OPERATOR_KEY_BYTES_MAX, ToolSet, approval_policy_from, declared_tools, dispatcher_with,
-    limits_from_policy, read_operator_key,
-};
 pub use cancel::Cancellation;
 pub use dead_letter::{
     DEAD_LETTER_BACKOFF_BASE_MS, DEAD_LETTER_BACKOFF_MAX_MS, RetryOutcome, dead_letter_backoff_ms,
@@ -130,13 +113,13 @@ pub use env::{SystemClock, UuidV7Ids};
 pub use error::{KernelError, Problem, ProblemKind};
 pub use kernel::{Environment, Kernel, VALIDATE_HINT, args_hash};
 pub use live::{BeginOptions, CallAnswer, LiveSaga, LiveStatus};
-pub use owner::{Liveness, LivenessProbe, ProcessProbe, current_owner, current_uid};
+pub use owner::{Liveness, LivenessProbe, StoppedPrograms};
 pub use prune::PruneReport;
 pub use recovery::RECOVER_GROUP_SAGAS;
 pub use replay::{Divergence, Recorded, ReplayReport, replay};
 pub use report::{
-    Failure, NoObserver, Observer, RecoveryAction, RecoveryReport, SagaEvent, SagaReport,
-    StepReport, approval_document,
+    Failure, NoObserver, Observer, RecoveryAction, RecoveryCounts, RecoveryReport, SagaEvent,
+    SagaReport, StepReport, approval_document,
 };
 pub use shown::{HiddenChar, Shown, is_hidden, shown_json};
-pub use undo::UndoRequest;
+pub use undo::{UndoPreview, UndoRequest, UndoStepPreview, UndoVerdict};

@@ -6,7 +6,7 @@ use agent_kernel_api::{
     EffectClass, LogWrite, MAX_UNDO_WINDOW_MS, PruneSagas, Reversibility, SagaId, SagaRecord,
     SagaState, StepStatus, TxError, UndoWindow, WriteOutcome,
 };
-use agent_kernel_txlog::{PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX};
+use agent_kernel_api::{PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX};
 use serde::Serialize;
 use tracing::info;
 

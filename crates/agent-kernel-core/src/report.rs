@@ -208,16 +208,51 @@ impl RecoveryAction {
     }
 }
 
+/// What a [`RecoveryReport`] says happened, counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RecoveryCounts {
+    /// Sagas rolled back in full (`FailedRolledBack`).
+    pub rolled_back: usize,
+    /// Sagas left alone because their process is alive.
+    pub skipped_live: usize,
+    /// Sagas left waiting for an operator's approval, on purpose.
+    pub skipped_waiting: usize,
+    /// Sagas another recovery took over first.
+    pub skipped_taken_over: usize,
+    /// Sagas an operator must see to: a compensation failed or is uncertain
+    /// (`FailedRollbackPartial`, a dead letter), a tool is missing, or recovery itself
+    /// failed on them.
+    pub left_for_operator: usize,
+}
+
 impl RecoveryReport {
-    /// Whether every saga recovery took on ended fully rolled back.
-    pub fn all_rolled_back(&self) -> bool {
-        self.sagas.iter().all(|action| match action {
-            RecoveryAction::RolledBack(report) => report.state == SagaState::FailedRolledBack,
-            RecoveryAction::Failed { .. } | RecoveryAction::MissingTools { .. } => false,
-            RecoveryAction::SkippedLive { .. }
-            | RecoveryAction::SkippedWaiting { .. }
-            | RecoveryAction::SkippedTakenOver { .. } => true,
-        })
+    /// How many sagas ended each way. An empty report counts nothing: it is no evidence
+    /// that anything was rolled back.
+    pub fn counts(&self) -> RecoveryCounts {
+        let mut counts = RecoveryCounts::default();
+        for action in &self.sagas {
+            let count = match action {
+                RecoveryAction::RolledBack(report)
+                    if report.state == SagaState::FailedRolledBack =>
+                {
+                    &mut counts.rolled_back
+                }
+                RecoveryAction::RolledBack(_)
+                | RecoveryAction::Failed { .. }
+                | RecoveryAction::MissingTools { .. } => &mut counts.left_for_operator,
+                RecoveryAction::SkippedLive { .. } => &mut counts.skipped_live,
+                RecoveryAction::SkippedWaiting { .. } => &mut counts.skipped_waiting,
+                RecoveryAction::SkippedTakenOver { .. } => &mut counts.skipped_taken_over,
+            };
+            *count += 1;
+        }
+        counts
+    }
+
+    /// Whether an operator must see to any saga this recovery found (exit 3 on the command
+    /// line).
+    pub fn needs_operator(&self) -> bool {
+        self.counts().left_for_operator > 0
     }
 }
 
@@ -269,4 +304,44 @@ pub struct NoObserver;
 
 impl Observer for NoObserver {
     fn on_event(&self, _event: &SagaEvent<'_>) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_or_skipping_recovery_rolls_nothing_back_and_needs_no_operator() {
+        let empty = RecoveryReport::default();
+        assert_eq!(empty.counts(), RecoveryCounts::default());
+        assert!(!empty.needs_operator());
+        let skipping = RecoveryReport {
+            sagas: vec![
+                RecoveryAction::SkippedLive {
+                    saga_id: SagaId::new("a"),
+                    pid: 7,
+                    host: "here".into(),
+                    lease_left_ms: None,
+                },
+                RecoveryAction::MissingTools {
+                    saga_id: SagaId::new("b"),
+                    tools: vec!["kv.set".into()],
+                },
+                RecoveryAction::SkippedTakenOver {
+                    saga_id: SagaId::new("c"),
+                },
+            ],
+        };
+        let counts = skipping.counts();
+        assert_eq!(
+            (
+                counts.rolled_back,
+                counts.skipped_live,
+                counts.skipped_taken_over,
+                counts.left_for_operator
+            ),
+            (0, 1, 1, 1)
+        );
+        assert!(skipping.needs_operator());
+    }
 }

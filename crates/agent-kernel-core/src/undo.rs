@@ -23,7 +23,216 @@ pub struct UndoRequest {
     pub force: bool,
 }
 
+/// What [`Kernel::undo`] would do to one step, found without changing anything.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum UndoVerdict {
+    /// Its compensation would run.
+    Undoable,
+    /// Its tool cannot take its effect back (reversibility `none`).
+    Irreversible,
+    /// Its undo window has closed.
+    WindowClosed {
+        /// The window (`7d`).
+        window: String,
+    },
+    /// What it left has changed since (another writer's work would be overwritten): undone
+    /// only with `force`.
+    Changed {
+        /// What changed, as its tool tells.
+        change: String,
+    },
+    /// Whether what it left has changed cannot be told.
+    Unknown {
+        /// Why.
+        error: String,
+    },
+    /// This program lacks its tool.
+    MissingTool,
+}
+
+/// Why a saga in `state` (not `Done`) is not undone.
+fn not_done(state: SagaState) -> String {
+    format!(
+        "only a Done saga is undone; it is {state} (an unfinished saga is rolled back by `recover` or `rollback`)"
+    )
+}
+
+impl UndoStepPreview {
+    /// Why [`Kernel::undo`] refuses this step.
+    fn refusal(&self) -> String {
+        match &self.verdict {
+            UndoVerdict::Irreversible => {
+                "its tool is irreversible (reversibility none): its effect cannot be undone"
+                    .to_owned()
+            }
+            UndoVerdict::WindowClosed { window } => format!(
+                "its undo window of {window} closed at {}",
+                format_rfc3339_ms(self.window_closes_at_ms.unwrap_or_default())
+            ),
+            UndoVerdict::Changed { change } => {
+                format!("{change}; undoing it would destroy that (pass --force to undo anyway)")
+            }
+            UndoVerdict::Unknown { error } => {
+                format!("whether what it left has changed cannot be told: {error}")
+            }
+            UndoVerdict::Undoable | UndoVerdict::MissingTool => String::new(),
+        }
+    }
+}
+
+/// One step of an [`UndoPreview`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct UndoStepPreview {
+    /// The step.
+    pub step_seq: u32,
+    /// Its tool.
+    pub tool_id: String,
+    /// When its undo window closes (ms since the Unix epoch), when its tool is known.
+    pub window_closes_at_ms: Option<i64>,
+    /// What an undo would do to it.
+    #[serde(flatten)]
+    pub verdict: UndoVerdict,
+}
+
+/// What [`Kernel::undo`] would do to a saga, step by step, last first: the steps an undo
+/// compensates (committed, not reused, not read-only), each with its verdict, and why the
+/// whole saga would be refused, if it would. Nothing is written and nothing is compensated
+/// to find it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct UndoPreview {
+    /// The saga.
+    pub saga_id: SagaId,
+    /// Its state.
+    pub state: SagaState,
+    /// Nothing to undo: the saga is `Undone` already, or a dry run (an undo succeeds and
+    /// changes nothing).
+    pub nothing_to_undo: bool,
+    /// Why an undo of the whole saga would be refused before any step is looked at (it is
+    /// not `Done`; the FSM table has no undo row), if it would.
+    pub refused: Option<String>,
+    /// The steps an undo would compensate, last first.
+    pub steps: Vec<UndoStepPreview>,
+}
+
+impl UndoPreview {
+    /// Whether [`Kernel::undo`] would succeed: nothing to undo, or the saga may be undone
+    /// and every step is undoable (with `force`, a changed step counts as undoable).
+    pub fn undoable(&self, force: bool) -> bool {
+        self.nothing_to_undo
+            || (self.refused.is_none()
+                && self.steps.iter().all(|step| match step.verdict {
+                    UndoVerdict::Undoable => true,
+                    UndoVerdict::Changed { .. } => force,
+                    _ => false,
+                }))
+    }
+}
+
 impl Kernel {
+    /// What [`Kernel::undo`] would do to `saga_id`, without doing it: for each step it
+    /// would compensate, last first, whether it can (its tool's reversibility, its undo
+    /// window, whether what it left has changed since). Nothing is written; each tool's
+    /// `changed_since` reads the world.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::SagaNotFound`]; [`KernelError::Log`].
+    pub async fn undo_preview(&self, saga_id: &SagaId) -> Result<UndoPreview, KernelError> {
+        let record = self.load(saga_id).await?;
+        let state = record.saga.state;
+        let mut preview = UndoPreview {
+            saga_id: saga_id.clone(),
+            state,
+            nothing_to_undo: record.saga.dry_run || state == SagaState::Undone,
+            refused: None,
+            steps: Vec::new(),
+        };
+        if preview.nothing_to_undo {
+            return Ok(preview);
+        }
+        if state != SagaState::Done {
+            preview.refused = Some(not_done(state));
+            return Ok(preview);
+        }
+        if let Err(denial) =
+            self.fsm
+                .apply(SagaState::Done, Event::UndoRequested, &Facts::default())
+        {
+            preview.refused = Some(format!("the FSM table denies an undo: {denial}"));
+            return Ok(preview);
+        }
+        Ok(self.preview_steps(&record).await)
+    }
+
+    /// The verdict on each step of a `Done` saga an undo would compensate, last first.
+    async fn preview_steps(&self, record: &agent_kernel_api::SagaRecord) -> UndoPreview {
+        let saga_id = &record.saga.saga_id;
+        let now_ms = self.env.clock.now_ms();
+        let mut steps = Vec::new();
+        for step in record.steps.iter().rev() {
+            if step.status != StepStatus::Commit
+                || step.reused_from.is_some()
+                || step.effect == EffectClass::ReadOnly
+            {
+                continue;
+            }
+            let mut preview = UndoStepPreview {
+                step_seq: step.step_seq,
+                tool_id: step.tool_id.clone(),
+                window_closes_at_ms: None,
+                verdict: UndoVerdict::Undoable,
+            };
+            // An upstream server's tool is known once the server is asked.
+            let _ = self.tools.load(&step.tool_id).await;
+            let Some(tool) = self.tools.get(&step.tool_id) else {
+                preview.verdict = UndoVerdict::MissingTool;
+                steps.push(preview);
+                continue;
+            };
+            // Counted from the step's commit, which a take-over does not move.
+            let window = self.tools.limits().undo_window_for(tool.as_ref());
+            let closes_at = step
+                .updated_at_ms
+                .saturating_add(i64::try_from(window.as_ms()).unwrap_or(i64::MAX));
+            preview.window_closes_at_ms = Some(closes_at);
+            preview.verdict = if tool.reversibility() == Reversibility::None {
+                UndoVerdict::Irreversible
+            } else if now_ms > closes_at {
+                UndoVerdict::WindowClosed {
+                    window: window.to_string(),
+                }
+            } else {
+                let ctx = self.context(
+                    saga_id,
+                    step.step_seq,
+                    &step.tool_id,
+                    step.idempotency_key.as_deref(),
+                    record.saga.actor.as_deref(),
+                );
+                match self
+                    .tools
+                    .changed_since(&ctx, &step.args, &step.undo, step.output.as_ref())
+                    .await
+                {
+                    Ok(None) => UndoVerdict::Undoable,
+                    Ok(Some(change)) => UndoVerdict::Changed { change },
+                    Err(error) => UndoVerdict::Unknown {
+                        error: error.to_string(),
+                    },
+                }
+            };
+            steps.push(preview);
+        }
+        UndoPreview {
+            saga_id: saga_id.clone(),
+            state: record.saga.state,
+            nothing_to_undo: false,
+            refused: None,
+            steps,
+        }
+    }
+
     /// Undoes a `Done` saga: every step it committed is compensated, last first, through the
     /// tools of this kernel under the policy in force, and the saga ends `Undone` (the FSM's
     /// `Done --UndoRequested--> Undone`). The request, its reason and the operator are in
@@ -71,13 +280,7 @@ impl Kernel {
             return Ok(SagaReport::from_record(&record, None));
         }
         if record.saga.state != SagaState::Done {
-            return Err(refuse(
-                None,
-                format!(
-                    "only a Done saga is undone; it is {} (an unfinished saga is rolled back by `recover` or `rollback`)",
-                    record.saga.state
-                ),
-            ));
+            return Err(refuse(None, not_done(record.saga.state)));
         }
         let undone = self
             .fsm
@@ -86,73 +289,17 @@ impl Kernel {
                 saga_id: Some(saga_id.clone()),
                 denial,
             })?;
-        let now_ms = self.env.clock.now_ms();
+        let preview = self.preview_steps(&record).await;
         let mut missing = Vec::new();
-        for step in record.steps.iter().rev() {
-            if step.status != StepStatus::Commit
-                || step.reused_from.is_some()
-                || step.effect == EffectClass::ReadOnly
-            {
-                continue;
-            }
+        for step in &preview.steps {
             let at = Some((step.step_seq, step.tool_id.as_str()));
-            // An upstream server's tool is known once the server is asked.
-            let _ = self.tools.load(&step.tool_id).await;
-            let Some(tool) = self.tools.get(&step.tool_id) else {
-                missing.push(step.tool_id.clone());
-                continue;
-            };
-            if tool.reversibility() == Reversibility::None {
-                return Err(refuse(
-                    at,
-                    "its tool is irreversible (reversibility none): its effect cannot be undone"
-                        .to_owned(),
-                ));
-            }
-            // Counted from the step's commit, which a take-over does not move.
-            let window = self.tools.limits().undo_window_for(tool.as_ref());
-            let closes_at = step
-                .updated_at_ms
-                .saturating_add(i64::try_from(window.as_ms()).unwrap_or(i64::MAX));
-            if now_ms > closes_at {
-                return Err(refuse(
-                    at,
-                    format!(
-                        "its undo window of {window} closed at {}",
-                        format_rfc3339_ms(closes_at)
-                    ),
-                ));
-            }
-            let ctx = self.context(
-                saga_id,
-                step.step_seq,
-                &step.tool_id,
-                step.idempotency_key.as_deref(),
-                record.saga.actor.as_deref(),
-            );
-            match self
-                .tools
-                .changed_since(&ctx, &step.args, &step.undo, step.output.as_ref())
-                .await
-            {
-                Ok(None) => {}
-                Ok(Some(change)) if request.force => {
+            match &step.verdict {
+                UndoVerdict::Undoable => {}
+                UndoVerdict::MissingTool => missing.push(step.tool_id.clone()),
+                UndoVerdict::Changed { change } if request.force => {
                     warn!(saga_id = %saga_id, step_seq = step.step_seq, %change, "undoing a changed step: --force");
                 }
-                Ok(Some(change)) => {
-                    return Err(refuse(
-                        at,
-                        format!(
-                            "{change}; undoing it would destroy that (pass --force to undo anyway)"
-                        ),
-                    ));
-                }
-                Err(error) => {
-                    return Err(refuse(
-                        at,
-                        format!("whether what it left has changed cannot be told: {error}"),
-                    ));
-                }
+                _ => return Err(refuse(at, step.refusal())),
             }
         }
         if !missing.is_empty() {

@@ -74,6 +74,7 @@ fn dispatch(c: &mut Criterion) {
         idempotency_key: None,
         actor: None,
         durability: Durability::Normal,
+        files: Arc::new(agent_kernel_api::NoFiles::new(".")),
     };
     let args = json!({"path": "workspace/a.txt", "content": "hello"});
     let mut group = c.benchmark_group("call");

@@ -59,6 +59,7 @@
 //! let ctx = ToolContext {
 //!     saga_id: SagaId::new("s"), step_seq: 0, tool_id: "echo".into(),
 //!     idempotency_key: None, actor: None, durability: Durability::Full,
+//!     files: Arc::new(agent_kernel_api::NoFiles::new(".")),
 //! };
 //! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
 //! let output = runtime.block_on(dispatcher.execute(&ctx, &json!({"text": "hi"})))?;

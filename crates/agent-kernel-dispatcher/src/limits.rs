@@ -75,7 +75,7 @@ pub struct Limits {
     /// How long a live saga may stay untouched before the process holding it rolls it back,
     /// in milliseconds. Read by the kernel, like `open_sagas_max`.
     pub saga_idle_timeout_ms: u64,
-    /// How long after its saga ended a step of a tool that declares no window of its own may
+    /// How long after its commit a step of a tool that declares no window of its own may
     /// still be undone (`undo_window = "7d"`, reference §10). Read by the kernel.
     pub undo_window: UndoWindow,
 }

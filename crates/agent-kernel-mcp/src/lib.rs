@@ -14,7 +14,7 @@
 //!
 //! ```no_run
 //! # async fn serve() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-//! let kernel = agent_kernel_core::KernelBuilder::new().build()?;
+//! let kernel = agent_kernel::KernelBuilder::from_folder(".").build()?;
 //! agent_kernel_mcp::serve_stdio(kernel, agent_kernel_mcp::ServerOptions::default()).await?;
 //! # Ok(()) }
 //! ```

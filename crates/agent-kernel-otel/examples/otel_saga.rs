@@ -11,8 +11,8 @@
 
 use std::collections::BTreeSet;
 
+use agent_kernel::{KernelBuilder, NoObserver};
 use agent_kernel_api::{Plan, SagaState};
-use agent_kernel_core::{KernelBuilder, NoObserver};
 use agent_kernel_otel::{SagaHistory, export_request};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

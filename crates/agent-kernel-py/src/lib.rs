@@ -1,7 +1,7 @@
 //! `agent_kernel._native`: the Python binding over the Rust engine.
 //!
 //! The Python package `agent_kernel` (in `python/`) is the public face; this module gives it
-//! a kernel ([`NativeKernel`], built by `agent-kernel-core`'s `KernelBuilder` with the
+//! a kernel ([`NativeKernel`], built by the front door's `KernelBuilder` with the
 //! command line's defaults), live sagas ([`NativeSaga`]) and Python functions as tools
 //! ([`NativeTool`]). Everything crosses as JSON text, which the Python side parses: the
 //! engine's own documents (a call's answer, a saga's report), unchanged.
@@ -15,11 +15,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use agent_kernel::{BeginOptions, Kernel, KernelBuilder, KernelError, LiveSaga};
 use agent_kernel_api::{
     Durability, EffectClass, ProbeOutcome, Reversibility, Settlement, ToolContext, ToolError,
     ToolOutput, TransactionalTool, Undo, UndoWindow,
 };
-use agent_kernel_core::{BeginOptions, Kernel, KernelBuilder, KernelError, LiveSaga};
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use serde_json::Value;
@@ -145,7 +145,8 @@ impl NativeKernel {
                 )));
             }
         };
-        let mut builder = KernelBuilder::new().durability(durability);
+        // The command line's defaults, from the working folder.
+        let mut builder = KernelBuilder::from_folder(".").durability(durability);
         if let Some(db) = db {
             builder = builder.db(db);
         }
@@ -206,7 +207,7 @@ impl NativeKernel {
             .map_err(|error| NativeError::new_err(("bad_input", error.to_string())))?;
         let kernel = Arc::clone(&self.kernel);
         let report = wait(py, async move {
-            kernel.run(&plan, &agent_kernel_core::NoObserver).await
+            kernel.run(&plan, &agent_kernel::NoObserver).await
         })
         .map_err(|error| native_error(&error))?;
         to_json(&report)
@@ -216,7 +217,7 @@ impl NativeKernel {
     fn recover(&self, py: Python<'_>) -> PyResult<String> {
         let kernel = Arc::clone(&self.kernel);
         let report = wait(py, async move {
-            kernel.recover(&agent_kernel_core::NoObserver).await
+            agent_kernel::operator::recover(&kernel, &agent_kernel::NoObserver).await
         })
         .map_err(|error| native_error(&error))?;
         to_json(&report)
@@ -226,8 +227,10 @@ impl NativeKernel {
     #[pyo3(signature = (limit=20))]
     fn sagas(&self, py: Python<'_>, limit: u32) -> PyResult<String> {
         let kernel = Arc::clone(&self.kernel);
-        let sagas = wait(py, async move { kernel.log().sagas(limit).await })
-            .map_err(|error| native_error(&KernelError::Log(error)))?;
+        let sagas = wait(py, async move {
+            agent_kernel::operator::sagas(&kernel, limit).await
+        })
+        .map_err(|error| native_error(&error))?;
         to_json(&sagas)
     }
 
@@ -240,14 +243,17 @@ impl NativeKernel {
         saga.map(|saga| to_json(&saga)).transpose()
     }
 
-    /// The approval requests still pending, as JSON documents.
+    /// The approval requests open to a decision (pending and not expired), as JSON
+    /// documents: the operator's list, as `agent-kernel approvals` shows it.
     fn approvals(&self, py: Python<'_>) -> PyResult<String> {
         let kernel = Arc::clone(&self.kernel);
-        let pending = wait(py, async move { kernel.log().pending_approvals().await })
-            .map_err(|error| native_error(&KernelError::Log(error)))?;
+        let pending = wait(py, async move {
+            agent_kernel::operator::pending_approvals(&kernel).await
+        })
+        .map_err(|error| native_error(&error))?;
         let documents: Vec<Value> = pending
             .iter()
-            .map(|record| agent_kernel_core::approval_document(&record.request))
+            .map(|view| agent_kernel::approval_document(&view.request))
             .collect();
         to_json(&documents)
     }

@@ -283,6 +283,7 @@ mod tests {
             idempotency_key: None,
             actor: None,
             durability: Durability::Normal,
+            files: Arc::new(agent_kernel_api::NoFiles::new(".")),
         }
     }
 

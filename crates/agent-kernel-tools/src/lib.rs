@@ -43,6 +43,7 @@
 //!     idempotency_key: None,
 //!     actor: None,
 //!     durability: Durability::Full,
+//!     files: Arc::new(agent_kernel_api::NoFiles::new(&base)),
 //! };
 //! let args = json!({ "path": "workspace/a.txt", "content": "new" });
 //! tool.check(&args)?; // arguments and policy, no side effect
@@ -96,6 +97,7 @@ mod command;
 mod common;
 mod drill;
 mod fault;
+mod files;
 mod fs_append;
 mod fs_delete;
 mod fs_read;
@@ -122,6 +124,7 @@ pub use fault::{
     FAULT_FAIL_DEFAULT_MESSAGE, FAULT_MESSAGE_BYTES_MAX, FAULT_PANIC_DEFAULT_MESSAGE, FaultFail,
     FaultPanic,
 };
+pub use files::SandboxFiles;
 pub use fs_append::FsAppend;
 pub use fs_delete::FsDelete;
 pub use fs_read::FsRead;

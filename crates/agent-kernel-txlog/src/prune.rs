@@ -13,12 +13,7 @@ use crate::schema::storage;
 use crate::sql::{Db, params};
 use crate::store;
 
-/// Most sagas one `Prune` write may name: its checkpoint record lists them all.
-pub const PRUNE_SAGAS_MAX: usize = 1_000;
-
-/// Most bytes of saga ids one `Prune` write may name, so its checkpoint record stays far
-/// below [`AUDIT_BODY_BYTES_MAX`](crate::AUDIT_BODY_BYTES_MAX) whatever the ids.
-pub const PRUNE_IDS_BYTES_MAX: usize = 256 * 1024;
+pub use agent_kernel_api::{PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX};
 
 /// The condition a saga row `s` must meet to be pruned at horizon `?1`: settled for good
 /// (`Done`, `FailedRolledBack`, `Undone`; never `FailedRollbackPartial`, whose effects an

@@ -5,7 +5,7 @@
 //! Run it with `cargo run -p live-ledger`; it works in a temporary folder and leaves
 //! nothing behind.
 
-use agent_kernel_core::{BeginOptions, CallAnswer, KernelBuilder};
+use agent_kernel::{BeginOptions, CallAnswer, KernelBuilder};
 use live_ledger::{Ledger, book_at};
 use serde_json::json;
 
@@ -45,7 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 other => println!("{id}: {other:?}"),
             }
         }
-        Ok::<_, agent_kernel_core::KernelError>(())
+        Ok::<_, agent_kernel::KernelError>(())
     })?;
     let after = book_at(&ledger);
     assert_eq!(after, before, "every entry of the failed saga was undone");

@@ -434,7 +434,7 @@ fn arguments_and_digest_rewritten_together_after_the_approval_are_never_run() {
     assert_eq!(code, 0, "{decided}");
     // The approved request's arguments replaced, with a digest computed for them.
     let args = json!({"path": "ws/other.txt", "content": "x"});
-    let digest = agent_kernel_core::approval_digest(
+    let digest = agent_kernel::approval_digest(
         &agent_kernel_api::SagaId::new(saga_id.clone()),
         1,
         "fs.append",

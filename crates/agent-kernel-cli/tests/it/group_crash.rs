@@ -31,7 +31,12 @@ impl Rng {
     }
 }
 
-/// Drives the sagas until the server dies (or they are all committed).
+/// How long the killer waits for the server to answer `initialize` before it kills anyway.
+const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Drives the sagas until the server dies (or they are all committed). The kill lands
+/// `kill_after` the server answered `initialize`, so that a slow start (a loaded machine)
+/// does not turn every kill into one before any saga began.
 fn drive(project: &Project, round: usize, kill_after: std::time::Duration) {
     let mut child = project
         .command(&["-q", "mcp"])
@@ -41,7 +46,10 @@ fn drive(project: &Project, round: usize, kill_after: std::time::Duration) {
         .spawn()
         .expect("spawns");
     let pid = child.id();
+    let (ready, started) = std::sync::mpsc::channel::<()>();
     let killer = std::thread::spawn(move || {
+        // A server that never answers (or died) is killed all the same.
+        let _ = started.recv_timeout(READY_WAIT);
         std::thread::sleep(kill_after);
         // It may have finished already: then there is nothing to kill.
         let _ = Command::new("kill")
@@ -51,7 +59,8 @@ fn drive(project: &Project, round: usize, kill_after: std::time::Duration) {
     });
     let stdin = child.stdin.take().expect("stdin");
     let stdout = child.stdout.take().expect("stdout");
-    converse(stdin, stdout, round);
+    converse(stdin, stdout, round, &ready);
+    drop(ready);
     // Every path ends here: stdin is closed, and the killer ends the
     // server at the latest, so the child is always reaped.
     let _ = child.wait();
@@ -59,8 +68,14 @@ fn drive(project: &Project, round: usize, kill_after: std::time::Duration) {
 }
 
 /// Speaks JSON-RPC to the server until every saga is committed or the
-/// server is gone (killed); returns early on the first failed read.
-fn converse(mut stdin: std::process::ChildStdin, stdout: std::process::ChildStdout, round: usize) {
+/// server is gone (killed); returns early on the first failed read. Says on `ready` when
+/// the server has answered `initialize`.
+fn converse(
+    mut stdin: std::process::ChildStdin,
+    stdout: std::process::ChildStdout,
+    round: usize,
+    ready: &std::sync::mpsc::Sender<()>,
+) {
     let mut stdout = BufReader::new(stdout);
     let mut send = |message: Value| writeln!(stdin, "{message}").is_ok();
     let mut answers = |n: usize| -> Option<Vec<Value>> {
@@ -84,6 +99,7 @@ fn converse(mut stdin: std::process::ChildStdin, stdout: std::process::ChildStdo
     if answers(1).is_none() {
         return;
     }
+    let _ = ready.send(());
     send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
     let call = |id: usize, name: &str, arguments: Value| json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": arguments}});
     for saga in 0..SAGAS {

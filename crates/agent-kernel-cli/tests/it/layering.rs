@@ -1,4 +1,5 @@
-//! Crates depend strictly downward: `api` → (`txlog`, `sandbox`) → `tools` → `core` → `cli`.
+//! Crates depend strictly downward: `api` → (`txlog`, `sandbox`, `fsm`) → (`dispatcher`,
+//! `tools`, `upstream`) → `core` (the engine) → `agent-kernel` (the front door) → `cli`.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -16,7 +17,10 @@ fn tier(name: &str) -> Option<u32> {
         // The second backend of the log: txlog's records over a PostgreSQL connection.
         "agent-kernel-txlog-postgres" => Some(1),
         "agent-kernel-dispatcher" | "agent-kernel-tools" | "agent-kernel-upstream" => Some(2),
+        // The engine: api, fsm and dispatcher alone (see the test below).
         "agent-kernel-core" => Some(3),
+        // The front door: wires the engine to a log, a policy and tools.
+        "agent-kernel" => Some(4),
         // The MCP server: a front end over core's live sagas, below the binary.
         "agent-kernel-mcp" => Some(4),
         // Sagas as OpenTelemetry traces: beside the MCP server, over the log's records.
@@ -32,8 +36,8 @@ fn tier(name: &str) -> Option<u32> {
 /// Same-tier edges written down in ARCHITECTURE.md.
 const ALLOWED_SAME_TIER: &[(&str, &str)] = &[("agent-kernel-txlog-postgres", "agent-kernel-txlog")];
 
-#[test]
-fn no_crate_depends_on_a_crate_above_it() {
+/// The workspace's packages, from `cargo metadata`.
+fn workspace_packages() -> Vec<Value> {
     let output = Command::new(env!("CARGO"))
         .args([
             "metadata",
@@ -51,9 +55,64 @@ fn no_crate_depends_on_a_crate_above_it() {
         String::from_utf8_lossy(&output.stderr)
     );
     let metadata: Value = serde_json::from_slice(&output.stdout).expect("parses");
-    let packages = metadata["packages"].as_array().expect("packages");
+    metadata["packages"].as_array().expect("packages").clone()
+}
+
+/// The workspace crates `package` depends on, dev-dependencies left out.
+fn normal_dependencies<'a>(packages: &'a [Value], package: &str) -> Vec<&'a str> {
+    let package = packages
+        .iter()
+        .find(|candidate| candidate["name"] == package)
+        .unwrap_or_else(|| panic!("no package {package}"));
+    let mut names: Vec<&str> = package["dependencies"]
+        .as_array()
+        .expect("dependencies")
+        .iter()
+        .filter(|dependency| dependency["kind"].is_null())
+        .filter_map(|dependency| dependency["name"].as_str())
+        .filter(|name| tier(name).is_some())
+        .collect();
+    names.sort_unstable();
+    names
+}
+
+/// The engine sees traits: no log backend, sandbox, tool or MCP crate of ours.
+#[test]
+fn the_engine_depends_on_api_fsm_and_dispatcher_alone() {
+    let packages = workspace_packages();
+    assert_eq!(
+        normal_dependencies(&packages, "agent-kernel-core"),
+        [
+            "agent-kernel-api",
+            "agent-kernel-dispatcher",
+            "agent-kernel-fsm"
+        ]
+    );
+}
+
+/// The binary, the Python package and the evals build their kernels through the front
+/// door, never by wiring the engine themselves.
+#[test]
+fn front_ends_build_kernels_through_the_front_door() {
+    let packages = workspace_packages();
+    for front_end in ["agent-kernel-cli", "agent-kernel-py", "agent-kernel-evals"] {
+        let dependencies = normal_dependencies(&packages, front_end);
+        assert!(
+            dependencies.contains(&"agent-kernel"),
+            "{front_end}: {dependencies:?}"
+        );
+        assert!(
+            !dependencies.contains(&"agent-kernel-core"),
+            "{front_end} names the engine directly: {dependencies:?}"
+        );
+    }
+}
+
+#[test]
+fn no_crate_depends_on_a_crate_above_it() {
+    let packages = workspace_packages();
     let mut edges = BTreeMap::new();
-    for package in packages {
+    for package in &packages {
         let name = package["name"].as_str().expect("name");
         let from = tier(name).unwrap_or_else(|| {
             panic!("workspace crate `{name}` has no tier: add it to this test and ARCHITECTURE.md")

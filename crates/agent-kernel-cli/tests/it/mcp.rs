@@ -816,3 +816,64 @@ async fn a_step_that_needs_approval_answers_pending_and_saga_resume_runs_it_once
     );
     client.cancel().await.expect("closes");
 }
+
+/// `tools`, `run` and `mcp` take their kernel from one wiring: started in the same folder
+/// with nothing but `--db`, the MCP server offers exactly the tools `tools` lists (the
+/// drill tools aside), the folder's command tool among them, and rules on paths with the
+/// same policy as a plan's run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mcp_server_and_the_command_line_wire_the_same_kernel_from_one_folder() {
+    let project = Project::new();
+    fs::write(
+        project.path("tools.toml"),
+        "[tools.\"note.read\"]\neffect = \"read-only\"\nsettlement = \"compensate\"\nexecute = [\"cat\"]\n",
+    )
+    .expect("writes the tools file");
+    let (code, listed) = project.run_json(&["tools"]);
+    assert_eq!(code, 0, "{listed}");
+    let mut from_cli: Vec<String> = listed["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|tool| tool["tool"].as_str())
+        .filter(|id| !id.starts_with("fault."))
+        .map(|id| id.replace('.', "_"))
+        .collect();
+    from_cli.sort();
+    assert!(from_cli.contains(&"note_read".to_owned()), "{from_cli:?}");
+
+    let client = connect(&project, &[]).await;
+    let mut from_mcp: Vec<String> = client
+        .list_all_tools()
+        .await
+        .expect("lists")
+        .iter()
+        .map(|tool| tool.name.to_string())
+        .filter(|name| !name.starts_with("saga_"))
+        .collect();
+    from_mcp.sort();
+    assert_eq!(from_mcp, from_cli);
+
+    for (path, allowed) in [("ws/inside.txt", true), ("outside.txt", false)] {
+        let result = call(
+            &client,
+            "fs_write",
+            json!({ "args": { "path": path, "content": "mcp" } }),
+        )
+        .await;
+        assert_eq!(result.is_error, Some(!allowed), "mcp, {path}: {result:?}");
+        let plan = project.plan(
+            "plan.json",
+            &json!({ "steps": [{ "tool": "fs.write", "args": { "path": path, "content": "run" } }] }),
+        );
+        let output = project.run(&["run", "--plan", plan.to_str().expect("UTF-8")]);
+        let expected = if allowed { 0 } else { 4 };
+        assert_eq!(
+            output.status.code(),
+            Some(expected),
+            "run, {path}: {output:?}"
+        );
+    }
+    assert!(!project.path("outside.txt").exists());
+    client.cancel().await.expect("closes");
+}

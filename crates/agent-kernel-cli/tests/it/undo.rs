@@ -178,3 +178,56 @@ fn two_undos_of_one_saga_at_once_compensate_once() {
     assert_eq!(project.snapshot(), before);
     assert_eq!(project.latest_saga().expect("a saga").1, "Undone");
 }
+
+/// `undo --preview` says what an undo would do to each step, last first, and undoes
+/// nothing: every step undoable on a fresh `Done` saga (exit 0); once another writer changed
+/// a file, that step is "changed since" and the undo would be refused (exit 4), unless
+/// `--force`; the files and the saga stay as they are throughout.
+#[test]
+fn undo_preview_names_each_step_and_changes_nothing() {
+    let project = Project::new();
+    let saga_id = done_saga(&project);
+    let (code, preview) = project.run_json(&["undo", "--saga", &saga_id, "--preview"]);
+    assert_eq!(code, 0, "{preview}");
+    assert_eq!(preview["undoable"], true, "{preview}");
+    let steps = preview["steps"].as_array().expect("steps");
+    let seqs: Vec<u64> = steps
+        .iter()
+        .map(|step| step["step_seq"].as_u64().expect("a seq"))
+        .collect();
+    assert_eq!(seqs, [2, 1, 0], "last first: {preview}");
+    assert!(
+        steps
+            .iter()
+            .all(|step| step["verdict"] == "undoable" && step["window_closes_at_ms"].is_i64()),
+        "{preview}"
+    );
+
+    fs::write(
+        project.path("ws/log.txt"),
+        "one\ntwo\nthree, by someone else\n",
+    )
+    .expect("writes");
+    let before = project.snapshot();
+    let (code, preview) = project.run_json(&["undo", "--saga", &saga_id, "--preview"]);
+    assert_eq!(code, 4, "{preview}");
+    assert_eq!(preview["undoable"], false);
+    assert_eq!(preview["steps"][0]["verdict"], "changed", "{preview}");
+    assert!(
+        preview["steps"][0]["change"]
+            .as_str()
+            .is_some_and(|change| change.contains("log.txt")),
+        "{preview}"
+    );
+    let (code, forced) = project.run_json(&["undo", "--saga", &saga_id, "--preview", "--force"]);
+    assert_eq!(code, 0, "{forced}");
+    assert_eq!(forced["undoable"], true);
+    let output = project.run(&["undo", "--saga", &saga_id, "--preview"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("changed since") && stdout.contains("would be refused"),
+        "{stdout}"
+    );
+    assert_eq!(project.snapshot(), before, "a preview undoes nothing");
+    assert_eq!(project.latest_saga().expect("a saga").1, "Done");
+}

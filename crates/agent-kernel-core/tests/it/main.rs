@@ -15,7 +15,6 @@ mod prune;
 mod recovery;
 mod saga;
 mod settlement;
-mod tools_file;
 mod undo;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -288,7 +288,8 @@ async fn a_saga_whose_tool_is_missing_is_left_untouched_for_a_program_that_has_i
     };
     assert_eq!(saga_id, &before.saga.saga_id);
     assert_eq!(tools, &["ledger.add".to_owned()]);
-    assert!(!report.all_rolled_back(), "operator attention: exit 3");
+    assert!(report.needs_operator(), "operator attention: exit 3");
+    assert_eq!(report.counts().left_for_operator, 1, "{report:?}");
     let after = stock
         .log()
         .saga(saga_id)

@@ -125,6 +125,7 @@ fn ctx(tool: &str) -> ToolContext {
         idempotency_key: None,
         actor: None,
         durability: Durability::Normal,
+        files: Arc::new(agent_kernel_api::NoFiles::new(".")),
     }
 }
 

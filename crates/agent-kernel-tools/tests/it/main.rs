@@ -108,6 +108,7 @@ pub(crate) fn ctx(tool_id: &str, step_seq: u32) -> ToolContext {
         idempotency_key: None,
         actor: None,
         durability: Durability::Full,
+        files: std::sync::Arc::new(agent_kernel_api::NoFiles::new(".")),
     }
 }
 

@@ -8,7 +8,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agent_kernel_core::{BeginOptions, CallAnswer, KernelBuilder, NoObserver, RecoveryAction};
+use agent_kernel::{BeginOptions, CallAnswer, KernelBuilder, NoObserver, RecoveryAction};
 use live_ledger::Ledger;
 use serde_json::json;
 
@@ -69,7 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         other => println!("{other:?}"),
                     }
                 }
-                if report.all_rolled_back() {
+                if !report.needs_operator() {
                     Ok(())
                 } else {
                     Err("not every saga was rolled back".into())

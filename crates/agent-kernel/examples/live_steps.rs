@@ -3,7 +3,7 @@
 //! does the same through `agent_kernel`).
 //!
 //! ```sh
-//! cargo run --release -p agent-kernel-core --example live_steps -- SAGAS STEPS full|normal
+//! cargo run --release -p agent-kernel --example live_steps -- SAGAS STEPS full|normal
 //! ```
 //!
 //! Prints one JSON line: `{"driver": "rust", "sagas", "steps", "durability", "seconds",
@@ -11,8 +11,7 @@
 
 use std::time::Instant;
 
-use agent_kernel_api::Durability;
-use agent_kernel_core::{BeginOptions, CallAnswer, KernelBuilder};
+use agent_kernel::{BeginOptions, CallAnswer, Durability, KernelBuilder};
 use serde_json::json;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -30,10 +29,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kernel = KernelBuilder::new()
         .db(dir.path().join("bench.db"))
         .durability(durability)
-        .policy_toml("", dir.path())?
-        // The built-in table, so that no `./fsm.toml` of the working directory is taken.
-        .fsm(agent_kernel_fsm::Guardrail::builtin())
-        .without_tools_file()
         .cwd(dir.path())
         .build()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -50,7 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             saga.commit().await?;
         }
-        Ok::<_, agent_kernel_core::KernelError>(())
+        Ok::<_, agent_kernel::KernelError>(())
     })?;
     let seconds = started.elapsed().as_secs_f64();
     let n_steps = f64::from(sagas * steps);

@@ -3,8 +3,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use agent_kernel_dispatcher::Limits;
-use agent_kernel_sandbox::Policy;
+use agent_kernel::{Limits, Policy};
 
 /// How long the load may take before the test calls it stuck (only a failure waits this
 /// long).
@@ -38,7 +37,7 @@ fn the_tools_file_is_read_once_for_its_command_tools_and_its_servers() {
     std::thread::spawn(move || {
         let mut limits = Limits::default();
         let _ = done.send(
-            agent_kernel_core::declared_tools(&fifo, &policy, &mut limits).map(|tools| {
+            agent_kernel::declared_tools(&fifo, &policy, &mut limits).map(|tools| {
                 tools
                     .required
                     .iter()

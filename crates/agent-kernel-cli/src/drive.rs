@@ -1,0 +1,90 @@
+//! The commands that run sagas: `run`, `resume` and `mcp`.
+
+#[allow(clippy::wildcard_imports)]
+use crate::*;
+
+pub(crate) async fn run(cli: &Cli, out: &Output, args: &RunArgs) -> Result<u8, Failure> {
+    let RunArgs {
+        plan,
+        durability,
+        dry_run,
+        no_wait,
+    } = args;
+    // Everything about the input is checked before the log is opened.
+    let plan = read_plan(plan)?;
+    let live = if *dry_run {
+        None
+    } else {
+        live_export_config()?
+    };
+    let (kernel, exporter) = open_kernel_exporting(
+        cli,
+        *durability,
+        Compensation::AndExecution,
+        Vec::new(),
+        true,
+        live,
+    )?;
+    if *dry_run {
+        let report = kernel.dry_run(&plan).await?;
+        out.saga(&report);
+        return Ok(match report.state {
+            SagaState::Done => exit::OK,
+            _ if report.is_denied() => exit::DENIED,
+            _ => exit::ROLLED_BACK,
+        });
+    }
+    let progress = progress::StepProgress::new(plan.steps.len());
+    let cancel = Arc::new(Cancellation::new());
+    watch_signals(cancel.clone());
+    let report = kernel.run_cancellable(&plan, &progress, &cancel).await?;
+    let report = approvals::settle_waits(&kernel, report, *no_wait, &progress, &cancel).await?;
+    if cancel.is_cancelled() && report.state == SagaState::Done {
+        eprintln!(
+            "agent-kernel: the signal came while the last step was running; no step was left to stop before, so the saga completed"
+        );
+    }
+    progress.finish();
+    out.saga(&report);
+    finish_live_export(exporter);
+    Ok(approvals::exit_code(&report))
+}
+
+pub(crate) async fn resume(cli: &Cli, out: &Output, args: &ResumeArgs) -> Result<u8, Failure> {
+    let ResumeArgs { saga, no_wait } = args;
+    let saga_id = parse_saga_id(saga)?;
+    require_log(cli)?;
+    let kernel = open_kernel_for_approvals(cli)?;
+    let progress = progress::StepProgress::hidden();
+    let cancel = Arc::new(Cancellation::new());
+    watch_signals(cancel.clone());
+    let report = kernel.resume(&saga_id, &progress, &cancel).await?;
+    let report = approvals::settle_waits(&kernel, report, *no_wait, &progress, &cancel).await?;
+    out.saga(&report);
+    Ok(approvals::exit_code(&report))
+}
+
+pub(crate) async fn mcp(cli: &Cli, _out: &Output, args: &McpArgs) -> Result<u8, Failure> {
+    let McpArgs { actor, drills } = args;
+    let live = live_export_config()?;
+    let (kernel, exporter) = open_kernel_exporting(
+        cli,
+        Durability::Full,
+        Compensation::AndExecution,
+        Vec::new(),
+        *drills,
+        live,
+    )?;
+    let served = agent_kernel_mcp::serve_stdio(
+        kernel,
+        agent_kernel_mcp::ServerOptions {
+            actor: actor.clone(),
+        },
+    )
+    .await;
+    // The open sagas were rolled back: their last spans go out before the exit.
+    finish_live_export(exporter);
+    served
+        .map_err(|error| Failure::internal(anyhow::anyhow!("the MCP server stopped: {error}")))?;
+    Ok(exit::OK)
+}

@@ -1,0 +1,631 @@
+//! The SQL behind each log operation. Runs only on the writer thread.
+//!
+//! This module applies batches of writes (each record and its audit record in one
+//! transaction); its children hold the statements of each record family.
+
+mod approvals;
+mod dead_letters;
+mod sagas;
+
+#[allow(clippy::wildcard_imports)]
+use self::{approvals::*, dead_letters::*, sagas::*};
+
+pub(crate) use self::approvals::{
+    approval, pending_approvals, saga_approval, vouched_saga_approval,
+};
+pub(crate) use self::dead_letters::{dead_letter, open_dead_letters};
+pub(crate) use self::sagas::{key_binding, saga, sagas, take_over_in, unfinished_sagas};
+
+use agent_kernel_api::{
+    ApprovalDecision, ApprovalRecord, ApprovalRequest, ApprovalStatus, AuditEvent, BeginStep,
+    ConsumeApproval, DeadLetter, DeadLetterStatus, DecideApproval, EffectClass, KeyBinding,
+    LogWrite, NewSaga, Owner, PlanStep, RecordDeadLetter, SagaId, SagaRecord, SagaState,
+    SagaSummary, SettleDeadLetter, StepRecord, StepStatus, ToolError, ToolOutput, TxError, Undo,
+    WriteOutcome,
+};
+use std::borrow::Cow;
+
+use rusqlite::{Connection, TransactionBehavior};
+use serde_json::{Value, json};
+
+use crate::AuditHead;
+use crate::schema::storage;
+use crate::sql::{Db, OptionalExtension as _, Row, ToValue, params};
+
+use crate::audit::{
+    ARGS_SUMMARY_BYTES_MAX, Appender, AuditKey, AuditSettings, CanonicalObject, DENIALS_LISTED_MAX,
+    Head, KIND_APPROVAL_CONSUMED, KIND_APPROVAL_DECIDED, KIND_APPROVAL_REQUESTED, KIND_BEGIN_STEP,
+    KIND_CALL_REFUSED, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA, KIND_DEAD_LETTER,
+    KIND_DEAD_LETTER_SETTLED, KIND_FAIL_STEP, KIND_OPERATOR, KIND_PLAN_DENIED, KIND_REFUSE_STEP,
+    KIND_REUSE_STEP, KIND_SAGA_ABORTED, KIND_SET_STATE, KIND_SIMULATE_STEP, KIND_TAKE_OVER,
+    QUOTE_BYTES_MAX, canonical_json, error_summary, quote, sha256_hex,
+};
+
+fn corrupt(what: impl std::fmt::Display) -> TxError {
+    TxError::Corrupt(what.to_string())
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<String, TxError> {
+    serde_json::to_string(value).map_err(|err| corrupt(format!("cannot encode record: {err}")))
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(column: &str, text: &str) -> Result<T, TxError> {
+    serde_json::from_str(text).map_err(|err| corrupt(format!("column `{column}`: {err}")))
+}
+
+fn effect_from_str(text: &str) -> Result<EffectClass, TxError> {
+    from_json("effect", &format!("\"{text}\""))
+}
+
+/// Writes a batch in one immediate transaction; all of it or none of it.
+///
+/// Each record is chained into the audit log in the same transaction. After a batch that
+/// ends a saga, the head file is brought up to date.
+pub(crate) fn write_batch(
+    conn: &mut Connection,
+    audit: &AuditSettings,
+    batch: &[LogWrite],
+    now_ms: i64,
+) -> Result<Vec<WriteOutcome>, TxError> {
+    let committed = commit_chained(conn, audit, batch, now_ms)?;
+    // Only here, not after every batch: a head update costs a sync under
+    // `Durability::Full`, which every step would otherwise pay.
+    if committed.moves_head {
+        audit.advance_head(conn, &committed.head);
+    }
+    Ok(committed.outcomes)
+}
+
+/// What [`commit_chained`] committed.
+struct Committed {
+    outcomes: Vec<WriteOutcome>,
+    /// The chain's newest record, the batch's last.
+    head: Head,
+    /// Whether the batch ends a saga or holds an audit event: the head file should move.
+    moves_head: bool,
+}
+
+/// Applies `batch` and chains each record into the audit log, in one immediate transaction.
+fn commit_chained(
+    conn: &mut Connection,
+    audit: &AuditSettings,
+    batch: &[LogWrite],
+    now_ms: i64,
+) -> Result<Committed, TxError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(storage)?;
+    let mut chain = Appender::start(&tx, audit.key.as_ref())?;
+    let (outcomes, moves_head) = apply_chained(&tx, &mut chain, audit.key.as_ref(), batch, now_ms)?;
+    tx.commit().map_err(storage)?;
+    Ok(Committed {
+        outcomes,
+        head: chain.head().clone(),
+        moves_head,
+    })
+}
+
+/// Applies `batch` and chains each record, inside the caller's transaction; returns the
+/// outcomes and whether the head file should move.
+pub(crate) fn apply_chained(
+    tx: &dyn Db,
+    chain: &mut Appender<'_>,
+    key: Option<&AuditKey>,
+    batch: &[LogWrite],
+    now_ms: i64,
+) -> Result<(Vec<WriteOutcome>, bool), TxError> {
+    let mut outcomes = Vec::with_capacity(batch.len());
+    let mut moves_head = false;
+    for write in batch {
+        let applied = apply(tx, write, key, now_ms)?;
+        if let Some(kind) = applied.kind {
+            chain.append(tx, now_ms, kind, applied.saga_id.as_deref(), &applied.body)?;
+            if let LogWrite::DecideApproval(decision) = write {
+                // The decision's own record, which the request's use checks.
+                tx.execute(
+                    "UPDATE approvals SET decision_seq = ?2 WHERE approval_id = ?1",
+                    params![decision.approval_id, chain.head().seq],
+                )
+                .map_err(storage)?;
+            }
+        }
+        // Audit events are rare and each one should be covered by the head file at once.
+        moves_head |= matches!(write, LogWrite::SetState { state, .. } if state.is_terminal())
+            || matches!(
+                write,
+                LogWrite::Audit(_)
+                    | LogWrite::DecideApproval(_)
+                    | LogWrite::SettleDeadLetter(_)
+                    | LogWrite::Prune(_)
+            );
+        outcomes.push(applied.outcome);
+    }
+    Ok((outcomes, moves_head))
+}
+
+/// A take-over ([`TxLog::take_over`](agent_kernel_api::TxLog::take_over)) for the writer
+/// to commit with the batches queued beside it.
+pub(crate) struct TakeOverRequest {
+    pub(crate) saga_id: SagaId,
+    pub(crate) expected: Owner,
+    pub(crate) expected_state: SagaState,
+    pub(crate) new: Owner,
+    /// Written after the take-over in its transaction, if it holds.
+    pub(crate) then: Vec<LogWrite>,
+}
+
+/// One item of a group commit.
+pub(crate) enum GroupItem<'a> {
+    Batch(&'a [LogWrite]),
+    TakeOver(&'a TakeOverRequest),
+}
+
+/// What one item of a group commit came to: a batch's outcomes, or whether a take-over
+/// held.
+pub(crate) enum GroupAnswer {
+    Batch(Vec<WriteOutcome>),
+    TakeOver(bool),
+}
+
+/// Writes several batches and take-overs, ready at the same time, in one immediate
+/// transaction (one sync under `Durability::Full`): each item in a savepoint of its own, so
+/// an item that fails leaves nothing of itself and nothing of the others undone; the chain
+/// runs through them in order. Returns each item's result, in order. A failure of the
+/// transaction itself (its begin or its commit) is every item's.
+pub(crate) fn write_group(
+    conn: &mut Connection,
+    audit: &AuditSettings,
+    items: &[GroupItem<'_>],
+    now_ms: i64,
+) -> Vec<Result<GroupAnswer, TxError>> {
+    match items {
+        [GroupItem::Batch(batch)] => {
+            return vec![write_batch(conn, audit, batch, now_ms).map(GroupAnswer::Batch)];
+        }
+        [GroupItem::TakeOver(request)] => {
+            return vec![take_over(conn, audit, request, now_ms).map(GroupAnswer::TakeOver)];
+        }
+        _ => {}
+    }
+    let every = |error: TxError| items.iter().map(|_| Err(error.clone())).collect();
+    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(err) => return every(storage(err)),
+    };
+    let mut chain = match Appender::start(&tx, audit.key.as_ref()) {
+        Ok(chain) => chain,
+        Err(error) => return every(error),
+    };
+    let mut results = Vec::with_capacity(items.len());
+    let mut moves_head = false;
+    for item in items {
+        let before = chain.clone();
+        let applied = tx.savepoint().map_err(storage).and_then(|savepoint| {
+            let applied = match item {
+                GroupItem::Batch(batch) => {
+                    apply_chained(&savepoint, &mut chain, audit.key.as_ref(), batch, now_ms)
+                        .map(|(outcomes, moves)| (GroupAnswer::Batch(outcomes), moves))?
+                }
+                // A take-over moves the head file, as it does alone.
+                GroupItem::TakeOver(request) => {
+                    take_over_then(&savepoint, &mut chain, audit.key.as_ref(), request, now_ms)
+                        .map(|taken| (GroupAnswer::TakeOver(taken), taken))?
+                }
+            };
+            savepoint.commit().map_err(storage)?;
+            Ok(applied)
+        });
+        match applied {
+            Ok((answer, moves)) => {
+                moves_head |= moves;
+                results.push(Ok(answer));
+            }
+            Err(error) => {
+                // The savepoint was rolled back when dropped: so is the chain.
+                chain = before;
+                results.push(Err(error));
+            }
+        }
+    }
+    if let Err(err) = tx.commit() {
+        return every(storage(err));
+    }
+    if moves_head {
+        audit.advance_head(conn, chain.head());
+    }
+    results
+}
+
+/// Appends `event` and writes the head file naming it, whatever the head file held.
+pub(crate) fn seal(
+    conn: &mut Connection,
+    audit: &AuditSettings,
+    event: &AuditEvent,
+    now_ms: i64,
+) -> Result<AuditHead, TxError> {
+    let committed = commit_chained(conn, audit, &[LogWrite::Audit(event.clone())], now_ms)?;
+    let head = &committed.head;
+    audit.write_head(head).map_err(|err| {
+        TxError::Storage(format!(
+            "the seal record {} is written, but the head file cannot be: {err}",
+            head.seq
+        ))
+    })?;
+    Ok(AuditHead::from(head))
+}
+
+/// What one [`LogWrite`] did, and the audit record that describes it.
+struct Applied<'w> {
+    outcome: WriteOutcome,
+    /// `None`: nothing changed, so nothing is chained.
+    kind: Option<&'static str>,
+    saga_id: Option<Cow<'w, SagaId>>,
+    /// Canonical JSON.
+    body: String,
+}
+
+impl<'w> Applied<'w> {
+    fn written(kind: &'static str, saga_id: &'w SagaId, body: String) -> Self {
+        Applied {
+            outcome: WriteOutcome::Written,
+            kind: Some(kind),
+            saga_id: Some(Cow::Borrowed(saga_id)),
+            body,
+        }
+    }
+}
+
+fn apply<'w>(
+    conn: &dyn Db,
+    write: &'w LogWrite,
+    key: Option<&AuditKey>,
+    now_ms: i64,
+) -> Result<Applied<'w>, TxError> {
+    match write {
+        LogWrite::Prune(prune) => {
+            let (outcome, body) = crate::prune::prune(conn, prune)?;
+            Ok(Applied {
+                outcome,
+                kind: body.is_some().then_some(crate::audit::KIND_PRUNE),
+                saga_id: None,
+                body: body.unwrap_or_default(),
+            })
+        }
+        LogWrite::CreateSaga(saga) => {
+            create_saga(conn, saga, now_ms)?;
+            let body = CanonicalObject::new()
+                .opt_str("actor", saga.actor.as_deref())
+                .flag("dry_run", saga.dry_run)
+                .int("n_steps", saga.n_steps)
+                .opt_str("name", saga.name.as_deref())
+                .object("owner", owner_body(&saga.owner))
+                .str("saga_id", saga.saga_id.as_str())
+                .str("state", saga.state.as_str())
+                .finish();
+            Ok(Applied::written(KIND_CREATE_SAGA, &saga.saga_id, body))
+        }
+        LogWrite::SetState { saga_id, state } => {
+            let n_changed = conn
+                .execute(
+                    "UPDATE sagas SET state = ?2, updated_at_ms = ?3 WHERE saga_id = ?1",
+                    params![saga_id.as_str(), state.as_str(), now_ms],
+                )
+                .map_err(storage)?;
+            expect_one(n_changed, || format!("no saga {saga_id}"))?;
+            let body = CanonicalObject::new()
+                .str("saga_id", saga_id.as_str())
+                .str("state", state.as_str())
+                .finish();
+            Ok(Applied::written(KIND_SET_STATE, saga_id, body))
+        }
+        LogWrite::BeginStep(step) => {
+            let (outcome, body) = begin_step(conn, step, now_ms)?;
+            Ok(Applied {
+                outcome,
+                kind: Some(KIND_BEGIN_STEP),
+                saga_id: Some(Cow::Borrowed(&step.saga_id)),
+                body,
+            })
+        }
+        LogWrite::CommitStep {
+            saga_id,
+            step_seq,
+            output,
+        } => {
+            let output = to_json(output)?;
+            let n_changed = conn
+                .execute(
+                    "UPDATE saga_steps SET status = 'COMMIT', output = ?3, updated_at_ms = ?4
+                     WHERE saga_id = ?1 AND step_seq = ?2 AND status = 'BEGIN'",
+                    params![saga_id.as_str(), step_seq, output, now_ms],
+                )
+                .map_err(storage)?;
+            expect_one(n_changed, || {
+                format!("saga {saga_id} has no step {step_seq} in BEGIN to commit")
+            })?;
+            let body = CanonicalObject::new()
+                .str("output_sha256", &sha256_hex(output.as_bytes()))
+                .str("saga_id", saga_id.as_str())
+                .str("status", StepStatus::Commit.as_str())
+                .int("step_seq", *step_seq)
+                .finish();
+            Ok(Applied::written(KIND_COMMIT_STEP, saga_id, body))
+        }
+        LogWrite::FailStep {
+            saga_id,
+            step_seq,
+            error,
+        } => {
+            let error_text = to_json(error)?;
+            let n_changed = conn
+                .execute(
+                    "UPDATE saga_steps SET status = 'FAIL', error = ?3, updated_at_ms = ?4
+                     WHERE saga_id = ?1 AND step_seq = ?2 AND status = 'BEGIN'",
+                    params![saga_id.as_str(), step_seq, error_text, now_ms],
+                )
+                .map_err(storage)?;
+            expect_one(n_changed, || {
+                format!("saga {saga_id} has no step {step_seq} in BEGIN to fail")
+            })?;
+            let body = CanonicalObject::new()
+                .object("error", error_summary(error))
+                .str("error_sha256", &sha256_hex(error_text.as_bytes()))
+                .str("saga_id", saga_id.as_str())
+                .str("status", StepStatus::Fail.as_str())
+                .int("step_seq", *step_seq)
+                .finish();
+            Ok(Applied::written(KIND_FAIL_STEP, saga_id, body))
+        }
+        LogWrite::RefuseStep { step, error } => {
+            // A refusal is usually a denial: its record says what was asked for.
+            let body = insert_step(
+                conn,
+                step,
+                &Undo::none(),
+                StepStatus::Fail,
+                None,
+                Some(error),
+                None,
+                now_ms,
+                ArgsSummary::Quoted,
+            )?;
+            Ok(Applied::written(KIND_REFUSE_STEP, &step.saga_id, body))
+        }
+        LogWrite::ReuseStep {
+            step,
+            from_saga_id,
+            from_step_seq,
+            output,
+        } => {
+            let body = insert_step(
+                conn,
+                step,
+                &Undo::none(),
+                StepStatus::Commit,
+                Some(output),
+                None,
+                Some((from_saga_id, *from_step_seq)),
+                now_ms,
+                ArgsSummary::Omitted,
+            )?;
+            Ok(Applied::written(KIND_REUSE_STEP, &step.saga_id, body))
+        }
+        LogWrite::SimulateStep { step, result } => {
+            if !is_dry_run(conn, &step.saga_id)? {
+                return Err(corrupt(format!(
+                    "saga {} is not a dry run: it cannot hold simulated steps",
+                    step.saga_id
+                )));
+            }
+            let (status, output, error) = match result {
+                Ok(output) => (StepStatus::Commit, Some(output), None),
+                Err(error) => (StepStatus::Fail, None, Some(error)),
+            };
+            let body = insert_step(
+                conn,
+                step,
+                &Undo::none(),
+                status,
+                output,
+                error,
+                None,
+                now_ms,
+                ArgsSummary::Omitted,
+            )?;
+            Ok(Applied::written(KIND_SIMULATE_STEP, &step.saga_id, body))
+        }
+        LogWrite::Audit(event) => {
+            let (kind, saga_id, body) = audit_event_body(event)?;
+            Ok(Applied {
+                outcome: WriteOutcome::Written,
+                kind: Some(kind),
+                saga_id: saga_id.map(Cow::Borrowed),
+                body,
+            })
+        }
+        LogWrite::Compensation {
+            saga_id,
+            step_seq,
+            result,
+        } => {
+            let (status, note) = match result {
+                Ok(note) => (StepStatus::Compensated, note.clone()),
+                Err(error) => (StepStatus::CompensationFailed, to_json(error)?),
+            };
+            let n_changed = conn
+                .execute(
+                    "UPDATE saga_steps SET status = ?3, compensation = ?4, updated_at_ms = ?5
+                     WHERE saga_id = ?1 AND step_seq = ?2 AND status <> 'COMPENSATED'",
+                    params![saga_id.as_str(), step_seq, status.as_str(), note, now_ms],
+                )
+                .map_err(storage)?;
+            expect_one(n_changed, || {
+                format!("saga {saga_id} has no uncompensated step {step_seq}")
+            })?;
+            let body = CanonicalObject::new()
+                .str("compensation", &quote(&note, QUOTE_BYTES_MAX))
+                .str("compensation_sha256", &sha256_hex(note.as_bytes()))
+                .str("saga_id", saga_id.as_str())
+                .str("status", status.as_str())
+                .int("step_seq", *step_seq)
+                .finish();
+            Ok(Applied::written(KIND_COMPENSATION, saga_id, body))
+        }
+        LogWrite::RequestApproval(request) => {
+            let body = request_approval(conn, request)?;
+            Ok(Applied::written(
+                KIND_APPROVAL_REQUESTED,
+                &request.saga_id,
+                body,
+            ))
+        }
+        LogWrite::DecideApproval(decision) => decide_approval(conn, decision, now_ms),
+        LogWrite::ConsumeApproval(consume) => {
+            let body = consume_approval(conn, consume, key)?;
+            Ok(Applied::written(
+                KIND_APPROVAL_CONSUMED,
+                &consume.saga_id,
+                body,
+            ))
+        }
+        LogWrite::RecordDeadLetter(letter) => {
+            let body = record_dead_letter(conn, letter, now_ms)?;
+            Ok(Applied::written(KIND_DEAD_LETTER, &letter.saga_id, body))
+        }
+        LogWrite::SettleDeadLetter(settle) => settle_dead_letter(conn, settle, now_ms),
+        other => Err(corrupt(format!("unsupported log record {other:?}"))),
+    }
+}
+
+/// Whether the saga is a dry run; an error if the log has no such saga.
+fn is_dry_run(conn: &dyn Db, saga_id: &SagaId) -> Result<bool, TxError> {
+    conn.query_row(
+        "SELECT dry_run FROM sagas WHERE saga_id = ?1",
+        params![saga_id.as_str()],
+        |row| row.get::<_, i64>(0),
+    )
+    .optional()
+    .map_err(storage)?
+    .map(|flag| flag != 0)
+    .ok_or_else(|| TxError::NotFound(format!("no saga {saga_id}")))
+}
+
+/// The audit record of an event that changes no table: its kind, saga id and body.
+fn audit_event_body(
+    event: &AuditEvent,
+) -> Result<(&'static str, Option<&SagaId>, String), TxError> {
+    match event {
+        AuditEvent::Operator(command) => {
+            let options: Vec<Value> = command
+                .options
+                .iter()
+                .map(|option| Value::String(quote(option, QUOTE_BYTES_MAX)))
+                .collect();
+            let body = json!({
+                "by": owner_json(&command.by),
+                "command": quote(&command.command, QUOTE_BYTES_MAX),
+                "options": options,
+                "saga_id": command.saga_id.as_ref().map(SagaId::as_str),
+                "uid": command.uid,
+            });
+            Ok((
+                KIND_OPERATOR,
+                command.saga_id.as_ref(),
+                canonical_json(&body),
+            ))
+        }
+        AuditEvent::PlanDenied(plan) => {
+            let denials: Vec<Value> = plan
+                .denials
+                .iter()
+                .take(DENIALS_LISTED_MAX)
+                .map(|denial| {
+                    let args_text = denial.args.as_ref().map(Value::to_string);
+                    json!({
+                        "args_sha256": args_text.as_deref().map(|text| sha256_hex(text.as_bytes())),
+                        "args_summary": args_text
+                            .as_deref()
+                            .map(|text| quote(text, ARGS_SUMMARY_BYTES_MAX)),
+                        "reason": quote(&denial.reason, QUOTE_BYTES_MAX),
+                        "step_idx": denial.step_idx,
+                        "tool": denial.tool.as_deref().map(|tool| quote(tool, QUOTE_BYTES_MAX)),
+                    })
+                })
+                .collect();
+            let body = json!({
+                "actor": plan.actor,
+                "by": owner_json(&plan.by),
+                "denials": denials,
+                "dry_run": plan.dry_run,
+                "n_denials": plan.denials.len(),
+                "name": plan.name,
+            });
+            Ok((KIND_PLAN_DENIED, None, canonical_json(&body)))
+        }
+        AuditEvent::CallRefused(call) => {
+            let args_text = call.args.to_string();
+            let body = json!({
+                "args_sha256": sha256_hex(args_text.as_bytes()),
+                "args_summary": quote(&args_text, ARGS_SUMMARY_BYTES_MAX),
+                "by": owner_json(&call.by),
+                "reason": quote(&call.reason, QUOTE_BYTES_MAX),
+                "saga_id": call.saga_id.as_str(),
+                "tool": quote(&call.tool, QUOTE_BYTES_MAX),
+            });
+            Ok((
+                KIND_CALL_REFUSED,
+                Some(&call.saga_id),
+                canonical_json(&body),
+            ))
+        }
+        AuditEvent::SagaAborted(abort) => {
+            let body = json!({
+                "by": owner_json(&abort.by),
+                "cause": abort.cause.as_str(),
+                "reason": quote(&abort.reason, QUOTE_BYTES_MAX),
+                "saga_id": abort.saga_id.as_str(),
+            });
+            Ok((
+                KIND_SAGA_ABORTED,
+                Some(&abort.saga_id),
+                canonical_json(&body),
+            ))
+        }
+        other => Err(corrupt(format!("unsupported audit event {other:?}"))),
+    }
+}
+
+/// An owner as audit bodies built from a [`Value`] show it (as [`owner_body`] does).
+fn owner_json(owner: &Owner) -> Value {
+    json!({
+        "boot_id": owner.boot_id,
+        "host": owner.host,
+        "pid": owner.pid,
+        "start_ticks": owner.start_ticks,
+    })
+}
+
+/// An owner as audit bodies show it.
+fn owner_body(owner: &Owner) -> CanonicalObject {
+    CanonicalObject::new()
+        .str("boot_id", &owner.boot_id)
+        .str("host", &owner.host)
+        .int("pid", owner.pid)
+        .int("start_ticks", owner.start_ticks)
+}
+
+/// Whether a step's audit record quotes the start of its arguments (refusals do: they are
+/// usually denials, and the record should say what was asked for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ArgsSummary {
+    Quoted,
+    Omitted,
+}
+
+fn expect_one(n_changed: usize, what: impl FnOnce() -> String) -> Result<(), TxError> {
+    if n_changed == 1 {
+        Ok(())
+    } else {
+        Err(TxError::NotFound(what()))
+    }
+}
