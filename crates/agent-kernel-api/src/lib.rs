@@ -72,6 +72,7 @@
 mod approval;
 mod canonical;
 mod clock;
+mod files;
 mod log;
 mod observed;
 mod plan;
@@ -87,6 +88,7 @@ pub use approval::{
 };
 pub use canonical::{canonical_json, write_json_string};
 pub use clock::{Clock, IdSource, format_rfc3339_ms};
+pub use files::{Files, NoFiles};
 pub use log::{
     AbortCause, AuditEvent, BeginStep, CallRefusal, KeyBinding, LeaseStatus, LogWrite, NewSaga,
     OperatorCommand, Owner, PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX, PlanDenial, PruneSagas,
@@ -103,7 +105,7 @@ pub use reversibility::{
 pub use state::{Durability, SagaId, SagaState, StepStatus};
 pub use text::{line_of, read_text_bounded};
 pub use tool::{
-    BoxFuture, DynTool, EffectClass, Files, NoFiles, Outcome, ProbeOutcome, Settlement,
-    SourcedTool, ToolContext, ToolError, ToolErrorKind, ToolOutput, ToolSource, TransactionalTool,
-    UPSTREAM_TOOL_VERSION, Undo,
+    BoxFuture, DynTool, EffectClass, Outcome, ProbeOutcome, Settlement, SourcedTool, ToolContext,
+    ToolError, ToolErrorKind, ToolOutput, ToolSource, TransactionalTool, UPSTREAM_TOOL_VERSION,
+    Undo,
 };

@@ -34,7 +34,7 @@ pub use recovery::{RECOVER_WAIT_MAX, recover, recover_waiting, rollback};
 
 /// Who runs this process, as decisions and retries record it: `alice (uid 1000)`, or
 /// `uid 1000` when `/etc/passwd` does not name the uid; `None` without a uid. It reads
-/// `/etc/passwd`: from async code, call [`operator_name_of`].
+/// `/etc/passwd`, so async code calls it off the runtime's threads.
 pub fn operator_name(uid: Option<u32>) -> Option<String> {
     let uid = uid?;
     let name = std::fs::read_to_string("/etc/passwd")
