@@ -158,9 +158,13 @@ pub(crate) async fn sandbox(cli: &Cli, out: &Output, args: &SandboxArgs) -> Resu
 }
 
 pub(crate) async fn tools(cli: &Cli, out: &Output) -> Result<u8, Failure> {
+    // Read once: the listing and the approval rules come from the same policy.
     let policy = load_policy(cli)?;
     let approvals = agent_kernel::approval_policy_from(&policy).map_err(Failure::bad_input)?;
-    let tools = build_dispatcher(cli)?;
+    let tools = wiring(cli)
+        .policy(policy)
+        .listing()
+        .map_err(Failure::bad_input)?;
     tools.load_all().await;
     out.tools(&tools, &approvals);
     Ok(exit::OK)

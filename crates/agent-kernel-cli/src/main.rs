@@ -332,7 +332,8 @@ fn read_plan(path: &Path) -> Result<Plan, Failure> {
         .map_err(Failure::bad_input)
 }
 
-/// Reads and validates an FSM table file.
+/// Reads and validates an FSM table file for `fsm check`, keeping the table's own error
+/// (each problem with its line, which `--json` lists) where a kernel's loading keeps text.
 fn read_fsm(path: &Path) -> Result<Guardrail, Failure> {
     let text = read_text_file(path, "FSM table", agent_kernel_fsm::MAX_TABLE_BYTES)?;
     Guardrail::from_toml_str(&text)
@@ -368,18 +369,12 @@ fn db_path(cli: &Cli) -> PathBuf {
 
 /// Whether `--db` names a PostgreSQL database rather than an SQLite file.
 fn is_postgres(cli: &Cli) -> bool {
-    is_postgres_path(&db_path(cli))
-}
-
-/// Whether `path` is a PostgreSQL database's URL rather than an SQLite file's path.
-pub(crate) fn is_postgres_path(path: &Path) -> bool {
-    path.to_str()
-        .is_some_and(agent_kernel_txlog_postgres::is_postgres_url)
+    agent_kernel::is_postgres(&db_path(cli))
 }
 
 /// The log as messages name it: the path, or a database URL without its password.
 fn shown_db(path: &Path) -> String {
-    if !is_postgres_path(path) {
+    if !agent_kernel::is_postgres(path) {
         return path.display().to_string();
     }
     agent_kernel_txlog_postgres::describe_url(&path.to_string_lossy())
@@ -534,7 +529,7 @@ fn open_log(cli: &Cli, durability: Durability) -> Result<SqliteLog, Failure> {
 /// Whether something that would be opened as the log is at `path` (through links): a
 /// non-empty file, or one that cannot be inspected (which then is not taken for a new log).
 fn log_exists(path: &Path) -> bool {
-    if is_postgres_path(path) {
+    if agent_kernel::is_postgres(path) {
         return true;
     }
     match agent_kernel_txlog::resolve_db_path(path).map(std::fs::metadata) {
@@ -548,7 +543,7 @@ fn log_exists(path: &Path) -> bool {
 /// `Ok(false)` only when nothing is there. Links that loop are bad input; a path that cannot
 /// be inspected (a folder without search permission) needs an operator.
 fn log_present(path: &Path) -> Result<bool, Failure> {
-    if is_postgres_path(path) {
+    if agent_kernel::is_postgres(path) {
         // A database is there or not when it is connected to.
         return Ok(true);
     }

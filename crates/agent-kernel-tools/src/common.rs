@@ -1,7 +1,7 @@
 //! What every tool shares: argument parsing, schemas, blocking I/O, error mapping.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
@@ -180,6 +180,11 @@ pub(crate) struct FileAccess {
 impl FileAccess {
     pub(crate) fn new(sandbox: Arc<FsSandbox>, cwd: PathBuf) -> FileAccess {
         FileAccess { sandbox, cwd }
+    }
+
+    /// The folder relative paths resolve against.
+    pub(crate) fn cwd(&self) -> &Path {
+        &self.cwd
     }
 
     /// Rules on `path` without touching the disk.

@@ -17,15 +17,13 @@ use crate::common::{FileAccess, TEMP_PREFIX, TEMP_SUFFIX, sandbox_error, settle,
 #[derive(Debug, Clone)]
 pub struct SandboxFiles {
     access: FileAccess,
-    folder: PathBuf,
 }
 
 impl SandboxFiles {
     /// File access through `sandbox`, relative paths resolved against `folder`.
     pub fn new(sandbox: Arc<FsSandbox>, folder: PathBuf) -> Self {
         Self {
-            access: FileAccess::new(sandbox, folder.clone()),
-            folder,
+            access: FileAccess::new(sandbox, folder),
         }
     }
 }
@@ -41,7 +39,7 @@ fn temp_name() -> String {
 
 impl Files for SandboxFiles {
     fn folder(&self) -> &Path {
-        &self.folder
+        self.access.cwd()
     }
 
     fn read<'a>(

@@ -82,8 +82,8 @@ pub async fn pending_approvals(kernel: &Kernel) -> Result<Vec<ApprovalView>, Ker
         .pending_approvals()
         .await?
         .into_iter()
+        .filter(|record| record.status_at(now_ms) == ApprovalStatus::Pending)
         .map(|record| ApprovalView::of(record, now_ms))
-        .filter(|view| view.status == ApprovalStatus::Pending)
         .collect())
 }
 
