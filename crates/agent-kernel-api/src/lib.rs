@@ -6,65 +6,68 @@
 //!
 //! # The pieces
 //!
-//! - [`TransactionalTool`]: what a tool implements (`execute` and `compensate`, plus `prepare`,
-//!   which captures what compensation will need *before* the effect runs).
-//!   [`DynTool`] is its object-safe twin, implemented for every tool by a blanket impl, so a
-//!   registry can hold `Arc<dyn DynTool>`.
+//! - [`Tool`]: what every tool implements, a [`ToolSpec`] value that describes it and
+//!   `execute`. A tool that can undo its effect also implements [`Compensate`] (`compensate`,
+//!   plus `prepare`, which captures what compensation will need *before* the effect runs);
+//!   one that can tell whether an effect of unknown outcome happened implements [`Probe`].
+//!   [`ToolEntry`] says which of these a tool implements and makes it a [`DynTool`], the
+//!   trait object a registry holds.
 //! - [`TxLog`]: the write-ahead log the saga engine records every step in.
-//! - [`Plan`]: the plan file of the contract, parsed strictly (unknown fields are errors).
-//! - [`SagaState`] and [`StepStatus`]: the names the contract fixes.
+//! - [`Plan`]: the plan file, parsed strictly (unknown fields are errors).
+//! - [`SagaState`] and [`StepStatus`]: the names of saga and step states.
 //! - [`Clock`] and [`IdSource`]: time and ids are injected, never read from the ambient world,
 //!   so tests and replays are deterministic.
 //!
-//! # Why two tool traits
+//! # Why the traits are small, and a [`ToolEntry`] between them and a registry
 //!
-//! Native `async fn` in traits is not dyn-compatible: the future it returns has a different,
-//! unnameable type for every implementation, so `dyn TransactionalTool` cannot exist.
-//! A registry of tools needs trait objects, though.
-//! Tool authors therefore implement [`TransactionalTool`] with plain `async fn`s, and the blanket
-//! `impl<T: TransactionalTool> DynTool for T` boxes each future once, at the call boundary.
-//! The cost is one allocation per call, which is noise beside a synced log write.
+//! A tool's abilities are traits, not methods with defaults, so a spec cannot claim what its
+//! tool cannot do: a registry refuses a mutating tool without [`Compensate`] unless it
+//! declares [`Reversibility::None`], and [`Settlement::Probe`] from a tool without [`Probe`]
+//! ([`ToolEntry::misdeclaration`]).
+//! Native `async fn` in traits is not dyn-compatible, so [`ToolEntry`] boxes each future
+//! once, at the call boundary: one allocation per call, noise beside a synced log write.
 //!
 //! # Example
 //!
 //! ```
 //! use agent_kernel_api::{
-//!     DynTool, EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool,
-//!     Undo,
+//!     Compensate, ToolContext, ToolEntry, ToolError, ToolOutput, ToolSpec, Tool, Undo,
 //! };
 //! use serde_json::{json, Value};
 //!
-//! /// A tool that only echoes its arguments.
-//! struct Echo;
+//! /// A counter kept in memory: `add` adds, compensation takes it back.
+//! #[derive(Default)]
+//! struct Counter(std::sync::atomic::AtomicI64);
 //!
-//! impl TransactionalTool for Echo {
-//!     fn id(&self) -> &str { "echo" }
-//!     fn version(&self) -> &str { "1.0.0" }
-//!     fn effect(&self) -> EffectClass { EffectClass::ReadOnly }
-//!     fn idempotent(&self) -> bool { true }
-//!     fn settlement(&self) -> Settlement { Settlement::Compensate }
-//!     fn args_schema(&self) -> Value { json!({ "type": "object" }) }
-//!     fn check(&self, _args: &Value) -> Result<(), ToolError> { Ok(()) }
-//!     async fn prepare(&self, _ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {
-//!         Ok(Undo::none())
+//! impl Tool for Counter {
+//!     fn spec(&self) -> ToolSpec {
+//!         ToolSpec::mutating("counter.add")
+//!             .with_schema(json!({"type": "object", "required": ["by"]}))
 //!     }
 //!     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
-//!         Ok(ToolOutput::new(args.clone()))
+//!         let by = args["by"].as_i64().ok_or_else(|| ToolError::invalid_args("`by` is a number"))?;
+//!         let now = self.0.fetch_add(by, std::sync::atomic::Ordering::SeqCst) + by;
+//!         Ok(ToolOutput::new(json!({ "value": now })))
 //!     }
+//! }
+//!
+//! impl Compensate for Counter {
 //!     async fn compensate(
 //!         &self,
 //!         _ctx: &ToolContext,
-//!         _args: &Value,
+//!         args: &Value,
 //!         _undo: &Undo,
 //!         _output: Option<&ToolOutput>,
 //!     ) -> Result<(), ToolError> {
+//!         let by = args["by"].as_i64().unwrap_or(0);
+//!         self.0.fetch_sub(by, std::sync::atomic::Ordering::SeqCst);
 //!         Ok(())
 //!     }
 //! }
 //!
-//! // The registry side: any tool is usable as a trait object.
-//! let tool: std::sync::Arc<dyn DynTool> = std::sync::Arc::new(Echo);
-//! assert_eq!(tool.id(), "echo");
+//! let entry = ToolEntry::compensated(Counter::default());
+//! assert_eq!(entry.id(), "counter.add");
+//! assert_eq!(entry.misdeclaration(), None);
 //! ```
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
@@ -72,11 +75,13 @@
 mod approval;
 mod canonical;
 mod clock;
+mod entry;
 mod files;
 mod log;
 mod observed;
 mod plan;
 mod reversibility;
+mod spec;
 mod state;
 mod text;
 mod tool;
@@ -88,6 +93,7 @@ pub use approval::{
 };
 pub use canonical::{canonical_json, write_json_string};
 pub use clock::{Clock, IdSource, format_rfc3339_ms};
+pub use entry::{Compensate, DynTool, Misdeclaration, Probe, Tool, ToolEntry};
 pub use files::{Files, NoFiles};
 pub use log::{
     AbortCause, AuditEvent, BeginStep, CallRefusal, KeyBinding, LeaseStatus, LogWrite, NewSaga,
@@ -102,10 +108,10 @@ pub use plan::{
 pub use reversibility::{
     DEFAULT_UNDO_WINDOW_MS, MAX_UNDO_WINDOW_MS, Reversibility, UndoWindow, parse_duration_ms,
 };
+pub use spec::ToolSpec;
 pub use state::{Durability, SagaId, SagaState, StepStatus};
 pub use text::{line_of, read_text_bounded};
 pub use tool::{
-    BoxFuture, DynTool, EffectClass, Outcome, ProbeOutcome, Settlement, SourcedTool, ToolContext,
-    ToolError, ToolErrorKind, ToolOutput, ToolSource, TransactionalTool, UPSTREAM_TOOL_VERSION,
-    Undo,
+    BoxFuture, EffectClass, Outcome, ProbeOutcome, Settlement, SourcedTool, ToolContext, ToolError,
+    ToolErrorKind, ToolOutput, ToolSource, UPSTREAM_TOOL_VERSION, Undo,
 };

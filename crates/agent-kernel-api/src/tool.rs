@@ -1,4 +1,4 @@
-//! The tool contract: `prepare`, `execute`, `compensate`.
+//! What tools are handed and answer: contexts, outputs, undo data, errors, settlements.
 
 use std::fmt;
 use std::future::Future;
@@ -7,12 +7,12 @@ use std::pin::Pin;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{Durability, Files, Reversibility, SagaId, UndoWindow};
+use crate::{Durability, Files, SagaId};
 
 /// A boxed, sendable future: what the object-safe traits return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The [`TransactionalTool::version`] of every tool of an upstream MCP server (reference §11),
+/// The [`ToolSpec::version`](crate::ToolSpec::version) of every tool of an upstream MCP server (reference §11),
 /// as its steps record it: when a later tools file no longer declares the server, recovery
 /// does not wait for it (as it waits for a missing tool of the program's own) but leaves
 /// each of those steps a dead letter.
@@ -55,7 +55,7 @@ pub enum Settlement {
     /// (All built-in file tools; read-only tools, whose compensation does nothing.)
     Compensate,
     /// The tool can tell whether the effect happened: ask
-    /// [`TransactionalTool::probe`], then compensate if it did.
+    /// [`Probe::probe`](crate::Probe::probe), then compensate if it did.
     Probe,
     /// Neither: the saga stops for an operator (`FailedRollbackPartial`, exit 3); the step is
     /// never assumed done or undone.
@@ -73,7 +73,7 @@ impl Settlement {
     }
 }
 
-/// What [`TransactionalTool::probe`] found out about a step whose outcome was unknown.
+/// What [`Probe::probe`](crate::Probe::probe) found out about a step whose outcome was unknown.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ProbeOutcome {
     /// The effect happened (with the output, if the tool can reconstruct it).
@@ -400,371 +400,8 @@ impl ToolError {
     }
 }
 
-/// The contract every tool implements, with native `async fn`s.
-///
-/// A call goes through three phases, and the saga engine logs between them:
-///
-/// 1. [`prepare`](Self::prepare) captures what compensation will need (a file's previous
-///    bytes, say) without changing anything. The engine writes it to the log with the step's
-///    BEGIN record, durably, *before* the effect.
-/// 2. [`execute`](Self::execute) performs the effect.
-/// 3. [`compensate`](Self::compensate), on rollback, undoes it from the logged [`Undo`] alone.
-///
-/// # Contract
-///
-/// - `check` and `prepare` have no side effects.
-/// - `compensate` must be safe when the effect happened, when it did not, and when it is
-///   unknown whether it did: a crash can land between the effect and its log record, and
-///   then `output` is `None`. It must be idempotent (recovery may run it twice) and must not
-///   panic.
-/// - `execute` and `compensate` must not block the async runtime: blocking I/O belongs on a
-///   blocking thread.
-pub trait TransactionalTool: Send + Sync + 'static {
-    /// The stable tool id used in plans, e.g. `fs.write`.
-    fn id(&self) -> &str;
-
-    /// The tool's version, recorded with every step so a log can be replayed against the same
-    /// behaviour. The default is `"1"`: change it when the tool's effect or undo data
-    /// change meaning.
-    fn version(&self) -> &str {
-        "1"
-    }
-
-    /// Whether the tool changes the world.
-    fn effect(&self) -> EffectClass;
-
-    /// Whether running the tool twice with the same arguments has the effect of running it
-    /// once. Only idempotent tools are ever retried.
-    fn idempotent(&self) -> bool;
-
-    /// How a step of this tool whose outcome is unknown is settled.
-    fn settlement(&self) -> Settlement;
-
-    /// The JSON Schema of the tool's arguments.
-    fn args_schema(&self) -> Value;
-
-    /// What the tool does, in a sentence, shown by `tools` and to agents over MCP. The
-    /// default is empty (listings then describe it by its id).
-    fn description(&self) -> &str {
-        ""
-    }
-
-    /// How completely [`compensate`](Self::compensate) restores what the effect changed.
-    /// The default is [`Reversibility::Full`]; a tool whose effect cannot be taken back
-    /// must say [`Reversibility::None`], and then each of its steps waits for an operator.
-    fn reversibility(&self) -> Reversibility {
-        Reversibility::Full
-    }
-
-    /// How long after its saga ended a step may still be undone. The default, `None`, is the
-    /// kernel's `[limits] undo_window`.
-    fn undo_window(&self) -> Option<UndoWindow> {
-        None
-    }
-
-    /// Checks arguments and policy without side effects.
-    ///
-    /// # Errors
-    ///
-    /// [`ToolError::invalid_args`] when the arguments are malformed, [`ToolError::denied`]
-    /// when the sandbox policy forbids the call.
-    ///
-    /// The dispatcher has already checked the arguments against
-    /// [`args_schema`](Self::args_schema); the default accepts whatever the schema accepts.
-    /// Override it for what a schema cannot say (a policy's ruling on a path, say).
-    fn check(&self, _args: &Value) -> Result<(), ToolError> {
-        Ok(())
-    }
-
-    /// Captures what compensation needs, without changing anything. The default captures
-    /// nothing ([`Undo::none`]): compensation then works from the arguments and, once the
-    /// step committed, its output.
-    ///
-    /// # Errors
-    ///
-    /// Any [`ToolError`]; the step then fails before its effect.
-    fn prepare(
-        &self,
-        _ctx: &ToolContext,
-        _args: &Value,
-    ) -> impl Future<Output = Result<Undo, ToolError>> + Send {
-        std::future::ready(Ok(Undo::none()))
-    }
-
-    /// Performs the effect.
-    ///
-    /// # Errors
-    ///
-    /// A [`ToolError`] that says whether the effect may have happened.
-    fn execute(
-        &self,
-        ctx: &ToolContext,
-        args: &Value,
-    ) -> impl Future<Output = Result<ToolOutput, ToolError>> + Send;
-
-    /// What `execute` would plausibly return, computed without touching anything: used by
-    /// dry runs. The default describes the call; tools override it with a likelier output.
-    ///
-    /// # Errors
-    ///
-    /// A [`ToolError`] when the call could not succeed even in simulation.
-    fn simulate(
-        &self,
-        ctx: &ToolContext,
-        _args: &Value,
-    ) -> impl Future<Output = Result<ToolOutput, ToolError>> + Send {
-        let output = ToolOutput::new(serde_json::json!({ "dry_run": true }))
-            .with_effect(format!("would run {}", ctx.tool_id));
-        std::future::ready(Ok(output))
-    }
-
-    /// Tells whether the effect of a step whose outcome is unknown happened, without
-    /// changing anything. Called only for tools whose [`settlement`](Self::settlement) is
-    /// [`Settlement::Probe`]; the default answers [`ProbeOutcome::Unknown`].
-    ///
-    /// # Errors
-    ///
-    /// A [`ToolError`] when the probe itself failed; the outcome then stays unknown.
-    fn probe(
-        &self,
-        _ctx: &ToolContext,
-        _args: &Value,
-        _undo: &Undo,
-    ) -> impl Future<Output = Result<ProbeOutcome, ToolError>> + Send {
-        std::future::ready(Ok(ProbeOutcome::Unknown))
-    }
-
-    /// Whether what a step left has changed since (another saga, a person or another program
-    /// touched it), so that compensating it now would destroy someone else's work:
-    /// `Ok(Some(what))` names the change; `Ok(None)` says nothing changed, or that the tool
-    /// cannot tell (the default).
-    ///
-    /// The kernel asks before every compensation (a failing saga's own rollback, a live
-    /// abort, `rollback`, `recover`, a dead letter's retry, `undo`); a changed step is not
-    /// compensated but left as a dead letter whose error starts `changed since:`, until an
-    /// operator forces it (`dlq retry --force`, `undo --force`).
-    ///
-    /// `undo` and `output` are the step's record. The step's outcome may be unknown (the
-    /// process died between its BEGIN and its outcome), and its compensation may already have
-    /// run once without its outcome being recorded (a rollback killed between the two): so the
-    /// answer is `None` both when what the step left is there and when what its compensation
-    /// restores is (compensating again changes nothing then). It must not change anything.
-    ///
-    /// # Errors
-    ///
-    /// A [`ToolError`] when the check could not be made: the compensation is then not run
-    /// either (a dead letter), and `undo` refuses the step.
-    fn changed_since(
-        &self,
-        _ctx: &ToolContext,
-        _args: &Value,
-        _undo: &Undo,
-        _output: Option<&ToolOutput>,
-    ) -> impl Future<Output = Result<Option<String>, ToolError>> + Send {
-        std::future::ready(Ok(None))
-    }
-
-    /// Undoes the effect of `execute` using what `prepare` captured.
-    ///
-    /// `output` is `None` when the step's outcome was never recorded (the process died between
-    /// BEGIN and COMMIT, or `execute` failed with an uncertain outcome).
-    ///
-    /// The default suits read-only tools, which have nothing to undo (the engine does not
-    /// even call it for their steps); for a mutating tool it fails, saying the tool
-    /// implements no compensation, so a mutating tool must override it.
-    ///
-    /// # Errors
-    ///
-    /// A [`ToolError`] when the world could not be restored; the saga then ends in
-    /// `FailedRollbackPartial`.
-    fn compensate(
-        &self,
-        ctx: &ToolContext,
-        _args: &Value,
-        _undo: &Undo,
-        _output: Option<&ToolOutput>,
-    ) -> impl Future<Output = Result<(), ToolError>> + Send {
-        let result = match self.effect() {
-            EffectClass::ReadOnly => Ok(()),
-            _ => Err(ToolError::failed(format!(
-                "`{}` is mutating but implements no compensation",
-                ctx.tool_id
-            ))),
-        };
-        std::future::ready(result)
-    }
-}
-
-/// The object-safe form of [`TransactionalTool`], for registries of `Arc<dyn DynTool>`.
-///
-/// Implemented for every [`TransactionalTool`]; implement that trait, not this one.
-pub trait DynTool: Send + Sync + 'static {
-    /// See [`TransactionalTool::id`].
-    fn id(&self) -> &str;
-    /// See [`TransactionalTool::version`].
-    fn version(&self) -> &str;
-    /// See [`TransactionalTool::effect`].
-    fn effect(&self) -> EffectClass;
-    /// See [`TransactionalTool::idempotent`].
-    fn idempotent(&self) -> bool;
-    /// See [`TransactionalTool::settlement`].
-    fn settlement(&self) -> Settlement;
-    /// See [`TransactionalTool::args_schema`].
-    fn args_schema(&self) -> Value;
-    /// See [`TransactionalTool::description`].
-    fn description(&self) -> &str;
-    /// See [`TransactionalTool::reversibility`].
-    fn reversibility(&self) -> Reversibility;
-    /// See [`TransactionalTool::undo_window`].
-    fn undo_window(&self) -> Option<UndoWindow>;
-    /// See [`TransactionalTool::check`].
-    ///
-    /// # Errors
-    ///
-    /// As [`TransactionalTool::check`].
-    fn check(&self, args: &Value) -> Result<(), ToolError>;
-    /// See [`TransactionalTool::prepare`].
-    fn prepare<'a>(
-        &'a self,
-        ctx: &'a ToolContext,
-        args: &'a Value,
-    ) -> BoxFuture<'a, Result<Undo, ToolError>>;
-    /// See [`TransactionalTool::execute`].
-    fn execute<'a>(
-        &'a self,
-        ctx: &'a ToolContext,
-        args: &'a Value,
-    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>>;
-    /// See [`TransactionalTool::simulate`].
-    fn simulate<'a>(
-        &'a self,
-        ctx: &'a ToolContext,
-        args: &'a Value,
-    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>>;
-    /// See [`TransactionalTool::probe`].
-    fn probe<'a>(
-        &'a self,
-        ctx: &'a ToolContext,
-        args: &'a Value,
-        undo: &'a Undo,
-    ) -> BoxFuture<'a, Result<ProbeOutcome, ToolError>>;
-    /// See [`TransactionalTool::changed_since`].
-    fn changed_since<'a>(
-        &'a self,
-        ctx: &'a ToolContext,
-        args: &'a Value,
-        undo: &'a Undo,
-        output: Option<&'a ToolOutput>,
-    ) -> BoxFuture<'a, Result<Option<String>, ToolError>>;
-    /// See [`TransactionalTool::compensate`].
-    fn compensate<'a>(
-        &'a self,
-        ctx: &'a ToolContext,
-        args: &'a Value,
-        undo: &'a Undo,
-        output: Option<&'a ToolOutput>,
-    ) -> BoxFuture<'a, Result<(), ToolError>>;
-}
-
-impl<T: TransactionalTool> DynTool for T {
-    fn id(&self) -> &str {
-        TransactionalTool::id(self)
-    }
-
-    fn version(&self) -> &str {
-        TransactionalTool::version(self)
-    }
-
-    fn effect(&self) -> EffectClass {
-        TransactionalTool::effect(self)
-    }
-
-    fn idempotent(&self) -> bool {
-        TransactionalTool::idempotent(self)
-    }
-
-    fn settlement(&self) -> Settlement {
-        TransactionalTool::settlement(self)
-    }
-
-    fn args_schema(&self) -> Value {
-        TransactionalTool::args_schema(self)
-    }
-
-    fn description(&self) -> &str {
-        TransactionalTool::description(self)
-    }
-
-    fn reversibility(&self) -> Reversibility {
-        TransactionalTool::reversibility(self)
-    }
-
-    fn undo_window(&self) -> Option<UndoWindow> {
-        TransactionalTool::undo_window(self)
-    }
-
-    fn check(&self, args: &Value) -> Result<(), ToolError> {
-        TransactionalTool::check(self, args)
-    }
-
-    fn prepare<'a>(
-        &'a self,
-        ctx: &'a ToolContext,
-        args: &'a Value,
-    ) -> BoxFuture<'a, Result<Undo, ToolError>> {
-        Box::pin(TransactionalTool::prepare(self, ctx, args))
-    }
-
-    fn execute<'a>(
-        &'a self,
-        ctx: &'a ToolContext,
-        args: &'a Value,
-    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
-        Box::pin(TransactionalTool::execute(self, ctx, args))
-    }
-
-    fn simulate<'a>(
-        &'a self,
-        ctx: &'a ToolContext,
-        args: &'a Value,
-    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
-        Box::pin(TransactionalTool::simulate(self, ctx, args))
-    }
-
-    fn probe<'a>(
-        &'a self,
-        ctx: &'a ToolContext,
-        args: &'a Value,
-        undo: &'a Undo,
-    ) -> BoxFuture<'a, Result<ProbeOutcome, ToolError>> {
-        Box::pin(TransactionalTool::probe(self, ctx, args, undo))
-    }
-
-    fn changed_since<'a>(
-        &'a self,
-        ctx: &'a ToolContext,
-        args: &'a Value,
-        undo: &'a Undo,
-        output: Option<&'a ToolOutput>,
-    ) -> BoxFuture<'a, Result<Option<String>, ToolError>> {
-        Box::pin(TransactionalTool::changed_since(
-            self, ctx, args, undo, output,
-        ))
-    }
-
-    fn compensate<'a>(
-        &'a self,
-        ctx: &'a ToolContext,
-        args: &'a Value,
-        undo: &'a Undo,
-        output: Option<&'a ToolOutput>,
-    ) -> BoxFuture<'a, Result<(), ToolError>> {
-        Box::pin(TransactionalTool::compensate(self, ctx, args, undo, output))
-    }
-}
-
 /// A tool of a [`ToolSource`], with the timeout it declares (`None`: the kernel's).
-pub type SourcedTool = (std::sync::Arc<dyn DynTool>, Option<u64>);
+pub type SourcedTool = (crate::ToolEntry, Option<u64>);
 
 /// A family of tools that exist only once their source has been asked for them: the tools
 /// of an upstream MCP server, whose ids are `NAME.TOOL`. A dispatcher asks the source the

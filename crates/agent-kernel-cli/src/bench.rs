@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use agent_kernel::{
     BeginOptions, CallAnswer, Environment, Kernel, NoObserver, Observer, ProcessProbe,
-    RecoveryAction, SagaEvent, SystemClock, UuidV7Ids, current_owner,
+    RecoveryAction, SagaEvent, SystemClock, ToolEntry, UuidV7Ids, current_owner,
 };
 use agent_kernel_api::{
-    Durability, EffectClass, ObservedLog, Owner, Plan, PlanStep, SagaState, Settlement,
-    ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
+    Compensate, Durability, ObservedLog, Owner, Plan, PlanStep, SagaState, Tool, ToolContext,
+    ToolError, ToolOutput, ToolSpec, Undo,
 };
 use agent_kernel_dispatcher::{Dispatcher, Limits, MAX_OPEN_SAGAS, NoJitter};
 use agent_kernel_txlog::{LogOptions, SqliteLog, measure_commit_floor};
@@ -74,44 +74,29 @@ impl BenchArgs {
 /// into the COMMIT.
 struct BenchStep;
 
-impl TransactionalTool for BenchStep {
-    fn id(&self) -> &str {
-        "bench.step"
-    }
-
-    fn version(&self) -> &str {
-        "1.0.0"
-    }
-
-    fn effect(&self) -> EffectClass {
-        EffectClass::Mutating
-    }
-
-    fn idempotent(&self) -> bool {
-        true
-    }
-
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-
-    fn args_schema(&self) -> Value {
-        json!({ "type": "object", "additionalProperties": false })
+impl Tool for BenchStep {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::mutating("bench.step")
+            .with_version("1.0.0")
+            .with_idempotent(true)
+            .with_schema(json!({ "type": "object", "additionalProperties": false }))
     }
 
     fn check(&self, _args: &Value) -> Result<(), ToolError> {
         Ok(())
     }
 
+    async fn execute(&self, ctx: &ToolContext, _args: &Value) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::new(json!({ "step": ctx.step_seq })))
+    }
+}
+
+impl Compensate for BenchStep {
     async fn prepare(&self, ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {
         Ok(Undo {
             data: json!({ "step": ctx.step_seq }),
             blob: Some(vec![b'u'; BENCH_UNDO_BYTES]),
         })
-    }
-
-    async fn execute(&self, ctx: &ToolContext, _args: &Value) -> Result<ToolOutput, ToolError> {
-        Ok(ToolOutput::new(json!({ "step": ctx.step_seq })))
     }
 
     async fn compensate(
@@ -364,7 +349,7 @@ fn bench_kernel(
         ..Limits::default()
     };
     let mut tools = Dispatcher::new(limits, Arc::new(NoJitter))?;
-    tools.register(Arc::new(BenchStep))?;
+    tools.register(ToolEntry::compensated(BenchStep))?;
     let env = Environment {
         clock: Arc::new(SystemClock),
         ids: Arc::new(UuidV7Ids),

@@ -124,7 +124,7 @@ impl Kernel {
     /// Intent before effect holds for compensations too: every outcome is durable before
     /// the next compensation's effect runs, so a kill at any instant leaves at most one
     /// compensation whose outcome the log lacks, and running that one again is safe (its
-    /// tool's [`changed_since`](agent_kernel_api::TransactionalTool::changed_since) accepts
+    /// tool's [`changed_since`](agent_kernel_api::Compensate::changed_since) accepts
     /// what it restores). Holding outcomes until several compensations ran is the bug this
     /// rules out: a later step's undo run again over an earlier step's undo of one file.
     pub(crate) async fn compensate_steps(

@@ -214,7 +214,7 @@ impl Kernel {
 
     /// Checks and simulates `plan` without touching anything but the log: the preflight of
     /// [`Kernel::run`], the FSM's ruling on every step, idempotency keys, and each tool's
-    /// [`simulate`](agent_kernel_api::TransactionalTool::simulate) output in place of its
+    /// [`simulate`](agent_kernel_api::Tool::simulate) output in place of its
     /// effect. No tool's `prepare` or `execute` runs.
     ///
     /// The dry run is recorded as a saga marked as a dry run

@@ -241,7 +241,7 @@ impl Kernel {
     /// Nothing is undone when a step that would be is refused: its tool is irreversible
     /// (reversibility `none`), its undo window (the tool's own, else `[limits] undo_window`,
     /// counted from the step's commit) has passed, or what it left has changed since
-    /// ([`changed_since`](agent_kernel_api::TransactionalTool::changed_since)), unless
+    /// ([`changed_since`](agent_kernel_api::Compensate::changed_since)), unless
     /// `force` (only for that last case). A compensation that fails leaves a dead letter and
     /// the saga `FailedRollbackPartial`. An undo cut short (a crash) is finished by running
     /// it again: the steps already compensated are skipped.

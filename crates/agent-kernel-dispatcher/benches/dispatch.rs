@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_kernel_api::{
-    Durability, EffectClass, SagaId, Settlement, ToolContext, ToolError, ToolOutput,
-    TransactionalTool, Undo,
+    Compensate, Durability, SagaId, Tool, ToolContext, ToolEntry, ToolError, ToolOutput, ToolSpec,
+    Undo,
 };
 use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -16,39 +16,30 @@ use serde_json::{Value, json};
 
 struct Nop;
 
-impl TransactionalTool for Nop {
-    fn id(&self) -> &str {
-        "nop"
-    }
-    fn version(&self) -> &str {
-        "1.0.0"
-    }
-    fn effect(&self) -> EffectClass {
-        EffectClass::ReadOnly
-    }
-    fn idempotent(&self) -> bool {
-        true
-    }
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-    fn args_schema(&self) -> Value {
-        json!({
+impl Tool for Nop {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::read_only("nop").with_version("1.0.0").with_schema(json!({
             "type": "object",
             "properties": {"path": {"type": "string", "minLength": 1}, "content": {"type": "string"}},
             "required": ["path", "content"],
             "additionalProperties": false
-        })
+        }))
     }
+
     fn check(&self, _args: &Value) -> Result<(), ToolError> {
         Ok(())
     }
-    async fn prepare(&self, _: &ToolContext, _: &Value) -> Result<Undo, ToolError> {
-        Ok(Undo::none())
-    }
+
     async fn execute(&self, _: &ToolContext, _: &Value) -> Result<ToolOutput, ToolError> {
         Ok(ToolOutput::new(Value::Null))
     }
+}
+
+impl Compensate for Nop {
+    async fn prepare(&self, _: &ToolContext, _: &Value) -> Result<Undo, ToolError> {
+        Ok(Undo::none())
+    }
+
     async fn compensate(
         &self,
         _: &ToolContext,
@@ -66,7 +57,9 @@ fn dispatch(c: &mut Criterion) {
         .build()
         .expect("runtime");
     let mut dispatcher = Dispatcher::new(Limits::default(), Arc::new(NoJitter)).expect("limits");
-    dispatcher.register(Arc::new(Nop)).expect("registers");
+    dispatcher
+        .register(ToolEntry::compensated(Nop))
+        .expect("registers");
     let ctx = ToolContext {
         saga_id: SagaId::new("bench"),
         step_seq: 0,

@@ -10,7 +10,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use agent_kernel_api::{
-    BoxFuture, DynTool, ProbeOutcome, ToolContext, ToolError, ToolOutput, ToolSource, Undo,
+    BoxFuture, DynTool, ProbeOutcome, ToolContext, ToolEntry, ToolError, ToolOutput, ToolSource,
+    Undo,
 };
 use serde_json::Value;
 use tokio::sync::{OnceCell, Semaphore, SemaphorePermit};
@@ -180,8 +181,9 @@ impl Dispatcher {
     ///
     /// [`DispatchError::DuplicateTool`] when the id is taken, [`DispatchError::TooManyTools`]
     /// past [`MAX_TOOLS`], [`DispatchError::Schema`] when the tool's schema is not a valid
-    /// JSON Schema.
-    pub fn register(&mut self, tool: Arc<dyn DynTool>) -> Result<(), DispatchError> {
+    /// JSON Schema, [`DispatchError::Misdeclared`] when its spec claims what the tool cannot
+    /// do ([`ToolEntry::misdeclaration`]).
+    pub fn register(&mut self, tool: ToolEntry) -> Result<(), DispatchError> {
         let tools = self.tools.get_mut().unwrap_or_else(PoisonError::into_inner);
         Self::insert(&self.limits, tools, tool, None)
     }
@@ -210,22 +212,28 @@ impl Dispatcher {
     fn insert(
         limits: &Limits,
         tools: &mut BTreeMap<String, Arc<Entry>>,
-        tool: Arc<dyn DynTool>,
+        tool: ToolEntry,
         declared_ms: Option<u64>,
     ) -> Result<(), DispatchError> {
         let id = tool.id().to_owned();
+        if let Some(misdeclaration) = tool.misdeclaration() {
+            return Err(DispatchError::Misdeclared {
+                tool: id,
+                misdeclaration,
+            });
+        }
+        let tool = tool.into_dyn();
         if tools.contains_key(&id) {
             return Err(DispatchError::DuplicateTool(id));
         }
         if tools.len() >= MAX_TOOLS {
             return Err(DispatchError::TooManyTools(MAX_TOOLS));
         }
-        let schema = jsonschema::validator_for(&tool.args_schema()).map_err(|err| {
-            DispatchError::Schema {
+        let schema =
+            jsonschema::validator_for(tool.args_schema()).map_err(|err| DispatchError::Schema {
                 tool: id.clone(),
                 reason: err.to_string(),
-            }
-        })?;
+            })?;
         let own = limits.tools.get(&id);
         let permits = own
             .and_then(|limits| limits.concurrency_max)

@@ -22,37 +22,27 @@
 //! ```
 //! use std::sync::Arc;
 //! use agent_kernel_api::{
-//!     Durability, EffectClass, SagaId, Settlement, ToolContext, ToolError, ToolOutput,
-//!     TransactionalTool, Undo,
+//!     Durability, SagaId, Tool, ToolContext, ToolEntry, ToolError, ToolOutput, ToolSpec,
 //! };
 //! use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
 //! use serde_json::{json, Value};
 //!
 //! struct Echo;
-//! impl TransactionalTool for Echo {
-//!     fn id(&self) -> &str { "echo" }
-//!     fn version(&self) -> &str { "1.0.0" }
-//!     fn effect(&self) -> EffectClass { EffectClass::ReadOnly }
-//!     fn idempotent(&self) -> bool { true }
-//!     fn settlement(&self) -> Settlement { Settlement::Compensate }
-//!     fn args_schema(&self) -> Value {
-//!         json!({"type": "object", "properties": {"text": {"type": "string"}},
-//!                "required": ["text"], "additionalProperties": false})
-//!     }
-//!     fn check(&self, _args: &Value) -> Result<(), ToolError> { Ok(()) }
-//!     async fn prepare(&self, _: &ToolContext, _: &Value) -> Result<Undo, ToolError> {
-//!         Ok(Undo::none())
+//! impl Tool for Echo {
+//!     fn spec(&self) -> ToolSpec {
+//!         ToolSpec::read_only("echo").with_schema(json!({
+//!             "type": "object", "properties": {"text": {"type": "string"}},
+//!             "required": ["text"], "additionalProperties": false,
+//!         }))
 //!     }
 //!     async fn execute(&self, _: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
 //!         Ok(ToolOutput::new(args.clone()))
 //!     }
-//!     async fn compensate(&self, _: &ToolContext, _: &Value, _: &Undo, _: Option<&ToolOutput>)
-//!         -> Result<(), ToolError> { Ok(()) }
 //! }
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let mut dispatcher = Dispatcher::new(Limits::default(), Arc::new(NoJitter))?;
-//! dispatcher.register(Arc::new(Echo))?;
+//! dispatcher.register(ToolEntry::new(Echo))?;
 //! let error = dispatcher.check("echo", &json!({"txt": "hi"})).unwrap_err();
 //! assert!(error.to_string().contains("required"), "{error}");
 //!
@@ -97,6 +87,14 @@ pub enum DispatchError {
         tool: String,
         /// What is wrong.
         reason: String,
+    },
+    /// A tool's spec claims what the tool cannot do.
+    #[error("tool `{tool}` is misdeclared: {misdeclaration}")]
+    Misdeclared {
+        /// The tool.
+        tool: String,
+        /// What it claims.
+        misdeclaration: agent_kernel_api::Misdeclaration,
     },
     /// A limit is out of range.
     #[error("dispatcher limits: {0}")]

@@ -15,10 +15,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use agent_kernel::{BeginOptions, Kernel, KernelBuilder, KernelError, LiveSaga};
+use agent_kernel::{BeginOptions, Kernel, KernelBuilder, KernelError, LiveSaga, ToolEntry};
 use agent_kernel_api::{
-    Durability, EffectClass, ProbeOutcome, Reversibility, Settlement, ToolContext, ToolError,
-    ToolOutput, TransactionalTool, Undo, UndoWindow,
+    Compensate, Durability, EffectClass, Probe, ProbeOutcome, Reversibility, Settlement, Tool,
+    ToolContext, ToolError, ToolOutput, Undo, UndoWindow,
 };
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
@@ -168,7 +168,8 @@ impl NativeKernel {
         for tool in python_tools {
             let tool = tool.get().clone();
             let timeout_ms = tool.spec.timeout_ms;
-            builder = builder.tool_with_timeout(tool, timeout_ms);
+            builder =
+                builder.tool_entry_with_timeout(ToolEntry::compensated_probed(tool), timeout_ms);
         }
         // Building opens the log and starts upstream servers: no runtime, no GIL.
         let kernel = py
@@ -589,54 +590,16 @@ impl NativeTool {
     }
 }
 
-impl TransactionalTool for NativeTool {
-    fn id(&self) -> &str {
-        &self.spec.id
-    }
-
-    fn version(&self) -> &str {
-        &self.spec.version
-    }
-
-    fn effect(&self) -> EffectClass {
-        self.spec.effect
-    }
-
-    fn idempotent(&self) -> bool {
-        self.spec.idempotent
-    }
-
-    fn settlement(&self) -> Settlement {
-        self.spec.settlement
-    }
-
-    fn args_schema(&self) -> Value {
-        self.spec.schema.clone()
-    }
-
-    fn description(&self) -> &str {
-        &self.spec.description
-    }
-
-    fn reversibility(&self) -> Reversibility {
-        self.spec.reversibility
-    }
-
-    fn undo_window(&self) -> Option<UndoWindow> {
-        self.spec.undo_window
-    }
-
-    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        let Some(prepare) = &self.prepare else {
-            return Ok(Undo::none());
-        };
-        match self
-            .phase("prepare", prepare, vec![args.clone()], None)
-            .await?
-        {
-            Answer::Ok(data) => Ok(Undo { data, blob: None }),
-            Answer::Failed(message) | Answer::Uncertain(message) => Err(ToolError::failed(message)),
-        }
+impl Tool for NativeTool {
+    fn spec(&self) -> agent_kernel_api::ToolSpec {
+        agent_kernel_api::ToolSpec::new(&self.spec.id, self.spec.effect)
+            .with_version(&self.spec.version)
+            .with_idempotent(self.spec.idempotent)
+            .with_settlement(self.spec.settlement)
+            .with_schema(self.spec.schema.clone())
+            .with_description(&self.spec.description)
+            .with_reversibility(self.spec.reversibility)
+            .with_undo_window(self.spec.undo_window)
     }
 
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
@@ -649,24 +612,19 @@ impl TransactionalTool for NativeTool {
             Answer::Uncertain(message) => Err(ToolError::uncertain(message)),
         }
     }
+}
 
-    async fn probe(
-        &self,
-        ctx: &ToolContext,
-        args: &Value,
-        undo: &Undo,
-    ) -> Result<ProbeOutcome, ToolError> {
-        let Some(probe) = &self.probe else {
-            return Ok(ProbeOutcome::Unknown);
+impl Compensate for NativeTool {
+    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        let Some(prepare) = &self.prepare else {
+            return Ok(Undo::none());
         };
-        self.after_execute("probe", ctx).await?;
         match self
-            .phase("probe", probe, vec![args.clone(), undo.data.clone()], None)
+            .phase("prepare", prepare, vec![args.clone()], None)
             .await?
         {
-            Answer::Ok(Value::Bool(true)) => Ok(ProbeOutcome::Happened(None)),
-            Answer::Ok(Value::Bool(false)) => Ok(ProbeOutcome::NotHappened),
-            _ => Ok(ProbeOutcome::Unknown),
+            Answer::Ok(data) => Ok(Undo { data, blob: None }),
+            Answer::Failed(message) | Answer::Uncertain(message) => Err(ToolError::failed(message)),
         }
     }
 
@@ -696,6 +654,28 @@ impl TransactionalTool for NativeTool {
         {
             Answer::Ok(_) => Ok(()),
             Answer::Failed(message) | Answer::Uncertain(message) => Err(ToolError::failed(message)),
+        }
+    }
+}
+
+impl Probe for NativeTool {
+    async fn probe(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+        undo: &Undo,
+    ) -> Result<ProbeOutcome, ToolError> {
+        let Some(probe) = &self.probe else {
+            return Ok(ProbeOutcome::Unknown);
+        };
+        self.after_execute("probe", ctx).await?;
+        match self
+            .phase("probe", probe, vec![args.clone(), undo.data.clone()], None)
+            .await?
+        {
+            Answer::Ok(Value::Bool(true)) => Ok(ProbeOutcome::Happened(None)),
+            Answer::Ok(Value::Bool(false)) => Ok(ProbeOutcome::NotHappened),
+            _ => Ok(ProbeOutcome::Unknown),
         }
     }
 }

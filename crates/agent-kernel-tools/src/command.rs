@@ -8,8 +8,8 @@ use std::time::Duration;
 
 pub use agent_kernel_api::Reversibility;
 use agent_kernel_api::{
-    EffectClass, ProbeOutcome, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool,
-    Undo, UndoWindow, line_of, read_text_bounded,
+    Compensate, EffectClass, Probe, ProbeOutcome, Settlement, Tool, ToolContext, ToolEntry,
+    ToolError, ToolOutput, ToolSpec, Undo, UndoWindow, line_of, read_text_bounded,
 };
 use agent_kernel_sandbox::{ProgramAccess, programs};
 use serde::Deserialize;
@@ -598,47 +598,26 @@ impl CommandTool {
     }
 }
 
-impl TransactionalTool for CommandTool {
-    fn id(&self) -> &str {
-        &self.id
+impl CommandTool {
+    /// The tool, ready for a registry. It is registered as compensating and probing
+    /// whatever its file declares: without a `compensate` program its compensation stops
+    /// what its step left running and then fails (its reversibility is `none`), and without a
+    /// `probe` program its probe answers unknown (its settlement is not `probe`).
+    pub fn into_entry(self) -> ToolEntry {
+        ToolEntry::compensated_probed(self)
     }
+}
 
-    fn version(&self) -> &str {
-        &self.version
-    }
-
-    fn effect(&self) -> EffectClass {
-        self.effect
-    }
-
-    fn idempotent(&self) -> bool {
-        self.idempotent
-    }
-
-    fn settlement(&self) -> Settlement {
-        self.settlement
-    }
-
-    fn args_schema(&self) -> Value {
-        self.args_schema.clone()
-    }
-
-    fn description(&self) -> &str {
-        self.description.as_deref().unwrap_or_default()
-    }
-
-    fn reversibility(&self) -> Reversibility {
-        self.reversibility
-    }
-
-    fn undo_window(&self) -> Option<UndoWindow> {
-        self.undo_window
-    }
-
-    async fn prepare(&self, _ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {
-        // The program's compensation works from the arguments and the output, which the log
-        // keeps: nothing else to capture.
-        Ok(Undo::none())
+impl Tool for CommandTool {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::new(&self.id, self.effect)
+            .with_version(&self.version)
+            .with_idempotent(self.idempotent)
+            .with_settlement(self.settlement)
+            .with_schema(self.args_schema.clone())
+            .with_description(self.description.as_deref().unwrap_or_default())
+            .with_reversibility(self.reversibility)
+            .with_undo_window(self.undo_window)
     }
 
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
@@ -658,27 +637,13 @@ impl TransactionalTool for CommandTool {
         })?;
         Ok(ToolOutput::new(output))
     }
+}
 
-    async fn probe(
-        &self,
-        ctx: &ToolContext,
-        args: &Value,
-        _undo: &Undo,
-    ) -> Result<ProbeOutcome, ToolError> {
-        stop_step_leftovers(ctx).await;
-        let Some(command) = &self.probe else {
-            return Ok(ProbeOutcome::Unknown);
-        };
-        let run = self.run("probe", command, ctx, args, None).await?;
-        if run.code != Some(0) {
-            return Ok(ProbeOutcome::Unknown);
-        }
-        let answer: Value = serde_json::from_slice(&run.stdout).unwrap_or(Value::Null);
-        Ok(match answer.get("happened").and_then(Value::as_bool) {
-            Some(true) => ProbeOutcome::Happened(None),
-            Some(false) => ProbeOutcome::NotHappened,
-            None => ProbeOutcome::Unknown,
-        })
+impl Compensate for CommandTool {
+    async fn prepare(&self, _ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {
+        // The program's compensation works from the arguments and the output, which the log
+        // keeps: nothing else to capture.
+        Ok(Undo::none())
     }
 
     async fn compensate(
@@ -702,5 +667,29 @@ impl TransactionalTool for CommandTool {
         } else {
             Err(self.run_failed("compensate", &run))
         }
+    }
+}
+
+impl Probe for CommandTool {
+    async fn probe(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+        _undo: &Undo,
+    ) -> Result<ProbeOutcome, ToolError> {
+        stop_step_leftovers(ctx).await;
+        let Some(command) = &self.probe else {
+            return Ok(ProbeOutcome::Unknown);
+        };
+        let run = self.run("probe", command, ctx, args, None).await?;
+        if run.code != Some(0) {
+            return Ok(ProbeOutcome::Unknown);
+        }
+        let answer: Value = serde_json::from_slice(&run.stdout).unwrap_or(Value::Null);
+        Ok(match answer.get("happened").and_then(Value::as_bool) {
+            Some(true) => ProbeOutcome::Happened(None),
+            Some(false) => ProbeOutcome::NotHappened,
+            None => ProbeOutcome::Unknown,
+        })
     }
 }

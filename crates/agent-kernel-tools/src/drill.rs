@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_kernel_api::{
-    EffectClass, ProbeOutcome, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool,
-    Undo,
+    Compensate, Probe, ProbeOutcome, Settlement, Tool, ToolContext, ToolError, ToolOutput,
+    ToolSpec, Undo,
 };
 use agent_kernel_sandbox::{ConfinedPath, FsSandbox};
 use serde::Deserialize;
@@ -88,49 +88,27 @@ impl DrillWrite {
     }
 }
 
-impl TransactionalTool for DrillWrite {
-    fn id(&self) -> &str {
-        self.id
-    }
-
-    fn version(&self) -> &str {
-        TOOL_VERSION
-    }
-
-    fn effect(&self) -> EffectClass {
-        EffectClass::Mutating
-    }
-
-    fn idempotent(&self) -> bool {
-        false
-    }
-
-    fn settlement(&self) -> Settlement {
-        self.settlement
-    }
-
-    fn args_schema(&self) -> Value {
+impl Tool for DrillWrite {
+    fn spec(&self) -> ToolSpec {
         let pause = json!({ "type": "integer", "minimum": 0, "maximum": DRILL_PAUSE_MS_MAX });
-        object_schema(
-            &format!("{} arguments", self.id),
-            json!({
-                "path": path_schema(),
-                "content": { "type": "string" },
-                "pause_before_ms": pause,
-                "pause_after_ms": pause,
-            }),
-            &["path", "content"],
-        )
+        ToolSpec::mutating(self.id)
+            .with_version(TOOL_VERSION)
+            .with_settlement(self.settlement)
+            .with_schema(object_schema(
+                &format!("{} arguments", self.id),
+                json!({
+                    "path": path_schema(),
+                    "content": { "type": "string" },
+                    "pause_before_ms": pause,
+                    "pause_after_ms": pause,
+                }),
+                &["path", "content"],
+            ))
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
         let (_, write_args) = Self::parse(args)?;
-        TransactionalTool::check(&self.write, &write_args)
-    }
-
-    async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        let (_, write_args) = Self::parse(args)?;
-        self.write.prepare(ctx, &write_args).await
+        Tool::check(&self.write, &write_args)
     }
 
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
@@ -140,7 +118,27 @@ impl TransactionalTool for DrillWrite {
         tokio::time::sleep(Duration::from_millis(parsed.pause_after_ms)).await;
         Ok(output)
     }
+}
 
+impl Compensate for DrillWrite {
+    async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        let (_, write_args) = Self::parse(args)?;
+        self.write.prepare(ctx, &write_args).await
+    }
+
+    async fn compensate(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+        undo: &Undo,
+        output: Option<&ToolOutput>,
+    ) -> Result<(), ToolError> {
+        let (_, write_args) = Self::parse(args)?;
+        self.write.compensate(ctx, &write_args, undo, output).await
+    }
+}
+
+impl Probe for DrillWrite {
     async fn probe(
         &self,
         ctx: &ToolContext,
@@ -173,16 +171,5 @@ impl TransactionalTool for DrillWrite {
             })
         })
         .await
-    }
-
-    async fn compensate(
-        &self,
-        ctx: &ToolContext,
-        args: &Value,
-        undo: &Undo,
-        output: Option<&ToolOutput>,
-    ) -> Result<(), ToolError> {
-        let (_, write_args) = Self::parse(args)?;
-        self.write.compensate(ctx, &write_args, undo, output).await
     }
 }

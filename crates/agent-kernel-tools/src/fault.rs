@@ -1,8 +1,6 @@
 //! `fault.fail` and `fault.panic`: deliberate failures for drills and demos.
 
-use agent_kernel_api::{
-    EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
-};
+use agent_kernel_api::{Tool, ToolContext, ToolError, ToolOutput, ToolSpec};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -60,38 +58,15 @@ impl FaultFail {
     pub const ID: &'static str = "fault.fail";
 }
 
-impl TransactionalTool for FaultFail {
-    fn id(&self) -> &str {
-        Self::ID
-    }
-
-    fn version(&self) -> &str {
-        TOOL_VERSION
-    }
-
-    fn effect(&self) -> EffectClass {
-        EffectClass::ReadOnly
-    }
-
-    fn idempotent(&self) -> bool {
-        true
-    }
-
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-
-    fn args_schema(&self) -> Value {
-        fault_schema("fault.fail arguments")
+impl Tool for FaultFail {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::read_only(Self::ID)
+            .with_version(TOOL_VERSION)
+            .with_schema(fault_schema("fault.fail arguments"))
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
         fault_args(args).map(|_| ())
-    }
-
-    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        fault_args(args)?;
-        Ok(Undo::none())
     }
 
     async fn simulate(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
@@ -105,16 +80,6 @@ impl TransactionalTool for FaultFail {
             message.unwrap_or_else(|| FAULT_FAIL_DEFAULT_MESSAGE.to_owned()),
         ))
     }
-
-    async fn compensate(
-        &self,
-        _ctx: &ToolContext,
-        _args: &Value,
-        _undo: &Undo,
-        _output: Option<&ToolOutput>,
-    ) -> Result<(), ToolError> {
-        Ok(())
-    }
 }
 
 /// `fault.panic`: read-only; panics inside `execute` with `message`, so the kernel's
@@ -127,38 +92,15 @@ impl FaultPanic {
     pub const ID: &'static str = "fault.panic";
 }
 
-impl TransactionalTool for FaultPanic {
-    fn id(&self) -> &str {
-        Self::ID
-    }
-
-    fn version(&self) -> &str {
-        TOOL_VERSION
-    }
-
-    fn effect(&self) -> EffectClass {
-        EffectClass::ReadOnly
-    }
-
-    fn idempotent(&self) -> bool {
-        true
-    }
-
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-
-    fn args_schema(&self) -> Value {
-        fault_schema("fault.panic arguments")
+impl Tool for FaultPanic {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::read_only(Self::ID)
+            .with_version(TOOL_VERSION)
+            .with_schema(fault_schema("fault.panic arguments"))
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
         fault_args(args).map(|_| ())
-    }
-
-    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        fault_args(args)?;
-        Ok(Undo::none())
     }
 
     /// # Panics
@@ -176,15 +118,5 @@ impl TransactionalTool for FaultPanic {
         let FaultArgs { message } = fault_args(args)?;
         let message = message.unwrap_or_else(|| FAULT_PANIC_DEFAULT_MESSAGE.to_owned());
         panic!("{message}");
-    }
-
-    async fn compensate(
-        &self,
-        _ctx: &ToolContext,
-        _args: &Value,
-        _undo: &Undo,
-        _output: Option<&ToolOutput>,
-    ) -> Result<(), ToolError> {
-        Ok(())
     }
 }

@@ -3,9 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agent_kernel_api::{
-    EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
-};
+use agent_kernel_api::{Compensate, Tool, ToolContext, ToolError, ToolOutput, ToolSpec, Undo};
 use agent_kernel_sandbox::{ConfinedPath, FsSandbox};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -47,59 +45,18 @@ impl FsAppend {
     }
 }
 
-impl TransactionalTool for FsAppend {
-    fn id(&self) -> &str {
-        Self::ID
-    }
-
-    fn version(&self) -> &str {
-        TOOL_VERSION
-    }
-
-    fn effect(&self) -> EffectClass {
-        EffectClass::Mutating
-    }
-
-    fn idempotent(&self) -> bool {
-        false
-    }
-
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-
-    fn description(&self) -> &str {
-        "Append to a file; undone by truncating it back to its previous length (or removing it if it was new)."
-    }
-
-    fn args_schema(&self) -> Value {
-        content_schema("fs.append arguments")
+impl Tool for FsAppend {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::mutating(Self::ID)
+            .with_version(TOOL_VERSION)
+            .with_description("Append to a file; undone by truncating it back to its previous length (or removing it if it was new).")
+            .with_schema(content_schema("fs.append arguments"))
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
         let ContentArgs { path, content } = parse_args(args)?;
         self.files.resolve(&path)?;
         self.files.check_size(&path, content.len())
-    }
-
-    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        self.check(args)?;
-        let ContentArgs { path, .. } = parse_args(args)?;
-        let file = self.files.open(&path)?;
-        let (target, len) = blocking(move || {
-            let len = file.stat().map_err(sandbox_error)?;
-            Ok((file.path().clone(), len))
-        })
-        .await?;
-        let data = AppendUndo {
-            target,
-            existed: len.is_some(),
-            len: len.unwrap_or(0),
-        };
-        Ok(Undo {
-            data: undo_data(Self::ID, &data)?,
-            blob: None,
-        })
     }
 
     async fn simulate(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
@@ -124,6 +81,28 @@ impl TransactionalTool for FsAppend {
             ToolOutput::new(json!({ "path": path, "bytes": count, "len": len }))
                 .with_effect(format!("appended {} to {path}", byte_count(count))),
         )
+    }
+}
+
+impl Compensate for FsAppend {
+    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        self.check(args)?;
+        let ContentArgs { path, .. } = parse_args(args)?;
+        let file = self.files.open(&path)?;
+        let (target, len) = blocking(move || {
+            let len = file.stat().map_err(sandbox_error)?;
+            Ok((file.path().clone(), len))
+        })
+        .await?;
+        let data = AppendUndo {
+            target,
+            existed: len.is_some(),
+            len: len.unwrap_or(0),
+        };
+        Ok(Undo {
+            data: undo_data(Self::ID, &data)?,
+            blob: None,
+        })
     }
 
     async fn changed_since(

@@ -3,9 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agent_kernel_api::{
-    EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
-};
+use agent_kernel_api::{Compensate, Tool, ToolContext, ToolError, ToolOutput, ToolSpec, Undo};
 use agent_kernel_sandbox::{ConfinedPath, FsSandbox};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -46,37 +44,16 @@ impl FsDelete {
     }
 }
 
-impl TransactionalTool for FsDelete {
-    fn id(&self) -> &str {
-        Self::ID
-    }
-
-    fn version(&self) -> &str {
-        TOOL_VERSION
-    }
-
-    fn effect(&self) -> EffectClass {
-        EffectClass::Mutating
-    }
-
-    fn idempotent(&self) -> bool {
-        false
-    }
-
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-
-    fn description(&self) -> &str {
-        "Delete a file; undone by restoring it with its previous bytes."
-    }
-
-    fn args_schema(&self) -> Value {
-        object_schema(
-            "fs.delete arguments",
-            json!({ "path": path_schema() }),
-            &["path"],
-        )
+impl Tool for FsDelete {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::mutating(Self::ID)
+            .with_version(TOOL_VERSION)
+            .with_description("Delete a file; undone by restoring it with its previous bytes.")
+            .with_schema(object_schema(
+                "fs.delete arguments",
+                json!({ "path": path_schema() }),
+                &["path"],
+            ))
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
@@ -84,6 +61,28 @@ impl TransactionalTool for FsDelete {
         self.files.resolve(&path).map(|_| ())
     }
 
+    async fn simulate(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        let PathArgs { path } = parse_args(args)?;
+        Ok(ToolOutput::new(json!({ "path": path, "dry_run": true }))
+            .with_effect(format!("would delete {path}")))
+    }
+
+    async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        let PathArgs { path } = parse_args(args)?;
+        let file = self.files.open(&path)?;
+        let sync = ctx.durability.syncs();
+        let count = step_blocking(ctx, move || {
+            let len = file.stat().map_err(sandbox_error)?;
+            file.remove_file(sync).map_err(sandbox_error)?;
+            Ok(len.unwrap_or(0))
+        })
+        .await?;
+        Ok(ToolOutput::new(json!({ "path": path, "bytes": count }))
+            .with_effect(format!("deleted {path} ({})", byte_count(count))))
+    }
+}
+
+impl Compensate for FsDelete {
     async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
         let PathArgs { path } = parse_args(args)?;
         let file = self.files.open(&path)?;
@@ -106,26 +105,6 @@ impl TransactionalTool for FsDelete {
             data: undo_data(Self::ID, &data)?,
             blob: Some(bytes),
         })
-    }
-
-    async fn simulate(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
-        let PathArgs { path } = parse_args(args)?;
-        Ok(ToolOutput::new(json!({ "path": path, "dry_run": true }))
-            .with_effect(format!("would delete {path}")))
-    }
-
-    async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
-        let PathArgs { path } = parse_args(args)?;
-        let file = self.files.open(&path)?;
-        let sync = ctx.durability.syncs();
-        let count = step_blocking(ctx, move || {
-            let len = file.stat().map_err(sandbox_error)?;
-            file.remove_file(sync).map_err(sandbox_error)?;
-            Ok(len.unwrap_or(0))
-        })
-        .await?;
-        Ok(ToolOutput::new(json!({ "path": path, "bytes": count }))
-            .with_effect(format!("deleted {path} ({})", byte_count(count))))
     }
 
     async fn changed_since(

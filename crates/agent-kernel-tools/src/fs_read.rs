@@ -3,9 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agent_kernel_api::{
-    EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
-};
+use agent_kernel_api::{Tool, ToolContext, ToolError, ToolOutput, ToolSpec};
 use agent_kernel_sandbox::FsSandbox;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -42,47 +40,21 @@ impl FsRead {
     }
 }
 
-impl TransactionalTool for FsRead {
-    fn id(&self) -> &str {
-        Self::ID
-    }
-
-    fn version(&self) -> &str {
-        TOOL_VERSION
-    }
-
-    fn effect(&self) -> EffectClass {
-        EffectClass::ReadOnly
-    }
-
-    fn idempotent(&self) -> bool {
-        true
-    }
-
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-
-    fn description(&self) -> &str {
-        "Read a file inside the sandbox's roots."
-    }
-
-    fn args_schema(&self) -> Value {
-        object_schema(
-            "fs.read arguments",
-            json!({ "path": path_schema() }),
-            &["path"],
-        )
+impl Tool for FsRead {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::read_only(Self::ID)
+            .with_version(TOOL_VERSION)
+            .with_description("Read a file inside the sandbox's roots.")
+            .with_schema(object_schema(
+                "fs.read arguments",
+                json!({ "path": path_schema() }),
+                &["path"],
+            ))
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
         let PathArgs { path } = parse_args(args)?;
         self.files.resolve(&path).map(|_| ())
-    }
-
-    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        self.check(args)?;
-        Ok(Undo::none())
     }
 
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
@@ -100,15 +72,5 @@ impl TransactionalTool for FsRead {
             ToolOutput::new(json!({ "path": path, "bytes": count, "content": content }))
                 .with_effect(format!("read {} from {path}", byte_count(count))),
         )
-    }
-
-    async fn compensate(
-        &self,
-        _ctx: &ToolContext,
-        _args: &Value,
-        _undo: &Undo,
-        _output: Option<&ToolOutput>,
-    ) -> Result<(), ToolError> {
-        Ok(())
     }
 }

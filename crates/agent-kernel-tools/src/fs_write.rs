@@ -3,9 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agent_kernel_api::{
-    EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
-};
+use agent_kernel_api::{Compensate, Tool, ToolContext, ToolError, ToolOutput, ToolSpec, Undo};
 use agent_kernel_sandbox::{ConfinedPath, FsSandbox, MAX_IO_BYTES_LIMIT};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -68,63 +66,19 @@ pub(crate) fn content_schema(title: &str) -> Value {
     )
 }
 
-impl TransactionalTool for FsWrite {
-    fn id(&self) -> &str {
-        Self::ID
-    }
-
-    fn version(&self) -> &str {
-        TOOL_VERSION
-    }
-
-    fn effect(&self) -> EffectClass {
-        EffectClass::Mutating
-    }
-
-    fn idempotent(&self) -> bool {
-        true
-    }
-
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-
-    fn description(&self) -> &str {
-        "Write a file's whole content atomically; undone by restoring its exact previous bytes (or removing it if it was new)."
-    }
-
-    fn args_schema(&self) -> Value {
-        content_schema("fs.write arguments")
+impl Tool for FsWrite {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::mutating(Self::ID)
+            .with_version(TOOL_VERSION)
+            .with_idempotent(true)
+            .with_description("Write a file's whole content atomically; undone by restoring its exact previous bytes (or removing it if it was new).")
+            .with_schema(content_schema("fs.write arguments"))
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
         let ContentArgs { path, content } = parse_args(args)?;
         self.files.resolve(&path)?;
         self.files.check_size(&path, content.len())
-    }
-
-    async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        self.check(args)?;
-        let ContentArgs { path, .. } = parse_args(args)?;
-        let file = self.files.open(&path)?;
-        let temp = temp_name(ctx);
-        let (target, previous) = blocking(move || {
-            let previous = match file.stat().map_err(sandbox_error)? {
-                Some(_) => Some(file.read_all().map_err(sandbox_error)?),
-                None => None,
-            };
-            Ok((file.path().clone(), previous))
-        })
-        .await?;
-        let data = WriteUndo {
-            target,
-            existed: previous.is_some(),
-            temp,
-        };
-        Ok(Undo {
-            data: undo_data(Self::ID, &data)?,
-            blob: previous,
-        })
     }
 
     async fn simulate(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
@@ -149,6 +103,32 @@ impl TransactionalTool for FsWrite {
         .await?;
         Ok(ToolOutput::new(json!({ "path": path, "bytes": count }))
             .with_effect(format!("wrote {} to {path}", byte_count(count))))
+    }
+}
+
+impl Compensate for FsWrite {
+    async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        self.check(args)?;
+        let ContentArgs { path, .. } = parse_args(args)?;
+        let file = self.files.open(&path)?;
+        let temp = temp_name(ctx);
+        let (target, previous) = blocking(move || {
+            let previous = match file.stat().map_err(sandbox_error)? {
+                Some(_) => Some(file.read_all().map_err(sandbox_error)?),
+                None => None,
+            };
+            Ok((file.path().clone(), previous))
+        })
+        .await?;
+        let data = WriteUndo {
+            target,
+            existed: previous.is_some(),
+            temp,
+        };
+        Ok(Undo {
+            data: undo_data(Self::ID, &data)?,
+            blob: previous,
+        })
     }
 
     async fn changed_since(

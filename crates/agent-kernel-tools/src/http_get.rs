@@ -8,9 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use agent_kernel_api::{
-    EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
-};
+use agent_kernel_api::{Tool, ToolContext, ToolError, ToolOutput, ToolSpec};
 use agent_kernel_sandbox::{HttpSandbox, MAX_URL_BYTES};
 use base64::Engine as _;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
@@ -268,44 +266,23 @@ impl HttpGet {
     }
 }
 
-impl TransactionalTool for HttpGet {
-    fn id(&self) -> &str {
-        Self::ID
-    }
-
-    fn version(&self) -> &str {
-        TOOL_VERSION
-    }
-
-    fn effect(&self) -> EffectClass {
-        EffectClass::ReadOnly
-    }
-
-    fn idempotent(&self) -> bool {
-        true
-    }
-
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-
-    fn description(&self) -> &str {
-        "GET a URL on an allowed host; reads only."
-    }
-
-    fn args_schema(&self) -> Value {
-        object_schema(
-            "http.get arguments",
-            json!({
-                "url": {
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": MAX_URL_BYTES,
-                    "description": "an http or https URL whose host the [http] policy allows",
-                },
-            }),
-            &["url"],
-        )
+impl Tool for HttpGet {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::read_only(Self::ID)
+            .with_version(TOOL_VERSION)
+            .with_description("GET a URL on an allowed host; reads only.")
+            .with_schema(object_schema(
+                "http.get arguments",
+                json!({
+                    "url": {
+                        "type": "string",
+                        "minLength": 1,
+                        "maxLength": MAX_URL_BYTES,
+                        "description": "an http or https URL whose host the [http] policy allows",
+                    },
+                }),
+                &["url"],
+            ))
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
@@ -316,24 +293,9 @@ impl TransactionalTool for HttpGet {
             .map_err(sandbox_error)
     }
 
-    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        self.check(args)?;
-        Ok(Undo::none())
-    }
-
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         let UrlArgs { url } = parse_args(args)?;
         self.fetch(&url).await
-    }
-
-    async fn compensate(
-        &self,
-        _ctx: &ToolContext,
-        _args: &Value,
-        _undo: &Undo,
-        _output: Option<&ToolOutput>,
-    ) -> Result<(), ToolError> {
-        Ok(())
     }
 }
 

@@ -12,8 +12,9 @@
 //! | [`fault.fail`](FaultFail) | `message`? | read-only | none; always fails |
 //! | [`fault.panic`](FaultPanic) | `message`? | read-only | none; panics inside `execute` |
 //!
-//! Each implements [`agent_kernel_api::TransactionalTool`]; [`builtin_tools`] returns them all
-//! as trait objects for a registry.
+//! Each implements [`agent_kernel_api::Tool`]; the file tools also implement
+//! [`agent_kernel_api::Compensate`]. [`builtin_tools`] returns them all as
+//! [`agent_kernel_api::ToolEntry`]s for a registry.
 //! The crate knows nothing of the log, the saga engine or the command line: a program can use a
 //! tool alone by calling `check`, `prepare`, `execute` and, to undo, `compensate`.
 //!
@@ -22,7 +23,7 @@
 //! ```
 //! use std::sync::Arc;
 //!
-//! use agent_kernel_api::{Durability, SagaId, ToolContext, TransactionalTool};
+//! use agent_kernel_api::{Compensate, Durability, SagaId, Tool, ToolContext};
 //! use agent_kernel_sandbox::{FsSandbox, Policy};
 //! use agent_kernel_tools::FsWrite;
 //! use serde_json::json;
@@ -110,7 +111,7 @@ mod validate_file;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agent_kernel_api::DynTool;
+use agent_kernel_api::ToolEntry;
 use agent_kernel_sandbox::{FsSandbox, HttpSandbox};
 
 pub use command::{
@@ -157,11 +158,7 @@ pub const BUILTIN_TOOL_IDS: [&str; 11] = [
 ///
 /// The file tools are confined by `fs`; relative paths in their arguments resolve against
 /// `cwd` (the command's working directory, absolute). `http.get` is confined by `http`.
-pub fn builtin_tools(
-    fs: Arc<FsSandbox>,
-    http: Arc<HttpSandbox>,
-    cwd: PathBuf,
-) -> Vec<Arc<dyn DynTool>> {
+pub fn builtin_tools(fs: Arc<FsSandbox>, http: Arc<HttpSandbox>, cwd: PathBuf) -> Vec<ToolEntry> {
     let mut tools = standard_tools(Arc::clone(&fs), http, cwd.clone());
     tools.extend(drill_tools(fs, cwd));
     tools
@@ -169,33 +166,29 @@ pub fn builtin_tools(
 
 /// The built-in tools an agent is given: `noop`, the file tools, `validate.file` and (with
 /// the `http` feature, on by default) `http.get`; not the drill tools.
-pub fn standard_tools(
-    fs: Arc<FsSandbox>,
-    http: Arc<HttpSandbox>,
-    cwd: PathBuf,
-) -> Vec<Arc<dyn DynTool>> {
+pub fn standard_tools(fs: Arc<FsSandbox>, http: Arc<HttpSandbox>, cwd: PathBuf) -> Vec<ToolEntry> {
     #[cfg(not(feature = "http"))]
     let _ = http;
     vec![
-        Arc::new(Noop),
-        Arc::new(FsRead::new(Arc::clone(&fs), cwd.clone())),
-        Arc::new(FsWrite::new(Arc::clone(&fs), cwd.clone())),
-        Arc::new(FsAppend::new(Arc::clone(&fs), cwd.clone())),
-        Arc::new(FsDelete::new(Arc::clone(&fs), cwd.clone())),
-        Arc::new(ValidateFile::new(fs, cwd)),
+        ToolEntry::new(Noop),
+        ToolEntry::new(FsRead::new(Arc::clone(&fs), cwd.clone())),
+        ToolEntry::compensated(FsWrite::new(Arc::clone(&fs), cwd.clone())),
+        ToolEntry::compensated(FsAppend::new(Arc::clone(&fs), cwd.clone())),
+        ToolEntry::compensated(FsDelete::new(Arc::clone(&fs), cwd.clone())),
+        ToolEntry::new(ValidateFile::new(fs, cwd)),
         #[cfg(feature = "http")]
-        Arc::new(HttpGet::new(http)),
+        ToolEntry::new(HttpGet::new(http)),
     ]
 }
 
 /// The drill tools (`fault.fail`, `fault.panic`, `fault.probed_write`,
 /// `fault.opaque_write`): failures on purpose, for demos and tests; never given to an agent
 /// unless asked for.
-pub fn drill_tools(fs: Arc<FsSandbox>, cwd: PathBuf) -> Vec<Arc<dyn DynTool>> {
+pub fn drill_tools(fs: Arc<FsSandbox>, cwd: PathBuf) -> Vec<ToolEntry> {
     vec![
-        Arc::new(FaultFail),
-        Arc::new(FaultPanic),
-        Arc::new(DrillWrite::probed(Arc::clone(&fs), cwd.clone())),
-        Arc::new(DrillWrite::opaque(fs, cwd)),
+        ToolEntry::new(FaultFail),
+        ToolEntry::new(FaultPanic),
+        ToolEntry::compensated_probed(DrillWrite::probed(Arc::clone(&fs), cwd.clone())),
+        ToolEntry::compensated_probed(DrillWrite::opaque(fs, cwd)),
     ]
 }

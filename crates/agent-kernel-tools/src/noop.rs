@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-use agent_kernel_api::{
-    EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
-};
+use agent_kernel_api::{Tool, ToolContext, ToolError, ToolOutput, ToolSpec};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -41,54 +39,28 @@ impl Noop {
     }
 }
 
-impl TransactionalTool for Noop {
-    fn id(&self) -> &str {
-        Self::ID
-    }
-
-    fn version(&self) -> &str {
-        TOOL_VERSION
-    }
-
-    fn effect(&self) -> EffectClass {
-        EffectClass::ReadOnly
-    }
-
-    fn idempotent(&self) -> bool {
-        true
-    }
-
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-
-    fn description(&self) -> &str {
-        "Do nothing, after sleeping up to sleep_ms; reads only."
-    }
-
-    fn args_schema(&self) -> Value {
-        object_schema(
-            "noop arguments",
-            json!({
-                "sleep_ms": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "maximum": NOOP_SLEEP_MS_MAX,
-                    "default": 0,
-                    "description": "how long to sleep before returning, in milliseconds",
-                },
-            }),
-            &[],
-        )
+impl Tool for Noop {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::read_only(Self::ID)
+            .with_version(TOOL_VERSION)
+            .with_description("Do nothing, after sleeping up to sleep_ms; reads only.")
+            .with_schema(object_schema(
+                "noop arguments",
+                json!({
+                    "sleep_ms": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "maximum": NOOP_SLEEP_MS_MAX,
+                        "default": 0,
+                        "description": "how long to sleep before returning, in milliseconds",
+                    },
+                }),
+                &[],
+            ))
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
         Self::args(args).map(|_| ())
-    }
-
-    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        Self::args(args)?;
-        Ok(Undo::none())
     }
 
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
@@ -97,15 +69,5 @@ impl TransactionalTool for Noop {
             tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
         }
         Ok(ToolOutput::new(json!({ "slept_ms": sleep_ms })))
-    }
-
-    async fn compensate(
-        &self,
-        _ctx: &ToolContext,
-        _args: &Value,
-        _undo: &Undo,
-        _output: Option<&ToolOutput>,
-    ) -> Result<(), ToolError> {
-        Ok(())
     }
 }

@@ -3,9 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agent_kernel_api::{
-    EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
-};
+use agent_kernel_api::{Tool, ToolContext, ToolError, ToolOutput, ToolSpec};
 use agent_kernel_sandbox::FsSandbox;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -55,57 +53,31 @@ impl ValidateFile {
     }
 }
 
-impl TransactionalTool for ValidateFile {
-    fn id(&self) -> &str {
-        Self::ID
-    }
-
-    fn version(&self) -> &str {
-        TOOL_VERSION
-    }
-
-    fn effect(&self) -> EffectClass {
-        EffectClass::ReadOnly
-    }
-
-    fn idempotent(&self) -> bool {
-        true
-    }
-
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-
-    fn description(&self) -> &str {
-        "Check a file's content; a failed check rolls the saga back."
-    }
-
-    fn args_schema(&self) -> Value {
-        object_schema(
-            "validate.file arguments",
-            json!({
-                "path": path_schema(),
-                "contains": {
-                    "type": "string",
-                    "description": "text the file's bytes must contain",
-                },
-                "equals": {
-                    "type": "string",
-                    "description": "text the file's bytes must be exactly",
-                },
-            }),
-            &["path"],
-        )
+impl Tool for ValidateFile {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::read_only(Self::ID)
+            .with_version(TOOL_VERSION)
+            .with_description("Check a file's content; a failed check rolls the saga back.")
+            .with_schema(object_schema(
+                "validate.file arguments",
+                json!({
+                    "path": path_schema(),
+                    "contains": {
+                        "type": "string",
+                        "description": "text the file's bytes must contain",
+                    },
+                    "equals": {
+                        "type": "string",
+                        "description": "text the file's bytes must be exactly",
+                    },
+                }),
+                &["path"],
+            ))
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
         let ValidateArgs { path, .. } = parse_args(args)?;
         self.files.resolve(&path).map(|_| ())
-    }
-
-    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        self.check(args)?;
-        Ok(Undo::none())
     }
 
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
@@ -149,16 +121,6 @@ impl TransactionalTool for ValidateFile {
             ToolOutput::new(json!({ "path": path, "bytes": count, "checks": checks }))
                 .with_effect(format!("validated {path} ({n_checks} {noun})")),
         )
-    }
-
-    async fn compensate(
-        &self,
-        _ctx: &ToolContext,
-        _args: &Value,
-        _undo: &Undo,
-        _output: Option<&ToolOutput>,
-    ) -> Result<(), ToolError> {
-        Ok(())
     }
 }
 

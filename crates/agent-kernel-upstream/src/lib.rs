@@ -29,7 +29,7 @@ mod tool;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use agent_kernel_api::{BoxFuture, DynTool, SourcedTool, ToolSource};
+use agent_kernel_api::{BoxFuture, SourcedTool, ToolEntry, ToolSource};
 
 pub use config::{
     Compensation, SERVER_START_TIMEOUT_MS_MAX, SERVERS_FILE_BYTES_MAX, ServerSpec,
@@ -76,7 +76,7 @@ impl ToolSource for UpstreamSource {
                         self.output_bytes_max,
                     );
                     let timeout_ms = upstream.timeout_ms(&self.spec);
-                    (Arc::new(upstream) as Arc<dyn DynTool>, timeout_ms)
+                    (ToolEntry::compensated(upstream), timeout_ms)
                 })
                 .collect())
         })

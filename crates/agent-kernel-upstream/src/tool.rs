@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use agent_kernel_api::{
-    EffectClass, Reversibility, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool,
-    Undo, UndoWindow,
+    Compensate, EffectClass, Reversibility, Settlement, Tool, ToolContext, ToolError, ToolOutput,
+    ToolSpec, Undo, UndoWindow,
 };
-use rmcp::model::{CallToolResult, JsonObject, Tool};
+use rmcp::model::{CallToolResult, JsonObject, Tool as McpTool};
 use serde_json::Value;
 
 use crate::config::{ServerSpec, ToolDecl};
@@ -39,7 +39,7 @@ impl UpstreamTool {
     /// Its outputs are bounded by `output_bytes_max` (the policy's `max_io_bytes`).
     pub fn new(
         spec: &ServerSpec,
-        tool: &Tool,
+        tool: &McpTool,
         hub: Arc<Hub>,
         output_bytes_max: u64,
     ) -> UpstreamTool {
@@ -174,47 +174,24 @@ impl UpstreamTool {
     }
 }
 
-impl TransactionalTool for UpstreamTool {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
-    fn version(&self) -> &str {
-        agent_kernel_api::UPSTREAM_TOOL_VERSION
-    }
-
-    fn effect(&self) -> EffectClass {
-        self.effect
-    }
-
-    fn idempotent(&self) -> bool {
-        self.idempotent
-    }
-
-    fn settlement(&self) -> Settlement {
-        self.settlement
-    }
-
-    fn description(&self) -> &str {
-        &self.description
-    }
-
-    fn reversibility(&self) -> Reversibility {
-        self.reversibility
-    }
-
-    fn undo_window(&self) -> Option<UndoWindow> {
-        self.undo_window
-    }
-
-    fn args_schema(&self) -> Value {
-        self.schema.clone()
+impl Tool for UpstreamTool {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::new(&self.id, self.effect)
+            .with_version(agent_kernel_api::UPSTREAM_TOOL_VERSION)
+            .with_idempotent(self.idempotent)
+            .with_settlement(self.settlement)
+            .with_description(&self.description)
+            .with_reversibility(self.reversibility)
+            .with_undo_window(self.undo_window)
+            .with_schema(self.schema.clone())
     }
 
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         self.call(&self.name, args).await
     }
+}
 
+impl Compensate for UpstreamTool {
     async fn compensate(
         &self,
         _ctx: &ToolContext,

@@ -9,8 +9,8 @@
 //! ```
 
 use agent_kernel::{
-    BeginOptions, CallAnswer, EffectClass, KernelBuilder, SagaState, Settlement, ToolContext,
-    ToolError, ToolOutput, TransactionalTool, Undo,
+    BeginOptions, CallAnswer, Compensate, KernelBuilder, SagaState, Tool, ToolContext, ToolError,
+    ToolOutput, ToolSpec, Undo,
 };
 use serde_json::{Value, json};
 
@@ -23,29 +23,30 @@ impl KvSet {
     }
 }
 
-impl TransactionalTool for KvSet {
-    fn id(&self) -> &str {
-        "kv.set"
+impl Tool for KvSet {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::mutating("kv.set")
+            .with_idempotent(true)
+            .with_schema(json!({
+                "type": "object",
+                "required": ["key", "value"],
+                "properties": {
+                    "key": { "type": "string", "pattern": "^[a-z0-9_-]{1,64}$" },
+                    "value": { "type": "string" }
+                }
+            }))
     }
-    fn effect(&self) -> EffectClass {
-        EffectClass::Mutating
+
+    async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        let value = args["value"].as_str().unwrap_or_default();
+        ctx.write_file(&Self::path(args), value.as_bytes().to_vec())
+            .await?;
+        Ok(ToolOutput::new(json!({ "key": args["key"] }))
+            .with_effect(format!("set {}", args["key"])))
     }
-    fn idempotent(&self) -> bool {
-        true
-    }
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-    fn args_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "required": ["key", "value"],
-            "properties": {
-                "key": { "type": "string", "pattern": "^[a-z0-9_-]{1,64}$" },
-                "value": { "type": "string" }
-            }
-        })
-    }
+}
+
+impl Compensate for KvSet {
     /// What compensation needs, kept in the log before the effect: the bytes there now.
     async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
         let previous = ctx.read_file(&Self::path(args)).await?;
@@ -54,13 +55,7 @@ impl TransactionalTool for KvSet {
             blob: previous,
         })
     }
-    async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
-        let value = args["value"].as_str().unwrap_or_default();
-        ctx.write_file(&Self::path(args), value.as_bytes().to_vec())
-            .await?;
-        Ok(ToolOutput::new(json!({ "key": args["key"] }))
-            .with_effect(format!("set {}", args["key"])))
-    }
+
     async fn compensate(
         &self,
         ctx: &ToolContext,

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_kernel_api::{Clock, Durability, DynTool, IdSource, TransactionalTool, TxLog};
+use agent_kernel_api::{
+    Clock, Compensate, Durability, EffectClass, IdSource, Tool, ToolEntry, TxLog,
+};
 use agent_kernel_core::{Environment, Kernel, KernelError, SystemClock, UuidV7Ids};
 use agent_kernel_dispatcher::{Dispatcher, Limits};
 use agent_kernel_fsm::Guardrail;
@@ -109,7 +111,9 @@ pub struct KernelBuilder {
     standard_tools: bool,
     drill_tools: bool,
     /// The tools added, each with the timeout it declares, if any.
-    tools: Vec<(Arc<dyn DynTool>, Option<u64>)>,
+    tools: Vec<(ToolEntry, Option<u64>)>,
+    /// Why a tool added cannot be registered, said by `build`.
+    refused: Vec<String>,
     tools_file: ToolsFileSource,
     cwd: Option<PathBuf>,
     clock: Option<Arc<dyn Clock>>,
@@ -173,6 +177,7 @@ impl KernelBuilder {
             standard_tools: true,
             drill_tools: false,
             tools: Vec::new(),
+            refused: Vec::new(),
             tools_file: ToolsFileSource::Default,
             cwd: None,
             clock: None,
@@ -294,26 +299,40 @@ impl KernelBuilder {
         self
     }
 
-    /// Adds a tool of the program's own.
-    pub fn tool<T: TransactionalTool + 'static>(mut self, tool: T) -> Self {
-        self.tools.push((Arc::new(tool), None));
-        self
+    /// Adds a tool of the program's own that can undo its effect.
+    pub fn tool<T: Compensate>(self, tool: T) -> Self {
+        self.tool_entry(ToolEntry::compensated(tool))
     }
 
-    /// Adds a tool already shared.
-    pub fn tool_arc(mut self, tool: Arc<dyn DynTool>) -> Self {
-        self.tools.push((tool, None));
-        self
+    /// Adds a read-only tool of the program's own. [`build`](Self::build) refuses it when
+    /// its spec says it is mutating.
+    pub fn read_only_tool<T: Tool>(mut self, tool: T) -> Self {
+        if tool.spec().effect() != EffectClass::ReadOnly {
+            self.refused.push(format!(
+                "tool `{}` was added as read-only but its spec says it is mutating",
+                tool.spec().id()
+            ));
+        }
+        self.tool_entry(ToolEntry::new(tool))
+    }
+
+    /// Adds a tool of the program's own whose effect cannot be undone: its spec must
+    /// declare reversibility `none`, and each of its steps waits for an operator's approval.
+    /// [`build`](Self::build) refuses it otherwise.
+    pub fn irreversible_tool<T: Tool>(self, tool: T) -> Self {
+        self.tool_entry(ToolEntry::new(tool))
+    }
+
+    /// Adds a tool of any kind ([`ToolEntry::probed`] and [`ToolEntry::compensated_probed`]
+    /// for tools that can probe).
+    pub fn tool_entry(self, tool: ToolEntry) -> Self {
+        self.tool_entry_with_timeout(tool, None)
     }
 
     /// Adds a tool with the timeout it declares (as a command tool's `timeout_ms`): its
     /// timeout in `[limits]` unless `[limits.tools."<id>"]` sets one.
-    pub fn tool_with_timeout<T: TransactionalTool + 'static>(
-        mut self,
-        tool: T,
-        timeout_ms: Option<u64>,
-    ) -> Self {
-        self.tools.push((Arc::new(tool), timeout_ms));
+    pub fn tool_entry_with_timeout(mut self, tool: ToolEntry, timeout_ms: Option<u64>) -> Self {
+        self.tools.push((tool, timeout_ms));
         self
     }
 
@@ -483,6 +502,9 @@ impl KernelBuilder {
         (fs, cwd): &(Arc<FsSandbox>, PathBuf),
         every_builtin: bool,
     ) -> Result<(ToolSet, Limits), KernelError> {
+        if let Some(refusal) = self.refused.first() {
+            return Err(KernelError::Setup(refusal.clone()));
+        }
         let mut limits = match &self.limits {
             Some(limits) => limits.clone(),
             None => limits_from_policy(policy)?,
@@ -503,11 +525,11 @@ impl KernelBuilder {
         if let Some(path) = self.tools_file_path() {
             tools.extend(declared_tools(&path, policy, &mut limits)?);
         }
-        tools
-            .required
-            .extend(self.tools.iter().map(|(tool, timeout_ms)| {
-                declared_timeout(&mut limits, Arc::clone(tool), *timeout_ms)
-            }));
+        tools.required.extend(
+            self.tools
+                .iter()
+                .map(|(tool, timeout_ms)| declared_timeout(&mut limits, tool.clone(), *timeout_ms)),
+        );
         Ok((tools, limits))
     }
 

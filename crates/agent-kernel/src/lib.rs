@@ -8,30 +8,32 @@
 //! package and the evals build their kernels through it.
 //!
 //! ```
-//! use agent_kernel::{BeginOptions, EffectClass, KernelBuilder, SagaState, Settlement};
-//! use agent_kernel::{ToolContext, ToolError, ToolOutput, TransactionalTool, Undo};
-//! use serde_json::{Value, json};
-//!
-//! struct Greet; // `greet {name}`: an effect with nothing to take back
-//! impl TransactionalTool for Greet {
-//!     fn id(&self) -> &str { "greet" }
-//!     fn effect(&self) -> EffectClass { EffectClass::Mutating }
-//!     fn idempotent(&self) -> bool { true }
-//!     fn settlement(&self) -> Settlement { Settlement::Compensate }
-//!     fn args_schema(&self) -> Value { json!({ "type": "object", "required": ["name"] }) }
-//!     async fn execute(&self, _: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
-//!         Ok(ToolOutput::new(json!({ "greeting": format!("hello {}", args["name"]) })))
+//! use agent_kernel::{BeginOptions, Compensate, KernelBuilder, SagaState, Tool, ToolSpec};
+//! use agent_kernel::{ToolContext, ToolError, ToolOutput, Undo, serde_json::{Value, json}};
+//! struct Note; // `note {text}`: writes `notes/<saga>.txt`; compensation removes it
+//! impl Tool for Note {
+//!     fn spec(&self) -> ToolSpec { ToolSpec::mutating("note").with_schema(json!({ "required": ["text"] })) }
+//!     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+//!         let text = args["text"].as_str().unwrap_or_default().as_bytes().to_vec();
+//!         ctx.write_file(&format!("notes/{}.txt", ctx.saga_id), text).await?;
+//!         Ok(ToolOutput::new(json!({ "written": true })))
 //!     }
-//!     async fn compensate(&self, _: &ToolContext, _: &Value, _: &Undo, _: Option<&ToolOutput>) -> Result<(), ToolError> { Ok(()) }
 //! }
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> { let dir = tempfile::tempdir()?;
-//! let kernel = KernelBuilder::new().db(dir.path().join("log.db")).tool(Greet).build()?;
+//! impl Compensate for Note {
+//!     async fn compensate(&self, ctx: &ToolContext, _: &Value, _: &Undo, _: Option<&ToolOutput>) -> Result<(), ToolError> {
+//!         ctx.remove_file(&format!("notes/{}.txt", ctx.saga_id)).await.map(drop)
+//!     }
+//! }
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> { let dir = tempfile::tempdir()?; std::fs::create_dir(dir.path().join("notes"))?;
+//! let kernel = KernelBuilder::new().db(dir.path().join("log.db")).cwd(dir.path())
+//!     .policy_toml("[fs]\nallow = [\"notes\"]\n", dir.path())?.tool(Note).build()?;
 //! let report = tokio::runtime::Runtime::new()?.block_on(async {
 //!     let saga = kernel.begin(BeginOptions::default()).await?;
-//!     saga.call("greet", json!({ "name": "Ada" }), None).await?;
-//!     saga.commit().await
+//!     saga.call("note", json!({ "text": "hello" }), None).await?;
+//!     saga.abort("changed my mind").await // the note is removed again
 //! })?;
-//! assert_eq!(report.state, SagaState::Done);
+//! assert_eq!(report.state, SagaState::FailedRolledBack);
+//! assert_eq!(std::fs::read_dir(dir.path().join("notes"))?.count(), 0);
 //! # Ok(()) }
 //! ```
 //!

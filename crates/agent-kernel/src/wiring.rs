@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_kernel_api::{DynTool, ToolSource};
+use agent_kernel_api::{ToolEntry, ToolSource};
 use agent_kernel_core::{ApprovalPolicy, KernelError};
 use agent_kernel_dispatcher::{Dispatcher, Limits, SeededJitter};
 use agent_kernel_fsm::Guardrail;
@@ -53,7 +53,7 @@ pub fn approval_policy_from(policy: &Policy) -> Result<ApprovalPolicy, KernelErr
 #[derive(Default)]
 pub struct ToolSet {
     /// Tools that must all be registered: two of one id, or an invalid schema, is an error.
-    pub required: Vec<Arc<dyn DynTool>>,
+    pub required: Vec<ToolEntry>,
     /// Sources of tools asked only when one of their tools is first needed (upstream MCP
     /// servers): a tool of theirs that cannot be registered (its id is taken, its input
     /// schema is not a valid JSON Schema) is left out with a warning, and a source that
@@ -113,7 +113,7 @@ pub fn declared_tools(
         let timeout_ms = tool.timeout_ms();
         tools
             .required
-            .push(declared_timeout(limits, Arc::new(tool), timeout_ms));
+            .push(declared_timeout(limits, tool.into_entry(), timeout_ms));
     }
     tools.sources = sources;
     Ok(tools)
@@ -166,9 +166,9 @@ fn output_bytes_max(policy: &Policy) -> u64 {
 /// `[limits.tools."<id>"]` sets one.
 pub(crate) fn declared_timeout(
     limits: &mut Limits,
-    tool: Arc<dyn DynTool>,
+    tool: ToolEntry,
     timeout_ms: Option<u64>,
-) -> Arc<dyn DynTool> {
+) -> ToolEntry {
     if let Some(timeout_ms) = timeout_ms {
         limits
             .tools

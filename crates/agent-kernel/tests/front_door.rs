@@ -162,21 +162,11 @@ fn a_folder_gives_its_files_and_new_gives_none() {
 /// `own.write {path, content}`: writes through the context's file access.
 struct OwnWrite;
 
-impl agent_kernel::TransactionalTool for OwnWrite {
-    fn id(&self) -> &str {
-        "own.write"
-    }
-    fn effect(&self) -> agent_kernel::EffectClass {
-        agent_kernel::EffectClass::Mutating
-    }
-    fn idempotent(&self) -> bool {
-        true
-    }
-    fn settlement(&self) -> agent_kernel::Settlement {
-        agent_kernel::Settlement::Compensate
-    }
-    fn args_schema(&self) -> Value {
-        json!({ "type": "object", "required": ["path", "content"] })
+impl agent_kernel::Tool for OwnWrite {
+    fn spec(&self) -> agent_kernel::ToolSpec {
+        agent_kernel::ToolSpec::mutating("own.write")
+            .with_idempotent(true)
+            .with_schema(json!({ "type": "object", "required": ["path", "content"] }))
     }
     async fn execute(
         &self,
@@ -190,6 +180,9 @@ impl agent_kernel::TransactionalTool for OwnWrite {
             json!({ "folder": ctx.folder() }),
         ))
     }
+}
+
+impl agent_kernel::Compensate for OwnWrite {
     async fn compensate(
         &self,
         ctx: &agent_kernel::ToolContext,
@@ -260,4 +253,30 @@ async fn a_tool_of_your_own_is_confined_as_fs_write_is() {
             );
         }
     }
+}
+
+/// A tool added as what it is not is refused when the kernel is built, naming the tool,
+/// and no log is created.
+#[test]
+fn a_tool_added_as_what_it_is_not_is_refused_at_build() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("agent-kernel.db");
+    let refusal = |builder: KernelBuilder| match builder.build() {
+        Ok(_) => panic!("built"),
+        Err(error) => error.to_string(),
+    };
+    let as_read_only = refusal(KernelBuilder::new().db(&db).read_only_tool(OwnWrite));
+    assert!(
+        as_read_only
+            .contains("`own.write` was added as read-only but its spec says it is mutating"),
+        "{as_read_only}"
+    );
+    // Added as irreversible, its spec still says `full`.
+    let as_irreversible = refusal(KernelBuilder::new().db(&db).irreversible_tool(OwnWrite));
+    assert!(
+        as_irreversible.contains("own.write")
+            && as_irreversible.contains("must declare reversibility none"),
+        "{as_irreversible}"
+    );
+    assert!(!db.exists(), "nothing was opened");
 }

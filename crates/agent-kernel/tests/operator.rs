@@ -3,8 +3,8 @@
 
 use agent_kernel::operator::{self, Decision, Vouched};
 use agent_kernel::{
-    ApprovalStatus, BeginOptions, CallAnswer, EffectClass, KernelBuilder, Reversibility, SagaState,
-    Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, UndoVerdict,
+    ApprovalStatus, BeginOptions, CallAnswer, Compensate, KernelBuilder, Reversibility, SagaState,
+    Settlement, Tool, ToolContext, ToolError, ToolOutput, ToolSpec, UndoVerdict,
 };
 use serde_json::{Value, json};
 
@@ -12,25 +12,14 @@ use serde_json::{Value, json};
 /// operator.
 struct Pay;
 
-impl TransactionalTool for Pay {
-    fn id(&self) -> &str {
-        "pay"
+impl Tool for Pay {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::mutating("pay")
+            .with_settlement(Settlement::Operator)
+            .with_reversibility(Reversibility::None)
+            .with_schema(json!({ "type": "object", "required": ["to", "amount"] }))
     }
-    fn effect(&self) -> EffectClass {
-        EffectClass::Mutating
-    }
-    fn idempotent(&self) -> bool {
-        false
-    }
-    fn settlement(&self) -> Settlement {
-        Settlement::Operator
-    }
-    fn reversibility(&self) -> Reversibility {
-        Reversibility::None
-    }
-    fn args_schema(&self) -> Value {
-        json!({ "type": "object", "required": ["to", "amount"] })
-    }
+
     async fn execute(&self, _: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         Ok(ToolOutput::new(json!({ "paid": args["amount"] })))
     }
@@ -50,7 +39,7 @@ async fn approvals_undo_previews_and_the_audit_check_are_library_calls() {
                 .policy_toml("[fs]\nallow = [\"ws\"]\n", &base)
                 .expect("policy")
                 .cwd(&base)
-                .tool(Pay)
+                .irreversible_tool(Pay)
                 .build()
                 .expect("builds")
         }
@@ -169,25 +158,17 @@ async fn approvals_undo_previews_and_the_audit_check_are_library_calls() {
 /// `note {text}`: a reversible effect in memory.
 struct Note;
 
-impl TransactionalTool for Note {
-    fn id(&self) -> &str {
-        "note"
+impl Tool for Note {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::mutating("note").with_idempotent(true)
     }
-    fn effect(&self) -> EffectClass {
-        EffectClass::Mutating
-    }
-    fn idempotent(&self) -> bool {
-        true
-    }
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-    fn args_schema(&self) -> Value {
-        json!({ "type": "object" })
-    }
+
     async fn execute(&self, _: &ToolContext, _: &Value) -> Result<ToolOutput, ToolError> {
         Ok(ToolOutput::new(json!({})))
     }
+}
+
+impl Compensate for Note {
     async fn compensate(
         &self,
         _: &ToolContext,

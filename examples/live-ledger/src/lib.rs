@@ -4,9 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use agent_kernel_api::{
-    EffectClass, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
-};
+use agent_kernel_api::{Compensate, Tool, ToolContext, ToolError, ToolOutput, ToolSpec, Undo};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -70,34 +68,14 @@ fn entry_of(args: &Value) -> Result<Entry, ToolError> {
     Entry::deserialize(args).map_err(|error| ToolError::invalid_args(error.to_string()))
 }
 
-impl TransactionalTool for Ledger {
-    fn id(&self) -> &str {
-        "ledger.add"
-    }
-
-    fn effect(&self) -> EffectClass {
-        EffectClass::Mutating
-    }
-
-    fn idempotent(&self) -> bool {
-        false
-    }
-
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-
-    fn args_schema(&self) -> Value {
-        json!({
+impl Tool for Ledger {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::mutating("ledger.add").with_schema(json!({
             "type": "object",
             "properties": { "id": { "type": "string" }, "amount": { "type": "integer" } },
             "required": ["id", "amount"],
             "additionalProperties": false,
-        })
-    }
-
-    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        Undo::from_data(&entry_of(args)?.id)
+        }))
     }
 
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
@@ -114,6 +92,12 @@ impl TransactionalTool for Ledger {
         book.entries.push(entry);
         self.write(&book)?;
         Ok(ToolOutput::new(json!({ "balance": book.balance })))
+    }
+}
+
+impl Compensate for Ledger {
+    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        Undo::from_data(&entry_of(args)?.id)
     }
 
     async fn compensate(

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use agent_kernel_api::{
-    DeadLetterStatus, Durability, DynTool, EffectClass, PlanStep, SagaState, Settlement,
-    StepStatus, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
+    Compensate, DeadLetterStatus, Durability, DynTool, PlanStep, SagaState, StepStatus, Tool,
+    ToolContext, ToolEntry, ToolError, ToolOutput, ToolSpec, Undo,
 };
 use agent_kernel_core::{Environment, Kernel, KernelError, NoObserver};
 use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
@@ -28,31 +28,25 @@ struct FlakyUndo {
     unstuck: AtomicBool,
 }
 
-impl TransactionalTool for FlakyUndo {
-    fn id(&self) -> &str {
-        "flaky.write"
+impl Tool for FlakyUndo {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::mutating("flaky.write").with_schema(self.inner.spec().args_schema().clone())
     }
-    fn effect(&self) -> EffectClass {
-        EffectClass::Mutating
-    }
-    fn idempotent(&self) -> bool {
-        false
-    }
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-    fn args_schema(&self) -> Value {
-        self.inner.args_schema()
-    }
+
     fn check(&self, args: &Value) -> Result<(), ToolError> {
         self.inner.check(args)
     }
-    async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        self.inner.prepare(ctx, args).await
-    }
+
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         self.inner.execute(ctx, args).await
     }
+}
+
+impl Compensate for FlakyUndo {
+    async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        self.inner.prepare(ctx, args).await
+    }
+
     async fn compensate(
         &self,
         ctx: &ToolContext,
@@ -104,13 +98,18 @@ async fn a_thousand_sagas_with_failing_compensations_lose_nothing_and_retries_br
         Policy::from_toml_str("[fs]\nallow = [\"ws\"]\n", fixture.dir.path()).expect("a policy");
     let sandbox = Arc::new(FsSandbox::new(&policy).expect("a sandbox"));
     let flaky = Arc::new(FlakyUndo {
-        inner: Arc::new(FsWrite::new(sandbox, fixture.dir.path().to_path_buf())),
+        inner: ToolEntry::compensated(FsWrite::new(sandbox, fixture.dir.path().to_path_buf()))
+            .into_dyn(),
         stuck: Mutex::new(HashSet::new()),
         unstuck: AtomicBool::new(false),
     });
     let mut tools = Dispatcher::new(Limits::default(), Arc::new(NoJitter)).expect("limits");
-    tools.register(flaky.clone()).expect("registers");
-    tools.register(Arc::new(crate::Boom)).expect("registers");
+    tools
+        .register(ToolEntry::compensated(flaky.clone()))
+        .expect("registers");
+    tools
+        .register(ToolEntry::compensated(crate::Boom))
+        .expect("registers");
     let kernel = Kernel::new(
         fixture.open_log(),
         Arc::new(tools),

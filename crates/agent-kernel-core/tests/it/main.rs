@@ -23,8 +23,9 @@ use std::time::Duration;
 
 use agent_kernel_api::TxLog;
 use agent_kernel_api::{
-    Clock, Durability, EffectClass, IdSource, Owner, Plan, PlanStep, ProbeOutcome, Reversibility,
-    SagaId, Settlement, ToolContext, ToolError, ToolOutput, TransactionalTool, Undo,
+    Clock, Compensate, Durability, IdSource, Owner, Plan, PlanStep, Probe, ProbeOutcome,
+    Reversibility, SagaId, Settlement, Tool, ToolContext, ToolEntry, ToolError, ToolOutput,
+    ToolSpec, Undo,
 };
 use agent_kernel_core::{Environment, Kernel, Liveness, LivenessProbe, NoObserver};
 use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
@@ -91,36 +92,15 @@ fn item_of(args: &Value) -> Result<String, ToolError> {
         .ok_or_else(|| ToolError::invalid_args("missing field `item`"))
 }
 
-impl TransactionalTool for Ledger {
-    fn id(&self) -> &str {
-        "ledger.add"
-    }
-    fn version(&self) -> &str {
-        "1.0.0"
-    }
-    fn effect(&self) -> EffectClass {
-        EffectClass::Mutating
+impl Tool for Ledger {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::mutating("ledger.add").with_version("1.0.0")
     }
 
-    fn idempotent(&self) -> bool {
-        false
-    }
-
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-    fn args_schema(&self) -> Value {
-        json!({"type": "object"})
-    }
     fn check(&self, args: &Value) -> Result<(), ToolError> {
         item_of(args).map(|_| ())
     }
-    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        Ok(Undo {
-            data: json!({ "item": item_of(args)? }),
-            blob: None,
-        })
-    }
+
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         let item = item_of(args)?;
         self.world.add(&item);
@@ -131,6 +111,16 @@ impl TransactionalTool for Ledger {
         output.next_hint = args.get("hint").and_then(Value::as_str).map(str::to_owned);
         Ok(output)
     }
+}
+
+impl Compensate for Ledger {
+    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        Ok(Undo {
+            data: json!({ "item": item_of(args)? }),
+            blob: None,
+        })
+    }
+
     async fn compensate(
         &self,
         _ctx: &ToolContext,
@@ -154,42 +144,31 @@ impl TransactionalTool for Ledger {
 /// `boom {panic?, panic_in_prepare?}`: always fails (or panics in `execute` or `prepare`).
 pub(crate) struct Boom;
 
-impl TransactionalTool for Boom {
-    fn id(&self) -> &str {
-        "boom"
-    }
-    fn version(&self) -> &str {
-        "1.0.0"
-    }
-    fn effect(&self) -> EffectClass {
-        EffectClass::ReadOnly
+impl Tool for Boom {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::read_only("boom").with_version("1.0.0")
     }
 
-    fn idempotent(&self) -> bool {
-        true
-    }
-
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-    fn args_schema(&self) -> Value {
-        json!({"type": "object"})
-    }
     fn check(&self, _args: &Value) -> Result<(), ToolError> {
         Ok(())
     }
-    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        if args.get("panic_in_prepare").is_some() {
-            panic!("boom panics in prepare");
-        }
-        Ok(Undo::none())
-    }
+
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         if args.get("panic").is_some() {
             panic!("boom panics on purpose");
         }
         Err(ToolError::failed("boom fails on purpose"))
     }
+}
+
+impl Compensate for Boom {
+    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        if args.get("panic_in_prepare").is_some() {
+            panic!("boom panics in prepare");
+        }
+        Ok(Undo::none())
+    }
+
     async fn compensate(
         &self,
         _ctx: &ToolContext,
@@ -204,38 +183,20 @@ impl TransactionalTool for Boom {
 /// `probe {fail?, sleep_ms?}`: read-only; notes the state the log holds for its saga while
 /// it runs (so tests see what was persisted before the step began), then passes or fails;
 /// its output carries that state and the status the log holds for its own step.
-pub(crate) struct Probe {
+pub(crate) struct ProbeTool {
     pub(crate) world: Arc<World>,
     pub(crate) log: Arc<dyn TxLog>,
 }
 
-impl TransactionalTool for Probe {
-    fn id(&self) -> &str {
-        "probe"
-    }
-    fn version(&self) -> &str {
-        "1.0.0"
-    }
-    fn effect(&self) -> EffectClass {
-        EffectClass::ReadOnly
+impl Tool for ProbeTool {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::read_only("probe").with_version("1.0.0")
     }
 
-    fn idempotent(&self) -> bool {
-        true
-    }
-
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-    fn args_schema(&self) -> Value {
-        json!({"type": "object"})
-    }
     fn check(&self, _args: &Value) -> Result<(), ToolError> {
         Ok(())
     }
-    async fn prepare(&self, _ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {
-        Ok(Undo::none())
-    }
+
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         let record = agent_kernel_api::TxLog::saga(&*self.log, &ctx.saga_id)
             .await
@@ -259,6 +220,13 @@ impl TransactionalTool for Probe {
             json!({ "state": record.saga.state, "own_step": own_step }),
         ))
     }
+}
+
+impl Compensate for ProbeTool {
+    async fn prepare(&self, _ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {
+        Ok(Undo::none())
+    }
+
     async fn compensate(
         &self,
         _ctx: &ToolContext,
@@ -279,37 +247,18 @@ pub(crate) struct Settled {
     pub(crate) world: Arc<World>,
 }
 
-impl TransactionalTool for Settled {
-    fn id(&self) -> &str {
-        self.id
+impl Tool for Settled {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::mutating(self.id)
+            .with_version("1.0.0")
+            .with_settlement(self.settlement)
+            .with_reversibility(self.reversibility)
     }
-    fn version(&self) -> &str {
-        "1.0.0"
-    }
-    fn effect(&self) -> EffectClass {
-        EffectClass::Mutating
-    }
-    fn idempotent(&self) -> bool {
-        false
-    }
-    fn settlement(&self) -> Settlement {
-        self.settlement
-    }
-    fn reversibility(&self) -> Reversibility {
-        self.reversibility
-    }
-    fn args_schema(&self) -> Value {
-        json!({"type": "object"})
-    }
+
     fn check(&self, args: &Value) -> Result<(), ToolError> {
         item_of(args).map(|_| ())
     }
-    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        Ok(Undo {
-            data: json!({ "item": item_of(args)? }),
-            blob: None,
-        })
-    }
+
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         let item = item_of(args)?;
         self.world
@@ -326,6 +275,30 @@ impl TransactionalTool for Settled {
         }
         Ok(ToolOutput::new(json!({ "item": item })))
     }
+}
+
+impl Compensate for Settled {
+    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+        Ok(Undo {
+            data: json!({ "item": item_of(args)? }),
+            blob: None,
+        })
+    }
+
+    async fn compensate(
+        &self,
+        _ctx: &ToolContext,
+        _args: &Value,
+        undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> Result<(), ToolError> {
+        let item = undo.data["item"].as_str().unwrap_or_default().to_owned();
+        self.world.remove(&item);
+        Ok(())
+    }
+}
+
+impl Probe for Settled {
     async fn probe(
         &self,
         _ctx: &ToolContext,
@@ -342,17 +315,6 @@ impl TransactionalTool for Settled {
         } else {
             Ok(ProbeOutcome::NotHappened)
         }
-    }
-    async fn compensate(
-        &self,
-        _ctx: &ToolContext,
-        _args: &Value,
-        undo: &Undo,
-        _output: Option<&ToolOutput>,
-    ) -> Result<(), ToolError> {
-        let item = undo.data["item"].as_str().unwrap_or_default().to_owned();
-        self.world.remove(&item);
-        Ok(())
     }
 }
 
@@ -772,12 +734,14 @@ impl Fixture {
             Dispatcher::new(self.limits.clone(), Arc::new(NoJitter)).expect("valid limits");
         if with_ledger {
             tools
-                .register(Arc::new(Ledger {
+                .register(ToolEntry::compensated(Ledger {
                     world: self.world.clone(),
                 }))
                 .expect("registers");
         }
-        tools.register(Arc::new(Boom)).expect("registers");
+        tools
+            .register(ToolEntry::compensated(Boom))
+            .expect("registers");
         for (id, settlement, reversibility) in [
             ("blind.add", Settlement::Compensate, Reversibility::Full),
             ("probed.add", Settlement::Probe, Reversibility::Full),
@@ -786,7 +750,7 @@ impl Fixture {
             ("send.once", Settlement::Operator, Reversibility::None),
         ] {
             tools
-                .register(Arc::new(Settled {
+                .register(ToolEntry::compensated_probed(Settled {
                     id,
                     settlement,
                     reversibility,
@@ -795,7 +759,7 @@ impl Fixture {
                 .expect("registers");
         }
         tools
-            .register(Arc::new(Probe {
+            .register(ToolEntry::compensated(ProbeTool {
                 world: self.world.clone(),
                 log: sqlite,
             }))

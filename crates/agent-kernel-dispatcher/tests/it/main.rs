@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agent_kernel_api::{
-    BoxFuture, Durability, DynTool, EffectClass, SagaId, Settlement, SourcedTool, ToolContext,
-    ToolError, ToolOutput, ToolSource, TransactionalTool, Undo,
+    BoxFuture, Compensate, Durability, Misdeclaration, Probe, ProbeOutcome, Reversibility, SagaId,
+    Settlement, SourcedTool, Tool, ToolContext, ToolEntry, ToolError, ToolOutput, ToolSource,
+    ToolSpec, Undo,
 };
 use agent_kernel_dispatcher::{DispatchError, Dispatcher, Limits, NoJitter, ToolLimits};
 use serde_json::{Value, json};
@@ -44,46 +45,33 @@ impl Work {
     }
 }
 
-impl TransactionalTool for Work {
-    fn id(&self) -> &str {
-        self.id
+impl Tool for Work {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::mutating(self.id)
+            .with_version("1.0.0")
+            .with_idempotent(self.idempotent)
+            .with_schema(json!({
+                "type": "object",
+                "properties": {
+                    "sleep_ms": {"type": "integer", "minimum": 0, "maximum": 60000},
+                    "fail_retriable_times": {"type": "integer", "minimum": 0},
+                    "panic": {"type": "boolean"},
+                    "hang": {"type": "boolean"},
+                    "target": {
+                        "type": "object",
+                        "properties": {"path": {"type": "string"}},
+                        "required": ["path"],
+                        "additionalProperties": false
+                    }
+                },
+                "additionalProperties": false
+            }))
     }
-    fn version(&self) -> &str {
-        "1.0.0"
-    }
-    fn effect(&self) -> EffectClass {
-        EffectClass::Mutating
-    }
-    fn idempotent(&self) -> bool {
-        self.idempotent
-    }
-    fn settlement(&self) -> Settlement {
-        Settlement::Compensate
-    }
-    fn args_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "sleep_ms": {"type": "integer", "minimum": 0, "maximum": 60000},
-                "fail_retriable_times": {"type": "integer", "minimum": 0},
-                "panic": {"type": "boolean"},
-                "hang": {"type": "boolean"},
-                "target": {
-                    "type": "object",
-                    "properties": {"path": {"type": "string"}},
-                    "required": ["path"],
-                    "additionalProperties": false
-                }
-            },
-            "additionalProperties": false
-        })
-    }
+
     fn check(&self, _args: &Value) -> Result<(), ToolError> {
         Ok(())
     }
-    async fn prepare(&self, _ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {
-        Ok(Undo::none())
-    }
+
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         let attempt = self.attempts.fetch_add(1, Ordering::SeqCst) + 1;
         let now_running = self.running.fetch_add(1, Ordering::SeqCst) + 1;
@@ -106,6 +94,13 @@ impl TransactionalTool for Work {
         }
         Ok(ToolOutput::new(json!({ "attempt": attempt })))
     }
+}
+
+impl Compensate for Work {
+    async fn prepare(&self, _ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {
+        Ok(Undo::none())
+    }
+
     async fn compensate(
         &self,
         _ctx: &ToolContext,
@@ -132,7 +127,9 @@ fn ctx(tool: &str) -> ToolContext {
 fn dispatcher(limits: Limits, tools: &[Arc<Work>]) -> Dispatcher {
     let mut dispatcher = Dispatcher::new(limits, Arc::new(NoJitter)).expect("valid limits");
     for tool in tools {
-        dispatcher.register(tool.clone()).expect("registers");
+        dispatcher
+            .register(ToolEntry::compensated(Arc::clone(tool)))
+            .expect("registers");
     }
     dispatcher
 }
@@ -181,7 +178,7 @@ fn schema_errors_name_the_path_and_the_rule() {
 fn duplicate_ids_and_bad_limits_are_refused() {
     let mut dispatcher = dispatcher(Limits::default(), &[Work::new("work", true)]);
     assert_eq!(
-        dispatcher.register(Work::new("work", true)),
+        dispatcher.register(ToolEntry::compensated(Work::new("work", true))),
         Err(DispatchError::DuplicateTool("work".into()))
     );
     let limits = Limits {
@@ -192,6 +189,81 @@ fn duplicate_ids_and_bad_limits_are_refused() {
         Dispatcher::new(limits, Arc::new(NoJitter)),
         Err(DispatchError::Limits(message)) if message.contains("timeout_ms")
     ));
+}
+
+/// A tool whose spec is whatever the test says, and that can do nothing but execute.
+struct Declared(ToolSpec);
+
+impl Tool for Declared {
+    fn spec(&self) -> ToolSpec {
+        self.0.clone()
+    }
+    async fn execute(&self, _ctx: &ToolContext, _args: &Value) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::new(json!({})))
+    }
+}
+
+impl Probe for Declared {
+    async fn probe(
+        &self,
+        _ctx: &ToolContext,
+        _args: &Value,
+        _undo: &Undo,
+    ) -> Result<ProbeOutcome, ToolError> {
+        Ok(ProbeOutcome::NotHappened)
+    }
+}
+
+/// A spec cannot claim what its tool cannot do: a mutating tool without compensation
+/// declares reversibility `none`, and only a tool with a probe declares settlement `probe`.
+#[test]
+fn a_spec_that_claims_what_its_tool_cannot_do_is_refused() {
+    let register = |entry: ToolEntry| {
+        Dispatcher::new(Limits::default(), Arc::new(NoJitter))
+            .expect("valid limits")
+            .register(entry)
+    };
+    let misdeclared = |tool: &str, misdeclaration| {
+        Err(DispatchError::Misdeclared {
+            tool: tool.to_owned(),
+            misdeclaration,
+        })
+    };
+    // Mutating, no compensation, and the default reversibility (`full`): refused.
+    let refused = register(ToolEntry::new(Declared(ToolSpec::mutating("pay"))));
+    assert_eq!(
+        refused,
+        misdeclared("pay", Misdeclaration::ReversibleWithoutCompensation)
+    );
+    assert!(
+        refused
+            .expect_err("refused")
+            .to_string()
+            .contains("must declare reversibility none")
+    );
+    // The same tool saying it cannot be undone: registered.
+    let irreversible = ToolSpec::mutating("pay").with_reversibility(Reversibility::None);
+    assert_eq!(
+        register(ToolEntry::new(Declared(irreversible.clone()))),
+        Ok(())
+    );
+    // Settlement `probe` without a probe: refused; with one: registered.
+    let probing = irreversible.with_settlement(Settlement::Probe);
+    assert_eq!(
+        register(ToolEntry::new(Declared(probing.clone()))),
+        misdeclared("pay", Misdeclaration::ProbeWithoutProbe)
+    );
+    assert_eq!(register(ToolEntry::probed(Declared(probing))), Ok(()));
+    // A read-only tool needs neither.
+    assert_eq!(
+        register(ToolEntry::new(Declared(ToolSpec::read_only("look")))),
+        Ok(())
+    );
+    // An empty id is no id.
+    assert_eq!(
+        register(ToolEntry::new(Declared(ToolSpec::read_only("")))),
+        misdeclared("", Misdeclaration::EmptyId)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -395,7 +467,7 @@ impl ToolSource for Family {
             Ok(self
                 .tools
                 .iter()
-                .map(|tool| (Arc::clone(tool) as Arc<dyn DynTool>, Some(1_234)))
+                .map(|tool| (ToolEntry::compensated(Arc::clone(tool)), Some(1_234)))
                 .collect())
         })
     }

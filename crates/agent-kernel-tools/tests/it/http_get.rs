@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agent_kernel_api::{DynTool, Settlement, ToolError, ToolOutput, Undo};
+use agent_kernel_api::{DynTool, Settlement, ToolEntry, ToolError, ToolOutput, Undo};
 use agent_kernel_sandbox::{HttpSandbox, Policy};
 use agent_kernel_tools::{HTTP_GET_REDIRECTS_MAX, HttpGet};
 use axum::Router;
@@ -200,10 +200,15 @@ fn tool_with_limit(
         .iter()
         .map(|(name, ip)| ((*name).to_owned(), vec![ip.parse().expect("an address")]))
         .collect();
-    Arc::new(HttpGet::with_resolver_overrides(
+    ToolEntry::new(HttpGet::with_resolver_overrides(
         http_sandbox(allow_domains, max_response_bytes),
         overrides,
     ))
+    .into_dyn()
+}
+
+fn dyn_tool(tool: HttpGet) -> Arc<dyn DynTool> {
+    ToolEntry::new(tool).into_dyn()
 }
 
 async fn get(tool: &Arc<dyn DynTool>, url: &str) -> Result<ToolOutput, ToolError> {
@@ -715,7 +720,7 @@ async fn https_verifies_the_server_certificate_and_its_name() {
     let url = format!("https://localhost:{port}/secure");
 
     // Trusted, and for the right name: fetched.
-    let trusted: Arc<dyn DynTool> = Arc::new(
+    let trusted = dyn_tool(
         localhost_tool()
             .trusting_only(pem.as_bytes())
             .expect("a PEM"),
@@ -727,7 +732,7 @@ async fn https_verifies_the_server_certificate_and_its_name() {
 
     // The platform's trust store does not know a self-signed certificate: refused, and the
     // failure is the certificate's, not a denial.
-    let platform: Arc<dyn DynTool> = Arc::new(localhost_tool());
+    let platform = dyn_tool(localhost_tool());
     let error = get(&platform, &url).await.expect_err("untrusted");
     assert!(!error.is_denied(), "{error}");
     assert!(!error.is_uncertain(), "{error}");
@@ -738,7 +743,7 @@ async fn https_verifies_the_server_certificate_and_its_name() {
 
     // Trusted, but issued for another name: refused.
     let (other_port, other_pem) = tls_server(&["other.test"]).await;
-    let wrong_name: Arc<dyn DynTool> = Arc::new(
+    let wrong_name = dyn_tool(
         localhost_tool()
             .trusting_only(other_pem.as_bytes())
             .expect("a PEM"),

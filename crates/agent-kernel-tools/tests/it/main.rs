@@ -15,7 +15,9 @@ use std::fs;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agent_kernel_api::{Durability, DynTool, SagaId, ToolContext, ToolError, ToolOutput, Undo};
+use agent_kernel_api::{
+    Durability, DynTool, SagaId, ToolContext, ToolEntry, ToolError, ToolOutput, Undo,
+};
 use agent_kernel_sandbox::{FsSandbox, HttpSandbox, Policy};
 use agent_kernel_tools::builtin_tools;
 use serde_json::Value;
@@ -43,7 +45,10 @@ impl Fixture {
         )
         .expect("policy");
         let sandbox = Arc::new(FsSandbox::new(&policy).expect("sandbox"));
-        let tools = builtin_tools(sandbox, Arc::new(HttpSandbox::deny_all()), base.clone());
+        let tools = builtin_tools(sandbox, Arc::new(HttpSandbox::deny_all()), base.clone())
+            .into_iter()
+            .map(ToolEntry::into_dyn)
+            .collect();
         Fixture {
             _dir: dir,
             base,
@@ -67,6 +72,7 @@ impl Fixture {
             self.base.clone(),
         )
         .into_iter()
+        .map(ToolEntry::into_dyn)
         .find(|tool| tool.id() == id)
         .unwrap_or_else(|| panic!("no tool {id}"))
     }

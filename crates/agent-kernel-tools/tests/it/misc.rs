@@ -56,7 +56,7 @@ fn schemas_are_closed_objects_naming_their_required_fields() {
         ("fault.panic", json!([])),
     ];
     for (id, fields) in required {
-        let schema = fixture.tool(id).args_schema();
+        let schema = fixture.tool(id).args_schema().clone();
         assert_eq!(
             schema["$schema"], "https://json-schema.org/draft/2020-12/schema",
             "{id}"

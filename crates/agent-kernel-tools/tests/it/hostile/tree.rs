@@ -227,7 +227,10 @@ impl Tree {
         plant_inside(&base);
         let policy = Policy::from_toml_str(POLICY, &base).expect("policy");
         let sandbox = Arc::new(FsSandbox::new(&policy).expect("sandbox"));
-        let tools = builtin_tools(sandbox, Arc::new(HttpSandbox::deny_all()), base.clone());
+        let tools = builtin_tools(sandbox, Arc::new(HttpSandbox::deny_all()), base.clone())
+            .into_iter()
+            .map(agent_kernel_api::ToolEntry::into_dyn)
+            .collect();
         let outside = without_links(&snapshot(&base, Some(&root)));
         let inside = snapshot(&root, None);
         Tree {
