@@ -107,8 +107,9 @@ impl ToolSpec {
     }
 
     /// How a step whose outcome is unknown is settled. [`Settlement::Probe`] is accepted
-    /// only from a tool registered with a probe ([`ToolEntry::probing`](crate::ToolEntry::probing)
-    /// or [`ToolEntry::irreversible_probing`](crate::ToolEntry::irreversible_probing)).
+    /// only from a tool registered with a probe
+    /// ([`ToolEntry::compensated_probed`](crate::ToolEntry::compensated_probed) or
+    /// [`ToolEntry::probed`](crate::ToolEntry::probed)).
     #[must_use]
     pub fn with_settlement(mut self, settlement: Settlement) -> ToolSpec {
         self.settlement = settlement;

@@ -410,8 +410,12 @@ pub type SourcedTool = (crate::ToolEntry, Option<u64>);
 pub trait ToolSource: Send + Sync + 'static {
     /// The family's name: its tools' ids are this name, a dot, and the tool's own name.
     fn name(&self) -> &str;
-    /// Starts the source and answers its tools, or why none of them can be used.
-    fn load(&self) -> BoxFuture<'_, Result<Vec<SourcedTool>, String>>;
+    /// Starts the source and answers its tools.
+    ///
+    /// # Errors
+    ///
+    /// Why none of them can be used ([`ToolError::failed`], the message naming the source).
+    fn load(&self) -> BoxFuture<'_, Result<Vec<SourcedTool>, ToolError>>;
 }
 
 #[cfg(test)]

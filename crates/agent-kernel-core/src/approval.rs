@@ -81,29 +81,32 @@ impl ApprovalPolicy {
     ///
     /// # Errors
     ///
-    /// A message naming the glob that is not valid, or the bound broken.
-    pub fn new(require: Vec<String>, timeout_ms: u64) -> Result<Self, String> {
+    /// [`KernelError::Setup`] naming the glob that is not valid, or the bound broken.
+    pub fn new(require: Vec<String>, timeout_ms: u64) -> Result<Self, KernelError> {
+        let setup = KernelError::Setup;
         if require.len() > MAX_APPROVAL_RULES {
-            return Err(format!(
+            return Err(setup(format!(
                 "[approval] require lists {} globs, more than the maximum of {MAX_APPROVAL_RULES}",
                 require.len()
-            ));
+            )));
         }
         if !(1..=MAX_APPROVAL_TIMEOUT_MS).contains(&timeout_ms) {
-            return Err(format!(
+            return Err(setup(format!(
                 "[approval] timeout_ms is {timeout_ms}; it must be 1 to {MAX_APPROVAL_TIMEOUT_MS} (30 days)"
-            ));
+            )));
         }
         let require = require
             .into_iter()
             .map(|glob| {
                 if glob.is_empty() {
-                    return Err("[approval] require holds an empty glob".to_owned());
+                    return Err(setup("[approval] require holds an empty glob".to_owned()));
                 }
                 Pattern::new(&glob)
                     .map(|pattern| (glob.clone(), pattern))
                     .map_err(|err| {
-                        format!("[approval] require entry `{glob}` is not a valid glob: {err}")
+                        setup(format!(
+                            "[approval] require entry `{glob}` is not a valid glob: {err}"
+                        ))
                     })
             })
             .collect::<Result<_, _>>()?;
@@ -120,16 +123,21 @@ impl ApprovalPolicy {
     ///
     /// # Errors
     ///
-    /// A message naming the unknown key, the value of the wrong type, the invalid glob or
-    /// the bound broken.
-    pub fn from_table(table: toml::Table, base_dir: &Path) -> Result<Self, String> {
-        let raw: RawApproval = toml::Value::Table(table)
-            .try_into()
-            .map_err(|err: toml::de::Error| format!("[approval]: {}", err.message().trim()))?;
+    /// [`KernelError::Setup`] naming the unknown key, the value of the wrong type, the
+    /// invalid glob or the bound broken.
+    pub fn from_table(table: toml::Table, base_dir: &Path) -> Result<Self, KernelError> {
+        let raw: RawApproval =
+            toml::Value::Table(table)
+                .try_into()
+                .map_err(|err: toml::de::Error| {
+                    KernelError::Setup(format!("[approval]: {}", err.message().trim()))
+                })?;
         let policy = ApprovalPolicy::new(raw.require, raw.timeout_ms)?;
         Ok(match raw.operator_key_file {
             Some(path) if path.as_os_str().is_empty() => {
-                return Err("[approval] operator_key_file is empty".to_owned());
+                return Err(KernelError::Setup(
+                    "[approval] operator_key_file is empty".to_owned(),
+                ));
             }
             Some(path) => policy.with_operator_key_file(base_dir.join(path)),
             None => policy,

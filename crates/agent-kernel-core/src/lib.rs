@@ -89,6 +89,7 @@ mod compensation;
 mod dead_letter;
 mod env;
 mod error;
+mod in_flight;
 mod kernel;
 mod live;
 mod owner;

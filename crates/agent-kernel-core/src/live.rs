@@ -38,7 +38,7 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::kernel::Kernel;
 use crate::plan::start_facts;
 use crate::report::{NoObserver, SagaReport, StepReport};
-use crate::step::{Lookahead, SagaInFlight, StepMode, Stopped, step_denied};
+use crate::step::{Lookahead, SagaInFlight, StepEnd, StepMode, step_denied};
 use crate::{KernelError, Problem, ProblemKind};
 
 /// How a live saga is begun.
@@ -754,7 +754,7 @@ impl Kernel {
             )
             .await?
         {
-            Ok(()) => {
+            StepEnd::Taken => {
                 // The outcome is durable before the agent sees it.
                 let batch = saga.take_batch();
                 self.write_saga_batch(&saga, batch).await?;
@@ -768,11 +768,11 @@ impl Kernel {
                     CallAnswer::Committed(report),
                 ))
             }
-            Err(Stopped::Failed(failure)) => {
+            StepEnd::Failed(failure) => {
                 let report = self.fail_saga(saga, Some(failure), &NoObserver).await?;
                 Ok(LiveStep::Closed(CallAnswer::rolled_back(report)))
             }
-            Err(Stopped::AwaitingApproval(request)) => Ok(LiveStep::Open(
+            StepEnd::AwaitingApproval(request) => Ok(LiveStep::Open(
                 Box::new(saga),
                 CallAnswer::AwaitingApproval(request),
             )),

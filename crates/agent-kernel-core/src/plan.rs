@@ -8,7 +8,7 @@ use tracing::{Instrument, debug, field, info, info_span, warn};
 
 use crate::kernel::Kernel;
 use crate::report::{NoObserver, Observer, SagaEvent, SagaReport};
-use crate::step::{Lookahead, SagaInFlight, StepMode, Stopped};
+use crate::step::{Lookahead, SagaInFlight, StepEnd, StepMode};
 use crate::{Cancellation, KernelError, Problem, ProblemKind};
 
 /// What the checks before a saga found: where it starts, its length, and whether the log
@@ -146,12 +146,12 @@ impl Kernel {
                 .take_step(&mut saga, step, lookahead, mode, Some(rest), observer)
                 .await?
             {
-                Ok(()) => {}
-                Err(Stopped::Failed(step_failure)) => {
+                StepEnd::Taken => {}
+                StepEnd::Failed(step_failure) => {
                     failure = Some(step_failure);
                     break;
                 }
-                Err(Stopped::AwaitingApproval(request)) => {
+                StepEnd::AwaitingApproval(request) => {
                     // Left waiting in the log, with the plan's remaining steps, for
                     // `resume` (here, once decided, or in another process).
                     return Ok(SagaReport {

@@ -5,15 +5,16 @@
 
 use agent_kernel_api::{
     ApprovalDecision, ApprovalRecord, ApprovalRequest, BeginStep, ConsumeApproval, DecideApproval,
-    DynTool, EffectClass, KeyBinding, LogWrite, NewSaga, PlanStep, SagaId, SagaRecord, SagaState,
-    StepDenial, StepStatus, ToolError, ToolOutput, TxError, Undo, WriteOutcome,
+    DynTool, EffectClass, KeyBinding, LogWrite, PlanStep, SagaId, SagaState, StepDenial,
+    StepStatus, ToolContext, ToolError, ToolOutput, TxError, Undo, WriteOutcome,
 };
 use agent_kernel_fsm::{Denial, Event, Facts, Guardrail, Rule};
 use tracing::{Instrument, debug, field, info, info_span, warn};
 
 use crate::approval::approval_digest;
+pub(crate) use crate::in_flight::{PendingSuccess, SagaInFlight};
 use crate::kernel::{Kernel, args_hash};
-use crate::report::{Failure, Observer, SagaEvent, SagaReport, StepReport};
+use crate::report::{Failure, Observer, SagaEvent, SagaReport};
 use crate::{KernelError, VALIDATE_HINT};
 
 /// Step `step_seq` as the log records it before it begins (no undo data yet).
@@ -101,9 +102,12 @@ pub(crate) enum StepMode {
     Simulate,
 }
 
-/// Why the step path stopped short of a committed step.
+/// How the step path ended for one step.
 #[derive(Debug)]
-pub(crate) enum Stopped {
+pub(crate) enum StepEnd {
+    /// The step committed, or reused a committed output: its success waits for
+    /// [`Kernel::settle`].
+    Taken,
     /// The step failed or was refused: the driver rolls the saga back.
     Failed(Failure),
     /// The step waits for an operator's approval: nothing of it ran, the request and the
@@ -111,181 +115,54 @@ pub(crate) enum Stopped {
     AwaitingApproval(ApprovalRequest),
 }
 
-/// A step that succeeded and whose success the FSM has not yet been told of: what follows
-/// it decides the facts (a live saga learns that only at its next call or its commit).
-#[derive(Debug, Clone)]
-pub(crate) struct PendingSuccess {
+/// Why the phases of a step stopped before its outcome: the step ended, or the log failed.
+enum Halt {
+    End(Box<StepEnd>),
+    Log(KernelError),
+}
+
+impl From<KernelError> for Halt {
+    fn from(error: KernelError) -> Halt {
+        Halt::Log(error)
+    }
+}
+
+impl From<TxError> for Halt {
+    fn from(error: TxError) -> Halt {
+        Halt::Log(error.into())
+    }
+}
+
+/// The step being taken: what every phase needs of it.
+struct Taking<'a> {
+    step: &'a PlanStep,
     step_seq: u32,
-    tool: String,
-    hint: Option<String>,
+    tool: std::sync::Arc<dyn DynTool>,
+    ctx: ToolContext,
+    /// Its BEGIN record, without undo data.
+    begin: BeginStep,
 }
 
-/// A saga while a driver runs it: where it stands, what is queued for the log, what its
-/// report will say.
-#[derive(Debug)]
-pub(crate) struct SagaInFlight {
-    pub(crate) saga_id: SagaId,
-    pub(crate) name: Option<String>,
-    pub(crate) actor: Option<String>,
-    /// Where the saga stands in memory.
-    pub(crate) state: SagaState,
-    /// Where the log says it stands, once the pending records are written.
-    persisted: SagaState,
-    pending: Vec<LogWrite>,
-    /// The steps that committed (or were reused), in order, with their outputs.
-    pub(crate) committed: Vec<StepReport>,
-    /// The position of the next step.
-    pub(crate) next_seq: u32,
-    /// The last step's success, not yet settled with the FSM.
-    pending_success: Option<PendingSuccess>,
-    /// The idempotency keys of the steps taken so far, with their positions.
-    keys: Vec<(String, u32)>,
-    /// The approved request for the next step, when the saga resumes after a decision.
-    approved: Option<ApprovalRecord>,
-    /// The request the saga waits on, while it is `AwaitingApproval`.
-    pub(crate) waiting_on: Option<ApprovalRequest>,
-}
-
-impl SagaInFlight {
-    /// A saga about to be created by `saga`, whose record rides with its first write.
-    pub(crate) fn start(saga: NewSaga, n_steps_hint: usize) -> SagaInFlight {
-        SagaInFlight {
-            saga_id: saga.saga_id.clone(),
-            name: saga.name.clone(),
-            actor: saga.actor.clone(),
-            state: saga.state,
-            persisted: saga.state,
-            pending: vec![LogWrite::CreateSaga(saga)],
-            committed: Vec::with_capacity(n_steps_hint),
-            next_seq: 0,
-            pending_success: None,
-            keys: Vec::new(),
-            approved: None,
-            waiting_on: None,
-        }
+impl Taking<'_> {
+    /// The step's end for `error`.
+    fn ended(&self, error: ToolError) -> StepEnd {
+        StepEnd::Failed(Failure {
+            step_seq: self.step_seq,
+            tool: self.step.tool.clone(),
+            error,
+        })
     }
 
-    /// A saga read back from the log while it waits in `AwaitingApproval`, resuming in
-    /// `state` (where `ApprovalGranted` leads) with `approval` granted for its next step.
-    pub(crate) fn resumed(
-        record: &SagaRecord,
-        state: SagaState,
-        approval: ApprovalRecord,
-    ) -> SagaInFlight {
-        let committed = record
-            .steps
-            .iter()
-            .filter(|step| step.status == StepStatus::Commit)
-            .map(|step| StepReport {
-                seq: step.step_seq,
-                tool: step.tool_id.clone(),
-                status: step.status,
-                output: step.output.clone(),
-                error: None,
-                compensation: None,
-                reused: step.reused_from.is_some(),
-            })
-            .collect();
-        SagaInFlight {
-            saga_id: record.saga.saga_id.clone(),
-            name: record.saga.name.clone(),
-            actor: record.saga.actor.clone(),
-            state,
-            persisted: record.saga.state,
-            pending: Vec::new(),
-            committed,
-            next_seq: approval.request.step_seq,
-            pending_success: None,
-            keys: record
-                .steps
-                .iter()
-                .filter_map(|step| Some((step.idempotency_key.clone()?, step.step_seq)))
-                .collect(),
-            approved: None,
-            waiting_on: None,
-        }
-        .granted(state, approval)
+    /// The step failed with `error`.
+    fn failed(&self, error: ToolError) -> Halt {
+        Halt::End(Box::new(self.ended(error)))
     }
 
-    /// Grants `approval` for the next step: the saga moves to `state` (written with the
-    /// step's BEGIN) and the step path consumes the request there.
-    pub(crate) fn granted(mut self, state: SagaState, approval: ApprovalRecord) -> SagaInFlight {
-        self.state = state;
-        self.waiting_on = None;
-        self.approved = Some(approval);
-        self
-    }
-
-    /// Queues the voiding of the request the saga waits on (it rolls back instead), to be
-    /// written with its move to `Compensating`.
-    pub(crate) fn cancel_waiting(
-        &mut self,
-        by: &agent_kernel_api::Owner,
-        uid: Option<u32>,
-        now_ms: i64,
-        why: &str,
-    ) {
-        if let Some(request) = self.waiting_on.take() {
-            // Past its expiry it is recorded as expired, else as void.
-            let (decision, user) = if now_ms >= request.expires_at_ms {
-                (
-                    ApprovalDecision::Expire,
-                    "agent-kernel (expired undecided)".to_owned(),
-                )
-            } else {
-                (ApprovalDecision::Cancel, format!("agent-kernel ({why})"))
-            };
-            self.pending.push(LogWrite::DecideApproval(DecideApproval {
-                approval_id: request.approval_id,
-                decision,
-                by: by.clone(),
-                uid,
-                user: Some(user),
-                note: None,
-            }));
-        }
-    }
-
-    /// The position of the step that used idempotency key `key`, if one did.
-    pub(crate) fn step_with_key(&self, key: &str) -> Option<u32> {
-        self.keys
-            .iter()
-            .find(|(used, _)| used == key)
-            .map(|(_, step_seq)| *step_seq)
-    }
-
-    /// Records `step` as refused before it began (a denial, a cancellation, a failing
-    /// `prepare`, a held key): its idempotency key is left alone. Returns `error`.
-    pub(crate) fn refuse(&mut self, step: BeginStep, error: ToolError) -> ToolError {
-        self.pending.push(LogWrite::RefuseStep {
-            step,
-            error: error.clone(),
-        });
-        error
-    }
-
-    /// The pending records plus the state change they caused, if any, for one write.
-    pub(crate) fn take_batch(&mut self) -> Vec<LogWrite> {
-        if self.state != self.persisted {
-            self.pending.push(LogWrite::SetState {
-                saga_id: self.saga_id.clone(),
-                state: self.state,
-            });
-            self.persisted = self.state;
-        }
-        std::mem::take(&mut self.pending)
-    }
-
-    fn committed(&mut self, seq: u32, tool: &str, output: &ToolOutput, reused: bool) {
-        self.committed.push(StepReport {
-            seq,
-            tool: tool.to_owned(),
-            status: StepStatus::Commit,
-            output: Some(output.clone()),
-            error: None,
-            compensation: None,
-            reused,
-        });
+    /// The step is recorded as refused before it began with `error`, its idempotency key
+    /// left alone.
+    fn refused(&self, saga: &mut SagaInFlight, error: ToolError) -> Halt {
+        let error = saga.refuse(self.begin.clone(), error);
+        self.failed(error)
     }
 }
 
@@ -342,16 +219,19 @@ impl Kernel {
         }
     }
 
-    /// Takes `step` as the saga's next step: the FSM admits it (with what the driver knows
-    /// of what follows, `lookahead`), its idempotency key is looked up (a committed output
-    /// is reused), and then, under [`StepMode::Run`], `prepare` captures the undo data, the
-    /// BEGIN is written durably (with whatever the saga had queued), `execute` runs and its
-    /// outcome is queued; under [`StepMode::Simulate`], `simulate` stands in for the effect
-    /// and nothing is written.
+    /// Takes `step` as the saga's next step, phase by phase: [`admit`](Self::admit) (the
+    /// FSM, with what the driver knows of what follows, `lookahead`), [`reuse`](Self::reuse)
+    /// (a committed output under the step's idempotency key), then under
+    /// [`StepMode::Simulate`] [`simulate`](Self::simulate_step) and nothing written, and
+    /// under [`StepMode::Run`] [`approve`](Self::approve), [`prepare`](Self::prepare_step)
+    /// (the undo data), [`begin`](Self::begin_step) (the BEGIN written durably, with whatever
+    /// the saga had queued) and [`execute`](Self::execute_step) (its outcome queued); and
+    /// last [`finish`](Self::finish_step), which reports the step.
     ///
-    /// On success the step's report is added and its success waits for
-    /// [`settle`](Self::settle), which the driver calls once it knows what follows. `Ok(Err)`
-    /// is a step that failed or was refused: the driver rolls the saga back.
+    /// On [`StepEnd::Taken`] the step's report is added and its success waits for
+    /// [`settle`](Self::settle), which the driver calls once it knows what follows. On
+    /// [`StepEnd::Failed`] the driver rolls the saga back; on [`StepEnd::AwaitingApproval`]
+    /// it stops.
     ///
     /// # Errors
     ///
@@ -364,16 +244,63 @@ impl Kernel {
         mode: StepMode,
         rest: Option<&[PlanStep]>,
         observer: &dyn Observer,
-    ) -> Result<Result<(), Stopped>, KernelError> {
+    ) -> Result<StepEnd, KernelError> {
         assert!(
             saga.pending_success.is_none(),
             "the previous step's success is settled before the next step"
         );
+        let taking = self.open_step(saga, step);
+        let outcome = match self.step_phases(saga, &taking, lookahead, mode, rest).await {
+            Ok(outcome) => outcome,
+            Err(Halt::End(end)) => {
+                if matches!(*end, StepEnd::Taken) {
+                    observer.on_event(&SagaEvent::StepFinished {
+                        step_seq: taking.step_seq,
+                        tool: &step.tool,
+                        status: StepStatus::Commit,
+                    });
+                }
+                return Ok(*end);
+            }
+            Err(Halt::Log(error)) => return Err(error),
+        };
+        Ok(Self::finish_step(saga, &taking, outcome, observer))
+    }
+
+    /// The phases after the step is opened; `Ok` is the outcome of its effect (or of its
+    /// simulation), `Err` a step that ended before it, or the log's failure.
+    async fn step_phases(
+        &self,
+        saga: &mut SagaInFlight,
+        taking: &Taking<'_>,
+        lookahead: Lookahead,
+        mode: StepMode,
+        rest: Option<&[PlanStep]>,
+    ) -> Result<Result<ToolOutput, ToolError>, Halt> {
+        self.admit(saga, taking, lookahead)?;
+        let approved = saga.approved.take();
+        let binding = self.reuse(saga, taking).await?;
+        if mode == StepMode::Simulate {
+            return self.simulate_step(saga, taking, binding.as_ref()).await;
+        }
+        let consume = self.approve(saga, taking, approved, rest).await?;
+        let span = info_span!("step", step = taking.step_seq, tool = %taking.step.tool, outcome = field::Empty);
+        let undo = self.prepare_step(saga, taking, &span).await?;
+        self.begin_step(saga, taking, undo, consume).await?;
+        // On a log shared by many machines the effect starts only while this process's
+        // lease is certainly live: cut off past it, another process may have taken the
+        // saga over (and compensated a change not yet made).
+        self.log.effect_allowed()?;
+        Ok(self.execute_step(saga, taking, &span).await)
+    }
+
+    /// The step as the saga's next: its position, its key noted, its tool, context and
+    /// BEGIN record.
+    fn open_step<'a>(&self, saga: &mut SagaInFlight, step: &'a PlanStep) -> Taking<'a> {
         let tool = self
             .tools
             .get(&step.tool)
-            .expect("every step's tool was checked to be registered")
-            .clone();
+            .expect("every step's tool was checked to be registered");
         let step_seq = saga.next_seq;
         saga.next_seq += 1;
         if let Some(key) = &step.idempotency_key {
@@ -387,266 +314,317 @@ impl Kernel {
             saga.actor.as_deref(),
         );
         let begin = step_record(&saga.saga_id, step_seq, step, tool.as_ref());
-        let fail = |error: ToolError| {
-            Stopped::Failed(Failure {
-                step_seq,
-                tool: step.tool.clone(),
-                error,
-            })
-        };
-
-        // The FSM rules on the step before anything about it is written.
-        if let Err(denial) = self.admit_step(saga.state, tool.effect(), lookahead) {
-            let error = step_denied(denial, &step.tool);
-            warn!(saga_id = %saga.saga_id, step_seq, tool = %step.tool, %error, "step denied");
-            // Never begun: recorded as refused, its idempotency key left alone.
-            return Ok(Err(fail(saga.refuse(begin, error))));
-        }
-        let approved = saga.approved.take();
-
-        let binding = match &step.idempotency_key {
-            Some(key) => self
-                .log
-                .key_binding(key)
-                .await?
-                .filter(|binding| binding.args_hash == begin.args_hash),
-            None => None,
-        };
-        if let Some(binding) = &binding
-            && is_reusable(binding)
-            && let Some(output) = &binding.output
-        {
-            debug!(saga_id = %saga.saga_id, step_seq, key = %binding.key, from = %binding.saga_id, "reusing committed output");
-            saga.committed(step_seq, &step.tool, output, true);
-            saga.pending_success = Some(PendingSuccess {
-                step_seq,
-                tool: step.tool.clone(),
-                hint: output.next_hint.clone(),
-            });
-            saga.pending.push(LogWrite::ReuseStep {
-                step: begin,
-                from_saga_id: binding.saga_id.clone(),
-                from_step_seq: binding.step_seq,
-                output: output.clone(),
-            });
-            observer.on_event(&SagaEvent::StepFinished {
-                step_seq,
-                tool: &step.tool,
-                status: StepStatus::Commit,
-            });
-            return Ok(Ok(()));
-        }
-
-        let result = match mode {
-            StepMode::Simulate => {
-                if let Some(binding) = &binding
-                    && !binding.is_released()
-                {
-                    // A run would find the key held and stop here, as the log's claim would.
-                    let error = ToolError::failed(format!(
-                        "idempotency key `{}` is held by saga {} step {} (status {}, saga {})",
-                        binding.key,
-                        binding.saga_id,
-                        binding.step_seq,
-                        binding.status,
-                        binding.saga_state
-                    ));
-                    return Ok(Err(fail(saga.refuse(begin, error))));
-                }
-                let simulated = tool.simulate(&ctx, &step.args).await;
-                saga.pending.push(LogWrite::SimulateStep {
-                    step: begin,
-                    result: simulated.clone(),
-                });
-                simulated
-            }
-            StepMode::Run => {
-                let mut consume = None;
-                if let Some(reason) = self.approval_reason(&step.tool, tool.as_ref()) {
-                    let digest = approval_digest(&saga.saga_id, step_seq, &step.tool, &step.args);
-                    match approved.filter(|approval| approval.request.step_seq == step_seq) {
-                        Some(approval) => {
-                            let request = &approval.request;
-                            if request.digest != digest
-                                || request.tool_id != step.tool
-                                || request.args != step.args
-                            {
-                                let differs = if request.tool_id != step.tool {
-                                    "its tool differs"
-                                } else if request.args != step.args {
-                                    "its arguments differ"
-                                } else {
-                                    "its digest differs"
-                                };
-                                let error = ToolError::denied(format!(
-                                    "approval {} was given for another step than this one: {differs} (the request's digest {}, this step's {digest})",
-                                    request.approval_id, request.digest
-                                ));
-                                return Ok(Err(fail(saga.refuse(begin, error))));
-                            }
-                            consume = Some(ConsumeApproval {
-                                approval_id: request.approval_id.clone(),
-                                saga_id: saga.saga_id.clone(),
-                                step_seq,
-                                tool_id: step.tool.clone(),
-                                args: step.args.clone(),
-                                digest,
-                            });
-                        }
-                        None => {
-                            return self
-                                .await_approval(saga, step_seq, step, &begin, rest, &reason)
-                                .await;
-                        }
-                    }
-                }
-                let step_span =
-                    info_span!("step", step = step_seq, tool = %step.tool, outcome = field::Empty);
-                let prepared = self
-                    .tools
-                    .prepare(&ctx, &step.args)
-                    .instrument(step_span.clone())
-                    .await;
-                let undo = match prepared {
-                    Ok(undo) => undo,
-                    Err(error) => {
-                        step_span.record("outcome", "fail");
-                        // `prepare` has no side effects, so whatever went wrong, nothing
-                        // happened. Never begun: recorded as refused, its key left alone.
-                        return Ok(Err(fail(saga.refuse(begin, error.not_applied()))));
-                    }
-                };
-                let refused_as = consume.as_ref().map(|_| begin.clone());
-                if let Some(consume) = consume {
-                    // Used once, in the same transaction as the step's BEGIN.
-                    saga.pending.push(LogWrite::ConsumeApproval(consume));
-                }
-                saga.pending
-                    .push(LogWrite::BeginStep(BeginStep { undo, ..begin }));
-                // The intent (and what the saga had queued) is durable before the effect.
-                let batch = saga.take_batch();
-                let begin_idx = batch
-                    .iter()
-                    .position(|write| matches!(write, LogWrite::BeginStep(_)))
-                    .expect("the batch holds this step's BEGIN");
-                let outcomes = match self.write_saga_batch(saga, batch).await {
-                    Err(KernelError::Log(TxError::ApprovalUnusable {
-                        approval_id,
-                        reason,
-                    })) => {
-                        // Nothing of the batch was written and the step never began: an
-                        // approval the log does not vouch for is a denial, and void.
-                        warn!(saga_id = %saga.saga_id, step_seq, %approval_id, %reason, "approval unusable");
-                        saga.pending.push(LogWrite::DecideApproval(DecideApproval {
-                            approval_id: approval_id.clone(),
-                            decision: ApprovalDecision::Cancel,
-                            by: self.env.owner.clone(),
-                            uid: self.operator_uid(),
-                            user: Some("agent-kernel (the approval could not be used)".to_owned()),
-                            note: Some(reason.clone()),
-                        }));
-                        let error = ToolError::denied(format!(
-                            "approval {approval_id} cannot be used for this step: {reason}"
-                        ));
-                        let begin = refused_as.expect("only a consumed approval is refused");
-                        return Ok(Err(fail(saga.refuse(begin, error))));
-                    }
-                    other => other?,
-                };
-                if let Some(WriteOutcome::KeyRejected(reason)) = outcomes.get(begin_idx) {
-                    return Ok(Err(fail(ToolError::failed(reason.clone()))));
-                }
-                // On a log shared by many machines the effect starts only while this
-                // process's lease is certainly live: cut off past it, another process may
-                // have taken the saga over (and compensated a change not yet made).
-                self.log.effect_allowed()?;
-                // And each retry only while it still is.
-                let lease_live = || self.log.effect_allowed().is_ok();
-                let executed = self
-                    .tools
-                    .execute_while(&ctx, &step.args, &lease_live)
-                    .instrument(step_span.clone())
-                    .await;
-                step_span.record("outcome", if executed.is_ok() { "commit" } else { "fail" });
-                // An event after the record, so logs show the span with its outcome.
-                debug!(parent: &step_span, "step executed");
-                match &executed {
-                    Ok(output) => saga.pending.push(LogWrite::CommitStep {
-                        saga_id: saga.saga_id.clone(),
-                        step_seq,
-                        output: output.clone(),
-                    }),
-                    Err(error) => {
-                        info!(saga_id = %saga.saga_id, step_seq, tool = %step.tool, %error, "step failed");
-                        saga.pending.push(LogWrite::FailStep {
-                            saga_id: saga.saga_id.clone(),
-                            step_seq,
-                            error: error.clone(),
-                        });
-                    }
-                }
-                executed
-            }
-        };
-        match result {
-            Ok(output) => {
-                saga.committed(step_seq, &step.tool, &output, false);
-                saga.pending_success = Some(PendingSuccess {
-                    step_seq,
-                    tool: step.tool.clone(),
-                    hint: output.next_hint,
-                });
-                observer.on_event(&SagaEvent::StepFinished {
-                    step_seq,
-                    tool: &step.tool,
-                    status: StepStatus::Commit,
-                });
-                Ok(Ok(()))
-            }
-            Err(error) => {
-                observer.on_event(&SagaEvent::StepFinished {
-                    step_seq,
-                    tool: &step.tool,
-                    status: StepStatus::Fail,
-                });
-                Ok(Err(fail(error)))
-            }
+        Taking {
+            step,
+            step_seq,
+            tool,
+            ctx,
+            begin,
         }
     }
 
-    /// Parks step `step_seq` for an operator's approval: the FSM's `ApprovalRequested`, then
-    /// the request and the saga's move to `AwaitingApproval`, with whatever the saga had
+    /// Admission: the FSM rules on the step before anything about it is written; a denied
+    /// step is recorded as refused, its idempotency key left alone.
+    fn admit(
+        &self,
+        saga: &mut SagaInFlight,
+        taking: &Taking<'_>,
+        lookahead: Lookahead,
+    ) -> Result<(), Halt> {
+        let Err(denial) = self.admit_step(saga.state, taking.tool.effect(), lookahead) else {
+            return Ok(());
+        };
+        let error = step_denied(denial, &taking.step.tool);
+        warn!(saga_id = %saga.saga_id, step_seq = taking.step_seq, tool = %taking.step.tool, %error, "step denied");
+        Err(taking.refused(saga, error))
+    }
+
+    /// Reuse: a committed output under the step's idempotency key, in a `Done` saga, for the
+    /// same arguments, is the step's output, and nothing runs. Otherwise the key's binding
+    /// for these arguments, if any, for the next phases.
+    async fn reuse(
+        &self,
+        saga: &mut SagaInFlight,
+        taking: &Taking<'_>,
+    ) -> Result<Option<KeyBinding>, Halt> {
+        let Some(key) = &taking.step.idempotency_key else {
+            return Ok(None);
+        };
+        let binding = self
+            .log
+            .key_binding(key)
+            .await?
+            .filter(|binding| binding.args_hash == taking.begin.args_hash);
+        let Some(binding) = binding else {
+            return Ok(None);
+        };
+        let Some(output) = binding.output.as_ref().filter(|_| is_reusable(&binding)) else {
+            return Ok(Some(binding));
+        };
+        debug!(saga_id = %saga.saga_id, step_seq = taking.step_seq, key = %binding.key, from = %binding.saga_id, "reusing committed output");
+        saga.committed(taking.step_seq, &taking.step.tool, output, true);
+        saga.pending_success = Some(PendingSuccess {
+            step_seq: taking.step_seq,
+            tool: taking.step.tool.clone(),
+            hint: output.next_hint.clone(),
+        });
+        saga.pending.push(LogWrite::ReuseStep {
+            step: taking.begin.clone(),
+            from_saga_id: binding.saga_id.clone(),
+            from_step_seq: binding.step_seq,
+            output: output.clone(),
+        });
+        Err(Halt::End(Box::new(StepEnd::Taken)))
+    }
+
+    /// A dry run's step: `simulate` stands in for the effect, and its record waits for the
+    /// driver to write the whole saga. A key held by another saga stops it as a run would.
+    async fn simulate_step(
+        &self,
+        saga: &mut SagaInFlight,
+        taking: &Taking<'_>,
+        binding: Option<&KeyBinding>,
+    ) -> Result<Result<ToolOutput, ToolError>, Halt> {
+        if let Some(binding) = binding
+            && !binding.is_released()
+        {
+            let error = ToolError::failed(format!(
+                "idempotency key `{}` is held by saga {} step {} (status {}, saga {})",
+                binding.key, binding.saga_id, binding.step_seq, binding.status, binding.saga_state
+            ));
+            return Err(taking.refused(saga, error));
+        }
+        let simulated = taking.tool.simulate(&taking.ctx, &taking.step.args).await;
+        saga.pending.push(LogWrite::SimulateStep {
+            step: taking.begin.clone(),
+            result: simulated.clone(),
+        });
+        Ok(simulated)
+    }
+
+    /// Approval: a step that needs one runs only with the approval granted for exactly it
+    /// (its position, tool, arguments and digest), consumed with its BEGIN; without one,
+    /// the saga parks for an operator.
+    async fn approve(
+        &self,
+        saga: &mut SagaInFlight,
+        taking: &Taking<'_>,
+        approved: Option<ApprovalRecord>,
+        rest: Option<&[PlanStep]>,
+    ) -> Result<Option<ConsumeApproval>, Halt> {
+        let step = taking.step;
+        let Some(reason) = self.approval_reason(&step.tool, taking.tool.as_ref()) else {
+            return Ok(None);
+        };
+        let digest = approval_digest(&saga.saga_id, taking.step_seq, &step.tool, &step.args);
+        let Some(approval) =
+            approved.filter(|approval| approval.request.step_seq == taking.step_seq)
+        else {
+            return Err(self.await_approval(saga, taking, rest, &reason).await?);
+        };
+        let request = &approval.request;
+        let differs = if request.tool_id != step.tool {
+            Some("its tool differs")
+        } else if request.args != step.args {
+            Some("its arguments differ")
+        } else if request.digest != digest {
+            Some("its digest differs")
+        } else {
+            None
+        };
+        if let Some(differs) = differs {
+            let error = ToolError::denied(format!(
+                "approval {} was given for another step than this one: {differs} (the request's digest {}, this step's {digest})",
+                request.approval_id, request.digest
+            ));
+            return Err(taking.refused(saga, error));
+        }
+        Ok(Some(ConsumeApproval {
+            approval_id: request.approval_id.clone(),
+            saga_id: saga.saga_id.clone(),
+            step_seq: taking.step_seq,
+            tool_id: step.tool.clone(),
+            args: step.args.clone(),
+            digest,
+        }))
+    }
+
+    /// Preparation: `prepare` captures the undo data. It has no side effects, so whatever
+    /// went wrong, nothing happened: a failure is a step refused before it began.
+    async fn prepare_step(
+        &self,
+        saga: &mut SagaInFlight,
+        taking: &Taking<'_>,
+        span: &tracing::Span,
+    ) -> Result<Undo, Halt> {
+        let prepared = self
+            .tools
+            .prepare(&taking.ctx, &taking.step.args)
+            .instrument(span.clone())
+            .await;
+        prepared.map_err(|error| {
+            span.record("outcome", "fail");
+            taking.refused(saga, error.not_applied())
+        })
+    }
+
+    /// The BEGIN: the step's intent, its undo data, the approval it consumes and whatever
+    /// the saga had queued, durable in one write before the effect. An approval the log
+    /// does not vouch for, or an idempotency key it will not bind, ends the step unbegun.
+    async fn begin_step(
+        &self,
+        saga: &mut SagaInFlight,
+        taking: &Taking<'_>,
+        undo: Undo,
+        consume: Option<ConsumeApproval>,
+    ) -> Result<(), Halt> {
+        let consumes = consume.is_some();
+        if let Some(consume) = consume {
+            // Used once, in the same transaction as the step's BEGIN.
+            saga.pending.push(LogWrite::ConsumeApproval(consume));
+        }
+        saga.pending.push(LogWrite::BeginStep(BeginStep {
+            undo,
+            ..taking.begin.clone()
+        }));
+        let batch = saga.take_batch();
+        let begin_idx = batch
+            .iter()
+            .position(|write| matches!(write, LogWrite::BeginStep(_)))
+            .expect("the batch holds this step's BEGIN");
+        let outcomes = match self.write_saga_batch(saga, batch).await {
+            Err(KernelError::Log(TxError::ApprovalUnusable {
+                approval_id,
+                reason,
+            })) if consumes => {
+                return Err(self.approval_unusable(saga, taking, approval_id, reason));
+            }
+            other => other?,
+        };
+        if let Some(WriteOutcome::KeyRejected(reason)) = outcomes.get(begin_idx) {
+            return Err(taking.failed(ToolError::failed(reason.clone())));
+        }
+        Ok(())
+    }
+
+    /// Nothing of the BEGIN's batch was written and the step never began: an approval the
+    /// log does not vouch for is a denial, and void.
+    fn approval_unusable(
+        &self,
+        saga: &mut SagaInFlight,
+        taking: &Taking<'_>,
+        approval_id: String,
+        reason: String,
+    ) -> Halt {
+        warn!(saga_id = %saga.saga_id, step_seq = taking.step_seq, %approval_id, %reason, "approval unusable");
+        saga.pending.push(LogWrite::DecideApproval(DecideApproval {
+            approval_id: approval_id.clone(),
+            decision: ApprovalDecision::Cancel,
+            by: self.env.owner.clone(),
+            uid: self.operator_uid(),
+            user: Some("agent-kernel (the approval could not be used)".to_owned()),
+            note: Some(reason.clone()),
+        }));
+        let error = ToolError::denied(format!(
+            "approval {approval_id} cannot be used for this step: {reason}"
+        ));
+        taking.refused(saga, error)
+    }
+
+    /// Execution: the effect, each retry only while this process may still act on a shared
+    /// log; its outcome is queued for the next write.
+    async fn execute_step(
+        &self,
+        saga: &mut SagaInFlight,
+        taking: &Taking<'_>,
+        span: &tracing::Span,
+    ) -> Result<ToolOutput, ToolError> {
+        let lease_live = || self.log.effect_allowed().is_ok();
+        let executed = self
+            .tools
+            .execute_while(&taking.ctx, &taking.step.args, &lease_live)
+            .instrument(span.clone())
+            .await;
+        span.record("outcome", if executed.is_ok() { "commit" } else { "fail" });
+        // An event after the record, so logs show the span with its outcome.
+        debug!(parent: span, "step executed");
+        let (saga_id, step_seq) = (saga.saga_id.clone(), taking.step_seq);
+        saga.pending.push(match &executed {
+            Ok(output) => LogWrite::CommitStep {
+                saga_id,
+                step_seq,
+                output: output.clone(),
+            },
+            Err(error) => {
+                info!(%saga_id, step_seq, tool = %taking.step.tool, %error, "step failed");
+                LogWrite::FailStep {
+                    saga_id,
+                    step_seq,
+                    error: error.clone(),
+                }
+            }
+        });
+        executed
+    }
+
+    /// The step's end: a success is reported and waits to be settled; a failure ends it.
+    fn finish_step(
+        saga: &mut SagaInFlight,
+        taking: &Taking<'_>,
+        outcome: Result<ToolOutput, ToolError>,
+        observer: &dyn Observer,
+    ) -> StepEnd {
+        let status = if outcome.is_ok() {
+            StepStatus::Commit
+        } else {
+            StepStatus::Fail
+        };
+        observer.on_event(&SagaEvent::StepFinished {
+            step_seq: taking.step_seq,
+            tool: &taking.step.tool,
+            status,
+        });
+        match outcome {
+            Ok(output) => {
+                saga.committed(taking.step_seq, &taking.step.tool, &output, false);
+                saga.pending_success = Some(PendingSuccess {
+                    step_seq: taking.step_seq,
+                    tool: taking.step.tool.clone(),
+                    hint: output.next_hint,
+                });
+                StepEnd::Taken
+            }
+            Err(error) => taking.ended(error),
+        }
+    }
+
+    /// Parks the step for an operator's approval: the FSM's `ApprovalRequested`, then the
+    /// request and the saga's move to `AwaitingApproval`, with whatever the saga had
     /// queued, in one synced write. Nothing of the step ran; its position and key stay free
     /// for when it resumes.
     async fn await_approval(
         &self,
         saga: &mut SagaInFlight,
-        step_seq: u32,
-        step: &PlanStep,
-        begin: &BeginStep,
+        taking: &Taking<'_>,
         rest: Option<&[PlanStep]>,
         reason: &str,
-    ) -> Result<Result<(), Stopped>, KernelError> {
+    ) -> Result<Halt, KernelError> {
+        let (step, step_seq) = (taking.step, taking.step_seq);
         saga.next_seq = step_seq;
         if let Some(key) = &step.idempotency_key {
             saga.keys
                 .retain(|(used, seq)| !(used == key && *seq == step_seq));
         }
-        let state = match self.fsm.apply(
-            saga.state,
-            Event::ApprovalRequested,
-            &agent_kernel_fsm::Facts::default(),
-        ) {
+        let requested = self
+            .fsm
+            .apply(saga.state, Event::ApprovalRequested, &Facts::default());
+        let state = match requested {
             Ok(state) => state,
             Err(denial) => {
                 saga.next_seq = step_seq + 1;
                 let error = step_denied(denial, &step.tool);
                 warn!(saga_id = %saga.saga_id, step_seq, tool = %step.tool, %error, reason, "a step that needs an approval was denied");
-                return Ok(Err(Stopped::Failed(Failure {
-                    step_seq,
-                    tool: step.tool.clone(),
-                    error: saga.refuse(begin.clone(), error),
-                })));
+                return Ok(taking.refused(saga, error));
             }
         };
         let request = self.approval_request(saga, step_seq, step, rest);
@@ -657,7 +635,7 @@ impl Kernel {
         self.write_saga_batch(saga, batch).await?;
         saga.waiting_on = Some(request.clone());
         info!(saga_id = %saga.saga_id, step_seq, tool = %step.tool, approval_id = %request.approval_id, reason, "the step waits for an operator's approval");
-        Ok(Err(Stopped::AwaitingApproval(request)))
+        Ok(Halt::End(Box::new(StepEnd::AwaitingApproval(request))))
     }
 
     /// Tells the FSM of the last step's success, now that what follows it is known; after

@@ -165,7 +165,7 @@ impl Dispatcher {
     ///
     /// [`DispatchError::Limits`] when a limit is out of range.
     pub fn new(limits: Limits, jitter: Arc<dyn Jitter>) -> Result<Self, DispatchError> {
-        limits.validate().map_err(DispatchError::Limits)?;
+        limits.validate()?;
         Ok(Self {
             tools: RwLock::new(BTreeMap::new()),
             sources: BTreeMap::new(),
@@ -296,16 +296,21 @@ impl Dispatcher {
     ///
     /// # Errors
     ///
-    /// Why the source's tools cannot be used, naming it. A tool of no source is no error:
-    /// it is registered or unknown.
-    pub async fn load(&self, id: &str) -> Result<(), String> {
+    /// [`DispatchError::Unavailable`]: why the source's tools cannot be used, naming it. A
+    /// tool of no source is no error: it is registered or unknown.
+    pub async fn load(&self, id: &str) -> Result<(), DispatchError> {
         if self.read().contains_key(id) {
             return Ok(());
         }
         let Some(name) = self.source_of(id) else {
             return Ok(());
         };
-        self.load_source(name).await
+        self.load_source(name)
+            .await
+            .map_err(|reason| DispatchError::Unavailable {
+                server: name.to_owned(),
+                reason,
+            })
     }
 
     /// Asks every source not yet asked for its tools, all at once.
@@ -342,7 +347,8 @@ impl Dispatcher {
         source
             .loaded
             .get_or_init(|| async {
-                let tools = source.source.load().await.map_err(|reason| {
+                let tools = source.source.load().await.map_err(|error| {
+                    let reason = error.message().to_owned();
                     warn!(source = %name, %reason, "a tool source is unavailable: its tools are not offered");
                     reason
                 })?;

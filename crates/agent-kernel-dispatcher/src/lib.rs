@@ -99,4 +99,12 @@ pub enum DispatchError {
     /// A limit is out of range.
     #[error("dispatcher limits: {0}")]
     Limits(String),
+    /// A tool source (an upstream MCP server) cannot be used, so none of its tools can.
+    #[error("{reason}")]
+    Unavailable {
+        /// The source's name (an upstream server's).
+        server: String,
+        /// Why.
+        reason: String,
+    },
 }

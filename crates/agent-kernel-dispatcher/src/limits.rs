@@ -102,8 +102,14 @@ impl Limits {
     ///
     /// # Errors
     ///
-    /// A message naming the first setting out of range.
-    pub fn validate(&self) -> Result<(), String> {
+    /// [`DispatchError::Limits`](crate::DispatchError::Limits) naming the first setting out
+    /// of range.
+    pub fn validate(&self) -> Result<(), crate::DispatchError> {
+        self.first_out_of_range()
+            .map_err(crate::DispatchError::Limits)
+    }
+
+    fn first_out_of_range(&self) -> Result<(), String> {
         let check_timeout = |name: &str, value: u64| {
             if value == 0 || value > MAX_TIMEOUT_MS {
                 Err(format!(
@@ -221,6 +227,7 @@ mod tests {
             limits
                 .validate()
                 .expect_err("out of range")
+                .to_string()
                 .contains("concurrency_max")
         );
         let mut limits = Limits::default();
@@ -235,6 +242,7 @@ mod tests {
             limits
                 .validate()
                 .expect_err("out of range")
+                .to_string()
                 .contains("http.get")
         );
     }

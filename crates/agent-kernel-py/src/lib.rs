@@ -1,9 +1,9 @@
 //! `agent_kernel._native`: the Python binding over the Rust engine.
 //!
 //! The Python package `agent_kernel` (in `python/`) is the public face; this module gives it
-//! a kernel ([`NativeKernel`], built by the front door's `KernelBuilder` with the
-//! command line's defaults), live sagas ([`NativeSaga`]) and Python functions as tools
-//! ([`NativeTool`]). Everything crosses as JSON text, which the Python side parses: the
+//! a kernel (`NativeKernel`, built by the front door's `KernelBuilder` with the
+//! command line's defaults), live sagas (`NativeSaga`) and Python functions as tools
+//! (`NativeTool`). Everything crosses as JSON text, which the Python side parses: the
 //! engine's own documents (a call's answer, a saga's report), unchanged.
 //!
 //! Every call that waits on the engine releases the GIL (`Python::detach`) while it waits on

@@ -37,7 +37,7 @@
 //!   send it jobs over a bounded channel and await the answer, so no async runtime thread
 //!   ever waits on the database.
 //! - **One writer at a time, across every process.** Each write transaction first takes a
-//!   transaction-scoped advisory lock ([`schema::WRITE_LOCK`]): batches of every process
+//!   transaction-scoped advisory lock (`WRITE_LOCK`): batches of every process
 //!   apply one after another, as under SQLite's `BEGIN IMMEDIATE`, so every check the
 //!   batch makes (a key's binding, an actor's idle, an owner still the expected one) holds
 //!   until it commits, and the audit chain is appended by one writer at a time and never

@@ -1,6 +1,6 @@
 //! The SQL the log's records are written and read with, whatever database holds them.
 //!
-//! The log's logic (the records of [`store`](crate::store), the audit chain, pruning) is
+//! The log's logic (the records of `store`, the audit chain, pruning) is
 //! written once, against [`Db`]: this crate implements it on a `rusqlite::Connection`, and
 //! a second backend implements it on its own client (PostgreSQL, in
 //! `agent-kernel-txlog-postgres`). So both backends apply every [`LogWrite`] with the same

@@ -29,7 +29,7 @@ mod tool;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use agent_kernel_api::{BoxFuture, SourcedTool, ToolEntry, ToolSource};
+use agent_kernel_api::{BoxFuture, SourcedTool, ToolEntry, ToolError, ToolSource};
 
 pub use config::{
     Compensation, SERVER_START_TIMEOUT_MS_MAX, SERVERS_FILE_BYTES_MAX, ServerSpec,
@@ -62,10 +62,14 @@ impl ToolSource for UpstreamSource {
         &self.spec.name
     }
 
-    fn load(&self) -> BoxFuture<'_, Result<Vec<SourcedTool>, String>> {
+    fn load(&self) -> BoxFuture<'_, Result<Vec<SourcedTool>, ToolError>> {
         Box::pin(async move {
-            let listed = self.hub.list_tools(&self.spec.name).await?;
-            let listed = usable(&self.path, &self.spec, listed)?;
+            let listed = self
+                .hub
+                .list_tools(&self.spec.name)
+                .await
+                .map_err(ToolError::failed)?;
+            let listed = usable(&self.path, &self.spec, listed).map_err(ToolError::failed)?;
             Ok(listed
                 .iter()
                 .map(|tool| {

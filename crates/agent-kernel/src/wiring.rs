@@ -208,7 +208,11 @@ pub fn limits_from_policy(policy: &Policy) -> Result<Limits, KernelError> {
                 policy.origin()
             ))
         })?;
-    limits.validate().map_err(|message| {
+    limits.validate().map_err(|error| {
+        let message = match error {
+            agent_kernel_dispatcher::DispatchError::Limits(message) => message,
+            other => other.to_string(),
+        };
         KernelError::Setup(format!(
             "sandbox policy {}: [limits]: {message}",
             policy.origin()
@@ -298,8 +302,8 @@ pub const OPERATOR_KEY_BYTES_MAX: u64 = 4096;
 ///
 /// # Errors
 ///
-/// A message saying why it cannot be used.
-pub fn read_operator_key(path: &Path) -> Result<Vec<u8>, String> {
+/// [`KernelError::Setup`] saying why it cannot be used.
+pub fn read_operator_key(path: &Path) -> Result<Vec<u8>, KernelError> {
     use std::io::Read as _;
     let mut bytes = Vec::new();
     std::fs::File::open(path)
@@ -307,15 +311,15 @@ pub fn read_operator_key(path: &Path) -> Result<Vec<u8>, String> {
             file.take(OPERATOR_KEY_BYTES_MAX + 1)
                 .read_to_end(&mut bytes)
         })
-        .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+        .map_err(|error| KernelError::Setup(format!("cannot read {}: {error}", path.display())))?;
     if bytes.len() as u64 > OPERATOR_KEY_BYTES_MAX {
-        return Err(format!(
+        return Err(KernelError::Setup(format!(
             "{} is larger than {OPERATOR_KEY_BYTES_MAX} bytes",
             path.display()
-        ));
+        )));
     }
     if bytes.trim_ascii_end().is_empty() {
-        return Err(format!("{} is empty", path.display()));
+        return Err(KernelError::Setup(format!("{} is empty", path.display())));
     }
     Ok(bytes)
 }

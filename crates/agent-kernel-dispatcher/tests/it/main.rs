@@ -456,13 +456,13 @@ impl ToolSource for Family {
         self.name
     }
 
-    fn load(&self) -> BoxFuture<'_, Result<Vec<SourcedTool>, String>> {
+    fn load(&self) -> BoxFuture<'_, Result<Vec<SourcedTool>, ToolError>> {
         Box::pin(async move {
             self.asked.fetch_add(1, Ordering::SeqCst);
             // Long enough for concurrent callers to meet here.
             tokio::time::sleep(Duration::from_millis(50)).await;
             if self.fail {
-                return Err("it did not start".to_owned());
+                return Err(ToolError::failed("it did not start"));
             }
             Ok(self
                 .tools
