@@ -49,9 +49,9 @@ pub struct Kernel {
     /// Options recorded with operator commands.
     operator_options: Vec<String>,
     /// The live sagas this process holds open.
-    pub(crate) live: crate::live::LiveRegistry,
+    pub(crate) live: crate::live_registry::LiveRegistry,
     /// Which steps wait for an operator's approval, and for how long.
-    pub(crate) approvals: crate::approval::ApprovalPolicy,
+    pub(crate) approvals: crate::approval_policy::ApprovalPolicy,
     /// The file access every tool's context carries.
     files: Arc<dyn Files>,
 }
@@ -111,8 +111,8 @@ impl Kernel {
             durability,
             uid: None,
             operator_options: Vec::new(),
-            live: crate::live::LiveRegistry::default(),
-            approvals: crate::approval::ApprovalPolicy::default(),
+            live: crate::live_registry::LiveRegistry::default(),
+            approvals: crate::approval_policy::ApprovalPolicy::default(),
             files: Arc::new(NoFiles::new(".")),
         }
     }
@@ -145,13 +145,13 @@ impl Kernel {
     /// (reference §10): those of irreversible tools always, and those `[approval] require`
     /// names.
     #[must_use]
-    pub fn with_approval_policy(mut self, policy: crate::approval::ApprovalPolicy) -> Self {
+    pub fn with_approval_policy(mut self, policy: crate::approval_policy::ApprovalPolicy) -> Self {
         self.approvals = policy;
         self
     }
 
     /// Which steps wait for an operator's approval.
-    pub fn approval_policy(&self) -> &crate::approval::ApprovalPolicy {
+    pub fn approval_policy(&self) -> &crate::approval_policy::ApprovalPolicy {
         &self.approvals
     }
 

@@ -84,6 +84,7 @@
 #![forbid(unsafe_code)]
 
 mod approval;
+mod approval_policy;
 mod cancel;
 mod compensation;
 mod dead_letter;
@@ -92,6 +93,7 @@ mod error;
 mod in_flight;
 mod kernel;
 mod live;
+mod live_registry;
 mod owner;
 mod plan;
 mod prune;
@@ -102,7 +104,7 @@ mod shown;
 mod step;
 mod undo;
 
-pub use approval::{
+pub use approval_policy::{
     APPROVAL_POLL_INTERVAL, ApprovalPolicy, MAX_APPROVAL_RULES, OperatorDecision, approval_digest,
     operator_key_check,
 };

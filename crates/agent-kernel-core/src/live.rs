@@ -20,8 +20,7 @@
 //! - `abort`, the idle timeout, the process closing: recorded (`SagaAborted`), then the
 //!   table's failure event for the saga's state, to `Compensating`, and compensation.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use agent_kernel_api::{
@@ -36,6 +35,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::kernel::Kernel;
+use crate::live_registry::{LiveEntry, LiveRegistry};
 use crate::plan::start_facts;
 use crate::report::{NoObserver, SagaReport, StepReport};
 use crate::step::{Lookahead, SagaInFlight, StepEnd, StepMode, step_denied};
@@ -98,63 +98,6 @@ pub struct LiveStatus {
     pub steps: Vec<StepReport>,
     /// The request the saga waits on, while it is `AwaitingApproval`.
     pub approval: Option<ApprovalRequest>,
-}
-
-/// One open live saga in the registry.
-#[derive(Debug)]
-struct LiveEntry {
-    /// `None` once it has ended.
-    saga: tokio::sync::Mutex<Option<SagaInFlight>>,
-    /// When it was last begun, called or looked at.
-    touched: Mutex<Instant>,
-    /// Told when the saga leaves the registry, so that its idle watch ends with it instead
-    /// of sleeping out its timeout (a settled saga holds nothing in the process).
-    ended: Arc<tokio::sync::Notify>,
-}
-
-impl LiveEntry {
-    fn touch(&self) {
-        *self.touched.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
-    }
-
-    fn touched(&self) -> Instant {
-        *self.touched.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// The live sagas this process holds open, bounded by `[limits] open_sagas_max`.
-#[derive(Debug, Default)]
-pub(crate) struct LiveRegistry {
-    sagas: Mutex<HashMap<SagaId, Arc<LiveEntry>>>,
-}
-
-impl LiveRegistry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SagaId, Arc<LiveEntry>>> {
-        self.sagas.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn get(&self, saga_id: &SagaId) -> Option<Arc<LiveEntry>> {
-        self.lock().get(saga_id).cloned()
-    }
-
-    /// Takes the saga out and ends its idle watch.
-    fn remove(&self, saga_id: &SagaId) {
-        let removed = self.lock().remove(saga_id);
-        if let Some(entry) = removed {
-            // A permit is kept if the watch is not waiting right now.
-            entry.ended.notify_one();
-        }
-    }
-
-    /// Whether `saga_id` is open here.
-    pub(crate) fn contains(&self, saga_id: &SagaId) -> bool {
-        self.lock().contains_key(saga_id)
-    }
-
-    /// The ids of the open sagas.
-    pub(crate) fn ids(&self) -> Vec<SagaId> {
-        self.lock().keys().cloned().collect()
-    }
 }
 
 /// A handle on an open live saga. Cheap to clone; every clone drives the same saga, one

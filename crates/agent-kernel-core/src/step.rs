@@ -11,7 +11,7 @@ use agent_kernel_api::{
 use agent_kernel_fsm::{Denial, Event, Facts, Guardrail, Rule};
 use tracing::{Instrument, debug, field, info, info_span, warn};
 
-use crate::approval::approval_digest;
+use crate::approval_policy::approval_digest;
 pub(crate) use crate::in_flight::{PendingSuccess, SagaInFlight};
 use crate::kernel::{Kernel, args_hash};
 use crate::report::{Failure, Observer, SagaEvent, SagaReport};

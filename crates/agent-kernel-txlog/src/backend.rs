@@ -16,7 +16,8 @@ use agent_kernel_api::{
 
 use crate::audit::{Appender, AuditKey, AuditSettings};
 use crate::sql::Db;
-use crate::{prune, store};
+use crate::store;
+use crate::store::prune;
 
 /// The audit chain inside one write transaction: it starts after the newest record and
 /// appends each record the batch writes.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use agent_kernel_api::{Durability, TxError};
 use rusqlite::{TransactionBehavior, params};
 
-use crate::schema::storage;
+use crate::sql::storage;
 
 /// What [`measure_commit_floor`] measured.
 #[derive(Debug, Clone, PartialEq)]

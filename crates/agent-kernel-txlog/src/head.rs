@@ -32,7 +32,19 @@ use std::time::{Duration, Instant};
 use agent_kernel_api::Durability;
 use serde_json::{Map, Value, json};
 
-use crate::audit::{Head, canonical_json, is_hex_digest, sha256_hex};
+use agent_kernel_api::canonical_json;
+
+use crate::digest::{is_hex_digest, sha256_hex};
+
+/// The newest record of a chain: what the head file holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Head {
+    /// 0 for an empty chain.
+    pub(crate) seq: i64,
+    /// [`ZERO_HASH`](crate::digest::ZERO_HASH) for an empty chain.
+    pub(crate) hash: String,
+    pub(crate) mac: Option<String>,
+}
 
 /// The largest head file read; a real one is [`HEAD_FILE_BYTES`].
 const HEAD_FILE_BYTES_MAX: u64 = 8192;
@@ -465,7 +477,7 @@ pub(crate) fn read(db: &Path) -> Result<Option<Head>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::ZERO_HASH;
+    use crate::digest::ZERO_HASH;
 
     fn head(seq: i64, digit: &str) -> Head {
         Head {

@@ -88,10 +88,10 @@
 mod audit;
 pub mod backend;
 mod create;
+mod digest;
 mod downgrade;
 mod floor;
 mod head;
-mod prune;
 mod records;
 mod schema;
 mod spill;
@@ -116,12 +116,12 @@ pub use create::{DB_LINK_HOPS_MAX, resolve_db_path};
 #[doc(hidden)]
 pub use downgrade::downgrade_in_place;
 pub use floor::{FloorReport, measure_commit_floor};
-pub use prune::{PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX};
 pub use records::{
     AUDIT_RECORDS_DEFAULT, AUDIT_RECORDS_MAX, AuditQuery, AuditRecord, ChainReader,
     audit_record_kinds, audit_records, saga_chains,
 };
 pub use spill::VERIFY_ENTRIES_IN_MEMORY_MAX;
+pub use store::prune::{PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX};
 pub use verify::{
     AuditHead, AuditReport, BadRecord, verify, verify_bounded, verify_ignoring_head_file,
 };
@@ -645,7 +645,7 @@ impl TxLog for SqliteLog {
         after: Option<(i64, SagaId)>,
         limit: u32,
     ) -> BoxFuture<'_, Result<Vec<SagaRecord>, TxError>> {
-        self.call(move |conn, _| prune::candidates(conn, before_ms, after.as_ref(), limit))
+        self.call(move |conn, _| store::prune::candidates(conn, before_ms, after.as_ref(), limit))
     }
 
     fn key_binding<'a>(

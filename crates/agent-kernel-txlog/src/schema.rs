@@ -12,6 +12,7 @@ use rusqlite::{Connection, MAIN_DB, OpenFlags, OptionalExtension, TransactionBeh
 
 use crate::audit::{self, AuditKey};
 use crate::create;
+pub(crate) use crate::sql::storage;
 
 /// `PRAGMA application_id` of every agent-kernel log: the bytes `AKLG`.
 pub(crate) const APPLICATION_ID: i64 = 0x414B_4C47;
@@ -226,11 +227,6 @@ CREATE INDEX dead_letters_open ON dead_letters (first_failed_at_ms, letter_id)
 CREATE INDEX idempotency_keys_step ON idempotency_keys (saga_id, step_seq);
 ",
 ];
-
-/// An SQLite error as the log reports it.
-pub(crate) fn storage(err: impl std::fmt::Display) -> TxError {
-    TxError::Storage(err.to_string())
-}
 
 /// A connection to `path` with `flags`, waiting [`BUSY_TIMEOUT`] for other writers, and
 /// opened defensively ([`harden`]).

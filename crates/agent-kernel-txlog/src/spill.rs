@@ -620,16 +620,17 @@ mod tests {
 
     #[test]
     fn a_running_hash_survives_the_scratch_database() {
-        let mut records = crate::prune::SagaRecords::default();
+        let mut records = crate::store::prune::SagaRecords::default();
         records.add(&"a".repeat(64));
         let text = serde_json::to_string(&records).expect("encodes");
-        let mut back: crate::prune::SagaRecords = serde_json::from_str(&text).expect("decodes");
+        let mut back: crate::store::prune::SagaRecords =
+            serde_json::from_str(&text).expect("decodes");
         records.add(&"b".repeat(64));
         back.add(&"b".repeat(64));
-        let hash = |records: crate::prune::SagaRecords| {
-            crate::prune::records_sha256(BTreeMap::from([("s", records)]))
+        let hash = |records: crate::store::prune::SagaRecords| {
+            crate::store::prune::records_sha256(BTreeMap::from([("s", records)]))
         };
         assert_eq!(hash(records), hash(back));
-        assert!(serde_json::from_str::<crate::prune::SagaRecords>("\"zz\"").is_err());
+        assert!(serde_json::from_str::<crate::store::prune::SagaRecords>("\"zz\"").is_err());
     }
 }

@@ -489,3 +489,8 @@ mod sqlite {
 
     delegate_to_connection!(rusqlite::Transaction<'_>, rusqlite::Savepoint<'_>);
 }
+
+/// An SQLite error as the log reports it.
+pub(crate) fn storage(err: impl std::fmt::Display) -> agent_kernel_api::TxError {
+    agent_kernel_api::TxError::Storage(err.to_string())
+}

@@ -136,3 +136,128 @@ fn no_crate_depends_on_a_crate_above_it() {
         );
     }
 }
+
+/// The top-level modules of the crate in `crates/NAME/src` that each one names with
+/// `crate::MODULE` (comments left out), as a graph.
+fn module_graph(crate_dir: &str) -> BTreeMap<String, std::collections::BTreeSet<String>> {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(crate_dir)
+        .join("src");
+    let mut files = Vec::new();
+    let mut folders = vec![src.clone()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).expect("src is readable") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    let mut graph: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for path in files {
+        let relative = path.strip_prefix(&src).expect("under src");
+        let first = relative.components().next().expect("a component");
+        let module = first
+            .as_os_str()
+            .to_string_lossy()
+            .trim_end_matches(".rs")
+            .to_owned();
+        if module == "lib" || module == "main" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("a source file");
+        let edges = graph.entry(module.clone()).or_default();
+        for line in text.lines() {
+            let code = line.split("//").next().unwrap_or_default();
+            // `crate::a::b`, and `use crate::{a, b::c}` groups.
+            let mut named: Vec<&str> = code
+                .split("crate::")
+                .skip(1)
+                .map(|rest| {
+                    rest.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .next()
+                        .unwrap_or_default()
+                })
+                .collect();
+            if let Some(group) = code.split("crate::{").nth(1) {
+                named.extend(
+                    group
+                        .split(',')
+                        .map(|item| item.trim().split("::").next().unwrap_or_default()),
+                );
+            }
+            edges.extend(
+                named
+                    .into_iter()
+                    .filter(|name| !name.is_empty() && *name != module)
+                    .map(str::to_owned),
+            );
+        }
+    }
+    let modules: std::collections::BTreeSet<String> = graph.keys().cloned().collect();
+    for edges in graph.values_mut() {
+        edges.retain(|name| modules.contains(name));
+    }
+    graph
+}
+
+/// A cycle among `graph`'s modules, if there is one, as the path around it.
+fn a_cycle(graph: &BTreeMap<String, std::collections::BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        module: &str,
+        graph: &BTreeMap<String, std::collections::BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|seen| seen == module) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(module.to_owned());
+            return Some(cycle);
+        }
+        if done.contains(module) {
+            return None;
+        }
+        path.push(module.to_owned());
+        for next in &graph[module] {
+            if let Some(cycle) = visit(next, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(module.to_owned());
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|module| visit(module, graph, &mut Vec::new(), &mut done))
+}
+
+/// Inside the engine and the log, modules name each other in one direction only: no
+/// module reaches, through others, back to itself.
+#[test]
+fn the_modules_of_the_engine_and_the_log_import_each_other_in_no_circle() {
+    for crate_dir in ["agent-kernel-core", "agent-kernel-txlog"] {
+        let graph = module_graph(crate_dir);
+        assert!(graph.len() > 5, "{crate_dir}: {graph:?}");
+        assert_eq!(a_cycle(&graph), None, "{crate_dir}");
+    }
+    // The check finds a circle when there is one.
+    let circle: BTreeMap<String, std::collections::BTreeSet<String>> =
+        [("a", vec!["b"]), ("b", vec!["c"]), ("c", vec!["a"])]
+            .into_iter()
+            .map(|(name, edges)| {
+                (
+                    name.to_owned(),
+                    edges.into_iter().map(str::to_owned).collect(),
+                )
+            })
+            .collect();
+    assert_eq!(
+        a_cycle(&circle),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+}

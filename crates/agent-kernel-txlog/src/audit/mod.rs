@@ -22,7 +22,9 @@ use rusqlite::Connection;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::schema::storage;
+pub(crate) use crate::digest::{ZERO_HASH, hex, is_hex_digest, sha256_hex};
+pub(crate) use crate::head::Head;
+use crate::sql::storage;
 use crate::sql::{Db, OptionalExtension as _, params};
 
 /// The fewest bytes an audit key may have: shorter keys can be guessed.
@@ -44,10 +46,6 @@ pub(crate) const QUOTE_BYTES_MAX: usize = 1024;
 
 /// The most bytes of a refused step's arguments the audit body quotes.
 pub(crate) const ARGS_SUMMARY_BYTES_MAX: usize = 256;
-
-/// The `prev_hash` of the first record.
-pub(crate) const ZERO_HASH: &str =
-    "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// Every record kind the chain may hold.
 pub(crate) const KINDS: [&str; 21] = [
@@ -221,17 +219,6 @@ impl fmt::Debug for AuditKey {
     }
 }
 
-/// Lowercase hex.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut text = Vec::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        text.push(DIGITS[usize::from(byte >> 4)]);
-        text.push(DIGITS[usize::from(byte & 0xf)]);
-    }
-    String::from_utf8(text).expect("hex digits are ASCII")
-}
-
 /// Parses hex digits (either case); `None` unless every character is one and they pair up.
 fn unhex(text: &str) -> Option<Vec<u8>> {
     if !text.len().is_multiple_of(2) {
@@ -242,19 +229,6 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
         .chunks_exact(2)
         .map(|pair| Some((digit(pair[0])? * 16 + digit(pair[1])?) as u8))
         .collect()
-}
-
-/// The lowercase hex SHA-256 of `bytes`.
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
-
-/// Whether `text` is a lowercase hex SHA-256 (or HMAC-SHA256).
-pub(crate) fn is_hex_digest(text: &str) -> bool {
-    text.len() == 64
-        && text
-            .bytes()
-            .all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte))
 }
 
 pub(crate) use agent_kernel_api::canonical_json;
@@ -546,16 +520,6 @@ impl RecordView<'_> {
             self.body,
         )
     }
-}
-
-/// The newest record of a chain: what the head file holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Head {
-    /// 0 for an empty chain.
-    pub(crate) seq: i64,
-    /// [`ZERO_HASH`] for an empty chain.
-    pub(crate) hash: String,
-    pub(crate) mac: Option<String>,
 }
 
 impl Head {

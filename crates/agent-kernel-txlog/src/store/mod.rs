@@ -5,6 +5,7 @@
 
 mod approvals;
 mod dead_letters;
+pub(crate) mod prune;
 mod sagas;
 
 #[allow(clippy::wildcard_imports)]
@@ -29,7 +30,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use serde_json::{Value, json};
 
 use crate::AuditHead;
-use crate::schema::storage;
+use crate::sql::storage;
 use crate::sql::{Db, OptionalExtension as _, Row, ToValue, params};
 
 use crate::audit::{
@@ -283,7 +284,7 @@ fn apply<'w>(
 ) -> Result<Applied<'w>, TxError> {
     match write {
         LogWrite::Prune(prune) => {
-            let (outcome, body) = crate::prune::prune(conn, prune)?;
+            let (outcome, body) = crate::store::prune::prune(conn, prune)?;
             Ok(Applied {
                 outcome,
                 kind: body.is_some().then_some(crate::audit::KIND_PRUNE),

@@ -25,9 +25,9 @@ use crate::audit::{
     KIND_SET_STATE, KIND_SIMULATE_STEP, KIND_TAKE_OVER, Record, ZERO_HASH, sha256_hex,
 };
 use crate::head;
-use crate::prune::SagaRecords;
 use crate::schema::{self, AUDIT_SCHEMA_VERSION};
 use crate::spill::{self, Entry, Key, Scratch, Spill, VERIFY_ENTRIES_IN_MEMORY_MAX};
+use crate::store::prune::SagaRecords;
 
 /// What [`verify`] found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

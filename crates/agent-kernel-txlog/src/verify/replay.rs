@@ -639,7 +639,7 @@ impl Replay {
             ));
         }
         let ids: Vec<String> = pruned.keys().map(|saga_id| (*saga_id).to_owned()).collect();
-        if crate::prune::records_sha256(pruned) != records_sha256 {
+        if crate::store::prune::records_sha256(pruned) != records_sha256 {
             return Err(
                 "its `records_sha256` is not the hash of the pruned sagas' records".to_owned(),
             );

@@ -9,7 +9,7 @@ use agent_kernel_api::{PruneSagas, SagaId, SagaRecord, TxError, WriteOutcome};
 use sha2::{Digest as _, Sha256};
 
 use crate::audit::{CanonicalObject, KIND_CREATE_SAGA, hex};
-use crate::schema::storage;
+use crate::sql::storage;
 use crate::sql::{Db, params};
 use crate::store;
 
