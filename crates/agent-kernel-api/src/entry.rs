@@ -161,6 +161,19 @@ pub trait Compensate: Tool {
     ) -> impl Future<Output = Result<Option<String>, ToolError>> + Send {
         std::future::ready(Ok(None))
     }
+
+    /// What compensating a step would put back, in a sentence for an operator
+    /// (`undo --preview`: "puts back the previous 12 bytes of `ws/a.txt`"), read from the
+    /// step's record alone without touching anything. `None`, the default, when the tool
+    /// cannot say.
+    fn restores(
+        &self,
+        _args: &Value,
+        _undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> Option<String> {
+        None
+    }
 }
 
 /// A tool that can tell whether the effect of a step whose outcome is unknown happened: the
@@ -236,6 +249,10 @@ impl<T: Compensate> Compensate for Arc<T> {
     ) -> impl Future<Output = Result<Option<String>, ToolError>> + Send {
         T::changed_since(self, ctx, args, undo, output)
     }
+
+    fn restores(&self, args: &Value, undo: &Undo, output: Option<&ToolOutput>) -> Option<String> {
+        T::restores(self, args, undo, output)
+    }
 }
 
 impl<T: Probe> Probe for Arc<T> {
@@ -303,6 +320,8 @@ pub trait DynTool: sealed::Sealed + Send + Sync + 'static {
         undo: &'a Undo,
         output: Option<&'a ToolOutput>,
     ) -> BoxFuture<'a, Result<Option<String>, ToolError>>;
+    /// See [`Compensate::restores`]; `None` for a tool without compensation.
+    fn restores(&self, args: &Value, undo: &Undo, output: Option<&ToolOutput>) -> Option<String>;
     /// See [`Compensate::compensate`]. A read-only tool has nothing to undo (`Ok`); a
     /// mutating tool without compensation fails, saying so.
     fn compensate<'a>(
@@ -374,11 +393,14 @@ type ProbeFn<T> = for<'a> fn(
     &'a Undo,
 ) -> BoxFuture<'a, Result<ProbeOutcome, ToolError>>;
 
-/// The three phases of a [`Compensate`] tool, as function pointers.
+type RestoresFn<T> = fn(&T, &Value, &Undo, Option<&ToolOutput>) -> Option<String>;
+
+/// What a [`Compensate`] tool adds, as function pointers.
 struct Compensation<T> {
     prepare: PrepareFn<T>,
     changed_since: ChangedFn<T>,
     compensate: CompensateFn<T>,
+    restores: RestoresFn<T>,
 }
 
 impl<T: Compensate> Compensation<T> {
@@ -391,6 +413,7 @@ impl<T: Compensate> Compensation<T> {
             compensate: |tool, ctx, args, undo, output| {
                 Box::pin(tool.compensate(ctx, args, undo, output))
             },
+            restores: |tool, args, undo, output| tool.restores(args, undo, output),
         }
     }
 }
@@ -476,6 +499,11 @@ impl<T: Tool> DynTool for Registered<T> {
             Some(compensation) => (compensation.changed_since)(&self.tool, ctx, args, undo, output),
             None => Box::pin(std::future::ready(Ok(None))),
         }
+    }
+
+    fn restores(&self, args: &Value, undo: &Undo, output: Option<&ToolOutput>) -> Option<String> {
+        let compensation = self.compensation.as_ref()?;
+        (compensation.restores)(&self.tool, args, undo, output)
     }
 
     fn compensate<'a>(

@@ -106,7 +106,8 @@ pub use plan::{
     PlanStep,
 };
 pub use reversibility::{
-    DEFAULT_UNDO_WINDOW_MS, MAX_UNDO_WINDOW_MS, Reversibility, UndoWindow, parse_duration_ms,
+    DEFAULT_UNDO_WINDOW_MS, MAX_UNDO_WINDOW_MS, Reversibility, UndoWindow, not_a_duration,
+    parse_duration_ms,
 };
 pub use spec::ToolSpec;
 pub use state::{Durability, SagaId, SagaState, StepStatus};

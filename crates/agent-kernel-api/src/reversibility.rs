@@ -53,18 +53,12 @@ pub struct UndoWindow {
 }
 
 impl UndoWindow {
-    /// A window of `ms` milliseconds.
-    ///
-    /// # Errors
-    ///
-    /// When `ms` is zero or more than [`MAX_UNDO_WINDOW_MS`].
-    pub fn from_ms(ms: u64) -> Result<UndoWindow, String> {
-        if ms == 0 || ms > MAX_UNDO_WINDOW_MS {
-            return Err(format!(
-                "an undo window of {ms} ms is out of range: 1s..=366d"
-            ));
-        }
-        Ok(UndoWindow { ms })
+    /// A window of `ms` milliseconds; `None` when `ms` is zero or more than
+    /// [`MAX_UNDO_WINDOW_MS`].
+    pub fn from_ms(ms: u64) -> Option<UndoWindow> {
+        (1..=MAX_UNDO_WINDOW_MS)
+            .contains(&ms)
+            .then_some(UndoWindow { ms })
     }
 
     /// The window in milliseconds.
@@ -82,34 +76,34 @@ impl Default for UndoWindow {
 }
 
 /// Reads a duration written as digits and one unit of `s`, `m`, `h` or `d` (`90s`, `15m`,
-/// `24h`, `7d`) into milliseconds; zero is allowed, the caller bounds the range.
-///
-/// # Errors
-///
-/// A message naming `text` when it is not such a duration, or overflows.
-pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
-    let bad = || format!("`{text}` is not a duration such as 90s, 15m, 24h or 7d");
+/// `24h`, `7d`) into milliseconds; zero is allowed, the caller bounds the range. `None`
+/// when `text` is not such a duration ([`not_a_duration`] says so), or overflows.
+pub fn parse_duration_ms(text: &str) -> Option<u64> {
     let unit_ms = match text.as_bytes().last() {
         Some(b's') => 1_000,
         Some(b'm') => 60_000,
         Some(b'h') => 3_600_000,
         Some(b'd') => DAY_MS,
-        _ => return Err(bad()),
+        _ => return None,
     };
     let digits = &text[..text.len() - 1];
     if digits.is_empty() || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
-        return Err(bad());
+        return None;
     }
-    let count: u64 = digits.parse().map_err(|_| bad())?;
-    count.checked_mul(unit_ms).ok_or_else(bad)
+    digits.parse::<u64>().ok()?.checked_mul(unit_ms)
+}
+
+/// What is wrong with `text` that [`parse_duration_ms`] did not read.
+pub fn not_a_duration(text: &str) -> String {
+    format!("`{text}` is not a duration such as 90s, 15m, 24h or 7d")
 }
 
 impl FromStr for UndoWindow {
     type Err = String;
 
     fn from_str(text: &str) -> Result<UndoWindow, String> {
-        let ms = parse_duration_ms(text)?;
-        UndoWindow::from_ms(ms).map_err(|_| format!("`{text}` is out of range: 1s..=366d"))
+        let ms = parse_duration_ms(text).ok_or_else(|| not_a_duration(text))?;
+        UndoWindow::from_ms(ms).ok_or_else(|| format!("`{text}` is out of range: 1s..=366d"))
     }
 }
 
@@ -192,8 +186,8 @@ mod tests {
             let error = text.parse::<UndoWindow>().expect_err("refused");
             assert!(error.contains(&format!("`{text}`")), "{text}: {error}");
         }
-        assert!(UndoWindow::from_ms(0).is_err());
-        assert!(UndoWindow::from_ms(MAX_UNDO_WINDOW_MS + 1).is_err());
+        assert!(UndoWindow::from_ms(0).is_none());
+        assert!(UndoWindow::from_ms(MAX_UNDO_WINDOW_MS + 1).is_none());
     }
 
     #[test]

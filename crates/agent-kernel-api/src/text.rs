@@ -1,7 +1,7 @@
 //! Reading the operator's small text files (`tools.toml` and the like) with a bound, and
 //! naming lines in their errors.
 
-use std::io::Read;
+use std::io::{self, Read};
 
 /// The 1-based line of byte `offset` in `text`.
 pub fn line_of(text: &str, offset: usize) -> usize {
@@ -13,9 +13,11 @@ pub fn line_of(text: &str, offset: usize) -> usize {
 ///
 /// # Errors
 ///
-/// A sentence about the text (`cannot read it: …`, which covers text that is not UTF-8,
-/// or `it is more than N bytes`), for the caller to put after the file's name.
-pub fn read_text_bounded(reader: impl Read, max_bytes: usize) -> Result<String, String> {
+/// An [`io::Error`] whose message is a sentence about the text, for the caller to put
+/// after the file's name: `cannot read it: …` (which covers text that is not UTF-8, kind
+/// [`io::ErrorKind::InvalidData`]), or `it is more than N bytes` (kind
+/// [`io::ErrorKind::FileTooLarge`]).
+pub fn read_text_bounded(reader: impl Read, max_bytes: usize) -> io::Result<String> {
     let mut text = String::new();
     reader
         .take(
@@ -24,9 +26,12 @@ pub fn read_text_bounded(reader: impl Read, max_bytes: usize) -> Result<String, 
                 .saturating_add(1),
         )
         .read_to_string(&mut text)
-        .map_err(|io| format!("cannot read it: {io}"))?;
+        .map_err(|io| io::Error::new(io.kind(), format!("cannot read it: {io}")))?;
     if text.len() > max_bytes {
-        return Err(format!("it is more than {max_bytes} bytes"));
+        return Err(io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            format!("it is more than {max_bytes} bytes"),
+        ));
     }
     Ok(text)
 }
@@ -44,11 +49,10 @@ mod tests {
 
     #[test]
     fn a_text_over_the_bound_is_refused() {
-        assert_eq!(read_text_bounded(&b"12345"[..], 5).as_deref(), Ok("12345"));
-        assert_eq!(
-            read_text_bounded(&b"12345"[..], 4),
-            Err("it is more than 4 bytes".to_owned())
-        );
+        assert_eq!(read_text_bounded(&b"12345"[..], 5).expect("fits"), "12345");
+        let error = read_text_bounded(&b"12345"[..], 4).expect_err("too large");
+        assert_eq!(error.to_string(), "it is more than 4 bytes");
+        assert_eq!(error.kind(), io::ErrorKind::FileTooLarge);
         assert!(read_text_bounded(&b"\xff"[..], 4).is_err(), "not UTF-8");
     }
 }

@@ -122,7 +122,10 @@ impl ToolContext {
     }
 
     /// Replaces the file at `path` with `bytes` through the kernel's sandbox, synced when the
-    /// kernel's durability asks for it ([`Files::write`]).
+    /// kernel's durability asks for it ([`Files::write`]). The bytes go to a temporary file
+    /// beside it first, renamed over it; a write cut short by a crash leaves that temporary
+    /// file, which the step's next write or removal of the same file (a retry, or its
+    /// compensation) removes first.
     ///
     /// # Errors
     ///

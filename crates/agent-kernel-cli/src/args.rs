@@ -410,7 +410,8 @@ pub(crate) const PRUNE_HORIZON_MAX_MS: u64 = 100 * 366 * 86_400_000;
 /// `prune --before`: a duration of `agent_kernel_api::parse_duration_ms`, zero to
 /// [`PRUNE_HORIZON_MAX_MS`].
 pub(crate) fn parse_horizon(text: &str) -> Result<u64, String> {
-    let ms = agent_kernel_api::parse_duration_ms(text)?;
+    let ms = agent_kernel_api::parse_duration_ms(text)
+        .ok_or_else(|| agent_kernel_api::not_a_duration(text))?;
     if ms > PRUNE_HORIZON_MAX_MS {
         return Err(format!("`{text}` is more than a hundred years"));
     }

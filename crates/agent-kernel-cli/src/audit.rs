@@ -15,7 +15,7 @@ use agent_kernel_txlog::{AUDIT_KEY_BYTES_MAX, AuditKey, AuditReport};
 use anyhow::Context as _;
 use serde_json::json;
 
-use crate::{Failure, exit};
+use crate::{Failure, KernelError, exit};
 
 /// The environment variable that holds the audit key, as hex digits.
 pub(crate) const AUDIT_KEY_ENV: &str = "AGENT_KERNEL_AUDIT_KEY";
@@ -120,32 +120,30 @@ pub(crate) async fn seal_command(
     owner: agent_kernel_api::Owner,
     open: impl FnOnce() -> Result<agent_kernel_txlog::SqliteLog, Failure>,
 ) -> Result<u8, Failure> {
-    let report = verify_log_with(
-        db,
-        key.clone(),
-        agent_kernel_txlog::verify_ignoring_head_file,
-    )
-    .await?;
-    if !report.is_intact() {
-        print_report(&report, json);
-        eprintln!("agent-kernel: the log was not sealed: its records or tables are bad");
-        return Ok(EXIT_TAMPERED);
-    }
-    let log = open()?;
-    let head = log
-        .seal(agent_kernel_api::AuditEvent::Operator(
-            agent_kernel_api::OperatorCommand {
-                command: "audit seal".to_owned(),
-                saga_id: None,
-                options: Vec::new(),
-                by: owner,
-                uid: agent_kernel::current_uid(),
-            },
-        ))
-        .await
-        .map_err(|error| {
-            Failure::internal(anyhow::Error::new(error).context("cannot seal the log"))
-        })?;
+    let sealed = agent_kernel::operator::seal(db, key, owner, agent_kernel::current_uid(), || {
+        open().map_err(Sealing::Open)
+    })
+    .await
+    .map_err(|failure| match failure {
+        Sealing::Open(failure) => failure,
+        Sealing::Log(error) => {
+            let failure = Failure::from(error);
+            Failure {
+                error: failure
+                    .error
+                    .context(format!("cannot seal the log {}", crate::shown_db(db))),
+                ..failure
+            }
+        }
+    })?;
+    let (report, head) = match sealed {
+        agent_kernel::operator::Sealed::NotIntact(report) => {
+            print_report(&report, json);
+            eprintln!("agent-kernel: the log was not sealed: its records or tables are bad");
+            return Ok(EXIT_TAMPERED);
+        }
+        agent_kernel::operator::Sealed::Sealed { verified, head } => (verified, head),
+    };
     if json {
         let document = json!({
             "ok": true,
@@ -164,6 +162,18 @@ pub(crate) async fn seal_command(
     Ok(exit::OK)
 }
 
+/// Why `audit seal` failed: opening the log, or verifying or writing it.
+enum Sealing {
+    Open(Failure),
+    Log(KernelError),
+}
+
+impl From<KernelError> for Sealing {
+    fn from(error: KernelError) -> Self {
+        Sealing::Log(error)
+    }
+}
+
 /// Runs `audit list`: the records `query` selects, newest first, as a table (sequence
 /// number, time, kind, saga, what it says) or with `json` one document
 /// `{"records": [{"seq", "at_ms", "kind", "saga_id", "body"}]}`. Returns exit 0.
@@ -176,10 +186,16 @@ pub(crate) async fn list_command(
     query: agent_kernel_txlog::AuditQuery,
     json: bool,
 ) -> Result<u8, Failure> {
-    let records = read_log(db, move |path| {
-        agent_kernel_txlog::audit_records(path, &query)
-    })
-    .await?;
+    let records = agent_kernel::operator::audit_records(db, query)
+        .await
+        .map_err(|error| match error {
+            KernelError::Log(error) => crate::log_failure(
+                error,
+                crate::log_exists(db),
+                format!("cannot read the audit records of {}", db.display()),
+            ),
+            other => other.into(),
+        })?;
     if json {
         crate::output::print_json(&json!({ "records": records }));
         return Ok(exit::OK);
@@ -352,19 +368,6 @@ fn summary(record: &agent_kernel_txlog::AuditRecord) -> String {
 pub(crate) async fn verify_log(db: &Path, key: Option<AuditKey>) -> Result<AuditReport, Failure> {
     agent_kernel::operator::verify(db, key)
         .await
-        .with_context(|| format!("cannot verify the log {}", crate::shown_db(db)))
-        .map_err(Failure::bad_input)
-}
-
-/// [`verify_log`] with another check of the same shape (`verify_ignoring_head_file`).
-async fn verify_log_with(
-    db: &Path,
-    key: Option<AuditKey>,
-    verifier: fn(&Path, Option<&AuditKey>) -> Result<AuditReport, agent_kernel_api::TxError>,
-) -> Result<AuditReport, Failure> {
-    let path = db.to_owned();
-    off_thread("the verification", move || verifier(&path, key.as_ref()))
-        .await?
         .with_context(|| format!("cannot verify the log {}", crate::shown_db(db)))
         .map_err(Failure::bad_input)
 }

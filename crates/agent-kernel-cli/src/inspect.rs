@@ -55,15 +55,9 @@ pub(crate) async fn log(cli: &Cli, out: &Output, args: &LogArgs) -> Result<u8, F
     match saga {
         Some(saga) => {
             let saga_id = parse_saga_id(saga)?;
-            let record = agent_kernel_api::TxLog::saga(&log, &saga_id)
-                .await?
-                .ok_or(KernelError::SagaNotFound(saga_id))?;
-            out.saga_record(&record);
+            out.saga_record(&operator::saga(&log, &saga_id).await?);
         }
-        None => {
-            let sagas = agent_kernel_api::TxLog::sagas(&log, *limit).await?;
-            out.saga_list(&sagas);
-        }
+        None => out.saga_list(&operator::sagas(&log, *limit).await?),
     }
     Ok(exit::OK)
 }

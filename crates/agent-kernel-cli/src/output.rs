@@ -359,7 +359,7 @@ impl Output {
             );
             return;
         }
-        let mut list = table(&["seq", "tool", "window closes", "undo"]);
+        let mut list = table(&["seq", "tool", "window closes", "undo", "it would"]);
         for step in &preview.steps {
             use agent_kernel::UndoVerdict;
             let verdict = match &step.verdict {
@@ -382,6 +382,7 @@ impl Output {
                 printable(&step.tool_id),
                 step.window_closes_at_ms.map(format_ms).unwrap_or_default(),
                 verdict,
+                step.restores.as_deref().map(printable).unwrap_or_default(),
             ]);
         }
         println!("{list}");

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use agent_kernel_api::{
     AuditEvent, Clock, Durability, DynTool, Files, IdSource, LogWrite, NewSaga, NoFiles,
-    OperatorCommand, Owner, Plan, PlanStep, SagaId, SagaState, ToolContext, TxError, TxLog,
+    OperatorCommand, Owner, Plan, PlanStep, SagaId, SagaState, ToolContext, ToolError, TxError,
+    TxLog,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -303,6 +304,20 @@ impl Kernel {
         step_idx: usize,
         step: &PlanStep,
     ) -> Result<Vec<Problem>, KernelError> {
+        Ok(self.checked_step(step_idx, step).await?.problems)
+    }
+
+    /// [`check_step`](Self::check_step), keeping the tool's own error when its check
+    /// denied the step: a live call rolls back with that very error.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::Log`] when the log cannot be read.
+    pub(crate) async fn checked_step(
+        &self,
+        step_idx: usize,
+        step: &PlanStep,
+    ) -> Result<CheckedStep, KernelError> {
         let problem = |kind, message: String| Problem {
             step_idx,
             tool: step.tool.clone(),
@@ -311,25 +326,27 @@ impl Kernel {
         };
         if let Err(reason) = self.tools.load(&step.tool).await {
             let server = self.tools.source_of(&step.tool).unwrap_or_default();
-            return Ok(vec![problem(
+            return Ok(CheckedStep::refused(problem(
                 ProblemKind::UnknownTool,
                 format!(
                     "a tool of the upstream MCP server `{server}`, which is unavailable: {reason}"
                 ),
-            )]);
+            )));
         }
         if self.tools.get(&step.tool).is_none() {
-            return Ok(vec![problem(
+            return Ok(CheckedStep::refused(problem(
                 ProblemKind::UnknownTool,
                 format!(
                     "unknown tool (known tools: {})",
                     self.tools.ids().join(", ")
                 ),
-            )]);
+            )));
         }
         let mut problems = Vec::new();
+        let mut denial = None;
         if let Err(error) = self.tools.check(&step.tool, &step.args) {
             problems.push(problem(problem_kind(&error), error.to_string()));
+            denial = error.is_denied().then_some(error);
         }
         if let Some(key) = &step.idempotency_key
             && let Some(binding) = self.log.key_binding(key).await?
@@ -343,7 +360,7 @@ impl Kernel {
                 ),
             ));
         }
-        Ok(problems)
+        Ok(CheckedStep { problems, denial })
     }
 
     pub(crate) fn context(
@@ -374,5 +391,21 @@ impl Kernel {
     /// The tool registered under `id` (an upstream server's once it has been asked).
     pub fn tool(&self, id: &str) -> Option<Arc<dyn DynTool>> {
         self.tools.get(id)
+    }
+}
+
+/// What [`Kernel::checked_step`] found: the step's problems, and the tool's own error when
+/// its check denied the step.
+pub(crate) struct CheckedStep {
+    pub(crate) problems: Vec<Problem>,
+    pub(crate) denial: Option<ToolError>,
+}
+
+impl CheckedStep {
+    fn refused(problem: Problem) -> CheckedStep {
+        CheckedStep {
+            problems: vec![problem],
+            denial: None,
+        }
     }
 }

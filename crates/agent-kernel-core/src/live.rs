@@ -26,7 +26,6 @@ use std::time::Duration;
 use agent_kernel_api::{
     AbortCause, ApprovalRequest, ApprovalStatus, AuditEvent, CallRefusal,
     MAX_IDEMPOTENCY_KEY_BYTES, MAX_LABEL_BYTES, PlanStep, SagaAbort, SagaId, SagaState, StepDenial,
-    ToolError,
 };
 use agent_kernel_fsm::{Denial, Event};
 use serde::Serialize;
@@ -592,7 +591,8 @@ impl Kernel {
             return Ok(LiveStep::Open(Box::new(saga), CallAnswer::Refused(problem)));
         }
         let step_idx = saga.next_seq as usize;
-        let mut problems = self.check_step(step_idx, &step).await?;
+        let checked = self.checked_step(step_idx, &step).await?;
+        let mut problems = checked.problems;
         if let Some(key) = &step.idempotency_key
             && let Some(first) = saga.step_with_key(key)
         {
@@ -607,29 +607,14 @@ impl Kernel {
             });
         }
         if let Some(problem) = problems.first() {
-            let denied = problems
-                .iter()
-                .find(|problem| problem.kind == ProblemKind::Denied);
-            if let Some(denied) = denied {
+            if let Some(denial) = checked.denial {
                 // As a run's: a denial rolls the saga back, with the step recorded refused.
                 let tool = self
                     .tools
                     .get(&step.tool)
                     .expect("a denial comes from a registered tool's check")
                     .clone();
-                let failure = self.refuse_step(
-                    &mut saga,
-                    &step,
-                    tool.as_ref(),
-                    // The problem's message is the check's error, kind first; the new
-                    // error says its kind itself.
-                    ToolError::denied(
-                        denied
-                            .message
-                            .strip_prefix("denied: ")
-                            .unwrap_or(&denied.message),
-                    ),
-                );
+                let failure = self.refuse_step(&mut saga, &step, tool.as_ref(), denial);
                 let report = self.fail_saga(saga, Some(failure), &NoObserver).await?;
                 return Ok(LiveStep::Closed(CallAnswer::rolled_back(report)));
             }

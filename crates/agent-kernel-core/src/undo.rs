@@ -90,6 +90,9 @@ pub struct UndoStepPreview {
     pub tool_id: String,
     /// When its undo window closes (ms since the Unix epoch), when its tool is known.
     pub window_closes_at_ms: Option<i64>,
+    /// What compensating it would put back, as its tool says from the step's record
+    /// ("puts back the previous 12 bytes of `ws/a.txt`"), when the tool can say.
+    pub restores: Option<String>,
     /// What an undo would do to it.
     #[serde(flatten)]
     pub verdict: UndoVerdict,
@@ -181,6 +184,7 @@ impl Kernel {
                 step_seq: step.step_seq,
                 tool_id: step.tool_id.clone(),
                 window_closes_at_ms: None,
+                restores: None,
                 verdict: UndoVerdict::Undoable,
             };
             // An upstream server's tool is known once the server is asked.
@@ -196,6 +200,7 @@ impl Kernel {
                 .updated_at_ms
                 .saturating_add(i64::try_from(window.as_ms()).unwrap_or(i64::MAX));
             preview.window_closes_at_ms = Some(closes_at);
+            preview.restores = tool.restores(&step.args, &step.undo, step.output.as_ref());
             preview.verdict = if tool.reversibility() == Reversibility::None {
                 UndoVerdict::Irreversible
             } else if now_ms > closes_at {

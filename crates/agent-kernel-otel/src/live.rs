@@ -70,8 +70,14 @@ impl LiveConfig {
     ///
     /// # Errors
     ///
-    /// A sentence naming the variable whose value is malformed.
-    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Option<LiveConfig>, String> {
+    /// An [`std::io::ErrorKind::InvalidInput`] error whose message names the variable whose
+    /// value is malformed.
+    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> std::io::Result<Option<LiveConfig>> {
+        Self::from_env_text(env)
+            .map_err(|message| std::io::Error::new(std::io::ErrorKind::InvalidInput, message))
+    }
+
+    fn from_env_text(env: impl Fn(&str) -> Option<String>) -> Result<Option<LiveConfig>, String> {
         if env("OTEL_SDK_DISABLED").is_some_and(|value| value.trim().eq_ignore_ascii_case("true")) {
             return Ok(None);
         }
@@ -167,10 +173,11 @@ impl LiveExporter {
     ///
     /// # Errors
     ///
-    /// The log cannot be opened for reading, or the thread cannot be started.
-    pub fn start(db: PathBuf, owner: Owner, config: LiveConfig) -> Result<LiveExporter, String> {
-        let reader = ChainReader::open(&db).map_err(|error| error.to_string())?;
-        let after = reader.last_seq().map_err(|error| error.to_string())?;
+    /// An I/O error when the log cannot be opened for reading (its message the log's), or
+    /// the thread cannot be started.
+    pub fn start(db: PathBuf, owner: Owner, config: LiveConfig) -> std::io::Result<LiveExporter> {
+        let reader = ChainReader::open(&db).map_err(std::io::Error::other)?;
+        let after = reader.last_seq().map_err(std::io::Error::other)?;
         let counts = Arc::new(LiveCounts::default());
         let (stop, stopped) = mpsc::channel();
         let tail_counts = Arc::clone(&counts);
@@ -202,7 +209,12 @@ impl LiveExporter {
                 };
                 tail.run(&stopped);
             })
-            .map_err(|error| format!("cannot start the OTLP exporter: {error}"))?;
+            .map_err(|error| {
+                std::io::Error::new(
+                    error.kind(),
+                    format!("cannot start the OTLP exporter: {error}"),
+                )
+            })?;
         Ok(LiveExporter {
             stop: Some(stop),
             thread: Some(thread),

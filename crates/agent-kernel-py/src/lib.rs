@@ -229,7 +229,7 @@ impl NativeKernel {
     fn sagas(&self, py: Python<'_>, limit: u32) -> PyResult<String> {
         let kernel = Arc::clone(&self.kernel);
         let sagas = wait(py, async move {
-            agent_kernel::operator::sagas(&kernel, limit).await
+            agent_kernel::operator::sagas(kernel.log().as_ref(), limit).await
         })
         .map_err(|error| native_error(&error))?;
         to_json(&sagas)

@@ -165,6 +165,22 @@ pub enum SandboxError {
         #[source]
         source: io::Error,
     },
+
+    /// A thread could not be confined for a program to start from (the second line could
+    /// not give it what its tool declares), or the launcher has stopped: the program was not
+    /// started.
+    #[error("{reason}")]
+    NotConfined {
+        /// Why.
+        reason: String,
+    },
+
+    /// A declared folder of a program's tool cannot be used (it does not exist, say).
+    #[error("{reason}")]
+    ProgramAccess {
+        /// Why.
+        reason: String,
+    },
 }
 
 impl SandboxError {
@@ -215,7 +231,9 @@ impl SandboxError {
             | SandboxError::Root { .. }
             | SandboxError::HostDenied { .. }
             | SandboxError::ResponseTooLarge { .. }
-            | SandboxError::InvalidUrl { .. } => None,
+            | SandboxError::InvalidUrl { .. }
+            | SandboxError::NotConfined { .. }
+            | SandboxError::ProgramAccess { .. } => None,
             SandboxError::Denied { path, .. }
             | SandboxError::TooLarge { path, .. }
             | SandboxError::Symlink { path, .. }

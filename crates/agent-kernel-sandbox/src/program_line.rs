@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use landlock::{Access, AccessFs, RulesetCreatedAttr, RulesetStatus, path_beneath_rules};
 
-use crate::Policy;
 use crate::second_line::{LANDLOCK_ABI, NetworkLine, restrict_network, roots_ruleset};
+use crate::{Policy, SandboxError};
 
 /// The most `#!` interpreters followed from one program (a script run by a script ...).
 pub const INTERPRETERS_FOLLOWED_MAX: usize = 4;
@@ -62,14 +62,14 @@ impl ProgramAccess {
     ///
     /// # Errors
     ///
-    /// A message naming a declared folder that does not exist.
+    /// [`SandboxError::ProgramAccess`] naming a declared folder that does not exist.
     pub fn resolve(
         folder: &Path,
         commands: &[&[String]],
         path_var: Option<&OsStr>,
         read: &[String],
         write: &[String],
-    ) -> Result<ProgramAccess, String> {
+    ) -> Result<ProgramAccess, SandboxError> {
         let mut access = ProgramAccess::default();
         let mut followed = BTreeSet::new();
         for command in commands {
@@ -94,7 +94,9 @@ impl ProgramAccess {
         ] {
             for entry in declared {
                 let resolved = fs::canonicalize(folder.join(entry)).map_err(|error| {
-                    format!("`{key}` names `{entry}`, which cannot be used: {error}")
+                    SandboxError::ProgramAccess {
+                        reason: format!("`{key}` names `{entry}`, which cannot be used: {error}"),
+                    }
                 })?;
                 into.insert(resolved);
             }
@@ -220,7 +222,7 @@ struct Launcher {
 /// A job for the launcher: the program's access, and what to run once confined.
 type LaunchJob = (
     Arc<ProgramAccess>,
-    Box<dyn FnOnce(Result<(), String>) + Send>,
+    Box<dyn FnOnce(Result<(), SandboxError>) + Send>,
 );
 
 static LAUNCHER: OnceLock<Launcher> = OnceLock::new();
@@ -246,7 +248,8 @@ pub fn start_launcher(policy: &Policy, protected: Vec<PathBuf>) -> io::Result<()
                 let started = std::thread::Builder::new()
                     .name("agent-kernel-launch".to_owned())
                     .spawn(move || {
-                        let confined = confine_this_thread(&access);
+                        let confined = confine_this_thread(&access)
+                            .map_err(|reason| SandboxError::NotConfined { reason });
                         job(confined);
                     });
                 if let Err(error) = started {
@@ -277,9 +280,10 @@ pub fn launcher_running() -> bool {
 }
 
 /// Runs `job` on a thread confined to `access` (see the module's documentation): with
-/// `Ok(())` once confined, or with why it could not be (then the job must start nothing).
-/// Without a launcher, runs it at once, here, with `Ok(())`.
-pub fn launch(access: Arc<ProgramAccess>, job: Box<dyn FnOnce(Result<(), String>) + Send>) {
+/// `Ok(())` once confined, or with [`SandboxError::NotConfined`] saying why it could not be
+/// (then the job must start nothing). Without a launcher, runs it at once, here, with
+/// `Ok(())`.
+pub fn launch(access: Arc<ProgramAccess>, job: Box<dyn FnOnce(Result<(), SandboxError>) + Send>) {
     let Some(launcher) = LAUNCHER.get() else {
         job(Ok(()));
         return;
@@ -290,7 +294,9 @@ pub fn launch(access: Arc<ProgramAccess>, job: Box<dyn FnOnce(Result<(), String>
         .unwrap_or_else(PoisonError::into_inner)
         .send((access, job));
     if let Err(std::sync::mpsc::SendError((_, job))) = queued {
-        job(Err("the launcher thread has stopped".to_owned()));
+        job(Err(SandboxError::NotConfined {
+            reason: "the launcher thread has stopped".to_owned(),
+        }));
     }
 }
 

@@ -148,7 +148,9 @@ pub fn load_tools_file(
 pub fn read_tools_file(path: &Path) -> Result<String, ToolsFileError> {
     std::fs::File::open(path)
         .map_err(|io| format!("cannot read it: {io}"))
-        .and_then(|file| read_text_bounded(file, TOOLS_FILE_BYTES_MAX))
+        .and_then(|file| {
+            read_text_bounded(file, TOOLS_FILE_BYTES_MAX).map_err(|error| error.to_string())
+        })
         .map_err(|message| ToolsFileError {
             path: path.display().to_string(),
             line: None,
@@ -281,7 +283,7 @@ pub fn parse_tools_file(
             &spec.read,
             &spec.write,
         )
-        .map_err(fail)?;
+        .map_err(|error| fail(error.to_string()))?;
         tools.push(CommandTool {
             description: spec.description,
             version: spec.version.unwrap_or_else(|| "1".to_owned()),
@@ -551,8 +553,9 @@ impl CommandTool {
         let id = self.id.clone();
         agent_kernel_sandbox::launch(
             Arc::clone(&self.access),
-            Box::new(move |confined: Result<(), String>| {
-                let started = confined
+            Box::new(
+                move |confined: Result<(), agent_kernel_sandbox::SandboxError>| {
+                    let started = confined
                     .map_err(|why| {
                         format!("the second line (Landlock) cannot give it what `{id}` declares: {why}")
                     })
@@ -565,8 +568,9 @@ impl CommandTool {
                             _ => error.to_string(),
                         })
                     });
-                let _ = answer.send(started);
-            }),
+                    let _ = answer.send(started);
+                },
+            ),
         );
         answered
             .await
@@ -640,6 +644,19 @@ impl Tool for CommandTool {
 }
 
 impl Compensate for CommandTool {
+    fn restores(
+        &self,
+        _args: &Value,
+        _undo: &Undo,
+        _output: Option<&ToolOutput>,
+    ) -> Option<String> {
+        let program = self.compensate.as_ref()?;
+        Some(format!(
+            "runs its `compensate` program ({}) with the step's arguments and output",
+            program.join(" ")
+        ))
+    }
+
     async fn prepare(&self, _ctx: &ToolContext, _args: &Value) -> Result<Undo, ToolError> {
         // The program's compensation works from the arguments and the output, which the log
         // keeps: nothing else to capture.

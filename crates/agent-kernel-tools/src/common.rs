@@ -219,9 +219,15 @@ impl FileAccess {
 /// The saga id is reduced to letters, digits, `-` and `_` and shortened so the name stays a
 /// plain name well under 255 bytes.
 pub(crate) fn temp_name(ctx: &ToolContext) -> String {
+    let saga = saga_for_name(&ctx.saga_id);
+    format!("{TEMP_PREFIX}{saga}-{}{TEMP_SUFFIX}", ctx.step_seq)
+}
+
+/// A saga id as a file name may hold it: at most 128 characters of letters, digits, `-`
+/// and `_` (any other character becomes `_`).
+pub(crate) fn saga_for_name(saga_id: &agent_kernel_api::SagaId) -> String {
     const SAGA_ID_MAX_CHARS: usize = 128;
-    let saga: String = ctx
-        .saga_id
+    saga_id
         .as_str()
         .chars()
         .take(SAGA_ID_MAX_CHARS)
@@ -232,8 +238,7 @@ pub(crate) fn temp_name(ctx: &ToolContext) -> String {
                 '_'
             }
         })
-        .collect();
-    format!("{TEMP_PREFIX}{saga}-{}{TEMP_SUFFIX}", ctx.step_seq)
+        .collect()
 }
 
 /// Checks that an undo record names a temporary file of ours, so a damaged record cannot make

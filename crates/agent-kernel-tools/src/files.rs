@@ -3,10 +3,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use agent_kernel_api::{BoxFuture, Files, ToolContext, ToolError};
-use agent_kernel_sandbox::{FsSandbox, SandboxError};
+use agent_kernel_api::{BoxFuture, Files, SagaId, ToolContext, ToolError};
+use agent_kernel_sandbox::{ConfinedFile, FsSandbox, SandboxError};
 
 use crate::common::{FileAccess, TEMP_PREFIX, TEMP_SUFFIX, sandbox_error, settle, step_blocking};
 
@@ -28,13 +27,33 @@ impl SandboxFiles {
     }
 }
 
-/// The temporary name of one write through [`SandboxFiles`]: this process and a counter, so
-/// no two writes share one. A write cut short by a crash leaves it beside its target
-/// (recovery removes the built-in tools' temporary files only).
-fn temp_name() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{TEMP_PREFIX}files-{}-{n}{TEMP_SUFFIX}", std::process::id())
+impl SandboxFiles {
+    /// The temporary name a write through the context of step `step_seq` of saga `saga_id`
+    /// gives its file `file_name` on its way in, beside it: the same every time, so that a
+    /// write cut short by a crash leaves a name the step's compensation finds. Before each
+    /// write or removal of a file through the context, that name is removed if present.
+    pub fn temp_name(saga_id: &SagaId, step_seq: u32, file_name: &str) -> String {
+        // FNV-1a of the file's name: two files of one step never share a temporary name.
+        let hash = file_name
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+                (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+            });
+        let saga = crate::common::saga_for_name(saga_id);
+        format!("{TEMP_PREFIX}files-{saga}-{step_seq}-{hash:016x}{TEMP_SUFFIX}")
+    }
+}
+
+/// [`SandboxFiles::temp_name`] of `file` for the step of `ctx`.
+fn temp_for(ctx: &ToolContext, file: &ConfinedFile) -> String {
+    let name = file
+        .path()
+        .to_string()
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    SandboxFiles::temp_name(&ctx.saga_id, ctx.step_seq, &name)
 }
 
 impl Files for SandboxFiles {
@@ -70,8 +89,11 @@ impl Files for SandboxFiles {
             let file = self.access.open(path)?;
             let sync = ctx.durability.syncs();
             settle(ctx).await;
+            let temp = temp_for(ctx, &file);
             step_blocking(ctx, move || {
-                file.write_atomic(&bytes, &temp_name(), sync)
+                // What a write of this step cut short by a crash left.
+                file.remove_temp(&temp, sync).map_err(sandbox_error)?;
+                file.write_atomic(&bytes, &temp, sync)
                     .map_err(sandbox_error)
             })
             .await
@@ -87,7 +109,9 @@ impl Files for SandboxFiles {
             let file = self.access.open(path)?;
             let sync = ctx.durability.syncs();
             settle(ctx).await;
+            let temp = temp_for(ctx, &file);
             step_blocking(ctx, move || {
+                file.remove_temp(&temp, sync).map_err(sandbox_error)?;
                 file.remove_file_if_exists(sync).map_err(sandbox_error)
             })
             .await

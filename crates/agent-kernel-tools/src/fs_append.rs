@@ -85,6 +85,19 @@ impl Tool for FsAppend {
 }
 
 impl Compensate for FsAppend {
+    fn restores(&self, _args: &Value, undo: &Undo, _output: Option<&ToolOutput>) -> Option<String> {
+        let AppendUndo {
+            target,
+            existed,
+            len,
+        } = parse_undo(Self::ID, &undo.data).ok()?;
+        Some(if existed {
+            format!("cuts `{target}` back to its previous {}", byte_count(len))
+        } else {
+            format!("removes `{target}`, which the step created")
+        })
+    }
+
     async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
         self.check(args)?;
         let ContentArgs { path, .. } = parse_args(args)?;

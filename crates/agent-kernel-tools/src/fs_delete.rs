@@ -83,6 +83,15 @@ impl Tool for FsDelete {
 }
 
 impl Compensate for FsDelete {
+    fn restores(&self, _args: &Value, undo: &Undo, _output: Option<&ToolOutput>) -> Option<String> {
+        let DeleteUndo { target, .. } = parse_undo(Self::ID, &undo.data).ok()?;
+        let bytes = undo.blob.as_ref()?;
+        Some(format!(
+            "puts `{target}` back with its {}",
+            byte_count(bytes.len() as u64)
+        ))
+    }
+
     async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
         let PathArgs { path } = parse_args(args)?;
         let file = self.files.open(&path)?;

@@ -107,6 +107,20 @@ impl Tool for FsWrite {
 }
 
 impl Compensate for FsWrite {
+    fn restores(&self, _args: &Value, undo: &Undo, _output: Option<&ToolOutput>) -> Option<String> {
+        let WriteUndo {
+            target, existed, ..
+        } = parse_undo(Self::ID, &undo.data).ok()?;
+        Some(match (existed, &undo.blob) {
+            (true, Some(bytes)) => format!(
+                "puts back the previous {} of `{target}`",
+                byte_count(bytes.len() as u64)
+            ),
+            (true, None) => return None,
+            (false, _) => format!("removes `{target}`, which the step created"),
+        })
+    }
+
     async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
         self.check(args)?;
         let ContentArgs { path, .. } = parse_args(args)?;

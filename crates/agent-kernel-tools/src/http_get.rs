@@ -110,12 +110,16 @@ impl HttpGet {
     ///
     /// # Errors
     ///
-    /// A message when the bundle holds no certificate or one that does not parse.
-    pub fn trusting_only(mut self, pem_bundle: &[u8]) -> Result<HttpGet, String> {
-        let roots = reqwest::Certificate::from_pem_bundle(pem_bundle)
-            .map_err(|error| format!("the trusted certificates cannot be read: {error}"))?;
+    /// [`ToolError::invalid_args`] when the bundle holds no certificate or one that does not
+    /// parse.
+    pub fn trusting_only(mut self, pem_bundle: &[u8]) -> Result<HttpGet, ToolError> {
+        let roots = reqwest::Certificate::from_pem_bundle(pem_bundle).map_err(|error| {
+            ToolError::invalid_args(format!("the trusted certificates cannot be read: {error}"))
+        })?;
         if roots.is_empty() {
-            return Err("the trusted certificates hold no PEM certificate".to_owned());
+            return Err(ToolError::invalid_args(
+                "the trusted certificates hold no PEM certificate",
+            ));
         }
         self.roots = Some(roots);
         self.client = OnceLock::new();

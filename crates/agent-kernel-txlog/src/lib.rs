@@ -97,6 +97,7 @@ mod schema;
 mod spill;
 pub mod sql;
 mod store;
+mod transitions;
 mod verify;
 
 use std::path::{Path, PathBuf};

@@ -148,7 +148,9 @@ struct RawCompensation {
 pub fn load_servers(path: &Path) -> Result<Vec<ServerSpec>, ServersFileError> {
     let text = std::fs::File::open(path)
         .map_err(|io| format!("cannot read it: {io}"))
-        .and_then(|file| read_text_bounded(file, SERVERS_FILE_BYTES_MAX))
+        .and_then(|file| {
+            read_text_bounded(file, SERVERS_FILE_BYTES_MAX).map_err(|error| error.to_string())
+        })
         .map_err(|message| ServersFileError {
             path: path.display().to_string(),
             line: None,
@@ -266,7 +268,7 @@ pub fn parse_servers(path: &Path, text: &str) -> Result<Vec<ServerSpec>, Servers
                             args,
                             line: decl_line,
                         })
-                        .map_err(|message| at(format!("compensate.args: {message}")))
+                        .map_err(|error| at(format!("compensate.args: {}", error.message())))
                 })
                 .transpose()?;
             declared.insert(

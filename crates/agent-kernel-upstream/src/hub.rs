@@ -13,6 +13,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agent_kernel_api::ToolError;
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, Tool};
 use rmcp::service::{RoleClient, RunningService, ServiceError};
@@ -154,8 +155,8 @@ impl Hub {
     ///
     /// # Errors
     ///
-    /// A message when the thread or its runtime cannot be started.
-    pub fn new(specs: Vec<ServerSpec>) -> Result<Hub, String> {
+    /// An I/O error when the thread or its runtime cannot be started.
+    pub fn new(specs: Vec<ServerSpec>) -> std::io::Result<Hub> {
         let servers: Arc<Servers> = Arc::new(
             specs
                 .into_iter()
@@ -173,7 +174,12 @@ impl Hub {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|err| format!("cannot start the upstream runtime: {err}"))?;
+            .map_err(|err| {
+                std::io::Error::new(
+                    err.kind(),
+                    format!("cannot start the upstream runtime: {err}"),
+                )
+            })?;
         let (jobs, mut queue) = mpsc::unbounded_channel::<Job>();
         std::thread::Builder::new()
             .name("agent-kernel-upstream".to_owned())
@@ -196,7 +202,12 @@ impl Hub {
                     }
                 });
             })
-            .map_err(|err| format!("cannot start the upstream thread: {err}"))?;
+            .map_err(|err| {
+                std::io::Error::new(
+                    err.kind(),
+                    format!("cannot start the upstream thread: {err}"),
+                )
+            })?;
         Ok(Hub { jobs })
     }
 
@@ -231,9 +242,9 @@ impl Hub {
     ///
     /// # Errors
     ///
-    /// A message naming the server when it cannot be started, does not answer in time or
-    /// does not list its tools.
-    pub async fn list_tools(&self, name: &str) -> Result<Vec<Tool>, String> {
+    /// [`ToolError::failed`] naming the server when it cannot be started, does not answer in
+    /// time or does not list its tools.
+    pub async fn list_tools(&self, name: &str) -> Result<Vec<Tool>, ToolError> {
         let answer = self.submit(name, |server: Arc<Server>| async move {
             let start_timeout = server.spec.start_timeout;
             let listed = async {
@@ -259,10 +270,10 @@ impl Hub {
                 CallError::NotSent(message)
                 | CallError::Refused(message)
                 | CallError::Lost(message),
-            )) => Err(message),
-            Err(_) => Err(format!(
+            )) => Err(ToolError::failed(message)),
+            Err(_) => Err(ToolError::failed(format!(
                 "MCP server `{name}` did not list its tools: the upstream thread stopped"
-            )),
+            ))),
         }
     }
 

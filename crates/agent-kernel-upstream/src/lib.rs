@@ -64,11 +64,7 @@ impl ToolSource for UpstreamSource {
 
     fn load(&self) -> BoxFuture<'_, Result<Vec<SourcedTool>, ToolError>> {
         Box::pin(async move {
-            let listed = self
-                .hub
-                .list_tools(&self.spec.name)
-                .await
-                .map_err(ToolError::failed)?;
+            let listed = self.hub.list_tools(&self.spec.name).await?;
             let listed = usable(&self.path, &self.spec, listed).map_err(ToolError::failed)?;
             Ok(listed
                 .iter()
@@ -92,10 +88,13 @@ impl ToolSource for UpstreamSource {
 ///
 /// # Errors
 ///
-/// A message naming the file and the line when the file cannot be read or parsed, or when
-/// the thread that owns the connections cannot be started.
-pub fn upstream_sources(path: &Path, output_bytes_max: u64) -> Result<Vec<UpstreamSource>, String> {
-    let specs = load_servers(path).map_err(|error| error.to_string())?;
+/// A [`ServersFileError`] naming the file and the line when the file cannot be read or
+/// parsed, or the file alone when the thread that owns the connections cannot be started.
+pub fn upstream_sources(
+    path: &Path,
+    output_bytes_max: u64,
+) -> Result<Vec<UpstreamSource>, ServersFileError> {
+    let specs = load_servers(path)?;
     sources_of(path, specs, output_bytes_max)
 }
 
@@ -110,8 +109,8 @@ pub fn upstream_sources_of(
     path: &Path,
     text: &str,
     output_bytes_max: u64,
-) -> Result<Vec<UpstreamSource>, String> {
-    let specs = parse_servers(path, text).map_err(|error| error.to_string())?;
+) -> Result<Vec<UpstreamSource>, ServersFileError> {
+    let specs = parse_servers(path, text)?;
     sources_of(path, specs, output_bytes_max)
 }
 
@@ -120,11 +119,15 @@ fn sources_of(
     path: &Path,
     specs: Vec<ServerSpec>,
     output_bytes_max: u64,
-) -> Result<Vec<UpstreamSource>, String> {
+) -> Result<Vec<UpstreamSource>, ServersFileError> {
     if specs.is_empty() {
         return Ok(Vec::new());
     }
-    let hub = Arc::new(Hub::new(specs.clone())?);
+    let hub = Arc::new(Hub::new(specs.clone()).map_err(|error| ServersFileError {
+        path: path.display().to_string(),
+        line: None,
+        message: error.to_string(),
+    })?);
     Ok(specs
         .into_iter()
         .map(|spec| UpstreamSource {

@@ -13,6 +13,7 @@
 //! builds the argument of tools that take a list of records (`delete_observations`'s
 //! `deletions` from `add_observations`' `observations`).
 
+use agent_kernel_api::ToolError;
 use serde_json::{Map, Value};
 use serde_json_path::JsonPath;
 
@@ -161,14 +162,14 @@ impl Mapping {
     ///
     /// # Errors
     ///
-    /// A message naming the first query that does not parse, or a template that is not an
-    /// object.
-    pub fn new(template: Value) -> Result<Mapping, String> {
+    /// [`ToolError::invalid_args`] naming the first query that does not parse, or a
+    /// template that is not an object.
+    pub fn new(template: Value) -> Result<Mapping, ToolError> {
         if !template.is_object() {
-            return Err("the arguments are an object".to_owned());
+            return Err(ToolError::invalid_args("the arguments are an object"));
         }
         let mut reads_output = false;
-        check(&template, &mut reads_output, false)?;
+        check(&template, &mut reads_output, false).map_err(ToolError::invalid_args)?;
         Ok(Mapping {
             template,
             reads_output,
@@ -185,11 +186,11 @@ impl Mapping {
     ///
     /// # Errors
     ///
-    /// A message naming the query that selects nothing (or several values where one is
-    /// wanted, or one where a per-element list wants several).
-    pub fn arguments(&self, args: &Value, output: Option<&Value>) -> Result<Value, String> {
+    /// [`ToolError::failed`] naming the query that selects nothing (or several values where
+    /// one is wanted, or one where a per-element list wants several).
+    pub fn arguments(&self, args: &Value, output: Option<&Value>) -> Result<Value, ToolError> {
         let document = serde_json::json!({ "args": args, "output": output });
-        fill(&self.template, &document, None)
+        fill(&self.template, &document, None).map_err(ToolError::failed)
     }
 }
 
@@ -220,7 +221,7 @@ mod tests {
             })
         );
         let error = mapping.arguments(&args, None).expect_err("no output");
-        assert!(error.contains("$.output.entities["), "{error}");
+        assert!(error.message().contains("$.output.entities["), "{error}");
     }
 
     #[test]
@@ -244,8 +245,11 @@ mod tests {
         let error = mapping
             .arguments(&json!({}), Some(&output))
             .expect_err("matches nothing");
-        assert!(error.contains("matches nothing"), "{error}");
-        assert!(error.contains("$.output.entity[*].name"), "{error}");
+        assert!(error.message().contains("matches nothing"), "{error}");
+        assert!(
+            error.message().contains("$.output.entity[*].name"),
+            "{error}"
+        );
         // A list that is there and empty: the call acted on nothing, nothing to undo.
         let empty = json!({"entity": []});
         assert_eq!(
@@ -284,7 +288,7 @@ mod tests {
                 None,
             )
             .expect_err("no entityName");
-        assert!(error.contains("@.entityName"), "{error}");
+        assert!(error.message().contains("@.entityName"), "{error}");
         assert!(Mapping::new(json!({"x": {"$each": "$.args.a[*]"}})).is_err());
         assert!(Mapping::new(json!({"x": {"$each": "$.args.a[*]", "map": {}, "y": 1}})).is_err());
         assert!(Mapping::new(json!({"x": {"$each": "$.args.a[*]", "map": {"z": "@.["}}})).is_err());
@@ -293,7 +297,10 @@ mod tests {
     #[test]
     fn an_invalid_query_is_refused_when_the_file_is_read() {
         let error = Mapping::new(json!({"x": "$.args[?"})).expect_err("invalid");
-        assert!(error.contains("is not a JSONPath query"), "{error}");
+        assert!(
+            error.message().contains("is not a JSONPath query"),
+            "{error}"
+        );
         assert!(Mapping::new(json!(["$.args"])).is_err());
     }
 }

@@ -212,10 +212,11 @@ impl Compensate for UpstreamTool {
         let arguments = compensation
             .args
             .arguments(args, output.map(|output| &output.data))
-            .map_err(|message| {
+            .map_err(|error| {
                 ToolError::failed(format!(
-                    "the compensation of `{}` cannot be built: {message}",
-                    self.id
+                    "the compensation of `{}` cannot be built: {}",
+                    self.id,
+                    error.message()
                 ))
             })?;
         self.call(&compensation.tool, &arguments).await.map(|_| ())

@@ -133,10 +133,12 @@ async fn approvals_undo_previews_and_the_audit_check_are_library_calls() {
         std::fs::read_to_string(base.join("ws/a.txt")).expect("reads"),
         "someone else"
     );
-    let listed = operator::saga(&kernel, &done.saga_id).await.expect("reads");
+    let listed = operator::saga(kernel.log().as_ref(), &done.saga_id)
+        .await
+        .expect("reads");
     assert_eq!(listed.saga.state, SagaState::Done);
     assert!(
-        operator::sagas(&kernel, 10)
+        operator::sagas(kernel.log().as_ref(), 10)
             .await
             .expect("lists")
             .iter()
@@ -228,7 +230,9 @@ async fn an_undo_needs_every_tool_and_its_preview_says_so() {
         matches!(refused, agent_kernel::KernelError::MissingTools { .. }),
         "{refused}"
     );
-    let record = operator::saga(&kernel, &done.saga_id).await.expect("reads");
+    let record = operator::saga(kernel.log().as_ref(), &done.saga_id)
+        .await
+        .expect("reads");
     assert_eq!(record.saga.state, SagaState::Done);
 
     // An undone saga, or one with nothing to undo, previews as an undo that succeeds.

@@ -202,6 +202,25 @@ fn undo_preview_names_each_step_and_changes_nothing() {
             .all(|step| step["verdict"] == "undoable" && step["window_closes_at_ms"].is_i64()),
         "{preview}"
     );
+    // What each compensation would put back, from the step's record.
+    let restores: Vec<&str> = steps
+        .iter()
+        .map(|step| step["restores"].as_str().expect("each file tool says"))
+        .collect();
+    assert!(
+        restores[0].contains("cuts")
+            && restores[0].contains("log.txt")
+            && restores[0].contains("4 bytes"),
+        "{restores:?}"
+    );
+    assert!(
+        restores[1].contains("removes") && restores[1].contains("new.txt"),
+        "{restores:?}"
+    );
+    assert!(
+        restores[2].contains("puts back the previous 6 bytes") && restores[2].contains("a.txt"),
+        "{restores:?}"
+    );
 
     fs::write(
         project.path("ws/log.txt"),

@@ -1,6 +1,7 @@
 //! Integration tests of the built-in tools, one module per topic, on real temporary folders.
 
 mod check;
+mod files;
 mod fs_append;
 mod fs_delete;
 mod fs_read;

@@ -159,19 +159,22 @@ impl AuditKey {
     ///
     /// # Errors
     ///
-    /// A message when the key is too short or too long.
-    pub fn new(bytes: Vec<u8>) -> Result<AuditKey, String> {
+    /// An [`std::io::ErrorKind::InvalidInput`] error saying the key is too short or too
+    /// long.
+    pub fn new(bytes: Vec<u8>) -> std::io::Result<AuditKey> {
+        let invalid =
+            |message: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, message);
         if bytes.len() < AUDIT_KEY_BYTES_MIN {
-            return Err(format!(
+            return Err(invalid(format!(
                 "the audit key has {} bytes; at least {AUDIT_KEY_BYTES_MIN} are needed",
                 bytes.len()
-            ));
+            )));
         }
         if bytes.len() > AUDIT_KEY_BYTES_MAX {
-            return Err(format!(
+            return Err(invalid(format!(
                 "the audit key has {} bytes; at most {AUDIT_KEY_BYTES_MAX} are allowed",
                 bytes.len()
-            ));
+            )));
         }
         Ok(AuditKey(bytes))
     }
@@ -181,12 +184,15 @@ impl AuditKey {
     ///
     /// # Errors
     ///
-    /// A message when the text is not an even number of hex digits, or the key is too
-    /// short or too long.
-    pub fn from_hex(text: &str) -> Result<AuditKey, String> {
+    /// An [`std::io::ErrorKind::InvalidInput`] error when the text is not an even number
+    /// of hex digits, or the key is too short or too long.
+    pub fn from_hex(text: &str) -> std::io::Result<AuditKey> {
         let text = text.trim();
         let bytes = unhex(text).ok_or_else(|| {
-            "the audit key must be written as hex digits (e.g. `openssl rand -hex 32`)".to_owned()
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the audit key must be written as hex digits (e.g. `openssl rand -hex 32`)",
+            )
         })?;
         AuditKey::new(bytes)
     }

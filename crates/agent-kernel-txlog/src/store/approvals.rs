@@ -3,6 +3,7 @@
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
+use crate::transitions::{CONSUMED_FROM, decided_from, sql_in};
 
 /// Inserts a pending request; returns its audit body ([`request_body`]).
 pub(super) fn request_approval(
@@ -85,14 +86,16 @@ pub(super) fn decide_approval<'w>(
 ) -> Result<Applied<'w>, TxError> {
     let status = decision.decision.status();
     let by = settled_by(decision.user.as_deref(), decision.uid);
-    // Approve and reject only a pending request within its time; expire only a pending
-    // one; cancel a pending or an approved one (never a consumed one: that step ran).
+    // From the statuses `transitions` allows; approve and reject within the request's time.
+    let from = sql_in(
+        "status",
+        decided_from(status).iter().map(|status| status.as_str()),
+    );
     let condition = match decision.decision {
         ApprovalDecision::Approve | ApprovalDecision::Reject => {
-            "status = 'pending' AND expires_at_ms > ?5"
+            format!("{from} AND expires_at_ms > ?5")
         }
-        ApprovalDecision::Expire => "status = 'pending'",
-        ApprovalDecision::Cancel | _ => "(status = 'pending' OR status = 'approved')",
+        _ => from,
     };
     let updated: Option<(String, String)> = conn
         .query_row(
@@ -165,7 +168,7 @@ pub(super) fn consume_approval(
     let n_changed = conn
         .execute(
             "UPDATE approvals SET status = 'consumed'
-             WHERE approval_id = ?1 AND status = 'approved' AND saga_id = ?2 AND step_seq = ?3
+             WHERE approval_id = ?1 AND status = ?7 AND saga_id = ?2 AND step_seq = ?3
                  AND tool_id = ?4 AND args = ?5 AND digest = ?6",
             params![
                 consume.approval_id,
@@ -173,7 +176,8 @@ pub(super) fn consume_approval(
                 consume.step_seq,
                 consume.tool_id,
                 args_text,
-                consume.digest
+                consume.digest,
+                CONSUMED_FROM.as_str()
             ],
         )
         .map_err(storage)?;

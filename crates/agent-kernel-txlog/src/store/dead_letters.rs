@@ -2,6 +2,7 @@
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
+use crate::transitions::{CLEARED_BY_LAST_LETTER, settles};
 
 /// Inserts a dead letter for the step, or reopens its existing one with one more attempt;
 /// returns the audit body (the letter's id and attempts as stored, the error quoted and
@@ -58,21 +59,22 @@ pub(super) fn settle_dead_letter<'w>(
     settle: &'w SettleDeadLetter,
     now_ms: i64,
 ) -> Result<Applied<'w>, TxError> {
-    if settle.status == DeadLetterStatus::Open {
+    if !settles(DeadLetterStatus::Open, settle.status) {
         return Err(corrupt("a dead letter is settled as retried or resolved"));
     }
     let by = settled_by(settle.user.as_deref(), settle.uid);
     let updated: Option<String> = conn
         .query_row(
             "UPDATE dead_letters SET status = ?2, settled_at_ms = ?3, settled_by = ?4, note = ?5
-             WHERE letter_id = ?1 AND status = 'open'
+             WHERE letter_id = ?1 AND status = ?6
              RETURNING saga_id",
             params![
                 settle.letter_id,
                 settle.status.as_str(),
                 now_ms,
                 by,
-                settle.note
+                settle.note,
+                DeadLetterStatus::Open.as_str()
             ],
             |row| row.get(0),
         )
@@ -92,12 +94,18 @@ pub(super) fn settle_dead_letter<'w>(
     // compensation is accounted for, and the saga is `FailedRolledBack`, in this record.
     let cleared: Option<String> = conn
         .query_row(
-            "UPDATE sagas SET state = 'FailedRolledBack', updated_at_ms = ?2
-             WHERE saga_id = ?1 AND state = 'FailedRollbackPartial'
+            "UPDATE sagas SET state = ?4, updated_at_ms = ?2
+             WHERE saga_id = ?1 AND state = ?3
                  AND NOT EXISTS (SELECT 1 FROM dead_letters
-                                 WHERE saga_id = ?1 AND status = 'open')
+                                 WHERE saga_id = ?1 AND status = ?5)
              RETURNING state",
-            params![saga_id, now_ms],
+            params![
+                saga_id,
+                now_ms,
+                CLEARED_BY_LAST_LETTER.0.as_str(),
+                CLEARED_BY_LAST_LETTER.1.as_str(),
+                DeadLetterStatus::Open.as_str()
+            ],
             |row| row.get(0),
         )
         .optional()

@@ -7,9 +7,10 @@ mod approvals;
 mod dead_letters;
 pub(crate) mod prune;
 mod sagas;
+mod steps;
 
 #[allow(clippy::wildcard_imports)]
-use self::{approvals::*, dead_letters::*, sagas::*};
+use self::{approvals::*, dead_letters::*, sagas::*, steps::*};
 
 pub(crate) use self::approvals::{
     approval, pending_approvals, saga_approval, vouched_saga_approval,
@@ -293,30 +294,11 @@ fn apply<'w>(
             })
         }
         LogWrite::CreateSaga(saga) => {
-            create_saga(conn, saga, now_ms)?;
-            let body = CanonicalObject::new()
-                .opt_str("actor", saga.actor.as_deref())
-                .flag("dry_run", saga.dry_run)
-                .int("n_steps", saga.n_steps)
-                .opt_str("name", saga.name.as_deref())
-                .object("owner", owner_body(&saga.owner))
-                .str("saga_id", saga.saga_id.as_str())
-                .str("state", saga.state.as_str())
-                .finish();
+            let body = create_saga(conn, saga, now_ms)?;
             Ok(Applied::written(KIND_CREATE_SAGA, &saga.saga_id, body))
         }
         LogWrite::SetState { saga_id, state } => {
-            let n_changed = conn
-                .execute(
-                    "UPDATE sagas SET state = ?2, updated_at_ms = ?3 WHERE saga_id = ?1",
-                    params![saga_id.as_str(), state.as_str(), now_ms],
-                )
-                .map_err(storage)?;
-            expect_one(n_changed, || format!("no saga {saga_id}"))?;
-            let body = CanonicalObject::new()
-                .str("saga_id", saga_id.as_str())
-                .str("state", state.as_str())
-                .finish();
+            let body = set_state(conn, saga_id, *state, now_ms)?;
             Ok(Applied::written(KIND_SET_STATE, saga_id, body))
         }
         LogWrite::BeginStep(step) => {
@@ -333,23 +315,7 @@ fn apply<'w>(
             step_seq,
             output,
         } => {
-            let output = to_json(output)?;
-            let n_changed = conn
-                .execute(
-                    "UPDATE saga_steps SET status = 'COMMIT', output = ?3, updated_at_ms = ?4
-                     WHERE saga_id = ?1 AND step_seq = ?2 AND status = 'BEGIN'",
-                    params![saga_id.as_str(), step_seq, output, now_ms],
-                )
-                .map_err(storage)?;
-            expect_one(n_changed, || {
-                format!("saga {saga_id} has no step {step_seq} in BEGIN to commit")
-            })?;
-            let body = CanonicalObject::new()
-                .str("output_sha256", &sha256_hex(output.as_bytes()))
-                .str("saga_id", saga_id.as_str())
-                .str("status", StepStatus::Commit.as_str())
-                .int("step_seq", *step_seq)
-                .finish();
+            let body = step_outcome(conn, saga_id, *step_seq, Ok(output), now_ms)?;
             Ok(Applied::written(KIND_COMMIT_STEP, saga_id, body))
         }
         LogWrite::FailStep {
@@ -357,84 +323,12 @@ fn apply<'w>(
             step_seq,
             error,
         } => {
-            let error_text = to_json(error)?;
-            let n_changed = conn
-                .execute(
-                    "UPDATE saga_steps SET status = 'FAIL', error = ?3, updated_at_ms = ?4
-                     WHERE saga_id = ?1 AND step_seq = ?2 AND status = 'BEGIN'",
-                    params![saga_id.as_str(), step_seq, error_text, now_ms],
-                )
-                .map_err(storage)?;
-            expect_one(n_changed, || {
-                format!("saga {saga_id} has no step {step_seq} in BEGIN to fail")
-            })?;
-            let body = CanonicalObject::new()
-                .object("error", error_summary(error))
-                .str("error_sha256", &sha256_hex(error_text.as_bytes()))
-                .str("saga_id", saga_id.as_str())
-                .str("status", StepStatus::Fail.as_str())
-                .int("step_seq", *step_seq)
-                .finish();
+            let body = step_outcome(conn, saga_id, *step_seq, Err(error), now_ms)?;
             Ok(Applied::written(KIND_FAIL_STEP, saga_id, body))
         }
-        LogWrite::RefuseStep { step, error } => {
-            // A refusal is usually a denial: its record says what was asked for.
-            let body = insert_step(
-                conn,
-                step,
-                &Undo::none(),
-                StepStatus::Fail,
-                None,
-                Some(error),
-                None,
-                now_ms,
-                ArgsSummary::Quoted,
-            )?;
-            Ok(Applied::written(KIND_REFUSE_STEP, &step.saga_id, body))
-        }
-        LogWrite::ReuseStep {
-            step,
-            from_saga_id,
-            from_step_seq,
-            output,
-        } => {
-            let body = insert_step(
-                conn,
-                step,
-                &Undo::none(),
-                StepStatus::Commit,
-                Some(output),
-                None,
-                Some((from_saga_id, *from_step_seq)),
-                now_ms,
-                ArgsSummary::Omitted,
-            )?;
-            Ok(Applied::written(KIND_REUSE_STEP, &step.saga_id, body))
-        }
-        LogWrite::SimulateStep { step, result } => {
-            if !is_dry_run(conn, &step.saga_id)? {
-                return Err(corrupt(format!(
-                    "saga {} is not a dry run: it cannot hold simulated steps",
-                    step.saga_id
-                )));
-            }
-            let (status, output, error) = match result {
-                Ok(output) => (StepStatus::Commit, Some(output), None),
-                Err(error) => (StepStatus::Fail, None, Some(error)),
-            };
-            let body = insert_step(
-                conn,
-                step,
-                &Undo::none(),
-                status,
-                output,
-                error,
-                None,
-                now_ms,
-                ArgsSummary::Omitted,
-            )?;
-            Ok(Applied::written(KIND_SIMULATE_STEP, &step.saga_id, body))
-        }
+        LogWrite::RefuseStep { .. }
+        | LogWrite::ReuseStep { .. }
+        | LogWrite::SimulateStep { .. } => unbegun_step(conn, write, now_ms),
         LogWrite::Audit(event) => {
             let (kind, saga_id, body) = audit_event_body(event)?;
             Ok(Applied {
@@ -449,27 +343,7 @@ fn apply<'w>(
             step_seq,
             result,
         } => {
-            let (status, note) = match result {
-                Ok(note) => (StepStatus::Compensated, note.clone()),
-                Err(error) => (StepStatus::CompensationFailed, to_json(error)?),
-            };
-            let n_changed = conn
-                .execute(
-                    "UPDATE saga_steps SET status = ?3, compensation = ?4, updated_at_ms = ?5
-                     WHERE saga_id = ?1 AND step_seq = ?2 AND status <> 'COMPENSATED'",
-                    params![saga_id.as_str(), step_seq, status.as_str(), note, now_ms],
-                )
-                .map_err(storage)?;
-            expect_one(n_changed, || {
-                format!("saga {saga_id} has no uncompensated step {step_seq}")
-            })?;
-            let body = CanonicalObject::new()
-                .str("compensation", &quote(&note, QUOTE_BYTES_MAX))
-                .str("compensation_sha256", &sha256_hex(note.as_bytes()))
-                .str("saga_id", saga_id.as_str())
-                .str("status", status.as_str())
-                .int("step_seq", *step_seq)
-                .finish();
+            let body = compensation(conn, saga_id, *step_seq, result, now_ms)?;
             Ok(Applied::written(KIND_COMPENSATION, saga_id, body))
         }
         LogWrite::RequestApproval(request) => {

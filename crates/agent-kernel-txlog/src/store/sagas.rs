@@ -3,7 +3,8 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
-pub(super) fn create_saga(conn: &dyn Db, saga: &NewSaga, now_ms: i64) -> Result<(), TxError> {
+/// Creates saga `saga`; returns the audit body.
+pub(super) fn create_saga(conn: &dyn Db, saga: &NewSaga, now_ms: i64) -> Result<String, TxError> {
     if saga.n_steps == 0 && saga.dry_run {
         // A live saga (no plan, `n_steps` 0) is never simulated.
         return Err(corrupt("a dry run needs the steps of its plan"));
@@ -51,7 +52,15 @@ pub(super) fn create_saga(conn: &dyn Db, saga: &NewSaga, now_ms: i64) -> Result<
         ],
     )
     .map_err(storage)?;
-    Ok(())
+    Ok(CanonicalObject::new()
+        .opt_str("actor", saga.actor.as_deref())
+        .flag("dry_run", saga.dry_run)
+        .int("n_steps", saga.n_steps)
+        .opt_str("name", saga.name.as_deref())
+        .object("owner", owner_body(&saga.owner))
+        .str("saga_id", saga.saga_id.as_str())
+        .str("state", saga.state.as_str())
+        .finish())
 }
 
 /// Claims the step's idempotency key (if any) and records its intent; returns the outcome

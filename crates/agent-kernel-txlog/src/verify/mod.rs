@@ -1,9 +1,12 @@
 //! [`verify`]: checks a log's audit chain, its head file, and that the tables the kernel
 //! reads say what the chain says.
 
+mod approvals;
 mod compare;
+mod dead_letters;
 mod model;
 mod replay;
+mod sagas;
 
 #[allow(clippy::wildcard_imports)]
 use self::model::*;

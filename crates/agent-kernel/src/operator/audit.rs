@@ -1,10 +1,11 @@
-//! The audit chain: `audit verify`, and the check every compensating action makes first.
+//! The audit chain: `audit verify`, `audit list`, `audit seal`, and the check every
+//! compensating action makes first.
 
 use std::path::{Path, PathBuf};
 
-use agent_kernel_api::TxError;
+use agent_kernel_api::{AuditEvent, OperatorCommand, Owner, TxError};
 use agent_kernel_core::KernelError;
-use agent_kernel_txlog::AuditReport;
+use agent_kernel_txlog::{AuditHead, AuditQuery, AuditRecord, AuditReport, SqliteLog};
 
 use super::off_thread;
 use crate::AuditKey;
@@ -81,4 +82,71 @@ pub async fn vouch_for_log(db: &Path, key: Option<AuditKey>) -> Result<Vouched, 
             reason: bad.reason,
         }),
     }
+}
+
+/// The audit records `query` selects, newest first (`audit list`). Reads only; SQLite logs.
+///
+/// # Errors
+///
+/// [`KernelError::Log`] when the log cannot be read, or a kind in `query` is unknown.
+pub async fn audit_records(db: &Path, query: AuditQuery) -> Result<Vec<AuditRecord>, KernelError> {
+    let db = db.to_owned();
+    let records = off_thread("reading the audit records", move || {
+        agent_kernel_txlog::audit_records(&db, &query)
+    })
+    .await?;
+    Ok(records?)
+}
+
+/// What [`seal`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sealed {
+    /// Every record and table verified (`verified`, the head file left out), and the seal
+    /// is the chain's newest record, which the head file now names (`head`).
+    Sealed {
+        /// The verification before the seal.
+        verified: AuditReport,
+        /// The seal's record.
+        head: AuditHead,
+    },
+    /// A record or a table is bad: nothing was written.
+    NotIntact(AuditReport),
+}
+
+/// Seals the log at `db` (`audit seal`), for a log an operator has looked at after its
+/// head file was lost or disagreed: verifies every record and table (not the head file),
+/// and if they hold, opens the log with `open` and records the seal (by `by`, `uid`) in
+/// the chain, which moves the head file to it. SQLite logs.
+///
+/// # Errors
+///
+/// `open`'s error; [`KernelError::Log`] when the log cannot be verified or written.
+pub async fn seal<E: From<KernelError>>(
+    db: &Path,
+    key: Option<AuditKey>,
+    by: Owner,
+    uid: Option<u32>,
+    open: impl FnOnce() -> Result<SqliteLog, E>,
+) -> Result<Sealed, E> {
+    let checked = db.to_owned();
+    let verified = off_thread("the audit check", move || {
+        agent_kernel_txlog::verify_ignoring_head_file(&checked, key.as_ref())
+    })
+    .await?
+    .map_err(KernelError::Log)?;
+    if !verified.is_intact() {
+        return Ok(Sealed::NotIntact(verified));
+    }
+    let log = open()?;
+    let head = log
+        .seal(AuditEvent::Operator(OperatorCommand {
+            command: "audit seal".to_owned(),
+            saga_id: None,
+            options: Vec::new(),
+            by,
+            uid,
+        }))
+        .await
+        .map_err(KernelError::Log)?;
+    Ok(Sealed::Sealed { verified, head })
 }

@@ -1,5 +1,6 @@
 //! The operator's actions, as library calls: what the command line's `approvals`,
-//! `approve`, `reject`, `undo`, `dlq`, `recover`, `prune`, `audit verify` and `log` do,
+//! `approve`, `reject`, `undo`, `dlq`, `recover`, `prune`, `audit verify`, `audit list`,
+//! `audit seal` and `log` do,
 //! each a function with a typed request and a typed report, so that the command line, a
 //! web console and the Python package share one implementation.
 //!
@@ -17,14 +18,14 @@ mod dead_letters;
 mod lock;
 mod recovery;
 
-use agent_kernel_api::{SagaId, SagaRecord, SagaSummary, TxError};
+use agent_kernel_api::{SagaId, SagaRecord, SagaSummary, TxError, TxLog};
 use agent_kernel_core::{
     Kernel, KernelError, Observer, PruneReport, SagaReport, UndoPreview, UndoRequest,
 };
 
 pub use approvals::{ApprovalView, Decision, LaterStep, approval, decide, pending_approvals};
 #[cfg(feature = "sqlite")]
-pub use audit::{Vouched, verify, vouch_for_log};
+pub use audit::{Sealed, Vouched, audit_records, seal, verify, vouch_for_log};
 pub use dead_letters::{
     DueRetries, NotRetried, RetryRequest, dead_letters, resolve_dead_letter, retry_dead_letter,
     retry_due,
@@ -88,24 +89,23 @@ pub async fn prune(kernel: &Kernel, older_than_ms: u64) -> Result<PruneReport, K
     kernel.prune(older_than_ms).await
 }
 
-/// The most recent sagas, newest first, at most `limit` (`log`).
+/// The most recent sagas of `log`, newest first, at most `limit` (`log`; a kernel's is
+/// [`Kernel::log`]).
 ///
 /// # Errors
 ///
 /// [`KernelError::Log`].
-pub async fn sagas(kernel: &Kernel, limit: u32) -> Result<Vec<SagaSummary>, KernelError> {
-    Ok(kernel.log().sagas(limit).await?)
+pub async fn sagas(log: &dyn TxLog, limit: u32) -> Result<Vec<SagaSummary>, KernelError> {
+    Ok(log.sagas(limit).await?)
 }
 
-/// One saga with its steps (`log --saga ID`).
+/// One saga of `log` with its steps (`log --saga ID`).
 ///
 /// # Errors
 ///
 /// [`KernelError::SagaNotFound`]; [`KernelError::Log`].
-pub async fn saga(kernel: &Kernel, saga_id: &SagaId) -> Result<SagaRecord, KernelError> {
-    kernel
-        .log()
-        .saga(saga_id)
+pub async fn saga(log: &dyn TxLog, saga_id: &SagaId) -> Result<SagaRecord, KernelError> {
+    log.saga(saga_id)
         .await?
         .ok_or_else(|| KernelError::SagaNotFound(saga_id.clone()))
 }
