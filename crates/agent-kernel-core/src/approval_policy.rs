@@ -210,7 +210,7 @@ pub fn approval_digest(saga_id: &SagaId, step_seq: u32, tool: &str, args: &Value
         .collect()
 }
 
-/// An operator's decision on a request, as [`Kernel::decide_approval`] takes it.
+/// An operator's decision on a request, as [`Kernel::decide_approval`](crate::Kernel::decide_approval) takes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperatorDecision {
     /// Approve or reject.
