@@ -287,7 +287,8 @@ pub trait DynTool: sealed::Sealed + Send + Sync + 'static {
     ///
     /// As [`Tool::check`].
     fn check(&self, args: &Value) -> Result<(), ToolError>;
-    /// See [`Compensate::prepare`]; [`Undo::none`] for a tool without compensation.
+    /// See [`Compensate::prepare`]; for a tool without compensation, its
+    /// [`check`](Tool::check), then [`Undo::none`].
     fn prepare<'a>(
         &'a self,
         ctx: &'a ToolContext,
@@ -456,7 +457,11 @@ impl<T: Tool> DynTool for Registered<T> {
     ) -> BoxFuture<'a, Result<Undo, ToolError>> {
         match &self.compensation {
             Some(compensation) => (compensation.prepare)(&self.tool, ctx, args),
-            None => Box::pin(std::future::ready(Ok(Undo::none()))),
+            // Nothing to capture; the check rules again where the step is prepared (a plan
+            // resumed in another process, say), so a denied step never begins.
+            None => Box::pin(std::future::ready(
+                self.tool.check(args).map(|()| Undo::none()),
+            )),
         }
     }
 
@@ -519,7 +524,7 @@ impl<T: Tool> DynTool for Registered<T> {
         let result = match self.spec.effect() {
             EffectClass::ReadOnly => Ok(()),
             _ => Err(ToolError::failed(format!(
-                "`{}` cannot be undone: it has no compensation",
+                "`{}` is mutating but implements no compensation",
                 self.spec.id()
             ))),
         };

@@ -120,30 +120,21 @@ pub(crate) async fn seal_command(
     owner: agent_kernel_api::Owner,
     open: impl FnOnce() -> Result<agent_kernel_txlog::SqliteLog, Failure>,
 ) -> Result<u8, Failure> {
-    let sealed = agent_kernel::operator::seal(db, key, owner, agent_kernel::current_uid(), || {
-        open().map_err(Sealing::Open)
-    })
-    .await
-    .map_err(|failure| match failure {
-        Sealing::Open(failure) => failure,
-        Sealing::Log(error) => {
-            let failure = Failure::from(error);
-            Failure {
-                error: failure
-                    .error
-                    .context(format!("cannot seal the log {}", crate::shown_db(db))),
-                ..failure
-            }
-        }
-    })?;
-    let (report, head) = match sealed {
-        agent_kernel::operator::Sealed::NotIntact(report) => {
-            print_report(&report, json);
-            eprintln!("agent-kernel: the log was not sealed: its records or tables are bad");
-            return Ok(EXIT_TAMPERED);
-        }
-        agent_kernel::operator::Sealed::Sealed { verified, head } => (verified, head),
-    };
+    let report = agent_kernel::operator::verify_ignoring_head_file(db, key)
+        .await
+        .with_context(|| format!("cannot verify the log {}", crate::shown_db(db)))
+        .map_err(Failure::bad_input)?;
+    if !report.is_intact() {
+        print_report(&report, json);
+        eprintln!("agent-kernel: the log was not sealed: its records or tables are bad");
+        return Ok(EXIT_TAMPERED);
+    }
+    let log = open()?;
+    let head = agent_kernel::operator::seal(&log, owner, agent_kernel::current_uid())
+        .await
+        .map_err(|error| {
+            Failure::internal(anyhow::Error::new(error).context("cannot seal the log"))
+        })?;
     if json {
         let document = json!({
             "ok": true,
@@ -160,18 +151,6 @@ pub(crate) async fn seal_command(
         );
     }
     Ok(exit::OK)
-}
-
-/// Why `audit seal` failed: opening the log, or verifying or writing it.
-enum Sealing {
-    Open(Failure),
-    Log(KernelError),
-}
-
-impl From<KernelError> for Sealing {
-    fn from(error: KernelError) -> Self {
-        Sealing::Log(error)
-    }
 }
 
 /// Runs `audit list`: the records `query` selects, newest first, as a table (sequence

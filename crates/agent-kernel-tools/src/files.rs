@@ -1,8 +1,9 @@
 //! The kernel's file access for every tool ([`Files`]): the same sandbox and folder as the
 //! built-in file tools, so a tool of the program's own is confined exactly as `fs.write` is.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use agent_kernel_api::{BoxFuture, Files, SagaId, ToolContext, ToolError};
 use agent_kernel_sandbox::{ConfinedFile, FsSandbox, SandboxError};
@@ -41,6 +42,37 @@ impl SandboxFiles {
             });
         let saga = crate::common::saga_for_name(saga_id);
         format!("{TEMP_PREFIX}files-{saga}-{step_seq}-{hash:016x}{TEMP_SUFFIX}")
+    }
+}
+
+/// The temporary names of this process's writes and removals under way: a second write of
+/// one file in one step waits for the first, so that neither clears the other's temporary
+/// file. Held on the blocking thread that does the I/O, never on the runtime's.
+struct TempInUse(String);
+
+static TEMPS_IN_USE: (Mutex<BTreeSet<String>>, Condvar) =
+    (Mutex::new(BTreeSet::new()), Condvar::new());
+
+impl TempInUse {
+    fn claim(name: &str) -> TempInUse {
+        let (names, freed) = &TEMPS_IN_USE;
+        let mut names = names.lock().unwrap_or_else(PoisonError::into_inner);
+        while names.contains(name) {
+            names = freed.wait(names).unwrap_or_else(PoisonError::into_inner);
+        }
+        names.insert(name.to_owned());
+        TempInUse(name.to_owned())
+    }
+}
+
+impl Drop for TempInUse {
+    fn drop(&mut self) {
+        let (names, freed) = &TEMPS_IN_USE;
+        names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.0);
+        freed.notify_all();
     }
 }
 
@@ -91,6 +123,7 @@ impl Files for SandboxFiles {
             settle(ctx).await;
             let temp = temp_for(ctx, &file);
             step_blocking(ctx, move || {
+                let _in_use = TempInUse::claim(&temp);
                 // What a write of this step cut short by a crash left.
                 file.remove_temp(&temp, sync).map_err(sandbox_error)?;
                 file.write_atomic(&bytes, &temp, sync)
@@ -111,6 +144,7 @@ impl Files for SandboxFiles {
             settle(ctx).await;
             let temp = temp_for(ctx, &file);
             step_blocking(ctx, move || {
+                let _in_use = TempInUse::claim(&temp);
                 file.remove_temp(&temp, sync).map_err(sandbox_error)?;
                 file.remove_file_if_exists(sync).map_err(sandbox_error)
             })

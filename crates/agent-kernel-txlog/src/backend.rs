@@ -339,7 +339,7 @@ impl HeadFile {
                 .as_ref()
                 .ok()
                 .and_then(Option::as_ref)
-                .map(crate::AuditHead::from),
+                .map(crate::head::AuditHead::from),
             macs_verified: key.is_some(),
             n_records_with_mac: 0,
             first_bad: None,

@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use agent_kernel_api::Durability;
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use agent_kernel_api::canonical_json;
@@ -44,6 +45,24 @@ pub(crate) struct Head {
     /// [`ZERO_HASH`](crate::digest::ZERO_HASH) for an empty chain.
     pub(crate) hash: String,
     pub(crate) mac: Option<String>,
+}
+
+/// A position in the chain: a record's sequence number and hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AuditHead {
+    /// The sequence number (0 for an empty chain).
+    pub seq: u64,
+    /// The record's hash (64 zeros for an empty chain).
+    pub hash: String,
+}
+
+impl From<&Head> for AuditHead {
+    fn from(head: &Head) -> AuditHead {
+        AuditHead {
+            seq: head.seq.unsigned_abs(),
+            hash: head.hash.clone(),
+        }
+    }
 }
 
 /// The largest head file read; a real one is [`HEAD_FILE_BYTES`].

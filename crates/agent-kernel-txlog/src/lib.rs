@@ -117,15 +117,14 @@ pub use create::{DB_LINK_HOPS_MAX, resolve_db_path};
 #[doc(hidden)]
 pub use downgrade::downgrade_in_place;
 pub use floor::{FloorReport, measure_commit_floor};
+pub use head::AuditHead;
 pub use records::{
     AUDIT_RECORDS_DEFAULT, AUDIT_RECORDS_MAX, AuditQuery, AuditRecord, ChainReader,
     audit_record_kinds, audit_records, saga_chains,
 };
 pub use spill::VERIFY_ENTRIES_IN_MEMORY_MAX;
 pub use store::prune::{PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX};
-pub use verify::{
-    AuditHead, AuditReport, BadRecord, verify, verify_bounded, verify_ignoring_head_file,
-};
+pub use verify::{AuditReport, BadRecord, verify, verify_bounded, verify_ignoring_head_file};
 
 use crate::audit::AuditSettings;
 

@@ -197,11 +197,50 @@ fn module_graph(crate_dir: &str) -> BTreeMap<String, std::collections::BTreeSet<
             );
         }
     }
+    // A name the crate's root re-exports (`crate::AuditHead`) stands for its module.
+    let reexports = root_reexports(&std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs"));
     let modules: std::collections::BTreeSet<String> = graph.keys().cloned().collect();
-    for edges in graph.values_mut() {
-        edges.retain(|name| modules.contains(name));
+    for (module, edges) in &mut graph {
+        *edges = edges
+            .iter()
+            .map(|name| reexports.get(name).unwrap_or(name).clone())
+            .filter(|name| modules.contains(name) && name != module)
+            .collect();
     }
     graph
+}
+
+/// The names `lib.rs` re-exports (`pub use verify::{AuditReport, …};`), each with the
+/// module it comes from.
+fn root_reexports(lib: &str) -> BTreeMap<String, String> {
+    let mut names = BTreeMap::new();
+    for statement in lib.split(';') {
+        let statement = statement.trim();
+        let Some(path) = statement
+            .strip_prefix("pub use ")
+            .or_else(|| statement.strip_prefix("pub(crate) use "))
+        else {
+            continue;
+        };
+        let module = path
+            .split("::")
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        let items = match path.split_once('{') {
+            Some((_, group)) => group.trim_end_matches('}').to_owned(),
+            None => path.rsplit("::").next().unwrap_or_default().to_owned(),
+        };
+        for item in items.split(',') {
+            let name = item.split(" as ").last().unwrap_or_default().trim();
+            let name = name.rsplit("::").next().unwrap_or_default();
+            if !name.is_empty() {
+                names.insert(name.to_owned(), module.clone());
+            }
+        }
+    }
+    names
 }
 
 /// A cycle among `graph`'s modules, if there is one, as the path around it.

@@ -63,3 +63,37 @@ async fn a_write_cut_short_leaves_a_name_the_steps_next_write_or_removal_clears(
         "two files of one step never share a temporary name"
     );
 }
+
+/// Two writes of one file in one step at once: both succeed, one after the other, and the
+/// file holds one of them whole; no temporary file is left.
+#[tokio::test]
+async fn two_writes_of_one_file_in_one_step_at_once_both_land_whole() {
+    let fixture = crate::Fixture::new();
+    let base = &fixture.base;
+    let ctx = confined(base, 5);
+    for _ in 0..20 {
+        let (first, second) = tokio::join!(
+            ctx.write_file("workspace/kv.txt", vec![b'a'; 40]),
+            ctx.write_file("workspace/kv.txt", vec![b'b'; 40]),
+        );
+        first.expect("the first lands");
+        second.expect("the second lands");
+        let bytes = fs::read(base.join("workspace/kv.txt")).expect("written");
+        assert!(
+            bytes == vec![b'a'; 40] || bytes == vec![b'b'; 40],
+            "one write whole: {bytes:?}"
+        );
+    }
+    let left: Vec<String> = fs::read_dir(base.join("workspace"))
+        .expect("lists")
+        .map(|entry| {
+            entry
+                .expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|name| name.starts_with(".agent-kernel-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -30,7 +30,7 @@ use std::borrow::Cow;
 use rusqlite::{Connection, TransactionBehavior};
 use serde_json::{Value, json};
 
-use crate::AuditHead;
+use crate::head::AuditHead;
 use crate::sql::storage;
 use crate::sql::{Db, OptionalExtension as _, Row, ToValue, params};
 

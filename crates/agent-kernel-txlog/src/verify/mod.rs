@@ -21,13 +21,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::audit::{
-    self, AuditKey, Head, KIND_APPROVAL_CONSUMED, KIND_APPROVAL_DECIDED, KIND_APPROVAL_REQUESTED,
+    self, AuditKey, KIND_APPROVAL_CONSUMED, KIND_APPROVAL_DECIDED, KIND_APPROVAL_REQUESTED,
     KIND_BEGIN_STEP, KIND_CALL_REFUSED, KIND_COMMIT_STEP, KIND_COMPENSATION, KIND_CREATE_SAGA,
     KIND_DEAD_LETTER, KIND_DEAD_LETTER_SETTLED, KIND_FAIL_STEP, KIND_GENESIS, KIND_OPERATOR,
     KIND_PLAN_DENIED, KIND_PRUNE, KIND_REFUSE_STEP, KIND_REUSE_STEP, KIND_SAGA_ABORTED,
     KIND_SET_STATE, KIND_SIMULATE_STEP, KIND_TAKE_OVER, Record, ZERO_HASH, sha256_hex,
 };
-use crate::head;
+use crate::head::{self, AuditHead};
 use crate::schema::{self, AUDIT_SCHEMA_VERSION};
 use crate::spill::{self, Entry, Key, Scratch, Spill, VERIFY_ENTRIES_IN_MEMORY_MAX};
 use crate::store::prune::SagaRecords;
@@ -54,24 +54,6 @@ impl AuditReport {
     /// Whether nothing was found wrong.
     pub fn is_intact(&self) -> bool {
         self.first_bad.is_none()
-    }
-}
-
-/// A position in the chain: a record's sequence number and hash.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AuditHead {
-    /// The sequence number (0 for an empty chain).
-    pub seq: u64,
-    /// The record's hash (64 zeros for an empty chain).
-    pub hash: String,
-}
-
-impl From<&Head> for AuditHead {
-    fn from(head: &Head) -> AuditHead {
-        AuditHead {
-            seq: head.seq.unsigned_abs(),
-            hash: head.hash.clone(),
-        }
     }
 }
 

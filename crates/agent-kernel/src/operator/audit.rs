@@ -98,46 +98,32 @@ pub async fn audit_records(db: &Path, query: AuditQuery) -> Result<Vec<AuditReco
     Ok(records?)
 }
 
-/// What [`seal`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Sealed {
-    /// Every record and table verified (`verified`, the head file left out), and the seal
-    /// is the chain's newest record, which the head file now names (`head`).
-    Sealed {
-        /// The verification before the seal.
-        verified: AuditReport,
-        /// The seal's record.
-        head: AuditHead,
-    },
-    /// A record or a table is bad: nothing was written.
-    NotIntact(AuditReport),
-}
-
-/// Seals the log at `db` (`audit seal`), for a log an operator has looked at after its
-/// head file was lost or disagreed: verifies every record and table (not the head file),
-/// and if they hold, opens the log with `open` and records the seal (by `by`, `uid`) in
-/// the chain, which moves the head file to it. SQLite logs.
+/// Checks every record and table of the log at `db`, leaving its head file out: what
+/// `audit seal` checks before it seals, for a log whose head file was lost or disagrees.
+/// Reads only; SQLite logs.
 ///
 /// # Errors
 ///
-/// `open`'s error; [`KernelError::Log`] when the log cannot be verified or written.
-pub async fn seal<E: From<KernelError>>(
+/// [`KernelError::Log`] when the log cannot be read.
+pub async fn verify_ignoring_head_file(
     db: &Path,
     key: Option<AuditKey>,
-    by: Owner,
-    uid: Option<u32>,
-    open: impl FnOnce() -> Result<SqliteLog, E>,
-) -> Result<Sealed, E> {
-    let checked = db.to_owned();
+) -> Result<AuditReport, KernelError> {
+    let db = db.to_owned();
     let verified = off_thread("the audit check", move || {
-        agent_kernel_txlog::verify_ignoring_head_file(&checked, key.as_ref())
+        agent_kernel_txlog::verify_ignoring_head_file(&db, key.as_ref())
     })
-    .await?
-    .map_err(KernelError::Log)?;
-    if !verified.is_intact() {
-        return Ok(Sealed::NotIntact(verified));
-    }
-    let log = open()?;
+    .await?;
+    Ok(verified?)
+}
+
+/// Seals `log` (`audit seal`) once [`verify_ignoring_head_file`] found it intact: records
+/// the seal, by `by` (`uid`), as the chain's newest record, which the head file then names.
+///
+/// # Errors
+///
+/// [`KernelError::Log`] when the seal cannot be written.
+pub async fn seal(log: &SqliteLog, by: Owner, uid: Option<u32>) -> Result<AuditHead, KernelError> {
     let head = log
         .seal(AuditEvent::Operator(OperatorCommand {
             command: "audit seal".to_owned(),
@@ -146,7 +132,6 @@ pub async fn seal<E: From<KernelError>>(
             by,
             uid,
         }))
-        .await
-        .map_err(KernelError::Log)?;
-    Ok(Sealed::Sealed { verified, head })
+        .await?;
+    Ok(head)
 }

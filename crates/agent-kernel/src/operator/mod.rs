@@ -25,7 +25,7 @@ use agent_kernel_core::{
 
 pub use approvals::{ApprovalView, Decision, LaterStep, approval, decide, pending_approvals};
 #[cfg(feature = "sqlite")]
-pub use audit::{Sealed, Vouched, audit_records, seal, verify, vouch_for_log};
+pub use audit::{Vouched, audit_records, seal, verify, verify_ignoring_head_file, vouch_for_log};
 pub use dead_letters::{
     DueRetries, NotRetried, RetryRequest, dead_letters, resolve_dead_letter, retry_dead_letter,
     retry_due,
