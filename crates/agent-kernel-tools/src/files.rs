@@ -76,6 +76,25 @@ impl Drop for TempInUse {
     }
 }
 
+/// Runs `work(file, temp, sync)` as the step of `ctx`'s work on a blocking thread, once that
+/// step's earlier work has ended, with the step's temporary name `temp` for the file held
+/// and whatever a write cut short by a crash left under it removed first.
+async fn leftover_cleared<T: Send + 'static>(
+    ctx: &ToolContext,
+    file: ConfinedFile,
+    work: impl FnOnce(&ConfinedFile, &str, bool) -> Result<T, SandboxError> + Send + 'static,
+) -> Result<T, ToolError> {
+    let sync = ctx.durability.syncs();
+    settle(ctx).await;
+    let temp = temp_for(ctx, &file);
+    step_blocking(ctx, move || {
+        let _in_use = TempInUse::claim(&temp);
+        file.remove_temp(&temp, sync).map_err(sandbox_error)?;
+        work(&file, &temp, sync).map_err(sandbox_error)
+    })
+    .await
+}
+
 /// [`SandboxFiles::temp_name`] of `file` for the step of `ctx`.
 fn temp_for(ctx: &ToolContext, file: &ConfinedFile) -> String {
     let name = file
@@ -119,15 +138,8 @@ impl Files for SandboxFiles {
         Box::pin(async move {
             self.access.check_size(path, bytes.len())?;
             let file = self.access.open(path)?;
-            let sync = ctx.durability.syncs();
-            settle(ctx).await;
-            let temp = temp_for(ctx, &file);
-            step_blocking(ctx, move || {
-                let _in_use = TempInUse::claim(&temp);
-                // What a write of this step cut short by a crash left.
-                file.remove_temp(&temp, sync).map_err(sandbox_error)?;
-                file.write_atomic(&bytes, &temp, sync)
-                    .map_err(sandbox_error)
+            leftover_cleared(ctx, file, move |file, temp, sync| {
+                file.write_atomic(&bytes, temp, sync)
             })
             .await
         })
@@ -140,13 +152,8 @@ impl Files for SandboxFiles {
     ) -> BoxFuture<'a, Result<bool, ToolError>> {
         Box::pin(async move {
             let file = self.access.open(path)?;
-            let sync = ctx.durability.syncs();
-            settle(ctx).await;
-            let temp = temp_for(ctx, &file);
-            step_blocking(ctx, move || {
-                let _in_use = TempInUse::claim(&temp);
-                file.remove_temp(&temp, sync).map_err(sandbox_error)?;
-                file.remove_file_if_exists(sync).map_err(sandbox_error)
+            leftover_cleared(ctx, file, |file, _temp, sync| {
+                file.remove_file_if_exists(sync)
             })
             .await
         })

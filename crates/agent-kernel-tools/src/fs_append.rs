@@ -12,7 +12,7 @@ use crate::common::{
     FileAccess, TOOL_VERSION, blocking, byte_count, parse_args, parse_undo, sandbox_error, settle,
     step_blocking, undo_data,
 };
-use crate::fs_write::{ContentArgs, content_schema};
+use crate::fs_write::{ContentArgs, check_content, content_schema, simulated_content};
 
 /// `fs.append`: mutating; appends `content` to `path`, creating the file if absent but never
 /// its folder.
@@ -54,18 +54,11 @@ impl Tool for FsAppend {
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
-        let ContentArgs { path, content } = parse_args(args)?;
-        self.files.resolve(&path)?;
-        self.files.check_size(&path, content.len())
+        check_content(&self.files, args)
     }
 
     async fn simulate(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
-        let ContentArgs { path, content } = parse_args(args)?;
-        let count = content.len() as u64;
-        Ok(
-            ToolOutput::new(json!({ "path": path, "bytes": count, "dry_run": true }))
-                .with_effect(format!("would append {} to {path}", byte_count(count))),
-        )
+        simulated_content(args, "append")
     }
 
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {

@@ -52,6 +52,24 @@ impl FsWrite {
 }
 
 /// The schema of `fs.write` and `fs.append`.
+/// The check of a tool taking `{path, content}`: the path ruled on by the policy, and the
+/// content within its size bound. Touches nothing.
+pub(crate) fn check_content(files: &FileAccess, args: &Value) -> Result<(), ToolError> {
+    let ContentArgs { path, content } = parse_args(args)?;
+    files.resolve(&path)?;
+    files.check_size(&path, content.len())
+}
+
+/// What a dry run of a tool taking `{path, content}` that would `verb` it reports.
+pub(crate) fn simulated_content(args: &Value, verb: &str) -> Result<ToolOutput, ToolError> {
+    let ContentArgs { path, content } = parse_args(args)?;
+    let count = content.len() as u64;
+    Ok(
+        ToolOutput::new(json!({ "path": path, "bytes": count, "dry_run": true }))
+            .with_effect(format!("would {verb} {} to {path}", byte_count(count))),
+    )
+}
+
 pub(crate) fn content_schema(title: &str) -> Value {
     object_schema(
         title,
@@ -76,18 +94,11 @@ impl Tool for FsWrite {
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
-        let ContentArgs { path, content } = parse_args(args)?;
-        self.files.resolve(&path)?;
-        self.files.check_size(&path, content.len())
+        check_content(&self.files, args)
     }
 
     async fn simulate(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
-        let ContentArgs { path, content } = parse_args(args)?;
-        let count = content.len() as u64;
-        Ok(
-            ToolOutput::new(json!({ "path": path, "bytes": count, "dry_run": true }))
-                .with_effect(format!("would write {} to {path}", byte_count(count))),
-        )
+        simulated_content(args, "write")
     }
 
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {

@@ -307,13 +307,14 @@ impl KernelBuilder {
     /// Adds a read-only tool of the program's own. [`build`](Self::build) refuses it when
     /// its spec says it is mutating.
     pub fn read_only_tool<T: Tool>(mut self, tool: T) -> Self {
-        if tool.spec().effect() != EffectClass::ReadOnly {
+        let entry = ToolEntry::new(tool);
+        if entry.as_dyn().effect() != EffectClass::ReadOnly {
             self.refused.push(format!(
                 "tool `{}` was added as read-only but its spec says it is mutating",
-                tool.spec().id()
+                entry.id()
             ));
         }
-        self.tool_entry(ToolEntry::new(tool))
+        self.tool_entry(entry)
     }
 
     /// Adds a tool of the program's own whose effect cannot be undone: its spec must

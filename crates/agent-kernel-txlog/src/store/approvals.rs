@@ -136,15 +136,8 @@ pub(super) fn decide_approval<'w>(
                 .map(|by| quote(by, QUOTE_BYTES_MAX))
                 .as_deref(),
         )
-        .str("digest", &digest)
-        .opt_str(
-            "note",
-            note.map(|note| quote(note, QUOTE_BYTES_MAX)).as_deref(),
-        )
-        .opt_str(
-            "note_sha256",
-            note.map(|note| sha256_hex(note.as_bytes())).as_deref(),
-        )
+        .str("digest", &digest);
+    let body = with_note(body, note)
         .str("saga_id", &saga_id)
         .str("status", status.as_str())
         .opt_int("uid", decision.uid)

@@ -113,15 +113,8 @@ pub(super) fn settle_dead_letter<'w>(
     let note = settle.note.as_deref();
     let body = CanonicalObject::new()
         .object("by", owner_body(&settle.by))
-        .str("letter_id", &settle.letter_id)
-        .opt_str(
-            "note",
-            note.map(|note| quote(note, QUOTE_BYTES_MAX)).as_deref(),
-        )
-        .opt_str(
-            "note_sha256",
-            note.map(|note| sha256_hex(note.as_bytes())).as_deref(),
-        )
+        .str("letter_id", &settle.letter_id);
+    let body = with_note(body, note)
         .str("saga_id", &saga_id)
         .opt_str("saga_state", cleared.as_deref())
         .opt_str(

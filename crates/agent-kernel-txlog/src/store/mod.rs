@@ -43,6 +43,19 @@ use crate::audit::{
     QUOTE_BYTES_MAX, canonical_json, error_summary, quote, sha256_hex,
 };
 
+/// An operator's note in an audit body: quoted (at most [`QUOTE_BYTES_MAX`] bytes) as
+/// `note`, and bound whole by `note_sha256`; neither when there is none.
+fn with_note(body: CanonicalObject, note: Option<&str>) -> CanonicalObject {
+    body.opt_str(
+        "note",
+        note.map(|note| quote(note, QUOTE_BYTES_MAX)).as_deref(),
+    )
+    .opt_str(
+        "note_sha256",
+        note.map(|note| sha256_hex(note.as_bytes())).as_deref(),
+    )
+}
+
 fn corrupt(what: impl std::fmt::Display) -> TxError {
     TxError::Corrupt(what.to_string())
 }

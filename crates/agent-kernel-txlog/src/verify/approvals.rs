@@ -57,10 +57,7 @@ impl Replay {
         at_ms: i64,
     ) -> Result<(), String> {
         body.object("by")?;
-        let status: ApprovalStatus = body
-            .str("status")?
-            .parse()
-            .map_err(|err| format!("its body's `status`: {err}"))?;
+        let status: ApprovalStatus = body.parsed("status")?;
         let note_sha256 = body.opt_str("note_sha256")?;
         let decided_by = body.opt_str("decided_by")?;
         let digest = body.str("digest")?.to_owned();

@@ -99,10 +99,7 @@ impl Replay {
         at_ms: i64,
     ) -> Result<(), String> {
         body.object("by")?;
-        let status: DeadLetterStatus = body
-            .str("status")?
-            .parse()
-            .map_err(|err| format!("its body's `status`: {err}"))?;
+        let status: DeadLetterStatus = body.parsed("status")?;
         let note_sha256 = body.opt_str("note_sha256")?;
         let settled_by = body.opt_str("settled_by")?;
         let letter_id = body.str("letter_id")?;

@@ -248,16 +248,23 @@ impl<'a> Body<'a> {
             .ok_or_else(|| format!("its body's `{name}` is not an object"))
     }
 
-    pub(super) fn state(&self, name: &str) -> Result<SagaState, String> {
+    /// The text field `name`, parsed as a `T` (a state, a status).
+    pub(super) fn parsed<T>(&self, name: &str) -> Result<T, String>
+    where
+        T: std::str::FromStr,
+        T::Err: std::fmt::Display,
+    {
         self.str(name)?
             .parse()
             .map_err(|err| format!("its body's `{name}`: {err}"))
     }
 
+    pub(super) fn state(&self, name: &str) -> Result<SagaState, String> {
+        self.parsed(name)
+    }
+
     pub(super) fn status(&self, name: &str) -> Result<StepStatus, String> {
-        self.str(name)?
-            .parse()
-            .map_err(|err| format!("its body's `{name}`: {err}"))
+        self.parsed(name)
     }
 
     pub(super) fn owner(&self, name: &str) -> Result<OwnerModel, String> {
