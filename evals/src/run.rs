@@ -604,7 +604,16 @@ impl Runner {
                 {"tool": "fs.write", "args": {"path": path, "content": content}},
             ]});
             std::fs::write(root.join("state/later.json"), serde_json::to_vec(&plan)?)?;
-            let code = cli(&self.env.bin, root, &["run", "--plan", "state/later.json"]).await?;
+            let mut code = cli(&self.env.bin, root, &["run", "--plan", "state/later.json"]).await?;
+            if code == CONFLICT_EXIT {
+                // The dead saga still holds the file (isolation): refused, nothing written,
+                // until `recover` settles the dead saga; then the later saga runs again.
+                run.note(format!(
+                    "a later saga on {path} was refused: the dead saga holds it (exit {code})"
+                ));
+                self.recover(root, run).await?;
+                code = cli(&self.env.bin, root, &["run", "--plan", "state/later.json"]).await?;
+            }
             run.note(format!(
                 "a later saga wrote {path}: agent-kernel run exited {code}"
             ));
@@ -692,6 +701,9 @@ async fn wait_past_slow_effect(killed: Instant) {
 
 /// How long past [`SLOW_EFFECT_MS`] the world is read, for a loaded machine's scheduling.
 const SLOW_EFFECT_MARGIN_MS: u64 = 400;
+
+/// `agent-kernel run`'s exit code for a conflict: another unsettled saga holds a resource.
+const CONFLICT_EXIT: i32 = 6;
 
 /// A kernel (or, for the baseline, the tools) for a side's folder, built off the runtime.
 async fn kernel_at(root: &Path, tools_file: bool) -> Result<Arc<agent_kernel::Kernel>> {

@@ -138,6 +138,11 @@ pub struct ApprovalRequest {
     /// policy they load themselves.
     #[serde(default)]
     pub operator_key_check: Option<String>,
+    /// When the step may repeat an irreversible effect: the earlier step its duplicate keys
+    /// match (`[limits] duplicate_window`), shown beside it to whoever decides. Bound to the
+    /// request by its audit record.
+    #[serde(default)]
+    pub duplicate_of: Option<crate::DuplicateStep>,
 }
 
 /// A request as the log holds it, with where it stands.

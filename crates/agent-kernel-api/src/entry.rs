@@ -7,8 +7,9 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::{
-    BoxFuture, EffectClass, ProbeOutcome, Reversibility, Settlement, ToolContext, ToolError,
-    ToolOutput, ToolSpec, Undo, UndoWindow,
+    BoxFuture, EffectClass, MAX_RESOURCE_KEY_BYTES, MAX_RESOURCES_PER_STEP, ProbeOutcome,
+    Reversibility, Settlement, ToolContext, ToolError, ToolOutput, ToolSpec, Undo, UndoWindow,
+    template_keys, tool_resource,
 };
 
 /// A tool: a [`ToolSpec`] that describes it, and [`execute`](Self::execute), which performs
@@ -63,6 +64,26 @@ pub trait Tool: Send + Sync + 'static {
     /// when the sandbox policy forbids the call.
     fn check(&self, _args: &Value) -> Result<(), ToolError> {
         Ok(())
+    }
+
+    /// The resources a call with `args` touches, when the tool names them itself (a file
+    /// tool names the file as its sandbox resolves it, however the path was spelled).
+    /// `Ok(None)`, the default, leaves them to the spec's
+    /// [`with_resources`](ToolSpec::with_resources) templates, and without those to the
+    /// tool's own name (`tool:ID`); `Ok(Some(vec![]))` says the call touches nothing another
+    /// saga could. Asked before anything of the call runs, for mutating tools only; it must
+    /// not change anything.
+    ///
+    /// # Errors
+    ///
+    /// A [`ToolError`] when the arguments name no resource it can resolve; the step is then
+    /// refused before it began.
+    fn resources(
+        &self,
+        _ctx: &ToolContext,
+        _args: &Value,
+    ) -> impl Future<Output = Result<Option<Vec<String>>, ToolError>> + Send {
+        std::future::ready(Ok(None))
     }
 
     /// What `execute` would plausibly return, computed without touching anything: used by
@@ -212,6 +233,14 @@ impl<T: Tool> Tool for Arc<T> {
         T::check(self, args)
     }
 
+    fn resources(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+    ) -> impl Future<Output = Result<Option<Vec<String>>, ToolError>> + Send {
+        T::resources(self, ctx, args)
+    }
+
     fn simulate(
         &self,
         ctx: &ToolContext,
@@ -287,6 +316,32 @@ pub trait DynTool: sealed::Sealed + Send + Sync + 'static {
     ///
     /// As [`Tool::check`].
     fn check(&self, args: &Value) -> Result<(), ToolError>;
+    /// The resources a call with `args` claims with its BEGIN, sorted and without repeats:
+    /// none for a read-only tool; else [`Tool::resources`], or the spec's templates, or
+    /// `tool:ID` when neither names any.
+    ///
+    /// # Errors
+    ///
+    /// As [`Tool::resources`]; [`ToolError::invalid_args`] for more than
+    /// [`MAX_RESOURCES_PER_STEP`] keys or one longer than [`MAX_RESOURCE_KEY_BYTES`].
+    fn resources<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+    ) -> BoxFuture<'a, Result<Vec<String>, ToolError>>;
+    /// The keys that make a call with `args` the same effect as an earlier step of the tool:
+    /// none for a tool of reversibility `full`; else the spec's
+    /// [`with_duplicate_keys`](ToolSpec::with_duplicate_keys) templates, or without those its
+    /// [`resources`](Self::resources).
+    ///
+    /// # Errors
+    ///
+    /// As [`resources`](Self::resources).
+    fn duplicate_keys<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+    ) -> BoxFuture<'a, Result<Vec<String>, ToolError>>;
     /// See [`Compensate::prepare`]; for a tool without compensation, its
     /// [`check`](Tool::check), then [`Undo::none`].
     fn prepare<'a>(
@@ -448,6 +503,48 @@ impl<T: Tool> DynTool for Registered<T> {
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
         self.tool.check(args)
+    }
+
+    fn resources<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+    ) -> BoxFuture<'a, Result<Vec<String>, ToolError>> {
+        Box::pin(async move {
+            if self.spec.effect() == EffectClass::ReadOnly {
+                return Ok(Vec::new());
+            }
+            let keys = match self.tool.resources(ctx, args).await? {
+                Some(keys) => keys,
+                None => {
+                    let keys = template_keys(self.spec.resources(), args);
+                    if keys.is_empty() {
+                        vec![tool_resource(self.spec.id())]
+                    } else {
+                        keys
+                    }
+                }
+            };
+            bounded_keys(keys)
+        })
+    }
+
+    fn duplicate_keys<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+    ) -> BoxFuture<'a, Result<Vec<String>, ToolError>> {
+        Box::pin(async move {
+            if self.spec.effect() == EffectClass::ReadOnly
+                || self.spec.reversibility() == Reversibility::Full
+            {
+                return Ok(Vec::new());
+            }
+            if self.spec.duplicate_keys().is_empty() {
+                return self.resources(ctx, args).await;
+            }
+            bounded_keys(template_keys(self.spec.duplicate_keys(), args))
+        })
     }
 
     fn prepare<'a>(
@@ -630,6 +727,26 @@ impl ToolEntry {
     }
 }
 
+/// `keys` sorted and without repeats, within [`MAX_RESOURCES_PER_STEP`] and
+/// [`MAX_RESOURCE_KEY_BYTES`].
+fn bounded_keys(mut keys: Vec<String>) -> Result<Vec<String>, ToolError> {
+    keys.sort();
+    keys.dedup();
+    if keys.len() > MAX_RESOURCES_PER_STEP {
+        return Err(ToolError::invalid_args(format!(
+            "the call names {} resources, more than the maximum of {MAX_RESOURCES_PER_STEP}",
+            keys.len()
+        )));
+    }
+    if let Some(key) = keys.iter().find(|key| key.len() > MAX_RESOURCE_KEY_BYTES) {
+        return Err(ToolError::invalid_args(format!(
+            "a resource key of the call has {} bytes, more than the maximum of {MAX_RESOURCE_KEY_BYTES}",
+            key.len()
+        )));
+    }
+    Ok(keys)
+}
+
 /// A spec that claims what its tool cannot do; see [`ToolEntry`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -640,6 +757,9 @@ pub enum Misdeclaration {
     ProbeWithoutProbe,
     /// An empty id.
     EmptyId,
+    /// Duplicate keys declared by a tool of reversibility `full`, whose calls are undone,
+    /// not repeated.
+    DuplicateKeysWhenReversible,
 }
 
 impl std::fmt::Display for Misdeclaration {
@@ -650,6 +770,9 @@ impl std::fmt::Display for Misdeclaration {
             }
             Misdeclaration::ProbeWithoutProbe => "settlement probe needs a tool with a probe",
             Misdeclaration::EmptyId => "a tool id is not empty",
+            Misdeclaration::DuplicateKeysWhenReversible => {
+                "duplicate keys are for tools of reversibility none or partial"
+            }
         })
     }
 }
@@ -667,6 +790,9 @@ fn misdeclaration(tool: &dyn DynTool) -> Option<Misdeclaration> {
     }
     if spec.settlement() == Settlement::Probe && !tool.probes() {
         return Some(Misdeclaration::ProbeWithoutProbe);
+    }
+    if !spec.duplicate_keys().is_empty() && spec.reversibility() == Reversibility::Full {
+        return Some(Misdeclaration::DuplicateKeysWhenReversible);
     }
     None
 }

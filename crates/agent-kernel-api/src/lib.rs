@@ -80,6 +80,7 @@ mod files;
 mod log;
 mod observed;
 mod plan;
+mod resource;
 mod reversibility;
 mod spec;
 mod state;
@@ -96,14 +97,19 @@ pub use clock::{Clock, IdSource, format_rfc3339_ms};
 pub use entry::{Compensate, DynTool, Misdeclaration, Probe, Tool, ToolEntry};
 pub use files::{Files, NoFiles};
 pub use log::{
-    AbortCause, AuditEvent, BeginStep, CallRefusal, KeyBinding, LeaseStatus, LogWrite, NewSaga,
-    OperatorCommand, Owner, PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX, PlanDenial, PruneSagas,
-    SagaAbort, SagaRecord, SagaSummary, StepDenial, StepRecord, TxError, TxLog, WriteOutcome,
+    AbortCause, AuditEvent, BeginStep, CallRefusal, ConflictRecord, DuplicateStep, KeyBinding,
+    LeaseStatus, LogWrite, NewSaga, OperatorCommand, Owner, PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX,
+    PlanDenial, PruneSagas, SagaAbort, SagaRecord, SagaSummary, StepDenial, StepRecord, TxError,
+    TxLog, WriteOutcome,
 };
 pub use observed::{ObservedLog, WriteObserver};
 pub use plan::{
     MAX_IDEMPOTENCY_KEY_BYTES, MAX_LABEL_BYTES, MAX_PLAN_BYTES, MAX_PLAN_STEPS, Plan, PlanError,
     PlanStep,
+};
+pub use resource::{
+    KeyTemplate, KeyTemplateError, LockHolder, MAX_RESOURCE_KEY_BYTES, MAX_RESOURCES_PER_STEP,
+    file_resource, parse_templates, template_keys, tool_resource,
 };
 pub use reversibility::{
     DEFAULT_UNDO_WINDOW_MS, MAX_UNDO_WINDOW_MS, Reversibility, UndoWindow, not_a_duration,

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::{
     ApprovalRecord, ApprovalRequest, ApprovalStatus, BoxFuture, ConsumeApproval, DeadLetter,
-    DeadLetterStatus, DecideApproval, EffectClass, RecordDeadLetter, SagaId, SagaState,
+    DeadLetterStatus, DecideApproval, EffectClass, LockHolder, RecordDeadLetter, SagaId, SagaState,
     SettleDeadLetter, StepStatus, ToolError, ToolOutput, Undo,
 };
 
@@ -91,6 +91,17 @@ pub struct BeginStep {
     pub idempotency_key: Option<String>,
     /// What compensation needs.
     pub undo: Undo,
+    /// The resources the step claims with its BEGIN ([`DynTool::resources`]), held until
+    /// its saga is settled; a claim another saga holds is refused
+    /// ([`WriteOutcome::Conflict`]) and nothing of the step is written.
+    ///
+    /// [`DynTool::resources`]: crate::DynTool::resources
+    pub resources: Vec<String>,
+    /// The keys that make a later call of the same tool a duplicate of this step
+    /// ([`DynTool::duplicate_keys`]); recorded with the step, claimed by nothing.
+    ///
+    /// [`DynTool::duplicate_keys`]: crate::DynTool::duplicate_keys
+    pub duplicate_keys: Vec<String>,
 }
 
 /// One record to write. A batch of them is written in one transaction.
@@ -191,6 +202,13 @@ pub enum LogWrite {
         /// `Ok(note)` when compensated (status `COMPENSATED`), `Err(error)` when not
         /// (status `COMPENSATION_FAILED`).
         result: Result<String, ToolError>,
+    },
+    /// Claims again every resource the saga's begun steps declared (for `undo` of a settled
+    /// saga, which then holds them until it is settled again): fails the batch with
+    /// [`TxError::Conflict`] when another unsettled saga holds one.
+    ClaimLocks {
+        /// The saga.
+        saga_id: SagaId,
     },
 }
 
@@ -318,6 +336,10 @@ pub enum WriteOutcome {
     NotPending(ApprovalStatus),
     /// A `SettleDeadLetter` on a letter that is no longer open: nothing was changed.
     NotOpen(DeadLetterStatus),
+    /// A `BeginStep` whose resources another unsettled saga holds: nothing of the step was
+    /// written (nor the approval it would have consumed), and a `LockConflict` record names
+    /// the holder in the audit chain. The rest of the batch was written.
+    Conflict(Box<LockHolder>),
     /// A `Prune`: how many sagas, and steps of theirs, were removed (the named sagas that
     /// were no longer prunable were left as they are).
     Pruned {
@@ -445,6 +467,48 @@ pub struct SagaRecord {
     pub saga: SagaSummary,
     /// Its steps, by `step_seq`.
     pub steps: Vec<StepRecord>,
+    /// The resources it holds now (none once it is settled), sorted.
+    #[serde(default)]
+    pub locks: Vec<String>,
+    /// The claims of its steps that other sagas' locks refused, oldest first.
+    #[serde(default)]
+    pub conflicts: Vec<ConflictRecord>,
+}
+
+/// A claim a saga's step made on a resource another saga held, as the log recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConflictRecord {
+    /// When, in ms since the Unix epoch.
+    pub at_ms: i64,
+    /// The position the step would have had.
+    pub step_seq: u32,
+    /// Its tool.
+    pub tool_id: String,
+    /// The resource refused.
+    pub resource: String,
+    /// The saga that held it.
+    pub holder_saga_id: SagaId,
+    /// That saga's state then.
+    pub holder_state: SagaState,
+}
+
+/// A step an irreversible call duplicates ([`TxLog::duplicate_of`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DuplicateStep {
+    /// Its saga.
+    pub saga_id: SagaId,
+    /// Its position.
+    pub step_seq: u32,
+    /// Its tool.
+    pub tool_id: String,
+    /// Its arguments, as they ran.
+    pub args: Value,
+    /// Its status.
+    pub status: StepStatus,
+    /// The key the two calls share.
+    pub key: String,
+    /// When it began, in ms since the Unix epoch.
+    pub at_ms: i64,
 }
 
 /// Why the log could not do what was asked.
@@ -512,6 +576,10 @@ pub enum TxError {
         /// When and why.
         reason: String,
     },
+    /// A [`LogWrite::ClaimLocks`] found a resource of the saga held by another unsettled
+    /// saga; nothing of the batch was written.
+    #[error("conflict: {0}")]
+    Conflict(Box<LockHolder>),
     /// A [`LogWrite::ConsumeApproval`] found no approved, unused request naming exactly its
     /// saga, step, tool, arguments and digest; nothing of the batch was written.
     #[error("approval {approval_id} cannot be used for this step: {reason}")]
@@ -600,6 +668,21 @@ pub trait TxLog: Send + Sync + 'static {
     ///
     /// [`TxError`] when the log cannot be read.
     fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>>;
+
+    /// The most recent step of `tool_id` begun at or after `since_ms`, in a saga other than
+    /// `saga_id`, whose duplicate keys share one of `keys`; not a step that failed before
+    /// its effect or was refused.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn duplicate_of<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        tool_id: &'a str,
+        keys: &'a [String],
+        since_ms: i64,
+    ) -> BoxFuture<'a, Result<Option<DuplicateStep>, TxError>>;
 
     /// The binding of an idempotency key, if the key was ever used.
     ///

@@ -7,8 +7,8 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{
-    ApprovalRecord, BoxFuture, DeadLetter, KeyBinding, LeaseStatus, LogWrite, Owner, SagaId,
-    SagaRecord, SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
+    ApprovalRecord, BoxFuture, DeadLetter, DuplicateStep, KeyBinding, LeaseStatus, LogWrite, Owner,
+    SagaId, SagaRecord, SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
 };
 
 /// What an [`ObservedLog`] tells about each write (one transaction), numbered from 0.
@@ -161,6 +161,16 @@ where
             }
             outcome
         })
+    }
+
+    fn duplicate_of<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        tool_id: &'a str,
+        keys: &'a [String],
+        since_ms: i64,
+    ) -> BoxFuture<'a, Result<Option<DuplicateStep>, TxError>> {
+        self.inner.duplicate_of(saga_id, tool_id, keys, since_ms)
     }
 
     fn approval<'a>(

@@ -2,11 +2,12 @@
 
 use serde_json::Value;
 
-use crate::{EffectClass, Reversibility, Settlement, UndoWindow};
+use crate::{EffectClass, KeyTemplate, Reversibility, Settlement, UndoWindow};
 
 /// What a tool is, as a value: its id, version and description, the JSON Schema of its
 /// arguments, and how the kernel must treat its steps (effect, idempotency, settlement,
-/// reversibility, undo window).
+/// reversibility, undo window), and what a call touches (its resource keys, and for an
+/// irreversible tool what makes two calls one payment twice: its duplicate keys).
 ///
 /// Start from [`ToolSpec::read_only`] or [`ToolSpec::mutating`], whose defaults are the safe
 /// ones, and change what differs with the `with_…` methods. A tool hands its spec to the
@@ -35,6 +36,8 @@ pub struct ToolSpec {
     settlement: Settlement,
     reversibility: Reversibility,
     undo_window: Option<UndoWindow>,
+    resources: Vec<KeyTemplate>,
+    duplicate_keys: Vec<KeyTemplate>,
 }
 
 impl ToolSpec {
@@ -72,6 +75,8 @@ impl ToolSpec {
             settlement: Settlement::Compensate,
             reversibility: Reversibility::Full,
             undo_window: None,
+            resources: Vec::new(),
+            duplicate_keys: Vec::new(),
         }
     }
 
@@ -133,6 +138,32 @@ impl ToolSpec {
         self
     }
 
+    /// The resources a call of a mutating tool touches, as keys computed from its arguments
+    /// (`$.args.account`, `ledger:$.args.id`): a step claims them with its BEGIN, and no
+    /// other saga may claim them until its saga is settled. A mutating tool that declares
+    /// none (and whose [`Tool::resources`](crate::Tool::resources) says nothing) touches one
+    /// resource named by itself, `tool:ID`; a call whose templates select nothing does too.
+    /// Read-only tools claim nothing.
+    #[must_use]
+    pub fn with_resources(mut self, templates: impl IntoIterator<Item = KeyTemplate>) -> ToolSpec {
+        self.resources = templates.into_iter().collect();
+        self
+    }
+
+    /// What makes two calls of an irreversible tool (reversibility `none` or `partial`) the
+    /// same effect, as keys computed from the arguments (`$.args.invoice`): a call whose
+    /// keys match a step of the same tool begun within `[limits] duplicate_window` waits
+    /// for an operator, whatever its other arguments. Without them, the tool's resources
+    /// decide. Declared by a tool of reversibility `full`, they are refused at registration.
+    #[must_use]
+    pub fn with_duplicate_keys(
+        mut self,
+        templates: impl IntoIterator<Item = KeyTemplate>,
+    ) -> ToolSpec {
+        self.duplicate_keys = templates.into_iter().collect();
+        self
+    }
+
     /// The stable tool id used in plans, e.g. `fs.write`.
     pub fn id(&self) -> &str {
         &self.id
@@ -176,5 +207,15 @@ impl ToolSpec {
     /// See [`with_undo_window`](Self::with_undo_window).
     pub fn undo_window(&self) -> Option<UndoWindow> {
         self.undo_window
+    }
+
+    /// See [`with_resources`](Self::with_resources).
+    pub fn resources(&self) -> &[KeyTemplate] {
+        &self.resources
+    }
+
+    /// See [`with_duplicate_keys`](Self::with_duplicate_keys).
+    pub fn duplicate_keys(&self) -> &[KeyTemplate] {
+        &self.duplicate_keys
     }
 }

@@ -244,6 +244,9 @@ pub enum ToolErrorKind {
     /// A compensation was not run because what its step left has changed since (another
     /// saga, a person or another program changed it): running it would destroy that.
     Changed,
+    /// A resource the call would claim is held by another saga that is not settled; nothing
+    /// of the call ran.
+    Conflict,
 }
 
 impl ToolErrorKind {
@@ -257,6 +260,7 @@ impl ToolErrorKind {
             ToolErrorKind::Panicked => "panicked",
             ToolErrorKind::Validation => "validation failed",
             ToolErrorKind::Changed => "changed since",
+            ToolErrorKind::Conflict => "conflict",
         }
     }
 }
@@ -321,6 +325,12 @@ impl ToolError {
         Self::new(ToolErrorKind::Changed, message, Outcome::NotApplied)
     }
 
+    /// A resource the call would claim is held by another unsettled saga; `message` names
+    /// it and its holder. Nothing happened.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(ToolErrorKind::Conflict, message, Outcome::NotApplied)
+    }
+
     /// A failure after which the effect may or may not have happened.
     pub fn uncertain(message: impl Into<String>) -> Self {
         Self::new(ToolErrorKind::Failed, message, Outcome::Uncertain)
@@ -380,6 +390,11 @@ impl ToolError {
     /// Whether the sandbox denied the call.
     pub fn is_denied(&self) -> bool {
         self.kind == ToolErrorKind::Denied
+    }
+
+    /// Whether another saga's lock refused the call.
+    pub fn is_conflict(&self) -> bool {
+        self.kind == ToolErrorKind::Conflict
     }
 
     /// Whether a validation check did not hold.

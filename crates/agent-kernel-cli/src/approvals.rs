@@ -62,6 +62,20 @@ pub(crate) async fn list_command(kernel: &Kernel, out: &Output) -> Result<u8, Fa
         ]);
     }
     println!("{list}");
+    for view in &pending {
+        if let Some(earlier) = &view.request.duplicate_of {
+            println!(
+                "⚠ {} may repeat an effect: saga {} step {} called `{}` with the same `{}` at {}; `agent-kernel approvals --show {}` shows both calls",
+                printable(&view.request.approval_id),
+                earlier.saga_id,
+                earlier.step_seq,
+                printable(&earlier.tool_id),
+                printable(&earlier.key),
+                format_ms(earlier.at_ms),
+                printable(&view.request.approval_id),
+            );
+        }
+    }
     println!(
         "each request shows its whole arguments; `agent-kernel approvals --show ID` shows one with the plan's later steps"
     );
@@ -119,6 +133,21 @@ pub(crate) async fn show_command(
     println!("  arguments (canonical JSON, whole):");
     for line in shown_arguments(&view.args_shown, &view.args_warnings).lines() {
         println!("    {line}");
+    }
+    if let Some(earlier) = &request.duplicate_of {
+        let shown = agent_kernel::shown_json(&earlier.args);
+        println!(
+            "  ⚠ it may repeat an effect: saga {} step {} called `{}` with the same `{}` at {} ({}), with the arguments:",
+            earlier.saga_id,
+            earlier.step_seq,
+            printable(&earlier.tool_id),
+            printable(&earlier.key),
+            format_ms(earlier.at_ms),
+            earlier.status
+        );
+        for line in shown_arguments(&shown.text, &shown.warnings()).lines() {
+            println!("    {line}");
+        }
     }
     match &view.later_steps {
         None => println!("  a live saga's step: its agent sends the next steps"),
@@ -256,6 +285,7 @@ pub(crate) fn exit_code(report: &SagaReport) -> u8 {
         SagaState::Done | SagaState::Undone => exit::OK,
         SagaState::AwaitingApproval => exit::AWAITING_APPROVAL,
         SagaState::FailedRolledBack if report.is_denied() => exit::DENIED,
+        SagaState::FailedRolledBack if report.is_conflict() => exit::CONFLICT,
         SagaState::FailedRolledBack => exit::ROLLED_BACK,
         _ => exit::ATTENTION,
     }

@@ -266,6 +266,10 @@ pub(crate) struct McpArgs {
     /// Also offer the drill tools (fault.*), which fail on purpose
     #[arg(long)]
     pub(crate) drills: bool,
+    /// Recover first: roll back the unsettled sagas of processes that are gone (the log
+    /// verified first), so the locks they hold are released before the first call
+    #[arg(long)]
+    pub(crate) recover: bool,
 }
 
 /// The arguments of `dlq`.

@@ -54,6 +54,10 @@ pub(crate) struct BenchArgs {
     /// or `prune` on a log of that size afterwards)
     #[arg(long, value_name = "PATH")]
     keep_log: Option<std::path::PathBuf>,
+    /// `on`: each step claims a resource of its own with its BEGIN, as a step that writes
+    /// one file does; `off`: steps declare they touch nothing (to measure the locks' cost)
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    locks: String,
 }
 
 impl BenchArgs {
@@ -71,8 +75,11 @@ impl BenchArgs {
 
 /// A step that changes nothing but is logged exactly as a mutating step: `prepare` returns
 /// an undo record that goes into the durable BEGIN, `execute` returns an output that goes
-/// into the COMMIT.
-struct BenchStep;
+/// into the COMMIT; with `locks`, it claims a resource of its own (`bench:SAGA/STEP`) with
+/// its BEGIN, released when its saga is `Done`, as one file written per step would be.
+struct BenchStep {
+    locks: bool,
+}
 
 impl Tool for BenchStep {
     fn spec(&self) -> ToolSpec {
@@ -84,6 +91,18 @@ impl Tool for BenchStep {
 
     fn check(&self, _args: &Value) -> Result<(), ToolError> {
         Ok(())
+    }
+
+    async fn resources(
+        &self,
+        ctx: &ToolContext,
+        _args: &Value,
+    ) -> Result<Option<Vec<String>>, ToolError> {
+        Ok(Some(if self.locks {
+            vec![format!("bench:{}/{}", ctx.saga_id, ctx.step_seq)]
+        } else {
+            Vec::new()
+        }))
     }
 
     async fn execute(&self, ctx: &ToolContext, _args: &Value) -> Result<ToolOutput, ToolError> {
@@ -203,6 +222,8 @@ pub(crate) struct StepsReport {
     durability: Durability,
     /// `plan` (`Kernel::run`) or `live` (begin, call, commit).
     mode: &'static str,
+    /// Whether each step claimed a resource with its BEGIN (`--locks`).
+    locks: bool,
     concurrency: u32,
     n_sagas: u32,
     n_steps: u64,
@@ -246,12 +267,13 @@ impl fmt::Display for StepsReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "kernel: {} {} sagas x {} steps, concurrency {}, durability {}",
+            "kernel: {} {} sagas x {} steps, concurrency {}, durability {}, locks {}",
             self.n_sagas,
             self.mode,
             self.n_steps / u64::from(self.n_sagas),
             self.concurrency,
-            self.durability
+            self.durability,
+            if self.locks { "on" } else { "off" }
         )?;
         writeln!(
             f,
@@ -343,13 +365,14 @@ fn bench_kernel(
     me: Owner,
     open_sagas_max: usize,
     durability: Durability,
+    locks: bool,
 ) -> anyhow::Result<Arc<Kernel>> {
     let limits = Limits {
         open_sagas_max: open_sagas_max.max(Limits::default().open_sagas_max),
         ..Limits::default()
     };
     let mut tools = Dispatcher::new(limits, Arc::new(NoJitter))?;
-    tools.register(ToolEntry::compensated(BenchStep))?;
+    tools.register(ToolEntry::compensated(BenchStep { locks }))?;
     let env = Environment {
         clock: Arc::new(SystemClock),
         ids: Arc::new(UuidV7Ids),
@@ -459,7 +482,14 @@ async fn steps(
 ) -> anyhow::Result<StepsReport> {
     let owner = current_owner().context("cannot identify this process in /proc")?;
     let open = usize::try_from(args.concurrency).context("too many sagas at once")?;
-    let kernel = bench_kernel(log.clone(), owner.clone(), owner, open, args.durability)?;
+    let kernel = bench_kernel(
+        log.clone(),
+        owner.clone(),
+        owner,
+        open,
+        args.durability,
+        args.locks == "on",
+    )?;
     let plan = Arc::new(Plan {
         name: Some("bench".into()),
         actor: None,
@@ -525,6 +555,7 @@ async fn steps(
     Ok(StepsReport {
         durability: args.durability,
         mode: if args.live { "live" } else { "plan" },
+        locks: args.locks == "on",
         concurrency: args.concurrency,
         n_sagas: args.sagas,
         n_steps,
@@ -568,7 +599,14 @@ async fn recovery(args: &BenchArgs, log: Arc<CountingLog>) -> anyhow::Result<Rec
     }
     let setup_started = Instant::now();
     {
-        let kernel = bench_kernel(log.clone(), dead, me.clone(), n_sagas, args.durability)?;
+        let kernel = bench_kernel(
+            log.clone(),
+            dead,
+            me.clone(),
+            n_sagas,
+            args.durability,
+            args.locks == "on",
+        )?;
         let next_saga = Arc::new(AtomicU64::new(0));
         let mut workers = Vec::new();
         for _ in 0..args.concurrency {
@@ -600,7 +638,14 @@ async fn recovery(args: &BenchArgs, log: Arc<CountingLog>) -> anyhow::Result<Rec
     let setup = setup_started.elapsed();
     let commits_before = log.writes();
     let groups_before = log.inner().group_stats();
-    let kernel = bench_kernel(log.clone(), me.clone(), me, 0, args.durability)?;
+    let kernel = bench_kernel(
+        log.clone(),
+        me.clone(),
+        me,
+        0,
+        args.durability,
+        args.locks == "on",
+    )?;
     let started = Instant::now();
     let report = kernel.recover(&NoObserver).await?;
     let elapsed = started.elapsed();

@@ -65,7 +65,20 @@ pub(crate) async fn resume(cli: &Cli, out: &Output, args: &ResumeArgs) -> Result
 }
 
 pub(crate) async fn mcp(cli: &Cli, _out: &Output, args: &McpArgs) -> Result<u8, Failure> {
-    let McpArgs { actor, drills } = args;
+    let McpArgs {
+        actor,
+        drills,
+        recover,
+    } = args;
+    if *recover && log_present(&db_path(cli))? {
+        let kernel = open_kernel_to_compensate(cli, false).await?;
+        let report = operator::recover(&kernel, &progress::StepProgress::hidden()).await?;
+        let counts = report.counts();
+        eprintln!(
+            "agent-kernel: recovered before serving: {} saga(s) rolled back, {} left for an operator",
+            counts.rolled_back, counts.left_for_operator
+        );
+    }
     let live = live_export_config()?;
     let (kernel, exporter) = open_kernel_exporting(
         cli,
@@ -75,10 +88,18 @@ pub(crate) async fn mcp(cli: &Cli, _out: &Output, args: &McpArgs) -> Result<u8, 
         *drills,
         live,
     )?;
+    let notice = if kernel.has_recoverable_sagas().await? {
+        let notice = "this log holds unsettled sagas of processes that are no longer running; what they touched stays locked (a call on it is refused as a conflict) until `agent-kernel recover`, or `agent-kernel mcp --recover`, settles them";
+        eprintln!("agent-kernel: {notice}");
+        Some(notice.to_owned())
+    } else {
+        None
+    };
     let served = agent_kernel_mcp::serve_stdio(
         kernel,
         agent_kernel_mcp::ServerOptions {
             actor: actor.clone(),
+            notice,
         },
     )
     .await;

@@ -50,6 +50,9 @@ pub(crate) mod exit {
     pub(crate) const DENIED: u8 = 4;
     /// The saga waits for an operator's approval (`run --no-wait`, `resume --no-wait`).
     pub(crate) const AWAITING_APPROVAL: u8 = 5;
+    /// Conflict: another saga that is not settled holds a resource the step (or the undo)
+    /// would claim; nothing of it ran.
+    pub(crate) const CONFLICT: u8 = 6;
 }
 
 /// How long `sandbox status --probe-connect` waits for a connection.
@@ -89,6 +92,8 @@ impl From<KernelError> for Failure {
             (exit::BAD_INPUT, "bad_input")
         } else if error.is_denied() {
             (exit::DENIED, "denied")
+        } else if error.is_conflict() {
+            (exit::CONFLICT, "conflict")
         } else {
             (exit::ATTENTION, "internal")
         };

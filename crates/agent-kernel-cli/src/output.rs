@@ -209,6 +209,8 @@ impl Output {
                 "created_at_ms": saga.created_at_ms,
                 "updated_at_ms": saga.updated_at_ms,
                 "steps": steps,
+                "locks": record.locks,
+                "conflicts": record.conflicts,
             }));
             return;
         }
@@ -258,6 +260,26 @@ impl Output {
             ]);
         }
         println!("{steps}");
+        if !record.locks.is_empty() {
+            println!(
+                "holds   {} lock(s) until it is settled:",
+                record.locks.len()
+            );
+            for resource in &record.locks {
+                println!("  {}", printable(resource));
+            }
+        }
+        for conflict in &record.conflicts {
+            println!(
+                "conflict at {}: step {} (`{}`) was refused `{}`, held by saga {} ({})",
+                format_ms(conflict.at_ms),
+                conflict.step_seq,
+                printable(&conflict.tool_id),
+                printable(&conflict.resource),
+                conflict.holder_saga_id,
+                conflict.holder_state
+            );
+        }
     }
 
     /// `log`.
@@ -677,6 +699,27 @@ impl Output {
                 let undo_window = (tool.effect() == EffectClass::Mutating
                     && reversibility != Reversibility::None)
                     .then(|| limits.undo_window_for(tool.as_ref()).to_string());
+                // What a call claims: the declared templates, the tool's own name when it
+                // declares none (coarse but safe), nothing for a read-only tool.
+                let templates: Vec<String> = tool
+                    .spec()
+                    .resources()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect();
+                let (resources, coarse) = if tool.effect() == EffectClass::ReadOnly {
+                    (Vec::new(), false)
+                } else if templates.is_empty() {
+                    (vec![agent_kernel_api::tool_resource(id)], true)
+                } else {
+                    (templates, false)
+                };
+                let duplicate_keys: Vec<String> = tool
+                    .spec()
+                    .duplicate_keys()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect();
                 json!({
                     "tool": id,
                     "description": tool.description(),
@@ -690,6 +733,9 @@ impl Output {
                     "retries_max": if tool.idempotent() { limits.retries_max_for(id) } else { 0 },
                     "concurrency_max": limits.tools.get(id).and_then(|l| l.concurrency_max),
                     "needs_approval": approvals.reason_for(id, tool.as_ref()).is_some(),
+                    "resources": resources,
+                    "resources_default": coarse,
+                    "duplicate_keys": duplicate_keys,
                 })
             })
             .collect();
@@ -705,6 +751,8 @@ impl Output {
                     "backoff_base_ms": limits.backoff_base_ms,
                     "backoff_max_ms": limits.backoff_max_ms,
                     "undo_window": limits.undo_window.to_string(),
+                    "lock_wait_ms": limits.lock_wait_ms,
+                    "duplicate_window_ms": limits.duplicate_window_ms,
                 },
             }));
             return;
@@ -719,6 +767,7 @@ impl Output {
             "timeout",
             "retries",
             "concurrency",
+            "resources",
         ]);
         for row in &rows {
             list.add_row(vec![
@@ -733,6 +782,7 @@ impl Output {
                 row["concurrency_max"]
                     .as_u64()
                     .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+                resources_cell(row),
             ]);
         }
         println!("{list}");
@@ -771,6 +821,38 @@ pub(crate) struct SandboxStatus<'a> {
     pub(crate) probe: Option<&'a (std::path::PathBuf, Result<(), String>)>,
     /// A direct TCP connection, after confinement.
     pub(crate) probe_connect: Option<&'a (String, Result<(), String>)>,
+}
+
+/// The `resources` cell of a tool's row in `tools`: what a call claims (`-` for a read-only
+/// tool, `(default)` after the tool's own name when it declares none), then its duplicate
+/// keys.
+fn resources_cell(row: &Value) -> String {
+    let list = |field: &str| -> Vec<String> {
+        row[field]
+            .as_array()
+            .map(|values| {
+                values
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(printable)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let resources = list("resources");
+    let mut cell = if resources.is_empty() {
+        "-".to_owned()
+    } else {
+        resources.join(", ")
+    };
+    if row["resources_default"] == Value::Bool(true) {
+        cell.push_str(" (default)");
+    }
+    let duplicate_keys = list("duplicate_keys");
+    if !duplicate_keys.is_empty() {
+        cell.push_str(&format!("; duplicates by {}", duplicate_keys.join(", ")));
+    }
+    cell
 }
 
 #[cfg(test)]

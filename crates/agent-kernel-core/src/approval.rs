@@ -40,6 +40,7 @@ impl Kernel {
         step_seq: u32,
         step: &PlanStep,
         rest: Option<&[PlanStep]>,
+        duplicate_of: Option<agent_kernel_api::DuplicateStep>,
     ) -> ApprovalRequest {
         let requested_at_ms = self.env.clock.now_ms();
         let timeout_ms = i64::try_from(self.approvals.timeout_ms()).unwrap_or(i64::MAX);
@@ -55,6 +56,7 @@ impl Kernel {
             requested_at_ms,
             expires_at_ms: requested_at_ms.saturating_add(timeout_ms),
             operator_key_check: self.approvals.operator_key_check().map(str::to_owned),
+            duplicate_of,
         }
     }
 

@@ -153,6 +153,10 @@ pub enum KernelError {
         /// Why.
         reason: String,
     },
+    /// Another saga that is not settled holds a resource this action would claim (an
+    /// `undo` claims again what its saga's steps touched); nothing was done.
+    #[error("conflict: {0}")]
+    Conflict(Box<crate::conflict::Conflict>),
     /// No dead letter with this id is in the log.
     #[error("no dead letter {0} in the log")]
     DeadLetterNotFound(String),
@@ -244,6 +248,11 @@ impl KernelError {
             KernelError::Log(TxError::NotALog { .. } | TxError::SchemaTooNew { .. }) => true,
             _ => false,
         }
+    }
+
+    /// Whether another saga's lock refused the action ([`KernelError::Conflict`]).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, KernelError::Conflict(_))
     }
 
     /// Whether the sandbox denied the plan (and nothing else was wrong with it), or the FSM

@@ -162,6 +162,16 @@ impl SagaInFlight {
         error
     }
 
+    /// Gives back position `step_seq`, and the use of `key` there, to a step that did not
+    /// begin and leaves no record in the saga: the next step takes them.
+    pub(crate) fn give_back(&mut self, step_seq: u32, key: Option<&str>) {
+        self.next_seq = step_seq;
+        if let Some(key) = key {
+            self.keys
+                .retain(|(used, seq)| !(used == key && *seq == step_seq));
+        }
+    }
+
     /// The pending records plus the state change they caused, if any, for one write.
     pub(crate) fn take_batch(&mut self) -> Vec<LogWrite> {
         if self.state != self.persisted {

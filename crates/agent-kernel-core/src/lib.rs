@@ -87,10 +87,12 @@ mod approval;
 mod approval_policy;
 mod cancel;
 mod compensation;
+mod conflict;
 mod dead_letter;
 mod env;
 mod error;
 mod in_flight;
+mod isolation;
 mod kernel;
 mod live;
 mod live_registry;
@@ -109,11 +111,13 @@ pub use approval_policy::{
     operator_key_check,
 };
 pub use cancel::Cancellation;
+pub use conflict::Conflict;
 pub use dead_letter::{
     DEAD_LETTER_BACKOFF_BASE_MS, DEAD_LETTER_BACKOFF_MAX_MS, RetryOutcome, dead_letter_backoff_ms,
 };
 pub use env::{SystemClock, UuidV7Ids};
 pub use error::{KernelError, Problem, ProblemKind};
+pub use isolation::{LOCK_POLL_INTERVAL, MAX_LOCK_PAUSE};
 pub use kernel::{Environment, Kernel, VALIDATE_HINT, args_hash};
 pub use live::{BeginOptions, CallAnswer, LiveSaga, LiveStatus};
 pub use owner::{Liveness, LivenessProbe, StoppedPrograms};

@@ -33,6 +33,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tracing::{Instrument, info, info_span, warn};
 
+use crate::conflict::Conflict;
 use crate::kernel::Kernel;
 use crate::live_registry::{LiveEntry, LiveRegistry};
 use crate::plan::start_facts;
@@ -66,6 +67,10 @@ pub enum CallAnswer {
     /// The step needs an operator's approval: nothing of it ran, the request is in the log,
     /// and the saga waits (`AwaitingApproval`) until [`LiveSaga::resume`] finds it decided.
     AwaitingApproval(ApprovalRequest),
+    /// Another saga that is not settled holds a resource the call would claim: nothing of
+    /// the call ran, the refused claim is in the audit chain, and the saga stays open (the
+    /// agent may try something else, or the same call once the holder is settled).
+    Conflict(Conflict),
 }
 
 impl CallAnswer {
@@ -81,7 +86,10 @@ impl CallAnswer {
     pub fn saga_open(&self) -> bool {
         matches!(
             self,
-            CallAnswer::Committed(_) | CallAnswer::Refused(_) | CallAnswer::AwaitingApproval(_)
+            CallAnswer::Committed(_)
+                | CallAnswer::Refused(_)
+                | CallAnswer::AwaitingApproval(_)
+                | CallAnswer::Conflict(_)
         )
     }
 }
@@ -704,6 +712,14 @@ impl Kernel {
                 Box::new(saga),
                 CallAnswer::AwaitingApproval(request),
             )),
+            StepEnd::Conflict { conflict, begin } => {
+                // As bad input: the saga stays open and its next call takes this position.
+                saga.give_back(begin.step_seq, begin.idempotency_key.as_deref());
+                Ok(LiveStep::Open(
+                    Box::new(saga),
+                    CallAnswer::Conflict(conflict),
+                ))
+            }
         }
     }
 

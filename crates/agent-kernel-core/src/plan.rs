@@ -7,7 +7,7 @@ use agent_kernel_fsm::{Denial, Event, Facts, Rule};
 use tracing::{Instrument, debug, field, info, info_span, warn};
 
 use crate::kernel::Kernel;
-use crate::report::{NoObserver, Observer, SagaEvent, SagaReport};
+use crate::report::{Failure, NoObserver, Observer, SagaEvent, SagaReport};
 use crate::step::{Lookahead, SagaInFlight, StepEnd, StepMode};
 use crate::{Cancellation, KernelError, Problem, ProblemKind};
 
@@ -149,6 +149,17 @@ impl Kernel {
                 StepEnd::Taken => {}
                 StepEnd::Failed(step_failure) => {
                     failure = Some(step_failure);
+                    break;
+                }
+                StepEnd::Conflict { conflict, begin } => {
+                    // Recorded as refused at its position; the saga rolls back, as for any
+                    // step that cannot run, and releases what it holds.
+                    let error = ToolError::conflict(conflict.to_string());
+                    failure = Some(Failure {
+                        step_seq: begin.step_seq,
+                        tool: step.tool.clone(),
+                        error: saga.refuse(*begin, error),
+                    });
                     break;
                 }
                 StepEnd::AwaitingApproval(request) => {

@@ -120,7 +120,7 @@ impl Kernel {
 
     /// Whether `owner` is alive: by its lease on a log that keeps leases, else by the
     /// probe.
-    async fn owner_liveness(
+    pub(crate) async fn owner_liveness(
         &self,
         owner: &agent_kernel_api::Owner,
     ) -> Result<Liveness, KernelError> {
@@ -153,7 +153,7 @@ impl Kernel {
     }
 
     /// Refuses a saga owned by another process that is alive (or cannot be checked).
-    async fn check_owner_gone(&self, record: &SagaRecord) -> Result<(), KernelError> {
+    pub(crate) async fn check_owner_gone(&self, record: &SagaRecord) -> Result<(), KernelError> {
         let saga = &record.saga;
         if self.live.contains(&saga.saga_id) {
             // An open live saga of this very process: its driver holds it.
@@ -205,7 +205,7 @@ impl Kernel {
     /// same transaction, or writes only `then` if the saga is this process's already; fails
     /// with nothing written if another process took it first, or it moved on since `record`
     /// was read. `record` then names this process its owner, as the log does.
-    async fn take_over_then(
+    pub(crate) async fn take_over_then(
         &self,
         record: &mut SagaRecord,
         then: Vec<LogWrite>,

@@ -80,6 +80,20 @@ pub fn approval_document(request: &ApprovalRequest) -> serde_json::Value {
         "args": request.args,
         "args_shown": shown.text,
         "args_warnings": shown.warnings(),
+        "duplicate_of": request.duplicate_of.as_ref().map(|earlier| {
+            let shown = crate::shown_json(&earlier.args);
+            serde_json::json!({
+                "saga_id": earlier.saga_id,
+                "step": earlier.step_seq,
+                "tool": earlier.tool_id,
+                "status": earlier.status,
+                "key": earlier.key,
+                "at": agent_kernel_api::format_rfc3339_ms(earlier.at_ms),
+                "args": earlier.args,
+                "args_shown": shown.text,
+                "args_warnings": shown.warnings(),
+            })
+        }),
     })
 }
 
@@ -135,6 +149,13 @@ impl SagaReport {
         self.failure
             .as_ref()
             .is_some_and(|failure| failure.error.is_denied())
+    }
+
+    /// Whether the saga failed because a step met another saga's lock (a conflict).
+    pub fn is_conflict(&self) -> bool {
+        self.failure
+            .as_ref()
+            .is_some_and(|failure| failure.error.is_conflict())
     }
 }
 

@@ -5,14 +5,17 @@
 
 use agent_kernel_api::{
     ApprovalDecision, ApprovalRecord, ApprovalRequest, BeginStep, ConsumeApproval, DecideApproval,
-    DynTool, EffectClass, KeyBinding, LogWrite, PlanStep, SagaId, SagaState, StepDenial,
-    StepStatus, ToolContext, ToolError, ToolOutput, TxError, Undo, WriteOutcome,
+    DynTool, EffectClass, KeyBinding, LockHolder, LogWrite, PlanStep, SagaId, SagaState,
+    StepDenial, StepStatus, ToolContext, ToolError, ToolOutput, TxError, Undo, WriteOutcome,
 };
 use agent_kernel_fsm::{Denial, Event, Facts, Guardrail, Rule};
+use std::time::Duration;
 use tracing::{Instrument, debug, field, info, info_span, warn};
 
 use crate::approval_policy::approval_digest;
+use crate::conflict::Conflict;
 pub(crate) use crate::in_flight::{PendingSuccess, SagaInFlight};
+use crate::isolation::{LOCK_POLL_INTERVAL, MAX_LOCK_PAUSE, duplicate_reason};
 use crate::kernel::{Kernel, args_hash};
 use crate::report::{Failure, Observer, SagaEvent, SagaReport};
 use crate::{KernelError, VALIDATE_HINT};
@@ -34,6 +37,8 @@ pub(crate) fn step_record(
         args_hash: args_hash(&step.tool, &step.args),
         idempotency_key: step.idempotency_key.clone(),
         undo: Undo::none(),
+        resources: Vec::new(),
+        duplicate_keys: Vec::new(),
     }
 }
 
@@ -113,6 +118,21 @@ pub(crate) enum StepEnd {
     /// The step waits for an operator's approval: nothing of it ran, the request and the
     /// saga's move to `AwaitingApproval` are durable, and the driver stops here.
     AwaitingApproval(ApprovalRequest),
+    /// Another unsettled saga holds a resource the step would claim: nothing of the step
+    /// was written but its `LockConflict` audit record (whatever the saga had queued was);
+    /// the driver refuses the step (`begin`, at its position) or gives its position back.
+    Conflict {
+        /// What held it.
+        conflict: Conflict,
+        /// The step's BEGIN as it would have been written.
+        begin: Box<BeginStep>,
+    },
+}
+
+/// What a step declares before it runs: the resources it claims and its duplicate keys.
+struct Declared {
+    resources: Vec<String>,
+    duplicate_keys: Vec<String>,
 }
 
 /// Why the phases of a step stopped before its outcome: the step ended, or the log failed.
@@ -283,15 +303,53 @@ impl Kernel {
         if mode == StepMode::Simulate {
             return self.simulate_step(saga, taking, binding.as_ref()).await;
         }
-        let consume = self.approve(saga, taking, approved, rest).await?;
+        let declared = Self::declare(saga, taking).await?;
+        let consume = self
+            .approve(saga, taking, approved, rest, &declared.duplicate_keys)
+            .await?;
         let span = info_span!("step", step = taking.step_seq, tool = %taking.step.tool, outcome = field::Empty);
-        let undo = self.prepare_step(saga, taking, &span).await?;
-        self.begin_step(saga, taking, undo, consume).await?;
+        let begin = self
+            .begin_step(saga, taking, declared, consume, &span)
+            .await?;
         // On a log shared by many machines the effect starts only while this process's
         // lease is certainly live: cut off past it, another process may have taken the
         // saga over (and compensated a change not yet made).
         self.log.effect_allowed()?;
+        if let Some(error) = self.prepared_world_changed(taking, &begin).await {
+            span.record("outcome", "fail");
+            saga.pending.push(LogWrite::FailStep {
+                saga_id: saga.saga_id.clone(),
+                step_seq: taking.step_seq,
+                error: error.clone(),
+            });
+            return Ok(Err(error));
+        }
         Ok(self.execute_step(saga, taking, &span).await)
+    }
+
+    /// Whether what the step's undo data describes changed between its preparation and its
+    /// claim: another saga may have written a resource and settled in between, before this
+    /// step held it, and compensating this step with that undo data would destroy that
+    /// saga's write. Asked of tools that compensate, for steps that claim resources, now
+    /// that no other saga can change them; a tool that cannot tell answers nothing. The
+    /// error of a step that must not run then (nothing was applied).
+    async fn prepared_world_changed(
+        &self,
+        taking: &Taking<'_>,
+        begin: &BeginStep,
+    ) -> Option<ToolError> {
+        if begin.resources.is_empty() || !taking.tool.compensates() {
+            return None;
+        }
+        let changed = self
+            .tools
+            .changed_since(&taking.ctx, &taking.step.args, &begin.undo, None)
+            .await;
+        let change = changed.ok().flatten()?;
+        warn!(step_seq = taking.step_seq, tool = %taking.step.tool, %change, "the world changed between the step's preparation and its claim");
+        Some(ToolError::failed(format!(
+            "what the step would change was changed by another writer between its preparation and its claim ({change}); nothing was applied, run it again"
+        )))
     }
 
     /// The step as the saga's next: its position, its key noted, its tool, context and
@@ -337,6 +395,22 @@ impl Kernel {
         let error = step_denied(denial, &taking.step.tool);
         warn!(saga_id = %saga.saga_id, step_seq = taking.step_seq, tool = %taking.step.tool, %error, "step denied");
         Err(taking.refused(saga, error))
+    }
+
+    /// Declaration: the resources the step would claim and the keys that would make a later
+    /// call its duplicate, from its arguments, before anything of it runs; a tool that
+    /// cannot name them refuses the step.
+    async fn declare(saga: &mut SagaInFlight, taking: &Taking<'_>) -> Result<Declared, Halt> {
+        let (ctx, args) = (&taking.ctx, &taking.step.args);
+        let declared = async {
+            Ok(Declared {
+                resources: taking.tool.resources(ctx, args).await?,
+                duplicate_keys: taking.tool.duplicate_keys(ctx, args).await?,
+            })
+        };
+        declared
+            .await
+            .map_err(|error: ToolError| taking.refused(saga, error.not_applied()))
     }
 
     /// Reuse: a committed output under the step's idempotency key, in a `Done` saga, for the
@@ -411,16 +485,28 @@ impl Kernel {
         taking: &Taking<'_>,
         approved: Option<ApprovalRecord>,
         rest: Option<&[PlanStep]>,
+        duplicate_keys: &[String],
     ) -> Result<Option<ConsumeApproval>, Halt> {
         let step = taking.step;
-        let Some(reason) = self.approval_reason(&step.tool, taking.tool.as_ref()) else {
+        // A call that may repeat an irreversible effect waits for a person, whatever the
+        // policy says of its tool.
+        let duplicated = self
+            .duplicated_step(&saga.saga_id, &step.tool, duplicate_keys)
+            .await?;
+        let reason = match &duplicated {
+            Some(earlier) => Some(duplicate_reason(taking.tool.as_ref(), earlier)),
+            None => self.approval_reason(&step.tool, taking.tool.as_ref()),
+        };
+        let Some(reason) = reason else {
             return Ok(None);
         };
         let digest = approval_digest(&saga.saga_id, taking.step_seq, &step.tool, &step.args);
         let Some(approval) =
             approved.filter(|approval| approval.request.step_seq == taking.step_seq)
         else {
-            return Err(self.await_approval(saga, taking, rest, &reason).await?);
+            return Err(self
+                .await_approval(saga, taking, rest, &reason, duplicated)
+                .await?);
         };
         let request = &approval.request;
         let differs = if request.tool_id != step.tool {
@@ -468,25 +554,71 @@ impl Kernel {
         })
     }
 
-    /// The BEGIN: the step's intent, its undo data, the approval it consumes and whatever
-    /// the saga had queued, durable in one write before the effect. An approval the log
-    /// does not vouch for, or an idempotency key it will not bind, ends the step unbegun.
+    /// Preparation and the BEGIN: the undo data captured, then the step's intent, its undo
+    /// data, its claim on its resources, the approval it consumes and whatever the saga had
+    /// queued, durable in one write before the effect. A resource another saga holds is
+    /// claimed again, prepared again first (the holder may have changed it meanwhile), until
+    /// `[limits] lock_wait_ms` has passed; then the step ends unbegun, as it does for an
+    /// approval the log does not vouch for or an idempotency key it will not bind. The BEGIN
+    /// as written.
     async fn begin_step(
         &self,
         saga: &mut SagaInFlight,
         taking: &Taking<'_>,
-        undo: Undo,
+        declared: Declared,
         consume: Option<ConsumeApproval>,
-    ) -> Result<(), Halt> {
+        span: &tracing::Span,
+    ) -> Result<BeginStep, Halt> {
+        let wait_ms = self.tools.limits().lock_wait_ms;
+        let started_ms = self.env.clock.now_ms();
+        let mut pause = LOCK_POLL_INTERVAL;
+        let mut begin = BeginStep {
+            resources: declared.resources,
+            duplicate_keys: declared.duplicate_keys,
+            ..taking.begin.clone()
+        };
+        loop {
+            begin.undo = self.prepare_step(saga, taking, span).await?;
+            let Some(holder) = self
+                .write_begin(saga, taking, &begin, consume.clone())
+                .await?
+            else {
+                return Ok(begin);
+            };
+            let elapsed_ms = u64::try_from(self.env.clock.now_ms() - started_ms).unwrap_or(0);
+            if elapsed_ms < wait_ms {
+                // Claimed again after a pause that doubles, so a long wait leaves few
+                // refused claims in the chain.
+                let left = Duration::from_millis(wait_ms - elapsed_ms);
+                tokio::time::sleep(pause.min(left)).await;
+                pause = (pause * 2).min(MAX_LOCK_PAUSE);
+                continue;
+            }
+            // Without a wait, the claim was refused at once.
+            let waited_ms = if wait_ms == 0 { 0 } else { elapsed_ms };
+            let conflict = self.conflict(&taking.step.tool, holder, waited_ms).await?;
+            warn!(saga_id = %saga.saga_id, step_seq = taking.step_seq, tool = %taking.step.tool, %conflict, "step refused: conflict");
+            return Err(Halt::End(Box::new(StepEnd::Conflict {
+                conflict,
+                begin: Box::new(begin),
+            })));
+        }
+    }
+
+    /// One attempt at the BEGIN's write; the holder of a resource it could not claim.
+    async fn write_begin(
+        &self,
+        saga: &mut SagaInFlight,
+        taking: &Taking<'_>,
+        begin: &BeginStep,
+        consume: Option<ConsumeApproval>,
+    ) -> Result<Option<LockHolder>, Halt> {
         let consumes = consume.is_some();
         if let Some(consume) = consume {
             // Used once, in the same transaction as the step's BEGIN.
             saga.pending.push(LogWrite::ConsumeApproval(consume));
         }
-        saga.pending.push(LogWrite::BeginStep(BeginStep {
-            undo,
-            ..taking.begin.clone()
-        }));
+        saga.pending.push(LogWrite::BeginStep(begin.clone()));
         let batch = saga.take_batch();
         let begin_idx = batch
             .iter()
@@ -501,10 +633,13 @@ impl Kernel {
             }
             other => other?,
         };
-        if let Some(WriteOutcome::KeyRejected(reason)) = outcomes.get(begin_idx) {
-            return Err(taking.failed(ToolError::failed(reason.clone())));
+        match outcomes.get(begin_idx) {
+            Some(WriteOutcome::KeyRejected(reason)) => {
+                Err(taking.failed(ToolError::failed(reason.clone())))
+            }
+            Some(WriteOutcome::Conflict(holder)) => Ok(Some((**holder).clone())),
+            _ => Ok(None),
         }
-        Ok(())
     }
 
     /// Nothing of the BEGIN's batch was written and the step never began: an approval the
@@ -608,13 +743,10 @@ impl Kernel {
         taking: &Taking<'_>,
         rest: Option<&[PlanStep]>,
         reason: &str,
+        duplicate_of: Option<agent_kernel_api::DuplicateStep>,
     ) -> Result<Halt, KernelError> {
         let (step, step_seq) = (taking.step, taking.step_seq);
-        saga.next_seq = step_seq;
-        if let Some(key) = &step.idempotency_key {
-            saga.keys
-                .retain(|(used, seq)| !(used == key && *seq == step_seq));
-        }
+        saga.give_back(step_seq, step.idempotency_key.as_deref());
         let requested = self
             .fsm
             .apply(saga.state, Event::ApprovalRequested, &Facts::default());
@@ -627,7 +759,7 @@ impl Kernel {
                 return Ok(taking.refused(saga, error));
             }
         };
-        let request = self.approval_request(saga, step_seq, step, rest);
+        let request = self.approval_request(saga, step_seq, step, rest, duplicate_of);
         saga.state = state;
         saga.pending
             .push(LogWrite::RequestApproval(request.clone()));

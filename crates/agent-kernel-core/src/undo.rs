@@ -3,7 +3,7 @@
 
 use agent_kernel_api::{
     EffectClass, LogWrite, MAX_DECISION_NOTE_BYTES, Reversibility, SagaId, SagaState, StepStatus,
-    format_rfc3339_ms,
+    TxError, format_rfc3339_ms,
 };
 use agent_kernel_fsm::{Event, Facts};
 use tracing::{Instrument, info, info_span, warn};
@@ -315,8 +315,21 @@ impl Kernel {
                 tools: missing,
             });
         }
-        // One undo at a time: a compare-and-swap on the owner of the finished saga.
-        self.take_over(&mut record).await?;
+        // One undo at a time: a compare-and-swap on the owner of the finished saga, which
+        // claims again what its steps touched, until it is settled again.
+        if record.saga.owner != self.env.owner {
+            self.check_owner_gone(&record).await?;
+        }
+        let claim = vec![LogWrite::ClaimLocks {
+            saga_id: saga_id.clone(),
+        }];
+        match self.take_over_then(&mut record, claim).await {
+            Err(KernelError::Log(TxError::Conflict(holder))) => {
+                let conflict = self.conflict("undo", *holder, 0).await?;
+                return Err(KernelError::Conflict(Box::new(conflict)));
+            }
+            other => other?,
+        }
         let span = info_span!("saga", saga_id = %saga_id, undo = true);
         async {
             info!(reason = %request.reason, force = request.force, "undoing a Done saga");

@@ -34,6 +34,24 @@ pub const DEFAULT_SAGA_IDLE_TIMEOUT_MS: u64 = 600_000;
 /// Longest idle timeout of a live saga that may be configured, in milliseconds (a day).
 pub const MAX_SAGA_IDLE_TIMEOUT_MS: u64 = 86_400_000;
 
+/// Default time a step waits for a resource another saga holds before it is refused as a
+/// conflict, in milliseconds: none, it is refused at once.
+pub const DEFAULT_LOCK_WAIT_MS: u64 = 0;
+/// Longest lock wait that may be configured, in milliseconds (ten minutes).
+pub const MAX_LOCK_WAIT_MS: u64 = 600_000;
+/// Default window in which a call of an irreversible tool whose duplicate keys match an
+/// earlier step of it needs an approval, in milliseconds (a day).
+pub const DEFAULT_DUPLICATE_WINDOW_MS: u64 = 86_400_000;
+/// Longest duplicate window that may be configured, in milliseconds (366 days).
+pub const MAX_DUPLICATE_WINDOW_MS: u64 = agent_kernel_api::MAX_UNDO_WINDOW_MS;
+
+/// Reads a duration (`24h`) into milliseconds.
+fn duration_ms<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    agent_kernel_api::parse_duration_ms(&text)
+        .ok_or_else(|| serde::de::Error::custom(agent_kernel_api::not_a_duration(&text)))
+}
+
 /// Overrides for one tool; `None` keeps the global value.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -78,6 +96,14 @@ pub struct Limits {
     /// How long after its commit a step of a tool that declares no window of its own may
     /// still be undone (`undo_window = "7d"`, reference §10). Read by the kernel.
     pub undo_window: UndoWindow,
+    /// How long a step waits for a resource another unsettled saga holds before it is
+    /// refused as a conflict (`lock_wait_ms`, 0: refused at once). Read by the kernel.
+    pub lock_wait_ms: u64,
+    /// How far back a call of a tool of reversibility `none` or `partial` is compared with
+    /// the tool's earlier steps for a duplicate (`duplicate_window = "24h"`; `"0s"` turns
+    /// the check off). Read by the kernel.
+    #[serde(rename = "duplicate_window", deserialize_with = "duration_ms")]
+    pub duplicate_window_ms: u64,
 }
 
 impl Default for Limits {
@@ -93,6 +119,8 @@ impl Default for Limits {
             open_sagas_max: DEFAULT_OPEN_SAGAS_MAX,
             saga_idle_timeout_ms: DEFAULT_SAGA_IDLE_TIMEOUT_MS,
             undo_window: UndoWindow::default(),
+            lock_wait_ms: DEFAULT_LOCK_WAIT_MS,
+            duplicate_window_ms: DEFAULT_DUPLICATE_WINDOW_MS,
         }
     }
 }
@@ -149,6 +177,18 @@ impl Limits {
             return Err(format!(
                 "saga_idle_timeout_ms is {}, expected 1..={MAX_SAGA_IDLE_TIMEOUT_MS} ms",
                 self.saga_idle_timeout_ms
+            ));
+        }
+        if self.lock_wait_ms > MAX_LOCK_WAIT_MS {
+            return Err(format!(
+                "lock_wait_ms is {}, expected 0..={MAX_LOCK_WAIT_MS} ms",
+                self.lock_wait_ms
+            ));
+        }
+        if self.duplicate_window_ms > MAX_DUPLICATE_WINDOW_MS {
+            return Err(format!(
+                "duplicate_window is {} ms, expected at most {MAX_DUPLICATE_WINDOW_MS} ms (366d)",
+                self.duplicate_window_ms
             ));
         }
         if self.backoff_base_ms > self.backoff_max_ms {

@@ -14,6 +14,7 @@
 //! backend whose server is not configured), saying so on stderr.
 
 pub mod checks;
+pub mod isolation;
 pub mod postgres;
 pub mod records;
 
@@ -53,6 +54,11 @@ macro_rules! contract_tests {
             take_over_raced_from_several_connections_succeeds_once,
             a_request_is_decided_once_and_consumed_once_for_its_exact_step,
             dead_letters_count_attempts_and_settle_once,
+            a_resource_is_held_by_one_unsettled_saga_until_it_settles,
+            an_undo_claims_its_resources_again,
+            a_refused_claim_leaves_its_approval_unused,
+            a_duplicate_is_found_by_its_keys_within_the_window,
+            a_resource_raced_from_several_connections_is_claimed_once,
         );
     };
     (@each $fresh:expr; $($check:ident),+ $(,)?) => {

@@ -57,7 +57,19 @@ pub fn begin(id: &str, step_seq: u32, key: Option<&str>, hash: &str) -> LogWrite
             data: json!({"existed": true}),
             blob: Some(b"previous \x00 bytes".to_vec()),
         },
+        resources: Vec::new(),
+        duplicate_keys: Vec::new(),
     })
+}
+
+/// [`begin`] without a key, claiming `resources` and declaring `duplicate_keys`.
+pub fn begin_on(id: &str, step_seq: u32, resources: &[&str], duplicate_keys: &[&str]) -> LogWrite {
+    let LogWrite::BeginStep(mut step) = begin(id, step_seq, None, "h") else {
+        unreachable!("begin begins a step")
+    };
+    step.resources = resources.iter().map(|key| (*key).to_owned()).collect();
+    step.duplicate_keys = duplicate_keys.iter().map(|key| (*key).to_owned()).collect();
+    LogWrite::BeginStep(step)
 }
 
 /// The COMMIT of step `step_seq` of saga `id`, with output `{"ok": step_seq}`.
@@ -80,6 +92,7 @@ pub fn set_state(id: &str, state: SagaState) -> LogWrite {
 /// A request for step 0 of `saga` (an `fs.write`), digest `d…d`, expiring at `expires_at_ms`.
 pub fn request(saga: &str, id: &str, expires_at_ms: i64) -> ApprovalRequest {
     ApprovalRequest {
+        duplicate_of: None,
         approval_id: id.into(),
         saga_id: SagaId::new(saga),
         step_seq: 0,

@@ -54,6 +54,10 @@ pub const SERVER_NAME: &str = "agent-kernel";
 pub struct ServerOptions {
     /// The actor recorded with every saga of this connection (one saga at a time).
     pub actor: Option<String>,
+    /// What the agent should know about the log at start (unsettled sagas of processes
+    /// that are gone, whose locks stay held until they are recovered), added to the
+    /// server's instructions.
+    pub notice: Option<String>,
 }
 
 /// The MCP server over a kernel: the `saga_*` tools and one tool per kernel tool.
@@ -481,6 +485,32 @@ impl KernelServer {
         complete(self.answer_result(&saga, answer, autocommit).await)
     }
 
+    /// The state and committed steps of a saga whose call ran nothing (bad input, a
+    /// conflict): it stays open, unless it was begun for the call alone (`autocommit`),
+    /// which ends with it (`reason`).
+    async fn refused_call(
+        saga: &LiveSaga,
+        autocommit: bool,
+        reason: &str,
+    ) -> (SagaState, Vec<StepReport>) {
+        let steps = match saga.status().await {
+            Some(status) => status.steps,
+            None => Vec::new(),
+        };
+        if autocommit {
+            // Nothing ran: the saga of this call ends with it.
+            let _ = saga.abort(reason).await;
+        }
+        let state = if autocommit {
+            SagaState::FailedRolledBack
+        } else if steps.is_empty() {
+            SagaState::Planning
+        } else {
+            SagaState::Acting
+        };
+        (state, steps)
+    }
+
     /// The result of a call's answer (or of `saga_resume`'s): for a saga begun for the
     /// call alone (`autocommit`), its commit, or its end when nothing ran.
     async fn answer_result(
@@ -520,21 +550,8 @@ impl KernelServer {
                 awaiting_result(&saga_id, &request)
             }
             CallAnswer::Refused(problem) => {
-                let steps = match saga.status().await {
-                    Some(status) => status.steps,
-                    None => Vec::new(),
-                };
-                if autocommit {
-                    // Nothing ran: the saga of this call ends with it.
-                    let _ = saga.abort("the call was refused").await;
-                }
-                let state = if autocommit {
-                    SagaState::FailedRolledBack
-                } else if steps.is_empty() {
-                    SagaState::Planning
-                } else {
-                    SagaState::Acting
-                };
+                let (state, steps) =
+                    Self::refused_call(saga, autocommit, "the call was refused").await;
                 error_result(
                     Some(&saga_id),
                     Some(state),
@@ -542,6 +559,31 @@ impl KernelServer {
                     &problem.to_string(),
                     &steps,
                 )
+            }
+            CallAnswer::Conflict(conflict) => {
+                let (state, steps) =
+                    Self::refused_call(saga, autocommit, "the call met a conflict").await;
+                let mut result = error_result(
+                    Some(&saga_id),
+                    Some(state),
+                    "conflict",
+                    &conflict.to_string(),
+                    &steps,
+                );
+                if let Some(error) = result
+                    .structured_content
+                    .as_mut()
+                    .and_then(|content| content.get_mut("error"))
+                {
+                    error["holder"] = json!({
+                        "saga_id": conflict.holder.saga_id.as_str(),
+                        "state": conflict.holder.state,
+                        "alive": conflict.alive,
+                        "resource": conflict.holder.resource,
+                        "pid": conflict.holder.owner.pid,
+                    });
+                }
+                result
             }
             CallAnswer::Denied(report) | CallAnswer::Failed(report) => rolled_back_result(&report),
             _ => error_result(
@@ -559,7 +601,10 @@ impl ServerHandler for KernelServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new(SERVER_NAME, env!("CARGO_PKG_VERSION")))
-            .with_instructions(INSTRUCTIONS)
+            .with_instructions(match &self.options.notice {
+                None => INSTRUCTIONS.to_owned(),
+                Some(notice) => format!("{INSTRUCTIONS} Note: {notice}"),
+            })
     }
 
     async fn list_tools(

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use agent_kernel::{BeginOptions, Kernel, KernelBuilder, KernelError, LiveSaga, ToolEntry};
 use agent_kernel_api::{
-    Compensate, Durability, EffectClass, Probe, ProbeOutcome, Reversibility, Settlement, Tool,
-    ToolContext, ToolError, ToolOutput, Undo, UndoWindow,
+    Compensate, Durability, EffectClass, KeyTemplate, Probe, ProbeOutcome, Reversibility,
+    Settlement, Tool, ToolContext, ToolError, ToolOutput, Undo, UndoWindow, parse_templates,
 };
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
@@ -89,6 +89,7 @@ fn kind_of(error: &KernelError) -> &'static str {
         | KernelError::TooManyOpenSagas { .. }
         | KernelError::NotAwaitingApproval { .. } => "bad_input",
         KernelError::Denied { .. } => "denied",
+        KernelError::Conflict(_) => "conflict",
         KernelError::SagaNotOpen(_) => "saga_closed",
         KernelError::SagaNotFound(_)
         | KernelError::ApprovalNotFound(_)
@@ -342,6 +343,8 @@ struct ToolSpec {
     undo_window: Option<UndoWindow>,
     schema: Value,
     timeout_ms: Option<u64>,
+    resources: Vec<KeyTemplate>,
+    duplicate_keys: Vec<KeyTemplate>,
 }
 
 /// A Python function as a tool. Its phases are Python callables taking and returning JSON
@@ -373,7 +376,7 @@ pub const EXECUTE_DRAIN_DEFAULT_MS: u64 = 30_000;
 #[pymethods]
 impl NativeTool {
     #[new]
-    #[pyo3(signature = (id, execute, *, compensate=None, prepare=None, probe=None, effect="mutating", idempotent=false, settlement="compensate", reversibility=None, undo_window=None, schema="{\"type\":\"object\"}", description="", version="1", timeout_ms=None))]
+    #[pyo3(signature = (id, execute, *, compensate=None, prepare=None, probe=None, effect="mutating", idempotent=false, settlement="compensate", reversibility=None, undo_window=None, schema="{\"type\":\"object\"}", description="", version="1", timeout_ms=None, resources=Vec::new(), duplicate_keys=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         id: String,
@@ -390,6 +393,8 @@ impl NativeTool {
         description: &str,
         version: &str,
         timeout_ms: Option<u64>,
+        resources: Vec<String>,
+        duplicate_keys: Vec<String>,
     ) -> PyResult<NativeTool> {
         let bad = |message: String| {
             NativeError::new_err(("bad_input", format!("tool `{id}`: {message}")))
@@ -444,6 +449,13 @@ impl NativeTool {
             .transpose()?;
         let schema: Value = serde_json::from_str(schema)
             .map_err(|error| bad(format!("its schema is not JSON: {error}")))?;
+        let resources = parse_templates("resources", &resources).map_err(&bad)?;
+        let duplicate_keys = parse_templates("duplicate_keys", &duplicate_keys).map_err(&bad)?;
+        if !duplicate_keys.is_empty() && reversibility == Reversibility::Full {
+            return Err(bad(
+                "duplicate_keys are for tools of reversibility \"none\" or \"partial\"".to_owned(),
+            ));
+        }
         Ok(NativeTool {
             spec: Arc::new(ToolSpec {
                 id,
@@ -456,6 +468,8 @@ impl NativeTool {
                 undo_window,
                 schema,
                 timeout_ms,
+                resources,
+                duplicate_keys,
             }),
             execute: Arc::new(execute),
             compensate: compensate.map(Arc::new),
@@ -600,6 +614,8 @@ impl Tool for NativeTool {
             .with_description(&self.spec.description)
             .with_reversibility(self.spec.reversibility)
             .with_undo_window(self.spec.undo_window)
+            .with_resources(self.spec.resources.clone())
+            .with_duplicate_keys(self.spec.duplicate_keys.clone())
     }
 
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {

@@ -16,6 +16,7 @@ import subprocess
 from agent_kernel import (
     AwaitingApproval,
     BadInput,
+    Conflict,
     Denied,
     NotApplied,
     OperatorAttention,
@@ -352,3 +353,48 @@ def test_a_probe_settles_a_step_of_unknown_outcome(project: Path, make_kernel):
     record = kernel.saga_record(saga.id)
     assert record["steps"][0]["status"] == "COMPENSATED"
     assert finished.wait(5)
+
+
+def test_a_file_another_open_saga_touched_is_a_conflict_and_the_saga_stays_open(project: Path, make_kernel):
+    kernel = make_kernel()
+    first = kernel.begin(name="first")
+    first.call("fs.write", {"path": "ws/a.txt", "content": "first"})
+    second = kernel.begin(name="second")
+    with pytest.raises(Conflict, match="is held by saga") as raised:
+        second.call("fs.write", {"path": "ws/./a.txt", "content": "second"})
+    assert raised.value.holder["saga_id"] == first.id
+    assert raised.value.holder["alive"] is True
+    assert raised.value.saga_id == second.id
+    assert (project / "ws" / "a.txt").read_text() == "first"
+    # Still open: another file is free, and the first file once the first saga is settled.
+    second.call("fs.write", {"path": "ws/b.txt", "content": "b"})
+    first.commit()
+    second.call("fs.write", {"path": "ws/a.txt", "content": "second"})
+    second.commit()
+    assert (project / "ws" / "a.txt").read_text() == "second"
+    assert kernel.saga_record(second.id)["locks"] == []
+
+
+def test_a_python_tool_declares_what_it_touches(make_kernel):
+    balances: dict[str, int] = {}
+
+    @tool(id="acct.pay", resources=["acct:$.args.account"])
+    def pay(account: str, amount: int) -> dict:
+        balances[account] = balances.get(account, 0) + amount
+        return {"balance": balances[account]}
+
+    @pay.compensation
+    def unpay(args: dict, output: dict | None) -> None:
+        balances[args["account"]] -= args["amount"]
+
+    kernel = make_kernel(pay)
+    one = kernel.begin(name="alice")
+    one.call("acct.pay", {"account": "alice", "amount": 5})
+    two = kernel.begin(name="bob")
+    two.call("acct.pay", {"account": "bob", "amount": 7})
+    with pytest.raises(Conflict, match="acct:alice"):
+        two.call("acct.pay", {"account": "alice", "amount": 1})
+    one.commit()
+    two.commit()
+    assert balances == {"alice": 5, "bob": 7}
+

@@ -248,6 +248,25 @@ impl ConfinedFile {
             .map(|metadata| metadata.len()))
     }
 
+    /// The file's identity: its absolute path with the links of its folders resolved,
+    /// through the root's handle, so every spelling of one file (`a`, `./b/../a`, a linked
+    /// folder) gives the same path. A folder that does not exist (yet) is taken as spelled,
+    /// `.` and `..` removed. Reads only.
+    ///
+    /// # Errors
+    ///
+    /// [`SandboxError::Io`] when the folder cannot be resolved for another reason than
+    /// its absence.
+    pub fn identity(&self) -> Result<PathBuf, SandboxError> {
+        let (parent, name) = self.path.split();
+        let folder = match self.root.canonicalize(&parent) {
+            Ok(resolved) => lexical(&resolved),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => lexical(&parent),
+            Err(error) => return Err(self.io_error(error, "resolve the folder of", false)),
+        };
+        Ok(self.path.root.join(folder).join(name))
+    }
+
     /// Replaces the file's content atomically: writes `bytes` to `temp_name` (created new, in
     /// the same folder), syncs it if `sync`, renames it over the target, then syncs the folder
     /// if `sync`.
@@ -640,4 +659,20 @@ fn sync_dir(dir: &Dir) -> io::Result<()> {
     options.read(true);
     let handle = dir.open_with(".", &options)?;
     handle.sync_all()
+}
+
+/// `path` with `.` removed and each `..` taking away the name before it (a confined path
+/// never climbs above its root).
+fn lexical(path: &Path) -> PathBuf {
+    let mut names: Vec<&OsStr> = Vec::new();
+    for component in path.components() {
+        match component {
+            Component::Normal(name) => names.push(name),
+            Component::ParentDir => {
+                names.pop();
+            }
+            _ => {}
+        }
+    }
+    names.iter().collect()
 }

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 pub use agent_kernel_api::Reversibility;
 use agent_kernel_api::{
-    Compensate, EffectClass, Probe, ProbeOutcome, Settlement, Tool, ToolContext, ToolEntry,
-    ToolError, ToolOutput, ToolSpec, Undo, UndoWindow, line_of, read_text_bounded,
+    Compensate, EffectClass, KeyTemplate, Probe, ProbeOutcome, Settlement, Tool, ToolContext,
+    ToolEntry, ToolError, ToolOutput, ToolSpec, Undo, UndoWindow, line_of, parse_templates,
+    read_text_bounded,
 };
 use agent_kernel_sandbox::{ProgramAccess, programs};
 use serde::Deserialize;
@@ -78,6 +79,12 @@ struct Spec {
     settlement: Option<SettlementSpec>,
     reversibility: Option<Reversibility>,
     undo_window: Option<String>,
+    /// What a call touches (JSONPath over `{"args": …}`, a literal prefix allowed).
+    #[serde(default)]
+    resources: Vec<String>,
+    /// What makes two calls one effect (reversibility `none` or `partial` only).
+    #[serde(default)]
+    duplicate_keys: Vec<String>,
     version: Option<String>,
     execute: Vec<String>,
     compensate: Option<Vec<String>>,
@@ -108,6 +115,8 @@ pub struct CommandTool {
     settlement: Settlement,
     reversibility: Reversibility,
     undo_window: Option<UndoWindow>,
+    resources: Vec<KeyTemplate>,
+    duplicate_keys: Vec<KeyTemplate>,
     execute: Vec<String>,
     compensate: Option<Vec<String>>,
     probe: Option<Vec<String>>,
@@ -252,6 +261,19 @@ pub fn parse_tools_file(
                     .map_err(|why| fail(format!("`undo_window`: {why}")))?,
             ),
         };
+        let resources = parse_templates("resources", &spec.resources).map_err(&fail)?;
+        if !resources.is_empty() && spec.effect == Effect::ReadOnly {
+            return Err(fail(
+                "`resources` is for mutating tools: a read-only call claims nothing".to_owned(),
+            ));
+        }
+        let duplicate_keys =
+            parse_templates("duplicate_keys", &spec.duplicate_keys).map_err(&fail)?;
+        if !duplicate_keys.is_empty() && reversibility == Reversibility::Full {
+            return Err(fail(
+                "`duplicate_keys` is for tools of reversibility \"none\" or \"partial\"".to_owned(),
+            ));
+        }
         if let Some(timeout_ms) = spec.timeout_ms
             && !(1..=COMMAND_TIMEOUT_MS_MAX).contains(&timeout_ms)
         {
@@ -299,6 +321,8 @@ pub fn parse_tools_file(
             },
             reversibility,
             undo_window,
+            resources,
+            duplicate_keys,
             execute: spec.execute,
             compensate: spec.compensate,
             probe: spec.probe,
@@ -622,6 +646,8 @@ impl Tool for CommandTool {
             .with_description(self.description.as_deref().unwrap_or_default())
             .with_reversibility(self.reversibility)
             .with_undo_window(self.undo_window)
+            .with_resources(self.resources.clone())
+            .with_duplicate_keys(self.duplicate_keys.clone())
     }
 
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {

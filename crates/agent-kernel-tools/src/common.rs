@@ -192,6 +192,14 @@ impl FileAccess {
         self.sandbox.resolve(path, &self.cwd).map_err(sandbox_error)
     }
 
+    /// The resource a call on the file at `path` claims: the file as the sandbox resolves
+    /// it, its folders' links followed (`file:/abs/path`), on a blocking thread.
+    pub(crate) async fn resource(&self, path: &str) -> Result<Option<Vec<String>>, ToolError> {
+        let file = self.open(path)?;
+        let identity = blocking(move || file.identity().map_err(sandbox_error)).await?;
+        Ok(Some(vec![agent_kernel_api::file_resource(&identity)]))
+    }
+
     /// Rules on `path` and binds it to its root's handle.
     pub(crate) fn open(&self, path: &str) -> Result<ConfinedFile, ToolError> {
         self.sandbox
@@ -274,6 +282,12 @@ pub(crate) fn byte_count(n: u64) -> String {
     } else {
         format!("{n} bytes")
     }
+}
+
+/// The template the file tools show for their resource: the file their `path` names, which
+/// their [`Tool::resources`](agent_kernel_api::Tool::resources) resolves as the sandbox does.
+pub(crate) fn path_resource() -> agent_kernel_api::KeyTemplate {
+    agent_kernel_api::KeyTemplate::parse("file:$.args.path").expect("a fixed template is valid")
 }
 
 #[cfg(test)]

@@ -9,10 +9,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::common::{
-    FileAccess, TOOL_VERSION, blocking, byte_count, parse_args, parse_undo, sandbox_error, settle,
-    step_blocking, undo_data,
+    FileAccess, TOOL_VERSION, blocking, byte_count, parse_args, parse_undo, path_resource,
+    sandbox_error, settle, step_blocking, undo_data,
 };
-use crate::fs_write::{ContentArgs, check_content, content_schema, simulated_content};
+use crate::fs_write::{
+    ContentArgs, check_content, content_resource, content_schema, simulated_content,
+};
 
 /// `fs.append`: mutating; appends `content` to `path`, creating the file if absent but never
 /// its folder.
@@ -48,6 +50,8 @@ impl FsAppend {
 impl Tool for FsAppend {
     fn spec(&self) -> ToolSpec {
         ToolSpec::mutating(Self::ID)
+            // Shown by `tools`; the claim is the file as the sandbox resolves it.
+            .with_resources([path_resource()])
             .with_version(TOOL_VERSION)
             .with_description("Append to a file; undone by truncating it back to its previous length (or removing it if it was new).")
             .with_schema(content_schema("fs.append arguments"))
@@ -55,6 +59,14 @@ impl Tool for FsAppend {
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
         check_content(&self.files, args)
+    }
+
+    async fn resources(
+        &self,
+        _ctx: &ToolContext,
+        args: &Value,
+    ) -> Result<Option<Vec<String>>, ToolError> {
+        content_resource(&self.files, args).await
     }
 
     async fn simulate(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {

@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 
 use crate::common::{
     FileAccess, TOOL_VERSION, blocking, byte_count, check_temp_name, object_schema, parse_args,
-    parse_undo, path_schema, sandbox_error, settle, step_blocking, temp_name, undo_data,
+    parse_undo, path_resource, path_schema, sandbox_error, settle, step_blocking, temp_name,
+    undo_data,
 };
 use crate::fs_read::PathArgs;
 use crate::fs_write::restore;
@@ -47,6 +48,8 @@ impl FsDelete {
 impl Tool for FsDelete {
     fn spec(&self) -> ToolSpec {
         ToolSpec::mutating(Self::ID)
+            // Shown by `tools`; the claim is the file as the sandbox resolves it.
+            .with_resources([path_resource()])
             .with_version(TOOL_VERSION)
             .with_description("Delete a file; undone by restoring it with its previous bytes.")
             .with_schema(object_schema(
@@ -59,6 +62,15 @@ impl Tool for FsDelete {
     fn check(&self, args: &Value) -> Result<(), ToolError> {
         let PathArgs { path } = parse_args(args)?;
         self.files.resolve(&path).map(|_| ())
+    }
+
+    async fn resources(
+        &self,
+        _ctx: &ToolContext,
+        args: &Value,
+    ) -> Result<Option<Vec<String>>, ToolError> {
+        let PathArgs { path } = parse_args(args)?;
+        self.files.resource(&path).await
     }
 
     async fn simulate(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {

@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 
 use crate::common::{
     FileAccess, TOOL_VERSION, blocking, byte_count, check_temp_name, object_schema, parse_args,
-    parse_undo, path_schema, sandbox_error, settle, step_blocking, temp_name, undo_data,
+    parse_undo, path_resource, path_schema, sandbox_error, settle, step_blocking, temp_name,
+    undo_data,
 };
 
 /// `fs.write`: mutating; writes `content` to `path` atomically (temporary file, then rename),
@@ -60,6 +61,15 @@ pub(crate) fn check_content(files: &FileAccess, args: &Value) -> Result<(), Tool
     files.check_size(&path, content.len())
 }
 
+/// The resource of a tool taking `{path, content}`: the file, as the sandbox resolves it.
+pub(crate) async fn content_resource(
+    files: &FileAccess,
+    args: &Value,
+) -> Result<Option<Vec<String>>, ToolError> {
+    let ContentArgs { path, .. } = parse_args(args)?;
+    files.resource(&path).await
+}
+
 /// What a dry run of a tool taking `{path, content}` that would `verb` it reports.
 pub(crate) fn simulated_content(args: &Value, verb: &str) -> Result<ToolOutput, ToolError> {
     let ContentArgs { path, content } = parse_args(args)?;
@@ -87,6 +97,8 @@ pub(crate) fn content_schema(title: &str) -> Value {
 impl Tool for FsWrite {
     fn spec(&self) -> ToolSpec {
         ToolSpec::mutating(Self::ID)
+            // Shown by `tools`; the claim is the file as the sandbox resolves it.
+            .with_resources([path_resource()])
             .with_version(TOOL_VERSION)
             .with_idempotent(true)
             .with_description("Write a file's whole content atomically; undone by restoring its exact previous bytes (or removing it if it was new).")
@@ -95,6 +107,14 @@ impl Tool for FsWrite {
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
         check_content(&self.files, args)
+    }
+
+    async fn resources(
+        &self,
+        _ctx: &ToolContext,
+        args: &Value,
+    ) -> Result<Option<Vec<String>>, ToolError> {
+        content_resource(&self.files, args).await
     }
 
     async fn simulate(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {

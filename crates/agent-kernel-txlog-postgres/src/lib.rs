@@ -713,6 +713,17 @@ impl TxLog for PostgresLog {
         self.read_job(backend::unfinished_sagas)
     }
 
+    fn duplicate_of<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        tool_id: &'a str,
+        keys: &'a [String],
+        since_ms: i64,
+    ) -> BoxFuture<'a, Result<Option<agent_kernel_api::DuplicateStep>, TxError>> {
+        let (saga_id, tool_id, keys) = (saga_id.clone(), tool_id.to_owned(), keys.to_vec());
+        self.read_job(move |db| backend::duplicate_of(db, &saga_id, &tool_id, &keys, since_ms))
+    }
+
     fn key_binding<'a>(
         &'a self,
         key: &'a str,

@@ -8,13 +8,16 @@ use postgres::Client;
 pub(crate) const APPLICATION: &str = "agent-kernel log";
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The schema, version 1.
 const SCHEMA_SQL: &str = include_str!("schema.sql");
 
+/// What version 2 adds to version 1: isolation's tables.
+const SCHEMA_V2_SQL: &str = include_str!("schema_v2.sql");
+
 /// The tables of the schema: no trigger or rule may sit on them.
-const TABLES: [&str; 8] = [
+const TABLES: [&str; 10] = [
     "agent_kernel_meta",
     "sagas",
     "saga_steps",
@@ -23,6 +26,8 @@ const TABLES: [&str; 8] = [
     "approvals",
     "dead_letters",
     "leases",
+    "step_keys",
+    "locks",
 ];
 
 /// The advisory lock the first opens of a database serialize on, so that two processes
@@ -55,7 +60,16 @@ pub(crate) fn prepare(client: &mut Client, target: &str) -> Result<i64, TxError>
         )));
     };
     let version = if let Some(version) = read_meta(&mut tx, &schema, target)? {
-        version
+        if version < SCHEMA_VERSION {
+            // Version 1: isolation's tables added, in this transaction.
+            tx.batch_execute(SCHEMA_V2_SQL).map_err(storage)?;
+            tx.execute(
+                "UPDATE agent_kernel_meta SET schema_version = $1 WHERE singleton = 1",
+                &[&SCHEMA_VERSION],
+            )
+            .map_err(storage)?;
+        }
+        SCHEMA_VERSION
     } else {
         let n_relations = relations(&mut tx, &schema)?;
         if n_relations > 0 {
@@ -67,6 +81,7 @@ pub(crate) fn prepare(client: &mut Client, target: &str) -> Result<i64, TxError>
             });
         }
         tx.batch_execute(SCHEMA_SQL).map_err(storage)?;
+        tx.batch_execute(SCHEMA_V2_SQL).map_err(storage)?;
         tx.execute(
             "INSERT INTO agent_kernel_meta (singleton, application, schema_version)
              VALUES (1, $1, $2)",
@@ -75,7 +90,7 @@ pub(crate) fn prepare(client: &mut Client, target: &str) -> Result<i64, TxError>
         .map_err(storage)?;
         SCHEMA_VERSION
     };
-    if let Some(reason) = tampering(&mut tx, &schema)? {
+    if let Some(reason) = tampering(&mut tx, &schema, version)? {
         return Err(TxError::Tampered {
             path: target.to_owned(),
             reason,
@@ -144,8 +159,21 @@ fn read_meta(
 
 /// A trigger or a rule on one of the log's tables, or one of them missing: what the
 /// schema was given that this build never creates, first found.
-fn tampering(tx: &mut postgres::Transaction<'_>, schema: &str) -> Result<Option<String>, TxError> {
-    let tables: Vec<String> = TABLES.iter().map(|&table| table.to_owned()).collect();
+fn tampering(
+    tx: &mut postgres::Transaction<'_>,
+    schema: &str,
+    version: i64,
+) -> Result<Option<String>, TxError> {
+    // Version 1 has all but isolation's two tables.
+    let n_tables = if version >= 2 {
+        TABLES.len()
+    } else {
+        TABLES.len() - 2
+    };
+    let tables: Vec<String> = TABLES[..n_tables]
+        .iter()
+        .map(|&table| table.to_owned())
+        .collect();
     let present: Vec<String> = tx
         .query(
             "SELECT tablename::text FROM pg_catalog.pg_tables
@@ -156,7 +184,7 @@ fn tampering(tx: &mut postgres::Transaction<'_>, schema: &str) -> Result<Option<
         .iter()
         .map(|row| row.get(0))
         .collect();
-    if let Some(missing) = TABLES
+    if let Some(missing) = TABLES[..n_tables]
         .iter()
         .find(|&&table| !present.iter().any(|p| p == table))
     {
@@ -210,7 +238,7 @@ pub(crate) fn inspect(
             "{target} has no current schema (its search_path names none that exists)"
         )));
     };
-    if read_meta(tx, &schema, target)?.is_none() {
+    let Some(version) = read_meta(tx, &schema, target)? else {
         let n_relations = relations(tx, &schema)?;
         if n_relations == 0 {
             // No log yet: nothing was recorded, so nothing can have been tampered with.
@@ -222,8 +250,8 @@ pub(crate) fn inspect(
                 "its schema `{schema}` holds {n_relations} tables or views of something else"
             ),
         });
-    }
-    Ok(match tampering(tx, &schema)? {
+    };
+    Ok(match tampering(tx, &schema, version)? {
         Some(reason) => Inspected::Tampered(reason),
         None => Inspected::Log,
     })

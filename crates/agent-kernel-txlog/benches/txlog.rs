@@ -40,6 +40,9 @@ fn begin(saga_id: &SagaId, step_seq: u32) -> LogWrite {
             data: json!({"existed": true}),
             blob: Some(vec![b'x'; 256]),
         },
+        // One file of its own per step, as a step of `fs.write` claims.
+        resources: vec![format!("file:/workspace/{saga_id}/{step_seq}")],
+        duplicate_keys: Vec::new(),
     })
 }
 

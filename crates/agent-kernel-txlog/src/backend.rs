@@ -117,6 +117,21 @@ pub fn saga(db: &dyn Db, saga_id: &SagaId) -> Result<Option<SagaRecord>, TxError
     store::saga(db, saga_id)
 }
 
+/// [`TxLog::duplicate_of`](agent_kernel_api::TxLog::duplicate_of).
+///
+/// # Errors
+///
+/// As [`saga`].
+pub fn duplicate_of(
+    db: &dyn Db,
+    saga_id: &SagaId,
+    tool_id: &str,
+    keys: &[String],
+    since_ms: i64,
+) -> Result<Option<agent_kernel_api::DuplicateStep>, TxError> {
+    store::duplicate_of(db, saga_id, tool_id, keys, since_ms)
+}
+
 /// [`TxLog::sagas`](agent_kernel_api::TxLog::sagas).
 ///
 /// # Errors

@@ -648,6 +648,19 @@ impl TxLog for SqliteLog {
         self.call(move |conn, _| store::prune::candidates(conn, before_ms, after.as_ref(), limit))
     }
 
+    fn duplicate_of<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        tool_id: &'a str,
+        keys: &'a [String],
+        since_ms: i64,
+    ) -> BoxFuture<'a, Result<Option<agent_kernel_api::DuplicateStep>, TxError>> {
+        let (saga_id, tool_id, keys) = (saga_id.clone(), tool_id.to_owned(), keys.to_vec());
+        self.call(move |conn, _| {
+            crate::backend::duplicate_of(conn, &saga_id, &tool_id, &keys, since_ms)
+        })
+    }
+
     fn key_binding<'a>(
         &'a self,
         key: &'a str,

@@ -18,7 +18,7 @@ pub(crate) use crate::sql::storage;
 pub(crate) const APPLICATION_ID: i64 = 0x414B_4C47;
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub(crate) const SCHEMA_VERSION: i64 = 6;
+pub(crate) const SCHEMA_VERSION: i64 = 7;
 
 /// The first schema version with the audit chain.
 pub(crate) const AUDIT_SCHEMA_VERSION: i64 = 2;
@@ -225,6 +225,30 @@ CREATE INDEX dead_letters_open ON dead_letters (first_failed_at_ms, letter_id)
     // both look keys up by step, which without this index is a scan of every key.
     r"
 CREATE INDEX idempotency_keys_step ON idempotency_keys (saga_id, step_seq);
+",
+    // Version 7: isolation. What each begun step declared (the resources it claimed, the
+    // keys that make a later call of its tool a duplicate); the locks unsettled sagas hold,
+    // one holder per resource; the audit records of refused claims, found by saga; and the
+    // earlier step an approval request may duplicate.
+    r"
+CREATE TABLE step_keys (
+    saga_id            TEXT NOT NULL,
+    step_seq           INTEGER NOT NULL CHECK (step_seq >= 0),
+    kind               TEXT NOT NULL CHECK (kind = 'resource' OR kind = 'duplicate'),
+    key                TEXT NOT NULL,
+    PRIMARY KEY (saga_id, step_seq, kind, key),
+    FOREIGN KEY (saga_id, step_seq) REFERENCES saga_steps (saga_id, step_seq)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX step_keys_by_key ON step_keys (kind, key);
+CREATE TABLE locks (
+    resource           TEXT PRIMARY KEY NOT NULL,
+    saga_id            TEXT NOT NULL REFERENCES sagas (saga_id),
+    step_seq           INTEGER NOT NULL CHECK (step_seq >= 0),
+    claimed_at_ms      INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+CREATE INDEX locks_by_saga ON locks (saga_id);
+CREATE INDEX audit_log_conflicts ON audit_log (saga_id) WHERE kind = 'LockConflict';
+ALTER TABLE approvals ADD COLUMN duplicate_of TEXT;
 ",
 ];
 

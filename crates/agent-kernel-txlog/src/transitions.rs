@@ -40,6 +40,15 @@ pub(crate) const CLEARED_BY_LAST_LETTER: (SagaState, SagaState) = (
     SagaState::FailedRolledBack,
 );
 
+/// The states that settle a saga and release its locks: its effects are final or undone.
+/// `FailedRollbackPartial` keeps them until its last dead letter is settled
+/// ([`CLEARED_BY_LAST_LETTER`]).
+pub(crate) const RELEASES_LOCKS: &[SagaState] = &[
+    SagaState::Done,
+    SagaState::FailedRolledBack,
+    SagaState::Undone,
+];
+
 /// `column IN ('a', 'b')` for `statuses`, for a guard in SQL (`FALSE` for none); the names
 /// are the fixed spellings of the states, never input.
 pub(crate) fn sql_in<'a>(column: &str, statuses: impl IntoIterator<Item = &'a str>) -> String {

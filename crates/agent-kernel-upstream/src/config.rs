@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use agent_kernel_api::{
-    EffectClass, Reversibility, Settlement, UndoWindow, line_of, read_text_bounded,
+    EffectClass, KeyTemplate, Reversibility, Settlement, UndoWindow, line_of, parse_templates,
+    read_text_bounded,
 };
 use glob::Pattern;
 use serde::Deserialize;
@@ -76,6 +77,10 @@ pub struct ToolDecl {
     pub undo_window: Option<UndoWindow>,
     /// Its compensation: another tool of the same server, with mapped arguments.
     pub compensate: Option<Compensation>,
+    /// What a call touches (`resources`), for the kernel's locks.
+    pub resources: Vec<KeyTemplate>,
+    /// What makes two calls one effect (`duplicate_keys`).
+    pub duplicate_keys: Vec<KeyTemplate>,
 }
 
 /// `compensate = { tool = "…", args = { … } }`.
@@ -127,6 +132,10 @@ struct RawDecl {
     timeout_ms: Option<u64>,
     undo_window: Option<String>,
     compensate: Option<RawCompensation>,
+    #[serde(default)]
+    resources: Vec<String>,
+    #[serde(default)]
+    duplicate_keys: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -254,6 +263,19 @@ pub fn parse_servers(path: &Path, text: &str) -> Result<Vec<ServerSpec>, Servers
                 .map(str::parse::<UndoWindow>)
                 .transpose()
                 .map_err(|err| at(format!("undo_window: {err}")))?;
+            let resources = parse_templates("resources", &decl.resources).map_err(&at)?;
+            if !resources.is_empty() && decl.effect == EffectClass::ReadOnly {
+                return Err(at(
+                    "`resources` is for mutating tools: a read-only call claims nothing".into(),
+                ));
+            }
+            let duplicate_keys =
+                parse_templates("duplicate_keys", &decl.duplicate_keys).map_err(&at)?;
+            if !duplicate_keys.is_empty() && reversibility == Reversibility::Full {
+                return Err(at(
+                    "`duplicate_keys` is for tools of reversibility \"none\" or \"partial\"".into(),
+                ));
+            }
             let compensate = decl
                 .compensate
                 .map(|raw| {
@@ -281,6 +303,8 @@ pub fn parse_servers(path: &Path, text: &str) -> Result<Vec<ServerSpec>, Servers
                     timeout_ms: decl.timeout_ms,
                     undo_window,
                     compensate,
+                    resources,
+                    duplicate_keys,
                 },
             );
         }

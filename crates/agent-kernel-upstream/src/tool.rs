@@ -184,6 +184,18 @@ impl Tool for UpstreamTool {
             .with_reversibility(self.reversibility)
             .with_undo_window(self.undo_window)
             .with_schema(self.schema.clone())
+            .with_resources(
+                self.decl
+                    .as_ref()
+                    .map(|decl| decl.resources.clone())
+                    .unwrap_or_default(),
+            )
+            .with_duplicate_keys(
+                self.decl
+                    .as_ref()
+                    .map(|decl| decl.duplicate_keys.clone())
+                    .unwrap_or_default(),
+            )
     }
 
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {

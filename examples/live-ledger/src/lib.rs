@@ -70,12 +70,18 @@ fn entry_of(args: &Value) -> Result<Entry, ToolError> {
 
 impl Tool for Ledger {
     fn spec(&self) -> ToolSpec {
-        ToolSpec::mutating("ledger.add").with_schema(json!({
-            "type": "object",
-            "properties": { "id": { "type": "string" }, "amount": { "type": "integer" } },
-            "required": ["id", "amount"],
-            "additionalProperties": false,
-        }))
+        ToolSpec::mutating("ledger.add")
+            .with_schema(json!({
+                "type": "object",
+                "properties": { "id": { "type": "string" }, "amount": { "type": "integer" } },
+                "required": ["id", "amount"],
+                "additionalProperties": false,
+            }))
+            // Each entry is its own resource: sagas adding different entries run side by
+            // side (the compensation removes its own entry by id), two on one entry conflict.
+            .with_resources(["ledger:$.args.id"
+                .parse()
+                .expect("a valid resource template")])
     }
 
     async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {

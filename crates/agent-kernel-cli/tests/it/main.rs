@@ -14,6 +14,7 @@ mod fsm;
 mod group_crash;
 mod http;
 mod integrations;
+mod isolation;
 mod layering;
 mod least_privilege;
 mod leftovers;

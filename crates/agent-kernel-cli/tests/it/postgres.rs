@@ -355,6 +355,8 @@ fn records_cut_from_the_end_are_caught_by_this_machines_head_file() {
     let last = max_seq();
     schema.execute(
         "DELETE FROM audit_log WHERE seq > (SELECT seq FROM cut_after);
+         DELETE FROM step_keys WHERE saga_id IN (SELECT saga_id FROM sagas WHERE name = 'worker 1');
+         DELETE FROM locks WHERE saga_id IN (SELECT saga_id FROM sagas WHERE name = 'worker 1');
          DELETE FROM saga_steps WHERE saga_id IN (SELECT saga_id FROM sagas WHERE name = 'worker 1');
          DELETE FROM sagas WHERE name = 'worker 1';
          DROP TABLE cut_after;",

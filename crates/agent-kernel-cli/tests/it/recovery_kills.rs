@@ -293,7 +293,7 @@ fn recover_keeps_the_change(project: &Project, dead: &str, expected: &str) {
 }
 
 #[test]
-fn recover_leaves_a_later_done_sagas_write_and_records_the_change() {
+fn a_later_saga_is_refused_while_a_dead_saga_holds_the_file_and_runs_after_recover() {
     let project = Project::new();
     fs::write(project.path("ws/config.txt"), "v1").expect("writes");
     let dead = dead_saga_writing(&project, "v2-dead");
@@ -303,9 +303,32 @@ fn recover_leaves_a_later_done_sagas_write_and_records_the_change() {
             { "tool": "fs.write", "args": { "path": "ws/config.txt", "content": "v3-later" } },
         ]}),
     );
-    let output = project.run(&["run", "--plan", later.to_str().expect("utf8")]);
+    let later = later.to_str().expect("utf8");
+    let output = project.run(&["run", "--plan", later]);
+    assert_eq!(output.status.code(), Some(6), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(&format!("held by saga {dead}"))
+            && stdout.contains("no longer running: run `agent-kernel recover`"),
+        "{stdout}"
+    );
+    assert_eq!(
+        fs::read_to_string(project.path("ws/config.txt")).expect("reads"),
+        "v2-dead",
+        "the refused saga wrote nothing"
+    );
+    let (code, report) = project.run_json(&["recover"]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/config.txt")).expect("reads"),
+        "v1"
+    );
+    let output = project.run(&["run", "--plan", later]);
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
-    recover_keeps_the_change(&project, &dead, "v3-later");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/config.txt")).expect("reads"),
+        "v3-later"
+    );
 }
 
 #[test]
@@ -318,22 +341,37 @@ fn recover_leaves_a_persons_edit_and_records_the_change() {
 }
 
 #[test]
-fn recover_leaves_an_mcp_autocommit_write_and_records_the_change() {
+fn an_mcp_call_on_a_file_a_dead_saga_holds_is_a_conflict_until_recover() {
     let project = Project::new();
     fs::write(project.path("ws/config.txt"), "v1").expect("writes");
     let dead = dead_saga_writing(&project, "v2-dead");
     let mut server = crate::mcp::Raw::start(&project);
-    let written = server.call(
-        "fs_write",
-        json!({ "args": { "path": "ws/config.txt", "content": "v3-over-mcp" } }),
+    let call = json!({ "args": { "path": "ws/config.txt", "content": "v3-over-mcp" } });
+    let refused = server.call("fs_write", call.clone());
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    let error = &refused["result"]["structuredContent"]["error"];
+    assert_eq!(error["kind"], "conflict", "{refused}");
+    assert_eq!(error["holder"]["saga_id"], dead.as_str(), "{refused}");
+    assert_eq!(error["holder"]["alive"], false, "{refused}");
+    assert!(
+        error["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("run `agent-kernel recover`")),
+        "{refused}"
     );
+    let (code, report) = project.run_json(&["recover"]);
+    assert_eq!(code, 0, "{report}");
+    let written = server.call("fs_write", call);
     assert_eq!(written["result"]["isError"], false, "{written}");
     assert_eq!(
         written["result"]["structuredContent"]["state"], "Done",
         "{written}"
     );
     server.close();
-    recover_keeps_the_change(&project, &dead, "v3-over-mcp");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/config.txt")).expect("reads"),
+        "v3-over-mcp"
+    );
 }
 
 #[test]

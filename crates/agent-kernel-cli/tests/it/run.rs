@@ -749,49 +749,6 @@ fn landlock_confines_tcp_to_what_the_policy_needs() {
     drop(listener);
 }
 
-/// Starts `plan` in a process of its own and SIGKILLs it once `ready` holds.
-fn kill_mid_saga(project: &Project, name: &str, plan: &Value, ready: impl Fn() -> bool) {
-    let plan = project.plan(name, plan);
-    let mut child = project
-        .command(&["run", "--plan", plan.to_str().expect("utf8")])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawns");
-    crate::wait_until("the saga never reached its point", ready);
-    child.kill().expect("kills");
-    child.wait().expect("reaps");
-}
-
-#[test]
-fn recover_undoes_the_later_of_two_dead_sagas_on_one_file_first() {
-    let project = Project::new();
-    fs::write(project.path("ws/a.txt"), b"original").expect("writes");
-    // Two processes killed one after the other, each mid-saga, both having written a.txt:
-    // the second saga's undo record holds the first one's bytes.
-    for (name, content) in [("first.json", "first"), ("second.json", "second")] {
-        let plan = json!({ "steps": [
-            step("fs.write", json!({"path": "ws/a.txt", "content": content})),
-            step("noop", json!({"sleep_ms": 60000})),
-        ]});
-        kill_mid_saga(&project, name, &plan, || {
-            fs::read(project.path("ws/a.txt")).expect("reads") == content.as_bytes()
-        });
-    }
-    let (code, report) = project.run_json(&["recover"]);
-    assert_eq!(code, 0, "{report}");
-    assert_eq!(
-        report["sagas"].as_array().map(Vec::len),
-        Some(2),
-        "{report}"
-    );
-    // Last first, across sagas as within one: the file is as before both.
-    assert_eq!(
-        fs::read(project.path("ws/a.txt")).expect("reads"),
-        b"original"
-    );
-}
-
 #[test]
 fn bench_keeps_its_log_when_asked_and_never_reuses_one() {
     let project = Project::new();

@@ -37,6 +37,14 @@ impl Tool for FlakyUndo {
         self.inner.check(args)
     }
 
+    async fn resources(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+    ) -> Result<Option<Vec<String>>, ToolError> {
+        self.inner.resources(ctx, args).await.map(Some)
+    }
+
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         self.inner.execute(ctx, args).await
     }

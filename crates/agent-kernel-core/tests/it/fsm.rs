@@ -221,6 +221,18 @@ impl TxLog for StaleReads {
             }
         }
     }
+    fn duplicate_of<'a>(
+        &'a self,
+        saga_id: &'a agent_kernel_api::SagaId,
+        tool_id: &'a str,
+        keys: &'a [String],
+        since_ms: i64,
+    ) -> agent_kernel_api::BoxFuture<
+        'a,
+        Result<Option<agent_kernel_api::DuplicateStep>, agent_kernel_api::TxError>,
+    > {
+        self.0.duplicate_of(saga_id, tool_id, keys, since_ms)
+    }
     fn key_binding<'a>(
         &'a self,
         key: &'a str,

@@ -85,6 +85,11 @@ pub(crate) struct Ledger {
     pub(crate) world: Arc<World>,
 }
 
+/// What a call of the world's tools touches: its item.
+pub(crate) fn item_resource() -> agent_kernel_api::KeyTemplate {
+    "item:$.args.item".parse().expect("a valid template")
+}
+
 fn item_of(args: &Value) -> Result<String, ToolError> {
     args.get("item")
         .and_then(Value::as_str)
@@ -94,7 +99,9 @@ fn item_of(args: &Value) -> Result<String, ToolError> {
 
 impl Tool for Ledger {
     fn spec(&self) -> ToolSpec {
-        ToolSpec::mutating("ledger.add").with_version("1.0.0")
+        ToolSpec::mutating("ledger.add")
+            .with_version("1.0.0")
+            .with_resources([item_resource()])
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
@@ -253,6 +260,7 @@ impl Tool for Settled {
             .with_version("1.0.0")
             .with_settlement(self.settlement)
             .with_reversibility(self.reversibility)
+            .with_resources([item_resource()])
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
@@ -479,6 +487,18 @@ impl TxLog for StagedLeases {
         Result<Vec<agent_kernel_api::SagaSummary>, agent_kernel_api::TxError>,
     > {
         self.0.unfinished_sagas()
+    }
+    fn duplicate_of<'a>(
+        &'a self,
+        saga_id: &'a agent_kernel_api::SagaId,
+        tool_id: &'a str,
+        keys: &'a [String],
+        since_ms: i64,
+    ) -> agent_kernel_api::BoxFuture<
+        'a,
+        Result<Option<agent_kernel_api::DuplicateStep>, agent_kernel_api::TxError>,
+    > {
+        self.0.duplicate_of(saga_id, tool_id, keys, since_ms)
     }
     fn key_binding<'a>(
         &'a self,

@@ -185,6 +185,8 @@ async fn a_dry_run_is_recorded_claims_no_key_and_is_never_compensated() {
         args_hash: agent_kernel_core::args_hash("ledger.add", &json!({ "item": "d-a" })),
         idempotency_key: None,
         undo: agent_kernel_api::Undo::none(),
+        resources: Vec::new(),
+        duplicate_keys: Vec::new(),
     };
     log.write(vec![
         agent_kernel_api::LogWrite::CreateSaga(agent_kernel_api::NewSaga {

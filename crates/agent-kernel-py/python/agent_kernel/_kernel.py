@@ -16,6 +16,7 @@ from .errors import (
     AgentKernelError,
     AwaitingApproval,
     BadInput,
+    Conflict,
     Denied,
     OperatorAttention,
     SagaClosed,
@@ -52,6 +53,8 @@ def _rolled_back(report: dict[str, Any], default: type[AgentKernelError]) -> Age
         cls = OperatorAttention
     elif kind == "denied":
         cls = Denied
+    elif kind == "conflict":
+        cls = Conflict
     return cls(
         message,
         saga_id=report.get("saga_id"),
@@ -119,6 +122,19 @@ class Saga:
             )
             error.kind = answer.get("kind")
             raise error
+        if outcome == "conflict":
+            holder = answer.get("holder") or {}
+            raise Conflict(
+                answer.get("message", "conflict"),
+                holder={
+                    "saga_id": holder.get("saga_id"),
+                    "state": holder.get("state"),
+                    "alive": answer.get("alive"),
+                    "resource": holder.get("resource"),
+                },
+                saga_id=self.id,
+                state="open",
+            )
         if outcome == "awaiting_approval":
             raise AwaitingApproval(
                 f"step {answer.get('step_seq')} (`{answer.get('tool_id')}`) waits for an approval: "
@@ -322,13 +338,19 @@ class Kernel:
 
     def saga_record(self, saga_id: str) -> dict[str, Any] | None:
         """One saga as the log holds it (``saga_id``, ``name``, ``state``, ``owner``…) with
-        its ``steps`` (``step_seq``, ``tool_id``, ``status``, ``args``, ``output``…), or
+        its ``steps`` (``step_seq``, ``tool_id``, ``status``, ``args``, ``output``…), the
+        ``locks`` it holds (none once settled) and the ``conflicts`` its calls met, or
         ``None``."""
         text = _native_call(self._native.saga, saga_id)
         if text is None:
             return None
         record = json.loads(text)
-        return {**record["saga"], "steps": record["steps"]}
+        return {
+            **record["saga"],
+            "steps": record["steps"],
+            "locks": record.get("locks", []),
+            "conflicts": record.get("conflicts", []),
+        }
 
     def approvals(self) -> list[dict[str, Any]]:
         """The approval requests waiting for a decision."""

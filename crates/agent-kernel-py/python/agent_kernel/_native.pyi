@@ -29,6 +29,8 @@ class NativeTool:
         description: str = "",
         version: str = "1",
         timeout_ms: int | None = None,
+        resources: Sequence[str] = (),
+        duplicate_keys: Sequence[str] = (),
     ) -> None: ...
     @property
     def id(self) -> str: ...

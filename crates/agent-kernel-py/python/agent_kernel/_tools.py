@@ -97,6 +97,8 @@ class Tool:
         description: str | None,
         version: str,
         timeout_ms: int | None,
+        resources: list[str] | None = None,
+        duplicate_keys: list[str] | None = None,
     ) -> None:
         self.function = function
         self.id = id
@@ -112,6 +114,8 @@ class Tool:
         self.description = description if description is not None else inspect.getdoc(function) or ""
         self.version = version
         self.timeout_ms = timeout_ms
+        self.resources = list(resources or [])
+        self.duplicate_keys = list(duplicate_keys or [])
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calls the function itself, outside any saga."""
@@ -177,6 +181,8 @@ class Tool:
             description=self.description,
             version=self.version,
             timeout_ms=self.timeout_ms,
+            resources=self.resources,
+            duplicate_keys=self.duplicate_keys,
         )
 
 
@@ -195,6 +201,8 @@ def tool(
     description: str | None = None,
     version: str = "1",
     timeout_ms: int | None = None,
+    resources: list[str] | None = None,
+    duplicate_keys: list[str] | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]:
     """Declares a function as a transactional tool of the kernel.
 
@@ -208,6 +216,13 @@ def tool(
     ``reversibility="none"`` (then every call waits for an operator's approval). The schema
     comes from the type hints unless given. Raise :class:`NotApplied` for a failure before
     any effect; any other exception leaves the outcome unknown.
+
+    ``resources`` names what a call touches, as JSONPath over ``{"args": …}`` with an
+    optional literal prefix (``["acct:$.args.account"]``): no other saga may touch it until
+    this one is settled (a call that would raises :class:`Conflict`). Without it, a
+    mutating tool is one resource, its id. ``duplicate_keys`` (reversibility ``"none"`` or
+    ``"partial"`` only, e.g. ``["$.args.invoice"]``) makes a call that repeats one of the
+    tool's steps of the last ``[limits] duplicate_window`` wait for an operator.
     """
     options = {name: value for name, value in locals().items() if name != "id"}
 

@@ -63,6 +63,18 @@ class AwaitingApproval(AgentKernelError):
         self.approval = approval
 
 
+class Conflict(AgentKernelError):
+    """Another saga that is not settled holds a resource the call would claim (a file, an
+    account): nothing of the call ran. A live saga stays open (try something else, or the
+    same call once the holder is settled); a plan was rolled back. ``holder`` is
+    ``{"saga_id", "state", "alive", "resource"}`` when known; a holder whose process is gone
+    (``alive`` false) keeps its locks until ``kernel.recover()`` settles it."""
+
+    def __init__(self, message: str, *, holder: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.holder = holder
+
+
 class SagaClosed(AgentKernelError):
     """The saga has ended (committed, rolled back, or lost with its process)."""
 
@@ -80,6 +92,7 @@ class NotApplied(Exception):
 _KINDS: dict[str, type[AgentKernelError]] = {
     "bad_input": BadInput,
     "denied": Denied,
+    "conflict": Conflict,
     "saga_closed": SagaClosed,
     "not_found": BadInput,
     "log": LogError,

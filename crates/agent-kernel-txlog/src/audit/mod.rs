@@ -48,7 +48,7 @@ pub(crate) const QUOTE_BYTES_MAX: usize = 1024;
 pub(crate) const ARGS_SUMMARY_BYTES_MAX: usize = 256;
 
 /// Every record kind the chain may hold.
-pub(crate) const KINDS: [&str; 21] = [
+pub(crate) const KINDS: [&str; 22] = [
     KIND_GENESIS,
     KIND_CREATE_SAGA,
     KIND_SET_STATE,
@@ -70,6 +70,7 @@ pub(crate) const KINDS: [&str; 21] = [
     KIND_DEAD_LETTER,
     KIND_DEAD_LETTER_SETTLED,
     KIND_PRUNE,
+    KIND_LOCK_CONFLICT,
 ];
 
 /// The record of a [`LogWrite::RecordDeadLetter`](agent_kernel_api::LogWrite::RecordDeadLetter).
@@ -146,6 +147,10 @@ pub(crate) const KIND_TAKE_OVER: &str = "TakeOver";
 /// The checkpoint of a [`LogWrite::Prune`](agent_kernel_api::LogWrite::Prune): the sagas
 /// removed from the tables and the hash of their records, which stay in the chain.
 pub(crate) const KIND_PRUNE: &str = "Prune";
+
+/// A step's claim on a resource that another unsettled saga held: nothing of the step was
+/// written. Changes no table.
+pub(crate) const KIND_LOCK_CONFLICT: &str = "LockConflict";
 
 /// The secret that MACs every audit record, so that a rewrite of the whole chain by someone
 /// without the key is detected.

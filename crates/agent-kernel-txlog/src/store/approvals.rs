@@ -13,8 +13,9 @@ pub(super) fn request_approval(
     let (args_text, rest_text) = request_texts(request)?;
     conn.execute(
         "INSERT INTO approvals (approval_id, saga_id, step_seq, tool_id, args, idempotency_key,
-             digest, rest, status, requested_at_ms, expires_at_ms, operator_key_check)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9, ?10, ?11)",
+             digest, rest, status, requested_at_ms, expires_at_ms, operator_key_check,
+             duplicate_of)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9, ?10, ?11, ?12)",
         params![
             request.approval_id,
             request.saga_id.as_str(),
@@ -26,7 +27,8 @@ pub(super) fn request_approval(
             rest_text,
             request.requested_at_ms,
             request.expires_at_ms,
-            request.operator_key_check
+            request.operator_key_check,
+            duplicate_text(request)?
         ],
     )
     .map_err(|err| match err {
@@ -37,6 +39,11 @@ pub(super) fn request_approval(
         other => storage(other),
     })?;
     Ok(request_body(request, &args_text, rest_text.as_deref()))
+}
+
+/// The earlier step a request may duplicate, as the row holds it (JSON text).
+fn duplicate_text(request: &ApprovalRequest) -> Result<Option<String>, TxError> {
+    request.duplicate_of.as_ref().map(to_json).transpose()
 }
 
 /// A request's arguments and the plan's later steps as the row holds them (JSON text).
@@ -57,12 +64,17 @@ pub(super) fn request_body(
     args_text: &str,
     rest_text: Option<&str>,
 ) -> String {
-    CanonicalObject::new()
+    let body = CanonicalObject::new()
         .str("approval_id", &request.approval_id)
         .str("args_sha256", &sha256_hex(args_text.as_bytes()))
         .str("args_summary", &quote(args_text, ARGS_SUMMARY_BYTES_MAX))
-        .str("digest", &request.digest)
-        .int("expires_at_ms", request.expires_at_ms)
+        .str("digest", &request.digest);
+    // Only when there is one, so the records of requests without it keep their form.
+    let body = match duplicate_text(request).ok().flatten() {
+        Some(text) => body.str("duplicate_of_sha256", &sha256_hex(text.as_bytes())),
+        None => body,
+    };
+    body.int("expires_at_ms", request.expires_at_ms)
         .opt_str("idempotency_key", request.idempotency_key.as_deref())
         .opt_str("operator_key_check", request.operator_key_check.as_deref())
         .int("requested_at_ms", request.requested_at_ms)
@@ -416,7 +428,7 @@ pub(super) fn unvouched_request(
 pub(super) const APPROVAL_COLUMNS: &str =
     "approval_id, saga_id, step_seq, tool_id, args, idempotency_key,
     digest, rest, status, requested_at_ms, expires_at_ms, decided_at_ms, decided_by, note,
-    operator_key_check";
+    operator_key_check, duplicate_of";
 
 pub(super) fn approval_from_row(
     row: &Row,
@@ -425,6 +437,7 @@ pub(super) fn approval_from_row(
     let rest: Option<String> = row.get(7)?;
     let status: String = row.get(8)?;
     let step_seq: i64 = row.get(2)?;
+    let duplicate_of: Option<String> = row.get(15)?;
     Ok((|| {
         Ok(ApprovalRecord {
             request: ApprovalRequest {
@@ -442,6 +455,9 @@ pub(super) fn approval_from_row(
                 requested_at_ms: row.get(9).map_err(storage)?,
                 expires_at_ms: row.get(10).map_err(storage)?,
                 operator_key_check: row.get(14).map_err(storage)?,
+                duplicate_of: duplicate_of
+                    .map(|text| from_json("approvals.duplicate_of", &text))
+                    .transpose()?,
             },
             status: status
                 .parse()

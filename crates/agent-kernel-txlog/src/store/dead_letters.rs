@@ -110,6 +110,9 @@ pub(super) fn settle_dead_letter<'w>(
         )
         .optional()
         .map_err(storage)?;
+    if cleared.is_some() {
+        super::locks::release(conn, &SagaId::new(saga_id.clone()))?;
+    }
     let note = settle.note.as_deref();
     let body = CanonicalObject::new()
         .object("by", owner_body(&settle.by))

@@ -5,6 +5,7 @@
 
 mod approvals;
 mod dead_letters;
+mod locks;
 pub(crate) mod prune;
 mod sagas;
 mod steps;
@@ -16,6 +17,7 @@ pub(crate) use self::approvals::{
     approval, pending_approvals, saga_approval, vouched_saga_approval,
 };
 pub(crate) use self::dead_letters::{dead_letter, open_dead_letters};
+pub(crate) use self::locks::duplicate_of;
 pub(crate) use self::sagas::{key_binding, saga, sagas, take_over_in, unfinished_sagas};
 
 use agent_kernel_api::{
@@ -131,8 +133,12 @@ pub(crate) fn apply_chained(
 ) -> Result<(Vec<WriteOutcome>, bool), TxError> {
     let mut outcomes = Vec::with_capacity(batch.len());
     let mut moves_head = false;
+    let refused = locks::refused_claims(tx, batch)?;
     for write in batch {
-        let applied = apply(tx, write, key, now_ms)?;
+        let applied = match refused_claim(write, &refused) {
+            Some(holder) => refused_step(write, holder),
+            None => apply(tx, write, key, now_ms)?,
+        };
         if let Some(kind) = applied.kind {
             chain.append(tx, now_ms, kind, applied.saga_id.as_deref(), &applied.body)?;
             if let LogWrite::DecideApproval(decision) = write {
@@ -156,6 +162,43 @@ pub(crate) fn apply_chained(
         outcomes.push(applied.outcome);
     }
     Ok((outcomes, moves_head))
+}
+
+/// The holder refusing `write`'s claim: a `BeginStep` in `refused`, or the approval such a
+/// step would consume.
+fn refused_claim<'r>(
+    write: &LogWrite,
+    refused: &'r [(SagaId, u32, agent_kernel_api::LockHolder)],
+) -> Option<&'r agent_kernel_api::LockHolder> {
+    let (saga_id, step_seq) = match write {
+        LogWrite::BeginStep(step) => (&step.saga_id, step.step_seq),
+        LogWrite::ConsumeApproval(consume) => (&consume.saga_id, consume.step_seq),
+        _ => return None,
+    };
+    refused
+        .iter()
+        .find(|(at_saga, at_seq, _)| at_saga == saga_id && *at_seq == step_seq)
+        .map(|(_, _, holder)| holder)
+}
+
+/// A write left unapplied because its step's claim was refused: the step's `LockConflict`
+/// record; nothing for the approval it would have consumed.
+fn refused_step<'w>(write: &'w LogWrite, holder: &agent_kernel_api::LockHolder) -> Applied<'w> {
+    let outcome = WriteOutcome::Conflict(Box::new(holder.clone()));
+    match write {
+        LogWrite::BeginStep(step) => Applied {
+            outcome,
+            kind: Some(crate::audit::KIND_LOCK_CONFLICT),
+            saga_id: Some(Cow::Borrowed(&step.saga_id)),
+            body: locks::conflict_body(step, holder),
+        },
+        _ => Applied {
+            outcome,
+            kind: None,
+            saga_id: None,
+            body: String::new(),
+        },
+    }
 }
 
 /// A take-over ([`TxLog::take_over`](agent_kernel_api::TxLog::take_over)) for the writer
@@ -381,6 +424,15 @@ fn apply<'w>(
             Ok(Applied::written(KIND_DEAD_LETTER, &letter.saga_id, body))
         }
         LogWrite::SettleDeadLetter(settle) => settle_dead_letter(conn, settle, now_ms),
+        LogWrite::ClaimLocks { saga_id } => {
+            locks::claim_again(conn, saga_id, now_ms)?;
+            Ok(Applied {
+                outcome: WriteOutcome::Written,
+                kind: None,
+                saga_id: None,
+                body: String::new(),
+            })
+        }
         other => Err(corrupt(format!("unsupported log record {other:?}"))),
     }
 }

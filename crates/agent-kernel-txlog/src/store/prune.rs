@@ -179,6 +179,8 @@ pub(crate) fn prune(
             "DELETE FROM idempotency_keys WHERE saga_id = ?1",
             "DELETE FROM approvals WHERE saga_id = ?1",
             "DELETE FROM dead_letters WHERE saga_id = ?1",
+            "DELETE FROM step_keys WHERE saga_id = ?1",
+            "DELETE FROM locks WHERE saga_id = ?1",
         ] {
             conn.execute(sql, params![saga_id]).map_err(storage)?;
         }

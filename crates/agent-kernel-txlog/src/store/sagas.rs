@@ -96,6 +96,7 @@ pub(super) fn begin_step(
                 now_ms,
                 ArgsSummary::Omitted,
             )?;
+            super::locks::declare_and_claim(conn, step, now_ms)?;
             if let Some(key) = &step.idempotency_key {
                 conn.execute(
                     "INSERT INTO idempotency_keys (key, args_hash, saga_id, step_seq)
@@ -206,12 +207,27 @@ pub(super) fn insert_step(
     if args_summary == ArgsSummary::Quoted {
         body = body.str("args_summary", &quote(&args_text, ARGS_SUMMARY_BYTES_MAX));
     }
-    Ok(body
+    // What a begun step declared, bound by the chain; a step that never began declares
+    // nothing.
+    let declares = status == StepStatus::Begin;
+    if declares && !step.duplicate_keys.is_empty() {
+        body = body.str_array(
+            "duplicate_keys",
+            step.duplicate_keys.iter().map(String::as_str),
+        );
+    }
+    let body = body
         .str("effect", step.effect.as_str())
         .opt_object("error", error.map(error_summary))
         .opt_str("error_sha256", sha256_of(&error_text).as_deref())
         .opt_str("idempotency_key", step.idempotency_key.as_deref())
-        .opt_str("output_sha256", sha256_of(&output_text).as_deref())
+        .opt_str("output_sha256", sha256_of(&output_text).as_deref());
+    let body = if declares && !step.resources.is_empty() {
+        body.str_array("resources", step.resources.iter().map(String::as_str))
+    } else {
+        body
+    };
+    Ok(body
         .opt_object(
             "reused_from",
             reused_from.map(|(saga_id, step_seq)| {
@@ -439,7 +455,12 @@ pub(crate) fn saga(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<SagaRecord>
             )));
         }
     }
-    Ok(Some(SagaRecord { saga, steps }))
+    Ok(Some(SagaRecord {
+        locks: super::locks::locks_of(conn, saga_id)?,
+        conflicts: super::locks::conflicts_of(conn, saga_id)?,
+        saga,
+        steps,
+    }))
 }
 
 /// Changes a saga's owner if it still has the expected owner and state, then writes the

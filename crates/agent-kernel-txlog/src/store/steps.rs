@@ -19,6 +19,7 @@ pub(super) fn set_state(
         )
         .map_err(storage)?;
     expect_one(n_changed, || format!("no saga {saga_id}"))?;
+    super::locks::release_if_settled(conn, saga_id, state)?;
     Ok(CanonicalObject::new()
         .str("saga_id", saga_id.as_str())
         .str("state", state.as_str())

@@ -96,6 +96,17 @@ fn step(rng: &mut Rng, saga: &str, step_seq: u32, key: Option<String>) -> BeginS
             data: json!({"existed": rng.chance(50), "len": rng.below(5000)}),
             blob,
         },
+        // Each step its own resource, so no claim is refused; the records carry them.
+        resources: if rng.chance(50) {
+            vec![format!("file:/{saga}/{step_seq}"), format!("acct:{saga}")]
+        } else {
+            Vec::new()
+        },
+        duplicate_keys: if rng.chance(30) {
+            vec![format!("inv:{}", rng.below(50))]
+        } else {
+            Vec::new()
+        },
     }
 }
 

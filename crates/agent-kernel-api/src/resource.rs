@@ -1,0 +1,225 @@
+//! Resource keys: what a mutating call touches, named so the kernel can keep sagas apart on
+//! it (semantic locks) and catch a regenerated call of an irreversible tool (duplicate
+//! keys).
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+use serde_json::Value;
+use serde_json_path::JsonPath;
+
+use crate::{Owner, SagaId, SagaState};
+
+/// The most resource keys one call may claim.
+pub const MAX_RESOURCES_PER_STEP: usize = 64;
+
+/// The most bytes of one resource key.
+pub const MAX_RESOURCE_KEY_BYTES: usize = 1024;
+
+/// The resource key of a file, as the sandbox resolved it: `file:` and its absolute path.
+pub fn file_resource(resolved: &std::path::Path) -> String {
+    format!("file:{}", resolved.display())
+}
+
+/// The resource key of a mutating tool that declares none: the tool itself, `tool:ID`.
+pub fn tool_resource(tool_id: &str) -> String {
+    format!("tool:{tool_id}")
+}
+
+/// A key computed from a call's arguments: an optional literal prefix, then an RFC 9535
+/// JSONPath query over `{"args": …}` (`ledger:$.args.id`); or a literal key alone, without
+/// `$`. Each value the query selects is one key: a string as it is, anything else as its
+/// compact JSON, after the prefix.
+///
+/// ```
+/// use agent_kernel_api::KeyTemplate;
+/// use serde_json::json;
+///
+/// let template: KeyTemplate = "ledger:$.args.id".parse().expect("a valid template");
+/// assert_eq!(template.keys(&json!({"id": 17})), vec!["ledger:17".to_owned()]);
+/// assert!("$.args[".parse::<KeyTemplate>().is_err());
+/// ```
+#[derive(Clone)]
+pub struct KeyTemplate {
+    text: String,
+    prefix: String,
+    path: Option<JsonPath>,
+}
+
+/// Why a text is not a [`KeyTemplate`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{text}` is not a resource key template: {reason}")]
+pub struct KeyTemplateError {
+    /// The text given.
+    pub text: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl KeyTemplate {
+    /// Parses `text`: everything before the first `$` is a literal prefix, the rest a
+    /// JSONPath query; a text without `$` is a literal key.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyTemplateError`] for an empty text, one longer than [`MAX_RESOURCE_KEY_BYTES`],
+    /// or a query that is not RFC 9535 JSONPath.
+    pub fn parse(text: &str) -> Result<KeyTemplate, KeyTemplateError> {
+        let error = |reason: String| KeyTemplateError {
+            text: text.to_owned(),
+            reason,
+        };
+        if text.is_empty() {
+            return Err(error("it is empty".to_owned()));
+        }
+        if text.len() > MAX_RESOURCE_KEY_BYTES {
+            return Err(error(format!(
+                "it has {} bytes, more than the maximum of {MAX_RESOURCE_KEY_BYTES}",
+                text.len()
+            )));
+        }
+        let (prefix, path) = match text.find('$') {
+            None => (text, None),
+            Some(at) => {
+                let query = &text[at..];
+                let path = JsonPath::parse(query).map_err(|err| error(err.to_string()))?;
+                (&text[..at], Some(path))
+            }
+        };
+        Ok(KeyTemplate {
+            text: text.to_owned(),
+            prefix: prefix.to_owned(),
+            path,
+        })
+    }
+
+    /// The text it was parsed from.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The keys it names for a call with `args`: none when its query selects nothing.
+    pub fn keys(&self, args: &Value) -> Vec<String> {
+        let Some(path) = &self.path else {
+            return vec![self.prefix.clone()];
+        };
+        let document = serde_json::json!({ "args": args });
+        path.query(&document)
+            .all()
+            .into_iter()
+            .map(|value| match value {
+                Value::String(text) => format!("{}{text}", self.prefix),
+                other => format!("{}{other}", self.prefix),
+            })
+            .collect()
+    }
+}
+
+impl FromStr for KeyTemplate {
+    type Err = KeyTemplateError;
+
+    fn from_str(text: &str) -> Result<KeyTemplate, KeyTemplateError> {
+        KeyTemplate::parse(text)
+    }
+}
+
+impl PartialEq for KeyTemplate {
+    fn eq(&self, other: &KeyTemplate) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for KeyTemplate {}
+
+impl fmt::Debug for KeyTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("KeyTemplate").field(&self.text).finish()
+    }
+}
+
+impl fmt::Display for KeyTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// Parses the templates a tools file lists under `field` (`resources`, `duplicate_keys`).
+///
+/// # Errors
+///
+/// A message naming the field and the first template that is not valid, or more than
+/// [`MAX_RESOURCES_PER_STEP`] of them.
+pub fn parse_templates(field: &str, texts: &[String]) -> Result<Vec<KeyTemplate>, String> {
+    if texts.len() > MAX_RESOURCES_PER_STEP {
+        return Err(format!(
+            "`{field}` lists {} templates, more than the maximum of {MAX_RESOURCES_PER_STEP}",
+            texts.len()
+        ));
+    }
+    texts
+        .iter()
+        .map(|text| KeyTemplate::parse(text).map_err(|error| format!("`{field}`: {error}")))
+        .collect()
+}
+
+/// The keys of `templates` for `args`, sorted and without repeats.
+pub fn template_keys(templates: &[KeyTemplate], args: &Value) -> Vec<String> {
+    let mut keys: Vec<String> = templates
+        .iter()
+        .flat_map(|template| template.keys(args))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// The saga that holds a resource another saga asked for: what a conflict names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LockHolder {
+    /// The resource asked for.
+    pub resource: String,
+    /// The saga holding it.
+    pub saga_id: SagaId,
+    /// Its state when the claim was refused.
+    pub state: SagaState,
+    /// The process that owns it.
+    pub owner: Owner,
+}
+
+impl fmt::Display for LockHolder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}` is held by saga {} ({}, process {} on {})",
+            self.resource, self.saga_id, self.state, self.owner.pid, self.owner.host
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_template_is_a_prefix_and_a_query() {
+        let account: KeyTemplate = "$.args.account".parse().expect("valid");
+        assert_eq!(account.keys(&json!({"account": "alice"})), vec!["alice"]);
+        assert!(account.keys(&json!({"other": 1})).is_empty());
+        let all: KeyTemplate = "acct:$.args.to[*]".parse().expect("valid");
+        assert_eq!(
+            all.keys(&json!({"to": ["a", 2, {"x": true}]})),
+            vec!["acct:a", "acct:2", "acct:{\"x\":true}"]
+        );
+        let literal: KeyTemplate = "ledger".parse().expect("valid");
+        assert_eq!(literal.keys(&json!({})), vec!["ledger"]);
+        let error = KeyTemplate::parse("x:$.args[").expect_err("invalid");
+        assert_eq!(error.text, "x:$.args[");
+        assert!(KeyTemplate::parse("").is_err());
+        assert_eq!(
+            template_keys(&[account.clone(), account], &json!({"account": "b"})),
+            vec!["b"]
+        );
+    }
+}

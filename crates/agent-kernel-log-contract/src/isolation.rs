@@ -1,0 +1,245 @@
+//! Semantic locks and duplicate keys: a resource is held by one unsettled saga, released
+//! when it settles, claimed again by an undo; a refused claim writes nothing of its step.
+
+use std::sync::Arc;
+
+use agent_kernel_api::{
+    ApprovalDecision, ApprovalStatus, LogWrite, SagaId, SagaState, StepStatus, TxError, TxLog,
+    WriteOutcome,
+};
+
+use crate::LogStore;
+use crate::records::{begin_on, commit, consume, decide, new_saga, set_state, waiting_saga};
+
+async fn locks_of(log: &dyn TxLog, id: &str) -> Vec<String> {
+    log.saga(&SagaId::new(id))
+        .await
+        .expect("reads")
+        .expect("exists")
+        .locks
+}
+
+/// Checks that a resource is held by one unsettled saga until that saga settles, and that
+/// a refused claim writes nothing of its step but the conflict.
+pub async fn a_resource_is_held_by_one_unsettled_saga_until_it_settles(store: &dyn LogStore) {
+    let log = store.open();
+    log.write(vec![
+        new_saga("a"),
+        begin_on("a", 0, &["file:/w/x", "acct:1"], &[]),
+    ])
+    .await
+    .expect("writes");
+    assert_eq!(locks_of(log.as_ref(), "a").await, ["acct:1", "file:/w/x"]);
+    // Another saga: refused, nothing of its step written, the rest of its batch written.
+    let outcomes = log
+        .write(vec![
+            new_saga("b"),
+            begin_on("b", 0, &["file:/w/y", "file:/w/x"], &[]),
+        ])
+        .await
+        .expect("writes");
+    let WriteOutcome::Conflict(holder) = &outcomes[1] else {
+        panic!("a conflict: {outcomes:?}");
+    };
+    assert_eq!(holder.saga_id, SagaId::new("a"));
+    assert_eq!(holder.resource, "file:/w/x");
+    assert_eq!(holder.state, SagaState::Acting);
+    let b = log
+        .saga(&SagaId::new("b"))
+        .await
+        .expect("reads")
+        .expect("the saga of the batch was written");
+    assert!(b.steps.is_empty(), "nothing of the refused step: {b:?}");
+    assert!(b.locks.is_empty(), "no claim kept, not even the free one");
+    assert_eq!(b.conflicts.len(), 1);
+    assert_eq!(b.conflicts[0].resource, "file:/w/x");
+    assert_eq!(b.conflicts[0].holder_saga_id, SagaId::new("a"));
+    // The holder never conflicts with itself.
+    let outcomes = log
+        .write(vec![commit("a", 0), begin_on("a", 1, &["file:/w/x"], &[])])
+        .await
+        .expect("writes");
+    assert_eq!(outcomes[1], WriteOutcome::Written);
+    // Settled: released in the same transaction.
+    log.write(vec![commit("a", 1), set_state("a", SagaState::Done)])
+        .await
+        .expect("writes");
+    assert!(locks_of(log.as_ref(), "a").await.is_empty());
+    let outcomes = log
+        .write(vec![begin_on("b", 0, &["file:/w/x"], &[])])
+        .await
+        .expect("writes");
+    assert_eq!(outcomes[0], WriteOutcome::Written);
+    assert_eq!(locks_of(log.as_ref(), "b").await, ["file:/w/x"]);
+    // A saga that fails and is rolled back releases too; one left partial keeps them.
+    log.write(vec![
+        set_state("b", SagaState::Compensating),
+        set_state("b", SagaState::FailedRollbackPartial),
+    ])
+    .await
+    .expect("writes");
+    assert_eq!(locks_of(log.as_ref(), "b").await, ["file:/w/x"]);
+}
+
+/// Checks that an undo claims its saga's resources again, and is refused while another
+/// saga holds one.
+pub async fn an_undo_claims_its_resources_again(store: &dyn LogStore) {
+    let log = store.open();
+    log.write(vec![
+        new_saga("a"),
+        begin_on("a", 0, &["file:/w/x"], &[]),
+        commit("a", 0),
+        set_state("a", SagaState::Done),
+    ])
+    .await
+    .expect("writes");
+    log.write(vec![new_saga("b"), begin_on("b", 0, &["file:/w/x"], &[])])
+        .await
+        .expect("writes");
+    let claim = || LogWrite::ClaimLocks {
+        saga_id: SagaId::new("a"),
+    };
+    let refused = log.write(vec![claim()]).await;
+    let Err(TxError::Conflict(holder)) = refused else {
+        panic!("refused: {refused:?}");
+    };
+    assert_eq!(holder.saga_id, SagaId::new("b"));
+    assert!(locks_of(log.as_ref(), "a").await.is_empty());
+    log.write(vec![
+        commit("b", 0),
+        set_state("b", SagaState::FailedRolledBack),
+    ])
+    .await
+    .expect("writes");
+    log.write(vec![claim()]).await.expect("claimed");
+    assert_eq!(locks_of(log.as_ref(), "a").await, ["file:/w/x"]);
+    log.write(vec![claim()])
+        .await
+        .expect("claimed again: its own");
+    log.write(vec![set_state("a", SagaState::Undone)])
+        .await
+        .expect("writes");
+    assert!(locks_of(log.as_ref(), "a").await.is_empty());
+}
+
+/// Checks that a step whose claim is refused leaves the approval it would have consumed
+/// unused.
+pub async fn a_refused_claim_leaves_its_approval_unused(store: &dyn LogStore) {
+    let log = store.open();
+    log.write(vec![new_saga("h"), begin_on("h", 0, &["file:/a.txt"], &[])])
+        .await
+        .expect("writes");
+    waiting_saga(log.as_ref(), "s1", "a1", i64::MAX).await;
+    log.write(vec![decide("a1", ApprovalDecision::Approve)])
+        .await
+        .expect("decided");
+    let digest = log
+        .approval("a1")
+        .await
+        .expect("reads")
+        .expect("exists")
+        .request
+        .digest;
+    let outcomes = log
+        .write(vec![
+            set_state("s1", SagaState::Acting),
+            consume("s1", "a1", &digest),
+            begin_on("s1", 0, &["file:/a.txt"], &[]),
+        ])
+        .await
+        .expect("writes");
+    assert!(
+        matches!(outcomes[1], WriteOutcome::Conflict(_)),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(outcomes[2], WriteOutcome::Conflict(_)),
+        "{outcomes:?}"
+    );
+    let approval = log.approval("a1").await.expect("reads").expect("exists");
+    assert_eq!(approval.status, ApprovalStatus::Approved, "not consumed");
+    let s1 = log
+        .saga(&SagaId::new("s1"))
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert_eq!(s1.saga.state, SagaState::Acting, "the rest was written");
+    assert!(s1.steps.is_empty());
+}
+
+/// Checks that the earlier step a call duplicates is found by its duplicate keys, within
+/// the window, in another saga, and not when it failed.
+pub async fn a_duplicate_is_found_by_its_keys_within_the_window(store: &dyn LogStore) {
+    let log = store.open();
+    log.write(vec![
+        new_saga("p1"),
+        begin_on("p1", 0, &["acct:bob"], &["inv:17"]),
+        commit("p1", 0),
+        set_state("p1", SagaState::Done),
+        new_saga("p2"),
+        begin_on("p2", 0, &["acct:bob"], &["inv:18"]),
+        LogWrite::FailStep {
+            saga_id: SagaId::new("p2"),
+            step_seq: 0,
+            error: agent_kernel_api::ToolError::failed("declined"),
+        },
+    ])
+    .await
+    .expect("writes");
+    let other = SagaId::new("p3");
+    let keys = |keys: &[&str]| keys.iter().map(|key| (*key).to_owned()).collect::<Vec<_>>();
+    let found = log
+        .duplicate_of(&other, "fs.write", &keys(&["inv:17"]), 0)
+        .await
+        .expect("reads")
+        .expect("found");
+    assert_eq!(found.saga_id, SagaId::new("p1"));
+    assert_eq!(found.step_seq, 0);
+    assert_eq!(found.key, "inv:17");
+    assert_eq!(found.status, StepStatus::Commit);
+    assert_eq!(found.args["path"], "a.txt");
+    for (saga, tool, asked, since) in [
+        (&other, "fs.write", &["inv:18"][..], 0),
+        (&other, "fs.write", &["inv:19"][..], 0),
+        (&other, "fs.append", &["inv:17"][..], 0),
+        (&other, "fs.write", &["inv:17"][..], i64::MAX),
+        (&SagaId::new("p1"), "fs.write", &["inv:17"][..], 0),
+    ] {
+        let found = log
+            .duplicate_of(saga, tool, &keys(asked), since)
+            .await
+            .expect("reads");
+        assert!(
+            found.is_none(),
+            "{saga} {tool} {asked:?} {since}: {found:?}"
+        );
+    }
+}
+
+/// Checks that claims of one resource raced from several connections give it to one saga.
+pub async fn a_resource_raced_from_several_connections_is_claimed_once(store: &dyn LogStore) {
+    const RACERS: usize = 4;
+    let logs: Vec<Arc<dyn TxLog>> = (0..RACERS).map(|_| store.open()).collect();
+    let racing: Vec<_> = logs
+        .iter()
+        .enumerate()
+        .map(|(n, log)| {
+            let log = Arc::clone(log);
+            tokio::spawn(async move {
+                let id = format!("racer{n}");
+                log.write(vec![new_saga(&id), begin_on(&id, 0, &["acct:shared"], &[])])
+                    .await
+                    .expect("writes")
+            })
+        })
+        .collect();
+    let mut n_claimed = 0;
+    for task in racing {
+        match &task.await.expect("the task finished")[1] {
+            WriteOutcome::Written => n_claimed += 1,
+            WriteOutcome::Conflict(holder) => assert_eq!(holder.resource, "acct:shared"),
+            other => panic!("a claim or a conflict: {other:?}"),
+        }
+    }
+    assert_eq!(n_claimed, 1, "exactly one claim");
+}

@@ -1,0 +1,304 @@
+//! Isolation: the resources a begun step declared, the locks unsettled sagas hold on
+//! them, the conflicts a claim met, and the steps a call of an irreversible tool would
+//! duplicate.
+//!
+//! A step claims its resources in the transaction of its BEGIN; a saga's locks go in the
+//! transaction that settles it ([`RELEASES_LOCKS`]: `Done`, `FailedRolledBack`, `Undone`,
+//! or the last dead letter of a `FailedRollbackPartial` saga settled). One holder per
+//! resource, so a claim is decided by the row alone.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+use crate::audit::KIND_LOCK_CONFLICT;
+use crate::transitions::RELEASES_LOCKS;
+use agent_kernel_api::{ConflictRecord, DuplicateStep, LockHolder};
+
+/// `step_keys.kind` of a resource a step claims.
+pub(super) const KEY_RESOURCE: &str = "resource";
+
+/// `step_keys.kind` of a key that makes a later call of the tool a duplicate.
+pub(super) const KEY_DUPLICATE: &str = "duplicate";
+
+/// The saga holding `resource`, if any.
+fn holder_of(conn: &dyn Db, resource: &str) -> Result<Option<LockHolder>, TxError> {
+    conn.query_row(
+        "SELECT l.saga_id, s.state, s.owner_host, s.owner_boot_id, s.owner_pid,
+             s.owner_start_ticks
+         FROM locks l JOIN sagas s ON s.saga_id = l.saga_id
+         WHERE l.resource = ?1",
+        params![resource],
+        |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                Owner {
+                    host: row.get(2)?,
+                    boot_id: row.get(3)?,
+                    pid: row.get(4)?,
+                    start_ticks: row.get::<_, i64>(5)? as u64,
+                },
+            ))
+        },
+    )
+    .optional()
+    .map_err(storage)?
+    .map(|(saga_id, state, owner)| {
+        Ok(LockHolder {
+            resource: resource.to_owned(),
+            saga_id: SagaId::new(saga_id),
+            state: state.parse().map_err(corrupt)?,
+            owner,
+        })
+    })
+    .transpose()
+}
+
+/// The first of `resources` another saga than `saga_id` holds, with its holder.
+fn first_held(
+    conn: &dyn Db,
+    saga_id: &SagaId,
+    resources: &[String],
+) -> Result<Option<LockHolder>, TxError> {
+    for resource in resources {
+        if let Some(holder) = holder_of(conn, resource)?
+            && holder.saga_id != *saga_id
+        {
+            return Ok(Some(holder));
+        }
+    }
+    Ok(None)
+}
+
+/// The holder refusing each `BeginStep` of `batch` that would claim a resource another
+/// saga holds, by the step's saga and position: decided before anything of the batch is
+/// applied, so the approval such a step would consume is left unused too. A step whose
+/// idempotency key is refused claims nothing: it is recorded `FAIL` as before.
+pub(super) fn refused_claims(
+    conn: &dyn Db,
+    batch: &[LogWrite],
+) -> Result<Vec<(SagaId, u32, LockHolder)>, TxError> {
+    let mut refused = Vec::new();
+    for write in batch {
+        let LogWrite::BeginStep(step) = write else {
+            continue;
+        };
+        if step.resources.is_empty() {
+            continue;
+        }
+        if let Some(key) = &step.idempotency_key
+            && claim_key(conn, key, step)?.is_some()
+        {
+            continue;
+        }
+        if let Some(holder) = first_held(conn, &step.saga_id, &step.resources)? {
+            refused.push((step.saga_id.clone(), step.step_seq, holder));
+        }
+    }
+    Ok(refused)
+}
+
+/// Claims `resources` for step `step_seq` of `saga_id` (the ones it holds already stay
+/// as they are); the caller checked that no other saga holds any.
+fn claim(
+    conn: &dyn Db,
+    saga_id: &SagaId,
+    step_seq: u32,
+    resources: &[String],
+    now_ms: i64,
+) -> Result<(), TxError> {
+    for resource in resources {
+        conn.execute(
+            "INSERT INTO locks (resource, saga_id, step_seq, claimed_at_ms)
+             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (resource) DO NOTHING",
+            params![resource, saga_id.as_str(), step_seq, now_ms],
+        )
+        .map_err(storage)?;
+    }
+    Ok(())
+}
+
+/// Records what a begun step declared (its resources and duplicate keys) and claims its
+/// resources.
+pub(super) fn declare_and_claim(
+    conn: &dyn Db,
+    step: &BeginStep,
+    now_ms: i64,
+) -> Result<(), TxError> {
+    for (kind, keys) in [
+        (KEY_RESOURCE, &step.resources),
+        (KEY_DUPLICATE, &step.duplicate_keys),
+    ] {
+        for key in keys {
+            conn.execute(
+                "INSERT INTO step_keys (saga_id, step_seq, kind, key) VALUES (?1, ?2, ?3, ?4)",
+                params![step.saga_id.as_str(), step.step_seq, kind, key],
+            )
+            .map_err(storage)?;
+        }
+    }
+    claim(conn, &step.saga_id, step.step_seq, &step.resources, now_ms)
+}
+
+/// Releases every lock of `saga_id` when `state` settles it.
+pub(super) fn release_if_settled(
+    conn: &dyn Db,
+    saga_id: &SagaId,
+    state: SagaState,
+) -> Result<(), TxError> {
+    if RELEASES_LOCKS.contains(&state) {
+        release(conn, saga_id)?;
+    }
+    Ok(())
+}
+
+/// Releases every lock of `saga_id`.
+pub(super) fn release(conn: &dyn Db, saga_id: &SagaId) -> Result<(), TxError> {
+    conn.execute(
+        "DELETE FROM locks WHERE saga_id = ?1",
+        params![saga_id.as_str()],
+    )
+    .map_err(storage)?;
+    Ok(())
+}
+
+/// [`LogWrite::ClaimLocks`]: every resource the saga's begun steps declared, claimed again;
+/// [`TxError::Conflict`] (the batch undone) when another saga holds one.
+pub(super) fn claim_again(conn: &dyn Db, saga_id: &SagaId, now_ms: i64) -> Result<(), TxError> {
+    let declared: Vec<(String, u32)> = conn
+        .query_map(
+            "SELECT key, MIN(step_seq) FROM step_keys WHERE saga_id = ?1 AND kind = ?2
+             GROUP BY key ORDER BY key",
+            params![saga_id.as_str(), KEY_RESOURCE],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .map_err(storage)?;
+    for (resource, step_seq) in &declared {
+        if let Some(holder) = first_held(conn, saga_id, std::slice::from_ref(resource))? {
+            return Err(TxError::Conflict(Box::new(holder)));
+        }
+        claim(
+            conn,
+            saga_id,
+            *step_seq,
+            std::slice::from_ref(resource),
+            now_ms,
+        )?;
+    }
+    Ok(())
+}
+
+/// The audit body of a claim refused: the step that asked and the saga that holds.
+pub(super) fn conflict_body(step: &BeginStep, holder: &LockHolder) -> String {
+    CanonicalObject::new()
+        .str("args_sha256", &sha256_hex(step.args.to_string().as_bytes()))
+        .object(
+            "holder",
+            CanonicalObject::new()
+                .object("owner", owner_body(&holder.owner))
+                .str("saga_id", holder.saga_id.as_str())
+                .str("state", holder.state.as_str()),
+        )
+        .str("resource", &quote(&holder.resource, QUOTE_BYTES_MAX))
+        .str("saga_id", step.saga_id.as_str())
+        .int("step_seq", step.step_seq)
+        .str("tool", &step.tool_id)
+        .finish()
+}
+
+/// The resources `saga_id` holds, sorted.
+pub(crate) fn locks_of(conn: &dyn Db, saga_id: &SagaId) -> Result<Vec<String>, TxError> {
+    conn.query_map(
+        "SELECT resource FROM locks WHERE saga_id = ?1 ORDER BY resource",
+        params![saga_id.as_str()],
+        |row| row.get(0),
+    )
+    .map_err(storage)
+}
+
+/// The claims of `saga_id` that other sagas' locks refused, oldest first, from the audit
+/// chain's `LockConflict` records.
+pub(crate) fn conflicts_of(
+    conn: &dyn Db,
+    saga_id: &SagaId,
+) -> Result<Vec<ConflictRecord>, TxError> {
+    let rows: Vec<(i64, String)> = conn
+        .query_map(
+            &format!(
+                "SELECT at_ms, body FROM audit_log WHERE saga_id = ?1 AND kind = '{KIND_LOCK_CONFLICT}'
+                 ORDER BY seq"
+            ),
+            params![saga_id.as_str()],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .map_err(storage)?;
+    rows.into_iter()
+        .map(|(at_ms, body)| {
+            let body: Value = from_json("body", &body)?;
+            let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
+            Ok(ConflictRecord {
+                at_ms,
+                step_seq: body["step_seq"]
+                    .as_u64()
+                    .and_then(|seq| u32::try_from(seq).ok())
+                    .ok_or_else(|| corrupt("a LockConflict record without its step_seq"))?,
+                tool_id: text(&body["tool"]),
+                resource: text(&body["resource"]),
+                holder_saga_id: SagaId::new(text(&body["holder"]["saga_id"])),
+                holder_state: text(&body["holder"]["state"]).parse().map_err(corrupt)?,
+            })
+        })
+        .collect()
+}
+
+/// See [`TxLog::duplicate_of`](agent_kernel_api::TxLog::duplicate_of).
+pub(crate) fn duplicate_of(
+    conn: &dyn Db,
+    saga_id: &SagaId,
+    tool_id: &str,
+    keys: &[String],
+    since_ms: i64,
+) -> Result<Option<DuplicateStep>, TxError> {
+    let mut newest: Option<DuplicateStep> = None;
+    let fail = StepStatus::Fail.as_str();
+    for key in keys {
+        let found = conn
+            .query_row(
+                &format!(
+                    "SELECT s.saga_id, s.step_seq, s.args, s.status, s.created_at_ms
+                     FROM step_keys k
+                     JOIN saga_steps s ON s.saga_id = k.saga_id AND s.step_seq = k.step_seq
+                     WHERE k.kind = '{KEY_DUPLICATE}' AND k.key = ?1 AND s.tool_id = ?2
+                         AND s.saga_id <> ?3 AND s.created_at_ms >= ?4 AND s.status <> '{fail}'
+                     ORDER BY s.created_at_ms DESC LIMIT 1"
+                ),
+                params![key, tool_id, saga_id.as_str(), since_ms],
+                |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, u32>(1)?,
+                        row.get::<_, String>(2)?,
+                        row.get::<_, String>(3)?,
+                        row.get::<_, i64>(4)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(storage)?;
+        let Some((found_saga, step_seq, args, status, at_ms)) = found else {
+            continue;
+        };
+        if newest.as_ref().is_some_and(|newest| newest.at_ms >= at_ms) {
+            continue;
+        }
+        newest = Some(DuplicateStep {
+            saga_id: SagaId::new(found_saga),
+            step_seq,
+            tool_id: tool_id.to_owned(),
+            args: from_json("args", &args)?,
+            status: status.parse().map_err(corrupt)?,
+            key: key.clone(),
+            at_ms,
+        });
+    }
+    Ok(newest)
+}
