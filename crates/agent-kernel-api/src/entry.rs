@@ -331,8 +331,9 @@ pub trait DynTool: sealed::Sealed + Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Vec<String>, ToolError>>;
     /// The keys that make a call with `args` the same effect as an earlier step of the tool:
     /// none for a tool of reversibility `full`; else the spec's
-    /// [`with_duplicate_keys`](ToolSpec::with_duplicate_keys) templates, or without those its
-    /// [`resources`](Self::resources).
+    /// [`with_duplicate_keys`](ToolSpec::with_duplicate_keys) templates, or without those the
+    /// resources the tool names ([`Tool::resources`], its spec's templates), never the
+    /// default `tool:ID`.
     ///
     /// # Errors
     ///
@@ -488,6 +489,23 @@ struct Registered<T> {
 
 impl<T> sealed::Sealed for Registered<T> {}
 
+impl<T: Tool> Registered<T> {
+    /// The resources the tool names for a call: its own [`Tool::resources`] (an empty list
+    /// included: the call touches nothing another saga could), else the keys its spec's
+    /// templates select; `None` when neither names any.
+    async fn declared_resources(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+    ) -> Result<Option<Vec<String>>, ToolError> {
+        if let Some(keys) = self.tool.resources(ctx, args).await? {
+            return Ok(Some(keys));
+        }
+        let keys = template_keys(self.spec.resources(), args);
+        Ok((!keys.is_empty()).then_some(keys))
+    }
+}
+
 impl<T: Tool> DynTool for Registered<T> {
     fn spec(&self) -> &ToolSpec {
         &self.spec
@@ -514,18 +532,10 @@ impl<T: Tool> DynTool for Registered<T> {
             if self.spec.effect() == EffectClass::ReadOnly {
                 return Ok(Vec::new());
             }
-            let keys = match self.tool.resources(ctx, args).await? {
-                Some(keys) => keys,
-                None => {
-                    let keys = template_keys(self.spec.resources(), args);
-                    if keys.is_empty() {
-                        vec![tool_resource(self.spec.id())]
-                    } else {
-                        keys
-                    }
-                }
-            };
-            bounded_keys(keys)
+            match self.declared_resources(ctx, args).await? {
+                Some(keys) => bounded_keys(keys),
+                None => Ok(vec![tool_resource(self.spec.id())]),
+            }
         })
     }
 
@@ -540,10 +550,16 @@ impl<T: Tool> DynTool for Registered<T> {
             {
                 return Ok(Vec::new());
             }
-            if self.spec.duplicate_keys().is_empty() {
-                return self.resources(ctx, args).await;
-            }
-            bounded_keys(template_keys(self.spec.duplicate_keys(), args))
+            // Else the resources the tool names: never the coarse `tool:ID`, which would
+            // make every call of the tool a duplicate of the one before.
+            let keys = if self.spec.duplicate_keys().is_empty() {
+                self.declared_resources(ctx, args)
+                    .await?
+                    .unwrap_or_default()
+            } else {
+                template_keys(self.spec.duplicate_keys(), args)
+            };
+            bounded_keys(keys)
         })
     }
 

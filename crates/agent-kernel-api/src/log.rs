@@ -210,6 +210,12 @@ pub enum LogWrite {
         /// The saga.
         saga_id: SagaId,
     },
+    /// Releases what a settled saga still holds (an `undo` that stopped after claiming
+    /// them); writes nothing for a saga that is not settled.
+    ReleaseLocks {
+        /// The saga.
+        saga_id: SagaId,
+    },
 }
 
 /// An event the audit chain records although it changes no saga.
@@ -668,6 +674,16 @@ pub trait TxLog: Send + Sync + 'static {
     ///
     /// [`TxError`] when the log cannot be read.
     fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>>;
+
+    /// The settled sagas that still hold locks (an `undo` of them stopped after it claimed
+    /// them again), for recovery to release those of dead owners. The default knows none.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn settled_lock_holders(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
+        Box::pin(std::future::ready(Ok(Vec::new())))
+    }
 
     /// The most recent step of `tool_id` begun at or after `since_ms`, in a saga other than
     /// `saga_id`, whose duplicate keys share one of `keys`; not a step that failed before

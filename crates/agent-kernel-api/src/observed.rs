@@ -163,6 +163,10 @@ where
         })
     }
 
+    fn settled_lock_holders(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
+        self.inner.settled_lock_holders()
+    }
+
     fn duplicate_of<'a>(
         &'a self,
         saga_id: &'a SagaId,

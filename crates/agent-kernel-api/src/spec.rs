@@ -153,8 +153,9 @@ impl ToolSpec {
     /// What makes two calls of an irreversible tool (reversibility `none` or `partial`) the
     /// same effect, as keys computed from the arguments (`$.args.invoice`): a call whose
     /// keys match a step of the same tool begun within `[limits] duplicate_window` waits
-    /// for an operator, whatever its other arguments. Without them, the tool's resources
-    /// decide. Declared by a tool of reversibility `full`, they are refused at registration.
+    /// for an operator, whatever its other arguments. Without them, the resources the tool
+    /// names decide (never the default `tool:ID`). Declared by a tool of reversibility
+    /// `full`, they are refused at registration.
     #[must_use]
     pub fn with_duplicate_keys(
         mut self,

@@ -54,7 +54,14 @@ impl fmt::Display for Conflict {
             "`{}` cannot run: `{}` is held by saga {} ({})",
             self.tool, holder.resource, holder.saga_id, holder.state
         )?;
-        if self.alive {
+        if holder.state == SagaState::AwaitingApproval && holder.owner.is_detached() {
+            // Left waiting by `run --no-wait`: no process holds it, a person does.
+            write!(
+                f,
+                ", which waits for an operator's approval: decide it (`agent-kernel approvals`), then `agent-kernel resume --saga {}`",
+                holder.saga_id
+            )?;
+        } else if self.alive {
             write!(
                 f,
                 " of process {} on {}, which is running",

@@ -645,6 +645,8 @@ impl Kernel {
             .get(&step.tool)
             .expect("checked just above")
             .clone();
+        // Where the saga stood before this call, for a call that runs nothing (a conflict).
+        let before = (saga.state, saga.pending_success.clone());
         // The previous step's success, now that what follows it is known.
         if let Err(failure) = self.settle(&mut saga, Lookahead::Step(tool.effect())) {
             let report = self.fail_saga(saga, Some(failure), &NoObserver).await?;
@@ -669,7 +671,16 @@ impl Kernel {
                 }
             }
         }
-        self.live_step(saga, &step).await
+        match self.live_step(saga, &step).await? {
+            LiveStep::Open(mut saga, answer @ CallAnswer::Conflict(_)) => {
+                // Nothing of the call ran: the saga stands where it stood, its previous
+                // step's success settled by whatever comes next (a state already written
+                // is written again by the next record).
+                (saga.state, saga.pending_success) = before;
+                Ok(LiveStep::Open(saga, answer))
+            }
+            other => Ok(other),
+        }
     }
 
     /// Takes `step` as the live saga's next step over the step path and makes its outcome
@@ -712,9 +723,15 @@ impl Kernel {
                 Box::new(saga),
                 CallAnswer::AwaitingApproval(request),
             )),
-            StepEnd::Conflict { conflict, begin } => {
-                // As bad input: the saga stays open and its next call takes this position.
+            StepEnd::Conflict {
+                conflict,
+                begin,
+                approved,
+            } => {
+                // As bad input: the saga stays open and its next call takes this position,
+                // with the approval this one would have used, if any.
                 saga.give_back(begin.step_seq, begin.idempotency_key.as_deref());
+                saga.approved = approved.map(|approval| *approval);
                 Ok(LiveStep::Open(
                     Box::new(saga),
                     CallAnswer::Conflict(conflict),

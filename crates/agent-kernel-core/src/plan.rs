@@ -151,10 +151,22 @@ impl Kernel {
                     failure = Some(step_failure);
                     break;
                 }
-                StepEnd::Conflict { conflict, begin } => {
+                StepEnd::Conflict {
+                    conflict,
+                    begin,
+                    approved,
+                } => {
                     // Recorded as refused at its position; the saga rolls back, as for any
-                    // step that cannot run, and releases what it holds.
+                    // step that cannot run, and releases what it holds. The approval it
+                    // would have used is void.
                     let error = ToolError::conflict(conflict.to_string());
+                    if let Some(approval) = approved {
+                        self.cancel_approval(
+                            &mut saga,
+                            approval.request.approval_id.clone(),
+                            error.to_string(),
+                        );
+                    }
                     failure = Some(Failure {
                         step_seq: begin.step_seq,
                         tool: step.tool.clone(),

@@ -351,7 +351,27 @@ impl Kernel {
                 break;
             }
         }
+        self.release_stale_locks().await?;
         Ok(report)
+    }
+
+    /// Releases the locks that settled sagas of dead owners still hold: an `undo` that
+    /// claimed them again and died before it settled its saga.
+    async fn release_stale_locks(&self) -> Result<(), KernelError> {
+        for saga in self.log.settled_lock_holders().await? {
+            if self.live.contains(&saga.saga_id)
+                || self.owner_liveness(&saga.owner).await? != Liveness::Dead
+            {
+                continue;
+            }
+            info!(saga_id = %saga.saga_id, state = %saga.state, "releasing the locks of a settled saga whose undo died");
+            self.log
+                .write(vec![LogWrite::ReleaseLocks {
+                    saga_id: saga.saga_id.clone(),
+                }])
+                .await?;
+        }
+        Ok(())
     }
 
     /// Recovers one group of sagas, newest first, into `report`.

@@ -126,6 +126,9 @@ pub(crate) enum StepEnd {
         conflict: Conflict,
         /// The step's BEGIN as it would have been written.
         begin: Box<BeginStep>,
+        /// The approval the step would have consumed, left unused: a live saga keeps it
+        /// for the same call again, a plan cancels it as it rolls back.
+        approved: Option<Box<ApprovalRecord>>,
     },
 }
 
@@ -299,6 +302,7 @@ impl Kernel {
     ) -> Result<Result<ToolOutput, ToolError>, Halt> {
         self.admit(saga, taking, lookahead)?;
         let approved = saga.approved.take();
+        let unused = approved.clone();
         let binding = self.reuse(saga, taking).await?;
         if mode == StepMode::Simulate {
             return self.simulate_step(saga, taking, binding.as_ref()).await;
@@ -308,9 +312,18 @@ impl Kernel {
             .approve(saga, taking, approved, rest, &declared.duplicate_keys)
             .await?;
         let span = info_span!("step", step = taking.step_seq, tool = %taking.step.tool, outcome = field::Empty);
-        let begin = self
+        let begin = match self
             .begin_step(saga, taking, declared, consume, &span)
-            .await?;
+            .await
+        {
+            Err(Halt::End(mut end)) => {
+                if let StepEnd::Conflict { approved, .. } = end.as_mut() {
+                    *approved = unused.map(Box::new);
+                }
+                return Err(Halt::End(end));
+            }
+            other => other?,
+        };
         // On a log shared by many machines the effect starts only while this process's
         // lease is certainly live: cut off past it, another process may have taken the
         // saga over (and compensated a change not yet made).
@@ -601,6 +614,7 @@ impl Kernel {
             return Err(Halt::End(Box::new(StepEnd::Conflict {
                 conflict,
                 begin: Box::new(begin),
+                approved: None,
             })));
         }
     }
@@ -652,18 +666,29 @@ impl Kernel {
         reason: String,
     ) -> Halt {
         warn!(saga_id = %saga.saga_id, step_seq = taking.step_seq, %approval_id, %reason, "approval unusable");
-        saga.pending.push(LogWrite::DecideApproval(DecideApproval {
-            approval_id: approval_id.clone(),
-            decision: ApprovalDecision::Cancel,
-            by: self.env.owner.clone(),
-            uid: self.operator_uid(),
-            user: Some("agent-kernel (the approval could not be used)".to_owned()),
-            note: Some(reason.clone()),
-        }));
+        self.cancel_approval(saga, approval_id.clone(), reason.clone());
         let error = ToolError::denied(format!(
             "approval {approval_id} cannot be used for this step: {reason}"
         ));
         taking.refused(saga, error)
+    }
+
+    /// Queues the cancellation of approval `approval_id`, which its step will not use, with
+    /// `reason`, decided by this process.
+    pub(crate) fn cancel_approval(
+        &self,
+        saga: &mut SagaInFlight,
+        approval_id: String,
+        reason: String,
+    ) {
+        saga.pending.push(LogWrite::DecideApproval(DecideApproval {
+            approval_id,
+            decision: ApprovalDecision::Cancel,
+            by: self.env.owner.clone(),
+            uid: self.operator_uid(),
+            user: Some("agent-kernel (the approval could not be used)".to_owned()),
+            note: Some(reason),
+        }));
     }
 
     /// Execution: the effect, each retry only while this process may still act on a shared

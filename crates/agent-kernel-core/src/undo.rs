@@ -331,7 +331,7 @@ impl Kernel {
             other => other?,
         }
         let span = info_span!("saga", saga_id = %saga_id, undo = true);
-        async {
+        let ended = async {
             info!(reason = %request.reason, force = request.force, "undoing a Done saga");
             // Checked above: a change since then (a writer racing the undo) is refused
             // step by step, unless forced.
@@ -358,6 +358,17 @@ impl Kernel {
             Ok(SagaReport::from_record(&record, None))
         }
         .instrument(span)
-        .await
+        .await;
+        if ended.is_err() {
+            // Stopped after its claim: what the saga holds again goes now, if it is still
+            // settled (a `recover` releases it too, once this process is gone).
+            let release = vec![LogWrite::ReleaseLocks {
+                saga_id: saga_id.clone(),
+            }];
+            if let Err(error) = self.log.write(release).await {
+                warn!(%saga_id, %error, "the undo's locks could not be released");
+            }
+        }
+        ended
     }
 }

@@ -116,10 +116,30 @@ pub async fn an_undo_claims_its_resources_again(store: &dyn LogStore) {
     log.write(vec![claim()])
         .await
         .expect("claimed again: its own");
+    // An undo that stopped there: the settled saga is listed, and its locks can go.
+    let holders = log.settled_lock_holders().await.expect("reads");
+    let ids: Vec<&str> = holders.iter().map(|saga| saga.saga_id.as_str()).collect();
+    assert_eq!(ids, ["a"]);
+    let release = |id: &str| LogWrite::ReleaseLocks {
+        saga_id: SagaId::new(id),
+    };
+    log.write(vec![release("a")]).await.expect("released");
+    assert!(locks_of(log.as_ref(), "a").await.is_empty());
+    assert!(log.settled_lock_holders().await.expect("reads").is_empty());
+    log.write(vec![claim()]).await.expect("claimed once more");
     log.write(vec![set_state("a", SagaState::Undone)])
         .await
         .expect("writes");
     assert!(locks_of(log.as_ref(), "a").await.is_empty());
+    // An unsettled saga's locks are not released that way.
+    log.write(vec![
+        new_saga("c"),
+        begin_on("c", 0, &["file:/w/z"], &[]),
+        release("c"),
+    ])
+    .await
+    .expect("writes");
+    assert_eq!(locks_of(log.as_ref(), "c").await, ["file:/w/z"]);
 }
 
 /// Checks that a step whose claim is refused leaves the approval it would have consumed

@@ -713,6 +713,10 @@ impl TxLog for PostgresLog {
         self.read_job(backend::unfinished_sagas)
     }
 
+    fn settled_lock_holders(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
+        self.read_job(backend::settled_lock_holders)
+    }
+
     fn duplicate_of<'a>(
         &'a self,
         saga_id: &'a SagaId,

@@ -14,10 +14,11 @@ CREATE TABLE step_keys (
 );
 CREATE INDEX step_keys_by_key ON step_keys (kind, key);
 
--- The locks unsettled sagas hold: one holder per resource.
+-- The locks unsettled sagas hold: one holder per resource. Claimed before the rest of the
+-- BEGIN's batch (the saga's creation included), so the foreign key is checked at commit.
 CREATE TABLE locks (
     resource           TEXT PRIMARY KEY NOT NULL,
-    saga_id            TEXT NOT NULL REFERENCES sagas (saga_id),
+    saga_id            TEXT NOT NULL REFERENCES sagas (saga_id) DEFERRABLE INITIALLY DEFERRED,
     step_seq           BIGINT NOT NULL CHECK (step_seq >= 0),
     claimed_at_ms      BIGINT NOT NULL
 );

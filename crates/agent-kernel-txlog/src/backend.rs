@@ -117,6 +117,15 @@ pub fn saga(db: &dyn Db, saga_id: &SagaId) -> Result<Option<SagaRecord>, TxError
     store::saga(db, saga_id)
 }
 
+/// [`TxLog::settled_lock_holders`](agent_kernel_api::TxLog::settled_lock_holders).
+///
+/// # Errors
+///
+/// As [`saga`].
+pub fn settled_lock_holders(db: &dyn Db) -> Result<Vec<SagaSummary>, TxError> {
+    store::settled_lock_holders(db)
+}
+
 /// [`TxLog::duplicate_of`](agent_kernel_api::TxLog::duplicate_of).
 ///
 /// # Errors

@@ -648,6 +648,10 @@ impl TxLog for SqliteLog {
         self.call(move |conn, _| store::prune::candidates(conn, before_ms, after.as_ref(), limit))
     }
 
+    fn settled_lock_holders(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
+        self.call(|conn, _| crate::backend::settled_lock_holders(conn))
+    }
+
     fn duplicate_of<'a>(
         &'a self,
         saga_id: &'a SagaId,

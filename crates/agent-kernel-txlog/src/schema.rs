@@ -228,8 +228,10 @@ CREATE INDEX idempotency_keys_step ON idempotency_keys (saga_id, step_seq);
 ",
     // Version 7: isolation. What each begun step declared (the resources it claimed, the
     // keys that make a later call of its tool a duplicate); the locks unsettled sagas hold,
-    // one holder per resource; the audit records of refused claims, found by saga; and the
-    // earlier step an approval request may duplicate.
+    // one holder per resource (claimed before the rest of the BEGIN's batch is applied,
+    // the saga's creation included, so its foreign key is checked at commit); the audit
+    // records of refused claims, found by saga; and the earlier step an approval request
+    // may duplicate.
     r"
 CREATE TABLE step_keys (
     saga_id            TEXT NOT NULL,
@@ -242,7 +244,7 @@ CREATE TABLE step_keys (
 CREATE INDEX step_keys_by_key ON step_keys (kind, key);
 CREATE TABLE locks (
     resource           TEXT PRIMARY KEY NOT NULL,
-    saga_id            TEXT NOT NULL REFERENCES sagas (saga_id),
+    saga_id            TEXT NOT NULL REFERENCES sagas (saga_id) DEFERRABLE INITIALLY DEFERRED,
     step_seq           INTEGER NOT NULL CHECK (step_seq >= 0),
     claimed_at_ms      INTEGER NOT NULL
 ) STRICT, WITHOUT ROWID;
@@ -260,8 +262,14 @@ fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, TxError> {
     harden(&conn)?;
     fix_query_plans(&conn)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(storage)?;
+    conn.set_prepared_statement_cache_capacity(LOG_STATEMENTS_MAX);
     Ok(conn)
 }
+
+/// How many prepared statements a log connection keeps: more than a step's, a saga's and
+/// recovery's statements together (about 30 with the locks), so none is compiled again in
+/// a steady state; rusqlite's default of 16 was below that once the locks came.
+const LOG_STATEMENTS_MAX: usize = 64;
 
 /// Turns on SQLite's query planner stability guarantee: a statement's plan is made once,
 /// when it is prepared, and never again because of the values bound to it.

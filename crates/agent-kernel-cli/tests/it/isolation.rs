@@ -456,6 +456,16 @@ fn over_mcp_a_conflict_names_its_holder_and_leaves_the_saga_open() {
         .as_str()
         .expect("saga id")
         .to_owned();
+    // A step first, then the refused call: the saga stays open and commits what it did.
+    let written = server.call(
+        "fs_write",
+        json!({"saga_id": saga_id, "args": {"path": "ws/g.txt", "content": "G"}}),
+    );
+    assert_eq!(written["result"]["isError"], false, "{written}");
+    assert_eq!(
+        written["result"]["structuredContent"]["step"], 0,
+        "{written}"
+    );
     let refused = server.call(
         "fs_write",
         json!({"saga_id": saga_id, "args": {"path": "ws/f.txt", "content": "B"}}),
@@ -472,18 +482,22 @@ fn over_mcp_a_conflict_names_its_holder_and_leaves_the_saga_open() {
         "{refused}"
     );
     assert_eq!(error["holder"]["alive"], true, "{refused}");
-    // The saga stays open: another file is free.
+    // Another file is free, at the position the refused call gave back.
     let written = server.call(
         "fs_write",
-        json!({"saga_id": saga_id, "args": {"path": "ws/g.txt", "content": "G"}}),
+        json!({"saga_id": saga_id, "args": {"path": "ws/h.txt", "content": "H"}}),
     );
     assert_eq!(written["result"]["isError"], false, "{written}");
     assert_eq!(
-        written["result"]["structuredContent"]["step"], 0,
+        written["result"]["structuredContent"]["step"], 1,
         "{written}"
     );
     let committed = server.call("saga_commit", json!({"saga_id": saga_id}));
     assert_eq!(committed["result"]["isError"], false, "{committed}");
+    assert_eq!(
+        committed["result"]["structuredContent"]["state"], "Done",
+        "{committed}"
+    );
     server.close();
     running.kill().expect("SIGKILLs");
     running.wait().expect("reaps");

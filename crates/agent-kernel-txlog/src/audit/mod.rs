@@ -48,7 +48,7 @@ pub(crate) const QUOTE_BYTES_MAX: usize = 1024;
 pub(crate) const ARGS_SUMMARY_BYTES_MAX: usize = 256;
 
 /// Every record kind the chain may hold.
-pub(crate) const KINDS: [&str; 22] = [
+pub(crate) const KINDS: [&str; 23] = [
     KIND_GENESIS,
     KIND_CREATE_SAGA,
     KIND_SET_STATE,
@@ -71,6 +71,7 @@ pub(crate) const KINDS: [&str; 22] = [
     KIND_DEAD_LETTER_SETTLED,
     KIND_PRUNE,
     KIND_LOCK_CONFLICT,
+    KIND_LOCKS,
 ];
 
 /// The record of a [`LogWrite::RecordDeadLetter`](agent_kernel_api::LogWrite::RecordDeadLetter).
@@ -151,6 +152,11 @@ pub(crate) const KIND_PRUNE: &str = "Prune";
 /// A step's claim on a resource that another unsettled saga held: nothing of the step was
 /// written. Changes no table.
 pub(crate) const KIND_LOCK_CONFLICT: &str = "LockConflict";
+
+/// A settled saga's locks claimed again (for an `undo`) or released (after one that
+/// stopped): changes no table the chain models; its body names the saga, `action`
+/// (`claimed` or `released`) and the resources.
+pub(crate) const KIND_LOCKS: &str = "Locks";
 
 /// The secret that MACs every audit record, so that a rewrite of the whole chain by someone
 /// without the key is detected.

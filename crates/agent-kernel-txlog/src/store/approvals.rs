@@ -411,6 +411,7 @@ pub(super) fn unvouched_request(
         ("args_sha256", "arguments"),
         ("idempotency_key", "idempotency key"),
         ("rest_sha256", "later steps of the plan"),
+        ("duplicate_of_sha256", "earlier call it may repeat"),
     ]
     .into_iter()
     .filter(|(key, _)| fields.get(key) != expected.get(key))

@@ -69,13 +69,18 @@ fn first_held(
     Ok(None)
 }
 
-/// The holder refusing each `BeginStep` of `batch` that would claim a resource another
-/// saga holds, by the step's saga and position: decided before anything of the batch is
-/// applied, so the approval such a step would consume is left unused too. A step whose
-/// idempotency key is refused claims nothing: it is recorded `FAIL` as before.
-pub(super) fn refused_claims(
+/// Claims the resources of each `BeginStep` of `batch`, before anything of the batch is
+/// applied; the holder refusing each step that could not claim one, by the step's saga and
+/// position (nothing of that step's claim is kept, and the approval it would consume is
+/// left unused too). A step whose idempotency key is refused claims nothing: it is recorded
+/// `FAIL` as before.
+///
+/// The common case costs one insert per resource: the holder is read only for a resource
+/// already held (by the step's own saga, or by another).
+pub(super) fn claim_or_refuse(
     conn: &dyn Db,
     batch: &[LogWrite],
+    now_ms: i64,
 ) -> Result<Vec<(SagaId, u32, LockHolder)>, TxError> {
     let mut refused = Vec::new();
     for write in batch {
@@ -90,40 +95,51 @@ pub(super) fn refused_claims(
         {
             continue;
         }
-        if let Some(holder) = first_held(conn, &step.saga_id, &step.resources)? {
+        let mut claimed: Vec<&String> = Vec::new();
+        let mut holder = None;
+        for resource in &step.resources {
+            if claim(conn, &step.saga_id, step.step_seq, resource, now_ms)? {
+                claimed.push(resource);
+                continue;
+            }
+            holder = first_held(conn, &step.saga_id, std::slice::from_ref(resource))?;
+            if holder.is_some() {
+                break;
+            }
+        }
+        if let Some(holder) = holder {
+            for resource in claimed {
+                conn.execute("DELETE FROM locks WHERE resource = ?1", params![resource])
+                    .map_err(storage)?;
+            }
             refused.push((step.saga_id.clone(), step.step_seq, holder));
         }
     }
     Ok(refused)
 }
 
-/// Claims `resources` for step `step_seq` of `saga_id` (the ones it holds already stay
-/// as they are); the caller checked that no other saga holds any.
+/// Claims `resource` for step `step_seq` of `saga_id` unless someone holds it (the saga
+/// itself included); whether it did.
 fn claim(
     conn: &dyn Db,
     saga_id: &SagaId,
     step_seq: u32,
-    resources: &[String],
+    resource: &str,
     now_ms: i64,
-) -> Result<(), TxError> {
-    for resource in resources {
-        conn.execute(
+) -> Result<bool, TxError> {
+    let n_inserted = conn
+        .execute(
             "INSERT INTO locks (resource, saga_id, step_seq, claimed_at_ms)
              VALUES (?1, ?2, ?3, ?4) ON CONFLICT (resource) DO NOTHING",
             params![resource, saga_id.as_str(), step_seq, now_ms],
         )
         .map_err(storage)?;
-    }
-    Ok(())
+    Ok(n_inserted == 1)
 }
 
-/// Records what a begun step declared (its resources and duplicate keys) and claims its
-/// resources.
-pub(super) fn declare_and_claim(
-    conn: &dyn Db,
-    step: &BeginStep,
-    now_ms: i64,
-) -> Result<(), TxError> {
+/// Records what a begun step declared (its resources and duplicate keys); its resources
+/// were claimed before its batch was applied ([`claim_or_refuse`]).
+pub(super) fn declare(conn: &dyn Db, step: &BeginStep) -> Result<(), TxError> {
     for (kind, keys) in [
         (KEY_RESOURCE, &step.resources),
         (KEY_DUPLICATE, &step.duplicate_keys),
@@ -136,7 +152,7 @@ pub(super) fn declare_and_claim(
             .map_err(storage)?;
         }
     }
-    claim(conn, &step.saga_id, step.step_seq, &step.resources, now_ms)
+    Ok(())
 }
 
 /// Releases every lock of `saga_id` when `state` settles it.
@@ -162,8 +178,8 @@ pub(super) fn release(conn: &dyn Db, saga_id: &SagaId) -> Result<(), TxError> {
 }
 
 /// [`LogWrite::ClaimLocks`]: every resource the saga's begun steps declared, claimed again;
-/// [`TxError::Conflict`] (the batch undone) when another saga holds one.
-pub(super) fn claim_again(conn: &dyn Db, saga_id: &SagaId, now_ms: i64) -> Result<(), TxError> {
+/// [`TxError::Conflict`] (the batch undone) when another saga holds one. The audit body.
+pub(super) fn claim_again(conn: &dyn Db, saga_id: &SagaId, now_ms: i64) -> Result<String, TxError> {
     let declared: Vec<(String, u32)> = conn
         .query_map(
             "SELECT key, MIN(step_seq) FROM step_keys WHERE saga_id = ?1 AND kind = ?2
@@ -176,15 +192,75 @@ pub(super) fn claim_again(conn: &dyn Db, saga_id: &SagaId, now_ms: i64) -> Resul
         if let Some(holder) = first_held(conn, saga_id, std::slice::from_ref(resource))? {
             return Err(TxError::Conflict(Box::new(holder)));
         }
-        claim(
-            conn,
-            saga_id,
-            *step_seq,
-            std::slice::from_ref(resource),
-            now_ms,
-        )?;
+        claim(conn, saga_id, *step_seq, resource, now_ms)?;
     }
-    Ok(())
+    Ok(locks_body(
+        saga_id,
+        "claimed",
+        declared.iter().map(|(key, _)| key.as_str()),
+    ))
+}
+
+/// [`LogWrite::ReleaseLocks`]: the locks of `saga_id` released when it is settled; the
+/// audit body, or `None` when there was nothing to release.
+pub(super) fn release_settled(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<String>, TxError> {
+    let settled: bool = conn
+        .query_row(
+            &format!(
+                "SELECT CASE WHEN {} THEN 1 ELSE 0 END FROM sagas WHERE saga_id = ?1",
+                crate::transitions::sql_in(
+                    "state",
+                    RELEASES_LOCKS.iter().map(|state| state.as_str())
+                )
+            ),
+            params![saga_id.as_str()],
+            |row| Ok(row.get::<_, i64>(0)? == 1),
+        )
+        .optional()
+        .map_err(storage)?
+        .unwrap_or(false);
+    let held = locks_of(conn, saga_id)?;
+    if !settled || held.is_empty() {
+        return Ok(None);
+    }
+    release(conn, saga_id)?;
+    Ok(Some(locks_body(
+        saga_id,
+        "released",
+        held.iter().map(String::as_str),
+    )))
+}
+
+/// The audit body of a `Locks` record.
+fn locks_body<'k>(
+    saga_id: &SagaId,
+    action: &str,
+    resources: impl IntoIterator<Item = &'k str>,
+) -> String {
+    CanonicalObject::new()
+        .str("action", action)
+        .str_array("resources", resources)
+        .str("saga_id", saga_id.as_str())
+        .finish()
+}
+
+/// The settled sagas that still hold locks (an `undo` of them stopped after claiming).
+pub(crate) fn settled_lock_holders(conn: &dyn Db) -> Result<Vec<SagaSummary>, TxError> {
+    let settled =
+        crate::transitions::sql_in("s.state", RELEASES_LOCKS.iter().map(|state| state.as_str()));
+    let columns = SAGA_COLUMNS
+        .split(',')
+        .map(|column| format!("s.{}", column.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    query_sagas(
+        conn,
+        &format!(
+            "SELECT {columns} FROM sagas s
+             WHERE {settled} AND EXISTS (SELECT 1 FROM locks l WHERE l.saga_id = s.saga_id)"
+        ),
+        params![],
+    )
 }
 
 /// The audit body of a claim refused: the step that asked and the saga that holds.

@@ -17,7 +17,7 @@ pub(crate) use self::approvals::{
     approval, pending_approvals, saga_approval, vouched_saga_approval,
 };
 pub(crate) use self::dead_letters::{dead_letter, open_dead_letters};
-pub(crate) use self::locks::duplicate_of;
+pub(crate) use self::locks::{duplicate_of, settled_lock_holders};
 pub(crate) use self::sagas::{key_binding, saga, sagas, take_over_in, unfinished_sagas};
 
 use agent_kernel_api::{
@@ -133,7 +133,7 @@ pub(crate) fn apply_chained(
 ) -> Result<(Vec<WriteOutcome>, bool), TxError> {
     let mut outcomes = Vec::with_capacity(batch.len());
     let mut moves_head = false;
-    let refused = locks::refused_claims(tx, batch)?;
+    let refused = locks::claim_or_refuse(tx, batch, now_ms)?;
     for write in batch {
         let applied = match refused_claim(write, &refused) {
             Some(holder) => refused_step(write, holder),
@@ -425,14 +425,18 @@ fn apply<'w>(
         }
         LogWrite::SettleDeadLetter(settle) => settle_dead_letter(conn, settle, now_ms),
         LogWrite::ClaimLocks { saga_id } => {
-            locks::claim_again(conn, saga_id, now_ms)?;
-            Ok(Applied {
+            let body = locks::claim_again(conn, saga_id, now_ms)?;
+            Ok(Applied::written(crate::audit::KIND_LOCKS, saga_id, body))
+        }
+        LogWrite::ReleaseLocks { saga_id } => Ok(match locks::release_settled(conn, saga_id)? {
+            Some(body) => Applied::written(crate::audit::KIND_LOCKS, saga_id, body),
+            None => Applied {
                 outcome: WriteOutcome::Written,
                 kind: None,
                 saga_id: None,
                 body: String::new(),
-            })
-        }
+            },
+        }),
         other => Err(corrupt(format!("unsupported log record {other:?}"))),
     }
 }

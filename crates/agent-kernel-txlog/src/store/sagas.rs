@@ -96,7 +96,7 @@ pub(super) fn begin_step(
                 now_ms,
                 ArgsSummary::Omitted,
             )?;
-            super::locks::declare_and_claim(conn, step, now_ms)?;
+            super::locks::declare(conn, step)?;
             if let Some(key) = &step.idempotency_key {
                 conn.execute(
                     "INSERT INTO idempotency_keys (key, args_hash, saga_id, step_seq)
