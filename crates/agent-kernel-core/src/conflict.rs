@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use agent_kernel_api::{LockHolder, SagaId, SagaState};
+use agent_kernel_api::{LockHolder, SagaState};
 use serde::ser::{Serialize, SerializeStruct, Serializer};
 
 /// A step refused because another saga that is not settled holds a resource it would
@@ -20,18 +20,6 @@ pub struct Conflict {
     pub alive: bool,
     /// How long the step waited for the resource, in milliseconds (`[limits] lock_wait_ms`).
     pub waited_ms: u64,
-}
-
-impl Conflict {
-    /// The holding saga.
-    pub fn holder_saga(&self) -> &SagaId {
-        &self.holder.saga_id
-    }
-
-    /// The holding saga's state when the claim was refused.
-    pub fn holder_state(&self) -> SagaState {
-        self.holder.state
-    }
 }
 
 impl Serialize for Conflict {

@@ -4,7 +4,11 @@
 
 use std::time::Duration;
 
-use agent_kernel_api::{DuplicateStep, DynTool, LockHolder, SagaId};
+use agent_kernel_api::{
+    BeginStep, DuplicateStep, DynTool, LockHolder, SagaId, ToolContext, ToolError,
+};
+use serde_json::Value;
+use tracing::warn;
 
 use crate::conflict::Conflict;
 use crate::kernel::Kernel;
@@ -17,6 +21,12 @@ pub const LOCK_POLL_INTERVAL: Duration = Duration::from_millis(20);
 
 /// The longest pause between two claims of a step waiting for a resource.
 pub const MAX_LOCK_PAUSE: Duration = Duration::from_millis(500);
+
+/// What a step declares before it runs: the resources it claims and its duplicate keys.
+pub(crate) struct Declared {
+    pub(crate) resources: Vec<String>,
+    pub(crate) duplicate_keys: Vec<String>,
+}
 
 impl Kernel {
     /// The conflict a step of `tool` met on `holder`'s lock, after waiting `waited_ms`.
@@ -33,6 +43,30 @@ impl Kernel {
             alive,
             waited_ms,
         })
+    }
+
+    /// Whether what a begun step's undo data describes changed between its preparation and
+    /// its claim: another saga may have written a resource and settled in between, before
+    /// the step held it, and compensating the step with that undo data would destroy that
+    /// saga's write. Asked of tools that compensate, for steps that claim resources, once no
+    /// other saga can change them; a tool that cannot tell answers nothing. The error of a
+    /// step that must not run then (nothing was applied).
+    pub(crate) async fn prepared_world_changed(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+        tool: &dyn DynTool,
+        begin: &BeginStep,
+    ) -> Option<ToolError> {
+        if begin.resources.is_empty() || !tool.compensates() {
+            return None;
+        }
+        let changed = self.tools.changed_since(ctx, args, &begin.undo, None).await;
+        let change = changed.ok().flatten()?;
+        warn!(step_seq = begin.step_seq, tool = %begin.tool_id, %change, "the world changed between the step's preparation and its claim");
+        Some(ToolError::failed(format!(
+            "what the step would change was changed by another writer between its preparation and its claim ({change}); nothing was applied, run it again"
+        )))
     }
 
     /// The earlier step a call of `tool` with these duplicate keys repeats, within

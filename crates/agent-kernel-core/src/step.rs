@@ -15,7 +15,7 @@ use tracing::{Instrument, debug, field, info, info_span, warn};
 use crate::approval_policy::approval_digest;
 use crate::conflict::Conflict;
 pub(crate) use crate::in_flight::{PendingSuccess, SagaInFlight};
-use crate::isolation::{LOCK_POLL_INTERVAL, MAX_LOCK_PAUSE, duplicate_reason};
+use crate::isolation::{Declared, LOCK_POLL_INTERVAL, MAX_LOCK_PAUSE, duplicate_reason};
 use crate::kernel::{Kernel, args_hash};
 use crate::report::{Failure, Observer, SagaEvent, SagaReport};
 use crate::{KernelError, VALIDATE_HINT};
@@ -130,12 +130,6 @@ pub(crate) enum StepEnd {
         /// for the same call again, a plan cancels it as it rolls back.
         approved: Option<Box<ApprovalRecord>>,
     },
-}
-
-/// What a step declares before it runs: the resources it claims and its duplicate keys.
-struct Declared {
-    resources: Vec<String>,
-    duplicate_keys: Vec<String>,
 }
 
 /// Why the phases of a step stopped before its outcome: the step ended, or the log failed.
@@ -328,7 +322,10 @@ impl Kernel {
         // lease is certainly live: cut off past it, another process may have taken the
         // saga over (and compensated a change not yet made).
         self.log.effect_allowed()?;
-        if let Some(error) = self.prepared_world_changed(taking, &begin).await {
+        if let Some(error) = self
+            .prepared_world_changed(&taking.ctx, &taking.step.args, taking.tool.as_ref(), &begin)
+            .await
+        {
             span.record("outcome", "fail");
             saga.pending.push(LogWrite::FailStep {
                 saga_id: saga.saga_id.clone(),
@@ -338,31 +335,6 @@ impl Kernel {
             return Ok(Err(error));
         }
         Ok(self.execute_step(saga, taking, &span).await)
-    }
-
-    /// Whether what the step's undo data describes changed between its preparation and its
-    /// claim: another saga may have written a resource and settled in between, before this
-    /// step held it, and compensating this step with that undo data would destroy that
-    /// saga's write. Asked of tools that compensate, for steps that claim resources, now
-    /// that no other saga can change them; a tool that cannot tell answers nothing. The
-    /// error of a step that must not run then (nothing was applied).
-    async fn prepared_world_changed(
-        &self,
-        taking: &Taking<'_>,
-        begin: &BeginStep,
-    ) -> Option<ToolError> {
-        if begin.resources.is_empty() || !taking.tool.compensates() {
-            return None;
-        }
-        let changed = self
-            .tools
-            .changed_since(&taking.ctx, &taking.step.args, &begin.undo, None)
-            .await;
-        let change = changed.ok().flatten()?;
-        warn!(step_seq = taking.step_seq, tool = %taking.step.tool, %change, "the world changed between the step's preparation and its claim");
-        Some(ToolError::failed(format!(
-            "what the step would change was changed by another writer between its preparation and its claim ({change}); nothing was applied, run it again"
-        )))
     }
 
     /// The step as the saga's next: its position, its key noted, its tool, context and

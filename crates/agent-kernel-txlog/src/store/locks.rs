@@ -53,20 +53,13 @@ fn holder_of(conn: &dyn Db, resource: &str) -> Result<Option<LockHolder>, TxErro
     .transpose()
 }
 
-/// The first of `resources` another saga than `saga_id` holds, with its holder.
-fn first_held(
+/// The holder of `resource` when it is another saga than `saga_id`.
+fn held_by_another(
     conn: &dyn Db,
     saga_id: &SagaId,
-    resources: &[String],
+    resource: &str,
 ) -> Result<Option<LockHolder>, TxError> {
-    for resource in resources {
-        if let Some(holder) = holder_of(conn, resource)?
-            && holder.saga_id != *saga_id
-        {
-            return Ok(Some(holder));
-        }
-    }
-    Ok(None)
+    Ok(holder_of(conn, resource)?.filter(|holder| holder.saga_id != *saga_id))
 }
 
 /// Claims the resources of each `BeginStep` of `batch`, before anything of the batch is
@@ -102,7 +95,7 @@ pub(super) fn claim_or_refuse(
                 claimed.push(resource);
                 continue;
             }
-            holder = first_held(conn, &step.saga_id, std::slice::from_ref(resource))?;
+            holder = held_by_another(conn, &step.saga_id, resource)?;
             if holder.is_some() {
                 break;
             }
@@ -189,7 +182,7 @@ pub(super) fn claim_again(conn: &dyn Db, saga_id: &SagaId, now_ms: i64) -> Resul
         )
         .map_err(storage)?;
     for (resource, step_seq) in &declared {
-        if let Some(holder) = first_held(conn, saga_id, std::slice::from_ref(resource))? {
+        if let Some(holder) = held_by_another(conn, saga_id, resource)? {
             return Err(TxError::Conflict(Box::new(holder)));
         }
         claim(conn, saga_id, *step_seq, resource, now_ms)?;
@@ -247,17 +240,12 @@ fn locks_body<'k>(
 /// The settled sagas that still hold locks (an `undo` of them stopped after claiming).
 pub(crate) fn settled_lock_holders(conn: &dyn Db) -> Result<Vec<SagaSummary>, TxError> {
     let settled =
-        crate::transitions::sql_in("s.state", RELEASES_LOCKS.iter().map(|state| state.as_str()));
-    let columns = SAGA_COLUMNS
-        .split(',')
-        .map(|column| format!("s.{}", column.trim()))
-        .collect::<Vec<_>>()
-        .join(", ");
+        crate::transitions::sql_in("state", RELEASES_LOCKS.iter().map(|state| state.as_str()));
     query_sagas(
         conn,
         &format!(
-            "SELECT {columns} FROM sagas s
-             WHERE {settled} AND EXISTS (SELECT 1 FROM locks l WHERE l.saga_id = s.saga_id)"
+            "SELECT {SAGA_COLUMNS} FROM sagas
+             WHERE {settled} AND saga_id IN (SELECT saga_id FROM locks)"
         ),
         params![],
     )
