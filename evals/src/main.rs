@@ -1,10 +1,12 @@
 //! The agent-kernel eval suite.
 //!
-//! Seeded scenarios of seven kinds (a tool failing mid-chain, a SIGKILL at every log
+//! Seeded scenarios of twelve kinds (a tool failing mid-chain, a SIGKILL at every log
 //! boundary, injected paths and URLs, duplicate delivery, unknown outcomes, approvals, a
-//! failing upstream MCP server), each run twice in fresh folders: through the kernel, and as
-//! a baseline that calls the same tools directly, in the same order, with no kernel. The
-//! world (the files, the requests an internal server got, the outputs) is read back and
+//! failing upstream MCP server, a recovery killed mid-rollback, a later writer, a slow
+//! command, agents side by side on one file or account, a regenerated payment), each run
+//! twice in fresh folders: through the kernel, and as a baseline that calls the same tools
+//! directly, in the same order, with no kernel. The world (the files, the requests an
+//! internal server got, the outputs) is read back and
 //! judged; the numbers go to `results.json` and `results.md`.
 //!
 //! ```text
@@ -15,6 +17,7 @@
 //! `evals/run.sh` does both. The process exits 1 when the kernel's side shows any residual
 //! corruption, accepted attack, duplicate effect or failed scenario.
 
+mod agents;
 mod generate;
 mod http;
 mod kill_switch;

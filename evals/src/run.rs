@@ -12,6 +12,8 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::agents::{baseline_agents, kernel_agents};
+use crate::generate::isolation::{OPENING_BALANCE, READ, debit_of, writes};
 use crate::scenario::{
     Call, Decision, Drive, KillPoint, Must, Redelivery, SLOW_EFFECT_MS, Scenario, Setup, Writer,
 };
@@ -319,6 +321,45 @@ impl Runner {
                     }
                 }
             }
+            Drive::Agents { schedule, victim } => {
+                let first = self
+                    .victim(scenario, root, calls, Side::Kernel, *victim, run)
+                    .await?;
+                let kernel = kernel_at(root, scenario.tools_file()).await?;
+                let place = (self.env.bin.as_path(), root);
+                kernel_agents(&kernel, place, name, &scenario.agents, first, schedule, run).await?;
+            }
+            Drive::Regenerate { first } => {
+                let operator = Operator {
+                    root: root.to_path_buf(),
+                    bin: self.env.bin.clone(),
+                    decision: Decision::Duplicate,
+                    swapped_args: None,
+                };
+                if let Some(point) = first {
+                    self.calibrate(scenario, root, Side::Kernel, run).await?;
+                    self.kill(scenario, root, calls, Side::Kernel, *point, run)
+                        .await?;
+                    self.recover(root, run).await?;
+                } else {
+                    let kernel = kernel_at(root, scenario.tools_file()).await?;
+                    kernel_chain(&kernel, name, calls, OnRefused::Abort, Some(&operator), run)
+                        .await?;
+                }
+                // The agent restarts: a kernel of its own, a new saga, its calls in other words.
+                let kernel = kernel_at(root, scenario.tools_file()).await?;
+                let again = format!("{name}-again");
+                let regenerated = &scenario.agents[0];
+                kernel_chain(
+                    &kernel,
+                    &again,
+                    regenerated,
+                    OnRefused::Abort,
+                    Some(&operator),
+                    run,
+                )
+                .await?;
+            }
             Drive::Approval { decision, .. } => {
                 let kernel = kernel_at(root, scenario.tools_file()).await?;
                 let operator = Operator {
@@ -372,6 +413,26 @@ impl Runner {
                 run.note("killed by the slow command's program; nothing recovers");
                 wait_past_slow_effect(killed).await;
             }
+            Drive::Agents { schedule, victim } => {
+                let first = self
+                    .victim(scenario, root, calls, Side::Baseline, *victim, run)
+                    .await?;
+                let tools = kernel_at(root, scenario.tools_file()).await?;
+                baseline_agents(&tools, &name, &scenario.agents, first, schedule, run).await?;
+            }
+            Drive::Regenerate { first } => {
+                if let Some(point) = first {
+                    self.calibrate(scenario, root, Side::Baseline, run).await?;
+                    self.kill(scenario, root, calls, Side::Baseline, *point, run)
+                        .await?;
+                } else {
+                    let tools = kernel_at(root, scenario.tools_file()).await?;
+                    baseline_chain(&tools, &name, calls, None, None, run).await?;
+                }
+                let tools = kernel_at(root, scenario.tools_file()).await?;
+                let again = format!("{name}-again");
+                baseline_chain(&tools, &again, &scenario.agents[0], None, None, run).await?;
+            }
             Drive::Twice(redelivery) => {
                 if let Redelivery::AfterCrash(point) = redelivery {
                     self.kill(scenario, root, calls, Side::Baseline, *point, run)
@@ -401,6 +462,36 @@ impl Runner {
             }
         }
         Ok(())
+    }
+
+    /// Agent 0 of an agents scenario with a victim: its calls run first, alone, in a child
+    /// process SIGKILLed at the point; answers the first agent the schedule drives (1, or 0
+    /// without a victim). An agent killed after its saga was `Done` (for the baseline:
+    /// after its calls returned) counts as committed.
+    async fn victim(
+        &mut self,
+        scenario: &Scenario,
+        root: &Path,
+        calls: &[Call],
+        side: Side,
+        victim: Option<KillPoint>,
+        run: &mut Run,
+    ) -> Result<usize> {
+        let Some(point) = victim else {
+            return Ok(0);
+        };
+        self.calibrate(scenario, root, side, run).await?;
+        self.kill(scenario, root, calls, side, point, run).await?;
+        let writes = scenario.writes.context("a victim's writes")?;
+        let n = u32::try_from(calls.len())?;
+        let finished = match side {
+            Side::Kernel => point == KillPoint::AfterWrite(writes - 1),
+            Side::Baseline => point.effects_done(n) == n,
+        };
+        if finished {
+            run.committed.push(0);
+        }
+        Ok(1)
     }
 
     /// Runs a crash chain once without a kill, in a folder of its own, the first time a
@@ -772,27 +863,30 @@ fn judge(scenario: &Scenario, side: Side, world: &World, run: Run, hits: u64) ->
                 .push(format!("the saga did not end at call {index}, as it must"));
         }
     }
-    let duplicate_effects = duplicates(scenario, world);
-    let lost_updates = u32::from(
-        scenario
-            .later_write
-            .as_ref()
-            .is_some_and(|(path, content)| {
-                world.get(path) != Some(&Setup::File(content.clone().into_bytes()))
-            }),
-    );
     let done = run.states.iter().any(|state| state == "Done");
-    let required = match scenario.must {
-        Must::Unchanged => &before,
-        Must::Complete => &after,
-        Must::Atomic => match side {
-            Side::Kernel if done => &after,
-            Side::Kernel => &before,
-            Side::Baseline if now == after => &after,
-            Side::Baseline => &before,
-        },
+    let (wrong_paths, lost_updates, duplicate_effects) = match &scenario.drive {
+        Drive::Agents { .. } => shared_check(scenario, world, &run.committed),
+        Drive::Regenerate { .. } => payments_check(scenario, world),
+        _ => {
+            let lost_updates = u32::from(scenario.later_write.as_ref().is_some_and(
+                |(path, content)| {
+                    world.get(path) != Some(&Setup::File(content.clone().into_bytes()))
+                },
+            ));
+            let required = match scenario.must {
+                Must::Unchanged => &before,
+                Must::Complete => &after,
+                Must::Atomic => match side {
+                    Side::Kernel if done => &after,
+                    Side::Kernel => &before,
+                    Side::Baseline if now == after => &after,
+                    Side::Baseline => &before,
+                },
+            };
+            let wrong_paths = world::differences(&now, required);
+            (wrong_paths, lost_updates, duplicates(scenario, world))
+        }
     };
-    let wrong_paths = world::differences(&now, required);
     // Changed, but not to a state the scenario allows: what a failed chain left behind, a
     // mix of a crash, an effect applied twice.
     let corrupt = !wrong_paths.is_empty() && now != before;
@@ -840,4 +934,157 @@ fn duplicates(scenario: &Scenario, world: &World) -> u32 {
         }
     }
     extra
+}
+
+/// The world of agents side by side, judged against their work: each file they share must
+/// hold its opening content and then the line of every agent that committed, once each, in
+/// some order, and no other; each account, its opening balance less the debit of every
+/// agent that committed, and no other. Every other file keeps its bytes. Answers the wrong
+/// paths, the committed changes missing (lost updates), and the changes held twice.
+fn shared_check(
+    scenario: &Scenario,
+    world: &World,
+    committed: &[usize],
+) -> (Vec<String>, u32, u32) {
+    let text = |setup: Option<&Setup>| match setup {
+        Some(Setup::File(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+        _ => String::new(),
+    };
+    // Each shared path and each writer's change of it: a line, or a debit.
+    let mut shared: std::collections::BTreeMap<String, Vec<(usize, Change)>> = Default::default();
+    for (who, calls) in scenario.agents.iter().enumerate() {
+        for call in calls.iter().filter(|call| writes(call)) {
+            let (path, change) = match call.args["account"].as_str() {
+                Some(account) => (
+                    format!("ws/accounts/{account}"),
+                    Change::Debit(debit_of(who)),
+                ),
+                None => {
+                    let path = call.args["path"].as_str().unwrap_or_default().to_owned();
+                    let opening = text(scenario.setup.get(&path));
+                    let content = call.args["content"].as_str().unwrap_or_default();
+                    let line = content
+                        .strip_prefix(READ)
+                        .or_else(|| content.strip_prefix(&opening))
+                        .unwrap_or(content);
+                    (path, Change::Line(line.to_owned()))
+                }
+            };
+            shared.entry(path).or_default().push((who, change));
+        }
+    }
+    let (mut wrong, mut lost, mut twice) = (Vec::new(), 0, 0);
+    for (path, changes) in &shared {
+        let now = text(world.get(path));
+        let opening = text(scenario.setup.get(path));
+        let must = |who: usize| committed.contains(&who);
+        let right = if path.starts_with("ws/accounts/") {
+            let balance = now.trim().parse::<u64>().ok();
+            match balance.and_then(|balance| OPENING_BALANCE.checked_sub(balance)) {
+                None => false,
+                Some(held) => {
+                    let mut right = true;
+                    let mut known = 0;
+                    for (who, change) in changes {
+                        let Change::Debit(debit) = change else {
+                            continue;
+                        };
+                        known |= debit;
+                        let applied = held & debit != 0;
+                        lost += u32::from(must(*who) && !applied);
+                        right &= applied == must(*who);
+                    }
+                    right && held & !known == 0
+                }
+            }
+        } else {
+            match now.strip_prefix(&opening) {
+                None => false,
+                Some(rest) => {
+                    let lines: Vec<&str> = rest.split_inclusive('\n').collect();
+                    let mut right = true;
+                    let mut musts = 0;
+                    for (who, change) in changes {
+                        let Change::Line(line) = change else { continue };
+                        let count = lines.iter().filter(|held| **held == line.as_str()).count();
+                        lost += u32::from(must(*who) && count == 0);
+                        twice += u32::try_from(count.saturating_sub(1)).unwrap_or(u32::MAX);
+                        right &= count == usize::from(must(*who));
+                        musts += usize::from(must(*who));
+                    }
+                    right && lines.len() == musts
+                }
+            }
+        };
+        if !right {
+            wrong.push(path.clone());
+        }
+    }
+    let unshared = |world: &World| -> World {
+        world
+            .iter()
+            .filter(|(path, _)| !shared.contains_key(*path) && !path.starts_with("outside/"))
+            .map(|(path, setup)| (path.clone(), setup.clone()))
+            .collect()
+    };
+    wrong.extend(world::differences(
+        &unshared(world),
+        &unshared(&world::initial(scenario)),
+    ));
+    (wrong, lost, twice)
+}
+
+/// What an agent's write changes in what it shares.
+enum Change {
+    /// A line added to a file.
+    Line(String),
+    /// An amount taken from an account.
+    Debit(u64),
+}
+
+/// The payments an agent made before and after it was restarted: the invoice it asked for
+/// again must be paid exactly once; the first, when the agent moved on to the next one, at
+/// most once. Every other file keeps its bytes. Answers the wrong paths, no lost updates,
+/// and the payments made twice.
+fn payments_check(scenario: &Scenario, world: &World) -> (Vec<String>, u32, u32) {
+    const PAYMENTS: &str = "ws/payments.txt";
+    let invoice = |calls: &[Call]| {
+        calls
+            .first()
+            .and_then(|call| call.args["invoice"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let (first, again) = (invoice(&scenario.calls), invoice(&scenario.agents[0]));
+    let paid = match world.get(PAYMENTS) {
+        Some(Setup::File(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+        _ => String::new(),
+    };
+    let count = |invoice: &str| {
+        let head = format!("paid invoice={invoice} ");
+        paid.lines().filter(|line| line.starts_with(&head)).count()
+    };
+    let twice: usize = [&first, &again]
+        .into_iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .map(|invoice| count(invoice).saturating_sub(1))
+        .sum();
+    let right = count(&again) == 1 && count(&first) <= 1;
+    let mut wrong = Vec::new();
+    if !right {
+        wrong.push(PAYMENTS.to_owned());
+    }
+    let others = |world: &World| -> World {
+        world
+            .iter()
+            .filter(|(path, _)| *path != PAYMENTS && !path.starts_with("outside/"))
+            .map(|(path, setup)| (path.clone(), setup.clone()))
+            .collect()
+    };
+    wrong.extend(world::differences(
+        &others(world),
+        &others(&world::initial(scenario)),
+    ));
+    (wrong, 0, u32::try_from(twice).unwrap_or(u32::MAX))
 }

@@ -33,11 +33,16 @@ pub(crate) enum Kind {
     LaterWriter,
     /// A command tool's program outlives the process that ran it, and would act late.
     SlowCommand,
+    /// Two agents read and then write the same file or account, their calls interleaved;
+    /// one may fail, or be SIGKILLed holding what it wrote.
+    Isolation,
+    /// After a restart, an agent makes a payment again with other words in its memo.
+    Regenerated,
 }
 
 impl Kind {
     /// Every kind, in the order of the tables.
-    pub(crate) const ALL: [Kind; 10] = [
+    pub(crate) const ALL: [Kind; 12] = [
         Kind::ToolFailure,
         Kind::Crash,
         Kind::Injection,
@@ -48,6 +53,8 @@ impl Kind {
         Kind::RollbackKill,
         Kind::LaterWriter,
         Kind::SlowCommand,
+        Kind::Isolation,
+        Kind::Regenerated,
     ];
 
     /// The name in ids, JSON and tables.
@@ -63,6 +70,8 @@ impl Kind {
             Kind::RollbackKill => "rollback_kill",
             Kind::LaterWriter => "later_writer",
             Kind::SlowCommand => "slow_command",
+            Kind::Isolation => "isolation",
+            Kind::Regenerated => "regenerated",
         }
     }
 }
@@ -159,6 +168,10 @@ pub(crate) enum Decision {
     /// only if the arguments shown climb out of no folder (`/../`) and hide no character;
     /// else rejects it. The view decides: one that cut or hid what runs would be approved.
     Inspect,
+    /// An operator reads the request and rejects it when it shows an earlier call it may
+    /// repeat whose effect stands (`duplicate_of` with the status `COMMIT` or `BEGIN`);
+    /// else approves it.
+    Duplicate,
 }
 
 /// How a duplicate delivery happens.
@@ -224,6 +237,25 @@ pub(crate) enum Drive {
     SlowCommand,
     /// Delivered twice.
     Twice(Redelivery),
+    /// The scenario's agents, each a saga of its own, their turns taken in this order
+    /// (an agent's index per turn: its next call, or its commit after its last call). An
+    /// agent whose call meets a conflict rolls its saga back and runs its calls again once
+    /// the others are over. With `victim`, agent 0 runs first, alone, in a child process
+    /// SIGKILLed at that point; the others' turns follow.
+    Agents {
+        /// The turns.
+        schedule: Vec<usize>,
+        /// Where agent 0's process dies, if it does.
+        victim: Option<KillPoint>,
+    },
+    /// The chain (`calls`) runs, in a child process SIGKILLed at `first` if given (then
+    /// `recover`, for the kernel); then the agent, restarted, sends its regenerated calls
+    /// (`agents[0]`) as a new saga, and an operator answers approvals with
+    /// [`Decision::Duplicate`].
+    Regenerate {
+        /// Where the first chain's process dies, if it does.
+        first: Option<KillPoint>,
+    },
     /// The call at this index needs an approval, answered so.
     Approval {
         /// The index of the guarded call.
@@ -293,6 +325,10 @@ pub(crate) struct Scenario {
     /// Whether the scenario's command tools are declared in `tools.toml`.
     #[serde(default)]
     pub(crate) commands: bool,
+    /// The agents of [`Drive::Agents`] (each one's calls), or the regenerated calls of
+    /// [`Drive::Regenerate`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) agents: Vec<Vec<Call>>,
 }
 
 impl Scenario {

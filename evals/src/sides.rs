@@ -47,6 +47,11 @@ pub(crate) struct Run {
     pub(crate) notes: Vec<String>,
     /// Checks of the kernel's own promises that failed (`recover`'s exit, `audit verify`).
     pub(crate) broken: Vec<String>,
+    /// The agents (of [`crate::scenario::Drive::Agents`]) whose work took effect as a
+    /// whole, in the order they finished: through the kernel, their saga ended `Done`; as
+    /// the baseline, every call of theirs returned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) committed: Vec<usize>,
 }
 
 impl Run {
@@ -119,7 +124,10 @@ execute = ["sh", "-c", "kill -9 $PPID"]
         )?;
     }
     if scenario.commands {
-        std::fs::write(root.join("tools.toml"), SLOW_TOOLS)?;
+        std::fs::write(root.join("tools.toml"), COMMAND_TOOLS)?;
+        std::fs::write(root.join("accounts.sh"), ACCOUNTS_SH)?;
+        std::fs::create_dir_all(root.join("undo"))?;
+        std::fs::write(root.join("shop.sh"), SHOP_SH)?;
         std::fs::write(
             root.join("slow_append.sh"),
             SLOW_APPEND_SH.replace("@DELAY@", &format!("{:.3}", SLOW_EFFECT_MS as f64 / 1000.0)),
@@ -128,14 +136,101 @@ execute = ["sh", "-c", "kill -9 $PPID"]
     Ok(())
 }
 
-/// The command tool of a slow-command scenario.
-const SLOW_TOOLS: &str = r#"[tools."drill.slow_append"]
+/// The command tools of the scenarios that have them: the slow append, the accounts two
+/// agents share, and the payments an agent may regenerate.
+const COMMAND_TOOLS: &str = r#"[tools."drill.slow_append"]
 description = "Appends a line to a file some time after it starts; with die, first SIGKILLs the process that ran it"
 effect = "mutating"
 settlement = "compensate"
 execute = ["sh", "slow_append.sh", "execute"]
 compensate = ["sh", "slow_append.sh", "compensate"]
 args_schema = { type = "object", required = ["path", "line"], properties = { path = { type = "string" }, line = { type = "string" }, die = { type = "boolean" } } }
+
+[tools."acct.get"]
+description = "Reads an account's balance"
+effect = "read-only"
+execute = ["sh", "accounts.sh", "get"]
+args_schema = { type = "object", required = ["account"], properties = { account = { type = "string" } } }
+
+[tools."acct.set"]
+description = "Sets an account's balance"
+effect = "mutating"
+settlement = "compensate"
+execute = ["sh", "accounts.sh", "set"]
+compensate = ["sh", "accounts.sh", "compensate"]
+write = ["ws", "undo"]
+resources = ["acct:$.args.account"]
+args_schema = { type = "object", required = ["account", "balance"], properties = { account = { type = "string" }, balance = { type = "integer" } } }
+
+[tools."shop.charge"]
+description = "Charges an invoice; its compensation refunds it"
+effect = "mutating"
+settlement = "compensate"
+reversibility = "partial"
+execute = ["sh", "shop.sh", "pay"]
+compensate = ["sh", "shop.sh", "refund"]
+resources = ["invoice:$.args.invoice"]
+duplicate_keys = ["invoice:$.args.invoice"]
+
+[tools."shop.pay"]
+description = "Pays an invoice, for good"
+effect = "mutating"
+settlement = "operator"
+reversibility = "none"
+execute = ["sh", "shop.sh", "pay"]
+resources = ["invoice:$.args.invoice"]
+duplicate_keys = ["invoice:$.args.invoice"]
+"#;
+
+/// The accounts' program: `get` prints an account's balance; `set` keeps the balance it
+/// replaces under `undo/` (before it writes), then writes the new one; `compensate` puts
+/// the kept balance back when the account still holds what the step set (nothing when the
+/// step never wrote; a failure, never a clobber, when it changed since).
+const ACCOUNTS_SH: &str = r#"input=$(cat)
+str() { printf '%s' "$input" | sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p"; }
+num() { printf '%s' "$input" | sed -n "s/.*\"args\":{[^}]*\"$1\":\(-\{0,1\}[0-9][0-9]*\).*/\1/p"; }
+account=$(str account)
+file="ws/accounts/$account"
+undo="undo/$(str saga_id)-$(printf '%s' "$input" | sed -n 's/.*"step":\([0-9][0-9]*\).*/\1/p')"
+case "$1" in
+get)
+    printf '{"account":"%s","balance":%s}\n' "$account" "$(cat "$file")"
+    ;;
+set)
+    balance=$(num balance)
+    cat "$file" > "$undo.tmp" && mv "$undo.tmp" "$undo"
+    printf '%s\n' "$balance" > "$file"
+    printf '{"account":"%s","previous":%s,"balance":%s}\n' "$account" "$(cat "$undo")" "$balance"
+    ;;
+compensate)
+    [ -f "$undo" ] || exit 0
+    balance=$(num balance)
+    if [ "$(cat "$file")" != "$balance" ]; then
+        echo "the balance of $account changed since the step set it" >&2
+        exit 1
+    fi
+    cat "$undo" > "$file"
+    rm -f "$undo"
+    ;;
+esac
+"#;
+
+/// The shop's program: `pay` appends the payment's line to `ws/payments.txt`; `refund`
+/// removes that line (nothing when it is not there).
+const SHOP_SH: &str = r#"input=$(cat)
+field() { printf '%s' "$input" | sed -n "s/.*\"args\":{[^}]*\"$1\":\"\{0,1\}\([^\",}]*\).*/\1/p"; }
+line="paid invoice=$(field invoice) amount=$(field amount) memo=$(field memo)"
+case "$1" in
+pay)
+    printf '%s\n' "$line" >> ws/payments.txt
+    printf '{"paid":"%s"}\n' "$(field invoice)"
+    ;;
+refund)
+    [ -f ws/payments.txt ] || exit 0
+    { grep -vxF "$line" ws/payments.txt || true; } > ws/payments.undo
+    mv ws/payments.undo ws/payments.txt
+    ;;
+esac
 "#;
 
 /// Its program: `execute` (SIGKILLs its parent first when `die` is set) waits, then appends
@@ -273,6 +368,26 @@ impl Operator {
                         .await?;
                 } else {
                     self.cli(&["approve", &id, "--note", "eval: looks right"])
+                        .await?;
+                }
+            }
+            Decision::Duplicate => {
+                let shown = cli_json(&self.bin, &self.root, &["approvals", "--show", &id]).await?;
+                let earlier = &shown["duplicate_of"];
+                let stands = earlier["status"]
+                    .as_str()
+                    .is_some_and(|status| matches!(status, "COMMIT" | "BEGIN"));
+                if stands {
+                    run.note(format!(
+                        "operator: it repeats saga {}'s call, whose effect stands ({}); rejected",
+                        earlier["saga_id"].as_str().unwrap_or("?"),
+                        earlier["args_shown"].as_str().unwrap_or("?")
+                    ));
+                    self.cli(&["reject", &id, "--reason", "eval: a duplicate"])
+                        .await?;
+                } else {
+                    run.note("operator: no earlier call whose effect stands; approved");
+                    self.cli(&["approve", &id, "--note", "eval: no duplicate"])
                         .await?;
                 }
             }
@@ -461,15 +576,7 @@ pub(crate) async fn baseline_chain(
         let Some(tool) = kernel.tool(&call.tool) else {
             bail!("call {index}: the baseline has no tool {}", call.tool);
         };
-        let ctx = ToolContext {
-            saga_id: SagaId::new(name),
-            step_seq: u32::try_from(index)?,
-            tool_id: call.tool.clone(),
-            idempotency_key: call.key.clone(),
-            actor: None,
-            durability: Durability::Full,
-            files: std::sync::Arc::new(agent_kernel::NoFiles::new(".")),
-        };
+        let ctx = direct_context(name, index, call)?;
         let started = Instant::now();
         // On a task of its own, so that a tool that panics fails its call (as an agent
         // loop that catches exceptions sees it) instead of ending the suite.
@@ -509,6 +616,25 @@ pub(crate) async fn baseline_chain(
     Ok(())
 }
 
-fn micros(started: Instant) -> u64 {
+/// The context of a call the baseline makes directly: step `index` of a saga named `saga`,
+/// with no file access of the kernel's.
+///
+/// # Errors
+///
+/// When the index does not fit a step number.
+pub(crate) fn direct_context(saga: &str, index: usize, call: &Call) -> Result<ToolContext> {
+    Ok(ToolContext {
+        saga_id: SagaId::new(saga),
+        step_seq: u32::try_from(index)?,
+        tool_id: call.tool.clone(),
+        idempotency_key: call.key.clone(),
+        actor: None,
+        durability: Durability::Full,
+        files: Arc::new(agent_kernel::NoFiles::new(".")),
+    })
+}
+
+/// Microseconds since `started`.
+pub(crate) fn micros(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX)
 }

@@ -208,6 +208,7 @@ mod tests {
             recovery_writes: None,
             later_write: None,
             commands: false,
+            agents: Vec::new(),
         }
     }
 

@@ -392,7 +392,9 @@ pub(super) fn approvals(maker: &mut Gen) -> Vec<Scenario> {
                 Decision::SwapArgs => {
                     "approved, then its arguments edited in the log to delete another file"
                 }
-                Decision::Inspect => "the operator approves what the view shows safe",
+                Decision::Inspect | Decision::Duplicate => {
+                    "the operator approves what the view shows safe"
+                }
             };
             let variant = format!(
                 "call {} of {} (fs.delete) needs approval; {what}",

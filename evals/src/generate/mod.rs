@@ -3,9 +3,10 @@
 
 mod attacks;
 mod crashes;
+pub(crate) mod isolation;
 
 #[allow(clippy::wildcard_imports)]
-use self::{attacks::*, crashes::*};
+use self::{attacks::*, crashes::*, isolation::*};
 
 use std::collections::BTreeMap;
 
@@ -55,6 +56,8 @@ pub(crate) fn scenarios(seed: u64, quick: bool) -> Vec<Scenario> {
             Kind::RollbackKill => rollback_kills(&mut maker),
             Kind::LaterWriter => later_writers(&mut maker),
             Kind::SlowCommand => slow_commands(&mut maker),
+            Kind::Isolation => isolations(&mut maker),
+            Kind::Regenerated => regenerations(&mut maker),
         };
         if quick {
             of_kind.shuffle(&mut maker.rng);
@@ -226,6 +229,7 @@ impl Gen {
             recovery_writes: None,
             later_write: None,
             commands: false,
+            agents: Vec::new(),
         }
     }
 }

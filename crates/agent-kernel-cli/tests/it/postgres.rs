@@ -818,3 +818,139 @@ fn recover_names_a_live_lease_and_recover_wait_waits_for_it() {
     signal(&worker, rustix::process::Signal::KILL);
     let _ = worker.wait_with_output();
 }
+
+/// A plan named `name` in `project` of `steps`.
+fn named_plan(project: &Project, name: &str, steps: serde_json::Value) -> String {
+    let plan = project.plan(
+        &format!("{name}.json"),
+        &json!({ "name": name, "steps": steps }),
+    );
+    plan.to_string_lossy().into_owned()
+}
+
+/// A worker's saga that writes `content` to `ws/f.txt` and then waits `sleep_ms` (then
+/// fails, with `fail`), running in the background once its write has landed.
+fn holding_worker(
+    project: &Project,
+    url: &str,
+    (name, content): (&str, &str),
+    sleep_ms: u64,
+    fail: bool,
+) -> Child {
+    let mut steps = vec![
+        json!({"tool": "fs.write", "args": {"path": "ws/f.txt", "content": content}}),
+        json!({"tool": "noop", "args": {"sleep_ms": sleep_ms}}),
+    ];
+    if fail {
+        steps.push(json!({"tool": "fault.fail", "args": {}}));
+    }
+    let plan = named_plan(project, name, serde_json::Value::Array(steps));
+    let child = on_postgres(project, url, &["run", "--plan", &plan])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    wait_until("the holder's write landed", || {
+        fs::read_to_string(project.path("ws/f.txt")).is_ok_and(|now| now == content)
+    });
+    child
+}
+
+/// `run` of a one-step plan named `name` (`tool` on `ws/f.txt` with `content`) on the log
+/// at `url`; answers its exit code and stderr.
+fn one_step(project: &Project, url: &str, name: &str, tool: &str, content: &str) -> (i32, String) {
+    let plan = named_plan(
+        project,
+        name,
+        json!([{"tool": tool, "args": {"path": "ws/f.txt", "content": content}}]),
+    );
+    let output = on_postgres(project, url, &["run", "--plan", &plan])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output.status.code().expect("exits"), stderr)
+}
+
+#[test]
+fn two_worker_processes_on_one_file_are_kept_apart_on_postgres_and_a_dead_ones_hold_lasts_until_recover()
+ {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let read = |project: &Project| fs::read_to_string(project.path("ws/f.txt")).expect("reads");
+
+    // Of two workers on one file, one proceeds: the other is refused (exit 6) and the file
+    // ends as the winner's saga left it, whether it commits or rolls back.
+    for fail in [false, true] {
+        let project = Project::new();
+        fs::write(project.path("ws/f.txt"), "original").expect("writes");
+        let winner_name = format!("winner-{fail}");
+        let mut winner = holding_worker(&project, &url, (&winner_name, "A"), 1_500, fail);
+        let (code, stderr) = one_step(&project, &url, &format!("loser-{fail}"), "fs.write", "B");
+        assert_eq!(code, 6, "{stderr}");
+        assert!(stderr.contains("which is running"), "{stderr}");
+        let status = winner.wait().expect("the winner ends");
+        assert_eq!(status.code(), Some(i32::from(fail)));
+        assert_eq!(read(&project), if fail { "original" } else { "A" });
+    }
+
+    // A worker killed holding the file: the later write is refused, naming `recover`, until
+    // a recovery (once the dead worker's lease has run out) settles the dead saga.
+    let project = Project::new();
+    fs::write(project.path("ws/f.txt"), "original").expect("writes");
+    let mut dead = holding_worker(&project, &url, ("dead", "A"), 60_000, false);
+    dead.kill().expect("SIGKILL");
+    dead.wait().expect("reaped");
+    let (code, stderr) = one_step(&project, &url, "later", "fs.write", "B");
+    assert_eq!(code, 6, "{stderr}");
+    assert!(
+        stderr.contains("no longer running: run `agent-kernel recover`"),
+        "{stderr}"
+    );
+    assert_eq!(read(&project), "A", "the refused write ran nothing");
+    wait_until("recover settled the dead worker's saga", || {
+        on_postgres(&project, &url, &["recover"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("runs");
+        saga_states(&schema).get("dead").map(String::as_str) == Some("FailedRolledBack")
+    });
+    assert_eq!(read(&project), "original");
+    let (code, stderr) = one_step(&project, &url, "later-again", "fs.write", "B");
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(read(&project), "B");
+
+    // With a lock wait, the second worker runs once the first is settled.
+    let project = Project::new();
+    fs::write(
+        project.path("sandbox.toml"),
+        "[fs]\nallow = [\"ws\"]\n\n[limits]\nlock_wait_ms = 30000\n",
+    )
+    .expect("writes the policy");
+    fs::write(project.path("ws/f.txt"), "original").expect("writes");
+    let mut first = holding_worker(&project, &url, ("first", "A"), 800, false);
+    let (code, stderr) = one_step(&project, &url, "second", "fs.append", "+B");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(first.wait().expect("ends").success());
+    assert_eq!(read(&project), "A+B");
+
+    let states = saga_states(&schema);
+    for name in ["winner-false", "later-again", "first", "second"] {
+        assert_eq!(states[name], "Done", "{states:?}");
+    }
+    for name in ["winner-true", "dead", "loser-false", "loser-true", "later"] {
+        assert_eq!(states[name], "FailedRolledBack", "{states:?}");
+    }
+    let held = schema.rows("SELECT count(*)::text FROM locks");
+    assert_eq!(held[0][0].as_deref(), Some("0"), "no lock remains");
+    // Three refusals, and each refused claim of the waiting worker (at least one).
+    let refused = schema.rows("SELECT count(*)::text FROM audit_log WHERE kind = 'LockConflict'");
+    let refused: u32 = refused[0][0]
+        .as_deref()
+        .expect("a count")
+        .parse()
+        .expect("a number");
+    assert!(refused >= 4, "{refused} refused claims");
+    assert_verifies(&project, &url);
+}
