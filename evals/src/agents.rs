@@ -76,6 +76,10 @@ pub(crate) async fn kernel_agents(
     if holder_gone {
         let code = cli(bin, root, &["recover"]).await?;
         run.note(format!("agent-kernel recover exited {code}"));
+        if code != 0 {
+            run.broken
+                .push(format!("agent-kernel recover exited {code}"));
+        }
     }
     for agent in &mut states {
         if !matches!(agent.standing, Standing::Again) {
