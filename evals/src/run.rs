@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::agents::{baseline_agents, kernel_agents};
-use crate::generate::isolation::{OPENING_BALANCE, READ, debit_of, writes};
+use crate::generate::isolation::{OPENING_BALANCE, READ, debit_of, fails, writes};
 use crate::scenario::{
     Call, Decision, Drive, KillPoint, Must, Redelivery, SLOW_EFFECT_MS, Scenario, Setup, Writer,
 };
@@ -974,6 +974,20 @@ fn shared_check(
         }
     }
     let (mut wrong, mut lost, mut twice) = (Vec::new(), 0, 0);
+    // Every agent the schedule drives whose calls do not end failing must commit: a kernel
+    // that refused or failed them all would leave the world as it found it.
+    let first = usize::from(matches!(
+        scenario.drive,
+        Drive::Agents {
+            victim: Some(_),
+            ..
+        }
+    ));
+    for (who, calls) in scenario.agents.iter().enumerate().skip(first) {
+        if !fails(calls) && !committed.contains(&who) {
+            wrong.push(format!("agent {who} did not commit"));
+        }
+    }
     for (path, changes) in &shared {
         let now = text(world.get(path));
         let opening = text(scenario.setup.get(path));
@@ -984,17 +998,19 @@ fn shared_check(
                 None => false,
                 Some(held) => {
                     let mut right = true;
-                    let mut known = 0;
+                    let mut explained = 0;
                     for (who, change) in changes {
                         let Change::Debit(debit) = change else {
                             continue;
                         };
-                        known |= debit;
-                        let applied = held & debit != 0;
-                        lost += u32::from(must(*who) && !applied);
-                        right &= applied == must(*who);
+                        // How many times the debit is in the balance: its own digit.
+                        let count = held / debit % 10;
+                        explained += count * debit;
+                        lost += u32::from(must(*who) && count == 0);
+                        twice += u32::try_from(count.saturating_sub(1)).unwrap_or(u32::MAX);
+                        right &= count == u64::from(must(*who));
                     }
-                    right && held & !known == 0
+                    right && held == explained
                 }
             }
         } else {
@@ -1070,7 +1086,19 @@ fn payments_check(scenario: &Scenario, world: &World) -> (Vec<String>, u32, u32)
         .into_iter()
         .map(|invoice| count(invoice).saturating_sub(1))
         .sum();
-    let right = count(&again) == 1 && count(&first) <= 1;
+    // The first payment stands when its saga was Done: killed after that, or not at all.
+    let first_done = matches!(
+        scenario.drive,
+        Drive::Regenerate {
+            first: None | Some(KillPoint::AfterWrite(3))
+        }
+    );
+    let right = count(&again) == 1
+        && if first_done {
+            count(&first) == 1
+        } else {
+            count(&first) <= 1
+        };
     let mut wrong = Vec::new();
     if !right {
         wrong.push(PAYMENTS.to_owned());

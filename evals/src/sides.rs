@@ -216,7 +216,7 @@ esac
 "#;
 
 /// The shop's program: `pay` appends the payment's line to `ws/payments.txt`; `refund`
-/// removes that line (nothing when it is not there).
+/// removes one such line (nothing when there is none).
 const SHOP_SH: &str = r#"input=$(cat)
 field() { printf '%s' "$input" | sed -n "s/.*\"args\":{[^}]*\"$1\":\"\{0,1\}\([^\",}]*\).*/\1/p"; }
 line="paid invoice=$(field invoice) amount=$(field amount) memo=$(field memo)"
@@ -227,7 +227,7 @@ pay)
     ;;
 refund)
     [ -f ws/payments.txt ] || exit 0
-    { grep -vxF "$line" ws/payments.txt || true; } > ws/payments.undo
+    awk -v paid="$line" '!gone && $0 == paid { gone = 1; next } { print }' ws/payments.txt > ws/payments.undo
     mv ws/payments.undo ws/payments.txt
     ;;
 esac

@@ -203,15 +203,12 @@ pub enum LogWrite {
         /// (status `COMPENSATION_FAILED`).
         result: Result<String, ToolError>,
     },
-    /// Claims resources for a settled saga again (for `undo`, which then holds them until
-    /// the saga is settled again): fails the batch with [`TxError::Conflict`] when another
-    /// unsettled saga holds one.
+    /// Claims again every resource the saga's begun steps declared (for `undo` of a settled
+    /// saga, which then holds them until it is settled again): fails the batch with
+    /// [`TxError::Conflict`] when another unsettled saga holds one.
     ClaimLocks {
         /// The saga.
         saga_id: SagaId,
-        /// Each resource, with the step it is claimed for: the resources the tools of the
-        /// steps the undo compensates name for those steps' arguments.
-        resources: Vec<(u32, String)>,
     },
     /// Releases what a settled saga still holds (an `undo` that stopped after claiming
     /// them); writes nothing for a saga that is not settled.

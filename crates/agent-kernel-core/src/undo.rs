@@ -2,8 +2,8 @@
 //! their undo windows, and the saga ends `Undone`. `recover` never does this; only `undo`.
 
 use agent_kernel_api::{
-    EffectClass, LogWrite, MAX_DECISION_NOTE_BYTES, Reversibility, SagaId, SagaState, StepRecord,
-    StepStatus, TxError, format_rfc3339_ms,
+    EffectClass, LogWrite, MAX_DECISION_NOTE_BYTES, Reversibility, SagaId, SagaState, StepStatus,
+    TxError, format_rfc3339_ms,
 };
 use agent_kernel_fsm::{Event, Facts};
 use tracing::{Instrument, info, info_span, warn};
@@ -168,27 +168,18 @@ impl Kernel {
         Ok(self.preview_steps(&record).await)
     }
 
-    /// The context of `step` of `record`'s saga, as its tool saw it.
-    fn step_context(
-        &self,
-        record: &agent_kernel_api::SagaRecord,
-        step: &StepRecord,
-    ) -> agent_kernel_api::ToolContext {
-        self.context(
-            &record.saga.saga_id,
-            step.step_seq,
-            &step.tool_id,
-            step.idempotency_key.as_deref(),
-            record.saga.actor.as_deref(),
-        )
-    }
-
     /// The verdict on each step of a `Done` saga an undo would compensate, last first.
     async fn preview_steps(&self, record: &agent_kernel_api::SagaRecord) -> UndoPreview {
         let saga_id = &record.saga.saga_id;
         let now_ms = self.env.clock.now_ms();
         let mut steps = Vec::new();
-        for step in undone_steps(record) {
+        for step in record.steps.iter().rev() {
+            if step.status != StepStatus::Commit
+                || step.reused_from.is_some()
+                || step.effect == EffectClass::ReadOnly
+            {
+                continue;
+            }
             let mut preview = UndoStepPreview {
                 step_seq: step.step_seq,
                 tool_id: step.tool_id.clone(),
@@ -217,7 +208,13 @@ impl Kernel {
                     window: window.to_string(),
                 }
             } else {
-                let ctx = self.step_context(record, step);
+                let ctx = self.context(
+                    saga_id,
+                    step.step_seq,
+                    &step.tool_id,
+                    step.idempotency_key.as_deref(),
+                    record.saga.actor.as_deref(),
+                );
                 match self
                     .tools
                     .changed_since(&ctx, &step.args, &step.undo, step.output.as_ref())
@@ -323,24 +320,8 @@ impl Kernel {
         if record.saga.owner != self.env.owner {
             self.check_owner_gone(&record).await?;
         }
-        let mut resources = Vec::new();
-        for step in undone_steps(&record) {
-            let ctx = self.step_context(&record, step);
-            let named = match self.tools.get(&step.tool_id) {
-                Some(tool) => tool.resources(&ctx, &step.args).await,
-                None => Ok(Vec::new()),
-            };
-            let named = named.map_err(|error| {
-                refuse(
-                    Some((step.step_seq, step.tool_id.as_str())),
-                    format!("its tool cannot name what the step touched: {error}"),
-                )
-            })?;
-            resources.extend(named.into_iter().map(|key| (step.step_seq, key)));
-        }
         let claim = vec![LogWrite::ClaimLocks {
             saga_id: saga_id.clone(),
-            resources,
         }];
         match self.take_over_then(&mut record, claim).await {
             Err(KernelError::Log(TxError::Conflict(holder))) => {
@@ -390,14 +371,4 @@ impl Kernel {
         }
         ended
     }
-}
-
-/// The steps of a `Done` saga an undo compensates, last first: those that committed an
-/// effect of their own (not read-only, not reused from another step).
-fn undone_steps(record: &agent_kernel_api::SagaRecord) -> impl Iterator<Item = &StepRecord> {
-    record.steps.iter().rev().filter(|step| {
-        step.status == StepStatus::Commit
-            && step.reused_from.is_none()
-            && step.effect != EffectClass::ReadOnly
-    })
 }

@@ -98,7 +98,6 @@ pub async fn an_undo_claims_its_resources_again(store: &dyn LogStore) {
         .expect("writes");
     let claim = || LogWrite::ClaimLocks {
         saga_id: SagaId::new("a"),
-        resources: vec![(0, "file:/w/x".to_owned())],
     };
     let refused = log.write(vec![claim()]).await;
     let Err(TxError::Conflict(holder)) = refused else {

@@ -200,7 +200,7 @@ impl Gen {
 }
 
 /// Agent `who`'s calls: read resource `n`, write it back with its own change (a line of its
-/// own; a debit of its own power of two), then fail if `failing`.
+/// own; a debit of its own decimal digit), then fail if `failing`.
 fn agent(draft: &Draft, shared: Shared, who: usize, n: usize, failing: bool) -> Vec<Call> {
     let mut calls = match shared {
         Shared::File => {
@@ -279,10 +279,10 @@ pub(crate) fn agent_line(tag: &str, who: usize) -> String {
     format!("agent {who} was here ({tag})\n")
 }
 
-/// The amount agent `who` debits: a power of two of its own, so that a balance tells which
-/// debits it holds.
+/// The amount agent `who` debits: a decimal digit of its own (1, 10, …), so that a balance
+/// tells how many times each agent's debit is in it (up to 9).
 pub(crate) fn debit_of(who: usize) -> u64 {
-    1 << (who + 3)
+    10_u64.pow(u32::try_from(who).unwrap_or(u32::MAX))
 }
 
 /// The turns of `agents`, as letters (`A` for agent 0's turn, `B` for agent 1's).

@@ -13,6 +13,9 @@ use crate::audit::KIND_LOCK_CONFLICT;
 use crate::transitions::RELEASES_LOCKS;
 use agent_kernel_api::{ConflictRecord, DuplicateStep, LockHolder};
 
+/// `step_keys.kind` of a resource a step claims.
+pub(super) const KEY_RESOURCE: &str = "resource";
+
 /// `step_keys.kind` of a key that makes a later call of the tool a duplicate.
 pub(super) const KEY_DUPLICATE: &str = "duplicate";
 
@@ -127,15 +130,20 @@ fn claim(
     Ok(n_inserted == 1)
 }
 
-/// Records the duplicate keys of a begun step (its resources were claimed before its batch
-/// was applied, [`claim_or_refuse`], and its BEGIN record lists them).
+/// Records what a begun step declared (its resources and duplicate keys); its resources
+/// were claimed before its batch was applied ([`claim_or_refuse`]).
 pub(super) fn declare(conn: &dyn Db, step: &BeginStep) -> Result<(), TxError> {
-    for key in &step.duplicate_keys {
-        conn.execute(
-            "INSERT INTO step_keys (saga_id, step_seq, kind, key) VALUES (?1, ?2, ?3, ?4)",
-            params![step.saga_id.as_str(), step.step_seq, KEY_DUPLICATE, key],
-        )
-        .map_err(storage)?;
+    for (kind, keys) in [
+        (KEY_RESOURCE, &step.resources),
+        (KEY_DUPLICATE, &step.duplicate_keys),
+    ] {
+        for key in keys {
+            conn.execute(
+                "INSERT INTO step_keys (saga_id, step_seq, kind, key) VALUES (?1, ?2, ?3, ?4)",
+                params![step.saga_id.as_str(), step.step_seq, kind, key],
+            )
+            .map_err(storage)?;
+        }
     }
     Ok(())
 }
@@ -162,26 +170,28 @@ pub(super) fn release(conn: &dyn Db, saga_id: &SagaId) -> Result<(), TxError> {
     Ok(())
 }
 
-/// [`LogWrite::ClaimLocks`]: `resources` claimed for `saga_id` (each for its step), those
-/// it holds already kept; [`TxError::Conflict`] (the batch undone) when another saga holds
-/// one. The audit body.
-pub(super) fn claim_again(
-    conn: &dyn Db,
-    saga_id: &SagaId,
-    resources: &[(u32, String)],
-    now_ms: i64,
-) -> Result<String, TxError> {
-    let mut claimed: Vec<&str> = Vec::new();
-    for (step_seq, resource) in resources {
+/// [`LogWrite::ClaimLocks`]: every resource the saga's begun steps declared, claimed again;
+/// [`TxError::Conflict`] (the batch undone) when another saga holds one. The audit body.
+pub(super) fn claim_again(conn: &dyn Db, saga_id: &SagaId, now_ms: i64) -> Result<String, TxError> {
+    let declared: Vec<(String, u32)> = conn
+        .query_map(
+            "SELECT key, MIN(step_seq) FROM step_keys WHERE saga_id = ?1 AND kind = ?2
+             GROUP BY key ORDER BY key",
+            params![saga_id.as_str(), KEY_RESOURCE],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .map_err(storage)?;
+    for (resource, step_seq) in &declared {
         if let Some(holder) = held_by_another(conn, saga_id, resource)? {
             return Err(TxError::Conflict(Box::new(holder)));
         }
         claim(conn, saga_id, *step_seq, resource, now_ms)?;
-        claimed.push(resource);
     }
-    claimed.sort_unstable();
-    claimed.dedup();
-    Ok(locks_body(saga_id, "claimed", claimed))
+    Ok(locks_body(
+        saga_id,
+        "claimed",
+        declared.iter().map(|(key, _)| key.as_str()),
+    ))
 }
 
 /// [`LogWrite::ReleaseLocks`]: the locks of `saga_id` released when it is settled; the

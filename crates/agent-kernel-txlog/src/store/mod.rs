@@ -424,8 +424,8 @@ fn apply<'w>(
             Ok(Applied::written(KIND_DEAD_LETTER, &letter.saga_id, body))
         }
         LogWrite::SettleDeadLetter(settle) => settle_dead_letter(conn, settle, now_ms),
-        LogWrite::ClaimLocks { saga_id, resources } => {
-            let body = locks::claim_again(conn, saga_id, resources, now_ms)?;
+        LogWrite::ClaimLocks { saga_id } => {
+            let body = locks::claim_again(conn, saga_id, now_ms)?;
             Ok(Applied::written(crate::audit::KIND_LOCKS, saga_id, body))
         }
         LogWrite::ReleaseLocks { saga_id } => Ok(match locks::release_settled(conn, saga_id)? {
