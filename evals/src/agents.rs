@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::generate::isolation::{READ, turns, writes};
 use crate::scenario::Call;
-use crate::sides::{Run, cli, direct_context, micros};
+use crate::sides::{Run, direct_context, micros, recover};
 
 /// Where an agent stands.
 enum Standing {
@@ -33,6 +33,25 @@ struct KernelAgent<'a> {
     turn: usize,
     last_read: Option<Value>,
     standing: Standing,
+}
+
+impl<'a> KernelAgent<'a> {
+    /// Agent `who`, before its first call.
+    fn new(who: usize, calls: &'a [Call], standing: Standing) -> KernelAgent<'a> {
+        KernelAgent {
+            who,
+            calls,
+            saga: None,
+            turn: 0,
+            last_read: None,
+            standing,
+        }
+    }
+}
+
+/// The name of agent `who`'s saga in scenario `name`.
+fn saga_name(name: &str, who: usize) -> String {
+    format!("{name}-agent-{who}")
 }
 
 /// Drives `agents` (those from `first` on) through `kernel`, each a live saga, turn by turn
@@ -56,17 +75,13 @@ pub(crate) async fn kernel_agents(
     let mut states: Vec<KernelAgent<'_>> = agents
         .iter()
         .enumerate()
-        .map(|(who, calls)| KernelAgent {
-            who,
-            calls,
-            saga: None,
-            turn: 0,
-            last_read: None,
-            standing: if who < first {
+        .map(|(who, calls)| {
+            let standing = if who < first {
                 Standing::Over
             } else {
                 Standing::Acting
-            },
+            };
+            KernelAgent::new(who, calls, standing)
         })
         .collect();
     let mut holder_gone = false;
@@ -74,11 +89,9 @@ pub(crate) async fn kernel_agents(
         holder_gone |= take_turn(kernel, name, &mut states[who], run).await?;
     }
     if holder_gone {
-        let code = cli(bin, root, &["recover"]).await?;
-        run.note(format!("agent-kernel recover exited {code}"));
-        if code != 0 {
-            run.broken
-                .push(format!("agent-kernel recover exited {code}"));
+        // Here nothing may be left to an operator: 3 is broken too.
+        if recover(bin, root, run).await? == 3 {
+            run.broken.push("agent-kernel recover exited 3".to_owned());
         }
     }
     for agent in &mut states {
@@ -86,13 +99,7 @@ pub(crate) async fn kernel_agents(
             continue;
         }
         run.note(format!("agent {} runs its calls again", agent.who));
-        *agent = KernelAgent {
-            saga: None,
-            turn: 0,
-            last_read: None,
-            standing: Standing::Acting,
-            ..*agent
-        };
+        *agent = KernelAgent::new(agent.who, agent.calls, Standing::Acting);
         for _ in 0..turns(agent.calls) {
             take_turn(kernel, name, agent, run).await?;
         }
@@ -122,7 +129,7 @@ async fn take_turn(
         agent.saga = Some(
             kernel
                 .begin(BeginOptions {
-                    name: Some(format!("{name}-agent-{who}")),
+                    name: Some(saga_name(name, who)),
                     actor: None,
                 })
                 .await?,
@@ -207,7 +214,7 @@ pub(crate) async fn baseline_agents(
         let Some(tool) = kernel.tool(&call.tool) else {
             bail!("agent {who}: the baseline has no tool {}", call.tool);
         };
-        let ctx = direct_context(&format!("{name}-agent-{who}"), turn[who], &call)?;
+        let ctx = direct_context(&saga_name(name, who), turn[who], &call)?;
         let started = Instant::now();
         let result = tool.execute(&ctx, &call.args).await;
         run.latencies_us.push(micros(started));

@@ -330,12 +330,7 @@ impl Runner {
                 kernel_agents(&kernel, place, name, &scenario.agents, first, schedule, run).await?;
             }
             Drive::Regenerate { first } => {
-                let operator = Operator {
-                    root: root.to_path_buf(),
-                    bin: self.env.bin.clone(),
-                    decision: Decision::Duplicate,
-                    swapped_args: None,
-                };
+                let operator = Operator::new(root, &self.env.bin, Decision::Duplicate);
                 if let Some(point) = first {
                     self.calibrate(scenario, root, Side::Kernel, run).await?;
                     self.kill(scenario, root, calls, Side::Kernel, *point, run)
@@ -362,13 +357,7 @@ impl Runner {
             }
             Drive::Approval { decision, .. } => {
                 let kernel = kernel_at(root, scenario.tools_file()).await?;
-                let operator = Operator {
-                    root: root.to_path_buf(),
-                    bin: self.env.bin.clone(),
-                    decision: *decision,
-                    swapped_args: (*decision == Decision::SwapArgs)
-                        .then(|| json!({ "path": "ws/other-precious.txt" })),
-                };
+                let operator = Operator::new(root, &self.env.bin, *decision);
                 kernel_chain(&kernel, name, calls, OnRefused::Abort, Some(&operator), run).await?;
             }
         }
@@ -478,20 +467,19 @@ impl Runner {
         run: &mut Run,
     ) -> Result<usize> {
         let Some(point) = victim else {
-            return Ok(0);
+            return Ok(scenario.first_driven_agent());
         };
         self.calibrate(scenario, root, side, run).await?;
         self.kill(scenario, root, calls, side, point, run).await?;
-        let writes = scenario.writes.context("a victim's writes")?;
         let n = u32::try_from(calls.len())?;
         let finished = match side {
-            Side::Kernel => point == KillPoint::AfterWrite(writes - 1),
+            Side::Kernel => scenario.killed_after_done(point),
             Side::Baseline => point.effects_done(n) == n,
         };
         if finished {
             run.committed.push(0);
         }
-        Ok(1)
+        Ok(scenario.first_driven_agent())
     }
 
     /// Runs a crash chain once without a kill, in a folder of its own, the first time a
@@ -745,12 +733,7 @@ impl Runner {
 
     /// `agent-kernel recover`, as an operator runs it after a crash.
     async fn recover(&self, root: &Path, run: &mut Run) -> Result<()> {
-        let code = cli(&self.env.bin, root, &["recover"]).await?;
-        run.note(format!("agent-kernel recover exited {code}"));
-        if code != 0 && code != 3 {
-            run.broken
-                .push(format!("agent-kernel recover exited {code}"));
-        }
+        crate::sides::recover(&self.env.bin, root, run).await?;
         Ok(())
     }
 
@@ -946,10 +929,7 @@ fn shared_check(
     world: &World,
     committed: &[usize],
 ) -> (Vec<String>, u32, u32) {
-    let text = |setup: Option<&Setup>| match setup {
-        Some(Setup::File(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
-        _ => String::new(),
-    };
+    let text = world::text;
     // Each shared path and each writer's change of it: a line, or a debit.
     let mut shared: std::collections::BTreeMap<String, Vec<(usize, Change)>> = Default::default();
     for (who, calls) in scenario.agents.iter().enumerate() {
@@ -976,13 +956,7 @@ fn shared_check(
     let (mut wrong, mut lost, mut twice) = (Vec::new(), 0, 0);
     // Every agent the schedule drives whose calls do not end failing must commit: a kernel
     // that refused or failed them all would leave the world as it found it.
-    let first = usize::from(matches!(
-        scenario.drive,
-        Drive::Agents {
-            victim: Some(_),
-            ..
-        }
-    ));
+    let first = scenario.first_driven_agent();
     for (who, calls) in scenario.agents.iter().enumerate().skip(first) {
         if !fails(calls) && !committed.contains(&who) {
             wrong.push(format!("agent {who} did not commit"));
@@ -1036,17 +1010,9 @@ fn shared_check(
             wrong.push(path.clone());
         }
     }
-    let unshared = |world: &World| -> World {
-        world
-            .iter()
-            .filter(|(path, _)| !shared.contains_key(*path) && !path.starts_with("outside/"))
-            .map(|(path, setup)| (path.clone(), setup.clone()))
-            .collect()
-    };
-    wrong.extend(world::differences(
-        &unshared(world),
-        &unshared(&world::initial(scenario)),
-    ));
+    wrong.extend(world::untouched_differences(scenario, world, |path| {
+        shared.contains_key(path)
+    }));
     (wrong, lost, twice)
 }
 
@@ -1072,10 +1038,7 @@ fn payments_check(scenario: &Scenario, world: &World) -> (Vec<String>, u32, u32)
             .to_owned()
     };
     let (first, again) = (invoice(&scenario.calls), invoice(&scenario.agents[0]));
-    let paid = match world.get(PAYMENTS) {
-        Some(Setup::File(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
-        _ => String::new(),
-    };
+    let paid = world::text(world.get(PAYMENTS));
     let count = |invoice: &str| {
         let head = format!("paid invoice={invoice} ");
         paid.lines().filter(|line| line.starts_with(&head)).count()
@@ -1087,12 +1050,11 @@ fn payments_check(scenario: &Scenario, world: &World) -> (Vec<String>, u32, u32)
         .map(|invoice| count(invoice).saturating_sub(1))
         .sum();
     // The first payment stands when its saga was Done: killed after that, or not at all.
-    let first_done = matches!(
-        scenario.drive,
-        Drive::Regenerate {
-            first: None | Some(KillPoint::AfterWrite(3))
-        }
-    );
+    let first_done = match scenario.drive {
+        Drive::Regenerate { first: None } => true,
+        Drive::Regenerate { first: Some(point) } => scenario.killed_after_done(point),
+        _ => false,
+    };
     let right = count(&again) == 1
         && if first_done {
             count(&first) == 1
@@ -1103,16 +1065,8 @@ fn payments_check(scenario: &Scenario, world: &World) -> (Vec<String>, u32, u32)
     if !right {
         wrong.push(PAYMENTS.to_owned());
     }
-    let others = |world: &World| -> World {
-        world
-            .iter()
-            .filter(|(path, _)| *path != PAYMENTS && !path.starts_with("outside/"))
-            .map(|(path, setup)| (path.clone(), setup.clone()))
-            .collect()
-    };
-    wrong.extend(world::differences(
-        &others(world),
-        &others(&world::initial(scenario)),
-    ));
+    wrong.extend(world::untouched_differences(scenario, world, |path| {
+        path == PAYMENTS
+    }));
     (wrong, 0, u32::try_from(twice).unwrap_or(u32::MAX))
 }

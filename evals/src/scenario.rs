@@ -336,6 +336,25 @@ impl Scenario {
     pub(crate) fn tools_file(&self) -> bool {
         self.upstream || self.commands
     }
+
+    /// Whether a kill at `point` lands after the saga's last write (it is `Done`), by the
+    /// writes the scenario states its chain makes.
+    pub(crate) fn killed_after_done(&self, point: KillPoint) -> bool {
+        self.writes
+            .is_some_and(|writes| point == KillPoint::AfterWrite(writes - 1))
+    }
+
+    /// The first agent of [`Drive::Agents`] the schedule drives: 1 when agent 0 is a victim
+    /// that ran alone first, else 0.
+    pub(crate) fn first_driven_agent(&self) -> usize {
+        usize::from(matches!(
+            self.drive,
+            Drive::Agents {
+                victim: Some(_),
+                ..
+            }
+        ))
+    }
 }
 
 /// File bytes in JSON: a string when they are UTF-8 (every file the scenarios write), else

@@ -331,6 +331,18 @@ pub(crate) struct Operator {
 }
 
 impl Operator {
+    /// The operator of the log in `root`, running `bin`, who answers with `decision`
+    /// (`SwapArgs` aims the approved call at `ws/other-precious.txt`).
+    pub(crate) fn new(root: &Path, bin: &Path, decision: Decision) -> Operator {
+        Operator {
+            root: root.to_path_buf(),
+            bin: bin.to_path_buf(),
+            decision,
+            swapped_args: (decision == Decision::SwapArgs)
+                .then(|| serde_json::json!({ "path": "ws/other-precious.txt" })),
+        }
+    }
+
     async fn answer(&self, request: &ApprovalRequest, run: &mut Run) -> Result<()> {
         let id = request.approval_id.clone();
         match self.decision {
@@ -462,6 +474,22 @@ pub(crate) async fn cli(bin: &Path, root: &Path, args: &[&str]) -> Result<i32> {
     status
         .code()
         .with_context(|| format!("agent-kernel {} was killed", args.join(" ")))
+}
+
+/// `agent-kernel recover` in `root`, as an operator runs it after a crash: noted, and a
+/// broken promise unless it exits 0 or 3 (a step left to an operator); its exit code.
+///
+/// # Errors
+///
+/// When it cannot be started or is killed.
+pub(crate) async fn recover(bin: &Path, root: &Path, run: &mut Run) -> Result<i32> {
+    let code = cli(bin, root, &["recover"]).await?;
+    run.note(format!("agent-kernel recover exited {code}"));
+    if code != 0 && code != 3 {
+        run.broken
+            .push(format!("agent-kernel recover exited {code}"));
+    }
+    Ok(code)
 }
 
 /// Runs `agent-kernel --db DB -q ARGS --json` in `root`; returns the document it prints.

@@ -18,6 +18,31 @@ pub(crate) const WATCHED: [&str; 3] = ["ws", "outside", "up/ws"];
 /// Every watched path and what it holds.
 pub(crate) type World = BTreeMap<String, Setup>;
 
+/// What a path holds as text (lossy), empty when it is not a file.
+pub(crate) fn text(setup: Option<&Setup>) -> String {
+    match setup {
+        Some(Setup::File(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+        _ => String::new(),
+    }
+}
+
+/// The paths, other than those `judged` and those outside the workspace, whose content is
+/// not as the scenario set it up: what a check of a few paths must also find unchanged.
+pub(crate) fn untouched_differences(
+    scenario: &Scenario,
+    world: &World,
+    judged: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let rest = |world: &World| -> World {
+        world
+            .iter()
+            .filter(|(path, _)| !judged(path) && !path.starts_with("outside/"))
+            .map(|(path, setup)| (path.clone(), setup.clone()))
+            .collect()
+    };
+    differences(&rest(world), &rest(&initial(scenario)))
+}
+
 /// Creates the scenario's files under `root`.
 ///
 /// # Errors

@@ -183,19 +183,24 @@ impl Gen {
     fn shared_draft(&mut self, shared: Shared) -> Draft {
         let mut draft = self.draft_of(1);
         for n in 0..2 {
-            let (path, content) = match shared {
-                Shared::File => (
-                    format!("ws/shared-{n}.txt"),
-                    format!("shared {n} ({})\n", draft.tag),
-                ),
-                Shared::Account => (
-                    format!("ws/accounts/acct-{n}"),
-                    format!("{OPENING_BALANCE}\n"),
-                ),
-            };
+            let (path, content) = opening(shared, n, &draft.tag);
             draft.setup.insert(path, Setup::File(content.into_bytes()));
         }
         draft
+    }
+}
+
+/// Resource `n`'s path and what it holds before the agents start.
+fn opening(shared: Shared, n: usize, tag: &str) -> (String, String) {
+    match shared {
+        Shared::File => (
+            format!("ws/shared-{n}.txt"),
+            format!("shared {n} ({tag})\n"),
+        ),
+        Shared::Account => (
+            format!("ws/accounts/acct-{n}"),
+            format!("{OPENING_BALANCE}\n"),
+        ),
     }
 }
 
@@ -237,10 +242,11 @@ fn agent(draft: &Draft, shared: Shared, who: usize, n: usize, failing: bool) -> 
 /// read would have made it.
 fn victim(draft: &Draft, shared: Shared) -> Vec<Call> {
     vec![match shared {
-        Shared::File => Call::new(
-            "fs.write",
-            json!({ "path": "ws/shared-0.txt", "content": format!("shared 0 ({})\n{}", draft.tag, agent_line(&draft.tag, 0)) }),
-        ),
+        Shared::File => {
+            let (path, content) = opening(shared, 0, &draft.tag);
+            let content = format!("{content}{}", agent_line(&draft.tag, 0));
+            Call::new("fs.write", json!({ "path": path, "content": content }))
+        }
         Shared::Account => Call::new(
             "acct.set",
             json!({ "account": "acct-0", "balance": OPENING_BALANCE - debit_of(0) }),
