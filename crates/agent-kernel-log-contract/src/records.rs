@@ -72,6 +72,19 @@ pub fn begin_on(id: &str, step_seq: u32, resources: &[&str], duplicate_keys: &[&
     LogWrite::BeginStep(step)
 }
 
+/// Saga `id`, `Done`: step 0 declared `file:/w/x` and `acct:1` (in that order) and the
+/// duplicate key `invoice:7`, step 1 `file:/w/x` again; the batch that writes it.
+pub fn done_saga_declaring(id: &str) -> Vec<LogWrite> {
+    vec![
+        new_saga(id),
+        begin_on(id, 0, &["file:/w/x", "acct:1"], &["invoice:7"]),
+        commit(id, 0),
+        begin_on(id, 1, &["file:/w/x"], &[]),
+        commit(id, 1),
+        set_state(id, SagaState::Done),
+    ]
+}
+
 /// The COMMIT of step `step_seq` of saga `id`, with output `{"ok": step_seq}`.
 pub fn commit(id: &str, step_seq: u32) -> LogWrite {
     LogWrite::CommitStep {

@@ -342,7 +342,17 @@ mod tests {
             std::io::Read::read_to_string(child.stdout.as_mut().expect("piped"), &mut out)
                 .expect("reads");
             child.wait().expect("waits");
-            out.trim().parse::<u32>().expect("a pid")
+            let pid = out.trim().parse::<u32>().expect("a pid");
+            // Until the grandchild runs `sleep`: while `setsid` execs it, its environment
+            // may read as empty, and a scan then would not see its tag.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmd| cmd.starts_with(b"sleep"))
+            {
+                assert!(Instant::now() < deadline, "{pid} never ran sleep");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            pid
         };
         let doomed = spawn(&tag);
         let spared = spawn(&other);

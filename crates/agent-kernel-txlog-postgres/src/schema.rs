@@ -8,13 +8,19 @@ use postgres::Client;
 pub(crate) const APPLICATION: &str = "agent-kernel log";
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The schema, version 1.
 const SCHEMA_SQL: &str = include_str!("schema.sql");
 
 /// What version 2 adds to version 1: isolation's tables.
 const SCHEMA_V2_SQL: &str = include_str!("schema_v2.sql");
+
+/// What version 3 changes in version 2: a begun step's resources kept in its row.
+const SCHEMA_V3_SQL: &str = include_str!("schema_v3.sql");
+
+/// The upgrades, in order: `UPGRADES[n]` takes the schema from version `n + 1` to `n + 2`.
+const UPGRADES: [&str; SCHEMA_VERSION as usize - 1] = [SCHEMA_V2_SQL, SCHEMA_V3_SQL];
 
 /// The tables of the schema: no trigger or rule may sit on them.
 const TABLES: [&str; 10] = [
@@ -61,8 +67,11 @@ pub(crate) fn prepare(client: &mut Client, target: &str) -> Result<i64, TxError>
     };
     let version = if let Some(version) = read_meta(&mut tx, &schema, target)? {
         if version < SCHEMA_VERSION {
-            // Version 1: isolation's tables added, in this transaction.
-            tx.batch_execute(SCHEMA_V2_SQL).map_err(storage)?;
+            // An older log: upgraded in this transaction.
+            let from = usize::try_from(version - 1).expect("a version of at least 1");
+            for upgrade in &UPGRADES[from..] {
+                tx.batch_execute(upgrade).map_err(storage)?;
+            }
             tx.execute(
                 "UPDATE agent_kernel_meta SET schema_version = $1 WHERE singleton = 1",
                 &[&SCHEMA_VERSION],
@@ -81,7 +90,9 @@ pub(crate) fn prepare(client: &mut Client, target: &str) -> Result<i64, TxError>
             });
         }
         tx.batch_execute(SCHEMA_SQL).map_err(storage)?;
-        tx.batch_execute(SCHEMA_V2_SQL).map_err(storage)?;
+        for upgrade in UPGRADES {
+            tx.batch_execute(upgrade).map_err(storage)?;
+        }
         tx.execute(
             "INSERT INTO agent_kernel_meta (singleton, application, schema_version)
              VALUES (1, $1, $2)",

@@ -7,6 +7,11 @@ use rusqlite::Connection;
 
 use crate::schema::{APPLICATION_ID, MIGRATIONS, storage};
 
+/// The columns of `saga_steps` up to schema version 7, in their order.
+const STEP_COLUMNS_BEFORE_V8: &str = "saga_id, step_seq, tool_id, tool_version, effect,
+    idempotency_key, args, args_hash, undo, undo_blob, output, status, error, reused_from_saga,
+    reused_from_seq, compensation, created_at_ms, updated_at_ms";
+
 /// Rewrites the closed log at `path` (checkpointed first) into schema version `version`,
 /// with the rows it holds: exactly what this build's migrations up to `version` create, as
 /// a log of that version written by an earlier build would look. Columns added since are
@@ -49,10 +54,22 @@ pub fn downgrade_in_place(path: &Path, version: i64) -> Result<(), TxError> {
                  owner_pid, owner_start_ticks, n_steps, created_at_ms, updated_at_ms{dry_run})
                  SELECT saga_id, name, actor, state, owner_host, owner_boot_id, owner_pid,
                  owner_start_ticks, n_steps, created_at_ms, updated_at_ms{dry_run} FROM src.sagas;
-             INSERT INTO main.saga_steps SELECT * FROM src.saga_steps;
+             INSERT INTO main.saga_steps SELECT {STEP_COLUMNS_BEFORE_V8} FROM src.saga_steps;
              INSERT INTO main.idempotency_keys SELECT * FROM src.idempotency_keys;"
         ))
         .map_err(storage)?;
+        if version >= 7 {
+            // Version 7 kept a begun step's resources as rows of `step_keys`.
+            tx.execute_batch(
+                "INSERT INTO main.step_keys SELECT * FROM src.step_keys;
+                 INSERT INTO main.step_keys (saga_id, step_seq, kind, key)
+                     SELECT s.saga_id, s.step_seq, 'resource', r.value
+                     FROM src.saga_steps s, json_each(s.resources) r
+                     WHERE s.resources IS NOT NULL;
+                 INSERT INTO main.locks SELECT * FROM src.locks;",
+            )
+            .map_err(storage)?;
+        }
         if version >= 2 {
             tx.execute_batch("INSERT INTO main.audit_log SELECT * FROM src.audit_log;")
                 .map_err(storage)?;

@@ -75,3 +75,71 @@ fn a_newer_log_and_a_trigger_on_its_tables_are_refused() {
         "{error}"
     );
 }
+
+/// A log of schema version 2 (a begun step's resources in `step_keys`) is upgraded when
+/// opened: each step's resources move into its row, in the order they were declared, an
+/// undo claims them from there, and the chain still verifies.
+#[tokio::test]
+async fn a_version_2_log_moves_its_steps_resources_into_their_rows() {
+    use agent_kernel_api::{LogWrite, SagaId, TxLog};
+    use agent_kernel_log_contract::records::done_saga_declaring;
+
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let log = open(&url).expect("creates");
+    log.write(done_saga_declaring("a")).await.expect("writes");
+    drop(log);
+    // As a version 2 build left it.
+    schema.execute(
+        "INSERT INTO step_keys (saga_id, step_seq, kind, key)
+             SELECT s.saga_id, s.step_seq, 'resource', r.key
+             FROM saga_steps s, json_array_elements_text(s.resources::json) AS r(key)
+             WHERE s.resources IS NOT NULL;
+         ALTER TABLE saga_steps DROP COLUMN resources;
+         CREATE INDEX locks_by_saga ON locks (saga_id);
+         UPDATE agent_kernel_meta SET schema_version = 2",
+    );
+    let log = open(&url).expect("upgrades");
+    let rows = schema.rows(
+        "SELECT step_seq::text, resources FROM saga_steps WHERE saga_id = 'a' ORDER BY step_seq",
+    );
+    let resources: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| {
+            serde_json::from_str(row[1].as_deref().expect("declared")).expect("a JSON array")
+        })
+        .collect();
+    assert_eq!(
+        resources,
+        [vec!["acct:1", "file:/w/x"], vec!["file:/w/x"]],
+        "{rows:?}"
+    );
+    assert_eq!(
+        schema.rows("SELECT kind, key FROM step_keys"),
+        [vec![
+            Some("duplicate".to_owned()),
+            Some("invoice:7".to_owned())
+        ]]
+    );
+    assert_eq!(
+        schema.rows("SELECT schema_version::text FROM agent_kernel_meta"),
+        [vec![Some(
+            agent_kernel_txlog_postgres::SCHEMA_VERSION.to_string()
+        )]]
+    );
+    log.write(vec![LogWrite::ClaimLocks {
+        saga_id: SagaId::new("a"),
+    }])
+    .await
+    .expect("claims");
+    let saga = log
+        .saga(&SagaId::new("a"))
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert_eq!(saga.locks, ["acct:1", "file:/w/x"]);
+    drop(log);
+    let report = agent_kernel_txlog_postgres::verify(&url, None, None).expect("verifies");
+    assert!(report.is_intact(), "{report:#?}");
+}

@@ -1,20 +1,18 @@
-//! Isolation: the resources a begun step declared, the locks unsettled sagas hold on
-//! them, the conflicts a claim met, and the steps a call of an irreversible tool would
-//! duplicate.
+//! Isolation: the locks unsettled sagas hold on the resources their begun steps declared,
+//! the conflicts a claim met, and the steps a call of an irreversible tool would duplicate.
 //!
-//! A step claims its resources in the transaction of its BEGIN; a saga's locks go in the
-//! transaction that settles it ([`RELEASES_LOCKS`]: `Done`, `FailedRolledBack`, `Undone`,
-//! or the last dead letter of a `FailedRollbackPartial` saga settled). One holder per
-//! resource, so a claim is decided by the row alone.
+//! A step claims its resources in the transaction of its BEGIN, which keeps them in the
+//! step's row (`saga_steps.resources`, for an `undo` to claim them again); a saga's locks go
+//! in the transaction that settles it ([`RELEASES_LOCKS`]: `Done`, `FailedRolledBack`,
+//! `Undone`, or the last dead letter of a `FailedRollbackPartial` saga settled). One holder
+//! per resource, so a claim is decided by the row alone.
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
 use crate::audit::KIND_LOCK_CONFLICT;
 use crate::transitions::RELEASES_LOCKS;
 use agent_kernel_api::{ConflictRecord, DuplicateStep, LockHolder};
-
-/// `step_keys.kind` of a resource a step claims.
-pub(super) const KEY_RESOURCE: &str = "resource";
+use std::collections::BTreeMap;
 
 /// `step_keys.kind` of a key that makes a later call of the tool a duplicate.
 pub(super) const KEY_DUPLICATE: &str = "duplicate";
@@ -130,20 +128,16 @@ fn claim(
     Ok(n_inserted == 1)
 }
 
-/// Records what a begun step declared (its resources and duplicate keys); its resources
-/// were claimed before its batch was applied ([`claim_or_refuse`]).
+/// Records the keys that make a later call of a begun step's tool a duplicate, to be found
+/// by key; its resources are in its row, and were claimed before its batch was applied
+/// ([`claim_or_refuse`]).
 pub(super) fn declare(conn: &dyn Db, step: &BeginStep) -> Result<(), TxError> {
-    for (kind, keys) in [
-        (KEY_RESOURCE, &step.resources),
-        (KEY_DUPLICATE, &step.duplicate_keys),
-    ] {
-        for key in keys {
-            conn.execute(
-                "INSERT INTO step_keys (saga_id, step_seq, kind, key) VALUES (?1, ?2, ?3, ?4)",
-                params![step.saga_id.as_str(), step.step_seq, kind, key],
-            )
-            .map_err(storage)?;
-        }
+    for key in &step.duplicate_keys {
+        conn.execute(
+            "INSERT INTO step_keys (saga_id, step_seq, kind, key) VALUES (?1, ?2, ?3, ?4)",
+            params![step.saga_id.as_str(), step.step_seq, KEY_DUPLICATE, key],
+        )
+        .map_err(storage)?;
     }
     Ok(())
 }
@@ -160,27 +154,43 @@ pub(super) fn release_if_settled(
     Ok(())
 }
 
-/// Releases every lock of `saga_id`.
+/// Releases every lock of `saga_id`: each a resource one of its begun steps declared,
+/// deleted by its key (no index by saga is kept: one more page written per claim).
 pub(super) fn release(conn: &dyn Db, saga_id: &SagaId) -> Result<(), TxError> {
-    conn.execute(
-        "DELETE FROM locks WHERE saga_id = ?1",
-        params![saga_id.as_str()],
-    )
-    .map_err(storage)?;
+    for resource in declared(conn, saga_id)?.keys() {
+        conn.execute(
+            "DELETE FROM locks WHERE resource = ?1 AND saga_id = ?2",
+            params![resource, saga_id.as_str()],
+        )
+        .map_err(storage)?;
+    }
     Ok(())
+}
+
+/// Each resource the begun steps of `saga_id` declared (`saga_steps.resources`), with the
+/// first step that did, sorted by resource: every lock the saga can hold is one of them.
+fn declared(conn: &dyn Db, saga_id: &SagaId) -> Result<BTreeMap<String, u32>, TxError> {
+    let rows: Vec<(u32, String)> = conn
+        .query_map(
+            "SELECT step_seq, resources FROM saga_steps
+             WHERE saga_id = ?1 AND resources IS NOT NULL ORDER BY step_seq",
+            params![saga_id.as_str()],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .map_err(storage)?;
+    let mut declared = BTreeMap::new();
+    for (step_seq, resources) in rows {
+        for resource in from_json::<Vec<String>>("resources", &resources)? {
+            declared.entry(resource).or_insert(step_seq);
+        }
+    }
+    Ok(declared)
 }
 
 /// [`LogWrite::ClaimLocks`]: every resource the saga's begun steps declared, claimed again;
 /// [`TxError::Conflict`] (the batch undone) when another saga holds one. The audit body.
 pub(super) fn claim_again(conn: &dyn Db, saga_id: &SagaId, now_ms: i64) -> Result<String, TxError> {
-    let declared: Vec<(String, u32)> = conn
-        .query_map(
-            "SELECT key, MIN(step_seq) FROM step_keys WHERE saga_id = ?1 AND kind = ?2
-             GROUP BY key ORDER BY key",
-            params![saga_id.as_str(), KEY_RESOURCE],
-            |row| Ok((row.get(0)?, row.get(1)?)),
-        )
-        .map_err(storage)?;
+    let declared = declared(conn, saga_id)?;
     for (resource, step_seq) in &declared {
         if let Some(holder) = held_by_another(conn, saga_id, resource)? {
             return Err(TxError::Conflict(Box::new(holder)));
@@ -190,7 +200,7 @@ pub(super) fn claim_again(conn: &dyn Db, saga_id: &SagaId, now_ms: i64) -> Resul
     Ok(locks_body(
         saga_id,
         "claimed",
-        declared.iter().map(|(key, _)| key.as_str()),
+        declared.keys().map(String::as_str),
     ))
 }
 
@@ -269,14 +279,24 @@ pub(super) fn conflict_body(step: &BeginStep, holder: &LockHolder) -> String {
         .finish()
 }
 
-/// The resources `saga_id` holds, sorted.
+/// The resources `saga_id` holds, sorted: those its steps declared that it holds still.
 pub(crate) fn locks_of(conn: &dyn Db, saga_id: &SagaId) -> Result<Vec<String>, TxError> {
-    conn.query_map(
-        "SELECT resource FROM locks WHERE saga_id = ?1 ORDER BY resource",
-        params![saga_id.as_str()],
-        |row| row.get(0),
-    )
-    .map_err(storage)
+    let mut held = Vec::new();
+    for resource in declared(conn, saga_id)?.into_keys() {
+        let holds = conn
+            .query_row(
+                "SELECT 1 FROM locks WHERE resource = ?1 AND saga_id = ?2",
+                params![resource, saga_id.as_str()],
+                |_| Ok(()),
+            )
+            .optional()
+            .map_err(storage)?
+            .is_some();
+        if holds {
+            held.push(resource);
+        }
+    }
+    Ok(held)
 }
 
 /// The claims of `saga_id` that other sagas' locks refused, oldest first, from the audit

@@ -180,10 +180,10 @@ pub(crate) fn prune(
             "DELETE FROM approvals WHERE saga_id = ?1",
             "DELETE FROM dead_letters WHERE saga_id = ?1",
             "DELETE FROM step_keys WHERE saga_id = ?1",
-            "DELETE FROM locks WHERE saga_id = ?1",
         ] {
             conn.execute(sql, params![saga_id]).map_err(storage)?;
         }
+        super::locks::release(conn, &SagaId::new(*saga_id))?;
         let steps = conn
             .execute(
                 "DELETE FROM saga_steps WHERE saga_id = ?1",

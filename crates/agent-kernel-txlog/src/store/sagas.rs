@@ -169,11 +169,18 @@ pub(super) fn insert_step(
     let error_text = error.map(to_json).transpose()?;
     let args_text = step.args.to_string();
     let undo_text = undo.data.to_string();
+    // What a begun step declared, bound by the chain; a step that never began declares
+    // nothing.
+    let declares = status == StepStatus::Begin;
+    let resources_text = (declares && !step.resources.is_empty())
+        .then(|| to_json(&step.resources))
+        .transpose()?;
     conn.execute(
         "INSERT INTO saga_steps (saga_id, step_seq, tool_id, tool_version, effect,
              idempotency_key, args, args_hash, undo, undo_blob, output, status, error,
-             reused_from_saga, reused_from_seq, created_at_ms, updated_at_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16)",
+             reused_from_saga, reused_from_seq, created_at_ms, updated_at_ms, resources)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16,
+             ?17)",
         params![
             step.saga_id.as_str(),
             step.step_seq,
@@ -190,7 +197,8 @@ pub(super) fn insert_step(
             error_text,
             reused_from.map(|(saga_id, _)| saga_id.as_str().to_owned()),
             reused_from.map(|(_, step_seq)| step_seq),
-            now_ms
+            now_ms,
+            resources_text
         ],
     )
     .map_err(|err| match err {
@@ -207,9 +215,6 @@ pub(super) fn insert_step(
     if args_summary == ArgsSummary::Quoted {
         body = body.str("args_summary", &quote(&args_text, ARGS_SUMMARY_BYTES_MAX));
     }
-    // What a begun step declared, bound by the chain; a step that never began declares
-    // nothing.
-    let declares = status == StepStatus::Begin;
     if declares && !step.duplicate_keys.is_empty() {
         body = body.str_array(
             "duplicate_keys",

@@ -22,7 +22,7 @@ impl Replay {
                 format!("the sagas table cannot be read: {err}"),
             );
         }
-        if let Err(err) = self.compare_steps(conn, &mut found) {
+        if let Err(err) = self.compare_steps(conn, tables, &mut found) {
             found.note(
                 last_seq + 1,
                 format!("the saga_steps table cannot be read: {err}"),
@@ -276,14 +276,29 @@ impl Replay {
         Ok(())
     }
 
-    pub(super) fn compare_steps(&self, conn: &dyn Db, found: &mut Found) -> Result<(), SqlError> {
+    pub(super) fn compare_steps(
+        &self,
+        conn: &dyn Db,
+        tables: Tables,
+        found: &mut Found,
+    ) -> Result<(), SqlError> {
         let mut n_seen = 0_usize;
         let sha256_of = |text: Option<String>| text.map(|text| sha256_hex(text.as_bytes()));
+        // Logs of schema version 7 and older keep no resources in the step rows: there
+        // they are not compared.
+        let resources_column = if tables.step_resources {
+            "resources"
+        } else {
+            "NULL"
+        };
         conn.query_each(
-            "SELECT saga_id, step_seq, status, tool_id, tool_version, effect, idempotency_key,
-                 args, args_hash, undo, undo_blob, output, error, reused_from_saga,
-                 reused_from_seq, compensation, created_at_ms, updated_at_ms
-             FROM saga_steps",
+            &format!(
+                "SELECT saga_id, step_seq, status, tool_id, tool_version, effect, idempotency_key,
+                     args, args_hash, undo, undo_blob, output, error, reused_from_saga,
+                     reused_from_seq, compensation, created_at_ms, updated_at_ms,
+                     {resources_column}
+                 FROM saga_steps"
+            ),
             params![],
             &mut |row| {
             let saga_id: String = row.get(0)?;
@@ -319,9 +334,14 @@ impl Replay {
                         .get::<_, Option<Vec<u8>>>(10)?
                         .map(|blob| sha256_hex(&blob)),
                     reused_from,
+                    resources: if tables.step_resources {
+                        sorted_resources(row.get(18)?)
+                    } else {
+                        content.resources.clone()
+                    },
                 };
                 if actual != *content {
-                    differences.push("content (tool, arguments, undo data or reuse)");
+                    differences.push("content (tool, arguments, undo data, reuse or resources)");
                 }
             }
             let columns = [
@@ -454,5 +474,20 @@ impl Replay {
             }
             Ok(())
         })
+    }
+}
+
+/// A step row's `resources` column, sorted: empty when NULL; a value that is not a JSON
+/// array of text is kept as one item, so that it differs from what any record declares.
+fn sorted_resources(column: Option<String>) -> Vec<String> {
+    let Some(text) = column else {
+        return Vec::new();
+    };
+    match serde_json::from_str::<Vec<String>>(&text) {
+        Ok(mut resources) => {
+            resources.sort_unstable();
+            resources
+        }
+        Err(_) => vec![text],
     }
 }

@@ -559,6 +559,8 @@ pub(crate) struct Tables {
     pub(crate) approvals: bool,
     /// `dead_letters` (version 5 on).
     pub(crate) dead_letters: bool,
+    /// `saga_steps.resources` (version 8 on; version 7 kept them in `step_keys`).
+    pub(crate) step_resources: bool,
 }
 
 impl Tables {
@@ -568,6 +570,7 @@ impl Tables {
             dry_run: version >= 3,
             approvals: version >= 5,
             dead_letters: version >= 5,
+            step_resources: version >= 8,
         }
     }
 }

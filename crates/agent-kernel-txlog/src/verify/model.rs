@@ -70,6 +70,9 @@ pub(super) struct StepContent {
     pub(super) undo_sha256: String,
     pub(super) undo_blob_sha256: Option<String>,
     pub(super) reused_from: Option<(String, i64)>,
+    /// The resources it declared, sorted (empty when none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) resources: Vec<String>,
 }
 
 /// What the chain says a step row holds (`None`: not known, as for [`SagaModel`]).
@@ -239,6 +242,24 @@ impl<'a> Body<'a> {
             Some(Value::Bool(true)) => Ok(true),
             Some(_) => Err(format!("its body's `{name}` is present but not `true`")),
         }
+    }
+
+    /// An array of text written only when not empty, sorted: absent means empty.
+    pub(super) fn sorted_strs(&self, name: &str) -> Result<Vec<String>, String> {
+        let Some(value) = self.0.get(name) else {
+            return Ok(Vec::new());
+        };
+        let mut items = value
+            .as_array()
+            .and_then(|items| {
+                items
+                    .iter()
+                    .map(|item| item.as_str().map(str::to_owned))
+                    .collect::<Option<Vec<String>>>()
+            })
+            .ok_or_else(|| format!("its body's `{name}` is not an array of text"))?;
+        items.sort_unstable();
+        Ok(items)
     }
 
     pub(super) fn object(&self, name: &str) -> Result<Body<'a>, String> {

@@ -226,6 +226,7 @@ impl Replay {
             undo_sha256: body.str("undo_sha256")?.to_owned(),
             undo_blob_sha256: body.opt_str("undo_blob_sha256")?,
             reused_from,
+            resources: body.sorted_strs("resources")?,
         };
         let output_sha256 = body.opt_str("output_sha256")?;
         let error_sha256 = body.opt_str("error_sha256")?;

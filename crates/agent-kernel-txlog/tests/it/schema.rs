@@ -428,3 +428,88 @@ async fn a_version_3_log_migrates_to_live_sagas_with_its_chain_intact() {
         0
     );
 }
+
+/// A log of schema version 7 (a begun step's resources in `step_keys`) migrates when
+/// opened: each step's resources move into its row, sorted, `step_keys` keeps the
+/// duplicate keys, an undo claims the resources from the rows, and the chain still
+/// verifies (it binds each step's resources).
+#[tokio::test]
+async fn a_version_7_log_moves_its_steps_resources_into_their_rows() {
+    use agent_kernel_api::{LogWrite, SagaId};
+    use agent_kernel_log_contract::records::done_saga_declaring;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    let log = open(&path).expect("creates");
+    log.write(done_saga_declaring("a")).await.expect("writes");
+    log.close().await;
+    agent_kernel_txlog::downgrade_in_place(&path, 7).expect("downgrades");
+    assert_eq!(agent_kernel_txlog::schema_version(&path).expect("reads"), 7);
+    assert!(verify(&path, None).expect("verifies").is_intact());
+    let rows = |sql: &str| -> Vec<(i64, String)> {
+        let conn = rusqlite::Connection::open(&path).expect("opens");
+        let mut statement = conn.prepare(sql).expect("prepares");
+        statement
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .expect("queries")
+            .collect::<Result<_, _>>()
+            .expect("reads")
+    };
+    assert_eq!(
+        rows("SELECT step_seq, key FROM step_keys WHERE kind = 'resource' ORDER BY step_seq, key")
+            .len(),
+        3,
+        "version 7 kept them as rows"
+    );
+    let log = open(&path).expect("migrates");
+    log.write(vec![LogWrite::ClaimLocks {
+        saga_id: SagaId::new("a"),
+    }])
+    .await
+    .expect("claims");
+    let saga = log
+        .saga(&SagaId::new("a"))
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert_eq!(saga.locks, ["acct:1", "file:/w/x"]);
+    log.close().await;
+    assert_eq!(
+        agent_kernel_txlog::schema_version(&path).expect("reads"),
+        agent_kernel_txlog::SCHEMA_VERSION
+    );
+    assert_eq!(
+        rows("SELECT step_seq, resources FROM saga_steps ORDER BY step_seq"),
+        [
+            (0, r#"["acct:1","file:/w/x"]"#.to_owned()),
+            (1, r#"["file:/w/x"]"#.to_owned())
+        ]
+    );
+    assert_eq!(
+        rows("SELECT step_seq, kind || ' ' || key FROM step_keys"),
+        [(0, "duplicate invoice:7".to_owned())]
+    );
+    assert!(verify(&path, None).expect("verifies").is_intact());
+}
+
+/// A step row whose resources were edited no longer matches the chain, which binds them.
+#[tokio::test]
+async fn a_steps_resources_edited_in_its_row_fail_verification() {
+    use agent_kernel_log_contract::records::{begin_on, new_saga};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    let log = open(&path).expect("creates");
+    log.write(vec![new_saga("a"), begin_on("a", 0, &["file:/w/x"], &[])])
+        .await
+        .expect("writes");
+    log.close().await;
+    assert!(verify(&path, None).expect("verifies").is_intact());
+    plant(
+        &path,
+        r#"UPDATE saga_steps SET resources = '["file:/w/other"]' WHERE saga_id = 'a'"#,
+    );
+    let report = verify(&path, None).expect("verifies");
+    let bad = report.first_bad.expect("the edit is found");
+    assert!(bad.reason.contains("resources"), "{}", bad.reason);
+}
