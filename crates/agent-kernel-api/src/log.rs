@@ -668,6 +668,13 @@ pub trait TxLog: Send + Sync + 'static {
     /// [`TxError`] when the log cannot be read.
     fn sagas(&self, limit: u32) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>>;
 
+    /// How many sagas of the log are in each state (states without one left out).
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn saga_counts(&self) -> BoxFuture<'_, Result<Vec<(SagaState, u64)>, TxError>>;
+
     /// Every saga not in a terminal state, oldest first.
     ///
     /// # Errors

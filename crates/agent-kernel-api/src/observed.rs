@@ -112,6 +112,10 @@ where
         self.inner.sagas(limit)
     }
 
+    fn saga_counts(&self) -> BoxFuture<'_, Result<Vec<(SagaState, u64)>, TxError>> {
+        self.inner.saga_counts()
+    }
+
     fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
         self.inner.unfinished_sagas()
     }

@@ -185,6 +185,7 @@ pub(crate) async fn decide_command(
             approve,
             note,
             operator_key,
+            by: None,
         },
     )
     .await?;

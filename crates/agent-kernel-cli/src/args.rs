@@ -58,6 +58,8 @@ pub(crate) enum Command {
     Approvals(ApprovalsArgs),
     /// Approve a pending request: its step runs once, with exactly the arguments shown
     Approve(ApproveArgs),
+    /// Serve the operator console: a web page (and JSON API) for approvals and sagas
+    Serve(ServeArgs),
     /// Reject a pending request: its step never runs, and the saga rolls back
     Reject(RejectArgs),
     /// Roll back every saga left unfinished by a process that is no longer running
@@ -130,6 +132,29 @@ pub(crate) struct ApprovalsArgs {
     /// plan's steps that run after it
     #[arg(long, value_name = "ID")]
     pub(crate) show: Option<String>,
+}
+
+/// The arguments of `serve`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ServeArgs {
+    /// Where to listen; port 0 picks a free port
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7700")]
+    pub(crate) listen: String,
+    /// The console's token [default: a new one, written 0600 to DB.console-token]
+    #[arg(long, value_name = "PATH")]
+    pub(crate) token_file: Option<PathBuf>,
+    /// Who decides, as decisions record it [default: the user running the console]
+    #[arg(long, value_name = "NAME")]
+    pub(crate) operator: Option<String>,
+    /// The operator key, for decisions on requests whose policy names one
+    #[arg(long, value_name = "FILE")]
+    pub(crate) operator_key_file: Option<PathBuf>,
+    /// A TLS certificate (PEM), for a console beyond loopback (not served yet)
+    #[arg(long, value_name = "PATH")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The TLS certificate's key (PEM)
+    #[arg(long, value_name = "PATH")]
+    pub(crate) tls_key: Option<PathBuf>,
 }
 
 /// The arguments of `approve`.

@@ -15,6 +15,7 @@ mod inspect;
 mod operate;
 mod output;
 mod progress;
+mod serve;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -238,6 +239,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         Command::Approvals(args) => operate::approvals(cli, out, args).await,
         Command::Approve(args) => operate::approve(cli, out, args).await,
         Command::Reject(args) => operate::reject(cli, out, args).await,
+        Command::Serve(args) => serve::serve(cli, out, args).await,
         Command::Recover(args) => operate::recover(cli, out, args).await,
         Command::Rollback(args) => operate::rollback(cli, out, args).await,
         Command::Audit(args) => inspect::audit(cli, out, args).await,
@@ -265,7 +267,7 @@ async fn operator_lock(cli: &Cli) -> Result<operator::OperatorLock, Failure> {
 
 /// The kernel of `resume`, `approvals`, `approve` and `reject`: the tools and the policy of
 /// `run`, since a resumed saga runs its remaining steps.
-fn open_kernel_for_approvals(cli: &Cli) -> Result<Arc<Kernel>, Failure> {
+pub(crate) fn open_kernel_for_approvals(cli: &Cli) -> Result<Arc<Kernel>, Failure> {
     open_kernel(
         cli,
         Durability::Full,
@@ -368,12 +370,12 @@ fn wiring(cli: &Cli) -> KernelBuilder {
     builder
 }
 
-fn db_path(cli: &Cli) -> PathBuf {
+pub(crate) fn db_path(cli: &Cli) -> PathBuf {
     cli.db.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DB))
 }
 
 /// Whether `--db` names a PostgreSQL database rather than an SQLite file.
-fn is_postgres(cli: &Cli) -> bool {
+pub(crate) fn is_postgres(cli: &Cli) -> bool {
     agent_kernel::is_postgres(&db_path(cli))
 }
 
@@ -649,7 +651,7 @@ async fn verify_before_acting(cli: &Cli, skip: bool) -> Result<Vec<String>, Fail
 }
 
 /// Refuses to go on when the log file does not exist: reading must not create one.
-fn require_log(cli: &Cli) -> Result<(), Failure> {
+pub(crate) fn require_log(cli: &Cli) -> Result<(), Failure> {
     let path = db_path(cli);
     if log_present(&path)? {
         Ok(())

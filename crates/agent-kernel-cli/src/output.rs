@@ -178,40 +178,7 @@ impl Output {
     pub(crate) fn saga_record(&self, record: &SagaRecord) {
         let saga = &record.saga;
         if self.json {
-            let steps: Vec<Value> = record
-                .steps
-                .iter()
-                .map(|step| {
-                    json!({
-                        "seq": step.step_seq,
-                        "tool": step.tool_id,
-                        "tool_version": step.tool_version,
-                        "status": step.status,
-                        "args": step.args,
-                        "idempotency_key": step.idempotency_key,
-                        "output": step.output,
-                        "error": step.error.as_ref().map(ToString::to_string),
-                        "compensation": step.compensation,
-                        "reused_from": step.reused_from.as_ref().map(|(saga, seq)| json!({"saga_id": saga, "seq": seq})),
-                        "created_at_ms": step.created_at_ms,
-                        "updated_at_ms": step.updated_at_ms,
-                    })
-                })
-                .collect();
-            print_json(&json!({
-                "saga_id": saga.saga_id,
-                "state": saga.state,
-                "name": saga.name,
-                "actor": saga.actor,
-                "n_steps": saga.n_steps,
-                "dry_run": saga.dry_run,
-                "owner": saga.owner,
-                "created_at_ms": saga.created_at_ms,
-                "updated_at_ms": saga.updated_at_ms,
-                "steps": steps,
-                "locks": record.locks,
-                "conflicts": record.conflicts,
-            }));
+            print_json(&saga_record_document(record));
             return;
         }
         println!("saga    {}", printable(saga.saga_id.as_str()));
@@ -853,6 +820,45 @@ fn resources_cell(row: &Value) -> String {
         cell.push_str(&format!("; duplicates by {}", duplicate_keys.join(", ")));
     }
     cell
+}
+
+/// The document of `log --saga ID --json` (and of the console's saga page in JSON).
+pub(crate) fn saga_record_document(record: &SagaRecord) -> Value {
+    let saga = &record.saga;
+    let steps: Vec<Value> = record
+        .steps
+        .iter()
+        .map(|step| {
+            json!({
+                "seq": step.step_seq,
+                "tool": step.tool_id,
+                "tool_version": step.tool_version,
+                "status": step.status,
+                "args": step.args,
+                "idempotency_key": step.idempotency_key,
+                "output": step.output,
+                "error": step.error.as_ref().map(ToString::to_string),
+                "compensation": step.compensation,
+                "reused_from": step.reused_from.as_ref().map(|(saga, seq)| json!({"saga_id": saga, "seq": seq})),
+                "created_at_ms": step.created_at_ms,
+                "updated_at_ms": step.updated_at_ms,
+            })
+        })
+        .collect();
+    json!({
+        "saga_id": saga.saga_id,
+        "state": saga.state,
+        "name": saga.name,
+        "actor": saga.actor,
+        "n_steps": saga.n_steps,
+        "dry_run": saga.dry_run,
+        "owner": saga.owner,
+        "created_at_ms": saga.created_at_ms,
+        "updated_at_ms": saga.updated_at_ms,
+        "steps": steps,
+        "locks": record.locks,
+        "conflicts": record.conflicts,
+    })
 }
 
 #[cfg(test)]

@@ -263,3 +263,16 @@ pub async fn a_resource_raced_from_several_connections_is_claimed_once(store: &d
     }
     assert_eq!(n_claimed, 1, "exactly one claim");
 }
+
+/// Checks that sagas are counted by state, for an operator's overview.
+pub async fn sagas_are_counted_by_state(store: &dyn LogStore) {
+    let log = store.open();
+    assert!(log.saga_counts().await.expect("counts").is_empty());
+    let mut batch = crate::records::done_saga_declaring("a");
+    batch.extend(crate::records::done_saga_declaring("b"));
+    batch.extend([new_saga("c"), begin_on("c", 0, &["file:/w/c"], &[])]);
+    log.write(batch).await.expect("writes");
+    let mut counts = log.saga_counts().await.expect("counts");
+    counts.sort_by_key(|(state, _)| state.as_str());
+    assert_eq!(counts, [(SagaState::Acting, 1), (SagaState::Done, 2)]);
+}

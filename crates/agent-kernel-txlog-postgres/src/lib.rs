@@ -709,6 +709,10 @@ impl TxLog for PostgresLog {
         self.read_job(move |db| backend::sagas(db, limit))
     }
 
+    fn saga_counts(&self) -> BoxFuture<'_, Result<Vec<(SagaState, u64)>, TxError>> {
+        self.read_job(backend::saga_counts)
+    }
+
     fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
         self.read_job(backend::unfinished_sagas)
     }

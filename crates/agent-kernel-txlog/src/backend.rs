@@ -150,6 +150,15 @@ pub fn sagas(db: &dyn Db, limit: u32) -> Result<Vec<SagaSummary>, TxError> {
     store::sagas(db, limit)
 }
 
+/// [`TxLog::saga_counts`](agent_kernel_api::TxLog::saga_counts).
+///
+/// # Errors
+///
+/// As [`saga`].
+pub fn saga_counts(db: &dyn Db) -> Result<Vec<(SagaState, u64)>, TxError> {
+    store::saga_counts(db)
+}
+
 /// [`TxLog::unfinished_sagas`](agent_kernel_api::TxLog::unfinished_sagas).
 ///
 /// # Errors

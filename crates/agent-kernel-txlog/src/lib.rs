@@ -635,6 +635,10 @@ impl TxLog for SqliteLog {
         self.call(move |conn, _| store::sagas(conn, limit))
     }
 
+    fn saga_counts(&self) -> BoxFuture<'_, Result<Vec<(SagaState, u64)>, TxError>> {
+        self.call(|conn, _| store::saga_counts(conn))
+    }
+
     fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
         self.call(|conn, _| store::unfinished_sagas(conn))
     }

@@ -81,12 +81,14 @@ async fn approvals_undo_previews_and_the_audit_check_are_library_calls() {
             approve: false,
             note: Some("not to that name".into()),
             operator_key: None,
+            by: Some("carol (console)".into()),
         },
     )
     .await
     .expect("decides");
     assert_eq!(decided.status, ApprovalStatus::Rejected);
     assert_eq!(decided.note.as_deref(), Some("not to that name"));
+    assert_eq!(decided.decided_by.as_deref(), Some("carol (console)"));
     assert!(
         operator::pending_approvals(&kernel)
             .await

@@ -995,3 +995,60 @@ fn two_worker_processes_on_one_file_are_kept_apart_on_postgres_and_a_dead_ones_h
     assert!(refused >= 4, "{refused} refused claims");
     assert_verifies(&project, &url);
 }
+
+#[test]
+fn the_console_serves_a_postgresql_log_with_its_token_file() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let project = Project::new();
+    fs::write(project.path("sandbox.toml"), "[fs]\nallow = [\"ws\"]\n").expect("writes");
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [{"tool": "fs.write", "args": {"path": "ws/a.txt", "content": "a"}}]}),
+    );
+    let ran = on_postgres(
+        &project,
+        &url,
+        &["run", "--plan", plan.to_str().expect("utf-8")],
+    )
+    .output()
+    .expect("runs");
+    assert!(ran.status.success(), "{}", crate::describe(&ran));
+    // Without a token file there is no folder beside the log to write one in.
+    let refused = on_postgres(&project, &url, &["serve", "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "{}",
+        crate::describe(&refused)
+    );
+    fs::write(
+        project.path("console.token"),
+        "a-token-of-32-characters-or-so-x\n",
+    )
+    .expect("writes");
+    let console = crate::console::Console::spawn(
+        &project,
+        on_postgres(
+            &project,
+            &url,
+            &[
+                "--json",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--token-file",
+                "console.token",
+            ],
+        ),
+    );
+    let (status, overview) = console.get_json("/");
+    assert_eq!(status, 200, "{overview}");
+    assert_eq!(
+        overview,
+        json!({"counts": {"Done": 1}, "approvals_pending": 0, "dead_letters_open": 0})
+    );
+}

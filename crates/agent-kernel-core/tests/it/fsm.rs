@@ -202,6 +202,11 @@ impl TxLog for StaleReads {
     fn sagas(&self, limit: u32) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
         self.0.sagas(limit)
     }
+    fn saga_counts(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<(agent_kernel_api::SagaState, u64)>, TxError>> {
+        self.0.saga_counts()
+    }
     fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
         match self.1 {
             Stale::UnfinishedSagas => Box::pin(async { Ok(Vec::new()) }),

@@ -480,6 +480,14 @@ impl TxLog for StagedLeases {
     > {
         self.0.sagas(limit)
     }
+    fn saga_counts(
+        &self,
+    ) -> agent_kernel_api::BoxFuture<
+        '_,
+        Result<Vec<(agent_kernel_api::SagaState, u64)>, agent_kernel_api::TxError>,
+    > {
+        self.0.saga_counts()
+    }
     fn unfinished_sagas(
         &self,
     ) -> agent_kernel_api::BoxFuture<

@@ -343,6 +343,20 @@ pub(crate) fn sagas(conn: &dyn Db, limit: u32) -> Result<Vec<SagaSummary>, TxErr
     )
 }
 
+/// See [`TxLog::saga_counts`](agent_kernel_api::TxLog::saga_counts).
+pub(crate) fn saga_counts(conn: &dyn Db) -> Result<Vec<(SagaState, u64)>, TxError> {
+    let rows: Vec<(String, i64)> = conn
+        .query_map(
+            "SELECT state, COUNT(*) FROM sagas GROUP BY state ORDER BY state",
+            params![],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .map_err(storage)?;
+    rows.into_iter()
+        .map(|(state, n)| Ok((state.parse().map_err(corrupt)?, n.max(0) as u64)))
+        .collect()
+}
+
 pub(crate) fn unfinished_sagas(conn: &dyn Db) -> Result<Vec<SagaSummary>, TxError> {
     query_sagas(
         conn,

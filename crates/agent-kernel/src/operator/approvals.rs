@@ -111,10 +111,13 @@ pub struct Decision {
     /// ([`Opened::confine`](crate::Opened::confine)), since the key file lies outside the
     /// roots.
     pub operator_key: Option<Vec<u8>>,
+    /// Who decides, as recorded: `None` records the kernel's operator uid (the command
+    /// line's way); the web console records the operator name it was given.
+    pub by: Option<String>,
 }
 
-/// Decides a request, once, recording who decided (from the kernel's operator uid) in the
-/// log and the audit chain; returns the request as decided.
+/// Decides a request, once, recording who decided ([`Decision::by`], else the kernel's
+/// operator uid) in the log and the audit chain; returns the request as decided.
 ///
 /// # Errors
 ///
@@ -128,7 +131,10 @@ pub async fn decide(kernel: &Kernel, decision: Decision) -> Result<ApprovalView,
             OperatorDecision {
                 approve: decision.approve,
                 operator_key: decision.operator_key,
-                user: operator_name_of(kernel).await,
+                user: match decision.by {
+                    Some(by) => Some(by),
+                    None => operator_name_of(kernel).await,
+                },
                 note: decision.note,
             },
         )

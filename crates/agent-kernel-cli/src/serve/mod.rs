@@ -1,0 +1,554 @@
+//! `agent-kernel serve`: the operator console, a web server on loopback whose pages and
+//! JSON answers are the operator actions of the command line (`agent_kernel::operator`).
+//!
+//! Every route but `GET /healthz`, `GET /login` and `POST /login` needs the token: a bearer
+//! header (scripts), or the session cookie the login form sets (browsers), whose POSTs also
+//! carry the session's CSRF token. A POST from another site is refused whatever it carries.
+
+mod auth;
+mod pages;
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use agent_kernel::operator::ApprovalView;
+use agent_kernel::{Kernel, KernelError, SystemClock, approval_document, operator};
+use agent_kernel_api::{Clock as _, SagaId};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path as UrlPath, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use self::auth::{Access, Gate, SESSION_COOKIE, SESSION_TTL, TOKEN_MIN_CHARS};
+use crate::args::{Cli, ServeArgs};
+use crate::output::{Output, saga_record_document};
+use crate::{Failure, exit};
+
+/// The Content-Security-Policy of every answer: nothing but the console's own style sheet,
+/// forms posted to the console only, never framed.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// The largest request body read.
+const BODY_BYTES_MAX: usize = 64 * 1024;
+
+/// What every handler shares.
+struct Console {
+    kernel: Arc<Kernel>,
+    gate: Gate,
+    /// Who decides, as recorded (`--operator`); `None`: the process's user.
+    operator: Option<String>,
+    operator_key: Option<Vec<u8>>,
+}
+
+type Shared = Arc<Console>;
+
+/// `agent-kernel serve`.
+pub(crate) async fn serve(cli: &Cli, out: &Output, args: &ServeArgs) -> Result<u8, Failure> {
+    let listen: SocketAddr = args.listen.parse().map_err(|error| {
+        Failure::bad_input(anyhow::anyhow!(
+            "--listen {}: not an address and port ({error}), e.g. 127.0.0.1:7700",
+            args.listen
+        ))
+    })?;
+    if args.tls_cert.is_some() != args.tls_key.is_some() {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--tls-cert and --tls-key go together; nothing was started"
+        )));
+    }
+    if !listen.ip().is_loopback() {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--listen {listen}: a console beyond loopback needs --token-file and TLS, and this build serves TLS not yet; listen on 127.0.0.1 and reach it through an SSH tunnel or a TLS proxy; nothing was started"
+        )));
+    }
+    if args.tls_cert.is_some() {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--tls-cert: this build serves TLS not yet (on loopback it needs none); nothing was started"
+        )));
+    }
+    crate::require_log(cli)?;
+    let operator_key = crate::approvals::given_operator_key(args.operator_key_file.as_deref())?;
+    let (token, token_file) = console_token(cli, args.token_file.as_deref())?;
+    // Bound before the kernel confines the process.
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|error| {
+            Failure::bad_input(anyhow::anyhow!("--listen {listen}: cannot listen: {error}"))
+        })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|error| Failure::internal(anyhow::Error::new(error)))?;
+    let kernel = crate::open_kernel_for_approvals(cli)?;
+    let console = Arc::new(Console {
+        kernel,
+        gate: Gate::new(token),
+        operator: args.operator.clone(),
+        operator_key,
+    });
+    let url = format!("http://{bound}/");
+    eprintln!(
+        "the operator console is at {url} (the token is in {}); Ctrl-C stops it",
+        token_file.display()
+    );
+    if out.is_json() {
+        // One line, at once: whoever started the server reads the URL from it.
+        let line = json!({"url": url, "token_file": token_file});
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "{line}");
+        let _ = stdout.flush();
+    }
+    axum::serve(listener, router(console))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|error| Failure::internal(anyhow::Error::new(error)))?;
+    Ok(exit::OK)
+}
+
+/// The token and the file it is in: `--token-file`'s, else a new one written `0600` to
+/// `DB.console-token` beside an SQLite log.
+fn console_token(cli: &Cli, given: Option<&Path>) -> Result<(String, PathBuf), Failure> {
+    if let Some(path) = given {
+        let text = std::fs::read_to_string(path).map_err(|error| {
+            Failure::bad_input(anyhow::anyhow!(
+                "--token-file {}: {error}; nothing was started",
+                path.display()
+            ))
+        })?;
+        let token = text.trim().to_owned();
+        if token.chars().count() < TOKEN_MIN_CHARS || token.chars().any(char::is_whitespace) {
+            return Err(Failure::bad_input(anyhow::anyhow!(
+                "--token-file {}: the token must be at least {TOKEN_MIN_CHARS} characters without spaces; nothing was started",
+                path.display()
+            )));
+        }
+        return Ok((token, path.to_owned()));
+    }
+    if crate::is_postgres(cli) {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "a console on a PostgreSQL log needs --token-file (there is no folder beside the log to write one in); nothing was started"
+        )));
+    }
+    let mut name = crate::db_path(cli).into_os_string();
+    name.push(".console-token");
+    let path = PathBuf::from(name);
+    let token = auth::random_token();
+    let _ = std::fs::remove_file(&path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut file| file.write_all(token.as_bytes()).map(|()| file))
+        .map_err(|error| {
+            Failure::bad_input(anyhow::anyhow!(
+                "cannot write the console's token to {}: {error}; pass --token-file",
+                path.display()
+            ))
+        })?;
+    let _ = file.flush();
+    Ok((token, path))
+}
+
+/// Until SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(_) => {
+                let _ = interrupt.await;
+                return;
+            }
+        };
+    tokio::select! {
+        _ = interrupt => {}
+        _ = terminate.recv() => {}
+    }
+}
+
+fn router(console: Shared) -> Router {
+    Router::new()
+        .route("/", get(overview))
+        .route("/approvals", get(approvals))
+        .route("/approvals/{id}/approve", post(approve))
+        .route("/approvals/{id}/reject", post(reject))
+        .route("/sagas/{id}", get(saga))
+        .route("/logout", post(logout))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(console.clone(), guard))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/login", get(login_form).post(login))
+        .route("/assets/console.css", get(style))
+        .layer(middleware::map_response(secure_headers))
+        .with_state(console)
+}
+
+/// Every answer: the CSP and the headers that keep pages out of frames, caches and
+/// content sniffing.
+async fn secure_headers(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    for (name, value) in [
+        ("content-security-policy", CONTENT_SECURITY_POLICY),
+        ("x-content-type-options", "nosniff"),
+        ("x-frame-options", "DENY"),
+        ("referrer-policy", "no-referrer"),
+        ("cache-control", "no-store"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+/// Whether the client asked for JSON.
+fn wants_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|accept| accept.contains("application/json"))
+}
+
+/// A refusal: `{"error": {"status", "message"}}` in JSON, else a page.
+fn refusal(json: bool, status: StatusCode, message: &str) -> Response {
+    if json {
+        return (
+            status,
+            axum::Json(json!({"error": {"status": status.as_u16(), "message": message}})),
+        )
+            .into_response();
+    }
+    (
+        status,
+        Html(pages::problem("Refused", message).into_string()),
+    )
+        .into_response()
+}
+
+/// The token, or a login; for a POST, no other site, and a session's CSRF token.
+async fn guard(State(console): State<Shared>, request: Request, next: Next) -> Response {
+    let json = wants_json(request.headers());
+    let Some(access) = console.gate.access(request.headers()) else {
+        if !json && request.method() == Method::GET {
+            return (
+                StatusCode::UNAUTHORIZED,
+                Html(pages::login(None).into_string()),
+            )
+                .into_response();
+        }
+        return refusal(
+            json,
+            StatusCode::UNAUTHORIZED,
+            "no token, or a wrong one: send `Authorization: Bearer TOKEN` or sign in at /login",
+        );
+    };
+    if request.method() != Method::POST {
+        let mut request = request;
+        request.extensions_mut().insert(access);
+        return next.run(request).await;
+    }
+    if auth::is_cross_site(request.headers()) {
+        return refusal(
+            json,
+            StatusCode::FORBIDDEN,
+            "a request from another site: nothing was changed",
+        );
+    }
+    let (parts, body) = request.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, BODY_BYTES_MAX).await else {
+        return refusal(
+            json,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "the request's body is too large: nothing was changed",
+        );
+    };
+    let fields = match form_fields(&parts.headers, &bytes) {
+        Ok(fields) => fields,
+        Err(message) => return refusal(json, StatusCode::UNPROCESSABLE_ENTITY, &message),
+    };
+    if let Access::Session { csrf } = &access
+        && !fields
+            .get("csrf")
+            .is_some_and(|given| auth::constant_time_eq(given.as_bytes(), csrf.as_bytes()))
+    {
+        return refusal(
+            json,
+            StatusCode::FORBIDDEN,
+            "the form's CSRF token is missing or wrong: reload the page; nothing was changed",
+        );
+    }
+    let mut request = Request::from_parts(parts, axum::body::Body::from(bytes));
+    request.extensions_mut().insert(access);
+    request.extensions_mut().insert(Fields(fields));
+    next.run(request).await
+}
+
+/// A POST's fields, from a form or a JSON object.
+#[derive(Debug, Clone, Default)]
+struct Fields(HashMap<String, String>);
+
+impl Fields {
+    fn get(&self, name: &str) -> Option<String> {
+        self.0
+            .get(name)
+            .map(|value| value.trim().to_owned())
+            .filter(|value| !value.is_empty())
+    }
+}
+
+/// The fields of a POST body: `application/x-www-form-urlencoded` or a JSON object (its
+/// values text, numbers or booleans).
+fn form_fields(headers: &HeaderMap, body: &[u8]) -> Result<HashMap<String, String>, String> {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|kind| kind.starts_with("application/json"));
+    if !is_json {
+        return Ok(url::form_urlencoded::parse(body).into_owned().collect());
+    }
+    if body.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|error| format!("the body is not JSON: {error}; nothing was changed"))?;
+    let Value::Object(map) = value else {
+        return Err("the body must be a JSON object; nothing was changed".to_owned());
+    };
+    map.into_iter()
+        .map(|(name, value)| match value {
+            Value::String(text) => Ok((name, text)),
+            Value::Bool(_) | Value::Number(_) => Ok((name, value.to_string())),
+            _ => Err(format!(
+                "field `{name}` must be text, a number or a boolean; nothing was changed"
+            )),
+        })
+        .collect()
+}
+
+async fn style() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        pages::STYLE,
+    )
+        .into_response()
+}
+
+async fn login_form(State(console): State<Shared>, headers: HeaderMap) -> Response {
+    if console.gate.access(&headers).is_some() {
+        return Redirect::to("/").into_response();
+    }
+    Html(pages::login(None).into_string()).into_response()
+}
+
+/// `POST /login` (`token`): a session cookie for the right token.
+async fn login(State(console): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    if auth::is_cross_site(&headers) {
+        return refusal(
+            false,
+            StatusCode::FORBIDDEN,
+            "a sign-in from another site: refused",
+        );
+    }
+    let token = form_fields(&headers, &body)
+        .ok()
+        .and_then(|fields| fields.get("token").cloned())
+        .unwrap_or_default();
+    if !console.gate.is_token(&token) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            Html(pages::login(Some("That is not the console's token.")).into_string()),
+        )
+            .into_response();
+    }
+    let session = console.gate.start_session();
+    let cookie = format!(
+        "{SESSION_COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+        SESSION_TTL.as_secs()
+    );
+    (
+        StatusCode::SEE_OTHER,
+        [(header::SET_COOKIE, cookie), (header::LOCATION, "/".into())],
+    )
+        .into_response()
+}
+
+async fn logout(State(console): State<Shared>, headers: HeaderMap) -> Response {
+    console.gate.end_session(&headers);
+    let cookie = format!("{SESSION_COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (header::SET_COOKIE, cookie),
+            (header::LOCATION, "/login".into()),
+        ],
+    )
+        .into_response()
+}
+
+/// The status of an operator action's error: 404 an unknown id, 409 a request no longer
+/// open, 403 the operator key, 422 bad input, 500 the rest.
+fn failed(json: bool, error: &KernelError) -> Response {
+    let status = match error {
+        KernelError::SagaNotFound(_)
+        | KernelError::ApprovalNotFound(_)
+        | KernelError::DeadLetterNotFound(_) => StatusCode::NOT_FOUND,
+        KernelError::ApprovalClosed { .. } => StatusCode::CONFLICT,
+        KernelError::OperatorKeyRequired(_) | KernelError::OperatorKeyMismatch(_) => {
+            StatusCode::FORBIDDEN
+        }
+        KernelError::InvalidRequest(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    refusal(json, status, &error.to_string())
+}
+
+/// A route the console does not have.
+async fn not_found(headers: HeaderMap) -> Response {
+    refusal(
+        wants_json(&headers),
+        StatusCode::NOT_FOUND,
+        "the console has no such page",
+    )
+}
+
+/// `GET /`: sagas by state, pending approvals, open dead letters.
+async fn overview(State(console): State<Shared>, headers: HeaderMap) -> Response {
+    let json = wants_json(&headers);
+    let kernel = &console.kernel;
+    let counts = match kernel.log().saga_counts().await {
+        Ok(counts) => counts,
+        Err(error) => return failed(json, &KernelError::Log(error)),
+    };
+    let pending = match operator::pending_approvals(kernel).await {
+        Ok(pending) => pending.len(),
+        Err(error) => return failed(json, &error),
+    };
+    let letters = match operator::dead_letters(kernel).await {
+        Ok(letters) => letters.len(),
+        Err(error) => return failed(json, &error),
+    };
+    if json {
+        let counts: serde_json::Map<String, Value> = counts
+            .iter()
+            .map(|(state, n)| (state.as_str().to_owned(), json!(n)))
+            .collect();
+        return axum::Json(json!({
+            "counts": counts,
+            "approvals_pending": pending,
+            "dead_letters_open": letters,
+        }))
+        .into_response();
+    }
+    Html(pages::overview(&counts, pending, letters).into_string()).into_response()
+}
+
+/// `GET /approvals`: as `approvals --json`, or the inbox.
+async fn approvals(
+    State(console): State<Shared>,
+    headers: HeaderMap,
+    axum::Extension(access): axum::Extension<Access>,
+) -> Response {
+    let json = wants_json(&headers);
+    let pending = match operator::pending_approvals(&console.kernel).await {
+        Ok(pending) => pending,
+        Err(error) => return failed(json, &error),
+    };
+    if json {
+        let approvals: Vec<Value> = pending
+            .iter()
+            .map(|view| approval_document(&view.request))
+            .collect();
+        return axum::Json(json!({ "approvals": approvals })).into_response();
+    }
+    let csrf = match &access {
+        Access::Session { csrf } => csrf.as_str(),
+        Access::Bearer => "",
+    };
+    Html(pages::approvals(&pending, csrf).into_string()).into_response()
+}
+
+async fn approve(
+    state: State<Shared>,
+    headers: HeaderMap,
+    id: UrlPath<String>,
+    fields: axum::Extension<Fields>,
+) -> Response {
+    decide(state, headers, id, fields, true).await
+}
+
+async fn reject(
+    state: State<Shared>,
+    headers: HeaderMap,
+    id: UrlPath<String>,
+    fields: axum::Extension<Fields>,
+) -> Response {
+    decide(state, headers, id, fields, false).await
+}
+
+/// `POST /approvals/ID/approve` (`note`) and `…/reject` (`reason`): the decision, once,
+/// recorded as the console's operator.
+async fn decide(
+    State(console): State<Shared>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+    axum::Extension(fields): axum::Extension<Fields>,
+    approve: bool,
+) -> Response {
+    let json = wants_json(&headers);
+    let note = fields.get(if approve { "note" } else { "reason" });
+    if !approve && note.is_none() {
+        return refusal(
+            json,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "a rejection needs a reason (field `reason`); nothing was changed",
+        );
+    }
+    let decided = operator::decide(
+        &console.kernel,
+        operator::Decision {
+            approval_id: id,
+            approve,
+            note,
+            operator_key: console.operator_key.clone(),
+            by: console.operator.clone(),
+        },
+    )
+    .await;
+    match decided {
+        Ok(view) if json => axum::Json(json!({
+            "id": view.request.approval_id,
+            "status": view.status,
+        }))
+        .into_response(),
+        Ok(_) => Redirect::to("/approvals").into_response(),
+        Err(error) => failed(json, &error),
+    }
+}
+
+/// `GET /sagas/ID`: as `log --saga ID --json`, or its timeline.
+async fn saga(
+    State(console): State<Shared>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+) -> Response {
+    let json = wants_json(&headers);
+    let saga_id = SagaId::new(id);
+    let record = match operator::saga(console.kernel.log().as_ref(), &saga_id).await {
+        Ok(record) => record,
+        Err(error) => return failed(json, &error),
+    };
+    if json {
+        return axum::Json(saga_record_document(&record)).into_response();
+    }
+    let approval = match console.kernel.log().saga_approval(&saga_id).await {
+        Ok(approval) => approval.map(|approval| ApprovalView::of(approval, SystemClock.now_ms())),
+        Err(error) => return failed(json, &KernelError::Log(error)),
+    };
+    Html(pages::saga(&record, approval.as_ref()).into_string()).into_response()
+}

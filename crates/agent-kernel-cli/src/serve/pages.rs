@@ -1,0 +1,222 @@
+//! The console's pages: server-rendered HTML, every string from the log escaped (an agent
+//! controls arguments and outputs), no script.
+
+use agent_kernel::operator::ApprovalView;
+use agent_kernel_api::{SagaRecord, SagaState};
+use maud::{DOCTYPE, Markup, html};
+
+use crate::output::format_ms;
+
+/// The console's style sheet, served at `/assets/console.css`.
+pub(crate) const STYLE: &str = include_str!("console.css");
+
+/// A whole page: `title`, the navigation, and `body`.
+fn page(title: &str, signed_in: bool, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · agent-kernel" }
+                link rel="stylesheet" href="/assets/console.css";
+            }
+            body {
+                header {
+                    strong { "agent-kernel" }
+                    @if signed_in {
+                        nav {
+                            a href="/" { "Overview" }
+                            a href="/approvals" { "Approvals" }
+                        }
+                    }
+                }
+                main {
+                    h1 { (title) }
+                    (body)
+                }
+            }
+        }
+    }
+}
+
+/// The login form, with `error` when a token was refused.
+pub(crate) fn login(error: Option<&str>) -> Markup {
+    page(
+        "Sign in",
+        false,
+        html! {
+            @if let Some(error) = error {
+                p.error { (error) }
+            }
+            form method="post" action="/login" {
+                label for="token" { "Console token" }
+                input #token type="password" name="token" autocomplete="off" required;
+                button type="submit" { "Sign in" }
+            }
+            p.hint { "The token is in the file `agent-kernel serve` named when it started." }
+        },
+    )
+}
+
+/// The overview: sagas by state, pending approvals, open dead letters.
+pub(crate) fn overview(
+    counts: &[(SagaState, u64)],
+    approvals_pending: usize,
+    dead_letters_open: usize,
+) -> Markup {
+    page(
+        "Overview",
+        true,
+        html! {
+            section {
+                h2 { "Waiting for a person" }
+                ul {
+                    li { a href="/approvals" { (approvals_pending) " approval requests pending" } }
+                    li { (dead_letters_open) " dead letters open" }
+                }
+            }
+            section {
+                h2 { "Sagas by state" }
+                @if counts.is_empty() {
+                    p { "The log holds no saga yet." }
+                } @else {
+                    table {
+                        thead { tr { th { "state" } th.num { "sagas" } } }
+                        tbody {
+                            @for (state, n) in counts {
+                                tr { td { (state.as_str()) } td.num { (n) } }
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// The approvals inbox: each pending request with its whole arguments and digest, and the
+/// forms that decide it (each carrying the session's CSRF token).
+pub(crate) fn approvals(pending: &[ApprovalView], csrf: &str) -> Markup {
+    page(
+        "Approvals",
+        true,
+        html! {
+            @if pending.is_empty() {
+                p { "No approval is pending." }
+            }
+            @for view in pending {
+                @let request = &view.request;
+                article.request id={ "approval-" (request.approval_id) } {
+                    h2 { code { (request.tool_id) } " · saga " a href={ "/sagas/" (request.saga_id.as_str()) } { (request.saga_id.as_str()) } " step " (request.step_seq) }
+                    dl {
+                        dt { "request" } dd { code { (request.approval_id) } }
+                        dt { "digest" } dd { code.digest { (request.digest) } }
+                        dt { "requested" } dd { (format_ms(request.requested_at_ms)) }
+                        dt { "expires" } dd { (format_ms(request.expires_at_ms)) }
+                    }
+                    p { "Arguments (canonical JSON, whole):" }
+                    pre.args { (view.args_shown) }
+                    @for warning in &view.args_warnings {
+                        p.warning { "⚠ " (warning) }
+                    }
+                    @if let Some(earlier) = &request.duplicate_of {
+                        p.warning {
+                            "⚠ It may repeat an effect: saga " (earlier.saga_id.as_str()) " step " (earlier.step_seq)
+                            " called " code { (earlier.tool_id) } " with the same " code { (earlier.key) }
+                            " at " (format_ms(earlier.at_ms)) " (" (earlier.status) "), with the arguments:"
+                        }
+                        pre.args { (agent_kernel::shown_json(&earlier.args).text) }
+                    }
+                    @if let Some(later) = &view.later_steps {
+                        @if !later.is_empty() {
+                            p { "The plan's steps after it, which run once it is approved:" }
+                            ol start=(request.step_seq + 2) {
+                                @for step in later {
+                                    li { code { (step.tool) } pre.args { (step.args_shown) } }
+                                }
+                            }
+                        }
+                    }
+                    div.decide {
+                        form method="post" action={ "/approvals/" (request.approval_id) "/approve" } {
+                            input type="hidden" name="csrf" value=(csrf);
+                            label { "Note " input type="text" name="note"; }
+                            button type="submit" name="decision" value="approve" { "Approve" }
+                        }
+                        form method="post" action={ "/approvals/" (request.approval_id) "/reject" } {
+                            input type="hidden" name="csrf" value=(csrf);
+                            label { "Reason " input type="text" name="reason" required; }
+                            button type="submit" name="decision" value="reject" { "Reject" }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// A saga's timeline: its steps with arguments, outputs, errors and compensations, the
+/// locks it holds, and its newest approval request with its decision.
+pub(crate) fn saga(record: &SagaRecord, approval: Option<&ApprovalView>) -> Markup {
+    let saga = &record.saga;
+    page(
+        &format!("Saga {}", saga.saga_id),
+        true,
+        html! {
+            dl {
+                dt { "state" } dd.state { (saga.state.as_str()) }
+                @if let Some(name) = &saga.name { dt { "name" } dd { (name) } }
+                @if let Some(actor) = &saga.actor { dt { "actor" } dd { (actor) } }
+                dt { "created" } dd { (format_ms(saga.created_at_ms)) }
+                dt { "updated" } dd { (format_ms(saga.updated_at_ms)) }
+                @if !record.locks.is_empty() {
+                    dt { "locks held" }
+                    dd { @for resource in &record.locks { code { (resource) } " " } }
+                }
+            }
+            table.timeline {
+                thead { tr { th { "step" } th { "tool" } th { "status" } th { "arguments" } th { "output or error" } th { "compensation" } } }
+                tbody {
+                    @for step in &record.steps {
+                        tr {
+                            td.num { (step.step_seq) }
+                            td { code { (step.tool_id) } }
+                            td { (step.status) }
+                            td { pre.args { (agent_kernel::shown_json(&step.args).text) } }
+                            td {
+                                @if let Some(output) = &step.output {
+                                    pre.args { (agent_kernel::shown_json(&output.data).text) }
+                                }
+                                @if let Some(error) = &step.error {
+                                    p.error { (error.to_string()) }
+                                }
+                            }
+                            td { @if let Some(compensation) = &step.compensation { (compensation) } }
+                        }
+                    }
+                }
+            }
+            @if let Some(view) = approval {
+                @let request = &view.request;
+                section.approval {
+                    h2 { "Approval of step " (request.step_seq) ": " (view.status) }
+                    dl {
+                        dt { "tool" } dd { code { (request.tool_id) } }
+                        dt { "digest" } dd { code.digest { (request.digest) } }
+                        dt { "requested" } dd { (format_ms(request.requested_at_ms)) }
+                        dt { "expires" } dd { (format_ms(request.expires_at_ms)) }
+                        @if let Some(by) = &view.decided_by { dt { "decided by" } dd { (by) } }
+                        @if let Some(note) = &view.note { dt { "note" } dd { (note) } }
+                    }
+                    pre.args { (view.args_shown) }
+                }
+            }
+        },
+    )
+}
+
+/// A page that says what went wrong.
+pub(crate) fn problem(title: &str, message: &str) -> Markup {
+    page(title, true, html! { p.error { (message) } })
+}

@@ -1,0 +1,434 @@
+//! The operator console (`agent-kernel serve`) over real HTTP on loopback: the token, the
+//! login and its CSRF token, a cross-site POST, decisions recorded once and as the
+//! console's operator, the JSON answers against the command line's, and agent-controlled
+//! text shown as text.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt as _;
+use std::process::{Child, Stdio};
+
+use serde_json::{Value, json};
+
+use crate::{Project, describe, json_output};
+
+/// A project whose policy makes `fs.append` wait for an approval (`extra` added to the
+/// `[approval]` section), with a saga waiting: `fs.write`, then an `fs.append` whose
+/// content is hostile markup. Its saga id and request id.
+fn waiting_project(extra: &str) -> (Project, String, String) {
+    let project = Project::new();
+    fs::write(
+        project.path("sandbox.toml"),
+        format!("[fs]\nallow = [\"ws\"]\n\n[approval]\nrequire = [\"fs.append\"]\n{extra}"),
+    )
+    .expect("writes policy");
+    fs::write(project.path("operator.key"), "0123456789abcdef\n").expect("writes key");
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [
+            {"tool": "fs.write", "args": {"path": "ws/a.txt", "content": "a"}},
+            {"tool": "fs.append", "args": {"path": "ws/log.txt", "content": "<script>alert(1)</script>"}},
+        ]}),
+    );
+    let output = project.run(&[
+        "--json",
+        "run",
+        "--no-wait",
+        "--plan",
+        plan.to_str().expect("utf-8"),
+    ]);
+    let (code, report) = json_output(&output);
+    assert_eq!(code, 5, "{}", describe(&output));
+    let saga_id = report["saga_id"].as_str().expect("saga").to_owned();
+    let approval_id = report["approval"]["id"].as_str().expect("id").to_owned();
+    (project, saga_id, approval_id)
+}
+
+/// A running console and what it printed at start.
+pub(crate) struct Console {
+    child: Child,
+    /// `127.0.0.1:PORT`.
+    address: String,
+    token: String,
+    token_file: String,
+}
+
+impl Console {
+    /// `serve --json --listen 127.0.0.1:0 ARGS` on the project's log.
+    fn start(project: &Project, args: &[&str]) -> Self {
+        let mut all = vec!["--json", "serve", "--listen", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        Self::spawn(project, project.command(&all))
+    }
+
+    /// `command`, a `serve --json` of the project, started; its first line read.
+    pub(crate) fn spawn(project: &Project, mut command: std::process::Command) -> Self {
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawns");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut line)
+            .expect("reads its first line");
+        let started: Value = match serde_json::from_str(&line) {
+            Ok(started) => started,
+            Err(error) => {
+                let _ = child.kill();
+                let output = child.wait_with_output().expect("waits");
+                panic!("{error}: {line:?}; {}", describe(&output))
+            }
+        };
+        let url = started["url"].as_str().expect("a url");
+        let address = url
+            .strip_prefix("http://")
+            .and_then(|rest| rest.strip_suffix('/'))
+            .expect("http://ADDR/")
+            .to_owned();
+        let token_file = started["token_file"].as_str().expect("a path").to_owned();
+        let token = fs::read_to_string(project.path(&token_file))
+            .expect("reads the token")
+            .trim()
+            .to_owned();
+        Self {
+            child,
+            address,
+            token,
+            token_file,
+        }
+    }
+
+    fn bearer(&self) -> String {
+        format!("Bearer {}", self.token)
+    }
+
+    /// One request; the status, the headers (names lowercased) and the body.
+    fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+        let mut stream = TcpStream::connect(&self.address).expect("connects");
+        let mut request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n",
+            self.address,
+            body.len()
+        );
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
+        request.push_str(body);
+        stream.write_all(request.as_bytes()).expect("sends");
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).expect("reads");
+        let text = String::from_utf8(raw).expect("utf-8");
+        let (head, body) = text.split_once("\r\n\r\n").expect("a head");
+        let mut lines = head.lines();
+        let status: u16 = lines
+            .next()
+            .and_then(|line| line.split(' ').nth(1))
+            .and_then(|code| code.parse().ok())
+            .expect("a status line");
+        let mut headers: HashMap<String, Vec<String>> = HashMap::new();
+        for line in lines {
+            let (name, value) = line.split_once(':').expect("a header");
+            headers
+                .entry(name.trim().to_ascii_lowercase())
+                .or_default()
+                .push(value.trim().to_owned());
+        }
+        Answer {
+            status,
+            headers,
+            body: body.to_owned(),
+        }
+    }
+
+    /// `GET path` as JSON with the token.
+    pub(crate) fn get_json(&self, path: &str) -> (u16, Value) {
+        let bearer = self.bearer();
+        let answer = self.send(
+            "GET",
+            path,
+            &[("Authorization", &bearer), ("Accept", "application/json")],
+            "",
+        );
+        (answer.status, answer.json())
+    }
+
+    /// `POST path` with a JSON body and the token, asking for JSON.
+    fn post_json(&self, path: &str, body: &Value) -> (u16, Value) {
+        let bearer = self.bearer();
+        let answer = self.send(
+            "POST",
+            path,
+            &[
+                ("Authorization", &bearer),
+                ("Accept", "application/json"),
+                ("Content-Type", "application/json"),
+            ],
+            &body.to_string(),
+        );
+        (answer.status, answer.json())
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Answer {
+    status: u16,
+    headers: HashMap<String, Vec<String>>,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|error| panic!("{error}: {}", self.body))
+    }
+
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|values| values.first())
+            .map_or("", String::as_str)
+    }
+}
+
+/// The pending requests, as the command line lists them.
+fn pending(project: &Project) -> Value {
+    let (code, document) = project.run_json(&["approvals"]);
+    assert_eq!(code, 0, "{document}");
+    document
+}
+
+#[test]
+fn every_route_but_the_health_check_needs_the_token_and_answers_as_the_command_line_does() {
+    let (project, saga_id, _) = waiting_project("");
+    let console = Console::start(&project, &[]);
+    let mode = fs::metadata(project.path(&console.token_file))
+        .expect("the token file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    assert!(console.token_file.ends_with(".console-token"));
+
+    let health = console.send("GET", "/healthz", &[], "");
+    assert_eq!(health.status, 200);
+    for headers in [
+        vec![("Accept", "application/json")],
+        vec![
+            ("Accept", "application/json"),
+            ("Authorization", "Bearer not-the-token-at-all"),
+        ],
+    ] {
+        for path in ["/", "/approvals", &format!("/sagas/{saga_id}")] {
+            let refused = console.send("GET", path, &headers, "");
+            assert_eq!(refused.status, 401, "{path}: {}", refused.body);
+        }
+    }
+    // A browser without a session gets the login form.
+    let form = console.send("GET", "/approvals", &[], "");
+    assert_eq!(form.status, 401);
+    assert!(form.body.contains("action=\"/login\""), "{}", form.body);
+
+    let (status, overview) = console.get_json("/");
+    assert_eq!(status, 200, "{overview}");
+    assert_eq!(
+        overview,
+        json!({"counts": {"AwaitingApproval": 1}, "approvals_pending": 1, "dead_letters_open": 0})
+    );
+    let (status, approvals) = console.get_json("/approvals");
+    assert_eq!(status, 200);
+    assert_eq!(approvals, pending(&project));
+    let (status, saga) = console.get_json(&format!("/sagas/{saga_id}"));
+    assert_eq!(status, 200);
+    let (code, logged) = project.run_json(&["log", "--saga", &saga_id]);
+    assert_eq!(code, 0);
+    assert_eq!(saga, logged);
+    let (status, missing) = console.get_json("/sagas/no-such-saga");
+    assert_eq!(status, 404, "{missing}");
+
+    // Pages: the agent's markup is text, and every answer carries the policy.
+    let bearer = console.bearer();
+    for path in ["/approvals".to_owned(), format!("/sagas/{saga_id}")] {
+        let page = console.send("GET", &path, &[("Authorization", &bearer)], "");
+        assert_eq!(page.status, 200, "{}", page.body);
+        assert!(
+            page.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{}",
+            page.body
+        );
+        assert!(!page.body.contains("<script"), "{}", page.body);
+        let policy = page.header("content-security-policy");
+        assert!(policy.contains("default-src 'none'"), "{policy}");
+        assert_eq!(page.header("x-frame-options"), "DENY");
+    }
+}
+
+#[test]
+fn a_browser_signs_in_and_decides_once_with_its_csrf_token_and_never_from_another_site() {
+    let (project, saga_id, approval_id) = waiting_project("");
+    let console = Console::start(&project, &["--operator", "carol"]);
+    let form_headers = [("Content-Type", "application/x-www-form-urlencoded")];
+    let wrong = console.send("POST", "/login", &form_headers, "token=not-it");
+    assert_eq!(wrong.status, 401);
+    assert!(wrong.header("set-cookie").is_empty());
+    let signed_in = console.send(
+        "POST",
+        "/login",
+        &form_headers,
+        &format!("token={}", console.token),
+    );
+    assert_eq!(signed_in.status, 303, "{}", signed_in.body);
+    let set_cookie = signed_in.header("set-cookie");
+    assert!(set_cookie.contains("HttpOnly"), "{set_cookie}");
+    assert!(set_cookie.contains("SameSite=Strict"), "{set_cookie}");
+    let cookie = set_cookie.split(';').next().expect("name=value").to_owned();
+
+    let inbox = console.send("GET", "/approvals", &[("Cookie", &cookie)], "");
+    assert_eq!(inbox.status, 200);
+    assert!(inbox.body.contains(&approval_id), "{}", inbox.body);
+    let csrf = inbox
+        .body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the form's CSRF token")
+        .to_owned();
+    assert_eq!(csrf.len(), 64);
+
+    let approve = format!("/approvals/{approval_id}/approve");
+    let with_cookie = [
+        ("Cookie", cookie.as_str()),
+        ("Content-Type", "application/x-www-form-urlencoded"),
+    ];
+    for (body, origin) in [
+        ("note=ok".to_owned(), None),
+        (format!("note=ok&csrf={}", "0".repeat(64)), None),
+        (format!("note=ok&csrf={csrf}"), Some("http://evil.example")),
+    ] {
+        let mut headers = with_cookie.to_vec();
+        if let Some(origin) = origin {
+            headers.push(("Origin", origin));
+        }
+        let refused = console.send("POST", &approve, &headers, &body);
+        assert_eq!(refused.status, 403, "{body}: {}", refused.body);
+        assert_eq!(
+            pending(&project)["approvals"]
+                .as_array()
+                .expect("list")
+                .len(),
+            1,
+            "nothing changed"
+        );
+    }
+    let mut same_site = with_cookie.to_vec();
+    let origin = format!("http://{}", console.address);
+    same_site.push(("Origin", &origin));
+    let approved = console.send(
+        "POST",
+        &approve,
+        &same_site,
+        &format!("note=looks+right&csrf={csrf}"),
+    );
+    assert_eq!(approved.status, 303, "{}", approved.body);
+    let (code, shown) = project.run_json(&["approvals", "--show", &approval_id]);
+    assert_eq!(code, 0);
+    assert_eq!(shown["status"], "approved");
+    assert_eq!(shown["decided_by"], "carol");
+    assert_eq!(shown["note"], "looks right");
+    // Decided once: again, by a script, is a conflict.
+    let (status, again) = console.post_json(&approve, &json!({"note": "again"}));
+    assert_eq!(status, 409, "{again}");
+    // The decision is the command line's: `resume` finishes the plan.
+    let resumed = project.run(&["resume", "--saga", &saga_id]);
+    assert_eq!(resumed.status.code(), Some(0), "{}", describe(&resumed));
+    assert_eq!(
+        fs::read_to_string(project.path("ws/log.txt")).expect("appended"),
+        "<script>alert(1)</script>"
+    );
+    let (_, saga) = console.get_json(&format!("/sagas/{saga_id}"));
+    assert_eq!(saga["state"], "Done");
+    // Signed out, the cookie opens nothing.
+    let out = console.send("POST", "/logout", &with_cookie, &format!("csrf={csrf}"));
+    assert_eq!(out.status, 303);
+    let closed = console.send("GET", "/", &[("Cookie", &cookie)], "");
+    assert_eq!(closed.status, 401);
+}
+
+#[test]
+fn a_rejection_needs_a_reason_and_a_decision_needs_the_operator_key_the_policy_names() {
+    let (project, _, approval_id) = waiting_project("operator_key_file = \"operator.key\"\n");
+    let without_key = Console::start(&project, &[]);
+    let reject = format!("/approvals/{approval_id}/reject");
+    let (status, answer) = without_key.post_json(&reject, &json!({}));
+    assert_eq!(status, 422, "{answer}");
+    let (status, answer) = without_key.post_json(&reject, &json!({"reason": "not today"}));
+    assert_eq!(status, 403, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("operator key")),
+        "{answer}"
+    );
+    assert_eq!(
+        pending(&project)["approvals"]
+            .as_array()
+            .expect("list")
+            .len(),
+        1
+    );
+    drop(without_key);
+    let with_key = Console::start(&project, &["--operator-key-file", "operator.key"]);
+    let (status, answer) = with_key.post_json(&reject, &json!({"reason": "not today"}));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer, json!({"id": approval_id, "status": "rejected"}));
+    let (status, _) = with_key.get_json(&format!("/approvals/{approval_id}/nothing"));
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn a_console_beyond_loopback_or_with_a_weak_token_is_refused_before_it_starts() {
+    let project = Project::new();
+    fs::write(project.path("sandbox.toml"), "[fs]\nallow = [\"ws\"]\n").expect("writes");
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [{"tool": "fs.write", "args": {"path": "ws/a.txt", "content": "a"}}]}),
+    );
+    let ran = project.run(&["run", "--plan", plan.to_str().expect("utf-8")]);
+    assert_eq!(ran.status.code(), Some(0), "{}", describe(&ran));
+    fs::write(project.path("weak.token"), "short\n").expect("writes");
+    for args in [
+        vec!["serve", "--listen", "0.0.0.0:0"],
+        vec!["serve", "--listen", "not an address"],
+        vec![
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--token-file",
+            "weak.token",
+        ],
+        vec![
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--token-file",
+            "missing.token",
+        ],
+        vec!["serve", "--listen", "127.0.0.1:0", "--tls-cert", "cert.pem"],
+    ] {
+        let output = project.run(&args);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            describe(&output)
+        );
+    }
+    assert!(!project.path("agent-kernel.db.console-token").exists());
+}
