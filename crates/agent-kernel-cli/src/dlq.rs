@@ -9,7 +9,7 @@ use crate::output::{Output, format_ms, print_json, printable, table};
 use crate::{Failure, exit};
 
 /// A letter as the documents show it: `{id, saga_id, step, tool, error, attempts, …}`.
-fn letter_document(letter: &DeadLetter) -> Value {
+pub(crate) fn letter_document(letter: &DeadLetter) -> Value {
     json!({
         "id": letter.letter_id,
         "saga_id": letter.saga_id,
@@ -157,7 +157,7 @@ pub(crate) async fn resolve_command(
     letter_id: &str,
     note: &str,
 ) -> Result<u8, Failure> {
-    let outcome = operator::resolve_dead_letter(kernel, letter_id, note).await?;
+    let outcome = operator::resolve_dead_letter(kernel, letter_id, note, None).await?;
     print_outcome(out, &outcome);
     Ok(exit::OK)
 }

@@ -285,11 +285,11 @@ pub fn audit_head_path(db: &Path) -> PathBuf {
 }
 
 /// Every file of the log at `db` (its links followed, as opening it follows them): the
-/// database, its `-wal`, `-shm` and `-journal` files, and its head file. What the second
-/// line keeps from every program.
+/// database, its `-wal`, `-shm` and `-journal` files, its head file, and the operator
+/// console's token (`.console-token`). What the second line keeps from every program.
 pub fn log_files(db: &Path) -> Vec<PathBuf> {
     let resolved = resolve_db_path(db).unwrap_or_else(|_| db.to_owned());
-    let mut files: Vec<PathBuf> = ["", "-wal", "-shm", "-journal"]
+    let mut files: Vec<PathBuf> = ["", "-wal", "-shm", "-journal", ".console-token"]
         .iter()
         .map(|suffix| {
             let mut name = resolved.clone().into_os_string();

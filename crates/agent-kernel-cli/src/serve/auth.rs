@@ -19,6 +19,9 @@ pub(crate) const SESSIONS_MAX: usize = 256;
 /// The shortest token `--token-file` may hold.
 pub(crate) const TOKEN_MIN_CHARS: usize = 16;
 
+/// How long sign-ins are refused after one with a wrong token.
+pub(crate) const LOGIN_FAILURE_PAUSE: Duration = Duration::from_secs(1);
+
 /// How a request proved it may act.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Access {
@@ -26,6 +29,16 @@ pub(crate) enum Access {
     Bearer,
     /// The session cookie: a browser; its POSTs carry the session's CSRF token.
     Session { csrf: String },
+}
+
+impl Access {
+    /// The CSRF token a page's forms carry: the session's, none for a bearer.
+    pub(crate) fn csrf(&self) -> &str {
+        match self {
+            Access::Session { csrf } => csrf,
+            Access::Bearer => "",
+        }
+    }
 }
 
 /// One browser's login.
@@ -38,6 +51,8 @@ struct Session {
 pub(crate) struct Gate {
     token: String,
     sessions: Mutex<HashMap<String, Session>>,
+    /// Until when sign-ins are refused, after one with a wrong token.
+    login_paused_until: Mutex<Option<Instant>>,
 }
 
 impl Gate {
@@ -45,7 +60,21 @@ impl Gate {
         Self {
             token,
             sessions: Mutex::new(HashMap::new()),
+            login_paused_until: Mutex::new(None),
         }
+    }
+
+    /// A sign-in with `given`: `Ok(true)` for the token; `Ok(false)` for another (and
+    /// sign-ins pause for [`LOGIN_FAILURE_PAUSE`]); `Err(())` while they are paused, the
+    /// token not even compared.
+    pub(crate) fn try_login(&self, given: &str) -> Result<bool, ()> {
+        let mut paused = self.login_paused_until.lock().expect("login pause");
+        if paused.is_some_and(|until| Instant::now() < until) {
+            return Err(());
+        }
+        let right = self.is_token(given);
+        *paused = (!right).then(|| Instant::now() + LOGIN_FAILURE_PAUSE);
+        Ok(right)
     }
 
     /// Whether `given` is the token (compared in constant time).
@@ -86,9 +115,9 @@ impl Gate {
     /// How the request proves it may act, if it does.
     pub(crate) fn access(&self, headers: &HeaderMap) -> Option<Access> {
         if let Some(value) = headers.get(header::AUTHORIZATION) {
-            let value = value.to_str().ok()?;
-            let token = value.strip_prefix("Bearer ")?;
-            return self.is_token(token).then_some(Access::Bearer);
+            let (scheme, token) = value.to_str().ok()?.split_once(' ')?;
+            return (scheme.eq_ignore_ascii_case("bearer") && self.is_token(token))
+                .then_some(Access::Bearer);
         }
         let id = cookie(headers, SESSION_COOKIE)?;
         let sessions = self.sessions.lock().expect("sessions");
@@ -117,6 +146,26 @@ pub(crate) fn is_cross_site(headers: &HeaderMap) -> bool {
         .is_some_and(|site| site == "cross-site")
 }
 
+/// Whether the request names the console by a loopback name and its port (`Host`): a page
+/// of another site whose name was made to resolve to 127.0.0.1 (DNS rebinding) names its
+/// own.
+pub(crate) fn is_host_of(headers: &HeaderMap, port: u16) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let Some((name, given_port)) = host.rsplit_once(':') else {
+        return false;
+    };
+    if given_port.parse::<u16>() != Ok(port) {
+        return false;
+    }
+    let name = name.trim_start_matches('[').trim_end_matches(']');
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// The value of cookie `name` in `headers`.
 fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
@@ -130,7 +179,7 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         })
 }
 
-/// 256 random bits, hex.
+/// Two random UUIDs (244 random bits), hex.
 pub(crate) fn random_token() -> String {
     format!(
         "{}{}",
@@ -182,6 +231,30 @@ mod tests {
         assert!(is_cross_site(&headers));
         headers.insert(header::ORIGIN, "null".parse().expect("a header value"));
         assert!(is_cross_site(&headers));
+    }
+
+    #[test]
+    fn only_loopback_names_on_the_port_name_the_console() {
+        let host = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::HOST, value.parse().expect("a header value"));
+            is_host_of(&headers, 7700)
+        };
+        assert!(host("127.0.0.1:7700"));
+        assert!(host("localhost:7700"));
+        assert!(host("[::1]:7700"));
+        assert!(!host("127.0.0.1:7701"));
+        assert!(!host("evil.example:7700"));
+        assert!(!host("127.0.0.1"));
+        assert!(!is_host_of(&HeaderMap::new(), 7700));
+    }
+
+    #[test]
+    fn a_wrong_sign_in_pauses_the_next() {
+        let gate = Gate::new("0123456789abcdef".into());
+        assert_eq!(gate.try_login("0123456789abcdef"), Ok(true));
+        assert_eq!(gate.try_login("wrong"), Ok(false));
+        assert_eq!(gate.try_login("0123456789abcdef"), Err(()));
     }
 
     #[test]

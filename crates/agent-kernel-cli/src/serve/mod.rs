@@ -32,6 +32,7 @@ use self::auth::{Access, Gate, SESSION_COOKIE, SESSION_TTL, TOKEN_MIN_CHARS};
 use crate::args::{Cli, ServeArgs};
 use crate::output::{Output, saga_record_document};
 use crate::{Failure, exit};
+use axum::extract::DefaultBodyLimit;
 
 /// The Content-Security-Policy of every answer: nothing but the console's own style sheet,
 /// forms posted to the console only, never framed.
@@ -44,6 +45,8 @@ const BODY_BYTES_MAX: usize = 64 * 1024;
 struct Console {
     kernel: Arc<Kernel>,
     gate: Gate,
+    /// The port it listens on, which every request's `Host` must name.
+    port: u16,
     /// Who decides, as recorded (`--operator`); `None`: the process's user.
     operator: Option<String>,
     operator_key: Option<Vec<u8>>,
@@ -90,6 +93,7 @@ pub(crate) async fn serve(cli: &Cli, out: &Output, args: &ServeArgs) -> Result<u
     let console = Arc::new(Console {
         kernel,
         gate: Gate::new(token),
+        port: bound.port(),
         operator: args.operator.clone(),
         operator_key,
     });
@@ -128,6 +132,14 @@ fn console_token(cli: &Cli, given: Option<&Path>) -> Result<(String, PathBuf), F
                 "--token-file {}: the token must be at least {TOKEN_MIN_CHARS} characters without spaces; nothing was started",
                 path.display()
             )));
+        }
+        if std::fs::metadata(path).is_ok_and(|meta| {
+            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o077 != 0
+        }) {
+            tracing::warn!(
+                "--token-file {}: others than its owner may read it; whoever reads it decides approvals (chmod 600)",
+                path.display()
+            );
         }
         return Ok((token, path.to_owned()));
     }
@@ -181,12 +193,16 @@ fn router(console: Shared) -> Router {
         .route("/approvals/{id}/approve", post(approve))
         .route("/approvals/{id}/reject", post(reject))
         .route("/sagas/{id}", get(saga))
+        .route("/dead-letters", get(dead_letters))
+        .route("/dead-letters/{id}/resolve", post(resolve))
         .route("/logout", post(logout))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(console.clone(), guard))
         .route("/healthz", get(|| async { "ok" }))
         .route("/login", get(login_form).post(login))
         .route("/assets/console.css", get(style))
+        .layer(middleware::from_fn_with_state(console.clone(), named_host))
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .layer(middleware::map_response(secure_headers))
         .with_state(console)
 }
@@ -229,6 +245,19 @@ fn refusal(json: bool, status: StatusCode, message: &str) -> Response {
         Html(pages::problem("Refused", message).into_string()),
     )
         .into_response()
+}
+
+/// Every request names the console by a loopback name and its port: a page of another site
+/// that made its own name resolve to 127.0.0.1 (DNS rebinding) does not.
+async fn named_host(State(console): State<Shared>, request: Request, next: Next) -> Response {
+    if auth::is_host_of(request.headers(), console.port) {
+        return next.run(request).await;
+    }
+    refusal(
+        wants_json(request.headers()),
+        StatusCode::MISDIRECTED_REQUEST,
+        "the request names another host than this console (127.0.0.1, localhost or [::1] with its port): refused",
+    )
 }
 
 /// The token, or a login; for a POST, no other site, and a session's CSRF token.
@@ -348,23 +377,42 @@ async fn login_form(State(console): State<Shared>, headers: HeaderMap) -> Respon
 
 /// `POST /login` (`token`): a session cookie for the right token.
 async fn login(State(console): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    let json = wants_json(&headers);
     if auth::is_cross_site(&headers) {
         return refusal(
-            false,
+            json,
             StatusCode::FORBIDDEN,
             "a sign-in from another site: refused",
         );
     }
-    let token = form_fields(&headers, &body)
-        .ok()
-        .and_then(|fields| fields.get("token").cloned())
-        .unwrap_or_default();
-    if !console.gate.is_token(&token) {
-        return (
-            StatusCode::UNAUTHORIZED,
-            Html(pages::login(Some("That is not the console's token.")).into_string()),
-        )
-            .into_response();
+    let fields = match form_fields(&headers, &body) {
+        Ok(fields) => fields,
+        Err(message) => return refusal(json, StatusCode::UNPROCESSABLE_ENTITY, &message),
+    };
+    let token = fields.get("token").cloned().unwrap_or_default();
+    match console.gate.try_login(&token) {
+        Ok(true) => {}
+        Ok(false) if !json => {
+            return (
+                StatusCode::UNAUTHORIZED,
+                Html(pages::login(Some("That is not the console's token.")).into_string()),
+            )
+                .into_response();
+        }
+        Ok(false) => {
+            return refusal(
+                json,
+                StatusCode::UNAUTHORIZED,
+                "that is not the console's token",
+            );
+        }
+        Err(()) => {
+            return refusal(
+                json,
+                StatusCode::TOO_MANY_REQUESTS,
+                "a sign-in with a wrong token was just refused: try again in a second",
+            );
+        }
     }
     let session = console.gate.start_session();
     let cookie = format!(
@@ -391,14 +439,16 @@ async fn logout(State(console): State<Shared>, headers: HeaderMap) -> Response {
         .into_response()
 }
 
-/// The status of an operator action's error: 404 an unknown id, 409 a request no longer
-/// open, 403 the operator key, 422 bad input, 500 the rest.
+/// The status of an operator action's error: 404 an unknown id, 409 a request or letter no
+/// longer open, 403 the operator key, 422 bad input, 500 the rest.
 fn failed(json: bool, error: &KernelError) -> Response {
     let status = match error {
         KernelError::SagaNotFound(_)
         | KernelError::ApprovalNotFound(_)
         | KernelError::DeadLetterNotFound(_) => StatusCode::NOT_FOUND,
-        KernelError::ApprovalClosed { .. } => StatusCode::CONFLICT,
+        KernelError::ApprovalClosed { .. } | KernelError::DeadLetterClosed { .. } => {
+            StatusCode::CONFLICT
+        }
         KernelError::OperatorKeyRequired(_) | KernelError::OperatorKeyMismatch(_) => {
             StatusCode::FORBIDDEN
         }
@@ -418,7 +468,11 @@ async fn not_found(headers: HeaderMap) -> Response {
 }
 
 /// `GET /`: sagas by state, pending approvals, open dead letters.
-async fn overview(State(console): State<Shared>, headers: HeaderMap) -> Response {
+async fn overview(
+    State(console): State<Shared>,
+    headers: HeaderMap,
+    axum::Extension(access): axum::Extension<Access>,
+) -> Response {
     let json = wants_json(&headers);
     let kernel = &console.kernel;
     let counts = match kernel.log().saga_counts().await {
@@ -445,7 +499,7 @@ async fn overview(State(console): State<Shared>, headers: HeaderMap) -> Response
         }))
         .into_response();
     }
-    Html(pages::overview(&counts, pending, letters).into_string()).into_response()
+    Html(pages::overview(&counts, pending, letters, access.csrf()).into_string()).into_response()
 }
 
 /// `GET /approvals`: as `approvals --json`, or the inbox.
@@ -466,11 +520,7 @@ async fn approvals(
             .collect();
         return axum::Json(json!({ "approvals": approvals })).into_response();
     }
-    let csrf = match &access {
-        Access::Session { csrf } => csrf.as_str(),
-        Access::Bearer => "",
-    };
-    Html(pages::approvals(&pending, csrf).into_string()).into_response()
+    Html(pages::approvals(&pending, access.csrf()).into_string()).into_response()
 }
 
 async fn approve(
@@ -536,6 +586,7 @@ async fn saga(
     State(console): State<Shared>,
     headers: HeaderMap,
     UrlPath(id): UrlPath<String>,
+    axum::Extension(access): axum::Extension<Access>,
 ) -> Response {
     let json = wants_json(&headers);
     let saga_id = SagaId::new(id);
@@ -550,5 +601,51 @@ async fn saga(
         Ok(approval) => approval.map(|approval| ApprovalView::of(approval, SystemClock.now_ms())),
         Err(error) => return failed(json, &KernelError::Log(error)),
     };
-    Html(pages::saga(&record, approval.as_ref()).into_string()).into_response()
+    Html(pages::saga(&record, approval.as_ref(), access.csrf()).into_string()).into_response()
+}
+
+/// `GET /dead-letters`: as `dlq list --json`, or the list with a form to resolve each.
+async fn dead_letters(
+    State(console): State<Shared>,
+    headers: HeaderMap,
+    axum::Extension(access): axum::Extension<Access>,
+) -> Response {
+    let json = wants_json(&headers);
+    let letters = match operator::dead_letters(&console.kernel).await {
+        Ok(letters) => letters,
+        Err(error) => return failed(json, &error),
+    };
+    if json {
+        let letters: Vec<Value> = letters.iter().map(crate::dlq::letter_document).collect();
+        return axum::Json(json!({ "dead_letters": letters })).into_response();
+    }
+    Html(pages::dead_letters(&letters, access.csrf()).into_string()).into_response()
+}
+
+/// `POST /dead-letters/ID/resolve` (`note`): the letter settled by hand, recorded as the
+/// console's operator.
+async fn resolve(
+    State(console): State<Shared>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+    axum::Extension(fields): axum::Extension<Fields>,
+) -> Response {
+    let json = wants_json(&headers);
+    let Some(note) = fields.get("note") else {
+        return refusal(
+            json,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "resolving a dead letter needs a note saying how it was settled (field `note`); nothing was changed",
+        );
+    };
+    match operator::resolve_dead_letter(&console.kernel, &id, &note, console.operator.clone()).await
+    {
+        Ok(outcome) if json => axum::Json(json!({
+            "id": outcome.letter.letter_id,
+            "status": outcome.letter.status,
+        }))
+        .into_response(),
+        Ok(_) => Redirect::to("/dead-letters").into_response(),
+        Err(error) => failed(json, &error),
+    }
 }

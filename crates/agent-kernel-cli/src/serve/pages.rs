@@ -2,7 +2,7 @@
 //! controls arguments and outputs), no script.
 
 use agent_kernel::operator::ApprovalView;
-use agent_kernel_api::{SagaRecord, SagaState};
+use agent_kernel_api::{DeadLetter, SagaRecord, SagaState};
 use maud::{DOCTYPE, Markup, html};
 
 use crate::output::format_ms;
@@ -10,8 +10,9 @@ use crate::output::format_ms;
 /// The console's style sheet, served at `/assets/console.css`.
 pub(crate) const STYLE: &str = include_str!("console.css");
 
-/// A whole page: `title`, the navigation, and `body`.
-fn page(title: &str, signed_in: bool, body: Markup) -> Markup {
+/// A whole page: `title`, the navigation (`None`: signed out; a session's CSRF token adds
+/// the sign-out form; a bearer's is empty), and `body`.
+fn page(title: &str, csrf: Option<&str>, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -24,10 +25,17 @@ fn page(title: &str, signed_in: bool, body: Markup) -> Markup {
             body {
                 header {
                     strong { "agent-kernel" }
-                    @if signed_in {
+                    @if let Some(csrf) = csrf {
                         nav {
                             a href="/" { "Overview" }
                             a href="/approvals" { "Approvals" }
+                            a href="/dead-letters" { "Dead letters" }
+                        }
+                        @if !csrf.is_empty() {
+                            form.signout method="post" action="/logout" {
+                                input type="hidden" name="csrf" value=(csrf);
+                                button type="submit" { "Sign out" }
+                            }
                         }
                     }
                 }
@@ -44,7 +52,7 @@ fn page(title: &str, signed_in: bool, body: Markup) -> Markup {
 pub(crate) fn login(error: Option<&str>) -> Markup {
     page(
         "Sign in",
-        false,
+        None,
         html! {
             @if let Some(error) = error {
                 p.error { (error) }
@@ -64,10 +72,11 @@ pub(crate) fn overview(
     counts: &[(SagaState, u64)],
     approvals_pending: usize,
     dead_letters_open: usize,
+    csrf: &str,
 ) -> Markup {
     page(
         "Overview",
-        true,
+        Some(csrf),
         html! {
             section {
                 h2 { "Waiting for a person" }
@@ -100,7 +109,7 @@ pub(crate) fn overview(
 pub(crate) fn approvals(pending: &[ApprovalView], csrf: &str) -> Markup {
     page(
         "Approvals",
-        true,
+        Some(csrf),
         html! {
             @if pending.is_empty() {
                 p { "No approval is pending." }
@@ -158,11 +167,11 @@ pub(crate) fn approvals(pending: &[ApprovalView], csrf: &str) -> Markup {
 
 /// A saga's timeline: its steps with arguments, outputs, errors and compensations, the
 /// locks it holds, and its newest approval request with its decision.
-pub(crate) fn saga(record: &SagaRecord, approval: Option<&ApprovalView>) -> Markup {
+pub(crate) fn saga(record: &SagaRecord, approval: Option<&ApprovalView>, csrf: &str) -> Markup {
     let saga = &record.saga;
     page(
         &format!("Saga {}", saga.saga_id),
-        true,
+        Some(csrf),
         html! {
             dl {
                 dt { "state" } dd.state { (saga.state.as_str()) }
@@ -216,7 +225,40 @@ pub(crate) fn saga(record: &SagaRecord, approval: Option<&ApprovalView>) -> Mark
     )
 }
 
-/// A page that says what went wrong.
+/// The open dead letters, each with a form that resolves it (with the session's CSRF
+/// token).
+pub(crate) fn dead_letters(letters: &[DeadLetter], csrf: &str) -> Markup {
+    page(
+        "Dead letters",
+        Some(csrf),
+        html! {
+            @if letters.is_empty() {
+                p { "No dead letter is open: every failed compensation is settled." }
+            }
+            @for letter in letters {
+                article.request id={ "letter-" (letter.letter_id) } {
+                    h2 { code { (letter.tool_id) } " · saga " a href={ "/sagas/" (letter.saga_id.as_str()) } { (letter.saga_id.as_str()) } " step " (letter.step_seq) }
+                    dl {
+                        dt { "letter" } dd { code { (letter.letter_id) } }
+                        dt { "attempts" } dd { (letter.attempts) }
+                        dt { "first failed" } dd { (format_ms(letter.first_failed_at_ms)) }
+                        dt { "last failed" } dd { (format_ms(letter.last_failed_at_ms)) }
+                        dt { "next retry" } dd { (format_ms(letter.next_retry_at_ms)) }
+                    }
+                    p.error { (letter.error) }
+                    p.hint { "Retry it with " code { "agent-kernel dlq retry " (letter.letter_id) } " (not in the console yet), or, once you have settled it yourself, resolve it here:" }
+                    form method="post" action={ "/dead-letters/" (letter.letter_id) "/resolve" } {
+                        input type="hidden" name="csrf" value=(csrf);
+                        label { "How it was settled " input type="text" name="note" required; }
+                        button type="submit" { "Resolve" }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// A page that says what went wrong (with the navigation, but no sign-out form).
 pub(crate) fn problem(title: &str, message: &str) -> Markup {
-    page(title, true, html! { p.error { (message) } })
+    page(title, Some(""), html! { p.error { (message) } })
 }

@@ -278,12 +278,21 @@ fn a_browser_signs_in_and_decides_once_with_its_csrf_token_and_never_from_anothe
     let wrong = console.send("POST", "/login", &form_headers, "token=not-it");
     assert_eq!(wrong.status, 401);
     assert!(wrong.header("set-cookie").is_empty());
-    let signed_in = console.send(
-        "POST",
-        "/login",
-        &form_headers,
-        &format!("token={}", console.token),
-    );
+    // A wrong token pauses sign-ins for a moment.
+    let mut signed_in = None;
+    crate::wait_until("a sign-in once the pause ends", || {
+        let answer = console.send(
+            "POST",
+            "/login",
+            &form_headers,
+            &format!("token={}", console.token),
+        );
+        if answer.status != 429 {
+            signed_in = Some(answer);
+        }
+        signed_in.is_some()
+    });
+    let signed_in = signed_in.expect("answered");
     assert_eq!(signed_in.status, 303, "{}", signed_in.body);
     let set_cookie = signed_in.header("set-cookie");
     assert!(set_cookie.contains("HttpOnly"), "{set_cookie}");
@@ -431,4 +440,171 @@ fn a_console_beyond_loopback_or_with_a_weak_token_is_refused_before_it_starts() 
         );
     }
     assert!(!project.path("agent-kernel.db.console-token").exists());
+}
+
+#[test]
+fn dead_letters_are_listed_as_the_command_line_lists_them_and_resolved_once_with_a_note() {
+    let project = Project::new();
+    fs::write(project.path("note.py"), crate::dlq::NOTE_PY).expect("writes");
+    fs::write(project.path("tools.toml"), crate::dlq::TOOLS_TOML).expect("writes");
+    fs::write(project.path("ws/block"), "").expect("writes");
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [
+            {"tool": "note.add", "args": {"item": "<b>a</b>"}},
+            {"tool": "fault.fail", "args": {}},
+        ]}),
+    );
+    let output = project.run(&["run", "--plan", plan.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    let console = Console::start(&project, &["--operator", "dave"]);
+    let (status, listed) = console.get_json("/dead-letters");
+    assert_eq!(status, 200, "{listed}");
+    let (code, cli) = project.run_json(&["dlq", "list"]);
+    assert_eq!(code, 0);
+    assert_eq!(listed, cli);
+    let letters = listed["dead_letters"].as_array().expect("a list");
+    assert_eq!(letters.len(), 1, "{listed}");
+    let id = letters[0]["id"].as_str().expect("an id").to_owned();
+    let (_, overview) = console.get_json("/");
+    assert_eq!(overview["dead_letters_open"], 1);
+    assert_eq!(overview["counts"], json!({"FailedRollbackPartial": 1}));
+
+    let bearer = console.bearer();
+    let page = console.send("GET", "/dead-letters", &[("Authorization", &bearer)], "");
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains(&id), "{}", page.body);
+    let resolve = format!("/dead-letters/{id}/resolve");
+    let (status, answer) = console.post_json(&resolve, &json!({"note": "  "}));
+    assert_eq!(status, 422, "{answer}");
+    let (status, answer) =
+        console.post_json(&resolve, &json!({"note": "removed the line by hand"}));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer, json!({"id": id, "status": "resolved"}));
+    let (status, answer) = console.post_json(&resolve, &json!({"note": "again"}));
+    assert_eq!(status, 409, "{answer}");
+    let (status, _) = console.post_json(
+        "/dead-letters/no-such-letter/resolve",
+        &json!({"note": "x"}),
+    );
+    assert_eq!(status, 404);
+    assert_eq!(project.latest_saga().expect("a saga").1, "FailedRolledBack");
+    let (_, audit) = project.run_json(&[
+        "audit",
+        "list",
+        "--kind",
+        "DeadLetterSettled",
+        "--limit",
+        "1",
+    ]);
+    assert!(audit.to_string().contains("dave"), "{audit}");
+}
+
+#[test]
+fn hostile_requests_are_refused_and_change_nothing() {
+    let (project, _, approval_id) = waiting_project("");
+    let console = Console::start(&project, &[]);
+    let approve = format!("/approvals/{approval_id}/approve");
+    let bearer = console.bearer();
+    let unchanged = || {
+        assert_eq!(
+            pending(&project)["approvals"]
+                .as_array()
+                .expect("list")
+                .len(),
+            1,
+            "nothing changed"
+        );
+    };
+    // Every answer carries the policy, the open routes' too.
+    for path in ["/healthz", "/login", "/assets/console.css", "/no-such-page"] {
+        let answer = console.send("GET", path, &[], "");
+        let policy = answer.header("content-security-policy");
+        assert!(policy.contains("default-src 'none'"), "{path}: {policy}");
+    }
+    assert_eq!(console.send("GET", "/no-such-page", &[], "").status, 401);
+    // Another name for 127.0.0.1 (DNS rebinding): refused, even with the token.
+    let mut stream = TcpStream::connect(&console.address).expect("connects");
+    stream
+        .write_all(
+            format!(
+                "POST {approve} HTTP/1.1\r\nHost: evil.example:{}\r\nAuthorization: {bearer}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                console.address.rsplit(':').next().expect("a port")
+            )
+            .as_bytes(),
+        )
+        .expect("sends");
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).expect("reads");
+    assert!(raw.starts_with("HTTP/1.1 421"), "{raw}");
+    unchanged();
+    // The token from another site, or a body past the bound.
+    let refused = console.send(
+        "POST",
+        &approve,
+        &[
+            ("Authorization", &bearer),
+            ("Origin", "http://evil.example"),
+        ],
+        "",
+    );
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    let big = format!("note={}", "x".repeat(70 * 1024));
+    let refused = console.send("POST", &approve, &[("Authorization", &bearer)], &big);
+    assert_eq!(refused.status, 413, "{}", refused.body);
+    let refused = console.send("POST", "/login", &[], &big);
+    assert_eq!(refused.status, 413, "{}", refused.body);
+    unchanged();
+
+    // A sign-in from another site; a wrong token pauses the next sign-in.
+    let form = [("Content-Type", "application/x-www-form-urlencoded")];
+    let token = format!("token={}", console.token);
+    let mut cross = form.to_vec();
+    cross.push(("Origin", "http://evil.example"));
+    assert_eq!(console.send("POST", "/login", &cross, &token).status, 403);
+    assert_eq!(
+        console.send("POST", "/login", &form, "token=wrong").status,
+        401
+    );
+    assert_eq!(console.send("POST", "/login", &form, &token).status, 429);
+    let mut signed_in = None;
+    crate::wait_until("the pause after a wrong token ends", || {
+        let answer = console.send("POST", "/login", &form, &token);
+        if answer.status == 303 {
+            signed_in = Some(answer);
+        }
+        signed_in.is_some()
+    });
+    let cookie = signed_in
+        .expect("signed in")
+        .header("set-cookie")
+        .split(';')
+        .next()
+        .expect("name=value")
+        .to_owned();
+    let page = console.send("GET", "/", &[("Cookie", &cookie)], "");
+    assert!(page.body.contains("action=\"/logout\""), "{}", page.body);
+    let csrf = page
+        .body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the sign-out form's CSRF token")
+        .to_owned();
+    // A fetch from another site without an Origin still says so.
+    let with_cookie = [
+        ("Cookie", cookie.as_str()),
+        ("Content-Type", "application/x-www-form-urlencoded"),
+        ("Sec-Fetch-Site", "cross-site"),
+    ];
+    let refused = console.send("POST", &approve, &with_cookie, &format!("csrf={csrf}"));
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    unchanged();
+    // Signing out needs the CSRF token too; without it the session lasts.
+    let refused = console.send("POST", "/logout", &with_cookie[..2], "");
+    assert_eq!(refused.status, 403);
+    assert_eq!(
+        console.send("GET", "/", &[("Cookie", &cookie)], "").status,
+        200
+    );
 }

@@ -35,10 +35,11 @@ fn run_tool(project: &Project, tool: &str) -> Value {
 }
 
 /// What the probe must find there and be denied, from the tools file's folder.
-const DENIED: [&str; 6] = [
+const DENIED: [&str; 7] = [
     "log.db",
     "log.db-wal",
     "log.db.audit-head",
+    "log.db.console-token",
     "operator.key",
     ".env",
     "tools.toml",
@@ -75,6 +76,7 @@ fn a_program_reads_its_script_and_read_folders_never_the_log_keys_or_env() {
     )
     .expect("key");
     fs::write(project.path(".env"), "SECRET=1").expect("env");
+    fs::write(project.path("log.db.console-token"), "a console's token").expect("token");
     fs::create_dir(project.path("data")).expect("data");
     fs::write(project.path("data/info.txt"), "shared").expect("info");
     fs::write(project.path("probe.sh"), probe_sh()).expect("probe");

@@ -100,7 +100,7 @@ pub async fn retry_due(kernel: &Kernel) -> Result<DueRetries, KernelError> {
 }
 
 /// Settles a letter by hand (`dlq resolve ID --note TEXT`): the operator undid the effect
-/// or decided it may stay.
+/// or decided it may stay. Recorded as `by`, else the kernel's operator uid.
 ///
 /// # Errors
 ///
@@ -109,8 +109,13 @@ pub async fn resolve_dead_letter(
     kernel: &Kernel,
     letter_id: &str,
     note: &str,
+    by: Option<String>,
 ) -> Result<RetryOutcome, KernelError> {
+    let by = match by {
+        Some(by) => Some(by),
+        None => operator_name_of(kernel).await,
+    };
     kernel
-        .resolve_dead_letter(letter_id, note.to_owned(), operator_name_of(kernel).await)
+        .resolve_dead_letter(letter_id, note.to_owned(), by)
         .await
 }
