@@ -99,8 +99,8 @@ pub use files::{Files, NoFiles};
 pub use log::{
     AbortCause, AuditEvent, BeginStep, CallRefusal, ConflictRecord, DuplicateStep, KeyBinding,
     LeaseStatus, LogWrite, NewSaga, OperatorCommand, Owner, PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX,
-    PlanDenial, PruneSagas, SagaAbort, SagaRecord, SagaSummary, StepDenial, StepRecord, TxError,
-    TxLog, WriteOutcome,
+    PlanDenial, PruneSagas, SagaAbort, SagaListing, SagaQuery, SagaRecord, SagaSummary, StepDenial,
+    StepRecord, TxError, TxLog, WriteOutcome,
 };
 pub use observed::{ObservedLog, WriteObserver};
 pub use plan::{

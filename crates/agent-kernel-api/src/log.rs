@@ -431,6 +431,34 @@ pub struct SagaSummary {
     pub updated_at_ms: i64,
 }
 
+/// Which sagas a page of the saga list holds ([`TxLog::saga_page`]): every filter given must
+/// hold; newest first, after `before` when given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SagaQuery {
+    /// Only sagas in this state.
+    pub state: Option<SagaState>,
+    /// Only sagas of this actor.
+    pub actor: Option<String>,
+    /// Only sagas with a step of this tool.
+    pub tool: Option<String>,
+    /// Only sagas with a step whose arguments (their JSON) contain this text, letters A to Z
+    /// matched in either case.
+    pub text: Option<String>,
+    /// Only sagas older than this one (its `created_at_ms` and id): the previous page's last.
+    pub before: Option<(i64, SagaId)>,
+    /// At most this many.
+    pub limit: u32,
+}
+
+/// One saga of a page of the saga list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SagaListing {
+    /// The saga.
+    pub saga: SagaSummary,
+    /// How many of its steps began.
+    pub n_begun: u32,
+}
+
 /// One step as the log holds it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepRecord {
@@ -674,6 +702,17 @@ pub trait TxLog: Send + Sync + 'static {
     ///
     /// [`TxError`] when the log cannot be read.
     fn saga_counts(&self) -> BoxFuture<'_, Result<Vec<(SagaState, u64)>, TxError>>;
+
+    /// A page of the saga list: the sagas `query` selects, newest first, found by the index
+    /// of sagas by creation (a filter on steps looks at the steps of each saga it passes).
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn saga_page<'a>(
+        &'a self,
+        query: &'a SagaQuery,
+    ) -> BoxFuture<'a, Result<Vec<SagaListing>, TxError>>;
 
     /// Every saga not in a terminal state, oldest first.
     ///

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{
     ApprovalRecord, BoxFuture, DeadLetter, DuplicateStep, KeyBinding, LeaseStatus, LogWrite, Owner,
-    SagaId, SagaRecord, SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
+    SagaId, SagaListing, SagaQuery, SagaRecord, SagaState, SagaSummary, TxError, TxLog,
+    WriteOutcome,
 };
 
 /// What an [`ObservedLog`] tells about each write (one transaction), numbered from 0.
@@ -114,6 +115,13 @@ where
 
     fn saga_counts(&self) -> BoxFuture<'_, Result<Vec<(SagaState, u64)>, TxError>> {
         self.inner.saga_counts()
+    }
+
+    fn saga_page<'a>(
+        &'a self,
+        query: &'a SagaQuery,
+    ) -> BoxFuture<'a, Result<Vec<SagaListing>, TxError>> {
+        self.inner.saga_page(query)
     }
 
     fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {

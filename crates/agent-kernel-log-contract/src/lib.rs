@@ -60,6 +60,7 @@ macro_rules! contract_tests {
             a_duplicate_is_found_by_its_keys_within_the_window,
             a_resource_raced_from_several_connections_is_claimed_once,
             sagas_are_counted_by_state,
+            sagas_are_listed_by_page_and_filter,
         );
     };
     (@each $fresh:expr; $($check:ident),+ $(,)?) => {

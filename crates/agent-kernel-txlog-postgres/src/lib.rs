@@ -713,6 +713,14 @@ impl TxLog for PostgresLog {
         self.read_job(backend::saga_counts)
     }
 
+    fn saga_page<'a>(
+        &'a self,
+        query: &'a agent_kernel_api::SagaQuery,
+    ) -> BoxFuture<'a, Result<Vec<agent_kernel_api::SagaListing>, TxError>> {
+        let query = query.clone();
+        self.read_job(move |db| backend::saga_page(db, &query))
+    }
+
     fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
         self.read_job(backend::unfinished_sagas)
     }

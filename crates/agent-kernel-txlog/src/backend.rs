@@ -159,6 +159,18 @@ pub fn saga_counts(db: &dyn Db) -> Result<Vec<(SagaState, u64)>, TxError> {
     store::saga_counts(db)
 }
 
+/// [`TxLog::saga_page`](agent_kernel_api::TxLog::saga_page).
+///
+/// # Errors
+///
+/// As [`saga`].
+pub fn saga_page(
+    db: &dyn Db,
+    query: &agent_kernel_api::SagaQuery,
+) -> Result<Vec<agent_kernel_api::SagaListing>, TxError> {
+    store::saga_page(db, query)
+}
+
 /// [`TxLog::unfinished_sagas`](agent_kernel_api::TxLog::unfinished_sagas).
 ///
 /// # Errors

@@ -639,6 +639,14 @@ impl TxLog for SqliteLog {
         self.call(|conn, _| store::saga_counts(conn))
     }
 
+    fn saga_page<'a>(
+        &'a self,
+        query: &'a agent_kernel_api::SagaQuery,
+    ) -> BoxFuture<'a, Result<Vec<agent_kernel_api::SagaListing>, TxError>> {
+        let query = query.clone();
+        self.call(move |conn, _| store::saga_page(conn, &query))
+    }
+
     fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
         self.call(|conn, _| store::unfinished_sagas(conn))
     }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use agent_kernel::operator::ApprovalView;
 use agent_kernel::{Kernel, KernelError, SystemClock, approval_document, operator};
-use agent_kernel_api::{Clock as _, SagaId};
+use agent_kernel_api::{Clock as _, SagaId, SagaQuery};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -37,6 +37,12 @@ use axum::extract::DefaultBodyLimit;
 /// The Content-Security-Policy of every answer: nothing but the console's own style sheet,
 /// forms posted to the console only, never framed.
 const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// How many sagas a page of the list holds unless asked (`limit`).
+const PAGE_SAGAS_DEFAULT: u32 = 50;
+
+/// The most sagas a page of the list holds.
+const PAGE_SAGAS_MAX: u32 = 500;
 
 /// The largest request body read.
 const BODY_BYTES_MAX: usize = 64 * 1024;
@@ -192,6 +198,7 @@ fn router(console: Shared) -> Router {
         .route("/approvals", get(approvals))
         .route("/approvals/{id}/approve", post(approve))
         .route("/approvals/{id}/reject", post(reject))
+        .route("/sagas", get(sagas))
         .route("/sagas/{id}", get(saga))
         .route("/dead-letters", get(dead_letters))
         .route("/dead-letters/{id}/resolve", post(resolve))
@@ -648,4 +655,141 @@ async fn resolve(
         Ok(_) => Redirect::to("/dead-letters").into_response(),
         Err(error) => failed(json, &error),
     }
+}
+
+/// The filters of `GET /sagas`, from its query string, as given (for the page's form and
+/// its next link).
+#[derive(Debug, Default)]
+pub(crate) struct ListFilters {
+    pub(crate) state: String,
+    pub(crate) tool: String,
+    pub(crate) actor: String,
+    pub(crate) text: String,
+    pub(crate) limit: Option<u32>,
+}
+
+impl ListFilters {
+    /// The query string of these filters, with `after` when given.
+    pub(crate) fn query_string(&self, after: Option<&str>) -> String {
+        let mut query = url::form_urlencoded::Serializer::new(String::new());
+        for (name, value) in [
+            ("state", self.state.as_str()),
+            ("tool", &self.tool),
+            ("actor", &self.actor),
+            ("q", &self.text),
+        ] {
+            if !value.is_empty() {
+                query.append_pair(name, value);
+            }
+        }
+        if let Some(limit) = self.limit {
+            query.append_pair("limit", &limit.to_string());
+        }
+        if let Some(after) = after {
+            query.append_pair("after", after);
+        }
+        query.finish()
+    }
+}
+
+/// The query of `GET /sagas?state=&tool=&actor=&q=&limit=&after=`, or why it is bad input.
+fn list_query(raw: Option<&str>) -> Result<(ListFilters, SagaQuery), String> {
+    let mut filters = ListFilters::default();
+    let mut after = None;
+    for (name, value) in url::form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+        let value = value.trim().to_owned();
+        match name.as_ref() {
+            "state" => filters.state = value,
+            "tool" => filters.tool = value,
+            "actor" => filters.actor = value,
+            "q" => filters.text = value,
+            "limit" if !value.is_empty() => {
+                let limit = value
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|limit| (1..=PAGE_SAGAS_MAX).contains(limit))
+                    .ok_or_else(|| {
+                        format!("`limit` must be a whole number from 1 to {PAGE_SAGAS_MAX}")
+                    })?;
+                filters.limit = Some(limit);
+            }
+            "after" if !value.is_empty() => after = Some(value),
+            _ => {}
+        }
+    }
+    let state = if filters.state.is_empty() {
+        None
+    } else {
+        Some(
+            filters
+                .state
+                .parse()
+                .map_err(|_| format!("`state` {:?} is not a saga state", filters.state))?,
+        )
+    };
+    let before = after
+        .map(|cursor| {
+            cursor
+                .split_once(':')
+                .and_then(|(at_ms, saga_id)| Some((at_ms.parse::<i64>().ok()?, saga_id)))
+                .filter(|(_, saga_id)| !saga_id.is_empty())
+                .map(|(at_ms, saga_id)| (at_ms, SagaId::new(saga_id)))
+                .ok_or_else(|| format!("`after` {cursor:?} is not a cursor this list gave"))
+        })
+        .transpose()?;
+    let given = |text: &str| (!text.is_empty()).then(|| text.to_owned());
+    let query = SagaQuery {
+        state,
+        actor: given(&filters.actor),
+        tool: given(&filters.tool),
+        text: given(&filters.text),
+        before,
+        // One more, to know whether a next page exists.
+        limit: filters.limit.unwrap_or(PAGE_SAGAS_DEFAULT) + 1,
+    };
+    Ok((filters, query))
+}
+
+/// `GET /sagas`: a page of the saga list, newest first, with its filters, and the cursor
+/// of the next page.
+async fn sagas(
+    State(console): State<Shared>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+    axum::Extension(access): axum::Extension<Access>,
+) -> Response {
+    let json = wants_json(&headers);
+    let (filters, query) = match list_query(uri.query()) {
+        Ok(parsed) => parsed,
+        Err(message) => return refusal(json, StatusCode::UNPROCESSABLE_ENTITY, &message),
+    };
+    let mut page = match console.kernel.log().saga_page(&query).await {
+        Ok(page) => page,
+        Err(error) => return failed(json, &KernelError::Log(error)),
+    };
+    let wanted = (query.limit - 1) as usize;
+    let next = (page.len() > wanted).then(|| {
+        page.truncate(wanted);
+        let last = &page[wanted - 1].saga;
+        format!("{}:{}", last.created_at_ms, last.saga_id)
+    });
+    if json {
+        let sagas: Vec<Value> = page
+            .iter()
+            .map(|listing| {
+                let saga = &listing.saga;
+                json!({
+                    "saga_id": saga.saga_id,
+                    "state": saga.state,
+                    "name": saga.name,
+                    "actor": saga.actor,
+                    "created_at": agent_kernel_api::format_rfc3339_ms(saga.created_at_ms),
+                    "steps": listing.n_begun,
+                })
+            })
+            .collect();
+        return axum::Json(json!({"sagas": sagas, "next": next})).into_response();
+    }
+    Html(pages::sagas(&page, &filters, next.as_deref(), access.csrf()).into_string())
+        .into_response()
 }

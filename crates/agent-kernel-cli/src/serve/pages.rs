@@ -2,7 +2,9 @@
 //! controls arguments and outputs), no script.
 
 use agent_kernel::operator::ApprovalView;
-use agent_kernel_api::{DeadLetter, SagaRecord, SagaState};
+use agent_kernel_api::{DeadLetter, SagaListing, SagaRecord, SagaState};
+
+use super::ListFilters;
 use maud::{DOCTYPE, Markup, html};
 
 use crate::output::format_ms;
@@ -12,7 +14,7 @@ pub(crate) const STYLE: &str = include_str!("console.css");
 
 /// A whole page: `title`, the navigation (`None`: signed out; a session's CSRF token adds
 /// the sign-out form; a bearer's is empty), and `body`.
-fn page(title: &str, csrf: Option<&str>, body: Markup) -> Markup {
+fn page_of(title: &str, csrf: Option<&str>, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -28,6 +30,7 @@ fn page(title: &str, csrf: Option<&str>, body: Markup) -> Markup {
                     @if let Some(csrf) = csrf {
                         nav {
                             a href="/" { "Overview" }
+                            a href="/sagas" { "Sagas" }
                             a href="/approvals" { "Approvals" }
                             a href="/dead-letters" { "Dead letters" }
                         }
@@ -50,7 +53,7 @@ fn page(title: &str, csrf: Option<&str>, body: Markup) -> Markup {
 
 /// The login form, with `error` when a token was refused.
 pub(crate) fn login(error: Option<&str>) -> Markup {
-    page(
+    page_of(
         "Sign in",
         None,
         html! {
@@ -74,7 +77,7 @@ pub(crate) fn overview(
     dead_letters_open: usize,
     csrf: &str,
 ) -> Markup {
-    page(
+    page_of(
         "Overview",
         Some(csrf),
         html! {
@@ -107,7 +110,7 @@ pub(crate) fn overview(
 /// The approvals inbox: each pending request with its whole arguments and digest, and the
 /// forms that decide it (each carrying the session's CSRF token).
 pub(crate) fn approvals(pending: &[ApprovalView], csrf: &str) -> Markup {
-    page(
+    page_of(
         "Approvals",
         Some(csrf),
         html! {
@@ -169,7 +172,7 @@ pub(crate) fn approvals(pending: &[ApprovalView], csrf: &str) -> Markup {
 /// locks it holds, and its newest approval request with its decision.
 pub(crate) fn saga(record: &SagaRecord, approval: Option<&ApprovalView>, csrf: &str) -> Markup {
     let saga = &record.saga;
-    page(
+    page_of(
         &format!("Saga {}", saga.saga_id),
         Some(csrf),
         html! {
@@ -225,10 +228,77 @@ pub(crate) fn saga(record: &SagaRecord, approval: Option<&ApprovalView>, csrf: &
     )
 }
 
+/// The states a saga can be in, for the list's filter.
+const STATES: [&str; 10] = [
+    "Idle",
+    "Planning",
+    "Acting",
+    "Validating",
+    "AwaitingApproval",
+    "Compensating",
+    "Done",
+    "FailedRolledBack",
+    "FailedRollbackPartial",
+    "Undone",
+];
+
+/// A page of the saga list: its filters (a form that GETs the list again), the sagas,
+/// and a link to the next page.
+pub(crate) fn sagas(
+    page: &[SagaListing],
+    filters: &ListFilters,
+    next: Option<&str>,
+    csrf: &str,
+) -> Markup {
+    page_of(
+        "Sagas",
+        Some(csrf),
+        html! {
+            form.filters method="get" action="/sagas" {
+                label { "State "
+                    select name="state" {
+                        option value="" { "any" }
+                        @for state in STATES {
+                            option value=(state) selected[filters.state == state] { (state) }
+                        }
+                    }
+                }
+                label { "Tool " input type="text" name="tool" value=(filters.tool); }
+                label { "Actor " input type="text" name="actor" value=(filters.actor); }
+                label { "Text in arguments " input type="text" name="q" value=(filters.text); }
+                button type="submit" { "Filter" }
+            }
+            @if page.is_empty() {
+                p { "No saga matches." }
+            } @else {
+                table.sagas {
+                    thead { tr { th { "saga" } th { "state" } th { "name" } th { "actor" } th { "created" } th.num { "steps" } } }
+                    tbody {
+                        @for listing in page {
+                            @let saga = &listing.saga;
+                            tr {
+                                td { a href={ "/sagas/" (saga.saga_id.as_str()) } { code { (saga.saga_id.as_str()) } } }
+                                td { (saga.state.as_str()) }
+                                td { @if let Some(name) = &saga.name { (name) } }
+                                td { @if let Some(actor) = &saga.actor { (actor) } }
+                                td { (format_ms(saga.created_at_ms)) }
+                                td.num { (listing.n_begun) }
+                            }
+                        }
+                    }
+                }
+            }
+            @if let Some(next) = next {
+                p { a.next href={ "/sagas?" (filters.query_string(Some(next))) } { "Older sagas →" } }
+            }
+        },
+    )
+}
+
 /// The open dead letters, each with a form that resolves it (with the session's CSRF
 /// token).
 pub(crate) fn dead_letters(letters: &[DeadLetter], csrf: &str) -> Markup {
-    page(
+    page_of(
         "Dead letters",
         Some(csrf),
         html! {
@@ -260,5 +330,5 @@ pub(crate) fn dead_letters(letters: &[DeadLetter], csrf: &str) -> Markup {
 
 /// A page that says what went wrong (with the navigation, but no sign-out form).
 pub(crate) fn problem(title: &str, message: &str) -> Markup {
-    page(title, Some(""), html! { p.error { (message) } })
+    page_of(title, Some(""), html! { p.error { (message) } })
 }

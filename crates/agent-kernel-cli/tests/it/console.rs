@@ -608,3 +608,107 @@ fn hostile_requests_are_refused_and_change_nothing() {
         200
     );
 }
+
+#[test]
+fn the_saga_list_filters_and_pages_by_key() {
+    let project = Project::new();
+    fs::write(project.path("sandbox.toml"), "[fs]\nallow = [\"ws\"]\n").expect("writes");
+    // Four sagas: three of alice writing a file each, one of bob appending.
+    for (n, (actor, tool)) in [
+        ("alice", "fs.write"),
+        ("alice", "fs.write"),
+        ("bob", "fs.append"),
+        ("alice", "fs.write"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let plan = project.plan(
+            "plan.json",
+            &json!({"name": format!("<i>job {n}</i>"), "actor": actor, "steps": [
+                {"tool": tool, "args": {"path": format!("ws/file-{n}.txt"), "content": "x"}},
+            ]}),
+        );
+        let ran = project.run(&["run", "--plan", plan.to_str().expect("utf-8")]);
+        assert_eq!(ran.status.code(), Some(0), "{}", describe(&ran));
+    }
+    let console = Console::start(&project, &[]);
+    let (status, all) = console.get_json("/sagas");
+    assert_eq!(status, 200, "{all}");
+    let listed = all["sagas"].as_array().expect("a list");
+    assert_eq!(listed.len(), 4);
+    assert_eq!(all["next"], Value::Null);
+    // Newest first, as `log` lists them.
+    let (_, log) = project.run_json(&["log"]);
+    let ids = |list: &[Value]| -> Vec<String> {
+        list.iter()
+            .map(|saga| saga["saga_id"].as_str().expect("id").to_owned())
+            .collect()
+    };
+    assert_eq!(ids(listed), ids(log["sagas"].as_array().expect("a list")));
+    assert_eq!(listed[0]["steps"], 1);
+    assert_eq!(listed[0]["state"], "Done");
+    assert_eq!(listed[0]["actor"], "alice");
+
+    // Pages of one, each after the last.
+    let mut seen = Vec::new();
+    let mut path = "/sagas?limit=1".to_owned();
+    loop {
+        let (status, page) = console.get_json(&path);
+        assert_eq!(status, 200, "{page}");
+        seen.extend(ids(page["sagas"].as_array().expect("a list")));
+        let Some(next) = page["next"].as_str() else {
+            break;
+        };
+        path = format!("/sagas?limit=1&after={next}");
+    }
+    assert_eq!(seen, ids(listed));
+
+    for (query, expected) in [
+        ("actor=bob", 1),
+        ("actor=alice&tool=fs.write", 3),
+        ("tool=fs.append", 1),
+        ("q=FILE-2", 1),
+        ("q=file-", 4),
+        ("state=Done", 4),
+        ("state=Acting", 0),
+    ] {
+        let (status, page) = console.get_json(&format!("/sagas?{query}"));
+        assert_eq!(status, 200, "{query}: {page}");
+        assert_eq!(
+            page["sagas"].as_array().expect("a list").len(),
+            expected,
+            "{query}"
+        );
+    }
+    for query in [
+        "state=Nowhere",
+        "limit=0",
+        "limit=100000",
+        "after=yesterday",
+    ] {
+        let (status, answer) = console.get_json(&format!("/sagas?{query}"));
+        assert_eq!(status, 422, "{query}: {answer}");
+    }
+    // The page: names are text, and the filters are kept in the next link.
+    let bearer = console.bearer();
+    let page = console.send(
+        "GET",
+        "/sagas?actor=alice&limit=2",
+        &[("Authorization", &bearer)],
+        "",
+    );
+    assert_eq!(page.status, 200);
+    assert!(
+        page.body.contains("&lt;i&gt;job 3&lt;/i&gt;"),
+        "{}",
+        page.body
+    );
+    assert!(!page.body.contains("<i>"), "{}", page.body);
+    assert!(
+        page.body
+            .contains("href=\"/sagas?actor=alice&amp;limit=2&amp;after="),
+        "{}",
+        page.body
+    );
+}

@@ -207,6 +207,12 @@ impl TxLog for StaleReads {
     ) -> BoxFuture<'_, Result<Vec<(agent_kernel_api::SagaState, u64)>, TxError>> {
         self.0.saga_counts()
     }
+    fn saga_page<'a>(
+        &'a self,
+        query: &'a agent_kernel_api::SagaQuery,
+    ) -> BoxFuture<'a, Result<Vec<agent_kernel_api::SagaListing>, TxError>> {
+        self.0.saga_page(query)
+    }
     fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
         match self.1 {
             Stale::UnfinishedSagas => Box::pin(async { Ok(Vec::new()) }),

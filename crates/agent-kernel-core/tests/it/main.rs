@@ -488,6 +488,15 @@ impl TxLog for StagedLeases {
     > {
         self.0.saga_counts()
     }
+    fn saga_page<'a>(
+        &'a self,
+        query: &'a agent_kernel_api::SagaQuery,
+    ) -> agent_kernel_api::BoxFuture<
+        'a,
+        Result<Vec<agent_kernel_api::SagaListing>, agent_kernel_api::TxError>,
+    > {
+        self.0.saga_page(query)
+    }
     fn unfinished_sagas(
         &self,
     ) -> agent_kernel_api::BoxFuture<

@@ -19,7 +19,7 @@ pub(crate) use self::approvals::{
 pub(crate) use self::dead_letters::{dead_letter, open_dead_letters};
 pub(crate) use self::locks::{duplicate_of, settled_lock_holders};
 pub(crate) use self::sagas::{
-    key_binding, saga, saga_counts, sagas, take_over_in, unfinished_sagas,
+    key_binding, saga, saga_counts, saga_page, sagas, take_over_in, unfinished_sagas,
 };
 
 use agent_kernel_api::{

@@ -343,6 +343,68 @@ pub(crate) fn sagas(conn: &dyn Db, limit: u32) -> Result<Vec<SagaSummary>, TxErr
     )
 }
 
+/// See [`TxLog::saga_page`](agent_kernel_api::TxLog::saga_page).
+pub(crate) fn saga_page(
+    conn: &dyn Db,
+    query: &agent_kernel_api::SagaQuery,
+) -> Result<Vec<agent_kernel_api::SagaListing>, TxError> {
+    let state = query.state.map(SagaState::as_str);
+    let text = query.text.as_ref().map(|text| {
+        let mut pattern = String::from("%");
+        for c in text.to_ascii_lowercase().chars() {
+            if matches!(c, '%' | '_' | '\\') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push('%');
+        pattern
+    });
+    // Without a cursor, one no saga reaches, so that the index of sagas by creation is
+    // always read as a range from it.
+    let (before_ms, before_id) = match &query.before {
+        Some((at_ms, saga_id)) => (*at_ms, saga_id.as_str()),
+        None => (i64::MAX, ""),
+    };
+    // Each parameter is first met where its type shows (PostgreSQL types it there), and a
+    // filter not given is a NULL that passes every row.
+    query_all(
+        conn,
+        &format!(
+            "SELECT {SAGA_COLUMNS},
+                 (SELECT COUNT(*) FROM saga_steps t WHERE t.saga_id = s.saga_id)
+             FROM sagas s
+             WHERE (s.state = ?1 OR ?1 IS NULL)
+                 AND (s.actor = ?2 OR ?2 IS NULL)
+                 AND (EXISTS (SELECT 1 FROM saga_steps t
+                     WHERE t.saga_id = s.saga_id AND t.tool_id = ?3) OR ?3 IS NULL)
+                 AND (EXISTS (SELECT 1 FROM saga_steps t
+                     WHERE t.saga_id = s.saga_id AND lower(t.args) LIKE ?4 ESCAPE '\\')
+                     OR ?4 IS NULL)
+                 AND s.created_at_ms <= ?5 AND (s.created_at_ms < ?5 OR s.saga_id < ?6)
+             ORDER BY s.created_at_ms DESC, s.saga_id DESC LIMIT ?7"
+        ),
+        params![
+            state,
+            query.actor.as_deref(),
+            query.tool.as_deref(),
+            text,
+            before_ms,
+            before_id,
+            query.limit
+        ],
+        |row| {
+            let n_begun: i64 = row.get(12)?;
+            Ok(
+                saga_from_row(row)?.map(|saga| agent_kernel_api::SagaListing {
+                    saga,
+                    n_begun: u32::try_from(n_begun).unwrap_or(u32::MAX),
+                }),
+            )
+        },
+    )
+}
+
 /// See [`TxLog::saga_counts`](agent_kernel_api::TxLog::saga_counts).
 pub(crate) fn saga_counts(conn: &dyn Db) -> Result<Vec<(SagaState, u64)>, TxError> {
     let rows: Vec<(String, i64)> = conn
