@@ -59,8 +59,9 @@ fn not_done(state: SagaState) -> String {
 }
 
 impl UndoStepPreview {
-    /// Why [`Kernel::undo`] refuses this step.
-    fn refusal(&self) -> String {
+    /// Why [`Kernel::undo`] refuses this step; empty when it does not (an undoable step, or
+    /// one whose tool is missing here, which the undo itself reports).
+    pub fn refusal(&self) -> String {
         match &self.verdict {
             UndoVerdict::Irreversible => {
                 "its tool is irreversible (reversibility none): its effect cannot be undone"

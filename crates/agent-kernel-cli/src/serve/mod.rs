@@ -200,6 +200,7 @@ fn router(console: Shared) -> Router {
         .route("/approvals/{id}/reject", post(reject))
         .route("/sagas", get(sagas))
         .route("/sagas/{id}", get(saga))
+        .route("/sagas/{id}/undo", get(undo_preview))
         .route("/dead-letters", get(dead_letters))
         .route("/dead-letters/{id}/resolve", post(resolve))
         .route("/logout", post(logout))
@@ -792,4 +793,50 @@ async fn sagas(
     }
     Html(pages::sagas(&page, &filters, next.as_deref(), access.csrf()).into_string())
         .into_response()
+}
+
+/// `GET /sagas/ID/undo`: what an undo would do to each step, nothing undone (`undo
+/// --preview`); the undo itself is the command line's for now.
+async fn undo_preview(
+    State(console): State<Shared>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+    axum::Extension(access): axum::Extension<Access>,
+) -> Response {
+    let json = wants_json(&headers);
+    let preview = match operator::undo_preview(&console.kernel, &SagaId::new(id)).await {
+        Ok(preview) => preview,
+        Err(error) => return failed(json, &error),
+    };
+    if !json {
+        return Html(pages::undo_preview(&preview, access.csrf()).into_string()).into_response();
+    }
+    let steps: Vec<Value> = preview
+        .steps
+        .iter()
+        .map(|step| {
+            let undoable = step.verdict == agent_kernel::UndoVerdict::Undoable;
+            let reason = match step.refusal() {
+                _ if undoable => None,
+                reason if reason.is_empty() => Some("its tool is missing here".to_owned()),
+                reason => Some(reason),
+            };
+            json!({
+                "seq": step.step_seq,
+                "tool": step.tool_id,
+                "undoable": undoable,
+                "reason": reason,
+                "restores": step.restores,
+                "window_closes_at": step.window_closes_at_ms.map(agent_kernel_api::format_rfc3339_ms),
+            })
+        })
+        .collect();
+    axum::Json(json!({
+        "saga_id": preview.saga_id,
+        "state": preview.state,
+        "undoable": preview.undoable(false),
+        "refused": preview.refused,
+        "steps": steps,
+    }))
+    .into_response()
 }

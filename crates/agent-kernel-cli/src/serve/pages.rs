@@ -176,6 +176,9 @@ pub(crate) fn saga(record: &SagaRecord, approval: Option<&ApprovalView>, csrf: &
         &format!("Saga {}", saga.saga_id),
         Some(csrf),
         html! {
+            @if saga.state == SagaState::Done {
+                p { a href={ "/sagas/" (saga.saga_id.as_str()) "/undo" } { "What would an undo do?" } }
+            }
             dl {
                 dt { "state" } dd.state { (saga.state.as_str()) }
                 @if let Some(name) = &saga.name { dt { "name" } dd { (name) } }
@@ -291,6 +294,52 @@ pub(crate) fn sagas(
             @if let Some(next) = next {
                 p { a.next href={ "/sagas?" (filters.query_string(Some(next))) } { "Older sagas →" } }
             }
+        },
+    )
+}
+
+/// What an undo of a saga would do, step by step, last first; the undo itself is the
+/// command line's for now.
+pub(crate) fn undo_preview(preview: &agent_kernel::UndoPreview, csrf: &str) -> Markup {
+    page_of(
+        &format!("Undo saga {}?", preview.saga_id),
+        Some(csrf),
+        html! {
+            p { "Saga " a href={ "/sagas/" (preview.saga_id.as_str()) } { code { (preview.saga_id.as_str()) } } " is " (preview.state.as_str()) "." }
+            @if preview.nothing_to_undo {
+                p { "Nothing to undo." }
+            } @else if let Some(refused) = &preview.refused {
+                p.error { "An undo would be refused: " (refused) }
+            } @else {
+                table.undo {
+                    thead { tr { th { "step" } th { "tool" } th { "window closes" } th { "undo" } th { "it would" } } }
+                    tbody {
+                        @for step in &preview.steps {
+                            tr {
+                                td.num { (step.step_seq) }
+                                td { code { (step.tool_id) } }
+                                td { @if let Some(at_ms) = step.window_closes_at_ms { (format_ms(at_ms)) } }
+                                td {
+                                    @if step.verdict == agent_kernel::UndoVerdict::Undoable {
+                                        "can be undone"
+                                    } @else if step.refusal().is_empty() {
+                                        "its tool is missing here"
+                                    } @else {
+                                        span.warning { (step.refusal()) }
+                                    }
+                                }
+                                td { @if let Some(restores) = &step.restores { (restores) } }
+                            }
+                        }
+                    }
+                }
+                @if preview.undoable(false) {
+                    p { "Every step can be undone." }
+                } @else {
+                    p.warning { "An undo would be refused as things stand." }
+                }
+            }
+            p.hint { "Nothing was undone. To undo it: " code { "agent-kernel undo --saga " (preview.saga_id.as_str()) " --reason TEXT" } " (the console's undo comes next)." }
         },
     )
 }

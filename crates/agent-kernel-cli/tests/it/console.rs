@@ -712,3 +712,49 @@ fn the_saga_list_filters_and_pages_by_key() {
         page.body
     );
 }
+
+#[test]
+fn the_undo_preview_says_what_an_undo_would_do_and_undoes_nothing() {
+    let project = Project::new();
+    fs::write(project.path("sandbox.toml"), "[fs]\nallow = [\"ws\"]\n").expect("writes");
+    fs::write(project.path("ws/a.txt"), "before").expect("writes");
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [{"tool": "fs.write", "args": {"path": "ws/a.txt", "content": "after"}}]}),
+    );
+    let ran = project.run(&["--json", "run", "--plan", plan.to_str().expect("utf-8")]);
+    let (code, report) = json_output(&ran);
+    assert_eq!(code, 0, "{}", describe(&ran));
+    let saga_id = report["saga_id"].as_str().expect("id").to_owned();
+    let console = Console::start(&project, &[]);
+    let path = format!("/sagas/{saga_id}/undo");
+    let (status, preview) = console.get_json(&path);
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(preview["undoable"], true, "{preview}");
+    assert_eq!(preview["steps"][0]["tool"], "fs.write");
+    assert_eq!(preview["steps"][0]["undoable"], true);
+    assert_eq!(preview["steps"][0]["reason"], Value::Null);
+    // Someone else changes the file: the preview says so, and nothing is undone.
+    fs::write(project.path("ws/a.txt"), "a person's edit").expect("writes");
+    let (status, preview) = console.get_json(&path);
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(preview["undoable"], false, "{preview}");
+    assert_eq!(preview["steps"][0]["undoable"], false);
+    assert!(
+        preview["steps"][0]["reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("--force")),
+        "{preview}"
+    );
+    let bearer = console.bearer();
+    let page = console.send("GET", &path, &[("Authorization", &bearer)], "");
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("Nothing was undone"), "{}", page.body);
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "a person's edit"
+    );
+    assert_eq!(project.latest_saga().expect("a saga").1, "Done");
+    let (status, _) = console.get_json("/sagas/no-such-saga/undo");
+    assert_eq!(status, 404);
+}
