@@ -77,6 +77,7 @@ mod canonical;
 mod clock;
 mod entry;
 mod files;
+mod list;
 mod log;
 mod observed;
 mod plan;
@@ -96,11 +97,12 @@ pub use canonical::{canonical_json, write_json_string};
 pub use clock::{Clock, IdSource, format_rfc3339_ms};
 pub use entry::{Compensate, DynTool, Misdeclaration, Probe, Tool, ToolEntry};
 pub use files::{Files, NoFiles};
+pub use list::{SagaListing, SagaQuery, SagaSummary};
 pub use log::{
     AbortCause, AuditEvent, BeginStep, CallRefusal, ConflictRecord, DuplicateStep, KeyBinding,
     LeaseStatus, LogWrite, NewSaga, OperatorCommand, Owner, PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX,
-    PlanDenial, PruneSagas, SagaAbort, SagaListing, SagaQuery, SagaRecord, SagaSummary, StepDenial,
-    StepRecord, TxError, TxLog, WriteOutcome,
+    PlanDenial, PruneSagas, SagaAbort, SagaRecord, StepDenial, StepRecord, TxError, TxLog,
+    WriteOutcome,
 };
 pub use observed::{ObservedLog, WriteObserver};
 pub use plan::{

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::list::{SagaListing, SagaQuery, SagaSummary};
 use crate::{
     ApprovalRecord, ApprovalRequest, ApprovalStatus, BoxFuture, ConsumeApproval, DeadLetter,
     DeadLetterStatus, DecideApproval, EffectClass, LockHolder, RecordDeadLetter, SagaId, SagaState,
@@ -405,58 +406,6 @@ impl KeyBinding {
             StepStatus::Begin | StepStatus::Commit | StepStatus::CompensationFailed => false,
         }
     }
-}
-
-/// One saga, without its steps.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SagaSummary {
-    /// The saga's id.
-    pub saga_id: SagaId,
-    /// The plan's label.
-    pub name: Option<String>,
-    /// Who ran it.
-    pub actor: Option<String>,
-    /// Where it stands.
-    pub state: SagaState,
-    /// The process that owns it.
-    pub owner: Owner,
-    /// How many steps the plan has.
-    pub n_steps: u32,
-    /// Whether it is a dry run (see [`NewSaga::dry_run`]).
-    #[serde(default)]
-    pub dry_run: bool,
-    /// When it was created, in ms since the Unix epoch.
-    pub created_at_ms: i64,
-    /// When it last changed, in ms since the Unix epoch.
-    pub updated_at_ms: i64,
-}
-
-/// Which sagas a page of the saga list holds ([`TxLog::saga_page`]): every filter given must
-/// hold; newest first, after `before` when given.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SagaQuery {
-    /// Only sagas in this state.
-    pub state: Option<SagaState>,
-    /// Only sagas of this actor.
-    pub actor: Option<String>,
-    /// Only sagas with a step of this tool.
-    pub tool: Option<String>,
-    /// Only sagas with a step whose arguments (their JSON) contain this text, letters A to Z
-    /// matched in either case.
-    pub text: Option<String>,
-    /// Only sagas older than this one (its `created_at_ms` and id): the previous page's last.
-    pub before: Option<(i64, SagaId)>,
-    /// At most this many.
-    pub limit: u32,
-}
-
-/// One saga of a page of the saga list.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SagaListing {
-    /// The saga.
-    pub saga: SagaSummary,
-    /// How many of its steps began.
-    pub n_begun: u32,
 }
 
 /// One step as the log holds it.

@@ -29,11 +29,7 @@ pub(crate) fn given_operator_key(given: Option<&Path>) -> Result<Option<Vec<u8>>
 pub(crate) async fn list_command(kernel: &Kernel, out: &Output) -> Result<u8, Failure> {
     let pending = operator::pending_approvals(kernel).await?;
     if out.is_json() {
-        let approvals: Vec<_> = pending
-            .iter()
-            .map(|view| approval_document(&view.request))
-            .collect();
-        crate::output::print_json(&json!({ "approvals": approvals }));
+        crate::output::print_json(&list_document(&pending));
         return Ok(exit::OK);
     }
     if pending.is_empty() {
@@ -83,6 +79,15 @@ pub(crate) async fn list_command(kernel: &Kernel, out: &Output) -> Result<u8, Fa
         "approve with `agent-kernel approve ID [--note TEXT]`, reject with `agent-kernel reject ID --reason TEXT`"
     );
     Ok(exit::OK)
+}
+
+/// The document of `approvals --json` (and of the console's inbox in JSON).
+pub(crate) fn list_document(pending: &[operator::ApprovalView]) -> serde_json::Value {
+    let approvals: Vec<_> = pending
+        .iter()
+        .map(|view| approval_document(&view.request))
+        .collect();
+    json!({ "approvals": approvals })
 }
 
 /// The whole canonical arguments for a person, hidden characters escaped, then one line

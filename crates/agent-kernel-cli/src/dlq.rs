@@ -9,7 +9,7 @@ use crate::output::{Output, format_ms, print_json, printable, table};
 use crate::{Failure, exit};
 
 /// A letter as the documents show it: `{id, saga_id, step, tool, error, attempts, …}`.
-pub(crate) fn letter_document(letter: &DeadLetter) -> Value {
+fn letter_document(letter: &DeadLetter) -> Value {
     json!({
         "id": letter.letter_id,
         "saga_id": letter.saga_id,
@@ -26,12 +26,17 @@ pub(crate) fn letter_document(letter: &DeadLetter) -> Value {
     })
 }
 
+/// The document of `dlq list --json` (and of the console's dead letters in JSON).
+pub(crate) fn list_document(letters: &[DeadLetter]) -> Value {
+    let letters: Vec<Value> = letters.iter().map(letter_document).collect();
+    json!({ "dead_letters": letters })
+}
+
 /// `dlq list`: the open letters, oldest first.
 pub(crate) async fn list_command(kernel: &Kernel, out: &Output) -> Result<u8, Failure> {
     let letters = operator::dead_letters(kernel).await?;
     if out.is_json() {
-        let letters: Vec<Value> = letters.iter().map(letter_document).collect();
-        print_json(&json!({ "dead_letters": letters }));
+        print_json(&list_document(&letters));
         return Ok(exit::OK);
     }
     if letters.is_empty() {

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use agent_kernel::operator::ApprovalView;
-use agent_kernel::{Kernel, KernelError, SystemClock, approval_document, operator};
+use agent_kernel::{Kernel, KernelError, SystemClock, operator};
 use agent_kernel_api::{Clock as _, SagaId, SagaQuery};
 
 use axum::Router;
@@ -522,11 +522,7 @@ async fn approvals(
         Err(error) => return failed(json, &error),
     };
     if json {
-        let approvals: Vec<Value> = pending
-            .iter()
-            .map(|view| approval_document(&view.request))
-            .collect();
-        return axum::Json(json!({ "approvals": approvals })).into_response();
+        return axum::Json(crate::approvals::list_document(&pending)).into_response();
     }
     Html(pages::approvals(&pending, access.csrf()).into_string()).into_response()
 }
@@ -624,8 +620,7 @@ async fn dead_letters(
         Err(error) => return failed(json, &error),
     };
     if json {
-        let letters: Vec<Value> = letters.iter().map(crate::dlq::letter_document).collect();
-        return axum::Json(json!({ "dead_letters": letters })).into_response();
+        return axum::Json(crate::dlq::list_document(&letters)).into_response();
     }
     Html(pages::dead_letters(&letters, access.csrf()).into_string()).into_response()
 }
@@ -815,16 +810,11 @@ async fn undo_preview(
         .steps
         .iter()
         .map(|step| {
-            let undoable = step.verdict == agent_kernel::UndoVerdict::Undoable;
-            let reason = match step.refusal() {
-                _ if undoable => None,
-                reason if reason.is_empty() => Some("its tool is missing here".to_owned()),
-                reason => Some(reason),
-            };
+            let reason = pages::undo_refusal(step);
             json!({
                 "seq": step.step_seq,
                 "tool": step.tool_id,
-                "undoable": undoable,
+                "undoable": reason.is_none(),
                 "reason": reason,
                 "restores": step.restores,
                 "window_closes_at": step.window_closes_at_ms.map(agent_kernel_api::format_rfc3339_ms),

@@ -298,6 +298,17 @@ pub(crate) fn sagas(
     )
 }
 
+/// Why an undo would refuse `step`, or `None` when it can be undone.
+pub(crate) fn undo_refusal(step: &agent_kernel::UndoStepPreview) -> Option<String> {
+    if step.verdict == agent_kernel::UndoVerdict::Undoable {
+        return None;
+    }
+    Some(match step.refusal() {
+        reason if reason.is_empty() => "its tool is missing here".to_owned(),
+        reason => reason,
+    })
+}
+
 /// What an undo of a saga would do, step by step, last first; the undo itself is the
 /// command line's for now.
 pub(crate) fn undo_preview(preview: &agent_kernel::UndoPreview, csrf: &str) -> Markup {
@@ -320,12 +331,9 @@ pub(crate) fn undo_preview(preview: &agent_kernel::UndoPreview, csrf: &str) -> M
                                 td { code { (step.tool_id) } }
                                 td { @if let Some(at_ms) = step.window_closes_at_ms { (format_ms(at_ms)) } }
                                 td {
-                                    @if step.verdict == agent_kernel::UndoVerdict::Undoable {
-                                        "can be undone"
-                                    } @else if step.refusal().is_empty() {
-                                        "its tool is missing here"
-                                    } @else {
-                                        span.warning { (step.refusal()) }
+                                    @match undo_refusal(step) {
+                                        None => "can be undone",
+                                        Some(reason) => span.warning { (reason) },
                                     }
                                 }
                                 td { @if let Some(restores) = &step.restores { (restores) } }

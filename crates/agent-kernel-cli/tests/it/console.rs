@@ -199,6 +199,15 @@ impl Answer {
     }
 }
 
+/// The CSRF token a page's first form carries.
+fn form_csrf(page: &str) -> String {
+    page.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a form's CSRF token")
+        .to_owned()
+}
+
 /// The pending requests, as the command line lists them.
 fn pending(project: &Project) -> Value {
     let (code, document) = project.run_json(&["approvals"]);
@@ -302,13 +311,7 @@ fn a_browser_signs_in_and_decides_once_with_its_csrf_token_and_never_from_anothe
     let inbox = console.send("GET", "/approvals", &[("Cookie", &cookie)], "");
     assert_eq!(inbox.status, 200);
     assert!(inbox.body.contains(&approval_id), "{}", inbox.body);
-    let csrf = inbox
-        .body
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .expect("the form's CSRF token")
-        .to_owned();
+    let csrf = form_csrf(&inbox.body);
     assert_eq!(csrf.len(), 64);
 
     let approve = format!("/approvals/{approval_id}/approve");
@@ -584,13 +587,7 @@ fn hostile_requests_are_refused_and_change_nothing() {
         .to_owned();
     let page = console.send("GET", "/", &[("Cookie", &cookie)], "");
     assert!(page.body.contains("action=\"/logout\""), "{}", page.body);
-    let csrf = page
-        .body
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .expect("the sign-out form's CSRF token")
-        .to_owned();
+    let csrf = form_csrf(&page.body);
     // A fetch from another site without an Origin still says so.
     let with_cookie = [
         ("Cookie", cookie.as_str()),
