@@ -33,6 +33,7 @@ for _ in range(100):
     nxt = json.loads(b)["next"]
     path = "/sagas?limit=500&after=" + nxt
 deep = nxt
+old_saga = deep.split(":", 1)[1]
 cases = [
     ("list, first page (50)", "/sagas", "application/json", 200),
     ("list, page after 50,000 sagas", "/sagas?after=" + deep, "application/json", 200),
@@ -42,6 +43,9 @@ cases = [
     ("timeline, JSON", "/sagas/" + saga_id, "application/json", 200),
     ("timeline, HTML", "/sagas/" + saga_id, "text/html", 200),
     ("overview (counts by state)", "/", "application/json", 50),
+    ("overview, HTML (with the pending requests and dead processes' sagas)", "/", "text/html", 50),
+    ("a saga's audit records, newest saga", "/sagas/" + saga_id + "/audit", "application/json", 20),
+    ("a saga's audit records, a saga 50,000 back", "/sagas/" + old_saga + "/audit", "application/json", 3),
     ("list, text matching no step (q=zzz)", "/sagas?q=zzz", "application/json", 5),
 ]
 for name, path, accept, n in cases:
@@ -53,4 +57,25 @@ for name, path, accept, n in cases:
     times.sort()
     p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
     print(f"| {name} | {n} | {statistics.median(times):.1f} | {p99:.1f} |")
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+# The live-updates watcher's cost: the console's CPU over 20 s idle, without and with one
+# listener on /events (with one, the counts by state are read every 2 s).
+import socket
+for listeners in (0, 1):
+    conns = []
+    for _ in range(listeners):
+        c = socket.create_connection(tuple(host.rsplit(":", 1)[0:1]) + (int(host.rsplit(":", 1)[1]),))
+        c.sendall(f"GET /events HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+        conns.append(c)
+    time.sleep(1)
+    before = cpu_seconds(proc.pid)
+    time.sleep(20)
+    used = cpu_seconds(proc.pid) - before
+    print(f"| idle, {listeners} listener(s) on /events | 20 s | CPU {used / 20 * 100:.1f}% of a core |")
+    for c in conns:
+        c.close()
 proc.terminate(); proc.wait()

@@ -94,7 +94,7 @@ pub use approval::{
     MAX_APPROVAL_TIMEOUT_MS, MAX_DECISION_NOTE_BYTES, RecordDeadLetter, SettleDeadLetter,
 };
 pub use canonical::{canonical_json, write_json_string};
-pub use clock::{Clock, IdSource, format_rfc3339_ms};
+pub use clock::{Clock, IdSource, format_rfc3339_ms, parse_utc_ms};
 pub use entry::{Compensate, DynTool, Misdeclaration, Probe, Tool, ToolEntry};
 pub use files::{Files, NoFiles};
 pub use list::{SagaListing, SagaQuery, SagaSummary};

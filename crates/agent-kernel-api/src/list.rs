@@ -38,6 +38,12 @@ pub struct SagaQuery {
     pub actor: Option<String>,
     /// Only sagas with a step of this tool.
     pub tool: Option<String>,
+    /// Only sagas of this name (the plan's label).
+    pub name: Option<String>,
+    /// Only sagas created at or after this time, in ms since the Unix epoch.
+    pub created_from_ms: Option<i64>,
+    /// Only sagas created before this time, in ms since the Unix epoch.
+    pub created_until_ms: Option<i64>,
     /// Only sagas with a step whose arguments (their JSON) contain this text, letters A to Z
     /// matched in either case.
     pub text: Option<String>,

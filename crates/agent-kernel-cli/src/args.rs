@@ -149,7 +149,7 @@ pub(crate) struct ServeArgs {
     /// The operator key, for decisions on requests whose policy names one
     #[arg(long, value_name = "FILE")]
     pub(crate) operator_key_file: Option<PathBuf>,
-    /// A TLS certificate (PEM), for a console beyond loopback (not served yet)
+    /// A TLS certificate chain (PEM): the console answers over https; needed beyond loopback
     #[arg(long, value_name = "PATH")]
     pub(crate) tls_cert: Option<PathBuf>,
     /// The TLS certificate's key (PEM)

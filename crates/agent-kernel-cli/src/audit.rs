@@ -376,20 +376,24 @@ pub(crate) async fn off_thread<T: Send + 'static>(
         .map_err(|_| Failure::internal(anyhow::anyhow!("{what} stopped before it finished")))
 }
 
+/// The document of `audit verify --json` (and of the console's `POST /audit/verify`).
+pub(crate) fn report_document(report: &AuditReport) -> serde_json::Value {
+    json!({
+        "ok": report.is_intact(),
+        "n_records": report.n_records,
+        "first_bad": report.first_bad.as_ref().map(|bad| json!({
+            "seq": bad.seq,
+            "reason": bad.reason,
+        })),
+        "head": report.head,
+        "head_file": report.head_file,
+        "macs_verified": report.macs_verified,
+    })
+}
+
 fn print_report(report: &AuditReport, json: bool) {
     if json {
-        let document = json!({
-            "ok": report.is_intact(),
-            "n_records": report.n_records,
-            "first_bad": report.first_bad.as_ref().map(|bad| json!({
-                "seq": bad.seq,
-                "reason": bad.reason,
-            })),
-            "head": report.head,
-            "head_file": report.head_file,
-            "macs_verified": report.macs_verified,
-        });
-        crate::output::print_json(&document);
+        crate::output::print_json(&report_document(report));
     } else {
         match &report.first_bad {
             None => println!(

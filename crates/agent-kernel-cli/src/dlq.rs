@@ -106,6 +106,7 @@ pub(crate) async fn retry_command(
         &operator::RetryRequest {
             letter_id: letter_id.to_owned(),
             force,
+            by: None,
         },
     )
     .await?;

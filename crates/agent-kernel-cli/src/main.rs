@@ -487,7 +487,7 @@ async fn watch_round(kernel: &Kernel, out: &output::Output) -> Result<(), Kernel
 /// The audit key (`--audit-key-file`, else `$AGENT_KERNEL_AUDIT_KEY`), read once per
 /// process: a command that both checks and opens the log reads the key file (and warns about
 /// its mode) once.
-fn audit_key(cli: &Cli) -> Result<Option<agent_kernel_txlog::AuditKey>, Failure> {
+pub(crate) fn audit_key(cli: &Cli) -> Result<Option<agent_kernel_txlog::AuditKey>, Failure> {
     static KEY: std::sync::OnceLock<Result<Option<agent_kernel_txlog::AuditKey>, String>> =
         std::sync::OnceLock::new();
     KEY.get_or_init(|| {
@@ -665,7 +665,7 @@ pub(crate) fn require_log(cli: &Cli) -> Result<(), Failure> {
 
 /// What the kernel's tools will be asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Compensation {
+pub(crate) enum Compensation {
     /// Run plans: the sandbox policy applies.
     AndExecution,
     /// Only compensate logged steps (`recover`, `rollback`). The log is data, never
@@ -716,6 +716,49 @@ fn open_kernel_exporting(
     drills: bool,
     live: Option<agent_kernel_otel::LiveConfig>,
 ) -> Result<(Arc<Kernel>, Option<agent_kernel_otel::LiveExporter>), Failure> {
+    let opened = open_unconfined(cli, durability, purpose, operator_options, drills)?;
+    let path = db_path(cli);
+    let exporter = match live {
+        None => None,
+        Some(_) if is_postgres(cli) => {
+            tracing::warn!(
+                "OTLP export follows an SQLite log's file only so far: this process's sagas on a PostgreSQL log are not exported (SPEC.md, Known gaps)"
+            );
+            None
+        }
+        Some(config) => {
+            let url = config.url.clone();
+            let exporter =
+                agent_kernel_otel::LiveExporter::start(path.clone(), this_process()?, config)
+                    .map_err(|message| {
+                        Failure::internal(anyhow::anyhow!(
+                            "cannot start the OTLP export: {message}"
+                        ))
+                    })?;
+            tracing::info!(%url, "sending this process's sagas as spans over OTLP/HTTP");
+            Some(exporter)
+        }
+    };
+    // The second line: from here on, this thread and every thread it starts (the tools'
+    // blocking work included) can reach only the allowed roots; command tools' programs
+    // start from a launcher thread started just before, each confined to what its tool
+    // declares. The log's writer thread and the exporter started above keep their access.
+    opened
+        .confine()
+        .map_err(|error| Failure::internal(anyhow::Error::new(error)))?;
+    Ok((opened.kernel, exporter))
+}
+
+/// A kernel opened as [`open_kernel`] opens it, the process not yet confined: for a caller
+/// that starts what must keep its access outside the roots (the console's thread for the
+/// audit check) before it calls [`Opened::confine`](agent_kernel::Opened::confine) once.
+pub(crate) fn open_unconfined(
+    cli: &Cli,
+    durability: Durability,
+    purpose: Compensation,
+    operator_options: Vec<String>,
+    drills: bool,
+) -> Result<agent_kernel::Opened, Failure> {
     let mut builder = wiring(cli)
         .durability(durability)
         .operator_options(operator_options)
@@ -751,7 +794,7 @@ fn open_kernel_exporting(
     }
     let path = db_path(cli);
     let existed = log_exists(&path);
-    let opened = builder.policy(policy).open().map_err(|error| match error {
+    builder.policy(policy).open().map_err(|error| match error {
         KernelError::Log(error) => log_failure(
             error,
             existed,
@@ -759,34 +802,5 @@ fn open_kernel_exporting(
         ),
         KernelError::Setup(_) => Failure::bad_input(error),
         other => Failure::from(other),
-    })?;
-    let exporter = match live {
-        None => None,
-        Some(_) if is_postgres(cli) => {
-            tracing::warn!(
-                "OTLP export follows an SQLite log's file only so far: this process's sagas on a PostgreSQL log are not exported (SPEC.md, Known gaps)"
-            );
-            None
-        }
-        Some(config) => {
-            let url = config.url.clone();
-            let exporter =
-                agent_kernel_otel::LiveExporter::start(path.clone(), this_process()?, config)
-                    .map_err(|message| {
-                        Failure::internal(anyhow::anyhow!(
-                            "cannot start the OTLP export: {message}"
-                        ))
-                    })?;
-            tracing::info!(%url, "sending this process's sagas as spans over OTLP/HTTP");
-            Some(exporter)
-        }
-    };
-    // The second line: from here on, this thread and every thread it starts (the tools'
-    // blocking work included) can reach only the allowed roots; command tools' programs
-    // start from a launcher thread started just before, each confined to what its tool
-    // declares. The log's writer thread and the exporter started above keep their access.
-    opened
-        .confine()
-        .map_err(|error| Failure::internal(anyhow::Error::new(error)))?;
-    Ok((opened.kernel, exporter))
+    })
 }

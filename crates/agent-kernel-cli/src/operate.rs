@@ -159,6 +159,7 @@ pub(crate) async fn undo(cli: &Cli, out: &Output, args: &UndoArgs) -> Result<u8,
         &agent_kernel::UndoRequest {
             reason: reason.clone().unwrap_or_default(),
             force: *force,
+            by: None,
         },
         &progress::StepProgress::hidden(),
     )

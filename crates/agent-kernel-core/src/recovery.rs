@@ -82,31 +82,46 @@ impl Kernel {
     ///
     /// [`KernelError::Log`] when the log cannot be read.
     pub async fn has_recoverable_sagas(&self) -> Result<bool, KernelError> {
+        Ok(!self.recoverable(true).await?.is_empty())
+    }
+
+    /// The sagas [`recover`](Self::recover) would settle now, oldest first: the unsettled
+    /// sagas of processes that are no longer running (and of this kernel's own owner), but
+    /// not those left waiting on purpose for an approval still open. Reads only.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::Log`] when the log cannot be read.
+    pub async fn recoverable_sagas(&self) -> Result<Vec<SagaSummary>, KernelError> {
+        self.recoverable(false).await
+    }
+
+    /// [`recoverable_sagas`](Self::recoverable_sagas), only the first with `first_only`.
+    async fn recoverable(&self, first_only: bool) -> Result<Vec<SagaSummary>, KernelError> {
         let mut gone = HashMap::new();
+        let mut found = Vec::new();
         for saga in self.log.unfinished_sagas().await? {
             if self.live.contains(&saga.saga_id) {
                 continue;
             }
-            if saga.owner.is_detached() {
+            let recoverable = if saga.owner.is_detached() {
                 // Left waiting on purpose: recoverable only once its request is settled.
-                let waiting = self
+                !self
                     .log
                     .saga_approval(&saga.saga_id)
                     .await?
-                    .is_some_and(|approval| self.still_open(&approval));
-                if waiting {
-                    continue;
+                    .is_some_and(|approval| self.still_open(&approval))
+            } else {
+                saga.owner == self.env.owner || self.owner_gone(&saga.owner, &mut gone).await?
+            };
+            if recoverable {
+                found.push(saga);
+                if first_only {
+                    break;
                 }
-                return Ok(true);
-            }
-            if saga.owner == self.env.owner {
-                return Ok(true);
-            }
-            if self.owner_gone(&saga.owner, &mut gone).await? {
-                return Ok(true);
             }
         }
-        Ok(false)
+        Ok(found)
     }
 
     /// Whether a person may still act on `approval` (pending or approved, not expired): its

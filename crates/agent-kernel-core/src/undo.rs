@@ -21,6 +21,10 @@ pub struct UndoRequest {
     /// Undo a step even when what it left has changed since (another writer's work is then
     /// overwritten). Irreversible steps and closed windows are refused all the same.
     pub force: bool,
+    /// Who asks, as recorded with the request (`--operator NAME` among its options) when
+    /// the caller names its operator, as the console does; the operator's uid is recorded
+    /// either way.
+    pub by: Option<String>,
 }
 
 /// What [`Kernel::undo`] would do to one step, found without changing anything.
@@ -134,6 +138,16 @@ impl UndoPreview {
 }
 
 impl Kernel {
+    /// What compensating `step` would put back, in words, as its tool says (`None` when
+    /// the tool is missing here or does not say): for a dead letter's page. Reads only.
+    pub async fn step_restores(&self, step: &agent_kernel_api::StepRecord) -> Option<String> {
+        // An upstream server's tool is known once the server is asked.
+        let _ = self.tools.load(&step.tool_id).await;
+        self.tools
+            .get(&step.tool_id)?
+            .restores(&step.args, &step.undo, step.output.as_ref())
+    }
+
     /// What [`Kernel::undo`] would do to `saga_id`, without doing it: for each step it
     /// would compensate, last first, whether it can (its tool's reversibility, its undo
     /// window, whether what it left has changed since). Nothing is written; each tool's
@@ -272,6 +286,9 @@ impl Kernel {
         let mut options = vec!["--reason".to_owned(), request.reason.clone()];
         if request.force {
             options.push("--force".to_owned());
+        }
+        if let Some(by) = &request.by {
+            options.extend(["--operator".to_owned(), by.clone()]);
         }
         self.record_operator_command_with("undo", Some(saga_id), options)
             .await?;

@@ -372,4 +372,35 @@ pub async fn sagas_are_listed_by_page_and_filter(store: &dyn LogStore) {
             .expect("lists");
         assert_eq!(found.len(), expected, "{tool:?} {actor:?}");
     }
+    // Every saga is named `n`; the window is on creation, its start in and its end out.
+    let first_ms = all
+        .iter()
+        .map(|l| l.saga.created_at_ms)
+        .min()
+        .expect("some");
+    let last_ms = all
+        .iter()
+        .map(|l| l.saga.created_at_ms)
+        .max()
+        .expect("some");
+    for (name, from_ms, until_ms, expected) in [
+        (Some("n"), None, None, 3),
+        (Some("m"), None, None, 0),
+        (None, Some(first_ms), None, 3),
+        (None, Some(last_ms + 1), None, 0),
+        (None, None, Some(first_ms), 0),
+        (Some("n"), Some(first_ms), Some(last_ms + 1), 3),
+    ] {
+        let found = log
+            .saga_page(&SagaQuery {
+                name: name.map(str::to_owned),
+                created_from_ms: from_ms,
+                created_until_ms: until_ms,
+                limit: 10,
+                ..SagaQuery::default()
+            })
+            .await
+            .expect("lists");
+        assert_eq!(found.len(), expected, "{name:?} {from_ms:?} {until_ms:?}");
+    }
 }

@@ -224,6 +224,7 @@ async fn an_undo_needs_every_tool_and_its_preview_says_so() {
     let request = agent_kernel::UndoRequest {
         reason: "try".into(),
         force: true,
+        by: None,
     };
     let refused = operator::undo(&kernel, &done.saga_id, &request, &agent_kernel::NoObserver)
         .await

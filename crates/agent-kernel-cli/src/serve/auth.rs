@@ -129,10 +129,17 @@ impl Gate {
 }
 
 /// Whether a state-changing request comes from another site: its `Origin` (or, without
-/// one, `Sec-Fetch-Site`) names another origin than the `Host` it was sent to.
+/// one, `Sec-Fetch-Site`) names another origin than the `Host` it was sent to. An opaque
+/// `Origin: null` passes only with `Sec-Fetch-Site: same-origin`.
 pub(crate) fn is_cross_site(headers: &HeaderMap) -> bool {
     let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let fetch_site = text(header::HeaderName::from_static("sec-fetch-site"));
     if let Some(origin) = text(header::ORIGIN) {
+        if origin == "null" {
+            // An opaque origin (a page under `no-referrer`, a sandboxed frame, a file): only
+            // the browser's own word that it is this site lets it through.
+            return fetch_site != Some("same-origin");
+        }
         let host = text(header::HOST).unwrap_or_default();
         let origin_host = origin
             .strip_prefix("http://")
@@ -140,10 +147,7 @@ pub(crate) fn is_cross_site(headers: &HeaderMap) -> bool {
             .unwrap_or("");
         return origin_host.is_empty() || !origin_host.eq_ignore_ascii_case(host);
     }
-    headers
-        .get("sec-fetch-site")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|site| site == "cross-site")
+    fetch_site == Some("cross-site")
 }
 
 /// Whether the request names the console by a loopback name and its port (`Host`): a page
@@ -231,6 +235,15 @@ mod tests {
         assert!(is_cross_site(&headers));
         headers.insert(header::ORIGIN, "null".parse().expect("a header value"));
         assert!(is_cross_site(&headers));
+        // An opaque origin passes on the browser's word alone.
+        for (site, cross) in [
+            ("same-origin", false),
+            ("same-site", true),
+            ("cross-site", true),
+        ] {
+            headers.insert("sec-fetch-site", site.parse().expect("a header value"));
+            assert_eq!(is_cross_site(&headers), cross, "{site}");
+        }
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //! carry the session's CSRF token. A POST from another site is refused whatever it carries.
 
 mod auth;
+mod events;
+mod outside;
 mod pages;
+mod tls;
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -15,9 +18,9 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use agent_kernel::operator::ApprovalView;
-use agent_kernel::{Kernel, KernelError, SystemClock, operator};
-use agent_kernel_api::{Clock as _, SagaId, SagaQuery};
+use agent_kernel::operator::{ApprovalView, OperatorLock};
+use agent_kernel::{AuditKey, Kernel, KernelError, SystemClock, operator};
+use agent_kernel_api::{Clock as _, SagaId, SagaQuery, SagaSummary};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -29,14 +32,18 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 use self::auth::{Access, Gate, SESSION_COOKIE, SESSION_TTL, TOKEN_MIN_CHARS};
+use self::outside::Outside;
+use crate::Compensation;
 use crate::args::{Cli, ServeArgs};
 use crate::output::{Output, saga_record_document};
 use crate::{Failure, exit};
+use agent_kernel_api::Durability;
 use axum::extract::DefaultBodyLimit;
 
-/// The Content-Security-Policy of every answer: nothing but the console's own style sheet,
-/// forms posted to the console only, never framed.
-const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+/// The Content-Security-Policy of every answer: nothing but the console's own style sheet
+/// and script (which may reach the console alone), forms posted to the console only, never
+/// framed.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 /// How many sagas a page of the list holds unless asked (`limit`).
 const PAGE_SAGAS_DEFAULT: u32 = 50;
@@ -44,15 +51,36 @@ const PAGE_SAGAS_DEFAULT: u32 = 50;
 /// The most sagas a page of the list holds.
 const PAGE_SAGAS_MAX: u32 = 500;
 
+/// The most audit records a saga's timeline shows (the newest).
+const SAGA_AUDIT_RECORDS: u32 = 200;
+
 /// The largest request body read.
 const BODY_BYTES_MAX: usize = 64 * 1024;
 
 /// What every handler shares.
 struct Console {
+    /// The kernel of decisions and of every read, as `approve` opens it.
     kernel: Arc<Kernel>,
+    /// The kernel of `undo` and dead letters' retries, which compensates from the log's
+    /// records as `undo` and `dlq retry` do; `None` without a sandbox policy, without which
+    /// no file step could be compensated.
+    compensating: Option<Arc<Kernel>>,
+    /// The thread that kept its access to the log's folder: the audit check and the
+    /// operator lock run there.
+    outside: Outside,
+    /// The log (a file, or a PostgreSQL URL).
+    db: PathBuf,
+    audit_key: Option<AuditKey>,
+    /// The audit chain's last check by this console, for the overview.
+    last_check: std::sync::Mutex<Option<AuditCheck>>,
+    /// The changes `GET /events` sends.
+    events: events::Events,
     gate: Gate,
     /// The port it listens on, which every request's `Host` must name.
     port: u16,
+    /// Whether it answers over TLS (its cookie is then `Secure`, and the certificate, not
+    /// the `Host`, keeps other sites' names out).
+    tls: bool,
     /// Who decides, as recorded (`--operator`); `None`: the process's user.
     operator: Option<String>,
     operator_key: Option<Vec<u8>>,
@@ -73,16 +101,17 @@ pub(crate) async fn serve(cli: &Cli, out: &Output, args: &ServeArgs) -> Result<u
             "--tls-cert and --tls-key go together; nothing was started"
         )));
     }
-    if !listen.ip().is_loopback() {
+    if !listen.ip().is_loopback() && (args.tls_cert.is_none() || args.token_file.is_none()) {
         return Err(Failure::bad_input(anyhow::anyhow!(
-            "--listen {listen}: a console beyond loopback needs --token-file and TLS, and this build serves TLS not yet; listen on 127.0.0.1 and reach it through an SSH tunnel or a TLS proxy; nothing was started"
+            "--listen {listen}: a console beyond loopback needs --token-file and TLS (--tls-cert and --tls-key); nothing was started"
         )));
     }
-    if args.tls_cert.is_some() {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "--tls-cert: this build serves TLS not yet (on loopback it needs none); nothing was started"
-        )));
-    }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::server_config(cert, key).map_err(|message| {
+            Failure::bad_input(anyhow::anyhow!("{message}; nothing was started"))
+        })?),
+        _ => None,
+    };
     crate::require_log(cli)?;
     let operator_key = crate::approvals::given_operator_key(args.operator_key_file.as_deref())?;
     let (token, token_file) = console_token(cli, args.token_file.as_deref())?;
@@ -95,15 +124,55 @@ pub(crate) async fn serve(cli: &Cli, out: &Output, args: &ServeArgs) -> Result<u
     let bound = listener
         .local_addr()
         .map_err(|error| Failure::internal(anyhow::Error::new(error)))?;
-    let kernel = crate::open_kernel_for_approvals(cli)?;
+    let audit_key = crate::audit_key(cli)?;
+    // Both kernels open, and the outside thread started, before the process confines
+    // itself: from then on only that thread (and the logs' own) reach the log's folder.
+    let opened = crate::open_unconfined(
+        cli,
+        Durability::Full,
+        Compensation::AndExecution,
+        Vec::new(),
+        true,
+    )?;
+    let compensating = if opened.policy().source().is_some() {
+        Some(
+            crate::open_unconfined(cli, Durability::Full, Compensation::Only, Vec::new(), true)?
+                .kernel,
+        )
+    } else {
+        tracing::warn!(
+            "no sandbox policy: the console cannot undo sagas or retry dead letters (pass the policy the sagas ran under with --sandbox)"
+        );
+        None
+    };
+    let outside = Outside::start().map_err(|error| {
+        Failure::internal(anyhow::anyhow!(
+            "cannot start the console's thread for the audit check: {error}"
+        ))
+    })?;
+    opened
+        .confine()
+        .map_err(|error| Failure::internal(anyhow::Error::new(error)))?;
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let events = events::Events::start(opened.kernel.clone(), stopping).await?;
     let console = Arc::new(Console {
-        kernel,
+        events,
+        kernel: opened.kernel,
+        compensating,
+        outside,
+        db: crate::db_path(cli),
+        audit_key,
+        last_check: std::sync::Mutex::new(None),
         gate: Gate::new(token),
         port: bound.port(),
+        tls: tls.is_some(),
         operator: args.operator.clone(),
         operator_key,
     });
-    let url = format!("http://{bound}/");
+    let url = format!(
+        "{}://{bound}/",
+        if tls.is_some() { "https" } else { "http" }
+    );
     eprintln!(
         "the operator console is at {url} (the token is in {}); Ctrl-C stops it",
         token_file.display()
@@ -115,10 +184,21 @@ pub(crate) async fn serve(cli: &Cli, out: &Output, args: &ServeArgs) -> Result<u
         let _ = writeln!(stdout, "{line}");
         let _ = stdout.flush();
     }
-    axum::serve(listener, router(console))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|error| Failure::internal(anyhow::Error::new(error)))?;
+    let served = match tls {
+        Some(config) => {
+            let listener = tls::TlsListener::start(listener, config)
+                .map_err(|error| Failure::internal(anyhow::Error::new(error)))?;
+            axum::serve(listener, router(console))
+                .with_graceful_shutdown(shutdown_signal(stop))
+                .await
+        }
+        None => {
+            axum::serve(listener, router(console))
+                .with_graceful_shutdown(shutdown_signal(stop))
+                .await
+        }
+    };
+    served.map_err(|error| Failure::internal(anyhow::Error::new(error)))?;
     Ok(exit::OK)
 }
 
@@ -175,8 +255,14 @@ fn console_token(cli: &Cli, given: Option<&Path>) -> Result<(String, PathBuf), F
     Ok((token, path))
 }
 
+/// Until SIGINT or SIGTERM; then `stop` tells the event streams to end.
+async fn shutdown_signal(stop: tokio::sync::watch::Sender<bool>) {
+    until_signal().await;
+    let _ = stop.send(true);
+}
+
 /// Until SIGINT or SIGTERM.
-async fn shutdown_signal() {
+async fn until_signal() {
     let interrupt = tokio::signal::ctrl_c();
     let mut terminate =
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -200,15 +286,23 @@ fn router(console: Shared) -> Router {
         .route("/approvals/{id}/reject", post(reject))
         .route("/sagas", get(sagas))
         .route("/sagas/{id}", get(saga))
-        .route("/sagas/{id}/undo", get(undo_preview))
+        .route("/sagas/{id}/undo", get(undo_preview).post(undo))
+        .route("/sagas/{id}/audit", get(saga_audit))
         .route("/dead-letters", get(dead_letters))
+        .route("/dead-letters/{id}/retry", post(retry))
         .route("/dead-letters/{id}/resolve", post(resolve))
+        .route("/audit/verify", post(verify))
+        .route(
+            "/events",
+            get(|State(console): State<Shared>| async move { console.events.stream() }),
+        )
         .route("/logout", post(logout))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(console.clone(), guard))
         .route("/healthz", get(|| async { "ok" }))
         .route("/login", get(login_form).post(login))
         .route("/assets/console.css", get(style))
+        .route("/assets/console.js", get(script))
         .layer(middleware::from_fn_with_state(console.clone(), named_host))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .layer(middleware::map_response(secure_headers))
@@ -223,7 +317,8 @@ async fn secure_headers(mut response: Response) -> Response {
         ("content-security-policy", CONTENT_SECURITY_POLICY),
         ("x-content-type-options", "nosniff"),
         ("x-frame-options", "DENY"),
-        ("referrer-policy", "no-referrer"),
+        // Not `no-referrer`: under it a browser's form posts carry `Origin: null`.
+        ("referrer-policy", "same-origin"),
         ("cache-control", "no-store"),
     ] {
         headers.insert(name, HeaderValue::from_static(value));
@@ -255,10 +350,12 @@ fn refusal(json: bool, status: StatusCode, message: &str) -> Response {
         .into_response()
 }
 
-/// Every request names the console by a loopback name and its port: a page of another site
-/// that made its own name resolve to 127.0.0.1 (DNS rebinding) does not.
+/// Every request over plain HTTP names the console by a loopback name and its port: a page
+/// of another site that made its own name resolve to 127.0.0.1 (DNS rebinding) does not.
 async fn named_host(State(console): State<Shared>, request: Request, next: Next) -> Response {
-    if auth::is_host_of(request.headers(), console.port) {
+    // Over TLS a browser checks the certificate against the name it asked for: a rebound
+    // name fails there.
+    if console.tls || auth::is_host_of(request.headers(), console.port) {
         return next.run(request).await;
     }
     refusal(
@@ -376,6 +473,14 @@ async fn style() -> Response {
         .into_response()
 }
 
+async fn script() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        pages::SCRIPT,
+    )
+        .into_response()
+}
+
 async fn login_form(State(console): State<Shared>, headers: HeaderMap) -> Response {
     if console.gate.access(&headers).is_some() {
         return Redirect::to("/").into_response();
@@ -424,8 +529,9 @@ async fn login(State(console): State<Shared>, headers: HeaderMap, body: Bytes) -
     }
     let session = console.gate.start_session();
     let cookie = format!(
-        "{SESSION_COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
-        SESSION_TTL.as_secs()
+        "{SESSION_COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{}",
+        SESSION_TTL.as_secs(),
+        if console.tls { "; Secure" } else { "" }
     );
     (
         StatusCode::SEE_OTHER,
@@ -454,9 +560,11 @@ fn failed(json: bool, error: &KernelError) -> Response {
         KernelError::SagaNotFound(_)
         | KernelError::ApprovalNotFound(_)
         | KernelError::DeadLetterNotFound(_) => StatusCode::NOT_FOUND,
-        KernelError::ApprovalClosed { .. } | KernelError::DeadLetterClosed { .. } => {
-            StatusCode::CONFLICT
-        }
+        KernelError::ApprovalClosed { .. }
+        | KernelError::DeadLetterClosed { .. }
+        | KernelError::UndoRefused { .. }
+        | KernelError::TakenOver(_)
+        | KernelError::Tampered { .. } => StatusCode::CONFLICT,
         KernelError::OperatorKeyRequired(_) | KernelError::OperatorKeyMismatch(_) => {
             StatusCode::FORBIDDEN
         }
@@ -488,7 +596,7 @@ async fn overview(
         Err(error) => return failed(json, &KernelError::Log(error)),
     };
     let pending = match operator::pending_approvals(kernel).await {
-        Ok(pending) => pending.len(),
+        Ok(pending) => pending,
         Err(error) => return failed(json, &error),
     };
     let letters = match operator::dead_letters(kernel).await {
@@ -502,12 +610,29 @@ async fn overview(
             .collect();
         return axum::Json(json!({
             "counts": counts,
-            "approvals_pending": pending,
+            "approvals_pending": pending.len(),
             "dead_letters_open": letters,
         }))
         .into_response();
     }
-    Html(pages::overview(&counts, pending, letters, access.csrf()).into_string()).into_response()
+    let orphans: Vec<SagaSummary> = match kernel.recoverable_sagas().await {
+        Ok(orphans) => orphans,
+        Err(error) => return failed(json, &error),
+    };
+    let last_check = console.last_check.lock().ok().and_then(|last| last.clone());
+    Html(
+        pages::overview(&pages::Overview {
+            counts: &counts,
+            pending: &pending,
+            dead_letters_open: letters,
+            orphans: &orphans,
+            last_check: last_check.as_ref(),
+            now_ms: SystemClock.now_ms(),
+            csrf: access.csrf(),
+        })
+        .into_string(),
+    )
+    .into_response()
 }
 
 /// `GET /approvals`: as `approvals --json`, or the inbox.
@@ -608,6 +733,33 @@ async fn saga(
     Html(pages::saga(&record, approval.as_ref(), access.csrf()).into_string()).into_response()
 }
 
+/// `GET /sagas/ID/audit`: the saga's audit records, as `audit list --saga ID --json`
+/// (newest first, at most [`SAGA_AUDIT_RECORDS`]), or a page of them oldest first. Read on
+/// demand: the chain has no index by saga, so this reads back from its end.
+async fn saga_audit(
+    State(console): State<Shared>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+    axum::Extension(access): axum::Extension<Access>,
+) -> Response {
+    let json = wants_json(&headers);
+    let saga_id = SagaId::new(id);
+    if let Err(error) = operator::saga(console.kernel.log().as_ref(), &saga_id).await {
+        return failed(json, &error);
+    }
+    let records = console.saga_audit_records(&saga_id).await;
+    if json {
+        return match records {
+            Ok(mut records) => {
+                records.reverse();
+                axum::Json(json!({"records": records})).into_response()
+            }
+            Err(message) => refusal(json, StatusCode::CONFLICT, &message),
+        };
+    }
+    Html(pages::saga_audit(&saga_id, &records, access.csrf()).into_string()).into_response()
+}
+
 /// `GET /dead-letters`: as `dlq list --json`, or the list with a form to resolve each.
 async fn dead_letters(
     State(console): State<Shared>,
@@ -622,7 +774,22 @@ async fn dead_letters(
     if json {
         return axum::Json(crate::dlq::list_document(&letters)).into_response();
     }
-    Html(pages::dead_letters(&letters, access.csrf()).into_string()).into_response()
+    // What each compensation would put back, as its tool says.
+    let mut restores = Vec::with_capacity(letters.len());
+    for letter in &letters {
+        let record = console.kernel.log().saga(&letter.saga_id).await;
+        let step = record.ok().flatten().and_then(|record| {
+            record
+                .steps
+                .into_iter()
+                .find(|step| step.step_seq == letter.step_seq)
+        });
+        restores.push(match step {
+            Some(step) => console.kernel.step_restores(&step).await,
+            None => None,
+        });
+    }
+    Html(pages::dead_letters(&letters, &restores, access.csrf()).into_string()).into_response()
 }
 
 /// `POST /dead-letters/ID/resolve` (`note`): the letter settled by hand, recorded as the
@@ -661,6 +828,9 @@ pub(crate) struct ListFilters {
     pub(crate) tool: String,
     pub(crate) actor: String,
     pub(crate) text: String,
+    pub(crate) name: String,
+    pub(crate) from: String,
+    pub(crate) until: String,
     pub(crate) limit: Option<u32>,
 }
 
@@ -673,6 +843,9 @@ impl ListFilters {
             ("tool", &self.tool),
             ("actor", &self.actor),
             ("q", &self.text),
+            ("name", &self.name),
+            ("from", &self.from),
+            ("until", &self.until),
         ] {
             if !value.is_empty() {
                 query.append_pair(name, value);
@@ -688,7 +861,8 @@ impl ListFilters {
     }
 }
 
-/// The query of `GET /sagas?state=&tool=&actor=&q=&limit=&after=`, or why it is bad input.
+/// The query of `GET /sagas?state=&tool=&actor=&q=&name=&from=&until=&limit=&after=`, or
+/// why it is bad input.
 fn list_query(raw: Option<&str>) -> Result<(ListFilters, SagaQuery), String> {
     let mut filters = ListFilters::default();
     let mut after = None;
@@ -699,6 +873,9 @@ fn list_query(raw: Option<&str>) -> Result<(ListFilters, SagaQuery), String> {
             "tool" => filters.tool = value,
             "actor" => filters.actor = value,
             "q" => filters.text = value,
+            "name" => filters.name = value,
+            "from" => filters.from = value,
+            "until" => filters.until = value,
             "limit" if !value.is_empty() => {
                 let limit = value
                     .parse::<u32>()
@@ -733,12 +910,27 @@ fn list_query(raw: Option<&str>) -> Result<(ListFilters, SagaQuery), String> {
                 .ok_or_else(|| format!("`after` {cursor:?} is not a cursor this list gave"))
         })
         .transpose()?;
+    let time = |field: &str, text: &str| -> Result<Option<i64>, String> {
+        if text.is_empty() {
+            return Ok(None);
+        }
+        agent_kernel_api::parse_utc_ms(text).map(Some).ok_or_else(|| {
+            format!(
+                "`{field}` {text:?} is not a time: give a UTC date and time such as 2026-12-01 or 2026-12-01T14:30"
+            )
+        })
+    };
+    let created_from_ms = time("from", &filters.from)?;
+    let created_until_ms = time("until", &filters.until)?;
     let given = |text: &str| (!text.is_empty()).then(|| text.to_owned());
     let query = SagaQuery {
         state,
         actor: given(&filters.actor),
         tool: given(&filters.tool),
         text: given(&filters.text),
+        name: given(&filters.name),
+        created_from_ms,
+        created_until_ms,
         before,
         // One more, to know whether a next page exists.
         limit: filters.limit.unwrap_or(PAGE_SAGAS_DEFAULT) + 1,
@@ -829,4 +1021,239 @@ async fn undo_preview(
         "steps": steps,
     }))
     .into_response()
+}
+
+/// The audit chain's last check by this console: when, and what it found.
+#[derive(Debug, Clone)]
+pub(crate) struct AuditCheck {
+    /// When it ran, in ms since the Unix epoch.
+    pub(crate) at_ms: i64,
+    /// How many records it checked (`None`: the log predates the chain).
+    pub(crate) n_records: Option<u64>,
+    /// The first bad record and why (`None`: intact).
+    pub(crate) first_bad: Option<(u64, String)>,
+}
+
+impl Console {
+    /// The kernel that compensates, or the refusal of a console started without a policy.
+    fn compensating(&self, json: bool) -> Result<&Arc<Kernel>, Box<Response>> {
+        self.compensating.as_ref().ok_or_else(|| {
+            Box::new(refusal(
+                json,
+                StatusCode::CONFLICT,
+                "this console was started without a sandbox policy, so it cannot compensate: restart it with --sandbox and the policy the sagas ran under; nothing was done",
+            ))
+        })
+    }
+
+    /// The audit records about `saga_id`, oldest first (at most [`SAGA_AUDIT_RECORDS`]),
+    /// read from the log's file on the outside thread; on PostgreSQL, or when they cannot
+    /// be read, why not.
+    async fn saga_audit_records(
+        &self,
+        saga_id: &SagaId,
+    ) -> Result<Vec<agent_kernel_txlog::AuditRecord>, String> {
+        if agent_kernel::is_postgres(&self.db) {
+            return Err(
+                "the audit records of a PostgreSQL log are read with `agent-kernel audit verify` only so far"
+                    .to_owned(),
+            );
+        }
+        let query = agent_kernel_txlog::AuditQuery {
+            saga_id: Some(saga_id.as_str().to_owned()),
+            limit: SAGA_AUDIT_RECORDS,
+            ..agent_kernel_txlog::AuditQuery::default()
+        };
+        let db = self.db.clone();
+        let records = self
+            .outside
+            .run(async move { operator::audit_records(&db, query).await })
+            .await
+            .and_then(|records| records)
+            .map_err(|error| format!("cannot read its audit records: {error}"))?;
+        Ok(records.into_iter().rev().collect())
+    }
+
+    fn remember(&self, check: AuditCheck) {
+        if let Ok(mut last) = self.last_check.lock() {
+            *last = Some(check);
+        }
+    }
+
+    /// What a compensating action takes first, as `undo` and `dlq retry` do: the operator
+    /// lock of the log (one compensating action at a time, this console's or a command
+    /// line's), then the audit chain's word for the undo records it acts on.
+    async fn before_compensating(&self, json: bool) -> Result<OperatorLock, Response> {
+        let db = self.db.clone();
+        let lock = self
+            .outside
+            .run(async move { OperatorLock::acquire(&db, operator::OPERATOR_LOCK_WAIT).await })
+            .await
+            .and_then(|locked| locked)
+            .map_err(|error| match error {
+                // Another action holds it: that is a conflict, not bad input.
+                KernelError::InvalidRequest(message) => {
+                    refusal(json, StatusCode::CONFLICT, &message)
+                }
+                error => failed(json, &error),
+            })?;
+        let (db, key) = (self.db.clone(), self.audit_key.clone());
+        let vouched = self
+            .outside
+            .run(async move { operator::vouch_for_log(&db, key).await })
+            .await
+            .and_then(|vouched| vouched);
+        let at_ms = SystemClock.now_ms();
+        match vouched {
+            Ok(operator::Vouched::Intact) => Ok(lock),
+            Ok(operator::Vouched::PredatesChain) => {
+                self.remember(AuditCheck {
+                    at_ms,
+                    n_records: None,
+                    first_bad: None,
+                });
+                Ok(lock)
+            }
+            Err(KernelError::Tampered { seq, reason }) => {
+                self.remember(AuditCheck {
+                    at_ms,
+                    n_records: None,
+                    first_bad: Some((seq, reason.clone())),
+                });
+                Err(refusal(
+                    json,
+                    StatusCode::CONFLICT,
+                    &format!(
+                        "the log failed its audit check at record {seq}: {reason}; nothing was done, since its undo records cannot be trusted (see Audit, or `agent-kernel audit verify`)"
+                    ),
+                ))
+            }
+            Err(error) => Err(failed(json, &error)),
+        }
+    }
+}
+
+/// Whether a form's checkbox or a JSON boolean field is set.
+fn flag(fields: &Fields, name: &str) -> bool {
+    fields
+        .get(name)
+        .is_some_and(|value| matches!(value.as_str(), "true" | "on" | "1" | "yes"))
+}
+
+/// `POST /sagas/ID/undo` (`reason`, `force`): the saga undone as `undo --saga ID` does,
+/// recorded as the console's operator; answers its record as `log --saga ID --json`.
+async fn undo(
+    State(console): State<Shared>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+    axum::Extension(fields): axum::Extension<Fields>,
+) -> Response {
+    let json = wants_json(&headers);
+    let Some(reason) = fields.get("reason") else {
+        return refusal(
+            json,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "an undo needs a reason (field `reason`); nothing was undone",
+        );
+    };
+    let kernel = match console.compensating(json) {
+        Ok(kernel) => kernel,
+        Err(refused) => return *refused,
+    };
+    let _lock = match console.before_compensating(json).await {
+        Ok(lock) => lock,
+        Err(refused) => return refused,
+    };
+    let saga_id = SagaId::new(id);
+    let request = agent_kernel::UndoRequest {
+        reason,
+        force: flag(&fields, "force"),
+        by: console.operator.clone(),
+    };
+    match operator::undo(kernel, &saga_id, &request, &agent_kernel::NoObserver).await {
+        Ok(report) => console
+            .events
+            .send(json!({"type": "saga", "saga_id": saga_id, "state": report.state})),
+        Err(error) => return failed(json, &error),
+    }
+    if !json {
+        return Redirect::to(&format!("/sagas/{}", saga_path(&saga_id))).into_response();
+    }
+    match operator::saga(console.kernel.log().as_ref(), &saga_id).await {
+        Ok(record) => axum::Json(saga_record_document(&record)).into_response(),
+        Err(error) => failed(json, &error),
+    }
+}
+
+/// A saga id as a path segment.
+fn saga_path(saga_id: &SagaId) -> String {
+    url::form_urlencoded::byte_serialize(saga_id.as_str().as_bytes()).collect()
+}
+
+/// `POST /dead-letters/ID/retry` (`force`): the compensation tried again now, as `dlq retry
+/// ID` does; `{"id", "status", "saga_state", "detail"}`, the status `retried` when it was
+/// compensated, still `open` when it failed again.
+async fn retry(
+    State(console): State<Shared>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+    axum::Extension(fields): axum::Extension<Fields>,
+    axum::Extension(access): axum::Extension<Access>,
+) -> Response {
+    let json = wants_json(&headers);
+    let kernel = match console.compensating(json) {
+        Ok(kernel) => kernel,
+        Err(refused) => return *refused,
+    };
+    let _lock = match console.before_compensating(json).await {
+        Ok(lock) => lock,
+        Err(refused) => return refused,
+    };
+    let request = operator::RetryRequest {
+        letter_id: id,
+        force: flag(&fields, "force"),
+        by: console.operator.clone(),
+    };
+    match operator::retry_dead_letter(kernel, &request).await {
+        Ok(outcome) if json => axum::Json(json!({
+            "id": outcome.letter.letter_id,
+            "status": outcome.letter.status,
+            "saga_state": outcome.saga_state,
+            "detail": outcome.detail,
+        }))
+        .into_response(),
+        Ok(outcome) => Html(pages::retried(&outcome, access.csrf()).into_string()).into_response(),
+        Err(error) => failed(json, &error),
+    }
+}
+
+/// `POST /audit/verify`: the whole audit chain checked now (`audit verify --json`).
+async fn verify(
+    State(console): State<Shared>,
+    headers: HeaderMap,
+    axum::Extension(access): axum::Extension<Access>,
+) -> Response {
+    let json = wants_json(&headers);
+    let (db, key) = (console.db.clone(), console.audit_key.clone());
+    let report = match console
+        .outside
+        .run(async move { operator::verify(&db, key).await })
+        .await
+        .and_then(|report| report)
+    {
+        Ok(report) => report,
+        Err(error) => return failed(json, &error),
+    };
+    console.remember(AuditCheck {
+        at_ms: SystemClock.now_ms(),
+        n_records: Some(report.n_records),
+        first_bad: report
+            .first_bad
+            .as_ref()
+            .map(|bad| (bad.seq, bad.reason.clone())),
+    });
+    if json {
+        return axum::Json(crate::audit::report_document(&report)).into_response();
+    }
+    Html(pages::audit(&report, access.csrf()).into_string()).into_response()
 }

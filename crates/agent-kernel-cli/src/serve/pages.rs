@@ -1,16 +1,22 @@
 //! The console's pages: server-rendered HTML, every string from the log escaped (an agent
-//! controls arguments and outputs), no script.
+//! controls arguments and outputs); one script of the console's own adds live updates.
 
+use agent_kernel::RetryOutcome;
 use agent_kernel::operator::ApprovalView;
-use agent_kernel_api::{DeadLetter, SagaListing, SagaRecord, SagaState};
+use agent_kernel_api::{DeadLetter, SagaListing, SagaRecord, SagaState, SagaSummary};
+use agent_kernel_txlog::{AuditRecord, AuditReport};
 
-use super::ListFilters;
+use super::{AuditCheck, ListFilters};
 use maud::{DOCTYPE, Markup, html};
 
 use crate::output::format_ms;
 
 /// The console's style sheet, served at `/assets/console.css`.
 pub(crate) const STYLE: &str = include_str!("console.css");
+
+/// The console's one script, served at `/assets/console.js`: live updates (`GET /events`)
+/// for a signed-in page; every page works without it.
+pub(crate) const SCRIPT: &str = include_str!("console.js");
 
 /// A whole page: `title`, the navigation (`None`: signed out; a session's CSRF token adds
 /// the sign-out form; a bearer's is empty), and `body`.
@@ -23,6 +29,9 @@ fn page_of(title: &str, csrf: Option<&str>, body: Markup) -> Markup {
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · agent-kernel" }
                 link rel="stylesheet" href="/assets/console.css";
+                @if csrf.is_some_and(|csrf| !csrf.is_empty()) {
+                    script src="/assets/console.js" defer {}
+                }
             }
             body {
                 header {
@@ -34,6 +43,7 @@ fn page_of(title: &str, csrf: Option<&str>, body: Markup) -> Markup {
                             a href="/approvals" { "Approvals" }
                             a href="/dead-letters" { "Dead letters" }
                         }
+                        span id="live" {}
                         @if !csrf.is_empty() {
                             form.signout method="post" action="/logout" {
                                 input type="hidden" name="csrf" value=(csrf);
@@ -70,39 +80,135 @@ pub(crate) fn login(error: Option<&str>) -> Markup {
     )
 }
 
-/// The overview: sagas by state, pending approvals, open dead letters.
-pub(crate) fn overview(
-    counts: &[(SagaState, u64)],
-    approvals_pending: usize,
-    dead_letters_open: usize,
-    csrf: &str,
-) -> Markup {
+/// What the overview shows.
+pub(crate) struct Overview<'a> {
+    pub(crate) counts: &'a [(SagaState, u64)],
+    pub(crate) pending: &'a [ApprovalView],
+    pub(crate) dead_letters_open: usize,
+    /// Unsettled sagas of processes no longer running, which `recover` would settle.
+    pub(crate) orphans: &'a [SagaSummary],
+    pub(crate) last_check: Option<&'a AuditCheck>,
+    pub(crate) now_ms: i64,
+    pub(crate) csrf: &'a str,
+}
+
+/// A duration in words: `45 s`, `12 min`, `3 h`, `2 d`.
+fn span(ms: i64) -> String {
+    let secs = ms.max(0) / 1000;
+    match secs {
+        0..60 => format!("{secs} s"),
+        60..3600 => format!("{} min", secs / 60),
+        3600..86_400 => format!("{} h", secs / 3600),
+        _ => format!("{} d", secs / 86_400),
+    }
+}
+
+/// The overview: what waits for a person (approvals with their age and expiry, dead
+/// letters, sagas of dead processes), sagas by state, and the audit chain's last check.
+pub(crate) fn overview(view: &Overview<'_>) -> Markup {
     page_of(
         "Overview",
-        Some(csrf),
+        Some(view.csrf),
         html! {
             section {
                 h2 { "Waiting for a person" }
-                ul {
-                    li { a href="/approvals" { (approvals_pending) " approval requests pending" } }
-                    li { (dead_letters_open) " dead letters open" }
-                }
-            }
-            section {
-                h2 { "Sagas by state" }
-                @if counts.is_empty() {
-                    p { "The log holds no saga yet." }
-                } @else {
-                    table {
-                        thead { tr { th { "state" } th.num { "sagas" } } }
+                p { a href="/approvals" { (view.pending.len()) " approval requests pending" } }
+                @if !view.pending.is_empty() {
+                    table.pending {
+                        thead { tr { th { "tool" } th { "saga" } th { "asked" } th { "expires in" } } }
                         tbody {
-                            @for (state, n) in counts {
-                                tr { td { (state.as_str()) } td.num { (n) } }
+                            @for approval in view.pending {
+                                @let request = &approval.request;
+                                tr {
+                                    td { a href={ "/approvals#approval-" (request.approval_id) } { code { (request.tool_id) } } }
+                                    td { a href={ "/sagas/" (request.saga_id.as_str()) } { code { (request.saga_id.as_str()) } } }
+                                    td { (span(view.now_ms - request.requested_at_ms)) " ago" }
+                                    td { (span(request.expires_at_ms - view.now_ms)) }
+                                }
+                            }
+                        }
+                    }
+                }
+                p { a href="/dead-letters" { (view.dead_letters_open) " dead letters open" } }
+                @if !view.orphans.is_empty() {
+                    p.warning {
+                        (view.orphans.len()) " unsettled sagas of processes that are no longer running; what they touched stays locked until "
+                        code { "agent-kernel recover" } " settles them:"
+                    }
+                    ul.orphans {
+                        @for saga in view.orphans {
+                            li {
+                                a href={ "/sagas/" (saga.saga_id.as_str()) } { code { (saga.saga_id.as_str()) } }
+                                " " (saga.state.as_str()) " (process " (saga.owner.pid) ")"
                             }
                         }
                     }
                 }
             }
+            section {
+                h2 { "Sagas by state" }
+                @if view.counts.is_empty() {
+                    p { "The log holds no saga yet." }
+                } @else {
+                    table.counts {
+                        thead { tr { th { "state" } th.num { "sagas" } } }
+                        tbody {
+                            @for (state, n) in view.counts {
+                                tr {
+                                    td { a href={ "/sagas?state=" (state.as_str()) } { (state.as_str()) } }
+                                    td.num { (n) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            section {
+                h2 { "Audit chain" }
+                @match view.last_check {
+                    None => p { "Not checked by this console yet." },
+                    Some(check) => {
+                        @match &check.first_bad {
+                            None => p.ok id="audit-last" {
+                                "Intact"
+                                @if let Some(n) = check.n_records { ": " (n) " records" }
+                                ", checked " (span(view.now_ms - check.at_ms)) " ago."
+                            },
+                            Some((seq, reason)) => p.error id="audit-last" {
+                                "Record " (seq) " is bad: " (reason) " (checked " (span(view.now_ms - check.at_ms)) " ago)."
+                            },
+                        }
+                    }
+                }
+                form method="post" action="/audit/verify" {
+                    input type="hidden" name="csrf" value=(view.csrf);
+                    button type="submit" { "Verify the chain now" }
+                }
+            }
+        },
+    )
+}
+
+/// What `POST /audit/verify` found.
+pub(crate) fn audit(report: &AuditReport, csrf: &str) -> Markup {
+    page_of(
+        "Audit chain",
+        Some(csrf),
+        html! {
+            @match &report.first_bad {
+                None => p.ok id="audit-verdict" {
+                    "Intact: " (report.n_records) " records verified"
+                    @if let Some(head) = &report.head { ", the head at record " (head.seq) }
+                    @if report.macs_verified { ", their MACs checked" }
+                    "."
+                },
+                Some(bad) if bad.seq == 0 => p.error id="audit-verdict" { "The log is bad: " (bad.reason) },
+                Some(bad) => p.error id="audit-verdict" { "Record " (bad.seq) " is bad: " (bad.reason) ". Nothing is undone or retried from this log until it is settled." },
+            }
+            @if !report.macs_verified && report.n_records_with_mac > 0 {
+                p.warning { "The records carry MACs, but this console was started without the audit key, so they were not checked (--audit-key-file)." }
+            }
+            p { a href="/" { "Back to the overview" } }
         },
     )
 }
@@ -191,13 +297,15 @@ pub(crate) fn saga(record: &SagaRecord, approval: Option<&ApprovalView>, csrf: &
                 }
             }
             table.timeline {
-                thead { tr { th { "step" } th { "tool" } th { "status" } th { "arguments" } th { "output or error" } th { "compensation" } } }
+                thead { tr { th { "step" } th { "tool" } th { "status" } th { "began" } th.num { "took" } th { "arguments" } th { "output or error" } th { "compensation" } } }
                 tbody {
                     @for step in &record.steps {
                         tr {
                             td.num { (step.step_seq) }
                             td { code { (step.tool_id) } }
                             td { (step.status) }
+                            td { (format_ms(step.created_at_ms)) }
+                            td.num { (millis(step.updated_at_ms - step.created_at_ms)) }
                             td { pre.args { (agent_kernel::shown_json(&step.args).text) } }
                             td {
                                 @if let Some(output) = &step.output {
@@ -227,8 +335,53 @@ pub(crate) fn saga(record: &SagaRecord, approval: Option<&ApprovalView>, csrf: &
                     pre.args { (view.args_shown) }
                 }
             }
+            p { a href={ "/sagas/" (saga.saga_id.as_str()) "/audit" } { "Its audit records" } }
         },
     )
+}
+
+/// A saga's audit records, oldest first, or why they cannot be shown.
+pub(crate) fn saga_audit(
+    saga_id: &agent_kernel_api::SagaId,
+    audit: &Result<Vec<AuditRecord>, String>,
+    csrf: &str,
+) -> Markup {
+    page_of(
+        &format!("Audit records of saga {saga_id}"),
+        Some(csrf),
+        html! {
+            p { a href={ "/sagas/" (saga_id.as_str()) } { "Back to its timeline" } }
+            @match audit {
+                Err(why) => p.hint { (why) },
+                Ok(records) if records.is_empty() => p { "None." },
+                Ok(records) => {
+                    table.audit {
+                        thead { tr { th.num { "record" } th { "at" } th { "kind" } th { "what it says" } } }
+                        tbody {
+                            @for audit_record in records {
+                                tr id={ "audit-" (audit_record.seq) } {
+                                    td.num { (audit_record.seq) }
+                                    td { (format_ms(audit_record.at_ms)) }
+                                    td { code { (audit_record.kind) } }
+                                    td { pre.args { (agent_kernel::shown_json(&audit_record.body).text) } }
+                                }
+                            }
+                        }
+                    }
+                    p.hint { "Whether the chain still verifies: the overview's “Verify the chain now”, or " code { "agent-kernel audit verify" } "." }
+                }
+            }
+        },
+    )
+}
+
+/// A step's duration, from its intent to its last record: `850 ms`, `12.4 s`.
+fn millis(ms: i64) -> String {
+    if ms < 10_000 {
+        format!("{} ms", ms.max(0))
+    } else {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    }
 }
 
 /// The states a saga can be in, for the list's filter.
@@ -268,7 +421,10 @@ pub(crate) fn sagas(
                 }
                 label { "Tool " input type="text" name="tool" value=(filters.tool); }
                 label { "Actor " input type="text" name="actor" value=(filters.actor); }
+                label { "Name " input type="text" name="name" value=(filters.name); }
                 label { "Text in arguments " input type="text" name="q" value=(filters.text); }
+                label { "Created from (UTC) " input type="text" name="from" value=(filters.from) placeholder="2026-12-01T09:00"; }
+                label { "until " input type="text" name="until" value=(filters.until) placeholder="2026-12-02"; }
                 button type="submit" { "Filter" }
             }
             @if page.is_empty() {
@@ -309,8 +465,8 @@ pub(crate) fn undo_refusal(step: &agent_kernel::UndoStepPreview) -> Option<Strin
     })
 }
 
-/// What an undo of a saga would do, step by step, last first; the undo itself is the
-/// command line's for now.
+/// What an undo of a saga would do, step by step, last first, and the form that confirms
+/// it with a reason.
 pub(crate) fn undo_preview(preview: &agent_kernel::UndoPreview, csrf: &str) -> Markup {
     page_of(
         &format!("Undo saga {}?", preview.saga_id),
@@ -343,18 +499,34 @@ pub(crate) fn undo_preview(preview: &agent_kernel::UndoPreview, csrf: &str) -> M
                 }
                 @if preview.undoable(false) {
                     p { "Every step can be undone." }
+                } @else if preview.undoable(true) {
+                    p.warning { "What some steps left has changed since: undoing them overwrites that later work, and is done only when you tick “force”." }
                 } @else {
                     p.warning { "An undo would be refused as things stand." }
                 }
+                @if preview.undoable(true) {
+                    form.confirm method="post" action={ "/sagas/" (preview.saga_id.as_str()) "/undo" } {
+                        input type="hidden" name="csrf" value=(csrf);
+                        label { "Reason " input type="text" name="reason" required; }
+                        @if !preview.undoable(false) {
+                            label { input type="checkbox" name="force" value="true"; " force: overwrite what changed since" }
+                        }
+                        button type="submit" { "Undo saga " (preview.saga_id.as_str()) }
+                    }
+                }
             }
-            p.hint { "Nothing was undone. To undo it: " code { "agent-kernel undo --saga " (preview.saga_id.as_str()) " --reason TEXT" } " (the console's undo comes next)." }
+            p.hint { "Nothing is undone until you confirm." }
         },
     )
 }
 
-/// The open dead letters, each with a form that resolves it (with the session's CSRF
-/// token).
-pub(crate) fn dead_letters(letters: &[DeadLetter], csrf: &str) -> Markup {
+/// The open dead letters, each with the forms that retry and resolve it (with the
+/// session's CSRF token).
+pub(crate) fn dead_letters(
+    letters: &[DeadLetter],
+    restores: &[Option<String>],
+    csrf: &str,
+) -> Markup {
     page_of(
         "Dead letters",
         Some(csrf),
@@ -362,7 +534,7 @@ pub(crate) fn dead_letters(letters: &[DeadLetter], csrf: &str) -> Markup {
             @if letters.is_empty() {
                 p { "No dead letter is open: every failed compensation is settled." }
             }
-            @for letter in letters {
+            @for (letter, restores) in letters.iter().zip(restores) {
                 article.request id={ "letter-" (letter.letter_id) } {
                     h2 { code { (letter.tool_id) } " · saga " a href={ "/sagas/" (letter.saga_id.as_str()) } { (letter.saga_id.as_str()) } " step " (letter.step_seq) }
                     dl {
@@ -373,7 +545,17 @@ pub(crate) fn dead_letters(letters: &[DeadLetter], csrf: &str) -> Markup {
                         dt { "next retry" } dd { (format_ms(letter.next_retry_at_ms)) }
                     }
                     p.error { (letter.error) }
-                    p.hint { "Retry it with " code { "agent-kernel dlq retry " (letter.letter_id) } " (not in the console yet), or, once you have settled it yourself, resolve it here:" }
+                    @if let Some(restores) = restores {
+                        p { "Its compensation would: " (restores) }
+                    }
+                    form.retry method="post" action={ "/dead-letters/" (letter.letter_id) "/retry" } {
+                        input type="hidden" name="csrf" value=(csrf);
+                        @if letter.error.starts_with("changed since") {
+                            label { input type="checkbox" name="force" value="true"; " force: compensate although what the step left has changed since" }
+                        }
+                        button type="submit" { "Retry the compensation" }
+                    }
+                    p.hint { "Or, once you have settled it yourself, resolve it:" }
                     form method="post" action={ "/dead-letters/" (letter.letter_id) "/resolve" } {
                         input type="hidden" name="csrf" value=(csrf);
                         label { "How it was settled " input type="text" name="note" required; }
@@ -388,4 +570,22 @@ pub(crate) fn dead_letters(letters: &[DeadLetter], csrf: &str) -> Markup {
 /// A page that says what went wrong (with the navigation, but no sign-out form).
 pub(crate) fn problem(title: &str, message: &str) -> Markup {
     page_of(title, Some(""), html! { p.error { (message) } })
+}
+
+/// What a retry of a dead letter did.
+pub(crate) fn retried(outcome: &RetryOutcome, csrf: &str) -> Markup {
+    let letter = &outcome.letter;
+    page_of(
+        &format!("Dead letter {}", letter.letter_id),
+        Some(csrf),
+        html! {
+            @if outcome.compensated() {
+                p.ok id="retry-outcome" { "Compensated: " (outcome.detail) }
+            } @else {
+                p.error id="retry-outcome" { "It failed again (attempt " (letter.attempts) "): " (outcome.detail) }
+            }
+            p { "Saga " a href={ "/sagas/" (letter.saga_id.as_str()) } { code { (letter.saga_id.as_str()) } } " is " (outcome.saga_state.as_str()) "." }
+            p { a href="/dead-letters" { "Back to the dead letters" } }
+        },
+    )
 }

@@ -85,8 +85,9 @@ impl Console {
         let url = started["url"].as_str().expect("a url");
         let address = url
             .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"))
             .and_then(|rest| rest.strip_suffix('/'))
-            .expect("http://ADDR/")
+            .expect("http://ADDR/ or https://ADDR/")
             .to_owned();
         let token_file = started["token_file"].as_str().expect("a path").to_owned();
         let token = fs::read_to_string(project.path(&token_file))
@@ -157,7 +158,7 @@ impl Console {
     }
 
     /// `POST path` with a JSON body and the token, asking for JSON.
-    fn post_json(&self, path: &str, body: &Value) -> (u16, Value) {
+    pub(crate) fn post_json(&self, path: &str, body: &Value) -> (u16, Value) {
         let bearer = self.bearer();
         let answer = self.send(
             "POST",
@@ -272,7 +273,7 @@ fn every_route_but_the_health_check_needs_the_token_and_answers_as_the_command_l
             "{}",
             page.body
         );
-        assert!(!page.body.contains("<script"), "{}", page.body);
+        assert!(!page.body.contains("<script>"), "{}", page.body);
         let policy = page.header("content-security-policy");
         assert!(policy.contains("default-src 'none'"), "{policy}");
         assert_eq!(page.header("x-frame-options"), "DENY");
@@ -445,8 +446,9 @@ fn a_console_beyond_loopback_or_with_a_weak_token_is_refused_before_it_starts() 
     assert!(!project.path("agent-kernel.db.console-token").exists());
 }
 
-#[test]
-fn dead_letters_are_listed_as_the_command_line_lists_them_and_resolved_once_with_a_note() {
+/// A project whose one saga added `item` to the notes and then failed, its compensation
+/// blocked (`ws/block`): one dead letter open, the saga `FailedRollbackPartial`.
+fn dead_letter_project(item: &str) -> Project {
     let project = Project::new();
     fs::write(project.path("note.py"), crate::dlq::NOTE_PY).expect("writes");
     fs::write(project.path("tools.toml"), crate::dlq::TOOLS_TOML).expect("writes");
@@ -454,12 +456,18 @@ fn dead_letters_are_listed_as_the_command_line_lists_them_and_resolved_once_with
     let plan = project.plan(
         "plan.json",
         &json!({"steps": [
-            {"tool": "note.add", "args": {"item": "<b>a</b>"}},
+            {"tool": "note.add", "args": {"item": item}},
             {"tool": "fault.fail", "args": {}},
         ]}),
     );
     let output = project.run(&["run", "--plan", plan.to_str().expect("utf-8")]);
     assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    project
+}
+
+#[test]
+fn dead_letters_are_listed_as_the_command_line_lists_them_and_resolved_once_with_a_note() {
+    let project = dead_letter_project("<b>a</b>");
     let console = Console::start(&project, &["--operator", "dave"]);
     let (status, listed) = console.get_json("/dead-letters");
     assert_eq!(status, 200, "{listed}");
@@ -746,7 +754,13 @@ fn the_undo_preview_says_what_an_undo_would_do_and_undoes_nothing() {
     let bearer = console.bearer();
     let page = console.send("GET", &path, &[("Authorization", &bearer)], "");
     assert_eq!(page.status, 200);
-    assert!(page.body.contains("Nothing was undone"), "{}", page.body);
+    assert!(
+        page.body.contains("Nothing is undone until you confirm"),
+        "{}",
+        page.body
+    );
+    // The confirm form asks for `force` only now that the file changed.
+    assert!(page.body.contains("name=\"force\""), "{}", page.body);
     assert_eq!(
         fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
         "a person's edit"
@@ -754,4 +768,487 @@ fn the_undo_preview_says_what_an_undo_would_do_and_undoes_nothing() {
     assert_eq!(project.latest_saga().expect("a saga").1, "Done");
     let (status, _) = console.get_json("/sagas/no-such-saga/undo");
     assert_eq!(status, 404);
+}
+
+/// A project whose one saga wrote `ws/a.txt` (`before` → `after`) and is `Done`; its id.
+fn done_project() -> (Project, String) {
+    let project = Project::new();
+    fs::write(project.path("sandbox.toml"), "[fs]\nallow = [\"ws\"]\n").expect("writes");
+    fs::write(project.path("ws/a.txt"), "before").expect("writes");
+    let plan = project.plan(
+        "plan.json",
+        &json!({"name": "rewrite a", "steps": [{"tool": "fs.write", "args": {"path": "ws/a.txt", "content": "after"}}]}),
+    );
+    let ran = project.run(&["--json", "run", "--plan", plan.to_str().expect("utf-8")]);
+    let (code, report) = json_output(&ran);
+    assert_eq!(code, 0, "{}", describe(&ran));
+    (project, report["saga_id"].as_str().expect("id").to_owned())
+}
+
+#[test]
+fn an_undo_needs_a_reason_runs_as_the_command_line_s_and_records_who_asked() {
+    let (project, saga_id) = done_project();
+    let console = Console::start(&project, &["--operator", "erin"]);
+    // The list's filters by name and by a window of creation (UTC).
+    for (query, expected) in [
+        ("name=rewrite+a", 1),
+        ("name=rewrite", 0),
+        ("from=2000-01-01&until=2999-12-31T23:59", 1),
+        ("until=2000-01-01", 0),
+        ("from=2999-01-01T00:00:00Z", 0),
+    ] {
+        let (status, page) = console.get_json(&format!("/sagas?{query}"));
+        assert_eq!(status, 200, "{query}: {page}");
+        assert_eq!(
+            page["sagas"].as_array().expect("a list").len(),
+            expected,
+            "{query}"
+        );
+    }
+    for bad in ["from=yesterday", "until=2026-02-30"] {
+        let (status, answer) = console.get_json(&format!("/sagas?{bad}"));
+        assert_eq!(status, 422, "{bad}: {answer}");
+    }
+    let path = format!("/sagas/{saga_id}/undo");
+    let (status, answer) = console.post_json(&path, &json!({}));
+    assert_eq!(status, 422, "{answer}");
+    // What it left changed: refused without `force`, nothing undone.
+    fs::write(project.path("ws/a.txt"), "a person's edit").expect("writes");
+    let (status, answer) = console.post_json(&path, &json!({"reason": "wrong file"}));
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "a person's edit"
+    );
+    assert_eq!(project.latest_saga().expect("a saga").1, "Done");
+    fs::write(project.path("ws/a.txt"), "after").expect("writes");
+
+    // A browser's undo: the session's CSRF token, then the timeline.
+    let login = console.send(
+        "POST",
+        "/login",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        &format!("token={}", console.token),
+    );
+    let cookie = login
+        .header("set-cookie")
+        .split(';')
+        .next()
+        .expect("a cookie")
+        .to_owned();
+    let preview = console.send("GET", &path, &[("Cookie", &cookie)], "");
+    assert!(
+        preview.body.contains(&format!("action=\"{path}\"")),
+        "{}",
+        preview.body
+    );
+    let csrf = form_csrf(&preview.body);
+    let refused = console.send(
+        "POST",
+        &path,
+        &[
+            ("Cookie", &cookie),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        "reason=no+csrf",
+    );
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    assert_eq!(project.latest_saga().expect("a saga").1, "Done");
+    let undone = console.send(
+        "POST",
+        &path,
+        &[
+            ("Cookie", &cookie),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        &format!("csrf={csrf}&reason=the+agent+misread+the+ticket"),
+    );
+    assert_eq!(undone.status, 303, "{}", undone.body);
+    assert_eq!(undone.header("location"), format!("/sagas/{saga_id}"));
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "before"
+    );
+    assert_eq!(project.latest_saga().expect("a saga").1, "Undone");
+    let (status, record) = console.get_json(&format!("/sagas/{saga_id}"));
+    assert_eq!(status, 200);
+    let (_, logged) = project.run_json(&["log", "--saga", &saga_id]);
+    assert_eq!(record, logged);
+    // Its audit records, as the command line lists them, the undo among them.
+    let (status, audit) = console.get_json(&format!("/sagas/{saga_id}/audit"));
+    assert_eq!(status, 200, "{audit}");
+    let (_, listed) = project.run_json(&["audit", "list", "--saga", &saga_id, "--limit", "200"]);
+    assert_eq!(audit, listed);
+    assert!(
+        audit.to_string().contains("the agent misread the ticket"),
+        "{audit}"
+    );
+    let page = console.send(
+        "GET",
+        &format!("/sagas/{saga_id}/audit"),
+        &[("Cookie", &cookie)],
+        "",
+    );
+    assert!(page.body.contains("Audit records of saga"), "{}", page.body);
+    let (status, _) = console.get_json("/sagas/no-such-saga/audit");
+    assert_eq!(status, 404);
+    let (_, audit) = project.run_json(&["audit", "list", "--kind", "Operator", "--limit", "1"]);
+    let text = audit.to_string();
+    assert!(text.contains("undo") && text.contains("erin"), "{audit}");
+    let (status, _) = console.post_json("/sagas/no-such-saga/undo", &json!({"reason": "x"}));
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn a_dead_letter_is_retried_from_the_console_and_a_tampered_log_undoes_nothing() {
+    let project = dead_letter_project("a");
+    let console = Console::start(&project, &["--operator", "dave"]);
+    let (_, listed) = console.get_json("/dead-letters");
+    let id = listed["dead_letters"][0]["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let retry = format!("/dead-letters/{id}/retry");
+    // Still blocked: it fails again, and stays open with one more attempt.
+    let (status, answer) = console.post_json(&retry, &json!({}));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["status"], "open", "{answer}");
+    let (_, listed) = console.get_json("/dead-letters");
+    assert_eq!(listed["dead_letters"][0]["attempts"], 2, "{listed}");
+    fs::remove_file(project.path("ws/block")).expect("unblocks");
+    let (status, answer) = console.post_json(&retry, &json!({"force": false}));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["id"], id.as_str());
+    assert_eq!(answer["status"], "retried", "{answer}");
+    assert_eq!(answer["saga_state"], "FailedRolledBack", "{answer}");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/notes.txt")).expect("reads"),
+        ""
+    );
+    let (status, answer) = console.post_json(&retry, &json!({}));
+    assert_eq!(status, 409, "{answer}");
+    let (_, audit) = project.run_json(&[
+        "audit",
+        "list",
+        "--kind",
+        "DeadLetterSettled",
+        "--limit",
+        "1",
+    ]);
+    assert!(audit.to_string().contains("dave"), "{audit}");
+
+    // The chain verifies as the command line says; then a record is edited behind the
+    // console's back: the check names it, and nothing is retried or undone.
+    let (status, verified) = console.post_json("/audit/verify", &json!({}));
+    assert_eq!(status, 200, "{verified}");
+    let (code, cli) = project.run_json(&["audit", "verify"]);
+    assert_eq!(code, 0, "{cli}");
+    assert_eq!(verified, cli);
+    assert_eq!(verified["ok"], true);
+    let db = rusqlite::Connection::open(project.db()).expect("opens");
+    db.execute("UPDATE audit_log SET at_ms = at_ms + 1 WHERE seq = 3", [])
+        .expect("edits");
+    drop(db);
+    let (status, verified) = console.post_json("/audit/verify", &json!({}));
+    assert_eq!(status, 200, "{verified}");
+    assert_eq!(verified["ok"], false, "{verified}");
+    assert_eq!(verified["first_bad"]["seq"], 3, "{verified}");
+    let bearer = console.bearer();
+    let overview = console.send("GET", "/", &[("Authorization", &bearer)], "");
+    assert!(
+        overview.body.contains("Record 3 is bad"),
+        "{}",
+        overview.body
+    );
+    let (status, answer) = console.post_json(&retry, &json!({}));
+    assert_eq!(status, 409, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("record 3")),
+        "{answer}"
+    );
+}
+
+#[test]
+fn a_console_without_a_policy_reads_and_decides_but_compensates_nothing() {
+    let (project, saga_id) = done_project();
+    fs::remove_file(project.path("sandbox.toml")).expect("removes");
+    let console = Console::start(&project, &[]);
+    let (status, _) = console.get_json(&format!("/sagas/{saga_id}"));
+    assert_eq!(status, 200);
+    let (status, answer) =
+        console.post_json(&format!("/sagas/{saga_id}/undo"), &json!({"reason": "x"}));
+    assert_eq!(status, 409, "{answer}");
+    assert!(answer.to_string().contains("--sandbox"), "{answer}");
+    assert_eq!(project.latest_saga().expect("a saga").1, "Done");
+}
+
+/// `GET /events`, its answer's head read: from here on every change is sent to it.
+struct EventStream(BufReader<TcpStream>);
+
+impl EventStream {
+    fn open(console: &Console) -> Self {
+        let mut stream = TcpStream::connect(&console.address).expect("connects");
+        let request = format!(
+            "GET /events HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nAccept: text/event-stream\r\n\r\n",
+            console.address,
+            console.bearer()
+        );
+        stream.write_all(request.as_bytes()).expect("sends");
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("reads the status");
+        assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+        while line.trim_end() != "" {
+            line.clear();
+            reader.read_line(&mut line).expect("reads a header");
+        }
+        reader
+            .get_ref()
+            .set_read_timeout(Some(std::time::Duration::from_millis(200)))
+            .expect("a timeout");
+        Self(reader)
+    }
+
+    /// The `data:` of each event, until `done` holds for those read or `max` passes.
+    fn until(
+        mut self,
+        max: std::time::Duration,
+        mut done: impl FnMut(&[Value]) -> bool,
+    ) -> Vec<Value> {
+        let deadline = std::time::Instant::now() + max;
+        let mut events = Vec::new();
+        let mut line = String::new();
+        while std::time::Instant::now() < deadline && !done(&events) {
+            match self.0.read_line(&mut line) {
+                Ok(0) => break,
+                Ok(_) if line.ends_with('\n') => {
+                    if let Some(data) = line.trim_end().strip_prefix("data: ") {
+                        events.push(serde_json::from_str(data).expect("JSON data"));
+                    }
+                    line.clear();
+                }
+                Ok(_) => {}
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(error) => panic!("{error}"),
+            }
+        }
+        events
+    }
+}
+
+#[test]
+fn live_events_tell_of_a_new_request_its_decision_and_the_saga_s_end() {
+    let (project, saga_id, approval_id) = waiting_project("");
+    let console = Console::start(&project, &[]);
+    let stream = EventStream::open(&console);
+    let watcher = std::thread::spawn(move || {
+        stream.until(std::time::Duration::from_secs(60), |events| {
+            events
+                .iter()
+                .any(|event| event["type"] == "saga" && event["state"] == "Done")
+                && events.iter().any(|event| event["type"] == "approval")
+        })
+    });
+    // Whatever process makes the change: the command line decides, then resumes.
+    let (code, decided) = project.run_json(&["approve", &approval_id]);
+    assert_eq!(code, 0, "{decided}");
+    let (code, resumed) = project.run_json(&["resume", "--saga", &saga_id]);
+    assert_eq!(code, 0, "{resumed}");
+    let events = watcher.join().expect("the watcher");
+    assert!(
+        events.iter().any(|event| event["type"] == "approval"
+            && event["id"] == approval_id.as_str()
+            // Resumed within one look of the watcher, it may be seen used already.
+            && (event["status"] == "approved" || event["status"] == "consumed")),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|event| event["type"] == "saga"
+            && event["saga_id"] == saga_id.as_str()
+            && event["state"] == "Done"),
+        "{events:?}"
+    );
+    let refused = console.send("GET", "/events", &[], "");
+    assert_eq!(refused.status, 401);
+    // A browser's page loads the script; a bearer's answer has no use for it.
+    let login = console.send(
+        "POST",
+        "/login",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        &format!("token={}", console.token),
+    );
+    let cookie = login
+        .header("set-cookie")
+        .split(';')
+        .next()
+        .expect("a cookie")
+        .to_owned();
+    let page = console.send("GET", "/", &[("Cookie", &cookie)], "");
+    assert!(
+        page.body.contains("src=\"/assets/console.js\""),
+        "{}",
+        page.body
+    );
+    let script = console.send("GET", "/assets/console.js", &[], "");
+    assert_eq!(script.status, 200);
+    assert!(script.body.contains("EventSource(\"/events\")"));
+
+    // A browser listening does not keep SIGTERM from stopping the console.
+    let _listening = EventStream::open(&console);
+    let mut console = console;
+    let pid = rustix::process::Pid::from_child(&console.child);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("signals");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = console.child.try_wait().expect("waits") {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the console still runs 20 s after SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+}
+
+/// A self-signed certificate for `localhost` and 127.0.0.1, written to `cert.pem` and
+/// `key.pem` in the project; a TLS client configuration that trusts it.
+fn certificate(project: &Project) -> std::sync::Arc<tokio_rustls::rustls::ClientConfig> {
+    use tokio_rustls::rustls;
+    let rcgen::CertifiedKey { cert, signing_key } =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+            .expect("a certificate");
+    fs::write(project.path("cert.pem"), cert.pem()).expect("writes");
+    fs::write(project.path("key.pem"), signing_key.serialize_pem()).expect("writes");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).expect("a root");
+    std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    )
+}
+
+/// One request over TLS to `address`, naming `host`, its `head` (request line and
+/// headers) and `body`; the raw answer.
+fn https(
+    config: &std::sync::Arc<tokio_rustls::rustls::ClientConfig>,
+    address: &str,
+    host: &str,
+    head: &str,
+    body: &str,
+) -> String {
+    use tokio_rustls::rustls;
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("a name");
+    let connection = rustls::ClientConnection::new(config.clone(), name).expect("a connection");
+    let socket = TcpStream::connect(address).expect("connects");
+    let mut stream = rustls::StreamOwned::new(connection, socket);
+    let request = format!(
+        "{head}\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).expect("sends");
+    let mut answer = Vec::new();
+    // A peer that closes without `close_notify` is still an answer read whole.
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8(answer).expect("utf-8")
+}
+
+#[test]
+fn over_tls_the_console_answers_https_only_and_may_listen_beyond_loopback() {
+    let (project, _) = done_project();
+    let client = certificate(&project);
+    fs::write(
+        project.path("console.token"),
+        "a-token-of-32-characters-or-so-x\n",
+    )
+    .expect("writes");
+    let tls = ["--tls-cert", "cert.pem", "--tls-key", "key.pem"];
+    let console = Console::start(&project, &tls);
+    let bearer = console.bearer();
+    let answer = https(
+        &client,
+        &console.address,
+        &console.address,
+        &format!("GET / HTTP/1.1\r\nAccept: application/json\r\nAuthorization: {bearer}"),
+        "",
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"counts\""), "{answer}");
+    let login = https(
+        &client,
+        &console.address,
+        &console.address,
+        "POST /login HTTP/1.1\r\nContent-Type: application/x-www-form-urlencoded",
+        &format!("token={}", console.token),
+    );
+    assert!(login.contains("; Secure"), "{login}");
+    // Plain HTTP on the TLS port gets no HTTP answer.
+    let mut plain = TcpStream::connect(&console.address).expect("connects");
+    plain
+        .write_all(format!("GET /healthz HTTP/1.1\r\nHost: {}\r\n\r\n", console.address).as_bytes())
+        .expect("sends");
+    let mut raw = Vec::new();
+    let _ = plain.read_to_end(&mut raw);
+    assert!(
+        !raw.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&raw)
+    );
+    drop(console);
+
+    // Beyond loopback: only with a token file and TLS.
+    for args in [
+        vec!["--listen", "0.0.0.0:0"],
+        vec!["--listen", "0.0.0.0:0", "--token-file", "console.token"],
+        vec!["--listen", "0.0.0.0:0"]
+            .into_iter()
+            .chain(tls)
+            .collect(),
+        vec!["--tls-cert", "cert.pem", "--tls-key", "plan.json"],
+    ] {
+        let mut all = vec!["serve"];
+        all.extend(args.iter().copied());
+        let output = project.run(&all);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            describe(&output)
+        );
+    }
+    let mut all = vec![
+        "--json",
+        "serve",
+        "--listen",
+        "0.0.0.0:0",
+        "--token-file",
+        "console.token",
+    ];
+    all.extend(tls);
+    let wide = Console::spawn(&project, project.command(&all));
+    let port = wide.address.rsplit_once(':').expect("a port").1.to_owned();
+    // Reached by another name than loopback's: the certificate, not the name, is the check.
+    let answer = https(
+        &client,
+        &format!("127.0.0.1:{port}"),
+        &format!("console.example:{port}"),
+        &format!(
+            "GET / HTTP/1.1\r\nAccept: application/json\r\nAuthorization: {}",
+            wide.bearer()
+        ),
+        "",
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }

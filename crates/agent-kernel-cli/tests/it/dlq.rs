@@ -11,32 +11,9 @@ use crate::{Project, describe};
 
 /// `note.add {item}` appends a line to `ws/notes.txt`; its compensation removes it, and
 /// fails while `ws/block` exists.
-pub(crate) const NOTE_PY: &str = r#"
-import json, pathlib, sys
-request = json.load(sys.stdin)
-notes = pathlib.Path("ws/notes.txt")
-lines = notes.read_text().splitlines() if notes.exists() else []
-item = request["args"]["item"]
-if request["phase"] == "execute":
-    lines.append(item)
-    notes.write_text("".join(line + "\n" for line in lines))
-elif request["phase"] == "compensate":
-    if pathlib.Path("ws/block").exists():
-        print("the notes are locked", file=sys.stderr)
-        sys.exit(1)
-    if item in lines:
-        lines.remove(item)
-        notes.write_text("".join(line + "\n" for line in lines))
-"#;
+pub(crate) const NOTE_PY: &str = include_str!("../../../../tests/fixtures/note.py");
 
-pub(crate) const TOOLS_TOML: &str = r#"
-[tools."note.add"]
-effect = "mutating"
-settlement = "compensate"
-execute = ["python3", "note.py"]
-compensate = ["python3", "note.py"]
-args_schema = { type = "object", required = ["item"], properties = { item = { type = "string" } } }
-"#;
+pub(crate) const TOOLS_TOML: &str = include_str!("../../../../tests/fixtures/note-tools.toml");
 
 #[test]
 fn failed_compensations_are_listed_retried_and_resolved_until_the_saga_is_rolled_back() {

@@ -1051,4 +1051,21 @@ fn the_console_serves_a_postgresql_log_with_its_token_file() {
         overview,
         json!({"counts": {"Done": 1}, "approvals_pending": 0, "dead_letters_open": 0})
     );
+    // The audit check and the undo, as on SQLite, the file put back.
+    let (status, verified) = console.post_json("/audit/verify", &json!({}));
+    assert_eq!(status, 200, "{verified}");
+    assert_eq!(verified["ok"], true, "{verified}");
+    let (status, page) = console.get_json("/sagas");
+    assert_eq!(status, 200, "{page}");
+    let saga_id = page["sagas"][0]["saga_id"]
+        .as_str()
+        .expect("a saga")
+        .to_owned();
+    let (status, undone) = console.post_json(
+        &format!("/sagas/{saga_id}/undo"),
+        &json!({"reason": "not wanted"}),
+    );
+    assert_eq!(status, 200, "{undone}");
+    assert_eq!(undone["state"], "Undone", "{undone}");
+    assert!(!project.path("ws/a.txt").exists());
 }

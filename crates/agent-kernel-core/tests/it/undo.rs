@@ -14,6 +14,7 @@ fn request(reason: &str) -> UndoRequest {
     UndoRequest {
         reason: reason.into(),
         force: false,
+        by: None,
     }
 }
 

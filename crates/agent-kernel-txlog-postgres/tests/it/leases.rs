@@ -155,3 +155,41 @@ async fn a_take_over_needs_the_owners_lease_run_out_and_ends_it_for_good() {
         .expect_err("fenced");
     assert!(matches!(error, TxError::Fenced { .. }), "{error}");
 }
+
+#[tokio::test]
+async fn a_settled_saga_is_taken_over_whatever_its_owners_lease_which_stays_live() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let holder = worker(41, Duration::from_secs(30));
+    let log = open_as(&schema.url(), holder.clone()).expect("opens");
+    let LogWrite::CreateSaga(mut saga) = new_saga("settled") else {
+        unreachable!("new_saga creates a saga")
+    };
+    saga.owner = holder.owner.clone();
+    saga.state = agent_kernel_api::SagaState::Done;
+    log.write(vec![LogWrite::CreateSaga(saga)])
+        .await
+        .expect("writes");
+    // An operator's undo of it, while its process (an MCP server, say) still runs.
+    let operator = open(&schema.url()).expect("opens");
+    let me = crate::this_worker().owner;
+    assert!(
+        operator
+            .take_over(
+                &SagaId::new("settled"),
+                &holder.owner,
+                agent_kernel_api::SagaState::Done,
+                &me
+            )
+            .await
+            .expect("writes")
+    );
+    assert_eq!(
+        operator.owner_lease(&holder.owner).await.expect("reads"),
+        Some(LeaseStatus::Live),
+        "the owner lives on, its lease untouched"
+    );
+    log.write(vec![new_saga("next")])
+        .await
+        .expect("the owner still writes");
+}

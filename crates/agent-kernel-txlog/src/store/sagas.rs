@@ -382,6 +382,9 @@ pub(crate) fn saga_page(
                      WHERE t.saga_id = s.saga_id AND lower(t.args) LIKE ?4 ESCAPE '\\')
                      OR ?4 IS NULL)
                  AND s.created_at_ms <= ?5 AND (s.created_at_ms < ?5 OR s.saga_id < ?6)
+                 AND (s.name = ?8 OR ?8 IS NULL)
+                 AND (s.created_at_ms >= ?9 OR ?9 IS NULL)
+                 AND (s.created_at_ms < ?10 OR ?10 IS NULL)
              ORDER BY s.created_at_ms DESC, s.saga_id DESC LIMIT ?7"
         ),
         params![
@@ -391,7 +394,10 @@ pub(crate) fn saga_page(
             text,
             before_ms,
             before_id,
-            query.limit
+            query.limit,
+            query.name.as_deref(),
+            query.created_from_ms,
+            query.created_until_ms
         ],
         |row| {
             let n_begun: i64 = row.get(12)?;

@@ -24,6 +24,8 @@ pub struct RetryRequest {
     /// Compensate even where recovery found what the step left changed since (another
     /// writer's work is then overwritten).
     pub force: bool,
+    /// Who asks, as recorded; `None`: the process's user.
+    pub by: Option<String>,
 }
 
 /// Retries one letter's compensation now, recording who asked.
@@ -38,7 +40,10 @@ pub async fn retry_dead_letter(
     kernel
         .retry_dead_letter_with(
             &request.letter_id,
-            operator_name_of(kernel).await,
+            match &request.by {
+                Some(by) => Some(by.clone()),
+                None => operator_name_of(kernel).await,
+            },
             request.force,
         )
         .await
