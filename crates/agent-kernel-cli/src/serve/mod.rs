@@ -5,11 +5,13 @@
 //! header (scripts), or the session cookie the login form sets (browsers), whose POSTs also
 //! carry the session's CSRF token. A POST from another site is refused whatever it carries.
 
+mod actions;
 mod auth;
 mod events;
 mod outside;
 mod pages;
 mod tls;
+mod views;
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -18,24 +20,24 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use agent_kernel::operator::{ApprovalView, OperatorLock};
-use agent_kernel::{AuditKey, Kernel, KernelError, SystemClock, operator};
-use agent_kernel_api::{Clock as _, SagaId, SagaQuery, SagaSummary};
+use agent_kernel::{AuditKey, Kernel, KernelError};
+use agent_kernel_api::TxError;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path as UrlPath, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
+use self::actions::AuditCheck;
 use self::auth::{Access, Gate, SESSION_COOKIE, SESSION_TTL, TOKEN_MIN_CHARS};
 use self::outside::Outside;
 use crate::Compensation;
 use crate::args::{Cli, ServeArgs};
-use crate::output::{Output, saga_record_document};
+use crate::output::Output;
 use crate::{Failure, exit};
 use agent_kernel_api::Durability;
 use axum::extract::DefaultBodyLimit;
@@ -280,18 +282,21 @@ async fn until_signal() {
 
 fn router(console: Shared) -> Router {
     Router::new()
-        .route("/", get(overview))
-        .route("/approvals", get(approvals))
-        .route("/approvals/{id}/approve", post(approve))
-        .route("/approvals/{id}/reject", post(reject))
-        .route("/sagas", get(sagas))
-        .route("/sagas/{id}", get(saga))
-        .route("/sagas/{id}/undo", get(undo_preview).post(undo))
-        .route("/sagas/{id}/audit", get(saga_audit))
-        .route("/dead-letters", get(dead_letters))
-        .route("/dead-letters/{id}/retry", post(retry))
-        .route("/dead-letters/{id}/resolve", post(resolve))
-        .route("/audit/verify", post(verify))
+        .route("/", get(views::overview))
+        .route("/approvals", get(views::approvals))
+        .route("/approvals/{id}/approve", post(actions::approve))
+        .route("/approvals/{id}/reject", post(actions::reject))
+        .route("/sagas", get(views::sagas))
+        .route("/sagas/{id}", get(views::saga))
+        .route(
+            "/sagas/{id}/undo",
+            get(views::undo_preview).post(actions::undo),
+        )
+        .route("/sagas/{id}/audit", get(views::saga_audit))
+        .route("/dead-letters", get(views::dead_letters))
+        .route("/dead-letters/{id}/retry", post(actions::retry))
+        .route("/dead-letters/{id}/resolve", post(actions::resolve))
+        .route("/audit/verify", post(actions::verify))
         .route(
             "/events",
             get(|State(console): State<Shared>| async move { console.events.stream() }),
@@ -574,6 +579,40 @@ fn failed(json: bool, error: &KernelError) -> Response {
     refusal(json, status, &error.to_string())
 }
 
+/// A refusal ready to send: what a route's `?` returns early.
+pub(crate) struct Refused(Box<Response>);
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        *self.0
+    }
+}
+
+/// What a route answers: its response, or a refusal.
+type Answer = Result<Response, Refused>;
+
+/// [`refusal`], to return early.
+fn refused(json: bool, status: StatusCode, message: &str) -> Refused {
+    Refused(Box::new(refusal(json, status, message)))
+}
+
+/// An operator action's error as the route's refusal ([`failed`]).
+trait Refuse<T> {
+    fn refuse(self, json: bool) -> Result<T, Refused>;
+}
+
+impl<T> Refuse<T> for Result<T, KernelError> {
+    fn refuse(self, json: bool) -> Result<T, Refused> {
+        self.map_err(|error| Refused(Box::new(failed(json, &error))))
+    }
+}
+
+impl<T> Refuse<T> for Result<T, TxError> {
+    fn refuse(self, json: bool) -> Result<T, Refused> {
+        self.map_err(KernelError::Log).refuse(json)
+    }
+}
+
 /// A route the console does not have.
 async fn not_found(headers: HeaderMap) -> Response {
     refusal(
@@ -581,679 +620,4 @@ async fn not_found(headers: HeaderMap) -> Response {
         StatusCode::NOT_FOUND,
         "the console has no such page",
     )
-}
-
-/// `GET /`: sagas by state, pending approvals, open dead letters.
-async fn overview(
-    State(console): State<Shared>,
-    headers: HeaderMap,
-    axum::Extension(access): axum::Extension<Access>,
-) -> Response {
-    let json = wants_json(&headers);
-    let kernel = &console.kernel;
-    let counts = match kernel.log().saga_counts().await {
-        Ok(counts) => counts,
-        Err(error) => return failed(json, &KernelError::Log(error)),
-    };
-    let pending = match operator::pending_approvals(kernel).await {
-        Ok(pending) => pending,
-        Err(error) => return failed(json, &error),
-    };
-    let letters = match operator::dead_letters(kernel).await {
-        Ok(letters) => letters.len(),
-        Err(error) => return failed(json, &error),
-    };
-    if json {
-        let counts: serde_json::Map<String, Value> = counts
-            .iter()
-            .map(|(state, n)| (state.as_str().to_owned(), json!(n)))
-            .collect();
-        return axum::Json(json!({
-            "counts": counts,
-            "approvals_pending": pending.len(),
-            "dead_letters_open": letters,
-        }))
-        .into_response();
-    }
-    let orphans: Vec<SagaSummary> = match kernel.recoverable_sagas().await {
-        Ok(orphans) => orphans,
-        Err(error) => return failed(json, &error),
-    };
-    let last_check = console.last_check.lock().ok().and_then(|last| last.clone());
-    Html(
-        pages::overview(&pages::Overview {
-            counts: &counts,
-            pending: &pending,
-            dead_letters_open: letters,
-            orphans: &orphans,
-            last_check: last_check.as_ref(),
-            now_ms: SystemClock.now_ms(),
-            csrf: access.csrf(),
-        })
-        .into_string(),
-    )
-    .into_response()
-}
-
-/// `GET /approvals`: as `approvals --json`, or the inbox.
-async fn approvals(
-    State(console): State<Shared>,
-    headers: HeaderMap,
-    axum::Extension(access): axum::Extension<Access>,
-) -> Response {
-    let json = wants_json(&headers);
-    let pending = match operator::pending_approvals(&console.kernel).await {
-        Ok(pending) => pending,
-        Err(error) => return failed(json, &error),
-    };
-    if json {
-        return axum::Json(crate::approvals::list_document(&pending)).into_response();
-    }
-    Html(pages::approvals(&pending, access.csrf()).into_string()).into_response()
-}
-
-async fn approve(
-    state: State<Shared>,
-    headers: HeaderMap,
-    id: UrlPath<String>,
-    fields: axum::Extension<Fields>,
-) -> Response {
-    decide(state, headers, id, fields, true).await
-}
-
-async fn reject(
-    state: State<Shared>,
-    headers: HeaderMap,
-    id: UrlPath<String>,
-    fields: axum::Extension<Fields>,
-) -> Response {
-    decide(state, headers, id, fields, false).await
-}
-
-/// `POST /approvals/ID/approve` (`note`) and `…/reject` (`reason`): the decision, once,
-/// recorded as the console's operator.
-async fn decide(
-    State(console): State<Shared>,
-    headers: HeaderMap,
-    UrlPath(id): UrlPath<String>,
-    axum::Extension(fields): axum::Extension<Fields>,
-    approve: bool,
-) -> Response {
-    let json = wants_json(&headers);
-    let note = fields.get(if approve { "note" } else { "reason" });
-    if !approve && note.is_none() {
-        return refusal(
-            json,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "a rejection needs a reason (field `reason`); nothing was changed",
-        );
-    }
-    let decided = operator::decide(
-        &console.kernel,
-        operator::Decision {
-            approval_id: id,
-            approve,
-            note,
-            operator_key: console.operator_key.clone(),
-            by: console.operator.clone(),
-        },
-    )
-    .await;
-    match decided {
-        Ok(view) if json => axum::Json(json!({
-            "id": view.request.approval_id,
-            "status": view.status,
-        }))
-        .into_response(),
-        Ok(_) => Redirect::to("/approvals").into_response(),
-        Err(error) => failed(json, &error),
-    }
-}
-
-/// `GET /sagas/ID`: as `log --saga ID --json`, or its timeline.
-async fn saga(
-    State(console): State<Shared>,
-    headers: HeaderMap,
-    UrlPath(id): UrlPath<String>,
-    axum::Extension(access): axum::Extension<Access>,
-) -> Response {
-    let json = wants_json(&headers);
-    let saga_id = SagaId::new(id);
-    let record = match operator::saga(console.kernel.log().as_ref(), &saga_id).await {
-        Ok(record) => record,
-        Err(error) => return failed(json, &error),
-    };
-    if json {
-        return axum::Json(saga_record_document(&record)).into_response();
-    }
-    let approval = match console.kernel.log().saga_approval(&saga_id).await {
-        Ok(approval) => approval.map(|approval| ApprovalView::of(approval, SystemClock.now_ms())),
-        Err(error) => return failed(json, &KernelError::Log(error)),
-    };
-    Html(pages::saga(&record, approval.as_ref(), access.csrf()).into_string()).into_response()
-}
-
-/// `GET /sagas/ID/audit`: the saga's audit records, as `audit list --saga ID --json`
-/// (newest first, at most [`SAGA_AUDIT_RECORDS`]), or a page of them oldest first. Read on
-/// demand: the chain has no index by saga, so this reads back from its end.
-async fn saga_audit(
-    State(console): State<Shared>,
-    headers: HeaderMap,
-    UrlPath(id): UrlPath<String>,
-    axum::Extension(access): axum::Extension<Access>,
-) -> Response {
-    let json = wants_json(&headers);
-    let saga_id = SagaId::new(id);
-    if let Err(error) = operator::saga(console.kernel.log().as_ref(), &saga_id).await {
-        return failed(json, &error);
-    }
-    let records = console.saga_audit_records(&saga_id).await;
-    if json {
-        return match records {
-            Ok(mut records) => {
-                records.reverse();
-                axum::Json(json!({"records": records})).into_response()
-            }
-            Err(message) => refusal(json, StatusCode::CONFLICT, &message),
-        };
-    }
-    Html(pages::saga_audit(&saga_id, &records, access.csrf()).into_string()).into_response()
-}
-
-/// `GET /dead-letters`: as `dlq list --json`, or the list with a form to resolve each.
-async fn dead_letters(
-    State(console): State<Shared>,
-    headers: HeaderMap,
-    axum::Extension(access): axum::Extension<Access>,
-) -> Response {
-    let json = wants_json(&headers);
-    let letters = match operator::dead_letters(&console.kernel).await {
-        Ok(letters) => letters,
-        Err(error) => return failed(json, &error),
-    };
-    if json {
-        return axum::Json(crate::dlq::list_document(&letters)).into_response();
-    }
-    // What each compensation would put back, as its tool says.
-    let mut restores = Vec::with_capacity(letters.len());
-    for letter in &letters {
-        let record = console.kernel.log().saga(&letter.saga_id).await;
-        let step = record.ok().flatten().and_then(|record| {
-            record
-                .steps
-                .into_iter()
-                .find(|step| step.step_seq == letter.step_seq)
-        });
-        restores.push(match step {
-            Some(step) => console.kernel.step_restores(&step).await,
-            None => None,
-        });
-    }
-    Html(pages::dead_letters(&letters, &restores, access.csrf()).into_string()).into_response()
-}
-
-/// `POST /dead-letters/ID/resolve` (`note`): the letter settled by hand, recorded as the
-/// console's operator.
-async fn resolve(
-    State(console): State<Shared>,
-    headers: HeaderMap,
-    UrlPath(id): UrlPath<String>,
-    axum::Extension(fields): axum::Extension<Fields>,
-) -> Response {
-    let json = wants_json(&headers);
-    let Some(note) = fields.get("note") else {
-        return refusal(
-            json,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "resolving a dead letter needs a note saying how it was settled (field `note`); nothing was changed",
-        );
-    };
-    match operator::resolve_dead_letter(&console.kernel, &id, &note, console.operator.clone()).await
-    {
-        Ok(outcome) if json => axum::Json(json!({
-            "id": outcome.letter.letter_id,
-            "status": outcome.letter.status,
-        }))
-        .into_response(),
-        Ok(_) => Redirect::to("/dead-letters").into_response(),
-        Err(error) => failed(json, &error),
-    }
-}
-
-/// The filters of `GET /sagas`, from its query string, as given (for the page's form and
-/// its next link).
-#[derive(Debug, Default)]
-pub(crate) struct ListFilters {
-    pub(crate) state: String,
-    pub(crate) tool: String,
-    pub(crate) actor: String,
-    pub(crate) text: String,
-    pub(crate) name: String,
-    pub(crate) from: String,
-    pub(crate) until: String,
-    pub(crate) limit: Option<u32>,
-}
-
-impl ListFilters {
-    /// The query string of these filters, with `after` when given.
-    pub(crate) fn query_string(&self, after: Option<&str>) -> String {
-        let mut query = url::form_urlencoded::Serializer::new(String::new());
-        for (name, value) in [
-            ("state", self.state.as_str()),
-            ("tool", &self.tool),
-            ("actor", &self.actor),
-            ("q", &self.text),
-            ("name", &self.name),
-            ("from", &self.from),
-            ("until", &self.until),
-        ] {
-            if !value.is_empty() {
-                query.append_pair(name, value);
-            }
-        }
-        if let Some(limit) = self.limit {
-            query.append_pair("limit", &limit.to_string());
-        }
-        if let Some(after) = after {
-            query.append_pair("after", after);
-        }
-        query.finish()
-    }
-}
-
-/// The query of `GET /sagas?state=&tool=&actor=&q=&name=&from=&until=&limit=&after=`, or
-/// why it is bad input.
-fn list_query(raw: Option<&str>) -> Result<(ListFilters, SagaQuery), String> {
-    let mut filters = ListFilters::default();
-    let mut after = None;
-    for (name, value) in url::form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
-        let value = value.trim().to_owned();
-        match name.as_ref() {
-            "state" => filters.state = value,
-            "tool" => filters.tool = value,
-            "actor" => filters.actor = value,
-            "q" => filters.text = value,
-            "name" => filters.name = value,
-            "from" => filters.from = value,
-            "until" => filters.until = value,
-            "limit" if !value.is_empty() => {
-                let limit = value
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|limit| (1..=PAGE_SAGAS_MAX).contains(limit))
-                    .ok_or_else(|| {
-                        format!("`limit` must be a whole number from 1 to {PAGE_SAGAS_MAX}")
-                    })?;
-                filters.limit = Some(limit);
-            }
-            "after" if !value.is_empty() => after = Some(value),
-            _ => {}
-        }
-    }
-    let state = if filters.state.is_empty() {
-        None
-    } else {
-        Some(
-            filters
-                .state
-                .parse()
-                .map_err(|_| format!("`state` {:?} is not a saga state", filters.state))?,
-        )
-    };
-    let before = after
-        .map(|cursor| {
-            cursor
-                .split_once(':')
-                .and_then(|(at_ms, saga_id)| Some((at_ms.parse::<i64>().ok()?, saga_id)))
-                .filter(|(_, saga_id)| !saga_id.is_empty())
-                .map(|(at_ms, saga_id)| (at_ms, SagaId::new(saga_id)))
-                .ok_or_else(|| format!("`after` {cursor:?} is not a cursor this list gave"))
-        })
-        .transpose()?;
-    let time = |field: &str, text: &str| -> Result<Option<i64>, String> {
-        if text.is_empty() {
-            return Ok(None);
-        }
-        agent_kernel_api::parse_utc_ms(text).map(Some).ok_or_else(|| {
-            format!(
-                "`{field}` {text:?} is not a time: give a UTC date and time such as 2026-12-01 or 2026-12-01T14:30"
-            )
-        })
-    };
-    let created_from_ms = time("from", &filters.from)?;
-    let created_until_ms = time("until", &filters.until)?;
-    let given = |text: &str| (!text.is_empty()).then(|| text.to_owned());
-    let query = SagaQuery {
-        state,
-        actor: given(&filters.actor),
-        tool: given(&filters.tool),
-        text: given(&filters.text),
-        name: given(&filters.name),
-        created_from_ms,
-        created_until_ms,
-        before,
-        // One more, to know whether a next page exists.
-        limit: filters.limit.unwrap_or(PAGE_SAGAS_DEFAULT) + 1,
-    };
-    Ok((filters, query))
-}
-
-/// `GET /sagas`: a page of the saga list, newest first, with its filters, and the cursor
-/// of the next page.
-async fn sagas(
-    State(console): State<Shared>,
-    headers: HeaderMap,
-    uri: axum::http::Uri,
-    axum::Extension(access): axum::Extension<Access>,
-) -> Response {
-    let json = wants_json(&headers);
-    let (filters, query) = match list_query(uri.query()) {
-        Ok(parsed) => parsed,
-        Err(message) => return refusal(json, StatusCode::UNPROCESSABLE_ENTITY, &message),
-    };
-    let mut page = match console.kernel.log().saga_page(&query).await {
-        Ok(page) => page,
-        Err(error) => return failed(json, &KernelError::Log(error)),
-    };
-    let wanted = (query.limit - 1) as usize;
-    let next = (page.len() > wanted).then(|| {
-        page.truncate(wanted);
-        let last = &page[wanted - 1].saga;
-        format!("{}:{}", last.created_at_ms, last.saga_id)
-    });
-    if json {
-        let sagas: Vec<Value> = page
-            .iter()
-            .map(|listing| {
-                let saga = &listing.saga;
-                json!({
-                    "saga_id": saga.saga_id,
-                    "state": saga.state,
-                    "name": saga.name,
-                    "actor": saga.actor,
-                    "created_at": agent_kernel_api::format_rfc3339_ms(saga.created_at_ms),
-                    "steps": listing.n_begun,
-                })
-            })
-            .collect();
-        return axum::Json(json!({"sagas": sagas, "next": next})).into_response();
-    }
-    Html(pages::sagas(&page, &filters, next.as_deref(), access.csrf()).into_string())
-        .into_response()
-}
-
-/// `GET /sagas/ID/undo`: what an undo would do to each step, nothing undone (`undo
-/// --preview`); the undo itself is the command line's for now.
-async fn undo_preview(
-    State(console): State<Shared>,
-    headers: HeaderMap,
-    UrlPath(id): UrlPath<String>,
-    axum::Extension(access): axum::Extension<Access>,
-) -> Response {
-    let json = wants_json(&headers);
-    let preview = match operator::undo_preview(&console.kernel, &SagaId::new(id)).await {
-        Ok(preview) => preview,
-        Err(error) => return failed(json, &error),
-    };
-    if !json {
-        return Html(pages::undo_preview(&preview, access.csrf()).into_string()).into_response();
-    }
-    let steps: Vec<Value> = preview
-        .steps
-        .iter()
-        .map(|step| {
-            let reason = pages::undo_refusal(step);
-            json!({
-                "seq": step.step_seq,
-                "tool": step.tool_id,
-                "undoable": reason.is_none(),
-                "reason": reason,
-                "restores": step.restores,
-                "window_closes_at": step.window_closes_at_ms.map(agent_kernel_api::format_rfc3339_ms),
-            })
-        })
-        .collect();
-    axum::Json(json!({
-        "saga_id": preview.saga_id,
-        "state": preview.state,
-        "undoable": preview.undoable(false),
-        "refused": preview.refused,
-        "steps": steps,
-    }))
-    .into_response()
-}
-
-/// The audit chain's last check by this console: when, and what it found.
-#[derive(Debug, Clone)]
-pub(crate) struct AuditCheck {
-    /// When it ran, in ms since the Unix epoch.
-    pub(crate) at_ms: i64,
-    /// How many records it checked (`None`: the log predates the chain).
-    pub(crate) n_records: Option<u64>,
-    /// The first bad record and why (`None`: intact).
-    pub(crate) first_bad: Option<(u64, String)>,
-}
-
-impl Console {
-    /// The kernel that compensates, or the refusal of a console started without a policy.
-    fn compensating(&self, json: bool) -> Result<&Arc<Kernel>, Box<Response>> {
-        self.compensating.as_ref().ok_or_else(|| {
-            Box::new(refusal(
-                json,
-                StatusCode::CONFLICT,
-                "this console was started without a sandbox policy, so it cannot compensate: restart it with --sandbox and the policy the sagas ran under; nothing was done",
-            ))
-        })
-    }
-
-    /// The audit records about `saga_id`, oldest first (at most [`SAGA_AUDIT_RECORDS`]),
-    /// read from the log's file on the outside thread; on PostgreSQL, or when they cannot
-    /// be read, why not.
-    async fn saga_audit_records(
-        &self,
-        saga_id: &SagaId,
-    ) -> Result<Vec<agent_kernel_txlog::AuditRecord>, String> {
-        if agent_kernel::is_postgres(&self.db) {
-            return Err(
-                "the audit records of a PostgreSQL log are read with `agent-kernel audit verify` only so far"
-                    .to_owned(),
-            );
-        }
-        let query = agent_kernel_txlog::AuditQuery {
-            saga_id: Some(saga_id.as_str().to_owned()),
-            limit: SAGA_AUDIT_RECORDS,
-            ..agent_kernel_txlog::AuditQuery::default()
-        };
-        let db = self.db.clone();
-        let records = self
-            .outside
-            .run(async move { operator::audit_records(&db, query).await })
-            .await
-            .and_then(|records| records)
-            .map_err(|error| format!("cannot read its audit records: {error}"))?;
-        Ok(records.into_iter().rev().collect())
-    }
-
-    fn remember(&self, check: AuditCheck) {
-        if let Ok(mut last) = self.last_check.lock() {
-            *last = Some(check);
-        }
-    }
-
-    /// What a compensating action takes first, as `undo` and `dlq retry` do: the operator
-    /// lock of the log (one compensating action at a time, this console's or a command
-    /// line's), then the audit chain's word for the undo records it acts on.
-    async fn before_compensating(&self, json: bool) -> Result<OperatorLock, Response> {
-        let db = self.db.clone();
-        let lock = self
-            .outside
-            .run(async move { OperatorLock::acquire(&db, operator::OPERATOR_LOCK_WAIT).await })
-            .await
-            .and_then(|locked| locked)
-            .map_err(|error| match error {
-                // Another action holds it: that is a conflict, not bad input.
-                KernelError::InvalidRequest(message) => {
-                    refusal(json, StatusCode::CONFLICT, &message)
-                }
-                error => failed(json, &error),
-            })?;
-        let (db, key) = (self.db.clone(), self.audit_key.clone());
-        let vouched = self
-            .outside
-            .run(async move { operator::vouch_for_log(&db, key).await })
-            .await
-            .and_then(|vouched| vouched);
-        let at_ms = SystemClock.now_ms();
-        match vouched {
-            Ok(operator::Vouched::Intact) => Ok(lock),
-            Ok(operator::Vouched::PredatesChain) => {
-                self.remember(AuditCheck {
-                    at_ms,
-                    n_records: None,
-                    first_bad: None,
-                });
-                Ok(lock)
-            }
-            Err(KernelError::Tampered { seq, reason }) => {
-                self.remember(AuditCheck {
-                    at_ms,
-                    n_records: None,
-                    first_bad: Some((seq, reason.clone())),
-                });
-                Err(refusal(
-                    json,
-                    StatusCode::CONFLICT,
-                    &format!(
-                        "the log failed its audit check at record {seq}: {reason}; nothing was done, since its undo records cannot be trusted (see Audit, or `agent-kernel audit verify`)"
-                    ),
-                ))
-            }
-            Err(error) => Err(failed(json, &error)),
-        }
-    }
-}
-
-/// Whether a form's checkbox or a JSON boolean field is set.
-fn flag(fields: &Fields, name: &str) -> bool {
-    fields
-        .get(name)
-        .is_some_and(|value| matches!(value.as_str(), "true" | "on" | "1" | "yes"))
-}
-
-/// `POST /sagas/ID/undo` (`reason`, `force`): the saga undone as `undo --saga ID` does,
-/// recorded as the console's operator; answers its record as `log --saga ID --json`.
-async fn undo(
-    State(console): State<Shared>,
-    headers: HeaderMap,
-    UrlPath(id): UrlPath<String>,
-    axum::Extension(fields): axum::Extension<Fields>,
-) -> Response {
-    let json = wants_json(&headers);
-    let Some(reason) = fields.get("reason") else {
-        return refusal(
-            json,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "an undo needs a reason (field `reason`); nothing was undone",
-        );
-    };
-    let kernel = match console.compensating(json) {
-        Ok(kernel) => kernel,
-        Err(refused) => return *refused,
-    };
-    let _lock = match console.before_compensating(json).await {
-        Ok(lock) => lock,
-        Err(refused) => return refused,
-    };
-    let saga_id = SagaId::new(id);
-    let request = agent_kernel::UndoRequest {
-        reason,
-        force: flag(&fields, "force"),
-        by: console.operator.clone(),
-    };
-    match operator::undo(kernel, &saga_id, &request, &agent_kernel::NoObserver).await {
-        Ok(report) => console
-            .events
-            .send(json!({"type": "saga", "saga_id": saga_id, "state": report.state})),
-        Err(error) => return failed(json, &error),
-    }
-    if !json {
-        return Redirect::to(&format!("/sagas/{}", saga_path(&saga_id))).into_response();
-    }
-    match operator::saga(console.kernel.log().as_ref(), &saga_id).await {
-        Ok(record) => axum::Json(saga_record_document(&record)).into_response(),
-        Err(error) => failed(json, &error),
-    }
-}
-
-/// A saga id as a path segment.
-fn saga_path(saga_id: &SagaId) -> String {
-    url::form_urlencoded::byte_serialize(saga_id.as_str().as_bytes()).collect()
-}
-
-/// `POST /dead-letters/ID/retry` (`force`): the compensation tried again now, as `dlq retry
-/// ID` does; `{"id", "status", "saga_state", "detail"}`, the status `retried` when it was
-/// compensated, still `open` when it failed again.
-async fn retry(
-    State(console): State<Shared>,
-    headers: HeaderMap,
-    UrlPath(id): UrlPath<String>,
-    axum::Extension(fields): axum::Extension<Fields>,
-    axum::Extension(access): axum::Extension<Access>,
-) -> Response {
-    let json = wants_json(&headers);
-    let kernel = match console.compensating(json) {
-        Ok(kernel) => kernel,
-        Err(refused) => return *refused,
-    };
-    let _lock = match console.before_compensating(json).await {
-        Ok(lock) => lock,
-        Err(refused) => return refused,
-    };
-    let request = operator::RetryRequest {
-        letter_id: id,
-        force: flag(&fields, "force"),
-        by: console.operator.clone(),
-    };
-    match operator::retry_dead_letter(kernel, &request).await {
-        Ok(outcome) if json => axum::Json(json!({
-            "id": outcome.letter.letter_id,
-            "status": outcome.letter.status,
-            "saga_state": outcome.saga_state,
-            "detail": outcome.detail,
-        }))
-        .into_response(),
-        Ok(outcome) => Html(pages::retried(&outcome, access.csrf()).into_string()).into_response(),
-        Err(error) => failed(json, &error),
-    }
-}
-
-/// `POST /audit/verify`: the whole audit chain checked now (`audit verify --json`).
-async fn verify(
-    State(console): State<Shared>,
-    headers: HeaderMap,
-    axum::Extension(access): axum::Extension<Access>,
-) -> Response {
-    let json = wants_json(&headers);
-    let (db, key) = (console.db.clone(), console.audit_key.clone());
-    let report = match console
-        .outside
-        .run(async move { operator::verify(&db, key).await })
-        .await
-        .and_then(|report| report)
-    {
-        Ok(report) => report,
-        Err(error) => return failed(json, &error),
-    };
-    console.remember(AuditCheck {
-        at_ms: SystemClock.now_ms(),
-        n_records: Some(report.n_records),
-        first_bad: report
-            .first_bad
-            .as_ref()
-            .map(|bad| (bad.seq, bad.reason.clone())),
-    });
-    if json {
-        return axum::Json(crate::audit::report_document(&report)).into_response();
-    }
-    Html(pages::audit(&report, access.csrf()).into_string()).into_response()
 }

@@ -6,7 +6,8 @@ use agent_kernel::operator::ApprovalView;
 use agent_kernel_api::{DeadLetter, SagaListing, SagaRecord, SagaState, SagaSummary};
 use agent_kernel_txlog::{AuditRecord, AuditReport};
 
-use super::{AuditCheck, ListFilters};
+use super::actions::AuditCheck;
+use super::views::ListFilters;
 use maud::{DOCTYPE, Markup, html};
 
 use crate::output::format_ms;

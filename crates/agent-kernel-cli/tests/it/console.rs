@@ -102,6 +102,23 @@ impl Console {
         }
     }
 
+    /// Signs in with the token, as a browser's form does; the session cookie (`NAME=VALUE`).
+    fn sign_in(&self) -> String {
+        let login = self.send(
+            "POST",
+            "/login",
+            &[("Content-Type", "application/x-www-form-urlencoded")],
+            &format!("token={}", self.token),
+        );
+        assert_eq!(login.status, 303, "{}", login.body);
+        login
+            .header("set-cookie")
+            .split(';')
+            .next()
+            .expect("a cookie")
+            .to_owned()
+    }
+
     fn bearer(&self) -> String {
         format!("Bearer {}", self.token)
     }
@@ -824,18 +841,7 @@ fn an_undo_needs_a_reason_runs_as_the_command_line_s_and_records_who_asked() {
     fs::write(project.path("ws/a.txt"), "after").expect("writes");
 
     // A browser's undo: the session's CSRF token, then the timeline.
-    let login = console.send(
-        "POST",
-        "/login",
-        &[("Content-Type", "application/x-www-form-urlencoded")],
-        &format!("token={}", console.token),
-    );
-    let cookie = login
-        .header("set-cookie")
-        .split(';')
-        .next()
-        .expect("a cookie")
-        .to_owned();
+    let cookie = console.sign_in();
     let preview = console.send("GET", &path, &[("Cookie", &cookie)], "");
     assert!(
         preview.body.contains(&format!("action=\"{path}\"")),
@@ -1077,18 +1083,7 @@ fn live_events_tell_of_a_new_request_its_decision_and_the_saga_s_end() {
     let refused = console.send("GET", "/events", &[], "");
     assert_eq!(refused.status, 401);
     // A browser's page loads the script; a bearer's answer has no use for it.
-    let login = console.send(
-        "POST",
-        "/login",
-        &[("Content-Type", "application/x-www-form-urlencoded")],
-        &format!("token={}", console.token),
-    );
-    let cookie = login
-        .header("set-cookie")
-        .split(';')
-        .next()
-        .expect("a cookie")
-        .to_owned();
+    let cookie = console.sign_in();
     let page = console.send("GET", "/", &[("Cookie", &cookie)], "");
     assert!(
         page.body.contains("src=\"/assets/console.js\""),
