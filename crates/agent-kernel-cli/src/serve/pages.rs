@@ -3,7 +3,7 @@
 
 use agent_kernel::RetryOutcome;
 use agent_kernel::operator::ApprovalView;
-use agent_kernel_api::{DeadLetter, SagaListing, SagaRecord, SagaState, SagaSummary};
+use agent_kernel_api::{DeadLetter, SagaListing, SagaRecord, SagaState, SagaSummary, StepRecord};
 use agent_kernel_txlog::{AuditRecord, AuditReport};
 
 use super::actions::AuditCheck;
@@ -216,7 +216,11 @@ pub(crate) fn audit(report: &AuditReport, csrf: &str) -> Markup {
 
 /// The approvals inbox: each pending request with its whole arguments and digest, and the
 /// forms that decide it (each carrying the session's CSRF token).
-pub(crate) fn approvals(pending: &[ApprovalView], csrf: &str) -> Markup {
+pub(crate) fn approvals(
+    pending: &[ApprovalView],
+    earlier: &[Vec<StepRecord>],
+    csrf: &str,
+) -> Markup {
     page_of(
         "Approvals",
         Some(csrf),
@@ -224,7 +228,7 @@ pub(crate) fn approvals(pending: &[ApprovalView], csrf: &str) -> Markup {
             @if pending.is_empty() {
                 p { "No approval is pending." }
             }
-            @for view in pending {
+            @for (view, earlier) in pending.iter().zip(earlier) {
                 @let request = &view.request;
                 article.request id={ "approval-" (request.approval_id) } {
                     h2 { code { (request.tool_id) } " · saga " a href={ "/sagas/" (request.saga_id.as_str()) } { (request.saga_id.as_str()) } " step " (request.step_seq) }
@@ -246,6 +250,22 @@ pub(crate) fn approvals(pending: &[ApprovalView], csrf: &str) -> Markup {
                             " at " (format_ms(earlier.at_ms)) " (" (earlier.status) "), with the arguments:"
                         }
                         pre.args { (agent_kernel::shown_json(&earlier.args).text) }
+                    }
+                    @if !earlier.is_empty() {
+                        p { "The saga's steps before it:" }
+                        table.earlier {
+                            thead { tr { th { "step" } th { "tool" } th { "status" } th { "arguments" } } }
+                            tbody {
+                                @for step in earlier {
+                                    tr {
+                                        td.num { (step.step_seq) }
+                                        td { code { (step.tool_id) } }
+                                        td { (step.status) }
+                                        td { pre.args { (agent_kernel::shown_json(&step.args).text) } }
+                                    }
+                                }
+                            }
+                        }
                     }
                     @if let Some(later) = &view.later_steps {
                         @if !later.is_empty() {

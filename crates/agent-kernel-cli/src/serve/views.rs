@@ -70,7 +70,26 @@ pub(super) async fn approvals(
     if json {
         return Ok(axum::Json(crate::approvals::list_document(&pending)).into_response());
     }
-    Ok(Html(pages::approvals(&pending, access.csrf()).into_string()).into_response())
+    // Each request's saga so far: the steps before the one that waits.
+    let mut earlier = Vec::with_capacity(pending.len());
+    for view in &pending {
+        let request = &view.request;
+        let record = console
+            .kernel
+            .log()
+            .saga(&request.saga_id)
+            .await
+            .refuse(json)?;
+        earlier.push(
+            record
+                .map(|record| record.steps)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|step| step.step_seq < request.step_seq)
+                .collect::<Vec<_>>(),
+        );
+    }
+    Ok(Html(pages::approvals(&pending, &earlier, access.csrf()).into_string()).into_response())
 }
 
 /// `GET /sagas/ID`: as `log --saga ID --json`, or its timeline.

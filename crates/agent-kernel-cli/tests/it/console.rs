@@ -280,6 +280,21 @@ fn every_route_but_the_health_check_needs_the_token_and_answers_as_the_command_l
     let (status, missing) = console.get_json("/sagas/no-such-saga");
     assert_eq!(status, 404, "{missing}");
 
+    // The inbox shows the saga's steps before the one that waits.
+    let inbox = console.send(
+        "GET",
+        "/approvals",
+        &[("Authorization", &console.bearer())],
+        "",
+    );
+    assert!(
+        inbox.body.contains("The saga&#39;s steps before it")
+            || inbox.body.contains("The saga's steps before it"),
+        "{}",
+        inbox.body
+    );
+    assert!(inbox.body.contains("ws/a.txt"), "{}", inbox.body);
+
     // Pages: the agent's markup is text, and every answer carries the policy.
     let bearer = console.bearer();
     for path in ["/approvals".to_owned(), format!("/sagas/{saga_id}")] {
@@ -756,6 +771,30 @@ fn the_undo_preview_says_what_an_undo_would_do_and_undoes_nothing() {
     assert_eq!(preview["steps"][0]["tool"], "fs.write");
     assert_eq!(preview["steps"][0]["undoable"], true);
     assert_eq!(preview["steps"][0]["reason"], Value::Null);
+    // The command line's preview says the same of each step.
+    let (code, cli) = project.run_json(&["undo", "--saga", &saga_id, "--preview"]);
+    assert_eq!(code, 0, "{cli}");
+    assert_eq!(preview["undoable"], cli["undoable"]);
+    let steps = cli["steps"].as_array().expect("steps");
+    assert_eq!(
+        steps.len(),
+        preview["steps"].as_array().expect("steps").len()
+    );
+    for (ours, theirs) in preview["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .zip(steps)
+    {
+        assert_eq!(ours["seq"], theirs["step_seq"], "{cli}");
+        assert_eq!(ours["tool"], theirs["tool_id"], "{cli}");
+        assert_eq!(ours["restores"], theirs["restores"], "{cli}");
+        // A verdict with no detail prints as its name, others as `{"verdict", …}`.
+        let verdict = theirs["verdict"]
+            .as_str()
+            .or_else(|| theirs["verdict"]["verdict"].as_str());
+        assert_eq!(ours["undoable"], verdict == Some("undoable"), "{cli}");
+    }
     // Someone else changes the file: the preview says so, and nothing is undone.
     fs::write(project.path("ws/a.txt"), "a person's edit").expect("writes");
     let (status, preview) = console.get_json(&path);
