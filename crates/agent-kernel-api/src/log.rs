@@ -708,8 +708,7 @@ pub trait TxLog: Send + Sync + 'static {
     /// Makes `new_owner` the owner of a saga if `expected_owner` still is and the saga is
     /// still in `expected_state`. Returns whether it did; `false` means another process took
     /// it first or the saga moved on (it may have just reached `Done`). On a log that keeps
-    /// leases, an unsettled saga is taken only once its owner's lease has ended; a settled
-    /// one (an `undo`, a dead letter's retry) whatever its owner's lease. It is
+    /// leases, a saga is taken only once its owner's lease has ended. It is
     /// [`take_over_and_write`](Self::take_over_and_write) with nothing after it.
     ///
     /// # Errors

@@ -295,6 +295,9 @@ pub(crate) struct McpArgs {
     /// verified first), so the locks they hold are released before the first call
     #[arg(long)]
     pub(crate) recover: bool,
+    /// `full` survives power loss; `normal` survives process crashes only
+    #[arg(long, default_value = "full", value_parser = parse_durability)]
+    pub(crate) durability: Durability,
 }
 
 /// The arguments of `dlq`.

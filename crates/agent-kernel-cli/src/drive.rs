@@ -69,6 +69,7 @@ pub(crate) async fn mcp(cli: &Cli, _out: &Output, args: &McpArgs) -> Result<u8, 
         actor,
         drills,
         recover,
+        durability,
     } = args;
     if *recover && log_present(&db_path(cli))? {
         let kernel = open_kernel_to_compensate(cli, false).await?;
@@ -82,7 +83,7 @@ pub(crate) async fn mcp(cli: &Cli, _out: &Output, args: &McpArgs) -> Result<u8, 
     let live = live_export_config()?;
     let (kernel, exporter) = open_kernel_exporting(
         cli,
-        Durability::Full,
+        *durability,
         Compensation::AndExecution,
         Vec::new(),
         *drills,

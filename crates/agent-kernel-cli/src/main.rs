@@ -185,6 +185,7 @@ fn init_tracing(cli: &Cli) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colours_on_stderr(std::env::var_os("NO_COLOR")))
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Text => builder.init(),
@@ -194,6 +195,14 @@ fn init_tracing(cli: &Cli) {
             .with_span_list(true)
             .init(),
     }
+}
+
+/// Whether messages on stderr may carry colours: only on a terminal, and not when
+/// `NO_COLOR` is set to anything but the empty text (no-color.org). A file or a pipe (an
+/// MCP client's log, CI) gets plain text.
+fn colours_on_stderr(no_color: Option<std::ffi::OsString>) -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stderr().is_terminal() && no_color.is_none_or(|value| value.is_empty())
 }
 
 /// Stops a running saga at the next step boundary on the first SIGINT or SIGTERM; a second

@@ -160,7 +160,9 @@ impl Output {
             if let Some(failure) = &report.failure {
                 println!(
                     "step {} ({}) would fail: {}",
-                    failure.step_seq, failure.tool, failure.error
+                    failure.step_seq,
+                    failure.tool,
+                    why_failed(&failure.error)
                 );
             }
             return;
@@ -169,7 +171,9 @@ impl Output {
         if let Some(failure) = &report.failure {
             println!(
                 "step {} ({}) failed: {}",
-                failure.step_seq, failure.tool, failure.error
+                failure.step_seq,
+                failure.tool,
+                why_failed(&failure.error)
             );
         }
     }
@@ -859,6 +863,17 @@ pub(crate) fn saga_record_document(record: &SagaRecord) -> Value {
         "locks": record.locks,
         "conflicts": record.conflicts,
     })
+}
+
+/// Why a step failed, after a "failed: " of the caller's: the error's own kind when it says
+/// more than that (`conflict: …`, `timed out: …`), else its message alone, so that no line
+/// reads `failed: failed: …`.
+pub(crate) fn why_failed(error: &agent_kernel_api::ToolError) -> String {
+    if error.kind() == agent_kernel_api::ToolErrorKind::Failed {
+        error.message().to_owned()
+    } else {
+        error.to_string()
+    }
 }
 
 #[cfg(test)]

@@ -245,6 +245,11 @@ impl Kernel {
         &self.log
     }
 
+    /// The process this kernel records as the owner of the sagas it begins.
+    pub fn owner(&self) -> &Owner {
+        &self.env.owner
+    }
+
     /// Checks every step of `plan` (known tool, valid arguments, policy, idempotency keys)
     /// without running anything.
     ///

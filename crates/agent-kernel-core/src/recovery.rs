@@ -178,7 +178,24 @@ impl Kernel {
                 owner: saga.owner.clone(),
             });
         }
-        if saga.owner == self.env.owner || saga.state.is_terminal() || saga.owner.is_detached() {
+        if saga.owner == self.env.owner || saga.owner.is_detached() {
+            return Ok(());
+        }
+        if saga.state.is_terminal() {
+            // Settled: its owner will not write to it again, so on SQLite it is taken
+            // whoever owns it (two undos are kept apart by the operator lock). A log that
+            // keeps leases takes it only from an owner whose lease has ended: a live one may
+            // be another undo under way. Asking ends the lease of an owner gone from this
+            // machine (the `run` that finished it), so its saga is not kept waiting.
+            if self.log.owner_lease(&saga.owner).await?.is_some()
+                && self.owner_liveness(&saga.owner).await? != Liveness::Dead
+            {
+                return Err(KernelError::SagaBusy {
+                    saga_id: saga.saga_id.clone(),
+                    state: saga.state,
+                    owner: saga.owner.clone(),
+                });
+            }
             return Ok(());
         }
         if self.owner_liveness(&saga.owner).await? != Liveness::Dead {

@@ -268,7 +268,7 @@ impl KernelServer {
             .with_annotations(ToolAnnotations::new().read_only(false).destructive(false)),
             Tool::new(
                 "saga_status",
-                "Where a saga stands, with its steps (and the approval it waits for).",
+                "Where a saga this connection began stands, open or ended, with its steps (and the approval it waits for).",
                 object(saga_only.clone()),
             )
             .with_annotations(ToolAnnotations::new().read_only(true)),
@@ -370,6 +370,9 @@ impl KernelServer {
         }
         let saga_id = Self::saga_arg(arguments)?;
         let Some(saga) = self.kernel.live_saga(&saga_id) else {
+            if name == "saga_status" {
+                return complete(self.ended_status(&saga_id).await);
+            }
             let error = KernelError::SagaNotOpen(saga_id.clone());
             return complete(kernel_error_result(Some(&saga_id), &error));
         };
@@ -420,6 +423,52 @@ impl KernelServer {
             Ok(report) => rolled_back_result(&report),
             Err(error) => kernel_error_result(Some(&saga_id), &error),
         })
+    }
+
+    /// `saga_status` of a saga no longer open: from the log, for a saga this server began
+    /// (its owner is this process: a stdio server serves one connection); `{saga_id,
+    /// state, steps, approval?, locks}`, each step with its output.
+    async fn ended_status(&self, saga_id: &SagaId) -> CallToolResult {
+        let not_ours = || {
+            kernel_error_result(
+                Some(saga_id),
+                &KernelError::InvalidRequest(format!(
+                    "saga {saga_id} was not begun by this server: saga_status answers for this connection's sagas, open or ended"
+                )),
+            )
+        };
+        let record = match self.kernel.log().saga(saga_id).await {
+            Ok(Some(record)) => record,
+            Ok(None) => return not_ours(),
+            Err(error) => return kernel_error_result(Some(saga_id), &KernelError::Log(error)),
+        };
+        if &record.saga.owner != self.kernel.owner() {
+            return not_ours();
+        }
+        let steps: Vec<Value> = record
+            .steps
+            .iter()
+            .map(|step| {
+                json!({
+                    "seq": step.step_seq,
+                    "tool": step.tool_id,
+                    "status": step.status,
+                    "output": step.output.as_ref().map(|output| &output.data),
+                })
+            })
+            .collect();
+        let mut document = json!({
+            "saga_id": saga_id.as_str(),
+            "state": record.saga.state,
+            "steps": steps,
+            "locks": record.locks,
+        });
+        if let Ok(Some(approval)) = self.kernel.log().saga_approval(saga_id).await {
+            let mut shown = agent_kernel_core::approval_document(&approval.request);
+            shown["status"] = json!(approval.status);
+            document["approval"] = shown;
+        }
+        CallToolResult::structured(document)
     }
 
     async fn kernel_tool(

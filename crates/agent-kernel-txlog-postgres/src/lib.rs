@@ -456,10 +456,7 @@ impl Connection {
     ) -> Result<bool, TxError> {
         let key = self.audit_key.as_ref();
         let mut tx = begin_write(&mut self.client, &self.lock, &self.fence, &self.worker)?;
-        // A settled saga (an operator's `undo` of a `Done` one, a dead letter's retry) is
-        // no longer its owner's to write, live or not: only an unsettled one waits for its
-        // owner's lease to end.
-        if !expected_state.is_terminal() && !lease::end_if_expired(&mut tx, expected)? {
+        if !lease::end_if_expired(&mut tx, expected)? {
             // Renewed after all: the owner is alive, and keeps its saga.
             return Ok(false);
         }

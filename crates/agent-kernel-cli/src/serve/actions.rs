@@ -2,6 +2,7 @@
 //! and the audit check. Each is an operator action of the library, as the command line
 //! runs it, recorded as the console's operator.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use agent_kernel::operator::{self, OperatorLock};
@@ -15,7 +16,7 @@ use serde_json::json;
 use super::auth::Access;
 use super::{
     Answer, Console, Fields, Refuse as _, Refused, SAGA_AUDIT_RECORDS, Shared, failed, pages,
-    refused, wants_json,
+    refused, saga_id_of, wants_json,
 };
 use crate::output::saga_record_document;
 
@@ -220,6 +221,19 @@ pub(super) async fn resolve(
     .into_response())
 }
 
+/// Runs a compensating action on a task of its own and waits for it: a browser that goes
+/// away mid-request (closed, or a second click) drops the request's future, never the
+/// action, which finishes and records its outcome (and releases what it claimed).
+async fn to_the_end(json: bool, action: impl Future<Output = Answer> + Send + 'static) -> Answer {
+    tokio::spawn(action).await.unwrap_or_else(|error| {
+        Err(refused(
+            json,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("the action stopped before it answered ({error}); see the saga's timeline for what it did"),
+        ))
+    })
+}
+
 /// `POST /sagas/ID/undo` (`reason`, `force`): the saga undone as `undo --saga ID` does,
 /// recorded as the console's operator; answers its record as `log --saga ID --json`.
 pub(super) async fn undo(
@@ -229,6 +243,7 @@ pub(super) async fn undo(
     axum::Extension(fields): axum::Extension<Fields>,
 ) -> Answer {
     let json = wants_json(&headers);
+    let saga_id = saga_id_of(json, id)?;
     let reason = fields.get("reason").ok_or_else(|| {
         refused(
             json,
@@ -236,27 +251,30 @@ pub(super) async fn undo(
             "an undo needs a reason (field `reason`); nothing was undone",
         )
     })?;
-    let kernel = console.compensating(json)?;
-    let _lock = console.before_compensating(json).await?;
-    let saga_id = SagaId::new(id);
-    let request = agent_kernel::UndoRequest {
-        reason,
-        force: flag(&fields, "force"),
-        by: console.operator.clone(),
-    };
-    let report = operator::undo(kernel, &saga_id, &request, &agent_kernel::NoObserver)
-        .await
-        .refuse(json)?;
-    console
-        .events
-        .send(json!({"type": "saga", "saga_id": saga_id, "state": report.state}));
-    if !json {
-        return Ok(Redirect::to(&format!("/sagas/{}", saga_path(&saga_id))).into_response());
-    }
-    let record = operator::saga(console.kernel.log().as_ref(), &saga_id)
-        .await
-        .refuse(json)?;
-    Ok(axum::Json(saga_record_document(&record)).into_response())
+    let force = flag(&fields, "force");
+    to_the_end(json, async move {
+        let kernel = console.compensating(json)?;
+        let _lock = console.before_compensating(json).await?;
+        let request = agent_kernel::UndoRequest {
+            reason,
+            force,
+            by: console.operator.clone(),
+        };
+        let report = operator::undo(kernel, &saga_id, &request, &agent_kernel::NoObserver)
+            .await
+            .refuse(json)?;
+        console
+            .events
+            .send(json!({"type": "saga", "saga_id": saga_id, "state": report.state}));
+        if !json {
+            return Ok(Redirect::to(&format!("/sagas/{}", saga_path(&saga_id))).into_response());
+        }
+        let record = operator::saga(console.kernel.log().as_ref(), &saga_id)
+            .await
+            .refuse(json)?;
+        Ok(axum::Json(saga_record_document(&record)).into_response())
+    })
+    .await
 }
 
 /// A saga id as a path segment.
@@ -275,26 +293,30 @@ pub(super) async fn retry(
     axum::Extension(access): axum::Extension<Access>,
 ) -> Answer {
     let json = wants_json(&headers);
-    let kernel = console.compensating(json)?;
-    let _lock = console.before_compensating(json).await?;
     let request = operator::RetryRequest {
         letter_id: id,
         force: flag(&fields, "force"),
         by: console.operator.clone(),
     };
-    let outcome = operator::retry_dead_letter(kernel, &request)
-        .await
-        .refuse(json)?;
-    if !json {
-        return Ok(Html(pages::retried(&outcome, access.csrf()).into_string()).into_response());
-    }
-    Ok(axum::Json(json!({
-        "id": outcome.letter.letter_id,
-        "status": outcome.letter.status,
-        "saga_state": outcome.saga_state,
-        "detail": outcome.detail,
-    }))
-    .into_response())
+    let csrf = access.csrf().to_owned();
+    to_the_end(json, async move {
+        let kernel = console.compensating(json)?;
+        let _lock = console.before_compensating(json).await?;
+        let outcome = operator::retry_dead_letter(kernel, &request)
+            .await
+            .refuse(json)?;
+        if !json {
+            return Ok(Html(pages::retried(&outcome, &csrf).into_string()).into_response());
+        }
+        Ok(axum::Json(json!({
+            "id": outcome.letter.letter_id,
+            "status": outcome.letter.status,
+            "saga_state": outcome.saga_state,
+            "detail": outcome.detail,
+        }))
+        .into_response())
+    })
+    .await
 }
 
 /// `POST /audit/verify`: the whole audit chain checked now (`audit verify --json`).

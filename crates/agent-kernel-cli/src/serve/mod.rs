@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use agent_kernel::{AuditKey, Kernel, KernelError};
-use agent_kernel_api::TxError;
+use agent_kernel_api::{SagaId, TxError};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -569,6 +569,7 @@ fn failed(json: bool, error: &KernelError) -> Response {
         | KernelError::DeadLetterClosed { .. }
         | KernelError::UndoRefused { .. }
         | KernelError::TakenOver(_)
+        | KernelError::SagaBusy { .. }
         | KernelError::Tampered { .. } => StatusCode::CONFLICT,
         KernelError::OperatorKeyRequired(_) | KernelError::OperatorKeyMismatch(_) => {
             StatusCode::FORBIDDEN
@@ -611,6 +612,18 @@ impl<T> Refuse<T> for Result<T, TxError> {
     fn refuse(self, json: bool) -> Result<T, Refused> {
         self.map_err(KernelError::Log).refuse(json)
     }
+}
+
+/// The saga a path names, or 404 for an empty id (`/sagas//undo`), which names none.
+fn saga_id_of(json: bool, id: String) -> Result<SagaId, Refused> {
+    if id.trim().is_empty() {
+        return Err(refused(
+            json,
+            StatusCode::NOT_FOUND,
+            "no saga has an empty id",
+        ));
+    }
+    Ok(SagaId::new(id))
 }
 
 /// A route the console does not have.

@@ -22,6 +22,17 @@ pub(crate) const SCRIPT: &str = include_str!("console.js");
 /// A whole page: `title`, the navigation (`None`: signed out; a session's CSRF token adds
 /// the sign-out form; a bearer's is empty), and `body`.
 fn page_of(title: &str, csrf: Option<&str>, body: Markup) -> Markup {
+    page_with(title, csrf, true, body)
+}
+
+/// What a POST answered (a retry's outcome, the audit check): a page without live
+/// updates, since fetching its address again would not show it.
+fn result_page(title: &str, csrf: &str, body: Markup) -> Markup {
+    page_with(title, Some(csrf), false, body)
+}
+
+/// [`page_of`], the live-updates script loaded when `live` and signed in by a session.
+fn page_with(title: &str, csrf: Option<&str>, live: bool, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -30,7 +41,7 @@ fn page_of(title: &str, csrf: Option<&str>, body: Markup) -> Markup {
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · agent-kernel" }
                 link rel="stylesheet" href="/assets/console.css";
-                @if csrf.is_some_and(|csrf| !csrf.is_empty()) {
+                @if live && csrf.is_some_and(|csrf| !csrf.is_empty()) {
                     script src="/assets/console.js" defer {}
                 }
             }
@@ -192,9 +203,9 @@ pub(crate) fn overview(view: &Overview<'_>) -> Markup {
 
 /// What `POST /audit/verify` found.
 pub(crate) fn audit(report: &AuditReport, csrf: &str) -> Markup {
-    page_of(
+    result_page(
         "Audit chain",
-        Some(csrf),
+        csrf,
         html! {
             @match &report.first_bad {
                 None => p.ok id="audit-verdict" {
@@ -596,9 +607,9 @@ pub(crate) fn problem(title: &str, message: &str) -> Markup {
 /// What a retry of a dead letter did.
 pub(crate) fn retried(outcome: &RetryOutcome, csrf: &str) -> Markup {
     let letter = &outcome.letter;
-    page_of(
+    result_page(
         &format!("Dead letter {}", letter.letter_id),
-        Some(csrf),
+        csrf,
         html! {
             @if outcome.compensated() {
                 p.ok id="retry-outcome" { "Compensated: " (outcome.detail) }

@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 
 use super::auth::Access;
 use super::{
-    Answer, PAGE_SAGAS_DEFAULT, PAGE_SAGAS_MAX, Refuse as _, Shared, pages, refused, wants_json,
+    Answer, PAGE_SAGAS_DEFAULT, PAGE_SAGAS_MAX, Refuse as _, Shared, pages, refused, saga_id_of,
+    wants_json,
 };
 use crate::output::saga_record_document;
 
@@ -100,7 +101,7 @@ pub(super) async fn saga(
     axum::Extension(access): axum::Extension<Access>,
 ) -> Answer {
     let json = wants_json(&headers);
-    let saga_id = SagaId::new(id);
+    let saga_id = saga_id_of(json, id)?;
     let record = operator::saga(console.kernel.log().as_ref(), &saga_id)
         .await
         .refuse(json)?;
@@ -128,7 +129,7 @@ pub(super) async fn saga_audit(
     axum::Extension(access): axum::Extension<Access>,
 ) -> Answer {
     let json = wants_json(&headers);
-    let saga_id = SagaId::new(id);
+    let saga_id = saga_id_of(json, id)?;
     operator::saga(console.kernel.log().as_ref(), &saga_id)
         .await
         .refuse(json)?;
@@ -340,7 +341,10 @@ pub(super) async fn undo_preview(
     axum::Extension(access): axum::Extension<Access>,
 ) -> Answer {
     let json = wants_json(&headers);
-    let preview = operator::undo_preview(&console.kernel, &SagaId::new(id))
+    let saga_id = saga_id_of(json, id)?;
+    // The kernel that would undo it, when there is one: its verdicts are the undo's.
+    let kernel = console.compensating.as_ref().unwrap_or(&console.kernel);
+    let preview = operator::undo_preview(kernel, &saga_id)
         .await
         .refuse(json)?;
     if !json {

@@ -1286,3 +1286,73 @@ fn over_tls_the_console_answers_https_only_and_may_listen_beyond_loopback() {
     );
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
+
+#[test]
+fn an_undo_whose_browser_goes_away_still_finishes_and_releases_what_it_claimed() {
+    let project = Project::new();
+    // `note.add`, whose compensation takes a while: long enough for the client to leave.
+    let slow = crate::dlq::NOTE_PY.replace(
+        "elif request[\"phase\"] == \"compensate\":",
+        "elif request[\"phase\"] == \"compensate\":\n    import time; time.sleep(1.5)",
+    );
+    assert_ne!(slow, crate::dlq::NOTE_PY);
+    fs::write(project.path("note.py"), slow).expect("writes");
+    fs::write(project.path("tools.toml"), crate::dlq::TOOLS_TOML).expect("writes");
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [{"tool": "note.add", "args": {"item": "a"}}]}),
+    );
+    let ran = project.run(&["--json", "run", "--plan", plan.to_str().expect("utf-8")]);
+    let (code, report) = json_output(&ran);
+    assert_eq!(code, 0, "{}", describe(&ran));
+    let saga_id = report["saga_id"].as_str().expect("id").to_owned();
+    let console = Console::start(&project, &[]);
+    // Ask for the undo, then hang up before the answer.
+    {
+        let body = json!({"reason": "wrong note"}).to_string();
+        let mut stream = TcpStream::connect(&console.address).expect("connects");
+        let request = format!(
+            "POST /sagas/{saga_id}/undo HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nAccept: application/json\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            console.address,
+            console.bearer(),
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).expect("sends");
+        // The request reached the console once the saga holds its locks again.
+        crate::wait_until("the undo to begin", || {
+            let (_, record) = project.run_json(&["log", "--saga", &saga_id]);
+            record["locks"]
+                .as_array()
+                .is_some_and(|locks| !locks.is_empty())
+        });
+    }
+    crate::wait_until("the undo to finish without its client", || {
+        let (_, record) = project.run_json(&["log", "--saga", &saga_id]);
+        record["state"] == "Undone" && record["locks"] == json!([])
+    });
+    assert_eq!(
+        fs::read_to_string(project.path("ws/notes.txt")).expect("reads"),
+        ""
+    );
+    // And the console still answers.
+    let (status, _) = console.get_json("/");
+    assert_eq!(status, 200);
+    // A path with an empty saga id names none: 404, no panic.
+    for (method, path) in [
+        ("GET", "/sagas//undo"),
+        ("GET", "/sagas//audit"),
+        ("POST", "/sagas//undo"),
+    ] {
+        let answer = console.send(
+            method,
+            path,
+            &[
+                ("Authorization", &console.bearer()),
+                ("Accept", "application/json"),
+                ("Content-Type", "application/json"),
+            ],
+            "{\"reason\": \"x\"}",
+        );
+        assert_eq!(answer.status, 404, "{method} {path}: {}", answer.body);
+    }
+}

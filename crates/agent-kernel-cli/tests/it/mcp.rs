@@ -296,8 +296,69 @@ async fn a_connection_uses_only_its_own_sagas_and_two_share_one_log() {
         "Done"
     );
     assert!(project.path("ws/mine.txt").exists() && project.path("ws/theirs.txt").exists());
+    // Ended, a saga's status still answers to the connection that began it, and only to it.
+    let status = call(&first, "saga_status", json!({ "saga_id": saga })).await;
+    let status = ok(&status);
+    assert_eq!(status["state"], "Done", "{status}");
+    assert_eq!(status["steps"][0]["tool"], "fs.write", "{status}");
+    assert_eq!(status["steps"][0]["status"], "COMMIT", "{status}");
+    assert_eq!(
+        status["steps"][0]["output"]["path"], "ws/mine.txt",
+        "{status}"
+    );
+    assert_eq!(status["locks"], json!([]), "{status}");
+    let refused = call(&second, "saga_status", json!({ "saga_id": saga })).await;
+    assert_eq!(error_kind(&refused), "bad_input");
+    let refused = call(&first, "saga_status", json!({ "saga_id": "no-such-saga" })).await;
+    assert_eq!(error_kind(&refused), "bad_input");
     first.cancel().await.expect("closes");
     second.cancel().await.expect("closes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_saga_s_status_says_how_it_ended_at_either_durability() {
+    let project = Project::new();
+    let client = connect(&project, &["--durability", "normal"]).await;
+    // A call's own saga, committed within the call, and an aborted one.
+    let written = call(
+        &client,
+        "fs_write",
+        json!({ "args": { "path": "ws/auto.txt", "content": "a" } }),
+    )
+    .await;
+    let own = ok(&written)["saga_id"]
+        .as_str()
+        .expect("its saga")
+        .to_owned();
+    let status = call(&client, "saga_status", json!({ "saga_id": own })).await;
+    assert_eq!(ok(&status)["state"], "Done");
+    let saga = begin(&client).await;
+    ok(&call(
+        &client,
+        "fs_write",
+        json!({ "saga_id": saga, "args": { "path": "ws/gone.txt", "content": "g" } }),
+    )
+    .await);
+    ok(&call(
+        &client,
+        "saga_abort",
+        json!({ "saga_id": saga, "reason": "changed my mind" }),
+    )
+    .await);
+    let status = call(&client, "saga_status", json!({ "saga_id": saga })).await;
+    let status = ok(&status);
+    assert_eq!(status["state"], "FailedRolledBack", "{status}");
+    assert_eq!(status["steps"][0]["status"], "COMPENSATED", "{status}");
+    assert!(!project.path("ws/gone.txt").exists());
+    client.cancel().await.expect("closes");
+    // A bad durability is bad input before anything is served.
+    let output = project.run(&["mcp", "--durability", "sometimes"]);
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "{}",
+        crate::describe(&output)
+    );
 }
 
 /// The server over raw pipes: JSON-RPC lines in, one answer line per request out.

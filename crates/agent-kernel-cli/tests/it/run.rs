@@ -772,3 +772,35 @@ fn bench_keeps_its_log_when_asked_and_never_reuses_one() {
     assert_eq!(code, 2, "{document}");
     assert_eq!(fs::read(&kept).expect("reads"), before);
 }
+
+#[test]
+fn stderr_captured_to_a_file_carries_no_escape_byte_and_one_prefix_per_message() {
+    let project = Project::new();
+    // A warning (no policy) and a failed step, stderr and stdout captured as a log would.
+    let plan = project.plan(
+        "plan.json",
+        &serde_json::json!({"steps": [{"tool": "fault.fail", "args": {"message": "the check failed"}}]}),
+    );
+    for colour in [None, Some("1")] {
+        let mut command = project.command(&["run", "--plan", plan.to_str().expect("utf-8")]);
+        if let Some(value) = colour {
+            // Whatever the environment asks, a file is not a terminal.
+            command.env("CLICOLOR_FORCE", value);
+        }
+        let output = command.output().expect("runs");
+        assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+        assert!(!output.stderr.contains(&0x1b), "{}", describe(&output));
+        assert!(!output.stdout.contains(&0x1b), "{}", describe(&output));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            stdout.contains("step 0 (fault.fail) failed: the check failed"),
+            "{stdout}"
+        );
+        assert!(!stdout.contains("failed: failed"), "{stdout}");
+    }
+    // A warning, as a tracing line: plain text.
+    let output = project.run(&["recover", "--skip-verify"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--skip-verify"), "{}", describe(&output));
+    assert!(!output.stderr.contains(&0x1b), "{}", describe(&output));
+}
