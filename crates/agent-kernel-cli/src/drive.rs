@@ -81,6 +81,18 @@ pub(crate) async fn mcp(cli: &Cli, _out: &Output, args: &McpArgs) -> Result<u8, 
         );
     }
     let live = live_export_config()?;
+    // Told to the agent up front: where files may be touched, what a relative path means.
+    let files = {
+        let policy = load_policy(cli)?;
+        let roots = policy
+            .fs()
+            .map(|fs| fs.allow().to_vec())
+            .unwrap_or_default();
+        let cwd = std::env::current_dir().map_err(|error| {
+            Failure::bad_input(anyhow::anyhow!("cannot read the working folder: {error}"))
+        })?;
+        Some(agent_kernel_mcp::files_note(&roots, &cwd))
+    };
     let (kernel, exporter) = open_kernel_exporting(
         cli,
         *durability,
@@ -101,6 +113,7 @@ pub(crate) async fn mcp(cli: &Cli, _out: &Output, args: &McpArgs) -> Result<u8, 
         agent_kernel_mcp::ServerOptions {
             actor: actor.clone(),
             notice,
+            files,
         },
     )
     .await;

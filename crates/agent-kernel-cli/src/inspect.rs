@@ -57,7 +57,16 @@ pub(crate) async fn log(cli: &Cli, out: &Output, args: &LogArgs) -> Result<u8, F
             let saga_id = parse_saga_id(saga)?;
             out.saga_record(&operator::saga(&log, &saga_id).await?);
         }
-        None => out.saga_list(&operator::sagas(&log, *limit).await?),
+        None => {
+            let query = agent_kernel_api::SagaQuery {
+                limit: *limit,
+                ..agent_kernel_api::SagaQuery::default()
+            };
+            let listings = agent_kernel_api::TxLog::saga_page(&log, &query)
+                .await
+                .map_err(|error| Failure::from(KernelError::Log(error)))?;
+            out.saga_list(&listings);
+        }
     }
     Ok(exit::OK)
 }

@@ -1,7 +1,7 @@
 //! Everything the command prints: human tables or exactly one JSON document on stdout.
 
 use agent_kernel::{RecoveryAction, RecoveryReport, SagaReport};
-use agent_kernel_api::{EffectClass, Reversibility, SagaRecord, SagaSummary};
+use agent_kernel_api::{EffectClass, Reversibility, SagaRecord};
 use comfy_table::{ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
 use serde_json::{Value, json};
 
@@ -253,18 +253,21 @@ impl Output {
         }
     }
 
-    /// `log`.
-    pub(crate) fn saga_list(&self, sagas: &[SagaSummary]) {
+    /// `log`: each saga with the steps its plan has, or, for a live saga (no plan), the
+    /// steps it began.
+    pub(crate) fn saga_list(&self, sagas: &[agent_kernel_api::SagaListing]) {
         if self.json {
             let sagas: Vec<Value> = sagas
                 .iter()
-                .map(|saga| {
+                .map(|listing| {
+                    let saga = &listing.saga;
                     json!({
                         "saga_id": saga.saga_id,
                         "state": saga.state,
                         "name": saga.name,
                         "actor": saga.actor,
                         "n_steps": saga.n_steps,
+                        "steps_begun": listing.n_begun,
                         "dry_run": saga.dry_run,
                         "created_at_ms": saga.created_at_ms,
                         "updated_at_ms": saga.updated_at_ms,
@@ -279,7 +282,8 @@ impl Output {
             return;
         }
         let mut list = table(&["saga", "state", "steps", "name", "created"]);
-        for saga in sagas {
+        for listing in sagas {
+            let saga = &listing.saga;
             let state = if saga.dry_run {
                 format!("{} (dry run)", saga.state)
             } else {
@@ -290,7 +294,7 @@ impl Output {
                 state,
                 // A live saga has no plan: its steps arrived one at a time.
                 if saga.n_steps == 0 {
-                    "live".to_owned()
+                    format!("{} (live)", listing.n_begun)
                 } else {
                     saga.n_steps.to_string()
                 },

@@ -58,6 +58,10 @@ pub struct ServerOptions {
     /// that are gone, whose locks stay held until they are recovered), added to the
     /// server's instructions.
     pub notice: Option<String>,
+    /// Where the file tools may act and what a relative path means (the policy's allowed
+    /// roots, the server's working folder), added to the instructions and to each file
+    /// tool's description, so that an agent need not learn them from a denial.
+    pub files: Option<String>,
 }
 
 /// The MCP server over a kernel: the `saga_*` tools and one tool per kernel tool.
@@ -83,6 +87,29 @@ fn awaiting_result(saga_id: &SagaId, request: &ApprovalRequest) -> CallToolResul
         // What the operator is shown: the whole arguments, hidden characters escaped.
         "approval": agent_kernel_core::approval_document(request),
     }))
+}
+
+/// Whether kernel tool `id` is a built-in file tool (`fs.*`, `validate.file`), whose paths
+/// the sandbox's roots confine.
+fn is_file_tool(id: &str) -> bool {
+    id.starts_with("fs.") || id == "validate.file"
+}
+
+/// What the file tools' paths mean, in one sentence for an agent: the allowed `roots` (none:
+/// no file may be touched) and the folder `cwd` a relative path is joined to.
+pub fn files_note(roots: &[std::path::PathBuf], cwd: &std::path::Path) -> String {
+    if roots.is_empty() {
+        return "The sandbox policy allows no file: every file tool call is denied.".to_owned();
+    }
+    let roots: Vec<String> = roots
+        .iter()
+        .map(|root| format!("`{}`", root.display()))
+        .collect();
+    format!(
+        "File paths must lie under {} (the sandbox's allowed roots; anything else is denied); a relative path is taken from `{}`.",
+        roots.join(", "),
+        cwd.display()
+    )
 }
 
 /// The MCP name of kernel tool `id`: each `.` replaced by `_`.
@@ -299,22 +326,22 @@ impl KernelServer {
             if id == "http.get" {
                 annotations = annotations.open_world(true);
             }
+            let mut description = describe(
+                id,
+                tool.description(),
+                tool.effect(),
+                tool.reversibility(),
+                self.kernel
+                    .approval_policy()
+                    .reason_for(id, tool.as_ref())
+                    .is_some(),
+            );
+            if let Some(files) = self.options.files.as_deref().filter(|_| is_file_tool(id)) {
+                description.push(' ');
+                description.push_str(files);
+            }
             tools.push(
-                Tool::new(
-                    name.clone(),
-                    describe(
-                        id,
-                        tool.description(),
-                        tool.effect(),
-                        tool.reversibility(),
-                        self.kernel
-                            .approval_policy()
-                            .reason_for(id, tool.as_ref())
-                            .is_some(),
-                    ),
-                    object(schema),
-                )
-                .with_annotations(annotations),
+                Tool::new(name.clone(), description, object(schema)).with_annotations(annotations),
             );
         }
         tools
@@ -650,9 +677,17 @@ impl ServerHandler for KernelServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new(SERVER_NAME, env!("CARGO_PKG_VERSION")))
-            .with_instructions(match &self.options.notice {
-                None => INSTRUCTIONS.to_owned(),
-                Some(notice) => format!("{INSTRUCTIONS} Note: {notice}"),
+            .with_instructions({
+                let mut instructions = INSTRUCTIONS.to_owned();
+                if let Some(files) = &self.options.files {
+                    instructions.push(' ');
+                    instructions.push_str(files);
+                }
+                if let Some(notice) = &self.options.notice {
+                    instructions.push_str(" Note: ");
+                    instructions.push_str(notice);
+                }
+                instructions
             })
     }
 

@@ -94,7 +94,31 @@ async fn the_server_names_itself_and_lists_the_saga_tools_and_every_kernel_tool(
             .is_some_and(|text| text.contains("saga_begin")),
         "{info:?}"
     );
+    // Where files may be touched and what a relative path means, before any denial.
+    let root = fs::canonicalize(project.path("ws")).expect("the root");
+    let folder = fs::canonicalize(project.path("")).expect("the folder");
+    let files = format!(
+        "File paths must lie under `{}` (the sandbox's allowed roots; anything else is denied); a relative path is taken from `{}`.",
+        root.display(),
+        folder.display()
+    );
+    assert!(
+        info.instructions
+            .as_deref()
+            .is_some_and(|text| text.contains(&files)),
+        "{info:?}"
+    );
     let tools = client.list_all_tools().await.expect("lists");
+    for tool in &tools {
+        let described = tool.description.as_deref().unwrap_or_default();
+        let is_file_tool = tool.name.starts_with("fs_") || tool.name == "validate_file";
+        assert_eq!(
+            described.contains(&files),
+            is_file_tool,
+            "{}: {described}",
+            tool.name
+        );
+    }
     let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_ref()).collect();
     for name in [
         "saga_begin",
@@ -351,6 +375,20 @@ async fn an_ended_saga_s_status_says_how_it_ended_at_either_durability() {
     assert_eq!(status["steps"][0]["status"], "COMPENSATED", "{status}");
     assert!(!project.path("ws/gone.txt").exists());
     client.cancel().await.expect("closes");
+    // `log` counts the steps a live saga began (it has no plan to count).
+    let (code, listed) = project.run_json(&["log"]);
+    assert_eq!(code, 0, "{listed}");
+    let aborted = listed["sagas"]
+        .as_array()
+        .expect("sagas")
+        .iter()
+        .find(|listed| listed["saga_id"] == saga.as_str())
+        .expect("the aborted saga");
+    assert_eq!(aborted["n_steps"], 0, "{listed}");
+    assert_eq!(aborted["steps_begun"], 1, "{listed}");
+    let table = project.run(&["log"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("1 (live)"), "{table}");
     // A bad durability is bad input before anything is served.
     let output = project.run(&["mcp", "--durability", "sometimes"]);
     assert_eq!(
@@ -751,7 +789,7 @@ compensate = ["true"]
     assert!(described("refund_issue").contains("`refund.issue`"));
     assert!(described("fs_write").contains("previous bytes"));
     assert!(
-        described("fs_read").ends_with("it only reads."),
+        described("fs_read").contains("it only reads. File paths must lie under"),
         "{}",
         described("fs_read")
     );
