@@ -85,8 +85,8 @@ class Project:
 
 def sign_in(driver: Driver, url: str, token: str):
     driver.get(url)
-    driver.wait_find("input[name=token]").type(token)
-    driver.find("form[action='/login'] button").click()
+    driver.type_into("input[name=token]", token)
+    driver.click("form[action='/login'] button")
     driver.wait_text("main h1", "Overview")
     print("signed in with the token")
 
@@ -119,8 +119,8 @@ def approve_a_no_wait_request(driver, project, url):
     report = project.run("run", "--no-wait", "--plan", plan, expect=5)
     saga_id, approval_id = report["saga_id"], report["approval"]["id"]
     driver.get(url + "approvals")
-    article = driver.wait_find(f"#approval-{approval_id}")
-    shown = article.text()
+    driver.wait_find(f"#approval-{approval_id}")
+    shown = driver.act(f"#approval-{approval_id}", lambda article: article.text(), "the request's text")
     # The agent's markup is shown as text, never run.
     assert "<script>alert(1)</script>" in shown, shown
     assert driver.script("return document.querySelectorAll('main script').length;") == 0
@@ -137,8 +137,8 @@ def approve_a_no_wait_request(driver, project, url):
     mark(driver)
 
     driver.switch_to(inbox)
-    driver.find(f"#approval-{approval_id} input[name=note]").type("ticket 42, checked")
-    driver.find(f"#approval-{approval_id} button[value=approve]").click()
+    driver.type_into(f"#approval-{approval_id} input[name=note]", "ticket 42, checked")
+    driver.click(f"#approval-{approval_id} button[value=approve]")
     wait_for(lambda: not driver.find_all(f"#approval-{approval_id}"), "the request to leave the inbox")
     # Its process was told not to wait: whoever resumes it carries it on.
     project.run("resume", "--saga", saga_id)
@@ -176,12 +176,12 @@ def reject_a_waiting_run(driver, project, url):
         text=True,
     )
     try:
-        article = driver.wait_find("article.request", timeout=30)
+        driver.wait_find("article.request", timeout=30)
         assert still_marked(driver), "the inbox was reloaded"
         print("a waiting run's request appeared in the open inbox without a reload")
-        article_id = article.attribute("id")
-        driver.find(f"#{article_id} input[name=reason]").type("not this file")
-        driver.find(f"#{article_id} button[value=reject]").click()
+        article_id = driver.act("article.request", lambda article: article.attribute("id"), "the request's id")
+        driver.type_into(f"#{article_id} input[name=reason]", "not this file")
+        driver.click(f"#{article_id} button[value=reject]")
         out, err = waiting.communicate(timeout=60)
     finally:
         if waiting.poll() is None:
@@ -206,7 +206,7 @@ def retry_a_dead_letter(driver, project, url):
     driver.wait_find("form.retry button")
     driver.screenshot(SHOTS / "dead-letters.png")
     (project.root / "ws/block").unlink()
-    driver.find("form.retry button").click()
+    driver.click("form.retry button")
     driver.wait_text("#retry-outcome", "Compensated")
     assert "FailedRolledBack" in driver.text("main")
     assert (project.root / "ws/notes.txt").read_text() == ""
@@ -222,11 +222,11 @@ def undo_after_the_preview(driver, project, url):
     saga_id = project.run("run", "--plan", plan)["saga_id"]
     driver.get(url + f"sagas/{saga_id}")
     driver.wait_text("dd.state", "Done")
-    driver.find(f"a[href='/sagas/{saga_id}/undo']").click()
+    driver.click(f"a[href='/sagas/{saga_id}/undo']")
     driver.wait_text("main", "Every step can be undone")
     driver.screenshot(SHOTS / "undo-preview.png")
-    driver.find("form.confirm input[name=reason]").type("the agent misread the ticket")
-    driver.find("form.confirm button").click()
+    driver.type_into("form.confirm input[name=reason]", "the agent misread the ticket")
+    driver.click("form.confirm button")
     driver.wait_text("dd.state", "Undone")
     assert not (project.root / "ws/u.txt").exists()
     driver.screenshot(SHOTS / "saga-undone.png")
@@ -237,20 +237,21 @@ def undo_after_the_preview(driver, project, url):
 def filter_the_list(driver, url, undone_saga):
     driver.get(url + "sagas")
     driver.wait_find("form.filters")
-    rows = driver.find_all("table.sagas tbody tr")
-    assert len(rows) >= 4, len(rows)
-    driver.find("form.filters input[name=name]").type("write u")
-    driver.find("form.filters button").click()
+    rows = driver.texts("table.sagas tbody tr")
+    assert len(rows) >= 4, rows
+    driver.type_into("form.filters input[name=name]", "write u")
+    driver.click("form.filters button")
     wait_for(lambda: "name=write+u" in driver.url(), "the filtered list")
-    rows = driver.find_all("table.sagas tbody tr")
-    assert len(rows) == 1 and undone_saga in rows[0].text(), [row.text() for row in rows]
+    rows = driver.texts("table.sagas tbody tr")
+    assert len(rows) == 1 and undone_saga in rows[0], rows
     driver.screenshot(SHOTS / "sagas-filtered.png")
     print("filtered the saga list by name")
 
 
 def verify_the_chain(driver, url):
     driver.get(url)
-    driver.wait_find("form[action='/audit/verify'] button").click()
+    driver.wait_find("form[action='/audit/verify'] button")
+    driver.click("form[action='/audit/verify'] button")
     driver.wait_text("#audit-verdict", "Intact")
     driver.screenshot(SHOTS / "audit.png")
     driver.get(url)

@@ -147,6 +147,32 @@ class Driver:
 
         return wait_for(holds, f"`{expected}` in `{css}`", timeout)
 
+    def act(self, css: str, action, what: str, timeout: float = 20.0):
+        """Finds `css` and runs `action(element)` on it, again if the page replaced the
+        element meanwhile (a live refresh swaps in a new `<main>`)."""
+
+        def attempt():
+            return action(self.find(css)) or True
+
+        return wait_for(attempt, what, timeout)
+
+    def click(self, css: str):
+        self.act(css, lambda element: element.click(), f"a click on `{css}`")
+
+    def type_into(self, css: str, text: str):
+        self.act(css, lambda element: element.type(text), f"typing into `{css}`")
+
+    def texts(self, css: str) -> list:
+        """The text of every element `css` selects, read again if the page changed."""
+
+        def read():
+            return [element.text() for element in self.find_all(css)] or None
+
+        try:
+            return wait_for(read, f"the texts of `{css}`", timeout=5.0)
+        except AssertionError:
+            return []
+
     def script(self, source: str, *args):
         return self._session("POST", "/execute/sync", {"script": source, "args": list(args)})
 
