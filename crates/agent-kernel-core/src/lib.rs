@@ -99,6 +99,7 @@ mod live_registry;
 mod owner;
 mod plan;
 mod prune;
+mod recoverable;
 mod recovery;
 mod replay;
 mod report;

@@ -71,62 +71,9 @@ impl Kernel {
         missing
     }
 
-    /// Whether `recover` would find something to do now: an unfinished saga of an owner
-    /// that is gone (or of this process, or left detached). Reads the list of unfinished
-    /// sagas and each distinct owner's liveness once, and writes nothing but, on a log that
-    /// keeps leases, the end of the lease of an owner on this machine whose process is gone
-    /// (`TxLog::end_lease`): what a worker that recovers again and again (`recover --watch`)
-    /// asks before each round, so that an idle round leaves no record.
-    ///
-    /// # Errors
-    ///
-    /// [`KernelError::Log`] when the log cannot be read.
-    pub async fn has_recoverable_sagas(&self) -> Result<bool, KernelError> {
-        Ok(!self.recoverable(true).await?.is_empty())
-    }
-
-    /// The sagas [`recover`](Self::recover) would settle now, oldest first: the unsettled
-    /// sagas of processes that are no longer running (and of this kernel's own owner), but
-    /// not those left waiting on purpose for an approval still open. Reads only.
-    ///
-    /// # Errors
-    ///
-    /// [`KernelError::Log`] when the log cannot be read.
-    pub async fn recoverable_sagas(&self) -> Result<Vec<SagaSummary>, KernelError> {
-        self.recoverable(false).await
-    }
-
-    /// [`recoverable_sagas`](Self::recoverable_sagas), only the first with `first_only`.
-    async fn recoverable(&self, first_only: bool) -> Result<Vec<SagaSummary>, KernelError> {
-        let mut gone = HashMap::new();
-        let mut found = Vec::new();
-        for saga in self.log.unfinished_sagas().await? {
-            if self.live.contains(&saga.saga_id) {
-                continue;
-            }
-            let recoverable = if saga.owner.is_detached() {
-                // Left waiting on purpose: recoverable only once its request is settled.
-                !self
-                    .log
-                    .saga_approval(&saga.saga_id)
-                    .await?
-                    .is_some_and(|approval| self.still_open(&approval))
-            } else {
-                saga.owner == self.env.owner || self.owner_gone(&saga.owner, &mut gone).await?
-            };
-            if recoverable {
-                found.push(saga);
-                if first_only {
-                    break;
-                }
-            }
-        }
-        Ok(found)
-    }
-
     /// Whether a person may still act on `approval` (pending or approved, not expired): its
     /// saga, left waiting on purpose, is not recovered meanwhile.
-    fn still_open(&self, approval: &agent_kernel_api::ApprovalRecord) -> bool {
+    pub(crate) fn still_open(&self, approval: &agent_kernel_api::ApprovalRecord) -> bool {
         matches!(
             approval.status_at(self.env.clock.now_ms()),
             ApprovalStatus::Pending | ApprovalStatus::Approved
@@ -646,7 +593,7 @@ impl Kernel {
     }
 
     /// Whether `owner` is dead, asked once per owner: `gone` keeps the answers.
-    async fn owner_gone(
+    pub(crate) async fn owner_gone(
         &self,
         owner: &agent_kernel_api::Owner,
         gone: &mut HashMap<agent_kernel_api::Owner, bool>,

@@ -165,14 +165,15 @@ async fn decide(
     approve: bool,
 ) -> Answer {
     let json = wants_json(&headers);
-    let note = fields.get(if approve { "note" } else { "reason" });
-    if !approve && note.is_none() {
-        return Err(refused(
+    let note = if approve {
+        fields.get("note")
+    } else {
+        Some(fields.required(
             json,
-            StatusCode::UNPROCESSABLE_ENTITY,
+            "reason",
             "a rejection needs a reason (field `reason`); nothing was changed",
-        ));
-    }
+        )?)
+    };
     let view = operator::decide(
         &console.kernel,
         operator::Decision {
@@ -200,13 +201,11 @@ pub(super) async fn resolve(
     axum::Extension(fields): axum::Extension<Fields>,
 ) -> Answer {
     let json = wants_json(&headers);
-    let note = fields.get("note").ok_or_else(|| {
-        refused(
-            json,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "resolving a dead letter needs a note saying how it was settled (field `note`); nothing was changed",
-        )
-    })?;
+    let note = fields.required(
+        json,
+        "note",
+        "resolving a dead letter needs a note saying how it was settled (field `note`); nothing was changed",
+    )?;
     let outcome =
         operator::resolve_dead_letter(&console.kernel, &id, &note, console.operator.clone())
             .await
@@ -244,13 +243,11 @@ pub(super) async fn undo(
 ) -> Answer {
     let json = wants_json(&headers);
     let saga_id = saga_id_of(json, id)?;
-    let reason = fields.get("reason").ok_or_else(|| {
-        refused(
-            json,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "an undo needs a reason (field `reason`); nothing was undone",
-        )
-    })?;
+    let reason = fields.required(
+        json,
+        "reason",
+        "an undo needs a reason (field `reason`); nothing was undone",
+    )?;
     let force = flag(&fields, "force");
     to_the_end(json, async move {
         let kernel = console.compensating(json)?;

@@ -439,6 +439,12 @@ impl Fields {
             .map(|value| value.trim().to_owned())
             .filter(|value| !value.is_empty())
     }
+
+    /// Field `name`, or the refusal (422) that says it is missing with `message`.
+    fn required(&self, json: bool, name: &str, message: &str) -> Result<String, Refused> {
+        self.get(name)
+            .ok_or_else(|| refused(json, StatusCode::UNPROCESSABLE_ENTITY, message))
+    }
 }
 
 /// The fields of a POST body: `application/x-www-form-urlencoded` or a JSON object (its
