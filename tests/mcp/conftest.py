@@ -37,5 +37,6 @@ async def session(project: pathlib.Path, *extra: str):
     )
     async with stdio_client(params) as streams:
         async with ClientSession(streams[0], streams[1]) as client:
-            await client.initialize()
+            # What the server said of itself, for the tests of its instructions.
+            client.initialized = await client.initialize()
             yield client

@@ -1,6 +1,8 @@
 """The official Python MCP client against the real `agent-kernel mcp` (reference §9)."""
 
+import json
 import pathlib
+import subprocess
 
 import pytest
 
@@ -95,7 +97,41 @@ async def test_a_refused_call_leaves_the_saga_open(project):
         assert not is_error and content["state"] == "Done", content
 
 
-async def test_a_sandbox_denial_rolls_the_saga_back(project):
+async def test_a_denied_read_is_refused_and_the_saga_stays_open(project):
+    (project / "secret.txt").write_text("outside the roots")
+    async with session(project) as client:
+        saga = await begin(client)
+        await call(client, "fs_write", {"saga_id": saga, "args": {"path": "ws/y.txt", "content": "y"}})
+        is_error, content = await call(
+            client, "fs_read", {"saga_id": saga, "args": {"path": "secret.txt"}}
+        )
+        assert is_error and content["error"]["kind"] == "denied", content
+        assert content["state"] == "Acting", "the saga stays open"
+        assert (project / "ws/y.txt").read_text() == "y", "the earlier write stays"
+        is_error, content = await call(
+            client, "fs_write", {"saga_id": saga, "args": {"path": "../outside.txt", "content": "no"}}
+        )
+        assert is_error and content["error"]["kind"] == "denied", content
+        is_error, content = await call(client, "saga_commit", {"saga_id": saga})
+        assert not is_error and content["state"] == "Done", content
+        assert [step["tool"] for step in content["steps"]] == ["fs.write"], content
+    assert (project / "ws/y.txt").read_text() == "y"
+    assert not (project.parent / "outside.txt").exists()
+    # Both denials are in the audit chain.
+    listed = subprocess.run(
+        [BIN_PATH, "--db", str(project / "log.db"), "audit", "list", "--saga", saga, "--json"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+    )
+    assert listed.returncode == 0, listed.stderr
+    records = json.loads(listed.stdout)["records"]
+    refused = [record for record in records if record["kind"] == "CallRefused"]
+    assert len(refused) == 2, listed.stdout
+
+
+async def test_on_denied_rollback_rolls_the_saga_back(project):
+    (project / "sandbox.toml").write_text('[fs]\nallow = ["ws"]\n\n[mcp]\non_denied = "rollback"\n')
     async with session(project) as client:
         saga = await begin(client)
         await call(client, "fs_write", {"saga_id": saga, "args": {"path": "ws/y.txt", "content": "y"}})
@@ -106,6 +142,36 @@ async def test_a_sandbox_denial_rolls_the_saga_back(project):
         assert content["state"] == "FailedRolledBack"
     assert not (project / "ws/y.txt").exists()
     assert not (project.parent / "outside.txt").exists()
+
+
+async def test_an_empty_commit_ends_done(project):
+    async with session(project) as client:
+        saga = await begin(client)
+        is_error, content = await call(client, "saga_commit", {"saga_id": saga})
+        assert not is_error and content["state"] == "Done", content
+        assert content["steps"] == []
+
+
+async def test_an_ended_saga_still_answers_its_status(project):
+    async with session(project) as client:
+        saga = await begin(client)
+        await call(client, "fs_write", {"saga_id": saga, "args": {"path": "ws/s.txt", "content": "s"}})
+        await call(client, "saga_commit", {"saga_id": saga})
+        is_error, content = await call(client, "saga_status", {"saga_id": saga})
+        assert not is_error and content["state"] == "Done", content
+        assert content["steps"][0]["status"] == "COMMIT"
+        assert content["steps"][0]["output"]["path"] == "ws/s.txt"
+        assert content["locks"] == [], "a settled saga holds nothing"
+
+
+async def test_the_instructions_name_the_roots_and_the_working_folder(project):
+    async with session(project) as client:
+        instructions = client.initialized.instructions
+        root = str((project / "ws").resolve())
+        assert root in instructions, instructions
+        assert str(project.resolve()) in instructions, instructions
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        assert root in tools["fs_read"].description, tools["fs_read"].description
 
 
 async def test_a_failed_tool_rolls_the_saga_back(project):
@@ -137,8 +203,6 @@ async def test_two_clients_share_one_log_and_neither_can_use_the_others_saga(pro
 
 
 async def test_a_step_that_needs_approval_waits_and_resumes_once_an_operator_approves(project):
-    import subprocess
-
     (project / "sandbox.toml").write_text(
         '[fs]\nallow = ["ws"]\n\n[approval]\nrequire = ["fs.delete"]\n'
     )

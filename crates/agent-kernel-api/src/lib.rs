@@ -118,7 +118,7 @@ pub use reversibility::{
     parse_duration_ms,
 };
 pub use spec::ToolSpec;
-pub use state::{Durability, SagaId, SagaState, StepStatus};
+pub use state::{Durability, OnDenied, SagaId, SagaState, StepStatus};
 pub use text::{line_of, read_text_bounded};
 pub use tool::{
     BoxFuture, EffectClass, Outcome, ProbeOutcome, Settlement, SourcedTool, ToolContext, ToolError,

@@ -229,6 +229,38 @@ impl FromStr for Durability {
     }
 }
 
+/// What a live saga does with a call the sandbox or the FSM denies.
+///
+/// The library's live sagas roll back ([`OnDenied::Rollback`], as a plan does); the MCP
+/// server refuses by default (`sandbox.toml` `[mcp] on_denied`), so that an agent's mistaken
+/// read does not undo its earlier writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDenied {
+    /// The call is refused as bad input is: nothing of it runs, the denial is in the audit
+    /// chain, and the saga stays open.
+    Refuse,
+    /// The saga is rolled back, with the step recorded as denied.
+    #[default]
+    Rollback,
+}
+
+impl OnDenied {
+    /// The name used in `sandbox.toml`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnDenied::Refuse => "refuse",
+            OnDenied::Rollback => "rollback",
+        }
+    }
+}
+
+impl fmt::Display for OnDenied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

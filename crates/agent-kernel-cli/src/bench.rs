@@ -422,6 +422,7 @@ async fn live_saga(
         .begin(BeginOptions {
             name: Some("bench".into()),
             actor: None,
+            ..BeginOptions::default()
         })
         .await?;
     for step in 0..n_steps {
@@ -618,6 +619,7 @@ async fn recovery(args: &BenchArgs, log: Arc<CountingLog>) -> anyhow::Result<Rec
                         .begin(BeginOptions {
                             name: Some("bench-abandoned".into()),
                             actor: None,
+                            ..BeginOptions::default()
                         })
                         .await?;
                     for _ in 0..n_steps {

@@ -82,8 +82,9 @@ pub(crate) async fn mcp(cli: &Cli, _out: &Output, args: &McpArgs) -> Result<u8, 
     }
     let live = live_export_config()?;
     // Told to the agent up front: where files may be touched, what a relative path means.
+    let policy = load_policy(cli)?;
+    let settings = agent_kernel::mcp_settings_from(&policy).map_err(Failure::bad_input)?;
     let files = {
-        let policy = load_policy(cli)?;
         let roots = policy
             .fs()
             .map(|fs| fs.allow().to_vec())
@@ -114,6 +115,7 @@ pub(crate) async fn mcp(cli: &Cli, _out: &Output, args: &McpArgs) -> Result<u8, 
             actor: actor.clone(),
             notice,
             files,
+            on_denied: settings.on_denied,
         },
     )
     .await;

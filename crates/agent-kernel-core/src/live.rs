@@ -15,8 +15,9 @@
 //!   settled with the next step in view; the step itself is admitted with what follows it
 //!   unknown (more steps may come).
 //! - `commit`: the last step's success is settled as a plan's last step (`saga_complete`),
-//!   through the closing validation to `Done`. A saga with no step cannot be committed:
-//!   `PlanReady` needs `plan_non_empty`, so the commit is denied and the saga rolled back.
+//!   through the closing validation to `Done`. A saga with no step is complete at once:
+//!   `Planning --ValidationPassed[saga_complete]--> Done` (a table without that row denies
+//!   the commit, and the saga is rolled back).
 //! - `abort`, the idle timeout, the process closing: recorded (`SagaAborted`), then the
 //!   table's failure event for the saga's state, to `Compensating`, and compensation.
 
@@ -25,7 +26,8 @@ use std::time::Duration;
 
 use agent_kernel_api::{
     AbortCause, ApprovalRequest, ApprovalStatus, AuditEvent, CallRefusal,
-    MAX_IDEMPOTENCY_KEY_BYTES, MAX_LABEL_BYTES, PlanStep, SagaAbort, SagaId, SagaState, StepDenial,
+    MAX_IDEMPOTENCY_KEY_BYTES, MAX_LABEL_BYTES, OnDenied, PlanStep, SagaAbort, SagaId, SagaState,
+    StepDenial,
 };
 use agent_kernel_fsm::{Denial, Event};
 use serde::Serialize;
@@ -48,6 +50,9 @@ pub struct BeginOptions {
     pub name: Option<String>,
     /// Who drives it, recorded in the log; an actor has one unfinished saga at a time.
     pub actor: Option<String>,
+    /// What a call the sandbox or the FSM denies does: roll the saga back (the default), or
+    /// refuse the call and leave the saga open.
+    pub on_denied: OnDenied,
 }
 
 /// What a call of a live saga came to.
@@ -57,10 +62,13 @@ pub struct BeginOptions {
 pub enum CallAnswer {
     /// The step committed (durably, before this answer); its report carries the output.
     Committed(StepReport),
-    /// Bad input (an unknown tool, invalid arguments, a key bound to other arguments):
-    /// nothing of the call ran, the refusal is in the audit chain, and the saga stays open.
+    /// Bad input (an unknown tool, invalid arguments, a key bound to other arguments), or
+    /// under [`OnDenied::Refuse`] a call the sandbox or the FSM denied
+    /// ([`ProblemKind::Denied`]): nothing of the call ran, the refusal is in the audit
+    /// chain, and the saga stays open.
     Refused(Problem),
-    /// The sandbox or the FSM denied the call: the saga was rolled back, as a plan's is.
+    /// Under [`OnDenied::Rollback`], the sandbox or the FSM denied the call: the saga was
+    /// rolled back, as a plan's is.
     Denied(SagaReport),
     /// The tool failed: the saga was rolled back; the report lists what was compensated.
     Failed(SagaReport),
@@ -114,6 +122,16 @@ pub struct LiveSaga {
     kernel: Arc<Kernel>,
     saga_id: SagaId,
     entry: Arc<LiveEntry>,
+}
+
+/// The refusal of a call the FSM denied, as the call's problem.
+fn denied_problem(saga: &SagaInFlight, step: &PlanStep, message: String) -> Problem {
+    Problem {
+        step_idx: saga.next_seq as usize,
+        tool: step.tool.clone(),
+        kind: ProblemKind::Denied,
+        message,
+    }
 }
 
 fn check_label(what: &str, value: Option<&String>) -> Result<(), KernelError> {
@@ -194,6 +212,7 @@ impl Kernel {
         let batch = saga.take_batch();
         self.write_saga_batch(&saga, batch).await?;
         let entry = Arc::new(LiveEntry {
+            on_denied: options.on_denied,
             saga: tokio::sync::Mutex::new(Some(saga)),
             touched: Mutex::new(Instant::now()),
             ended: Arc::new(tokio::sync::Notify::new()),
@@ -336,8 +355,13 @@ impl LiveSaga {
     /// ([`CallAnswer::Refused`]) with nothing run and the saga still open. Otherwise the
     /// previous step's success is settled, the FSM admits the step, its intent is made
     /// durable, the tool runs, and its outcome is made durable before the answer: the output
-    /// ([`CallAnswer::Committed`]), or, for a denial or a failure, the saga rolled back
-    /// ([`CallAnswer::Denied`], [`CallAnswer::Failed`]), after which the saga is closed.
+    /// ([`CallAnswer::Committed`]), or, for a failure, the saga rolled back
+    /// ([`CallAnswer::Failed`]), after which the saga is closed. A denial by the sandbox or
+    /// the FSM follows the saga's [`BeginOptions::on_denied`]: the saga rolled back
+    /// ([`CallAnswer::Denied`]), or the call refused with the saga still open
+    /// ([`CallAnswer::Refused`]). A denial found only while the tool runs (a link out of the
+    /// allowed roots met when the file is opened) always rolls the saga back: the step had
+    /// begun.
     ///
     /// # Errors
     ///
@@ -364,7 +388,8 @@ impl LiveSaga {
             idempotency_key,
         };
         let span = info_span!("saga", saga_id = %self.saga_id, live = true);
-        self.with_saga(|kernel, saga| Box::pin(kernel.live_call(saga, step)))
+        let on_denied = self.entry.on_denied;
+        self.with_saga(move |kernel, saga| Box::pin(kernel.live_call(saga, step, on_denied)))
             .instrument(span)
             .await
     }
@@ -394,8 +419,8 @@ impl LiveSaga {
     /// # Errors
     ///
     /// [`KernelError::SagaNotOpen`] when the saga has ended; [`KernelError::Denied`] when
-    /// the FSM refuses the commit (a saga with no step: `plan_non_empty`), after the saga
-    /// was rolled back; [`KernelError::Interrupted`] when the log fails.
+    /// the FSM refuses the commit (a table without `Planning --ValidationPassed--> Done`
+    /// refuses a saga with no step), after the saga was rolled back; [`KernelError::Interrupted`] when the log fails.
     pub async fn commit(&self) -> Result<SagaReport, KernelError> {
         let span = info_span!("saga", saga_id = %self.saga_id, live = true);
         let kernel = Arc::clone(&self.kernel);
@@ -585,6 +610,7 @@ impl Kernel {
         &self,
         mut saga: SagaInFlight,
         step: PlanStep,
+        on_denied: OnDenied,
     ) -> Result<LiveStep, KernelError> {
         if let Some(request) = &saga.waiting_on {
             let problem = Problem {
@@ -615,7 +641,9 @@ impl Kernel {
             });
         }
         if let Some(problem) = problems.first() {
-            if let Some(denial) = checked.denial {
+            if let Some(denial) = checked.denial
+                && on_denied == OnDenied::Rollback
+            {
                 // As a run's: a denial rolls the saga back, with the step recorded refused.
                 let tool = self
                     .tools
@@ -626,19 +654,8 @@ impl Kernel {
                 let report = self.fail_saga(saga, Some(failure), &NoObserver).await?;
                 return Ok(LiveStep::Closed(CallAnswer::rolled_back(report)));
             }
-            warn!(saga_id = %saga.saga_id, tool = %step.tool, problem = %problem, "call refused");
-            self.audit(AuditEvent::CallRefused(CallRefusal {
-                saga_id: saga.saga_id.clone(),
-                tool: step.tool.clone(),
-                args: step.args.clone(),
-                reason: problem.message.clone(),
-                by: self.env.owner.clone(),
-            }))
-            .await?;
-            return Ok(LiveStep::Open(
-                Box::new(saga),
-                CallAnswer::Refused(problem.clone()),
-            ));
+            let problem = problem.clone();
+            return self.refuse_call(saga, &step, problem).await;
         }
         let tool = self
             .tools
@@ -649,6 +666,11 @@ impl Kernel {
         let before = (saga.state, saga.pending_success.clone());
         // The previous step's success, now that what follows it is known.
         if let Err(failure) = self.settle(&mut saga, Lookahead::Step(tool.effect())) {
+            if on_denied == OnDenied::Refuse && failure.error.is_denied() {
+                (saga.state, saga.pending_success) = before;
+                let problem = denied_problem(&saga, &step, failure.error.to_string());
+                return self.refuse_call(saga, &step, problem).await;
+            }
             let report = self.fail_saga(saga, Some(failure), &NoObserver).await?;
             return Ok(LiveStep::Closed(CallAnswer::rolled_back(report)));
         }
@@ -659,6 +681,12 @@ impl Kernel {
                 .apply(saga.state, Event::PlanReady, &start_facts(true, true))
             {
                 Ok(state) => saga.state = state,
+                Err(denial) if on_denied == OnDenied::Refuse => {
+                    (saga.state, saga.pending_success) = before;
+                    let message = step_denied(denial, &step.tool).to_string();
+                    let problem = denied_problem(&saga, &step, message);
+                    return self.refuse_call(saga, &step, problem).await;
+                }
                 Err(denial) => {
                     let failure = self.refuse_step(
                         &mut saga,
@@ -671,6 +699,15 @@ impl Kernel {
                 }
             }
         }
+        if on_denied == OnDenied::Refuse
+            && let Err(denial) = self.admit_step(saga.state, tool.effect(), Lookahead::Unknown)
+        {
+            // What the step path's admission would deny, refused before anything is written.
+            (saga.state, saga.pending_success) = before;
+            let message = step_denied(denial, &step.tool).to_string();
+            let problem = denied_problem(&saga, &step, message);
+            return self.refuse_call(saga, &step, problem).await;
+        }
         match self.live_step(saga, &step).await? {
             LiveStep::Open(mut saga, answer @ CallAnswer::Conflict(_)) => {
                 // Nothing of the call ran: the saga stands where it stood, its previous
@@ -681,6 +718,26 @@ impl Kernel {
             }
             other => Ok(other),
         }
+    }
+
+    /// Refuses a call of which nothing ran: the refusal is in the audit chain
+    /// (`CallRefused`), and the saga stays open where it stood.
+    async fn refuse_call(
+        &self,
+        saga: SagaInFlight,
+        step: &PlanStep,
+        problem: Problem,
+    ) -> Result<LiveStep, KernelError> {
+        warn!(saga_id = %saga.saga_id, tool = %step.tool, problem = %problem, "call refused");
+        self.audit(AuditEvent::CallRefused(CallRefusal {
+            saga_id: saga.saga_id.clone(),
+            tool: step.tool.clone(),
+            args: step.args.clone(),
+            reason: problem.message.clone(),
+            by: self.env.owner.clone(),
+        }))
+        .await?;
+        Ok(LiveStep::Open(Box::new(saga), CallAnswer::Refused(problem)))
     }
 
     /// Takes `step` as the live saga's next step over the step path and makes its outcome
@@ -802,20 +859,25 @@ impl Kernel {
             return self.refuse_commit(saga, denial).await;
         }
         if saga.state == SagaState::Planning {
-            // No step was ever called: the plan is empty.
-            let denial =
-                match self
-                    .fsm
-                    .apply(saga.state, Event::PlanReady, &start_facts(false, true))
-                {
-                    Err(denial) => denial,
-                    Ok(_) => Denial {
-                        state: saga.state,
-                        event: Some(Event::ValidationPassed),
-                        tool: None,
-                        rule: agent_kernel_fsm::Rule::NotInTable,
-                    },
-                };
+            // No step was ever called: there is nothing to validate, and the saga is
+            // complete (`Planning --ValidationPassed[saga_complete]--> Done`).
+            let facts = Lookahead::End.facts(None);
+            let denial = match self
+                .fsm
+                .apply(saga.state, Event::ValidationPassed, &facts)
+            {
+                Ok(SagaState::Done) => {
+                    saga.state = SagaState::Done;
+                    return self.finish_done(saga).await;
+                }
+                Err(denial) => denial,
+                Ok(_) => Denial {
+                    state: saga.state,
+                    event: Some(Event::ValidationPassed),
+                    tool: None,
+                    rule: agent_kernel_fsm::Rule::NotInTable,
+                },
+            };
             return self.refuse_commit(saga, denial).await;
         }
         match self.settle(&mut saga, Lookahead::End) {

@@ -12,6 +12,8 @@ use crate::in_flight::SagaInFlight;
 /// One open live saga in the registry.
 #[derive(Debug)]
 pub(crate) struct LiveEntry {
+    /// What a denied call does to the saga.
+    pub(crate) on_denied: agent_kernel_api::OnDenied,
     /// `None` once it has ended.
     pub(crate) saga: tokio::sync::Mutex<Option<SagaInFlight>>,
     /// When it was last begun, called or looked at.

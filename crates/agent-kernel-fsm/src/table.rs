@@ -16,7 +16,7 @@ pub const MAX_TABLE_BYTES: usize = 64 * 1024;
 pub const MAX_TRANSITIONS: usize = 256;
 
 /// The table of spec §3.4, row by row.
-const BUILTIN: [Transition; 16] = {
+const BUILTIN: [Transition; 17] = {
     use Event::*;
     use Guard::*;
     use SagaState::*;
@@ -55,6 +55,7 @@ const BUILTIN: [Transition; 16] = {
             Some(AnyCompensationFailed),
         ),
         row(Done, UndoRequested, Undone, None),
+        row(Planning, ValidationPassed, Done, Some(SagaComplete)),
     ]
 };
 

@@ -25,10 +25,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use agent_kernel_api::{
-    AbortCause, ApprovalRequest, EffectClass, Reversibility, SagaId, SagaState,
+    AbortCause, ApprovalRequest, EffectClass, OnDenied, Reversibility, SagaId, SagaState,
 };
 use agent_kernel_core::{
-    BeginOptions, CallAnswer, Kernel, KernelError, LiveSaga, SagaReport, StepReport,
+    BeginOptions, CallAnswer, Kernel, KernelError, LiveSaga, ProblemKind, SagaReport, StepReport,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CustomRequest, CustomResult,
@@ -50,7 +50,7 @@ pub const INSTRUCTIONS: &str = "Every tool call runs through agent-kernel as a s
 pub const SERVER_NAME: &str = "agent-kernel";
 
 /// The server's options.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ServerOptions {
     /// The actor recorded with every saga of this connection (one saga at a time).
     pub actor: Option<String>,
@@ -62,6 +62,20 @@ pub struct ServerOptions {
     /// roots, the server's working folder), added to the instructions and to each file
     /// tool's description, so that an agent need not learn them from a denial.
     pub files: Option<String>,
+    /// What a call the sandbox or the FSM denies does to its saga: refused with the saga left
+    /// open (the default), or the saga rolled back (`sandbox.toml` `[mcp] on_denied`).
+    pub on_denied: OnDenied,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            actor: None,
+            notice: None,
+            files: None,
+            on_denied: OnDenied::Refuse,
+        }
+    }
 }
 
 /// The MCP server over a kernel: the `saga_*` tools and one tool per kernel tool.
@@ -385,6 +399,7 @@ impl KernelServer {
                     .begin(BeginOptions {
                         name: label,
                         actor: self.options.actor.clone(),
+                        on_denied: self.options.on_denied,
                     })
                     .await
                 {
@@ -536,6 +551,7 @@ impl KernelServer {
                 .begin(BeginOptions {
                     name: Some(format!("{id} (autocommit)")),
                     actor: self.options.actor.clone(),
+                    on_denied: self.options.on_denied,
                 })
                 .await
             {
@@ -628,10 +644,14 @@ impl KernelServer {
             CallAnswer::Refused(problem) => {
                 let (state, steps) =
                     Self::refused_call(saga, autocommit, "the call was refused").await;
+                let kind = match problem.kind {
+                    ProblemKind::Denied => "denied",
+                    _ => "bad_input",
+                };
                 error_result(
                     Some(&saga_id),
                     Some(state),
-                    "bad_input",
+                    kind,
                     &problem.to_string(),
                     &steps,
                 )

@@ -190,7 +190,13 @@ impl NativeKernel {
         let kernel = Arc::clone(&self.kernel);
         let saga = wait(py, async move {
             // The engine's timers (the idle timeout) need its runtime.
-            kernel.begin(BeginOptions { name, actor }).await
+            kernel
+                .begin(BeginOptions {
+                    name,
+                    actor,
+                    ..BeginOptions::default()
+                })
+                .await
         })
         .map_err(|error| native_error(&error))?;
         Ok(NativeSaga { saga })

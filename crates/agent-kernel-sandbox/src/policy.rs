@@ -49,6 +49,7 @@ pub struct Policy {
     http: Option<HttpPolicy>,
     limits: Option<toml::Table>,
     approval: Option<toml::Table>,
+    mcp: Option<toml::Table>,
 }
 
 /// The `[fs]` section, with every allowed root canonicalized.
@@ -79,6 +80,8 @@ struct RawPolicy {
     /// Which steps wait for an operator (reference §10); carried, not ruled on, like
     /// `[limits]`.
     approval: Option<toml::Table>,
+    /// How the MCP server answers what it serves; carried, not ruled on, like `[limits]`.
+    mcp: Option<toml::Table>,
 }
 
 #[derive(Deserialize)]
@@ -160,6 +163,7 @@ impl Policy {
             http: None,
             limits: None,
             approval: None,
+            mcp: None,
         }
     }
 
@@ -190,6 +194,12 @@ impl Policy {
         self.approval.as_ref()
     }
 
+    /// The `[mcp]` section as written (what the MCP server does with a denied call). The
+    /// sandbox carries it without ruling on it.
+    pub fn mcp_table(&self) -> Option<&toml::Table> {
+        self.mcp.as_ref()
+    }
+
     /// How to name the policy in messages: its file, or a stand-in.
     pub fn origin(&self) -> String {
         origin_of(self.source.as_deref())
@@ -217,6 +227,7 @@ impl Policy {
             http,
             limits: raw.limits,
             approval: raw.approval,
+            mcp: raw.mcp,
         })
     }
 }

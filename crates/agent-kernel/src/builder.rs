@@ -20,7 +20,7 @@ use crate::confine::Opened;
 use crate::process::{ProcessProbe, current_owner, current_uid};
 use crate::wiring::{
     ToolSet, approval_policy_from, declared_timeout, declared_tools, dispatcher_with,
-    lease_from_env, limits_from_policy, read_table,
+    lease_from_env, limits_from_policy, mcp_settings_from, read_table,
 };
 
 /// The log [`KernelBuilder::from_folder`] opens unless told otherwise (after
@@ -576,6 +576,8 @@ impl KernelBuilder {
         let (tools, limits) = self.tool_set(&policy, &sandbox, false)?;
         let dispatcher = dispatcher_with(limits, tools, &policy)?;
         let approvals = approval_policy_from(&policy)?;
+        // Checked here so that every command refuses a policy the MCP server would.
+        mcp_settings_from(&policy)?;
         let clock = self.clock.clone().unwrap_or_else(|| Arc::new(SystemClock));
         let owner = current_owner().map_err(|error| {
             KernelError::Setup(format!("cannot identify this process in /proc: {error}"))

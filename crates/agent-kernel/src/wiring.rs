@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_kernel_api::{ToolEntry, ToolSource};
+use agent_kernel_api::{OnDenied, ToolEntry, ToolSource};
 use agent_kernel_core::{ApprovalPolicy, KernelError};
 use agent_kernel_dispatcher::{Dispatcher, Limits, SeededJitter};
 use agent_kernel_fsm::Guardrail;
@@ -219,6 +219,43 @@ pub fn limits_from_policy(policy: &Policy) -> Result<Limits, KernelError> {
         ))
     })?;
     Ok(limits)
+}
+
+/// What a policy's `[mcp]` section asks of the MCP server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct McpSettings {
+    /// What a call the sandbox or the FSM denies does to its saga (`on_denied`, default
+    /// `"refuse"`).
+    #[serde(default = "refuse")]
+    pub on_denied: OnDenied,
+}
+
+fn refuse() -> OnDenied {
+    OnDenied::Refuse
+}
+
+impl Default for McpSettings {
+    fn default() -> Self {
+        McpSettings {
+            on_denied: OnDenied::Refuse,
+        }
+    }
+}
+
+/// The MCP server's settings from a policy's `[mcp]` section, else the defaults.
+///
+/// # Errors
+///
+/// [`KernelError::Setup`] naming the policy and the key unknown or the value not allowed.
+pub fn mcp_settings_from(policy: &Policy) -> Result<McpSettings, KernelError> {
+    let Some(table) = policy.mcp_table() else {
+        return Ok(McpSettings::default());
+    };
+    toml::Value::Table(table.clone()).try_into().map_err(|error| {
+        KernelError::Setup(format!("sandbox policy {}: [mcp]: {error}", policy.origin()))
+    })
 }
 
 /// The lease [`LEASE_ENV`] sets, if it does, checked against the backend's bounds.

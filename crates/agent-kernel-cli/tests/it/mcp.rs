@@ -247,7 +247,8 @@ async fn sagas_commit_abort_and_autocommit_with_the_contract_answers() {
     .await;
     ok(&write);
 
-    // Denied by the sandbox: the saga rolls back, d.txt with it.
+    // Denied by the sandbox: refused (`[mcp] on_denied` is `refuse` by default), the saga
+    // stays open with d.txt in place; aborting it then puts everything back.
     let denied = call(
         &client,
         "fs_write",
@@ -255,7 +256,10 @@ async fn sagas_commit_abort_and_autocommit_with_the_contract_answers() {
     )
     .await;
     assert_eq!(error_kind(&denied), "denied");
-    assert_eq!(content(&denied)["state"], "FailedRolledBack");
+    assert_eq!(content(&denied)["state"], "Acting");
+    assert!(project.path("ws/d.txt").exists());
+    let aborted = call(&client, "saga_abort", json!({ "saga_id": saga })).await;
+    assert_eq!(ok(&aborted)["state"], "FailedRolledBack");
     assert!(!project.path("ws/d.txt").exists());
     let closed = call(&client, "saga_commit", json!({ "saga_id": saga })).await;
     assert_eq!(error_kind(&closed), "bad_input", "the saga is closed");

@@ -488,7 +488,7 @@ fn limits_from_the_policy_bound_every_call() {
 }
 
 #[test]
-fn bad_limits_are_bad_input() {
+fn bad_limits_and_mcp_settings_are_bad_input() {
     let project = Project::new();
     let plan = project.plan(
         "plan.json",
@@ -505,6 +505,12 @@ fn bad_limits_are_bad_input() {
             "[limits.tools.\"fs.wrte\"]\ntimeout_ms = 5\n",
             "names no tool",
         ),
+        // Every command refuses what the MCP server would.
+        (
+            "[mcp]\non_denied = \"ignore\"\n",
+            "unknown variant `ignore`",
+        ),
+        ("[mcp]\non_deny = \"refuse\"\n", "unknown field `on_deny`"),
     ] {
         fs::write(
             project.path("sandbox.toml"),

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_kernel_api::{SagaId, SagaState, StepStatus, TxLog};
+use agent_kernel_api::{OnDenied, SagaId, SagaState, StepStatus, TxLog};
 use agent_kernel_core::{
     BeginOptions, CallAnswer, Kernel, KernelError, NoObserver, ProblemKind, RecoveryAction,
     SagaReport,
@@ -61,6 +61,7 @@ async fn a_call_chosen_from_the_previous_output_commits() {
         .begin(BeginOptions {
             name: Some("agent loop".into()),
             actor: None,
+            ..BeginOptions::default()
         })
         .await
         .expect("begins");
@@ -258,6 +259,63 @@ async fn a_call_the_fsm_denies_rolls_the_saga_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saga_that_refuses_denials_stays_open_after_one() {
+    // The same table: the FSM denies a second mutating step; the tool's check denies a
+    // forbidden item, as the sandbox denies a path outside its roots.
+    let mut fixture = Fixture::new();
+    let table = agent_kernel_fsm::Guardrail::builtin().to_toml();
+    let table = table.replacen(
+        "[[transition]]\nfrom = \"Acting\"\nevent = \"ToolSucceeded\"\nto = \"Acting\"\n",
+        "",
+        1,
+    );
+    fixture.fsm = agent_kernel_fsm::Guardrail::from_toml_str(&table).expect("valid");
+    let kernel = live_kernel(&fixture, 1);
+    let saga = kernel
+        .begin(BeginOptions {
+            on_denied: OnDenied::Refuse,
+            ..BeginOptions::default()
+        })
+        .await
+        .expect("begins");
+    let first = saga
+        .call("ledger.add", json!({ "item": "x", "forbidden": true }), None)
+        .await
+        .expect("answers");
+    let CallAnswer::Refused(problem) = first else {
+        panic!("{first:?}")
+    };
+    assert_eq!(problem.kind, ProblemKind::Denied);
+    assert!(problem.message.contains("forbidden"), "{problem}");
+    committed_output(
+        &saga
+            .call("ledger.add", json!({ "item": "a" }), None)
+            .await
+            .expect("calls"),
+    );
+    let second = saga
+        .call("ledger.add", json!({ "item": "b" }), None)
+        .await
+        .expect("answers");
+    let CallAnswer::Refused(problem) = second else {
+        panic!("{second:?}")
+    };
+    assert_eq!(problem.kind, ProblemKind::Denied);
+    assert!(problem.message.contains("ToolSucceeded"), "{problem}");
+    // Nothing of either ran, both refusals are in the chain, and the saga ends as if they
+    // had not been made.
+    assert_eq!(fixture.world.items(), ["a"]);
+    let refused = audit_kinds(&fixture, "CallRefused");
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    let report = saga.commit().await.expect("commits");
+    assert_eq!(report.state, SagaState::Done);
+    assert_eq!(report.steps.len(), 1);
+    assert_eq!(fixture.world.items(), ["a"]);
+    let audit = fixture.verify();
+    assert!(audit.is_intact(), "{:?}", audit.first_bad);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_two_live_sagas_at_once_end_as_their_drivers_chose() {
     const N_SAGAS: usize = 32;
     let fixture = Fixture::new();
@@ -270,6 +328,7 @@ async fn thirty_two_live_sagas_at_once_end_as_their_drivers_chose() {
                     .begin(BeginOptions {
                         name: None,
                         actor: Some(format!("agent-{saga_idx}")),
+                        ..BeginOptions::default()
                     })
                     .await
                     .expect("begins");
@@ -434,6 +493,7 @@ async fn an_actor_drives_one_saga_at_a_time() {
     let actor = BeginOptions {
         name: None,
         actor: Some("agent".into()),
+        ..BeginOptions::default()
     };
     let first = kernel.begin(actor.clone()).await.expect("begins");
     let error = kernel.begin(actor.clone()).await.expect_err("busy");
@@ -450,13 +510,38 @@ async fn an_actor_drives_one_saga_at_a_time() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_saga_without_a_step_cannot_be_committed() {
+async fn a_saga_without_a_step_commits_done() {
     let fixture = Fixture::new();
+    let kernel = live_kernel(&fixture, 1);
+    let actor = BeginOptions {
+        name: None,
+        actor: Some("agent".into()),
+        ..BeginOptions::default()
+    };
+    let saga = kernel.begin(actor.clone()).await.expect("begins");
+    let report = saga.commit().await.expect("commits");
+    assert_eq!(report.state, SagaState::Done);
+    assert!(report.steps.is_empty());
+    assert_eq!(saga_state(&kernel, saga.id()).await, SagaState::Done);
+    // The actor is free again, and the chain holds the move from Planning to Done.
+    kernel.begin(actor).await.expect("idle again");
+    let audit = fixture.verify();
+    assert!(audit.is_intact(), "{:?}", audit.first_bad);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_without_the_empty_commit_row_rolls_an_empty_saga_back() {
+    let mut fixture = Fixture::new();
+    let table = agent_kernel_fsm::Guardrail::builtin().to_toml();
+    let row = "[[transition]]\nfrom = \"Planning\"\nevent = \"ValidationPassed\"\nto = \"Done\"\nguard = \"saga_complete\"\n";
+    assert!(table.contains(row), "{table}");
+    fixture.fsm =
+        agent_kernel_fsm::Guardrail::from_toml_str(&table.replacen(row, "", 1)).expect("valid");
     let kernel = live_kernel(&fixture, 1);
     let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
     let error = saga.commit().await.expect_err("denied");
     assert!(error.is_denied(), "{error}");
-    assert!(error.to_string().contains("plan_non_empty"), "{error}");
+    assert!(error.to_string().contains("ValidationPassed"), "{error}");
     assert_eq!(
         saga_state(&kernel, saga.id()).await,
         SagaState::FailedRolledBack

@@ -105,6 +105,10 @@ impl Tool for Ledger {
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
+        if args.get("forbidden").is_some() {
+            // As the sandbox denies a path outside its roots.
+            return Err(ToolError::denied("the item is forbidden"));
+        }
         item_of(args).map(|_| ())
     }
 

@@ -85,7 +85,6 @@ forbidden_pairs! {
     planning_start_saga: Planning, StartSaga;
     planning_tool_succeeded: Planning, ToolSucceeded;
     planning_tool_failed: Planning, ToolFailed;
-    planning_validation_passed: Planning, ValidationPassed;
     planning_compensation_done: Planning, CompensationDone;
     planning_compensation_failed: Planning, CompensationFailed;
     planning_approval_requested: Planning, ApprovalRequested;

@@ -22,6 +22,7 @@ fn model(state: SagaState, event: Event, facts: &Facts) -> Option<SagaState> {
         (Idle, StartSaga) if facts.actor_idle => Some(Planning),
         (Planning, PlanReady) if facts.plan_non_empty => Some(Acting),
         (Planning, ValidationFailed) => Some(Compensating),
+        (Planning, ValidationPassed) if facts.saga_complete => Some(Done),
         (Acting, ToolSucceeded) if facts.validation_next => Some(Validating),
         (Acting, ToolSucceeded) => Some(Acting),
         (Acting, ToolFailed) => Some(Compensating),

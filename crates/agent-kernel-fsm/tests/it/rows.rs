@@ -71,6 +71,7 @@ rows! {
     compensating_compensation_done_failed_rolled_back: Compensating, CompensationDone, Some(Guard::AllCompensated), FailedRolledBack;
     compensating_compensation_failed_partial: Compensating, CompensationFailed, Some(Guard::AnyCompensationFailed), FailedRollbackPartial;
     done_undo_requested_undone: Done, UndoRequested, None, Undone;
+    planning_validation_passed_done: Planning, ValidationPassed, Some(Guard::SagaComplete), Done;
 }
 
 #[test]
