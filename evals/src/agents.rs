@@ -131,6 +131,7 @@ async fn take_turn(
                 .begin(BeginOptions {
                     name: Some(saga_name(name, who)),
                     actor: None,
+                    ..BeginOptions::default()
                 })
                 .await?,
         );

@@ -529,6 +529,7 @@ pub(crate) async fn kernel_chain(
         .begin(BeginOptions {
             name: Some(name.to_owned()),
             actor: None,
+            ..BeginOptions::default()
         })
         .await?;
     for (index, call) in calls.iter().enumerate() {

@@ -26,8 +26,9 @@ def project(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 @contextlib.asynccontextmanager
-async def session(project: pathlib.Path, *extra: str):
-    """An initialized client session with `agent-kernel mcp` in `project`."""
+async def session(project: pathlib.Path, *extra: str, logging_callback=None):
+    """An initialized client session with `agent-kernel mcp` in `project`; the server's
+    notifications/message go to `logging_callback`."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("AGENT_KERNEL")}
     params = StdioServerParameters(
         command=str(pathlib.Path(BIN).resolve()),
@@ -36,7 +37,7 @@ async def session(project: pathlib.Path, *extra: str):
         env=env,
     )
     async with stdio_client(params) as streams:
-        async with ClientSession(streams[0], streams[1]) as client:
+        async with ClientSession(streams[0], streams[1], logging_callback=logging_callback) as client:
             # What the server said of itself, for the tests of its instructions.
             client.initialized = await client.initialize()
             yield client

@@ -1,5 +1,6 @@
 """The official Python MCP client against the real `agent-kernel mcp` (reference §9)."""
 
+import contextlib
 import json
 import pathlib
 import subprocess
@@ -234,4 +235,82 @@ async def test_a_step_that_needs_approval_waits_and_resumes_once_an_operator_app
         # Aborting puts the file back: the approved step is compensated like any other.
         is_error, content = await call(client, "saga_abort", {"saga_id": saga})
         assert not is_error and content["state"] == "FailedRolledBack", content
+    assert (project / "ws/a.txt").read_text() == "keep me"
+
+
+async def test_a_decision_reaches_the_waiting_client_as_a_notification(project):
+    import anyio
+
+    (project / "sandbox.toml").write_text('[fs]\nallow = ["ws"]\n\n[approval]\nrequire = ["fs.delete"]\n')
+    (project / "ws/a.txt").write_text("delete me")
+    told = []
+    decided = anyio.Event()
+
+    async def on_message(params):
+        told.append(params)
+        decided.set()
+
+    async with session(project, logging_callback=on_message) as client:
+        saga = await begin(client)
+        is_error, content = await call(client, "fs_delete", {"saga_id": saga, "args": {"path": "ws/a.txt"}})
+        assert not is_error and content["state"] == "AwaitingApproval", content
+        approval = content["approval"]["id"]
+        is_error, content = await call(client, "saga_status", {"saga_id": saga})
+        assert content["state"] == "AwaitingApproval", content
+        # Another call meanwhile is refused, and says where the saga stands.
+        is_error, content = await call(client, "fs_write", {"saga_id": saga, "args": {"path": "ws/b.txt", "content": "b"}})
+        assert is_error and content["state"] == "AwaitingApproval", content
+        approved = subprocess.run(
+            [BIN_PATH, "--db", str(project / "log.db"), "approve", approval],
+            cwd=project,
+            capture_output=True,
+            text=True,
+        )
+        assert approved.returncode == 0, approved.stderr
+        assert "saga_resume" in approved.stdout, approved.stdout
+        with anyio.fail_after(20):
+            await decided.wait()
+        assert told[0].data["event"] == "approval_decided", told
+        assert told[0].data["saga_id"] == saga and told[0].data["approval_id"] == approval
+        assert told[0].data["status"] == "approved"
+        is_error, content = await call(client, "saga_resume", {"saga_id": saga})
+        assert not is_error and content["status"] == "COMMIT", content
+        is_error, content = await call(client, "saga_commit", {"saga_id": saga})
+        assert not is_error and content["state"] == "Done", content
+    assert not (project / "ws/a.txt").exists()
+
+
+async def test_a_request_of_a_killed_server_is_refused_until_recover(project):
+    import os
+    import signal
+
+    (project / "sandbox.toml").write_text('[fs]\nallow = ["ws"]\n\n[approval]\nrequire = ["fs.delete"]\n')
+    (project / "ws/a.txt").write_text("keep me")
+
+    def binary(*args):
+        return subprocess.run(
+            [BIN_PATH, "--db", str(project / "log.db"), *args], cwd=project, capture_output=True, text=True
+        )
+
+    killed = {}
+    # The session cannot end cleanly once its server is killed: what it did is kept.
+    with contextlib.suppress(Exception):
+        async with session(project) as client:
+            saga = await begin(client)
+            _, content = await call(client, "fs_delete", {"saga_id": saga, "args": {"path": "ws/a.txt"}})
+            shown = json.loads(binary("--json", "log", "--saga", saga).stdout)
+            os.kill(shown["owner"]["pid"], signal.SIGKILL)
+            killed.update(saga=saga, approval=content["approval"]["id"])
+    assert killed, "the saga waited and its server was killed"
+    approval = killed["approval"]
+    listed = json.loads(binary("--json", "approvals").stdout)
+    assert [request["holder_gone"] for request in listed["approvals"]] == [True], listed
+    refused = binary("approve", approval)
+    assert refused.returncode == 4, refused.stderr
+    assert "is gone" in refused.stderr and "recover" in refused.stderr, refused.stderr
+    recovered = binary("recover")
+    assert recovered.returncode == 0, recovered.stderr + recovered.stdout
+    closed = binary("approve", approval)
+    assert closed.returncode == 4 and "cancelled" in closed.stderr, closed.stderr
+    assert json.loads(binary("--json", "approvals").stdout)["approvals"] == []
     assert (project / "ws/a.txt").read_text() == "keep me"

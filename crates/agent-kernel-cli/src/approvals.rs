@@ -58,6 +58,13 @@ pub(crate) async fn list_command(kernel: &Kernel, out: &Output) -> Result<u8, Fa
         ]);
     }
     println!("{list}");
+    for view in pending.iter().filter(|view| view.holder_gone) {
+        println!(
+            "⚠ {}: the process that held saga {} is gone, so nothing would run the step; it cannot be decided until `agent-kernel recover` rolls the saga back",
+            printable(&view.request.approval_id),
+            view.request.saga_id,
+        );
+    }
     for view in &pending {
         if let Some(earlier) = &view.request.duplicate_of {
             println!(
@@ -85,7 +92,11 @@ pub(crate) async fn list_command(kernel: &Kernel, out: &Output) -> Result<u8, Fa
 pub(crate) fn list_document(pending: &[operator::ApprovalView]) -> serde_json::Value {
     let approvals: Vec<_> = pending
         .iter()
-        .map(|view| approval_document(&view.request))
+        .map(|view| {
+            let mut document = approval_document(&view.request);
+            document["holder_gone"] = json!(view.holder_gone);
+            document
+        })
         .collect();
     json!({ "approvals": approvals })
 }
@@ -215,10 +226,16 @@ pub(crate) async fn decide_command(
             "arguments: {}",
             shown_arguments(&view.args_shown, &view.args_warnings)
         );
-        println!(
-            "the saga moves on when its process next looks, or at `agent-kernel resume --saga {}`",
-            request.saga_id
-        );
+        if view.later_steps.is_none() {
+            println!(
+                "a live saga: the process holding it runs the step when its agent resumes it (`saga_resume` over MCP, told by a notification; `resume()` in Python)"
+            );
+        } else {
+            println!(
+                "a waiting `agent-kernel run` moves on by itself; one left with `--no-wait` continues with `agent-kernel resume --saga {}`",
+                request.saga_id
+            );
+        }
     }
     Ok(exit::OK)
 }

@@ -17,19 +17,25 @@ pub(crate) const MAX_LOG_LIMIT: u32 = 10_000;
     about = "Saga transactions, crash recovery and a sandbox for AI agent tool calls"
 )]
 pub(crate) struct Cli {
-    /// The log database [default: $AGENT_KERNEL_DB, else ./agent-kernel.db]
+    /// The log database [default: $AGENT_KERNEL_DB, else agent-kernel.db of --config]
     #[arg(long, global = true, env = "AGENT_KERNEL_DB", value_name = "PATH")]
     pub(crate) db: Option<PathBuf>,
     /// The audit key file, hex digits [default: $AGENT_KERNEL_AUDIT_KEY, else no key]
     #[arg(long, global = true, value_name = "PATH")]
     pub(crate) audit_key_file: Option<PathBuf>,
-    /// The sandbox policy [default: ./sandbox.toml if it exists, else deny all]
+    /// The project's folder: its sandbox.toml, fsm.toml, tools.toml and agent-kernel.db are
+    /// the defaults, and relative paths in tool arguments are taken from it [default: .]
+    #[arg(long, global = true, value_name = "DIR")]
+    pub(crate) config: Option<PathBuf>,
+    /// The sandbox policy [default: sandbox.toml of --config if it exists, else deny all]
     #[arg(long, global = true, value_name = "PATH")]
     pub(crate) sandbox: Option<PathBuf>,
-    /// The FSM transition table [default: ./fsm.toml if it exists, else the built-in table]
+    /// The FSM transition table [default: fsm.toml beside --sandbox, else of --config, if it
+    /// exists; else the built-in table]
     #[arg(long, global = true, value_name = "PATH")]
     pub(crate) fsm: Option<PathBuf>,
-    /// Tools of your own, programs in any language [default: ./tools.toml if it exists]
+    /// Tools of your own, programs in any language [default: tools.toml beside --sandbox,
+    /// else of --config, if it exists]
     #[arg(long, global = true, value_name = "PATH")]
     pub(crate) tools: Option<PathBuf>,
     /// Print exactly one JSON document on stdout instead of human-readable output
@@ -87,7 +93,7 @@ pub(crate) enum Command {
     /// See, retry or settle the compensations that failed (dead letters)
     Dlq(DlqArgs),
     /// List the tools with their classes and the limits in force
-    Tools,
+    Tools(ToolsArgs),
     /// Check the tamper-evident audit log
     Audit(AuditArgs),
     /// Which lines of the sandbox are active
@@ -181,6 +187,15 @@ pub(crate) struct RejectArgs {
     /// The operator key, when the request was asked under a policy that names one
     #[arg(long, value_name = "FILE")]
     pub(crate) operator_key_file: Option<PathBuf>,
+}
+
+/// The arguments of `tools`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ToolsArgs {
+    /// Start the upstream MCP servers of the tools file and list their tools too (else
+    /// they are named, not started)
+    #[arg(long)]
+    pub(crate) upstream: bool,
 }
 
 /// The arguments of `recover`.

@@ -89,8 +89,12 @@ pub(crate) async fn mcp(cli: &Cli, _out: &Output, args: &McpArgs) -> Result<u8, 
             .fs()
             .map(|fs| fs.allow().to_vec())
             .unwrap_or_default();
-        let cwd = std::env::current_dir().map_err(|error| {
-            Failure::bad_input(anyhow::anyhow!("cannot read the working folder: {error}"))
+        let folder = config_folder(cli);
+        let cwd = std::fs::canonicalize(&folder).map_err(|error| {
+            Failure::bad_input(anyhow::anyhow!(
+                "cannot resolve the project folder {}: {error}",
+                folder.display()
+            ))
         })?;
         Some(agent_kernel_mcp::files_note(&roots, &cwd))
     };

@@ -160,7 +160,7 @@ pub(crate) async fn sandbox(cli: &Cli, out: &Output, args: &SandboxArgs) -> Resu
     Ok(exit::OK)
 }
 
-pub(crate) async fn tools(cli: &Cli, out: &Output) -> Result<u8, Failure> {
+pub(crate) async fn tools(cli: &Cli, out: &Output, args: &ToolsArgs) -> Result<u8, Failure> {
     // Read once: the listing and the approval rules come from the same policy.
     let policy = load_policy(cli)?;
     let approvals = agent_kernel::approval_policy_from(&policy).map_err(Failure::bad_input)?;
@@ -168,7 +168,10 @@ pub(crate) async fn tools(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         .policy(policy)
         .listing()
         .map_err(Failure::bad_input)?;
-    tools.load_all().await;
+    // An upstream server is started only when asked: listing tools should not run programs.
+    if args.upstream {
+        tools.load_all().await;
+    }
     out.tools(&tools, &approvals);
     Ok(exit::OK)
 }

@@ -238,6 +238,14 @@ fn watch_signals(cancel: Arc<Cancellation>) {
 }
 
 async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
+    if let Some(folder) = &cli.config
+        && !folder.is_dir()
+    {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--config {}: not a folder (it names the project's folder, which holds sandbox.toml, tools.toml, fsm.toml and agent-kernel.db); nothing was done",
+            folder.display()
+        )));
+    }
     match &cli.command {
         Command::Run(args) => drive::run(cli, out, args).await,
         Command::Resume(args) => drive::resume(cli, out, args).await,
@@ -253,7 +261,7 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         Command::Rollback(args) => operate::rollback(cli, out, args).await,
         Command::Audit(args) => inspect::audit(cli, out, args).await,
         Command::Sandbox(args) => inspect::sandbox(cli, out, args).await,
-        Command::Tools => inspect::tools(cli, out).await,
+        Command::Tools(args) => inspect::tools(cli, out, args).await,
         Command::Replay(args) => inspect::replay(cli, out, args).await,
         Command::Export(args) => inspect::export(cli, out, args).await,
         Command::Log(args) => inspect::log(cli, out, args).await,
@@ -366,7 +374,7 @@ fn load_fsm(cli: &Cli) -> Result<Guardrail, Failure> {
 /// the working folder's defaults ([`KernelBuilder::from_folder`]), the same for `run`,
 /// `mcp`, `recover` and every listing.
 fn wiring(cli: &Cli) -> KernelBuilder {
-    let mut builder = KernelBuilder::from_folder(".").db(db_path(cli));
+    let mut builder = KernelBuilder::from_folder(config_folder(cli)).db(db_path(cli));
     if let Some(path) = &cli.sandbox {
         builder = builder.sandbox_file(path);
     }
@@ -380,7 +388,18 @@ fn wiring(cli: &Cli) -> KernelBuilder {
 }
 
 pub(crate) fn db_path(cli: &Cli) -> PathBuf {
-    cli.db.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DB))
+    match (&cli.db, &cli.config) {
+        (Some(db), _) => db.clone(),
+        (None, Some(folder)) => folder.join(DEFAULT_DB),
+        (None, None) => PathBuf::from(DEFAULT_DB),
+    }
+}
+
+/// The project's folder: `--config`, else the working folder. Its `sandbox.toml`,
+/// `fsm.toml`, `tools.toml` and `agent-kernel.db` are the defaults, and relative paths in
+/// tool arguments are taken from it.
+pub(crate) fn config_folder(cli: &Cli) -> PathBuf {
+    cli.config.clone().unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// Whether `--db` names a PostgreSQL database rather than an SQLite file.
@@ -792,7 +811,7 @@ pub(crate) fn open_unconfined(
         // the command runs in the wrong folder than on sagas that touched no file.
         if policy.source().is_none() {
             return Err(Failure::bad_input(anyhow::anyhow!(
-                "no sandbox policy: recover and rollback rule on every path the log records with the policy in force, and without one every file step would be left uncompensated for good; pass the policy the sagas ran under with --sandbox FILE (or run in the folder of its ./{DEFAULT_SANDBOX}); nothing was done"
+                "no sandbox policy: recover and rollback rule on every path the log records with the policy in force, and without one every file step would be left uncompensated for good; pass the policy the sagas ran under with --sandbox FILE or --config DIR (or run in the folder of its ./{DEFAULT_SANDBOX}); nothing was done"
             )));
         }
         if policy.fs().is_none() {

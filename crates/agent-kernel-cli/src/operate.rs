@@ -173,6 +173,37 @@ pub(crate) async fn undo(cli: &Cli, out: &Output, args: &UndoArgs) -> Result<u8,
     })
 }
 
+/// When recovery left a saga for want of a tool: on stderr, the tools file this process
+/// loaded, or where it looked for one, so that the operator can point `--tools` at the
+/// right file.
+fn say_where_tools_were_looked_for(cli: &Cli, report: &agent_kernel::RecoveryReport) {
+    let missing = report
+        .sagas
+        .iter()
+        .any(|action| matches!(action, agent_kernel::RecoveryAction::MissingTools { .. }));
+    if !missing {
+        return;
+    }
+    let builder = wiring(cli);
+    match builder.tools_file_path() {
+        Some(path) => eprintln!(
+            "agent-kernel: the tools file loaded was {}; if the sagas ran with another, name it with --tools FILE",
+            path.display()
+        ),
+        None => {
+            let looked: Vec<String> = builder
+                .default_file_candidates(agent_kernel::DEFAULT_TOOLS)
+                .iter()
+                .map(|path| path.display().to_string())
+                .collect();
+            eprintln!(
+                "agent-kernel: no tools file was loaded (none at {}); name the one the sagas ran with using --tools FILE or --config DIR",
+                looked.join(", ")
+            );
+        }
+    }
+}
+
 pub(crate) async fn recover(cli: &Cli, out: &Output, args: &RecoverArgs) -> Result<u8, Failure> {
     let RecoverArgs {
         skip_verify,
@@ -198,6 +229,7 @@ pub(crate) async fn recover(cli: &Cli, out: &Output, args: &RecoverArgs) -> Resu
         )
         .await?;
         out.recovery(&report);
+        say_where_tools_were_looked_for(cli, &report);
         return Ok(if report.needs_operator() {
             exit::ATTENTION
         } else {
@@ -212,6 +244,7 @@ pub(crate) async fn recover(cli: &Cli, out: &Output, args: &RecoverArgs) -> Resu
     let kernel = open_kernel_to_compensate(cli, *skip_verify).await?;
     let report = operator::recover(&kernel, &progress::StepProgress::hidden()).await?;
     out.recovery(&report);
+    say_where_tools_were_looked_for(cli, &report);
     Ok(if !report.needs_operator() {
         exit::OK
     } else {

@@ -663,6 +663,7 @@ impl Output {
             .into_iter()
             .map(|(server, reason)| json!({"server": server, "reason": reason}))
             .collect();
+        let not_started = tools.not_asked();
         let ids = tools.ids();
         let rows: Vec<Value> = ids
             .iter()
@@ -718,6 +719,7 @@ impl Output {
             print_json(&json!({
                 "tools": rows,
                 "unavailable": unavailable,
+                "not_started": not_started,
                 "limits": {
                     "timeout_ms": limits.timeout_ms,
                     "compensation_timeout_ms": limits.compensation_timeout_ms,
@@ -761,6 +763,11 @@ impl Output {
             ]);
         }
         println!("{list}");
+        for server in &not_started {
+            println!(
+                "upstream MCP server `{server}` was not started, its tools are not listed: `agent-kernel tools --upstream` starts it and lists them"
+            );
+        }
         for server in &unavailable {
             println!(
                 "upstream MCP server `{}` is unavailable, its tools are not listed: {}",

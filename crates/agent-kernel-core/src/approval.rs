@@ -82,6 +82,23 @@ impl Kernel {
             .ok_or_else(|| KernelError::ApprovalNotFound(approval_id.to_owned()))
     }
 
+    /// Whether the process holding saga `saga_id` is gone: not this process, not left
+    /// detached for any process to resume, and found dead (its process gone from this
+    /// machine, or its lease run out). Such a saga waits for `recover`, which rolls it back,
+    /// and a decision on its request would move nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::SagaNotFound`]; [`KernelError::Log`].
+    pub async fn holder_gone(&self, saga_id: &SagaId) -> Result<bool, KernelError> {
+        let record = self.load(saga_id).await?;
+        let owner = &record.saga.owner;
+        if owner.is_detached() || *owner == self.env.owner || record.saga.state.is_terminal() {
+            return Ok(false);
+        }
+        Ok(self.owner_liveness(owner).await? == crate::Liveness::Dead)
+    }
+
     /// Records an operator's decision on a pending request, in the audit chain with the
     /// user and the note. The waiting saga moves on when its process next looks (or at
     /// [`Kernel::resume`]).
@@ -92,7 +109,10 @@ impl Kernel {
     /// was already decided, has expired, or its saga was rolled back (nothing changes);
     /// [`KernelError::InvalidRequest`] for a note too long;
     /// [`KernelError::OperatorKeyRequired`] and [`KernelError::OperatorKeyMismatch`] when
-    /// the request names an operator key and it is not given; [`KernelError::Log`].
+    /// the request names an operator key and it is not given;
+    /// [`KernelError::HolderGone`] when the process holding the saga is gone
+    /// ([`holder_gone`](Self::holder_gone)), until `recover` settles it;
+    /// [`KernelError::Log`].
     pub async fn decide_approval(
         &self,
         approval_id: &str,
@@ -123,6 +143,12 @@ impl Kernel {
             return Err(KernelError::ApprovalClosed {
                 approval_id: approval_id.to_owned(),
                 status,
+            });
+        }
+        if self.holder_gone(&record.request.saga_id).await? {
+            return Err(KernelError::HolderGone {
+                approval_id: approval_id.to_owned(),
+                saga_id: record.request.saga_id.clone(),
             });
         }
         let kind = if decision.approve {

@@ -139,6 +139,17 @@ pub enum KernelError {
         /// Where it stands.
         status: agent_kernel_api::ApprovalStatus,
     },
+    /// The process that held the request's saga is gone: a decision would move nothing.
+    /// `recover` rolls the saga back and voids the request.
+    #[error(
+        "approval request {approval_id} cannot be decided: the process that held saga {saga_id} is gone, so nothing would run it; `agent-kernel recover` rolls the saga back; nothing was changed"
+    )]
+    HolderGone {
+        /// The request.
+        approval_id: String,
+        /// Its saga.
+        saga_id: SagaId,
+    },
     /// `undo` refused: nothing was undone. `step` is the step that made it refuse, when one
     /// did.
     #[error(
@@ -267,6 +278,7 @@ impl KernelError {
             | KernelError::OperatorKeyRequired(_)
             | KernelError::OperatorKeyMismatch(_)
             | KernelError::ApprovalClosed { .. }
+            | KernelError::HolderGone { .. }
             | KernelError::DeadLetterClosed { .. } => true,
             KernelError::Log(TxError::ApprovalUnusable { .. }) => true,
             _ => false,

@@ -245,6 +245,11 @@ impl Kernel {
         &self.log
     }
 
+    /// The time now by the kernel's clock, in milliseconds since the Unix epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.env.clock.now_ms()
+    }
+
     /// The process this kernel records as the owner of the sagas it begins.
     pub fn owner(&self) -> &Owner {
         &self.env.owner

@@ -862,10 +862,7 @@ impl Kernel {
             // No step was ever called: there is nothing to validate, and the saga is
             // complete (`Planning --ValidationPassed[saga_complete]--> Done`).
             let facts = Lookahead::End.facts(None);
-            let denial = match self
-                .fsm
-                .apply(saga.state, Event::ValidationPassed, &facts)
-            {
+            let denial = match self.fsm.apply(saga.state, Event::ValidationPassed, &facts) {
                 Ok(SagaState::Done) => {
                     saga.state = SagaState::Done;
                     return self.finish_done(saga).await;

@@ -331,6 +331,15 @@ impl Dispatcher {
         .await;
     }
 
+    /// The sources not asked for their tools yet (an upstream server not started), by name.
+    pub fn not_asked(&self) -> Vec<String> {
+        self.sources
+            .iter()
+            .filter(|(_, source)| source.loaded.get().is_none())
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// The sources asked whose tools cannot be used, each with why.
     pub fn unavailable(&self) -> Vec<(String, String)> {
         self.sources

@@ -22,24 +22,27 @@
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use agent_kernel_api::{
-    AbortCause, ApprovalRequest, EffectClass, OnDenied, Reversibility, SagaId, SagaState,
+    AbortCause, ApprovalRequest, ApprovalStatus, EffectClass, OnDenied, Reversibility, SagaId,
+    SagaState,
 };
 use agent_kernel_core::{
     BeginOptions, CallAnswer, Kernel, KernelError, LiveSaga, ProblemKind, SagaReport, StepReport,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CustomRequest, CustomResult,
-    Implementation, JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
-    ServerConfig, Tool, ToolAnnotations,
+    Implementation, JsonObject, ListToolsResult, PaginatedRequestParams, ServerConfig, Tool,
+    ToolAnnotations,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
+mod notify;
 mod screen;
 pub use screen::MESSAGE_DEPTH_MAX;
 
@@ -78,6 +81,10 @@ impl Default for ServerOptions {
     }
 }
 
+/// How often the server looks at a request one of its sagas waits on, to tell the client
+/// once an operator has decided it.
+pub const DECISION_WATCH_INTERVAL: Duration = Duration::from_millis(250);
+
 /// The MCP server over a kernel: the `saga_*` tools and one tool per kernel tool.
 #[derive(Debug, Clone)]
 pub struct KernelServer {
@@ -88,6 +95,11 @@ pub struct KernelServer {
     /// The sagas begun for one call without `saga_id` that wait for an approval: once the
     /// step runs (`saga_resume`), they commit as the call would have.
     autocommit_waiting: Arc<Mutex<BTreeSet<SagaId>>>,
+    /// The client, once it has called a tool: told when a request its saga waits on is
+    /// decided.
+    peer: Arc<Mutex<Option<Peer<RoleServer>>>>,
+    /// The requests watched for a decision, one watch each.
+    watched: Arc<Mutex<BTreeSet<String>>>,
 }
 
 /// The answer to a call whose step waits for an operator's approval: not an error.
@@ -232,6 +244,11 @@ fn kernel_error_result(saga_id: Option<&SagaId>, error: &KernelError) -> CallToo
     error_result(saga_id, None, kind, &error.to_string(), &[])
 }
 
+/// `mutex` locked, whether or not a thread panicked while holding it.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 fn complete(result: CallToolResult) -> Result<CallToolResponse, McpError> {
     Ok(CallToolResponse::Complete(result))
 }
@@ -254,13 +271,66 @@ impl KernelServer {
             options,
             names: Arc::new(names),
             autocommit_waiting: Arc::default(),
+            peer: Arc::default(),
+            watched: Arc::default(),
         }
     }
 
-    fn autocommit_waiting(&self) -> std::sync::MutexGuard<'_, BTreeSet<SagaId>> {
-        self.autocommit_waiting
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    /// Watches request `request` of saga `saga_id` (once, however often it is asked) until
+    /// it is decided or the saga ends, looking every [`DECISION_WATCH_INTERVAL`]; once
+    /// approved, rejected or expired, tells the client with a `notifications/message`
+    /// (level `notice`, logger `agent-kernel`, data `{event: "approval_decided", saga_id,
+    /// approval_id, status}`), after which `saga_resume` runs at once.
+    fn watch_decision(&self, saga_id: &SagaId, request: &ApprovalRequest) {
+        let Some(peer) = lock(&self.peer).clone() else {
+            return;
+        };
+        if !lock(&self.watched).insert(request.approval_id.clone()) {
+            return;
+        }
+        let (kernel, watched) = (Arc::clone(&self.kernel), Arc::clone(&self.watched));
+        let (saga_id, approval_id) = (saga_id.clone(), request.approval_id.clone());
+        tokio::spawn(async move {
+            let status = loop {
+                tokio::time::sleep(DECISION_WATCH_INTERVAL).await;
+                if kernel.live_saga(&saga_id).is_none() {
+                    // Ended meanwhile (aborted, rolled back): nothing to resume.
+                    break None;
+                }
+                match kernel.approval(&approval_id).await {
+                    Ok(record) => match record.status_at(kernel.now_ms()) {
+                        ApprovalStatus::Pending => {}
+                        status @ (ApprovalStatus::Approved
+                        | ApprovalStatus::Rejected
+                        | ApprovalStatus::Expired) => break Some(status),
+                        // Used or void: the saga has already moved on.
+                        _ => break None,
+                    },
+                    Err(error) => {
+                        warn!(%saga_id, %approval_id, %error, "cannot watch the approval");
+                        break None;
+                    }
+                }
+            };
+            lock(&watched).remove(&approval_id);
+            if let Some(status) = status {
+                info!(%saga_id, %approval_id, %status, "telling the client the approval is decided");
+                let data = json!({
+                    "event": "approval_decided",
+                    "saga_id": saga_id.as_str(),
+                    "approval_id": approval_id,
+                    "status": status,
+                    "next": "call saga_resume with this saga_id",
+                });
+                if let Err(error) = notify::tell(&peer, data).await {
+                    warn!(%saga_id, %error, "the client could not be told the approval is decided");
+                }
+            }
+        });
+    }
+
+    fn autocommit_waiting(&self) -> MutexGuard<'_, BTreeSet<SagaId>> {
+        lock(&self.autocommit_waiting)
     }
 
     /// Every tool this server lists.
@@ -585,21 +655,16 @@ impl KernelServer {
         autocommit: bool,
         reason: &str,
     ) -> (SagaState, Vec<StepReport>) {
-        let steps = match saga.status().await {
-            Some(status) => status.steps,
-            None => Vec::new(),
+        let (state, steps) = match saga.status().await {
+            // Where it stands: `AwaitingApproval` for a call refused while it waits.
+            Some(status) => (status.state, status.steps),
+            None => (SagaState::FailedRolledBack, Vec::new()),
         };
         if autocommit {
             // Nothing ran: the saga of this call ends with it.
             let _ = saga.abort(reason).await;
+            return (SagaState::FailedRolledBack, steps);
         }
-        let state = if autocommit {
-            SagaState::FailedRolledBack
-        } else if steps.is_empty() {
-            SagaState::Planning
-        } else {
-            SagaState::Acting
-        };
         (state, steps)
     }
 
@@ -635,6 +700,7 @@ impl KernelServer {
                 }))
             }
             CallAnswer::AwaitingApproval(request) => {
+                self.watch_decision(&saga_id, &request);
                 if autocommit {
                     // Kept open until `saga_resume`, which commits it once the step runs.
                     self.autocommit_waiting().insert(saga_id.clone());
@@ -695,7 +761,7 @@ impl KernelServer {
 
 impl ServerHandler for KernelServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(notify::capabilities())
             .with_server_info(Implementation::new(SERVER_NAME, env!("CARGO_PKG_VERSION")))
             .with_instructions({
                 let mut instructions = INSTRUCTIONS.to_owned();
@@ -733,8 +799,9 @@ impl ServerHandler for KernelServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        lock(&self.peer).get_or_insert_with(|| context.peer.clone());
         let arguments = request.arguments.unwrap_or_default();
         let name = request.name.as_ref();
         if name.starts_with("saga_")

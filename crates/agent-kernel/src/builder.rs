@@ -73,12 +73,12 @@ enum FsmSource {
 /// | --- | --- | --- |
 /// | log | [`db`](Self::db) or [`log`](Self::log), required | `$AGENT_KERNEL_DB`, else `dir/agent-kernel.db` (SQLite, created if absent) |
 /// | policy | deny-all | `dir/sandbox.toml` if it exists, else deny-all |
-/// | FSM table | the built-in table | `dir/fsm.toml` if it exists, else the built-in table |
-/// | tools | the built-in tools (not the drill tools `fault.*`) and the ones added | the same, and the command and upstream tools of `dir/tools.toml` if it exists |
+/// | FSM table | the built-in table | `fsm.toml` beside a policy file named with [`sandbox_file`](Self::sandbox_file), else `dir/fsm.toml`, if it exists; else the built-in table |
+/// | tools | the built-in tools (not the drill tools `fault.*`) and the ones added | the same, and the command and upstream tools of `tools.toml`, looked for as `fsm.toml` is |
 /// | relative paths in arguments | against the working directory | against `dir` |
 /// | lease on PostgreSQL | the default | `$AGENT_KERNEL_LEASE_MS`, else the default |
 ///
-/// and for both: durability [`Durability::Full`], the policy's `[limits]` (else the
+/// For both: durability [`Durability::Full`], the policy's `[limits]` (else the
 /// defaults), the system clock, UUID v7 ids, this process as the owner of its sagas. Each
 /// can be changed. `new` reads no file and no environment variable it is not pointed at.
 ///
@@ -354,16 +354,45 @@ impl KernelBuilder {
     pub fn tools_file_path(&self) -> Option<PathBuf> {
         match &self.tools_file {
             ToolsFileSource::File(path) => Some(path.clone()),
-            ToolsFileSource::Default => self.folder_file(DEFAULT_TOOLS),
+            ToolsFileSource::Default => self.default_file(DEFAULT_TOOLS),
             ToolsFileSource::Skip => None,
         }
     }
 
-    /// `name` in the folder, when there is a folder and the file exists there.
-    fn folder_file(&self, name: &str) -> Option<PathBuf> {
-        let folder = self.folder.as_deref()?;
-        let path = in_folder(folder, name);
-        path.is_file().then_some(path)
+    /// Where a default file `name` is looked for, in order: beside the policy file when
+    /// one is named (for `fsm.toml` and `tools.toml`), then in the folder of
+    /// [`from_folder`](Self::from_folder). Nothing for a builder from [`new`](Self::new).
+    pub fn default_file_candidates(&self, name: &str) -> Vec<PathBuf> {
+        let Some(folder) = self.folder.as_deref() else {
+            return Vec::new();
+        };
+        let mut candidates = Vec::with_capacity(2);
+        let policy_file = match &self.policy {
+            PolicySource::File(path) => Some(path.as_path()),
+            PolicySource::Given(policy) => policy.source(),
+            PolicySource::Default => None,
+        };
+        if name != DEFAULT_SANDBOX
+            && let Some(policy) = policy_file
+        {
+            let beside = policy
+                .parent()
+                .filter(|dir| !dir.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            candidates.push(in_folder(beside, name));
+        }
+        let in_config = in_folder(folder, name);
+        if !candidates.contains(&in_config) {
+            candidates.push(in_config);
+        }
+        candidates
+    }
+
+    /// The first of [`default_file_candidates`](Self::default_file_candidates) that exists.
+    fn default_file(&self, name: &str) -> Option<PathBuf> {
+        self.default_file_candidates(name)
+            .into_iter()
+            .find(|path| path.is_file())
     }
 
     /// Leaves out the built-in tools: only the tools added are registered.
@@ -437,7 +466,7 @@ impl KernelBuilder {
         match &self.policy {
             PolicySource::Given(policy) => Ok(policy.as_ref().clone()),
             PolicySource::File(path) => load(path, path.display().to_string()),
-            PolicySource::Default => match self.folder_file(DEFAULT_SANDBOX) {
+            PolicySource::Default => match self.default_file(DEFAULT_SANDBOX) {
                 Some(path) => load(&path, path.display().to_string()),
                 None => Ok(Policy::deny_all()),
             },
@@ -456,7 +485,7 @@ impl KernelBuilder {
         let loaded = match &self.fsm {
             FsmSource::Given(table) => Ok(table.as_ref().clone()),
             FsmSource::File(path) => read_table(path),
-            FsmSource::Default => match self.folder_file(DEFAULT_FSM) {
+            FsmSource::Default => match self.default_file(DEFAULT_FSM) {
                 Some(path) => read_table(&path),
                 None => Ok(Guardrail::builtin()),
             },

@@ -77,8 +77,8 @@ pub use process::{ProcessProbe, current_owner, current_uid};
 /// The JSON values tools take and give.
 pub use serde_json;
 pub use wiring::{
-    OPERATOR_KEY_BYTES_MAX, ToolSet, approval_policy_from, declared_tools, dispatcher_with,
-    McpSettings, limits_from_policy, mcp_settings_from, read_operator_key,
+    McpSettings, OPERATOR_KEY_BYTES_MAX, ToolSet, approval_policy_from, declared_tools,
+    dispatcher_with, limits_from_policy, mcp_settings_from, read_operator_key,
 };
 
 /// The README's Rust snippet, compiled and run as a documentation test.

@@ -253,9 +253,14 @@ pub fn mcp_settings_from(policy: &Policy) -> Result<McpSettings, KernelError> {
     let Some(table) = policy.mcp_table() else {
         return Ok(McpSettings::default());
     };
-    toml::Value::Table(table.clone()).try_into().map_err(|error| {
-        KernelError::Setup(format!("sandbox policy {}: [mcp]: {error}", policy.origin()))
-    })
+    toml::Value::Table(table.clone())
+        .try_into()
+        .map_err(|error| {
+            KernelError::Setup(format!(
+                "sandbox policy {}: [mcp]: {error}",
+                policy.origin()
+            ))
+        })
 }
 
 /// The lease [`LEASE_ENV`] sets, if it does, checked against the backend's bounds.

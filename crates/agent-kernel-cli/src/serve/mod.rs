@@ -572,6 +572,7 @@ fn failed(json: bool, error: &KernelError) -> Response {
         | KernelError::ApprovalNotFound(_)
         | KernelError::DeadLetterNotFound(_) => StatusCode::NOT_FOUND,
         KernelError::ApprovalClosed { .. }
+        | KernelError::HolderGone { .. }
         | KernelError::DeadLetterClosed { .. }
         | KernelError::UndoRefused { .. }
         | KernelError::TakenOver(_)

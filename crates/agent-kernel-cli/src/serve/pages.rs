@@ -249,6 +249,12 @@ pub(crate) fn approvals(
                         dt { "requested" } dd { (format_ms(request.requested_at_ms)) }
                         dt { "expires" } dd { (format_ms(request.expires_at_ms)) }
                     }
+                    @if view.holder_gone {
+                        p.warning {
+                            "⚠ The process that held this saga is gone, so nothing would run the step: it cannot be decided until "
+                            code { "agent-kernel recover" } " rolls the saga back."
+                        }
+                    }
                     p { "Arguments (canonical JSON, whole):" }
                     pre.args { (view.args_shown) }
                     @for warning in &view.args_warnings {

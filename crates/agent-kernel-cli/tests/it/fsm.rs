@@ -190,7 +190,7 @@ fn fsm_show_renders_every_format() {
     assert!(String::from_utf8_lossy(&output.stdout).contains("Acting         ToolFailed"));
     let (code, document) = project.run_json(&["fsm", "--show"]);
     assert_eq!(code, 0);
-    assert_eq!(document["transitions"].as_array().expect("rows").len(), 16);
+    assert_eq!(document["transitions"].as_array().expect("rows").len(), 17);
     assert_eq!(document["transitions"][0]["guard"], "actor_idle");
     // The approval states are in the table `fsm --show` prints.
     let rows = document["transitions"].to_string();

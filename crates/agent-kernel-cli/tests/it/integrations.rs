@@ -90,7 +90,12 @@ fn every_client_snippet_starts_the_mcp_server_with_arguments_it_accepts() {
     ] {
         check_mcp_servers(rel);
     }
-    // `claude mcp add NAME -- COMMAND ARGS…`
+    assert_accepted("integrations/claude-code/add.sh", &add_sh_args("/tmp"));
+}
+
+/// The arguments `integrations/claude-code/add.sh` gives `agent-kernel` (`claude mcp add
+/// NAME -- agent-kernel ARGS…`), run in the folder `pwd`.
+pub(crate) fn add_sh_args(pwd: &str) -> Vec<String> {
     let script = std::fs::read_to_string(root().join("integrations/claude-code/add.sh"))
         .expect("reads add.sh");
     let line = script
@@ -100,10 +105,9 @@ fn every_client_snippet_starts_the_mcp_server_with_arguments_it_accepts() {
     let (_, command) = line.split_once(" -- ").expect("`--` before the command");
     let mut words = command
         .split_whitespace()
-        .map(|word| word.trim_matches('"').replace("$PWD", "/tmp"));
+        .map(|word| word.trim_matches('"').replace("$PWD", pwd));
     assert_eq!(words.next().as_deref(), Some("agent-kernel"));
-    let args: Vec<String> = words.collect();
-    assert_accepted("integrations/claude-code/add.sh", &args);
+    words.collect()
 }
 
 #[test]

@@ -5,6 +5,7 @@ mod approvals;
 mod audit;
 mod bad_input;
 mod command;
+mod config;
 mod console;
 mod crash;
 mod creation;

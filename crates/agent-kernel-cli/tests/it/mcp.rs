@@ -980,3 +980,55 @@ async fn the_mcp_server_and_the_command_line_wire_the_same_kernel_from_one_folde
     assert!(!project.path("outside.txt").exists());
     client.cancel().await.expect("closes");
 }
+
+/// The Claude Code snippet's arguments (`integrations/claude-code/add.sh`, `$PWD` the
+/// project) start a server from any folder that loads the project's tools file and takes
+/// relative paths from the project, as a server started in the project does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snippets_arguments_serve_the_project_from_another_folder() {
+    let project = Project::new();
+    fs::write(
+        project.path("tools.toml"),
+        "[tools.\"note.read\"]\neffect = \"read-only\"\nsettlement = \"compensate\"\nexecute = [\"cat\"]\n",
+    )
+    .expect("writes the tools file");
+    let folder = project.path("");
+    let args =
+        crate::integrations::add_sh_args(folder.to_str().expect("UTF-8").trim_end_matches('/'));
+    let elsewhere = tempfile::tempdir().expect("another folder");
+    let mut command = tokio::process::Command::new(crate::bin());
+    command
+        .current_dir(elsewhere.path())
+        .env_remove("AGENT_KERNEL_DB")
+        .env_remove("AGENT_KERNEL_AUDIT_KEY")
+        .env_remove("RUST_LOG")
+        .args(&args);
+    let client: Client =
+        ().serve(TokioChildProcess::new(command).expect("the server starts"))
+            .await
+            .expect("the session initializes");
+    let names: Vec<String> = client
+        .list_all_tools()
+        .await
+        .expect("lists")
+        .iter()
+        .map(|tool| tool.name.to_string())
+        .collect();
+    assert!(names.contains(&"note_read".to_owned()), "{names:?}");
+    let written = call(
+        &client,
+        "fs_write",
+        json!({ "args": { "path": "ws/snippet.txt", "content": "from elsewhere" } }),
+    )
+    .await;
+    ok(&written);
+    assert_eq!(
+        fs::read_to_string(project.path("ws/snippet.txt")).expect("written in the project"),
+        "from elsewhere"
+    );
+    assert!(!elsewhere.path().join("ws").exists());
+    // The project's own log holds the saga.
+    assert!(project.path("agent-kernel.db").exists());
+    assert!(!elsewhere.path().join("agent-kernel.db").exists());
+    client.cancel().await.expect("closes");
+}

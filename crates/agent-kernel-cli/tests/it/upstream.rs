@@ -44,7 +44,7 @@ fn write(path: &str, content: &str) -> serde_json::Value {
 #[test]
 fn a_saga_of_upstream_calls_commits_and_one_that_fails_is_compensated_upstream() {
     let project = project();
-    let (code, listed) = project.run_json(&["tools"]);
+    let (code, listed) = project.run_json(&["tools", "--upstream"]);
     assert_eq!(code, 0, "{listed}");
     let ids: Vec<&str> = listed["tools"]
         .as_array()
@@ -244,7 +244,7 @@ fn a_compensation_that_fails_upstream_is_a_dead_letter() {
 fn annotations_count_only_when_trusted() {
     for (trust, needs_approval, effect) in [(false, true, "mutating"), (true, false, "read-only")] {
         let project = faulty(trust);
-        let (code, listed) = project.run_json(&["tools"]);
+        let (code, listed) = project.run_json(&["tools", "--upstream"]);
         assert_eq!(code, 0, "{listed}");
         let read = listed["tools"]
             .as_array()

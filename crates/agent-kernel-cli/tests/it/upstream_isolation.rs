@@ -228,7 +228,7 @@ command = ["python3", "fake_server.py", "badschema"]
         tools_toml("good", r#"{ key = "$.args.key" }"#, more),
     )
     .expect("writes");
-    let (code, listed) = project.run_json(&["tools"]);
+    let (code, listed) = project.run_json(&["tools", "--upstream"]);
     assert_eq!(code, 0, "{listed}");
     let ids: Vec<&str> = listed["tools"]
         .as_array()
@@ -296,14 +296,14 @@ fn a_compensating_tool_the_server_does_not_list_is_named_with_its_line() {
             .replace(r#"tool = "del""#, r#"tool = "remove""#),
     )
     .expect("writes");
-    let output = project.run(&["tools"]);
+    let output = project.run(&["tools", "--upstream"]);
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("line 6") && stderr.contains("`remove`"),
         "{stderr}"
     );
-    let (_, listed) = project.run_json(&["tools"]);
+    let (_, listed) = project.run_json(&["tools", "--upstream"]);
     assert!(
         !listed.to_string().contains("memo.put"),
         "the server's tools are not offered: {listed}"
@@ -325,6 +325,7 @@ fn an_upstream_server_starts_only_when_a_step_or_a_compensation_needs_it() {
         &["dlq", "list"],
         &["log"],
         &["audit", "verify"],
+        &["tools"],
     ] {
         let output = project.run(command);
         assert_eq!(
@@ -335,6 +336,14 @@ fn an_upstream_server_starts_only_when_a_step_or_a_compensation_needs_it() {
         );
     }
     assert_eq!(starts(&project), 0, "no command needed the server");
+    let (code, listed) = project.run_json(&["tools"]);
+    assert_eq!(code, 0, "{listed}");
+    assert_eq!(listed["not_started"], json!(["memo"]), "{listed}");
+    assert_eq!(
+        starts(&project),
+        0,
+        "`tools` names the server without starting it"
+    );
 
     // A dead saga of file steps alone is settled without it.
     let files = dead_file_saga(&project, "dead");
@@ -361,7 +370,7 @@ fn an_upstream_server_starts_only_when_a_step_or_a_compensation_needs_it() {
     assert_eq!(starts(&project), 2, "the compensation started it again");
 
     // A listing asks every server.
-    let (code, listed) = project.run_json(&["tools"]);
+    let (code, listed) = project.run_json(&["tools", "--upstream"]);
     assert_eq!(code, 0, "{listed}");
     assert!(listed.to_string().contains("memo.put"), "{listed}");
     assert_eq!(starts(&project), 3);

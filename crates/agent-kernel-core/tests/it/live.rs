@@ -279,7 +279,11 @@ async fn a_saga_that_refuses_denials_stays_open_after_one() {
         .await
         .expect("begins");
     let first = saga
-        .call("ledger.add", json!({ "item": "x", "forbidden": true }), None)
+        .call(
+            "ledger.add",
+            json!({ "item": "x", "forbidden": true }),
+            None,
+        )
         .await
         .expect("answers");
     let CallAnswer::Refused(problem) = first else {

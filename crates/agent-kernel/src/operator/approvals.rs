@@ -27,6 +27,10 @@ pub struct ApprovalView {
     /// A plan's steps after the one waiting, which run once it is approved; `None` for a
     /// live saga's step (its agent sends the next steps).
     pub later_steps: Option<Vec<LaterStep>>,
+    /// Whether the process holding the saga is gone ([`Kernel::holder_gone`]): the request
+    /// cannot be decided until `recover` has settled the saga. Known for a pending request
+    /// only; `false` otherwise.
+    pub holder_gone: bool,
 }
 
 /// A plan's step after the one an approval is asked for.
@@ -66,8 +70,23 @@ impl ApprovalView {
             decided_by: record.decided_by,
             note: record.note,
             later_steps,
+            holder_gone: false,
             request: record.request,
         }
+    }
+
+    /// [`of`](Self::of), with [`holder_gone`](Self::holder_gone) asked of `kernel` for a
+    /// pending request.
+    async fn looked_at(
+        kernel: &Kernel,
+        record: ApprovalRecord,
+        now_ms: i64,
+    ) -> Result<Self, KernelError> {
+        let mut view = Self::of(record, now_ms);
+        if view.status == ApprovalStatus::Pending {
+            view.holder_gone = kernel.holder_gone(&view.request.saga_id).await?;
+        }
+        Ok(view)
     }
 }
 
@@ -78,13 +97,13 @@ impl ApprovalView {
 /// [`KernelError::Log`].
 pub async fn pending_approvals(kernel: &Kernel) -> Result<Vec<ApprovalView>, KernelError> {
     let now_ms = SystemClock.now_ms();
-    Ok(kernel
-        .pending_approvals()
-        .await?
-        .into_iter()
-        .filter(|record| record.status_at(now_ms) == ApprovalStatus::Pending)
-        .map(|record| ApprovalView::of(record, now_ms))
-        .collect())
+    let mut views = Vec::new();
+    for record in kernel.pending_approvals().await? {
+        if record.status_at(now_ms) == ApprovalStatus::Pending {
+            views.push(ApprovalView::looked_at(kernel, record, now_ms).await?);
+        }
+    }
+    Ok(views)
 }
 
 /// One request in full, whatever its status (`approvals --show ID`).
@@ -94,7 +113,7 @@ pub async fn pending_approvals(kernel: &Kernel) -> Result<Vec<ApprovalView>, Ker
 /// [`KernelError::ApprovalNotFound`]; [`KernelError::Log`].
 pub async fn approval(kernel: &Kernel, approval_id: &str) -> Result<ApprovalView, KernelError> {
     let record = kernel.approval(approval_id).await?;
-    Ok(ApprovalView::of(record, SystemClock.now_ms()))
+    ApprovalView::looked_at(kernel, record, SystemClock.now_ms()).await
 }
 
 /// An operator's decision on one request (`approve`, `reject`).
