@@ -124,6 +124,36 @@ pub struct LiveSaga {
     entry: Arc<LiveEntry>,
 }
 
+/// When a live saga's row is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Creation {
+    /// At `begin`, on its own: the saga holds its actor from then on.
+    Now,
+    /// With its first step's BEGIN (or its request for an approval).
+    WithFirstWrite,
+}
+
+/// A live call as a step, its idempotency key checked.
+fn plan_step(
+    tool: &str,
+    args: Value,
+    idempotency_key: Option<String>,
+) -> Result<PlanStep, KernelError> {
+    if let Some(key) = &idempotency_key
+        && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES)
+    {
+        return Err(KernelError::InvalidRequest(format!(
+            "an idempotency key has 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes; this one has {}",
+            key.len()
+        )));
+    }
+    Ok(PlanStep {
+        tool: tool.to_owned(),
+        args,
+        idempotency_key,
+    })
+}
+
 /// The refusal of a call the FSM denied, as the call's problem.
 fn denied_problem(saga: &SagaInFlight, step: &PlanStep, message: String) -> Problem {
     Problem {
@@ -159,6 +189,41 @@ impl Kernel {
     /// [`KernelError::Denied`] when the FSM refuses to start it (its actor has an unfinished
     /// saga), recorded as `PlanDenied`; [`KernelError::Log`] when the log fails.
     pub async fn begin(self: &Arc<Self>, options: BeginOptions) -> Result<LiveSaga, KernelError> {
+        self.open_saga(options, Creation::Now).await
+    }
+
+    /// Calls `tool` with `args` (and an idempotency key) as a saga of its own, committed
+    /// with the call: [`begin`](Self::begin), [`LiveSaga::call`] and [`LiveSaga::commit`] in
+    /// two synced commits instead of four. The saga's creation rides with the step's BEGIN
+    /// (durable before the effect), and the step's COMMIT with `Done` (durable before the
+    /// answer). The answer is the call's: [`CallAnswer::Committed`] once the saga is
+    /// `Done`, closed; a rollback, closed; [`CallAnswer::AwaitingApproval`] with the saga
+    /// open, in the log and waiting, for [`LiveSaga::resume`] then [`LiveSaga::commit`]; a
+    /// refusal or a conflict with the saga open and nothing of it in the log, for the
+    /// caller to [`abort`](LiveSaga::abort).
+    ///
+    /// # Errors
+    ///
+    /// As [`begin`](Self::begin) and [`LiveSaga::call`].
+    pub async fn call_alone(
+        self: &Arc<Self>,
+        options: BeginOptions,
+        tool: &str,
+        args: Value,
+        idempotency_key: Option<String>,
+    ) -> Result<(LiveSaga, CallAnswer), KernelError> {
+        let step = plan_step(tool, args, idempotency_key)?;
+        let saga = self.open_saga(options, Creation::WithFirstWrite).await?;
+        let answer = saga.take(step, Lookahead::End).await?;
+        Ok((saga, answer))
+    }
+
+    /// Opens a live saga, written to the log at once or with its first write.
+    async fn open_saga(
+        self: &Arc<Self>,
+        options: BeginOptions,
+        creation: Creation,
+    ) -> Result<LiveSaga, KernelError> {
         check_label("name", options.name.as_ref())?;
         check_label("actor", options.actor.as_ref())?;
         let limits = self.tools.limits();
@@ -207,10 +272,12 @@ impl Kernel {
             ),
             8,
         );
-        // Durable at once: the saga exists, holds its actor, and is recovered if this
-        // process dies before it ends.
-        let batch = saga.take_batch();
-        self.write_saga_batch(&saga, batch).await?;
+        if creation == Creation::Now {
+            // Durable at once: the saga exists, holds its actor, and is recovered if this
+            // process dies before it ends.
+            let batch = saga.take_batch();
+            self.write_saga_batch(&saga, batch).await?;
+        }
         let entry = Arc::new(LiveEntry {
             on_denied: options.on_denied,
             saga: tokio::sync::Mutex::new(Some(saga)),
@@ -225,6 +292,12 @@ impl Kernel {
             }
             room
         };
+        if !registered && creation == Creation::WithFirstWrite {
+            // Others were begun meanwhile; nothing of this one was written.
+            return Err(KernelError::TooManyOpenSagas {
+                max: limits.open_sagas_max,
+            });
+        }
         if !registered {
             // Others were begun meanwhile: this one exists in the log, so it is rolled back.
             let handle = LiveSaga {
@@ -374,22 +447,16 @@ impl LiveSaga {
         args: Value,
         idempotency_key: Option<String>,
     ) -> Result<CallAnswer, KernelError> {
-        if let Some(key) = &idempotency_key
-            && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES)
-        {
-            return Err(KernelError::InvalidRequest(format!(
-                "an idempotency key has 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes; this one has {}",
-                key.len()
-            )));
-        }
-        let step = PlanStep {
-            tool: tool.to_owned(),
-            args,
-            idempotency_key,
-        };
+        let step = plan_step(tool, args, idempotency_key)?;
+        self.take(step, Lookahead::Unknown).await
+    }
+
+    /// Takes `step` as the saga's next step: more may follow (`Unknown`), or the saga is
+    /// committed with it (`End`, [`Kernel::call_alone`]).
+    async fn take(&self, step: PlanStep, then: Lookahead) -> Result<CallAnswer, KernelError> {
         let span = info_span!("saga", saga_id = %self.saga_id, live = true);
         let on_denied = self.entry.on_denied;
-        self.with_saga(move |kernel, saga| Box::pin(kernel.live_call(saga, step, on_denied)))
+        self.with_saga(move |kernel, saga| Box::pin(kernel.live_call(saga, step, on_denied, then)))
             .instrument(span)
             .await
     }
@@ -611,6 +678,7 @@ impl Kernel {
         mut saga: SagaInFlight,
         step: PlanStep,
         on_denied: OnDenied,
+        then: Lookahead,
     ) -> Result<LiveStep, KernelError> {
         if let Some(request) = &saga.waiting_on {
             let problem = Problem {
@@ -700,7 +768,7 @@ impl Kernel {
             }
         }
         if on_denied == OnDenied::Refuse
-            && let Err(denial) = self.admit_step(saga.state, tool.effect(), Lookahead::Unknown)
+            && let Err(denial) = self.admit_step(saga.state, tool.effect(), then)
         {
             // What the step path's admission would deny, refused before anything is written.
             (saga.state, saga.pending_success) = before;
@@ -708,7 +776,7 @@ impl Kernel {
             let problem = denied_problem(&saga, &step, message);
             return self.refuse_call(saga, &step, problem).await;
         }
-        match self.live_step(saga, &step).await? {
+        match self.live_step(saga, &step, then).await? {
             LiveStep::Open(mut saga, answer @ CallAnswer::Conflict(_)) => {
                 // Nothing of the call ran: the saga stands where it stood, its previous
                 // step's success settled by whatever comes next (a state already written
@@ -741,32 +809,40 @@ impl Kernel {
     }
 
     /// Takes `step` as the live saga's next step over the step path and makes its outcome
-    /// durable before the answer.
+    /// durable before the answer; with `then` [`Lookahead::End`], the saga is committed
+    /// with it (the COMMIT rides with `Done`).
     async fn live_step(
         &self,
         mut saga: SagaInFlight,
         step: &PlanStep,
+        then: Lookahead,
     ) -> Result<LiveStep, KernelError> {
         match self
-            .take_step(
-                &mut saga,
-                step,
-                Lookahead::Unknown,
-                StepMode::Run,
-                None,
-                &NoObserver,
-            )
+            .take_step(&mut saga, step, then, StepMode::Run, None, &NoObserver)
             .await?
         {
             StepEnd::Taken => {
-                // The outcome is durable before the agent sees it.
-                let batch = saga.take_batch();
-                self.write_saga_batch(&saga, batch).await?;
                 let report = saga
                     .committed
                     .last()
                     .expect("the step just committed")
                     .clone();
+                if then == Lookahead::End {
+                    // The outcome and `Done` in one synced commit, before the answer.
+                    return match self.settle(&mut saga, Lookahead::End) {
+                        Ok(()) => {
+                            self.finish_done(saga).await?;
+                            Ok(LiveStep::Closed(CallAnswer::Committed(report)))
+                        }
+                        Err(failure) => {
+                            let report = self.fail_saga(saga, Some(failure), &NoObserver).await?;
+                            Ok(LiveStep::Closed(CallAnswer::rolled_back(report)))
+                        }
+                    };
+                }
+                // The outcome is durable before the agent sees it.
+                let batch = saga.take_batch();
+                self.write_saga_batch(&saga, batch).await?;
                 Ok(LiveStep::Open(
                     Box::new(saga),
                     CallAnswer::Committed(report),
@@ -819,7 +895,7 @@ impl Kernel {
                     idempotency_key: request.idempotency_key.clone(),
                 };
                 let saga = saga.granted(self.granted_state()?, approval);
-                self.live_step(saga, &step).await
+                self.live_step(saga, &step, Lookahead::Unknown).await
             }
             status => {
                 let record = self.load(&saga.saga_id).await?;

@@ -615,36 +615,28 @@ impl KernelServer {
                 ));
             }
         };
-        let (saga, autocommit) = match arguments.get("saga_id") {
-            None | Some(Value::Null) => match self
-                .kernel
-                .begin(BeginOptions {
-                    name: Some(format!("{id} (autocommit)")),
-                    actor: self.options.actor.clone(),
-                    on_denied: self.options.on_denied,
-                })
-                .await
-            {
-                Ok(saga) => (saga, true),
-                Err(error) => return complete(kernel_error_result(None, &error)),
-            },
-            Some(_) => {
-                let saga_id = Self::saga_arg(arguments)?;
-                match self.kernel.live_saga(&saga_id) {
-                    Some(saga) => (saga, false),
-                    None => {
-                        let error = KernelError::SagaNotOpen(saga_id.clone());
-                        return complete(kernel_error_result(Some(&saga_id), &error));
-                    }
-                }
-            }
+        if matches!(arguments.get("saga_id"), None | Some(Value::Null)) {
+            // A saga of its own, committed with the call: two synced commits.
+            let options = BeginOptions {
+                name: Some(format!("{id} (autocommit)")),
+                actor: self.options.actor.clone(),
+                on_denied: self.options.on_denied,
+            };
+            return complete(match self.kernel.call_alone(options, id, args, key).await {
+                Ok((saga, answer)) => self.answer_result(&saga, answer, true).await,
+                Err(error) => kernel_error_result(None, &error),
+            });
+        }
+        let saga_id = Self::saga_arg(arguments)?;
+        let Some(saga) = self.kernel.live_saga(&saga_id) else {
+            let error = KernelError::SagaNotOpen(saga_id.clone());
+            return complete(kernel_error_result(Some(&saga_id), &error));
         };
-        let saga_id = saga.id().clone();
         let answer = match saga.call(id, args, key).await {
             Ok(answer) => answer,
             Err(error) => return complete(kernel_error_result(Some(&saga_id), &error)),
         };
-        complete(self.answer_result(&saga, answer, autocommit).await)
+        complete(self.answer_result(&saga, answer, false).await)
     }
 
     /// The state and committed steps of a saga whose call ran nothing (bad input, a
@@ -679,16 +671,16 @@ impl KernelServer {
         let saga_id = saga.id().clone();
         match answer {
             CallAnswer::Committed(step) => {
-                let state = if autocommit {
-                    match saga.commit().await {
+                let state = match saga.status().await {
+                    // Resumed after an approval: committed now, as the call would have been.
+                    Some(_) if autocommit => match saga.commit().await {
                         Ok(report) if report.state == SagaState::Done => SagaState::Done,
                         Ok(report) => return rolled_back_result(&report),
                         Err(error) => return kernel_error_result(Some(&saga_id), &error),
-                    }
-                } else {
-                    saga.status()
-                        .await
-                        .map_or(SagaState::Acting, |status| status.state)
+                    },
+                    Some(status) => status.state,
+                    // Committed with the call (`Kernel::call_alone`).
+                    None => SagaState::Done,
                 };
                 CallToolResult::structured(json!({
                     "saga_id": saga_id.as_str(),

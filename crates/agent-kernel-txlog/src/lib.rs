@@ -87,6 +87,7 @@
 
 mod audit;
 pub mod backend;
+mod checkpoint;
 mod create;
 mod digest;
 mod downgrade;
@@ -113,6 +114,7 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 pub use audit::{AUDIT_BODY_BYTES_MAX, AUDIT_KEY_BYTES_MAX, AUDIT_KEY_BYTES_MIN, AuditKey};
+pub use checkpoint::{CHECKPOINT_PAUSE, WAL_FRAMES_CHECKPOINT, WAL_FRAMES_CHECKPOINT_INLINE};
 pub use create::{DB_LINK_HOPS_MAX, resolve_db_path};
 #[doc(hidden)]
 pub use downgrade::downgrade_in_place;
@@ -366,6 +368,8 @@ impl SqliteLog {
                 );
             }
         }
+        // Checkpoints run on a thread of their own, not inside a commit.
+        let checkpointer = checkpoint::Checkpointer::start(path, options.durability, &mut conn)?;
         let (jobs, mut receiver) = mpsc::channel::<Job>(WRITER_QUEUE_MAX);
         let clock = options.clock;
         let writer_audit = audit.clone();
@@ -423,6 +427,7 @@ impl SqliteLog {
                 }
                 // Closing the last connection checkpoints the WAL into the file: done before
                 // anyone waiting in `close` goes on.
+                checkpointer.stop(&mut conn);
                 drop(conn);
                 let _ = closed_sender.send(());
             })

@@ -286,6 +286,29 @@ fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, TxError> {
     Ok(conn)
 }
 
+/// A second connection to the log at `path`, for checkpoints alone, synced as
+/// `durability` asks (SQLite syncs the WAL before a checkpoint and the file after it).
+pub(crate) fn connect_for_checkpoints(
+    path: &Path,
+    durability: Durability,
+) -> Result<Connection, TxError> {
+    let conn = connect(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.pragma_update(None, "synchronous", synchronous_of(durability))
+        .map_err(storage)?;
+    Ok(conn)
+}
+
+/// SQLite's `synchronous` for `durability`.
+fn synchronous_of(durability: Durability) -> &'static str {
+    match durability {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    }
+}
+
 /// How many prepared statements a log connection keeps: more than a step's, a saga's and
 /// recovery's statements together (about 30 with the locks), so none is compiled again in
 /// a steady state; rusqlite's default of 16 was below that once the locks came.
@@ -636,11 +659,7 @@ pub(crate) fn open(
             path.display()
         )));
     }
-    let synchronous = match durability {
-        Durability::Full => "FULL",
-        Durability::Normal => "NORMAL",
-    };
-    conn.pragma_update(None, "synchronous", synchronous)
+    conn.pragma_update(None, "synchronous", synchronous_of(durability))
         .map_err(storage)?;
     // Migrations rebuild tables, which foreign keys would stand in the way of (and the
     // pragma cannot change inside a transaction): off while migrating, checked at its end.

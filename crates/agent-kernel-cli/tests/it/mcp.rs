@@ -1032,3 +1032,109 @@ async fn the_snippets_arguments_serve_the_project_from_another_folder() {
     assert!(!elsewhere.path().join("agent-kernel.db").exists());
     client.cancel().await.expect("closes");
 }
+
+/// A call without `saga_id` is one saga in two synced commits (its creation rides with the
+/// step's BEGIN, its COMMIT with `Done`): the server SIGKILLed while the step's program
+/// runs leaves the saga begun in the log, and `recover` compensates it.
+#[test]
+fn a_server_killed_during_an_autocommit_call_leaves_it_to_recover() {
+    let project = Project::new();
+    fs::write(
+        project.path("tools.toml"),
+        r#"[tools."slow.add"]
+effect = "mutating"
+settlement = "compensate"
+execute = ["sh", "-c", "echo added >> ws/slow.txt; sleep 30"]
+compensate = ["sh", "-c", "rm -f ws/slow.txt"]
+"#,
+    )
+    .expect("writes the tools file");
+    let mut raw = Raw::start(&project);
+    raw.send_line(
+        &json!({
+            "jsonrpc": "2.0", "id": 99, "method": "tools/call",
+            "params": { "name": "slow_add", "arguments": { "args": {} } },
+        })
+        .to_string(),
+    );
+    crate::wait_until("the program never ran", || {
+        fs::read_to_string(project.path("ws/slow.txt")).is_ok_and(|text| text == "added\n")
+    });
+    raw.child.kill().expect("SIGKILLs");
+    raw.child.wait().expect("reaps");
+    let (code, listed) = project.run_json(&["log"]);
+    assert_eq!(code, 0, "{listed}");
+    let sagas = listed["sagas"].as_array().expect("sagas");
+    assert_eq!(sagas.len(), 1, "{listed}");
+    assert_eq!(sagas[0]["state"], "Acting", "begun with its step: {listed}");
+    let (code, report) = project.run_json(&["recover"]);
+    assert_eq!(code, 0, "{report}");
+    assert!(!project.path("ws/slow.txt").exists());
+    let (code, listed) = project.run_json(&["log"]);
+    assert_eq!(code, 0, "{listed}");
+    assert_eq!(listed["sagas"][0]["state"], "FailedRolledBack", "{listed}");
+}
+
+/// Autocommit writes, the server SIGKILLed at random moments, then `recover`: every file
+/// is written exactly when its saga is `Done`, and no saga is left unsettled.
+#[test]
+fn autocommit_calls_killed_at_random_moments_end_done_or_undone() {
+    use rand::{Rng, SeedableRng};
+    const ROUNDS: usize = 12;
+    const CALLS: usize = 6;
+    let seed = crate::seed_from_env("AGENT_KERNEL_MCP_KILL_SEED");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let project = Project::new();
+    for round in 0..ROUNDS {
+        let mut raw = Raw::start(&project);
+        for call in 0..CALLS {
+            let request = json!({
+                "jsonrpc": "2.0", "id": 1000 + call, "method": "tools/call",
+                "params": { "name": "fs_write", "arguments": {
+                    "args": { "path": format!("ws/r{round}c{call}.txt"), "content": "x" }
+                } },
+            });
+            raw.send_line(&request.to_string());
+        }
+        std::thread::sleep(std::time::Duration::from_micros(
+            rng.random_range(0..20_000),
+        ));
+        raw.child.kill().expect("SIGKILLs");
+        raw.child.wait().expect("reaps");
+        let (code, report) = project.run_json(&["recover"]);
+        assert_eq!(code, 0, "seed {seed}, round {round}: {report}");
+    }
+    let (code, listed) = project.run_json(&["log", "--limit", "1000"]);
+    assert_eq!(code, 0, "{listed}");
+    let mut done = std::collections::BTreeSet::new();
+    for saga in listed["sagas"].as_array().expect("sagas") {
+        let id = saga["saga_id"].as_str().expect("an id");
+        let state = saga["state"].as_str().expect("a state");
+        assert!(
+            ["Done", "FailedRolledBack"].contains(&state),
+            "seed {seed}: {saga}"
+        );
+        let (_, record) = project.run_json(&["log", "--saga", id]);
+        let path = record["steps"][0]["args"]["path"]
+            .as_str()
+            .map(str::to_owned);
+        if state == "Done" {
+            done.insert(path.expect("a Done saga wrote its file"));
+        }
+    }
+    eprintln!(
+        "seed {seed}: {} of {} calls ended Done",
+        done.len(),
+        ROUNDS * CALLS
+    );
+    for round in 0..ROUNDS {
+        for call in 0..CALLS {
+            let path = format!("ws/r{round}c{call}.txt");
+            assert_eq!(
+                project.path(&path).exists(),
+                done.contains(&path),
+                "seed {seed}: {path}"
+            );
+        }
+    }
+}

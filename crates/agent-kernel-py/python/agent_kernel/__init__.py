@@ -10,6 +10,7 @@ first) when it raises.
 """
 
 import atexit as _atexit
+import importlib.metadata as _metadata
 import time as _time
 
 from . import _native
@@ -27,6 +28,9 @@ from .errors import (
     SagaClosed,
     StepFailed,
 )
+
+#: The installed package's version (the workspace's).
+__version__ = _metadata.version("agent-kernel")
 
 __all__ = [
     "AgentKernelError",

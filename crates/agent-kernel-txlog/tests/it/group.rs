@@ -266,3 +266,62 @@ async fn an_observed_take_over_refused_by_its_compare_and_swap_is_not_told_as_ap
         [(0, true), (1, false), (2, true)]
     );
 }
+
+/// Checkpoints run beside the writer, not inside its commits (here under `normal`). With pauses between bursts of
+/// writes, the checkpoint thread copies the WAL while the writer rests and the WAL is reused
+/// from its start (it holds one burst); written back to back, the writer checkpoints itself
+/// past `WAL_FRAMES_CHECKPOINT_INLINE` frames. Either way the WAL stays bounded (without
+/// checkpoints these writes make a WAL of about 60 MB). Closing the log empties it into the
+/// file.
+#[tokio::test]
+async fn checkpoints_keep_the_wal_bounded_beside_the_writer() {
+    const SAGAS: usize = 1_500;
+    /// The WAL SQLite's automatic checkpoint lets grow: 1,000 pages of 4 KiB.
+    const AUTOMATIC_CHECKPOINT_BYTES: u64 = 1_000 * 4_096;
+    for paced in [true, false] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log.db");
+        let wal = dir.path().join("log.db-wal");
+        let log = agent_kernel_txlog::SqliteLog::open(
+            &path,
+            agent_kernel_txlog::LogOptions {
+                durability: agent_kernel_api::Durability::Normal,
+                clock: std::sync::Arc::new(crate::StepClock(std::sync::atomic::AtomicI64::new(
+                    1_000,
+                ))),
+            },
+        )
+        .expect("opens");
+        for saga_idx in 0..SAGAS {
+            let saga = format!("s{saga_idx}");
+            log.write(vec![new_saga(&saga), begin(&saga, 0, None, "h")])
+                .await
+                .expect("created");
+            log.write(vec![commit(&saga, 0), set_state(&saga, SagaState::Done)])
+                .await
+                .expect("finished");
+            if paced && saga_idx % 100 == 99 {
+                tokio::time::sleep(agent_kernel_txlog::CHECKPOINT_PAUSE * 2).await;
+            }
+        }
+        let largest = std::fs::metadata(&wal).expect("the WAL").len();
+        eprintln!("paced {paced}: the WAL reached {largest} bytes");
+        let bound = if paced {
+            2 * AUTOMATIC_CHECKPOINT_BYTES
+        } else {
+            2 * u64::try_from(agent_kernel_txlog::WAL_FRAMES_CHECKPOINT_INLINE).expect("positive")
+                * 4_096
+        };
+        assert!(
+            largest < bound,
+            "paced {paced}: the WAL reached {largest} bytes"
+        );
+        log.close().await;
+        assert!(
+            std::fs::metadata(&wal).map_or(true, |wal| wal.len() == 0),
+            "closing empties the WAL into the file"
+        );
+        let report = verify(&path, None).expect("verifies");
+        assert!(report.is_intact(), "{:?}", report.first_bad);
+    }
+}
