@@ -156,3 +156,54 @@ fn recover_says_where_it_looked_for_the_tools_file() {
         ""
     );
 }
+
+/// A tools file naming an upstream server whose program fails: every command that needs
+/// none of its tools answers, says nothing of it, and never starts it.
+#[test]
+fn commands_that_need_no_upstream_server_start_none_even_one_that_would_fail() {
+    let project = Project::new();
+    fs::write(
+        project.path("tools.toml"),
+        "[mcp_servers.broken]\ncommand = [\"sh\", \"-c\", \"touch started; exit 1\"]\n",
+    )
+    .expect("writes the tools file");
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [{"tool": "fs.write", "args": {"path": "ws/a.txt", "content": "a"}}]}),
+    );
+    for command in [
+        &["run", "--plan", plan.to_str().expect("UTF-8")][..],
+        &["approvals"],
+        &["log"],
+        &["recover"],
+        &["dlq", "list"],
+        &["audit", "verify"],
+        &["tools"],
+    ] {
+        let output = project.run(command);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{command:?}: {}",
+            describe(&output)
+        );
+        assert!(
+            !String::from_utf8_lossy(&output.stderr).contains("broken"),
+            "{command:?}: {}",
+            describe(&output)
+        );
+    }
+    assert!(
+        !project.path("started").exists(),
+        "no command started the server"
+    );
+    // Asked for, it is started, and its failure is named.
+    let output = project.run(&["tools", "--upstream"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert!(project.path("started").exists());
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("`broken` is unavailable"),
+        "{}",
+        describe(&output)
+    );
+}
