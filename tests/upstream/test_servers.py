@@ -85,7 +85,7 @@ def graph_names(project: pathlib.Path) -> list[str]:
 
 def test_memory_server_calls_commit_and_a_failing_saga_is_undone_through_the_server(tmp_path):
     proj = project(tmp_path, MEMORY_TOOLS)
-    code, listed = kernel(proj, "tools")
+    code, listed = kernel(proj, "tools", "--upstream")
     assert code == 0, listed
     tools = {tool["tool"]: tool for tool in listed["tools"]}
     assert tools["memory.read_graph"]["effect"] == "read-only"

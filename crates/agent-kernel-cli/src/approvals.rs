@@ -60,7 +60,7 @@ pub(crate) async fn list_command(kernel: &Kernel, out: &Output) -> Result<u8, Fa
     println!("{list}");
     for view in pending.iter().filter(|view| view.holder_gone) {
         println!(
-            "⚠ {}: the process that held saga {} is gone, so nothing would run the step; it cannot be decided until `agent-kernel recover` rolls the saga back",
+            "⚠ {}: the process that held the live saga {} is gone, so nothing would run the step; it cannot be approved, and `agent-kernel recover` rolls the saga back",
             printable(&view.request.approval_id),
             view.request.saga_id,
         );

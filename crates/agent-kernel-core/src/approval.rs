@@ -82,16 +82,22 @@ impl Kernel {
             .ok_or_else(|| KernelError::ApprovalNotFound(approval_id.to_owned()))
     }
 
-    /// Whether the process holding saga `saga_id` is gone: not this process, not left
-    /// detached for any process to resume, and found dead (its process gone from this
-    /// machine, or its lease run out). Such a saga waits for `recover`, which rolls it back,
-    /// and a decision on its request would move nothing.
+    /// Whether the process holding the live saga that asked `request` is gone: not this
+    /// process, not left detached for any process to resume, and found dead (its process
+    /// gone from this machine, or its lease run out). Only that process could run a live
+    /// saga's step, so its request waits for `recover`, which rolls the saga back, and an
+    /// approval would move nothing. A plan's request is never so: any process resumes a
+    /// plan (`resume --saga`), taking it over from a dead owner. On a log that keeps leases,
+    /// finding the owner's process gone from this machine ends its lease, as recovery does.
     ///
     /// # Errors
     ///
     /// [`KernelError::SagaNotFound`]; [`KernelError::Log`].
-    pub async fn holder_gone(&self, saga_id: &SagaId) -> Result<bool, KernelError> {
-        let record = self.load(saga_id).await?;
+    pub async fn holder_gone(&self, request: &ApprovalRequest) -> Result<bool, KernelError> {
+        if request.rest.is_some() {
+            return Ok(false);
+        }
+        let record = self.load(&request.saga_id).await?;
         let owner = &record.saga.owner;
         if owner.is_detached() || *owner == self.env.owner || record.saga.state.is_terminal() {
             return Ok(false);
@@ -110,8 +116,9 @@ impl Kernel {
     /// [`KernelError::InvalidRequest`] for a note too long;
     /// [`KernelError::OperatorKeyRequired`] and [`KernelError::OperatorKeyMismatch`] when
     /// the request names an operator key and it is not given;
-    /// [`KernelError::HolderGone`] when the process holding the saga is gone
-    /// ([`holder_gone`](Self::holder_gone)), until `recover` settles it;
+    /// [`KernelError::HolderGone`] for an approval when the process holding the live saga
+    /// is gone ([`holder_gone`](Self::holder_gone)), until `recover` settles it (a
+    /// rejection is recorded: the saga rolls back either way);
     /// [`KernelError::Log`].
     pub async fn decide_approval(
         &self,
@@ -145,7 +152,7 @@ impl Kernel {
                 status,
             });
         }
-        if self.holder_gone(&record.request.saga_id).await? {
+        if decision.approve && self.holder_gone(&record.request).await? {
             return Err(KernelError::HolderGone {
                 approval_id: approval_id.to_owned(),
                 saga_id: record.request.saga_id.clone(),

@@ -139,10 +139,10 @@ pub enum KernelError {
         /// Where it stands.
         status: agent_kernel_api::ApprovalStatus,
     },
-    /// The process that held the request's saga is gone: a decision would move nothing.
-    /// `recover` rolls the saga back and voids the request.
+    /// The process that held the request's live saga is gone: an approval would move
+    /// nothing. `recover` rolls the saga back and voids the request.
     #[error(
-        "approval request {approval_id} cannot be decided: the process that held saga {saga_id} is gone, so nothing would run it; `agent-kernel recover` rolls the saga back; nothing was changed"
+        "approval request {approval_id} cannot be approved: the process that held the live saga {saga_id} is gone, so nothing would run its step; `agent-kernel recover` rolls the saga back; nothing was changed"
     )]
     HolderGone {
         /// The request.

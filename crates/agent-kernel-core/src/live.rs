@@ -90,7 +90,8 @@ impl CallAnswer {
         }
     }
 
-    /// Whether the saga is still open after this answer.
+    /// Whether the saga is still open after this answer of [`LiveSaga::call`] or
+    /// [`LiveSaga::resume`] (after [`Kernel::call_alone`], a `Committed` saga is closed).
     pub fn saga_open(&self) -> bool {
         matches!(
             self,
@@ -199,8 +200,10 @@ impl Kernel {
     /// answer). The answer is the call's: [`CallAnswer::Committed`] once the saga is
     /// `Done`, closed; a rollback, closed; [`CallAnswer::AwaitingApproval`] with the saga
     /// open, in the log and waiting, for [`LiveSaga::resume`] then [`LiveSaga::commit`]; a
-    /// refusal or a conflict with the saga open and nothing of it in the log, for the
-    /// caller to [`abort`](LiveSaga::abort).
+    /// refusal with the saga open and nothing of it in the log, or a conflict with the saga
+    /// open and its creation in the log (it rode with the refused claim's batch), for the
+    /// caller to [`abort`](LiveSaga::abort), which writes the saga rolled back.
+    /// [`CallAnswer::saga_open`] does not apply: a `Committed` saga here is closed.
     ///
     /// # Errors
     ///

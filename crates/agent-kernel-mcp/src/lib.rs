@@ -47,7 +47,7 @@ mod screen;
 pub use screen::MESSAGE_DEPTH_MAX;
 
 /// What the server tells an agent about itself, in three sentences.
-pub const INSTRUCTIONS: &str = "Every tool call runs through agent-kernel as a step of a saga: its intent is logged before it runs, the sandbox policy confines it, and it can be undone. Call saga_begin, then call tools with its saga_id, then saga_commit to keep their effects or saga_abort to undo them all, last first; a call without saga_id is a saga of its own that commits at once. A call that is refused leaves the saga open; one that is denied or fails rolls the whole saga back and says what was undone. A call whose effect needs a person's approval answers status AWAITING_APPROVAL without running; an operator decides it outside this server, and saga_resume then runs it (or reports the rollback).";
+pub const INSTRUCTIONS: &str = "Every tool call runs through agent-kernel as a step of a saga: its intent is logged before it runs, the sandbox policy confines it, and it can be undone. Call saga_begin, then call tools with its saga_id, then saga_commit to keep their effects or saga_abort to undo them all, last first; a call without saga_id is a saga of its own that commits at once. A call that is refused (bad input) runs nothing and leaves the saga open; one that fails rolls the whole saga back and says what was undone. A call whose effect needs a person's approval answers status AWAITING_APPROVAL without running; an operator decides it outside this server, which then sends a notifications/message (event approval_decided), and saga_resume runs it (or reports the rollback).";
 
 /// The name the server gives itself: agent-kernel's, not the SDK's.
 pub const SERVER_NAME: &str = "agent-kernel";
@@ -680,7 +680,13 @@ impl KernelServer {
                     },
                     Some(status) => status.state,
                     // Committed with the call (`Kernel::call_alone`).
-                    None => SagaState::Done,
+                    None if autocommit => SagaState::Done,
+                    // Ended meanwhile (another call of the saga failed, `saga_abort`, the
+                    // idle timeout): as the log has it.
+                    None => match self.kernel.log().saga(&saga_id).await {
+                        Ok(Some(record)) => record.saga.state,
+                        _ => SagaState::FailedRolledBack,
+                    },
                 };
                 CallToolResult::structured(json!({
                     "saga_id": saga_id.as_str(),
@@ -757,6 +763,10 @@ impl ServerHandler for KernelServer {
             .with_server_info(Implementation::new(SERVER_NAME, env!("CARGO_PKG_VERSION")))
             .with_instructions({
                 let mut instructions = INSTRUCTIONS.to_owned();
+                instructions.push_str(match self.options.on_denied {
+                    OnDenied::Refuse => " A call the sandbox or the transition table denies runs nothing and leaves the saga open.",
+                    OnDenied::Rollback => " A call the sandbox or the transition table denies rolls the whole saga back.",
+                });
                 if let Some(files) = &self.options.files {
                     instructions.push(' ');
                     instructions.push_str(files);

@@ -73,8 +73,14 @@ impl Checkpointer {
             .wal_hook(Some(
                 move |wal: &mut rusqlite::hooks::Wal, frames: c_int| {
                     if frames >= WAL_FRAMES_CHECKPOINT_INLINE {
-                        if let Err(error) = wal.checkpoint_v2(CheckpointMode::PASSIVE) {
-                            tracing::warn!(%error, "a checkpoint of the log failed");
+                        match wal.checkpoint_v2(CheckpointMode::PASSIVE) {
+                            // Another checkpoint (the thread's, another process's) holds
+                            // its lock: the next commit tries again.
+                            Err(error)
+                                if error.sqlite_error_code()
+                                    == Some(rusqlite::ErrorCode::DatabaseBusy) => {}
+                            Err(error) => tracing::warn!(%error, "a checkpoint of the log failed"),
+                            Ok(_) => {}
                         }
                     } else if frames >= WAL_FRAMES_CHECKPOINT {
                         // Full: the thread is at it already, or pausing.

@@ -251,7 +251,7 @@ pub(crate) fn approvals(
                     }
                     @if view.holder_gone {
                         p.warning {
-                            "⚠ The process that held this saga is gone, so nothing would run the step: it cannot be decided until "
+                            "⚠ The process that held this live saga is gone, so nothing would run the step: it cannot be approved, and "
                             code { "agent-kernel recover" } " rolls the saga back."
                         }
                     }

@@ -27,9 +27,9 @@ pub struct ApprovalView {
     /// A plan's steps after the one waiting, which run once it is approved; `None` for a
     /// live saga's step (its agent sends the next steps).
     pub later_steps: Option<Vec<LaterStep>>,
-    /// Whether the process holding the saga is gone ([`Kernel::holder_gone`]): the request
-    /// cannot be decided until `recover` has settled the saga. Known for a pending request
-    /// only; `false` otherwise.
+    /// Whether the process holding the live saga is gone ([`Kernel::holder_gone`]): the
+    /// request cannot be approved until `recover` has settled the saga. Known for a pending
+    /// request only; `false` otherwise, and for a plan's (any process resumes a plan).
     pub holder_gone: bool,
 }
 
@@ -84,7 +84,7 @@ impl ApprovalView {
     ) -> Result<Self, KernelError> {
         let mut view = Self::of(record, now_ms);
         if view.status == ApprovalStatus::Pending {
-            view.holder_gone = kernel.holder_gone(&view.request.saga_id).await?;
+            view.holder_gone = kernel.holder_gone(&view.request).await?;
         }
         Ok(view)
     }
