@@ -308,9 +308,40 @@ async def test_a_request_of_a_killed_server_is_refused_until_recover(project):
     refused = binary("approve", approval)
     assert refused.returncode == 4, refused.stderr
     assert "is gone" in refused.stderr and "recover" in refused.stderr, refused.stderr
+    assert json.loads(binary("--json", "approvals").stdout) == listed, "nothing changed"
     recovered = binary("recover")
     assert recovered.returncode == 0, recovered.stderr + recovered.stdout
     closed = binary("approve", approval)
     assert closed.returncode == 4 and "cancelled" in closed.stderr, closed.stderr
     assert json.loads(binary("--json", "approvals").stdout)["approvals"] == []
+
+
+async def test_a_request_of_a_killed_server_can_still_be_rejected(project):
+    import os
+    import signal
+
+    (project / "sandbox.toml").write_text('[fs]\nallow = ["ws"]\n\n[approval]\nrequire = ["fs.delete"]\n')
+    (project / "ws/a.txt").write_text("keep me")
+
+    def binary(*args):
+        return subprocess.run(
+            [BIN_PATH, "--db", str(project / "log.db"), *args], cwd=project, capture_output=True, text=True
+        )
+
+    killed = {}
+    with contextlib.suppress(Exception):
+        async with session(project) as client:
+            saga = await begin(client)
+            await call(client, "fs_write", {"saga_id": saga, "args": {"path": "ws/new.txt", "content": "n"}})
+            _, content = await call(client, "fs_delete", {"saga_id": saga, "args": {"path": "ws/a.txt"}})
+            shown = json.loads(binary("--json", "log", "--saga", saga).stdout)
+            os.kill(shown["owner"]["pid"], signal.SIGKILL)
+            killed.update(approval=content["approval"]["id"])
+    assert killed, "the saga waited and its server was killed"
+    rejected = binary("reject", killed["approval"], "--reason", "its agent is gone")
+    assert rejected.returncode == 0, rejected.stderr
+    recovered = binary("recover")
+    assert recovered.returncode == 0, recovered.stderr + recovered.stdout
+    assert (project / "ws/a.txt").read_text() == "keep me"
+    assert not (project / "ws/new.txt").exists(), "the saga's earlier write is undone"
     assert (project / "ws/a.txt").read_text() == "keep me"
