@@ -13,6 +13,9 @@ BIN_PATH = str(pathlib.Path(BIN).resolve())
 
 pytestmark = pytest.mark.anyio
 
+#: A policy under which fs.delete waits for an operator's approval.
+APPROVE_DELETES = '[fs]\nallow = ["ws"]\n\n[approval]\nrequire = ["fs.delete"]\n'
+
 
 async def call(client, name, arguments):
     result = await client.call_tool(name, arguments)
@@ -24,6 +27,13 @@ async def begin(client):
     assert not is_error, content
     assert content["state"] == "Planning"
     return content["saga_id"]
+
+
+def kernel_cli(project, *args):
+    """An operator's command: the binary on the project's log."""
+    return subprocess.run(
+        [BIN_PATH, "--db", str(project / "log.db"), *args], cwd=project, capture_output=True, text=True
+    )
 
 
 async def test_initialize_names_the_server_and_lists_its_tools(project):
@@ -119,12 +129,7 @@ async def test_a_denied_read_is_refused_and_the_saga_stays_open(project):
     assert (project / "ws/y.txt").read_text() == "y"
     assert not (project.parent / "outside.txt").exists()
     # Both denials are in the audit chain.
-    listed = subprocess.run(
-        [BIN_PATH, "--db", str(project / "log.db"), "audit", "list", "--saga", saga, "--json"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-    )
+    listed = kernel_cli(project, "audit", "list", "--saga", saga, "--json")
     assert listed.returncode == 0, listed.stderr
     records = json.loads(listed.stdout)["records"]
     refused = [record for record in records if record["kind"] == "CallRefused"]
@@ -204,9 +209,7 @@ async def test_two_clients_share_one_log_and_neither_can_use_the_others_saga(pro
 
 
 async def test_a_step_that_needs_approval_waits_and_resumes_once_an_operator_approves(project):
-    (project / "sandbox.toml").write_text(
-        '[fs]\nallow = ["ws"]\n\n[approval]\nrequire = ["fs.delete"]\n'
-    )
+    (project / "sandbox.toml").write_text(APPROVE_DELETES)
     (project / "ws/a.txt").write_text("keep me")
     async with session(project) as client:
         tools = {tool.name for tool in (await client.list_tools()).tools}
@@ -222,12 +225,7 @@ async def test_a_step_that_needs_approval_waits_and_resumes_once_an_operator_app
         assert len(approval["digest"]) == 64 and approval["expires_at"].endswith("Z")
         assert (project / "ws/a.txt").exists(), "nothing ran"
         # The operator decides outside the agent's reach, with the binary.
-        decided = subprocess.run(
-            [BIN_PATH, "--db", str(project / "log.db"), "approve", approval["id"]],
-            cwd=project,
-            capture_output=True,
-            text=True,
-        )
+        decided = kernel_cli(project, "approve", approval["id"])
         assert decided.returncode == 0, decided.stderr
         is_error, content = await call(client, "saga_resume", {"saga_id": saga})
         assert not is_error and content["status"] == "COMMIT", content
@@ -241,7 +239,7 @@ async def test_a_step_that_needs_approval_waits_and_resumes_once_an_operator_app
 async def test_a_decision_reaches_the_waiting_client_as_a_notification(project):
     import anyio
 
-    (project / "sandbox.toml").write_text('[fs]\nallow = ["ws"]\n\n[approval]\nrequire = ["fs.delete"]\n')
+    (project / "sandbox.toml").write_text(APPROVE_DELETES)
     (project / "ws/a.txt").write_text("delete me")
     told = []
     decided = anyio.Event()
@@ -260,12 +258,7 @@ async def test_a_decision_reaches_the_waiting_client_as_a_notification(project):
         # Another call meanwhile is refused, and says where the saga stands.
         is_error, content = await call(client, "fs_write", {"saga_id": saga, "args": {"path": "ws/b.txt", "content": "b"}})
         assert is_error and content["state"] == "AwaitingApproval", content
-        approved = subprocess.run(
-            [BIN_PATH, "--db", str(project / "log.db"), "approve", approval],
-            cwd=project,
-            capture_output=True,
-            text=True,
-        )
+        approved = kernel_cli(project, "approve", approval)
         assert approved.returncode == 0, approved.stderr
         assert "saga_resume" in approved.stdout, approved.stdout
         with anyio.fail_after(20):
@@ -280,68 +273,50 @@ async def test_a_decision_reaches_the_waiting_client_as_a_notification(project):
     assert not (project / "ws/a.txt").exists()
 
 
-async def test_a_request_of_a_killed_server_is_refused_until_recover(project):
+async def killed_while_waiting(project, *writes):
+    """Begins a saga, writes each of `writes` (paths under ws/), asks to delete ws/a.txt,
+    which waits for an approval, then SIGKILLs the server; returns the request's id."""
     import os
     import signal
 
-    (project / "sandbox.toml").write_text('[fs]\nallow = ["ws"]\n\n[approval]\nrequire = ["fs.delete"]\n')
+    (project / "sandbox.toml").write_text(APPROVE_DELETES)
     (project / "ws/a.txt").write_text("keep me")
-
-    def binary(*args):
-        return subprocess.run(
-            [BIN_PATH, "--db", str(project / "log.db"), *args], cwd=project, capture_output=True, text=True
-        )
-
     killed = {}
     # The session cannot end cleanly once its server is killed: what it did is kept.
     with contextlib.suppress(Exception):
         async with session(project) as client:
             saga = await begin(client)
+            for path in writes:
+                await call(client, "fs_write", {"saga_id": saga, "args": {"path": path, "content": "n"}})
             _, content = await call(client, "fs_delete", {"saga_id": saga, "args": {"path": "ws/a.txt"}})
-            shown = json.loads(binary("--json", "log", "--saga", saga).stdout)
-            os.kill(shown["owner"]["pid"], signal.SIGKILL)
-            killed.update(saga=saga, approval=content["approval"]["id"])
-    assert killed, "the saga waited and its server was killed"
-    approval = killed["approval"]
-    listed = json.loads(binary("--json", "approvals").stdout)
-    assert [request["holder_gone"] for request in listed["approvals"]] == [True], listed
-    refused = binary("approve", approval)
-    assert refused.returncode == 4, refused.stderr
-    assert "is gone" in refused.stderr and "recover" in refused.stderr, refused.stderr
-    assert json.loads(binary("--json", "approvals").stdout) == listed, "nothing changed"
-    recovered = binary("recover")
-    assert recovered.returncode == 0, recovered.stderr + recovered.stdout
-    closed = binary("approve", approval)
-    assert closed.returncode == 4 and "cancelled" in closed.stderr, closed.stderr
-    assert json.loads(binary("--json", "approvals").stdout)["approvals"] == []
-
-
-async def test_a_request_of_a_killed_server_can_still_be_rejected(project):
-    import os
-    import signal
-
-    (project / "sandbox.toml").write_text('[fs]\nallow = ["ws"]\n\n[approval]\nrequire = ["fs.delete"]\n')
-    (project / "ws/a.txt").write_text("keep me")
-
-    def binary(*args):
-        return subprocess.run(
-            [BIN_PATH, "--db", str(project / "log.db"), *args], cwd=project, capture_output=True, text=True
-        )
-
-    killed = {}
-    with contextlib.suppress(Exception):
-        async with session(project) as client:
-            saga = await begin(client)
-            await call(client, "fs_write", {"saga_id": saga, "args": {"path": "ws/new.txt", "content": "n"}})
-            _, content = await call(client, "fs_delete", {"saga_id": saga, "args": {"path": "ws/a.txt"}})
-            shown = json.loads(binary("--json", "log", "--saga", saga).stdout)
+            shown = json.loads(kernel_cli(project, "--json", "log", "--saga", saga).stdout)
             os.kill(shown["owner"]["pid"], signal.SIGKILL)
             killed.update(approval=content["approval"]["id"])
     assert killed, "the saga waited and its server was killed"
-    rejected = binary("reject", killed["approval"], "--reason", "its agent is gone")
+    return killed["approval"]
+
+
+async def test_a_request_of_a_killed_server_is_refused_until_recover(project):
+    approval = await killed_while_waiting(project)
+    listed = json.loads(kernel_cli(project, "--json", "approvals").stdout)
+    assert [request["holder_gone"] for request in listed["approvals"]] == [True], listed
+    refused = kernel_cli(project, "approve", approval)
+    assert refused.returncode == 4, refused.stderr
+    assert "is gone" in refused.stderr and "recover" in refused.stderr, refused.stderr
+    assert json.loads(kernel_cli(project, "--json", "approvals").stdout) == listed, "nothing changed"
+    recovered = kernel_cli(project, "recover")
+    assert recovered.returncode == 0, recovered.stderr + recovered.stdout
+    closed = kernel_cli(project, "approve", approval)
+    assert closed.returncode == 4 and "cancelled" in closed.stderr, closed.stderr
+    assert json.loads(kernel_cli(project, "--json", "approvals").stdout)["approvals"] == []
+    assert (project / "ws/a.txt").read_text() == "keep me"
+
+
+async def test_a_request_of_a_killed_server_can_still_be_rejected(project):
+    approval = await killed_while_waiting(project, "ws/new.txt")
+    rejected = kernel_cli(project, "reject", approval, "--reason", "its agent is gone")
     assert rejected.returncode == 0, rejected.stderr
-    recovered = binary("recover")
+    recovered = kernel_cli(project, "recover")
     assert recovered.returncode == 0, recovered.stderr + recovered.stdout
     assert (project / "ws/a.txt").read_text() == "keep me"
     assert not (project / "ws/new.txt").exists(), "the saga's earlier write is undone"
-    assert (project / "ws/a.txt").read_text() == "keep me"

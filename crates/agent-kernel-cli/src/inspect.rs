@@ -62,10 +62,7 @@ pub(crate) async fn log(cli: &Cli, out: &Output, args: &LogArgs) -> Result<u8, F
                 limit: *limit,
                 ..agent_kernel_api::SagaQuery::default()
             };
-            let listings = agent_kernel_api::TxLog::saga_page(&log, &query)
-                .await
-                .map_err(|error| Failure::from(KernelError::Log(error)))?;
-            out.saga_list(&listings);
+            out.saga_list(&operator::saga_page(&log, &query).await?);
         }
     }
     Ok(exit::OK)

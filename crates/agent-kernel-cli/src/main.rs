@@ -16,6 +16,7 @@ mod operate;
 mod output;
 mod progress;
 mod serve;
+mod tool_listing;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

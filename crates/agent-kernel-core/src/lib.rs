@@ -95,6 +95,7 @@ mod in_flight;
 mod isolation;
 mod kernel;
 mod live;
+mod live_call;
 mod live_registry;
 mod owner;
 mod plan;

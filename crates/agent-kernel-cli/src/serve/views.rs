@@ -302,7 +302,9 @@ pub(super) async fn sagas(
     let json = wants_json(&headers);
     let (filters, query) = list_query(uri.query())
         .map_err(|message| refused(json, StatusCode::UNPROCESSABLE_ENTITY, &message))?;
-    let mut page = console.kernel.log().saga_page(&query).await.refuse(json)?;
+    let mut page = operator::saga_page(console.kernel.log().as_ref(), &query)
+        .await
+        .refuse(json)?;
     let wanted = (query.limit - 1) as usize;
     let next = (page.len() > wanted).then(|| {
         page.truncate(wanted);

@@ -7,6 +7,7 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::json;
 
+use crate::upstream_isolation::COMMANDS_THAT_NEED_NO_UPSTREAM_TOOL;
 use crate::{Project, bin, describe};
 
 /// A project with the note tool (`tests/fixtures/note.py`) in its `tools.toml`.
@@ -171,15 +172,8 @@ fn commands_that_need_no_upstream_server_start_none_even_one_that_would_fail() {
         "plan.json",
         &json!({"steps": [{"tool": "fs.write", "args": {"path": "ws/a.txt", "content": "a"}}]}),
     );
-    for command in [
-        &["run", "--plan", plan.to_str().expect("UTF-8")][..],
-        &["approvals"],
-        &["log"],
-        &["recover"],
-        &["dlq", "list"],
-        &["audit", "verify"],
-        &["tools"],
-    ] {
+    let run: &[&str] = &["run", "--plan", plan.to_str().expect("UTF-8")];
+    for command in std::iter::once(run).chain(COMMANDS_THAT_NEED_NO_UPSTREAM_TOOL) {
         let output = project.run(command);
         assert_eq!(
             output.status.code(),

@@ -61,6 +61,17 @@ for line in sys.stdin:
 
 /// The tools file with the server `memo` in `mode`, `put` compensated by `del` through
 /// `mapping`, and the extra `more` text.
+/// Commands that need no upstream server's tool, on a log with nothing to recover: none of
+/// them may start one.
+pub(crate) const COMMANDS_THAT_NEED_NO_UPSTREAM_TOOL: [&[&str]; 6] = [
+    &["recover"],
+    &["approvals"],
+    &["dlq", "list"],
+    &["log"],
+    &["audit", "verify"],
+    &["tools"],
+];
+
 fn tools_toml(mode: &str, mapping: &str, more: &str) -> String {
     format!(
         r#"
@@ -319,14 +330,7 @@ fn an_upstream_server_starts_only_when_a_step_or_a_compensation_needs_it() {
     );
     let output = project.run(&["run", "--plan", plan.to_str().expect("utf8")]);
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
-    for command in [
-        &["recover"][..],
-        &["approvals"],
-        &["dlq", "list"],
-        &["log"],
-        &["audit", "verify"],
-        &["tools"],
-    ] {
+    for command in COMMANDS_THAT_NEED_NO_UPSTREAM_TOOL {
         let output = project.run(command);
         assert_eq!(
             output.status.code(),

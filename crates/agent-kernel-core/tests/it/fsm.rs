@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::{Fixture, add, plan, probe};
 
 /// The built-in table without one row, as a custom `fsm.toml` would say.
-fn table_without(row: &str) -> Guardrail {
+pub(crate) fn table_without(row: &str) -> Guardrail {
     let text = Guardrail::builtin().to_toml();
     assert!(text.contains(row), "the built-in table has {row:?}");
     Guardrail::from_toml_str(&text.replacen(row, "", 1)).expect("still a valid table")

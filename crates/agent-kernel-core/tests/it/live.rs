@@ -11,6 +11,11 @@ use agent_kernel_core::{
 use serde_json::{Value, json};
 
 use crate::Fixture;
+use crate::fsm::table_without;
+
+/// The row that lets mutating steps follow one another: without it, the second is denied.
+const ACTING_SELF_LOOP: &str =
+    "[[transition]]\nfrom = \"Acting\"\nevent = \"ToolSucceeded\"\nto = \"Acting\"\n";
 
 fn live_kernel(fixture: &Fixture, pid: u32) -> Arc<Kernel> {
     Arc::new(fixture.kernel(pid))
@@ -232,13 +237,7 @@ async fn a_call_the_fsm_denies_rolls_the_saga_back() {
     // A table without `Acting --ToolSucceeded--> Acting`: two mutating steps in a row are
     // denied, as for a plan.
     let mut fixture = Fixture::new();
-    let table = agent_kernel_fsm::Guardrail::builtin().to_toml();
-    let table = table.replacen(
-        "[[transition]]\nfrom = \"Acting\"\nevent = \"ToolSucceeded\"\nto = \"Acting\"\n",
-        "",
-        1,
-    );
-    fixture.fsm = agent_kernel_fsm::Guardrail::from_toml_str(&table).expect("valid");
+    fixture.fsm = table_without(ACTING_SELF_LOOP);
     let kernel = live_kernel(&fixture, 1);
     let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
     committed_output(
@@ -263,13 +262,7 @@ async fn a_saga_that_refuses_denials_stays_open_after_one() {
     // The same table: the FSM denies a second mutating step; the tool's check denies a
     // forbidden item, as the sandbox denies a path outside its roots.
     let mut fixture = Fixture::new();
-    let table = agent_kernel_fsm::Guardrail::builtin().to_toml();
-    let table = table.replacen(
-        "[[transition]]\nfrom = \"Acting\"\nevent = \"ToolSucceeded\"\nto = \"Acting\"\n",
-        "",
-        1,
-    );
-    fixture.fsm = agent_kernel_fsm::Guardrail::from_toml_str(&table).expect("valid");
+    fixture.fsm = table_without(ACTING_SELF_LOOP);
     let kernel = live_kernel(&fixture, 1);
     let saga = kernel
         .begin(BeginOptions {
@@ -536,11 +529,9 @@ async fn a_saga_without_a_step_commits_done() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_without_the_empty_commit_row_rolls_an_empty_saga_back() {
     let mut fixture = Fixture::new();
-    let table = agent_kernel_fsm::Guardrail::builtin().to_toml();
-    let row = "[[transition]]\nfrom = \"Planning\"\nevent = \"ValidationPassed\"\nto = \"Done\"\nguard = \"saga_complete\"\n";
-    assert!(table.contains(row), "{table}");
-    fixture.fsm =
-        agent_kernel_fsm::Guardrail::from_toml_str(&table.replacen(row, "", 1)).expect("valid");
+    fixture.fsm = table_without(
+        "[[transition]]\nfrom = \"Planning\"\nevent = \"ValidationPassed\"\nto = \"Done\"\nguard = \"saga_complete\"\n",
+    );
     let kernel = live_kernel(&fixture, 1);
     let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
     let error = saga.commit().await.expect_err("denied");

@@ -18,7 +18,7 @@ mod dead_letters;
 mod lock;
 mod recovery;
 
-use agent_kernel_api::{SagaId, SagaRecord, SagaSummary, TxError, TxLog};
+use agent_kernel_api::{SagaId, SagaListing, SagaQuery, SagaRecord, SagaSummary, TxError, TxLog};
 use agent_kernel_core::{
     Kernel, KernelError, Observer, PruneReport, SagaReport, UndoPreview, UndoRequest,
 };
@@ -97,6 +97,19 @@ pub async fn prune(kernel: &Kernel, older_than_ms: u64) -> Result<PruneReport, K
 /// [`KernelError::Log`].
 pub async fn sagas(log: &dyn TxLog, limit: u32) -> Result<Vec<SagaSummary>, KernelError> {
     Ok(log.sagas(limit).await?)
+}
+
+/// A page of the saga list, newest first, each saga with the steps it began (`log`, the
+/// console's list): the sagas `query` selects.
+///
+/// # Errors
+///
+/// [`KernelError::Log`].
+pub async fn saga_page(
+    log: &dyn TxLog,
+    query: &SagaQuery,
+) -> Result<Vec<SagaListing>, KernelError> {
+    Ok(log.saga_page(query).await?)
 }
 
 /// One saga of `log` with its steps (`log --saga ID`).
