@@ -63,8 +63,8 @@ pub enum CallAnswer {
     Committed(StepReport),
     /// Bad input (an unknown tool, invalid arguments, a key bound to other arguments), or
     /// under [`OnDenied::Refuse`] a call the sandbox or the FSM denied
-    /// ([`ProblemKind::Denied`]): nothing of the call ran, the refusal is in the audit
-    /// chain, and the saga stays open.
+    /// ([`ProblemKind::Denied`](crate::ProblemKind::Denied)): nothing of the call ran, the
+    /// refusal is in the audit chain, and the saga stays open.
     Refused(Problem),
     /// Under [`OnDenied::Rollback`], the sandbox or the FSM denied the call: the saga was
     /// rolled back, as a plan's is.
