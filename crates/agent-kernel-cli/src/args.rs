@@ -18,8 +18,18 @@ pub(crate) const MAX_LOG_LIMIT: u32 = 10_000;
 )]
 pub(crate) struct Cli {
     /// The log database [default: $AGENT_KERNEL_DB, else agent-kernel.db of --config]
-    #[arg(long, global = true, env = "AGENT_KERNEL_DB", value_name = "PATH")]
+    // The variable's value is never shown: a PostgreSQL URL in it may hold a password.
+    #[arg(
+        long,
+        global = true,
+        env = "AGENT_KERNEL_DB",
+        hide_env_values = true,
+        value_name = "PATH"
+    )]
     pub(crate) db: Option<PathBuf>,
+    /// Whether `--db` was given on the command line rather than by `AGENT_KERNEL_DB`.
+    #[arg(skip)]
+    pub(crate) db_on_command_line: bool,
     /// The audit key file, hex digits [default: $AGENT_KERNEL_AUDIT_KEY, else no key]
     #[arg(long, global = true, value_name = "PATH")]
     pub(crate) audit_key_file: Option<PathBuf>,

@@ -120,6 +120,7 @@ pub(crate) async fn seal_command(
     owner: agent_kernel_api::Owner,
     open: impl FnOnce() -> Result<agent_kernel_txlog::SqliteLog, Failure>,
 ) -> Result<u8, Failure> {
+    let key_for_seal = key.clone();
     let report = agent_kernel::operator::verify_ignoring_head_file(db, key)
         .await
         .with_context(|| format!("cannot verify the log {}", crate::shown_db(db)))
@@ -129,12 +130,14 @@ pub(crate) async fn seal_command(
         eprintln!("agent-kernel: the log was not sealed: its records or tables are bad");
         return Ok(EXIT_TAMPERED);
     }
-    let log = open()?;
-    let head = agent_kernel::operator::seal(&log, owner, agent_kernel::current_uid())
-        .await
-        .map_err(|error| {
-            Failure::internal(anyhow::Error::new(error).context("cannot seal the log"))
-        })?;
+    let uid = agent_kernel::current_uid();
+    let sealed = match db.to_str().filter(|_| agent_kernel::is_postgres(db)) {
+        Some(url) => agent_kernel::operator::seal_postgres(url, key_for_seal, owner, uid).await,
+        None => agent_kernel::operator::seal(&open()?, owner, uid).await,
+    };
+    let head = sealed.map_err(|error| {
+        Failure::internal(anyhow::Error::new(error).context("cannot seal the log"))
+    })?;
     if json {
         let document = json!({
             "ok": true,

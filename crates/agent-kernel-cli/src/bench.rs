@@ -1,4 +1,6 @@
-//! `agent-kernel bench`: the kernel's honest per-step cost, beside the raw SQLite floor.
+//! `agent-kernel bench`: the kernel's honest per-step cost, beside the raw SQLite floor; in a
+//! temporary SQLite log, or in the log `--db` names (an SQLite file or a PostgreSQL URL),
+//! which several bench processes may share.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,10 +13,11 @@ use agent_kernel::{
 };
 use agent_kernel_api::{
     Compensate, Durability, ObservedLog, Owner, Plan, PlanStep, SagaState, Tool, ToolContext,
-    ToolError, ToolOutput, ToolSpec, Undo,
+    ToolError, ToolOutput, ToolSpec, TxLog, Undo,
 };
 use agent_kernel_dispatcher::{Dispatcher, Limits, MAX_OPEN_SAGAS, NoJitter};
-use agent_kernel_txlog::{LogOptions, SqliteLog, measure_commit_floor};
+use agent_kernel_txlog::{AuditKey, GroupCounts, LogOptions, SqliteLog, measure_commit_floor};
+use agent_kernel_txlog_postgres::PostgresLog;
 use anyhow::{Context as _, bail};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -61,10 +64,15 @@ pub(crate) struct BenchArgs {
 }
 
 impl BenchArgs {
-    /// Refuses what would make the run touch an existing file.
-    pub(crate) fn check(&self) -> Result<(), String> {
-        match &self.keep_log {
-            Some(path) if path.exists() => Err(format!(
+    /// Refuses what would make the run touch an existing file, and `--keep-log` beside a
+    /// log given with `--db` (`db`).
+    pub(crate) fn check(&self, db: Option<&std::path::Path>) -> Result<(), String> {
+        match (&self.keep_log, db) {
+            (Some(_), Some(db)) => Err(format!(
+                "--keep-log and --db {}: bench runs in the log --db names, which is kept anyway; give one of them",
+                crate::shown_db(db)
+            )),
+            (Some(path), None) if path.exists() => Err(format!(
                 "--keep-log {}: the file exists; bench writes a new log and never reuses one",
                 path.display()
             )),
@@ -129,8 +137,51 @@ impl Compensate for BenchStep {
     }
 }
 
-/// Counts the transactions the kernel commits.
-type CountingLog = ObservedLog<Arc<SqliteLog>>;
+/// Counts the batches the kernel writes.
+type CountingLog = ObservedLog<Arc<dyn TxLog>>;
+
+/// The log a bench runs in, with what it counts of its transactions.
+enum BenchLog {
+    Sqlite(Arc<SqliteLog>),
+    Postgres(Arc<PostgresLog>),
+}
+
+impl BenchLog {
+    fn log(&self) -> Arc<dyn TxLog> {
+        match self {
+            BenchLog::Sqlite(log) => log.clone(),
+            BenchLog::Postgres(log) => log.clone(),
+        }
+    }
+
+    /// The transactions the log committed so far (and the batches and records they held),
+    /// and on PostgreSQL the round trips its connection made.
+    fn counts(&self) -> (GroupCounts, Option<u64>) {
+        match self {
+            BenchLog::Sqlite(log) => (log.group_stats(), None),
+            BenchLog::Postgres(log) => {
+                let stats = log.stats();
+                (
+                    GroupCounts {
+                        commits: stats.transactions,
+                        batches: stats.batches,
+                        records: stats.records,
+                        batches_max: stats.batches_max,
+                        records_max: stats.records_max,
+                    },
+                    Some(stats.round_trips),
+                )
+            }
+        }
+    }
+
+    fn backend(&self) -> &'static str {
+        match self {
+            BenchLog::Sqlite(_) => "sqlite",
+            BenchLog::Postgres(_) => "postgres",
+        }
+    }
+}
 
 /// Records when each step of one saga finished executing.
 struct StepClock {
@@ -219,6 +270,10 @@ impl fmt::Display for BenchReport {
 /// What `bench` measured of sagas run to `Done`.
 #[derive(Debug, Serialize)]
 pub(crate) struct StepsReport {
+    /// `sqlite` or `postgres`.
+    backend: &'static str,
+    /// Whether the log was the one `--db` names (else a temporary SQLite file).
+    shared_log: bool,
     durability: Durability,
     /// `plan` (`Kernel::run`) or `live` (begin, call, commit).
     mode: &'static str,
@@ -242,16 +297,23 @@ pub(crate) struct StepsReport {
     commits_per_step: f64,
     /// Transactions the log made of them: batches ready at once share one (group commit).
     n_transactions: u64,
+    transactions_per_step: f64,
+    /// Round trips to the server per step, on PostgreSQL (each BEGIN, statement and COMMIT
+    /// the log's connection waited for, reads included).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    round_trips_per_step: Option<f64>,
     /// Batches per transaction, on average and at most.
     batches_per_transaction: f64,
     batches_per_transaction_max: u64,
     /// Records (each chained into the audit log) per transaction, on average and at most.
     records_per_transaction: f64,
     records_per_transaction_max: u64,
-    /// The same number of plain SQLite commits, same settings, no kernel.
-    floor: FloorSummary,
+    /// The same number of plain SQLite commits, same settings, no kernel (SQLite logs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    floor: Option<FloorSummary>,
     /// Kernel wall time over floor wall time, for the same number of commits.
-    overhead_ratio: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    overhead_ratio: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -267,13 +329,19 @@ impl fmt::Display for StepsReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "kernel: {} {} sagas x {} steps, concurrency {}, durability {}, locks {}",
+            "kernel: {} {} sagas x {} steps, concurrency {}, durability {}, locks {}, {} log{}",
             self.n_sagas,
             self.mode,
             self.n_steps / u64::from(self.n_sagas),
             self.concurrency,
             self.durability,
-            if self.locks { "on" } else { "off" }
+            if self.locks { "on" } else { "off" },
+            self.backend,
+            if self.shared_log {
+                " (--db)"
+            } else {
+                " (temporary)"
+            }
         )?;
         writeln!(
             f,
@@ -285,32 +353,34 @@ impl fmt::Display for StepsReport {
             "  memory: {} KiB resident, {} KiB at peak",
             self.rss_kib, self.rss_peak_kib
         )?;
-        writeln!(
+        write!(
             f,
-            "  {} commits ({:.3} per step) in {:.1} ms, in {} transactions ({:.2} batches each, at most {}; {:.2} records each, at most {})",
+            "  {} commits ({:.3} per step) in {:.1} ms, in {} transactions ({:.3} per step; {:.2} batches each, at most {}; {:.2} records each, at most {})",
             self.n_commits,
             self.commits_per_step,
             self.elapsed_ms,
             self.n_transactions,
+            self.transactions_per_step,
             self.batches_per_transaction,
             self.batches_per_transaction_max,
             self.records_per_transaction,
             self.records_per_transaction_max
         )?;
-        writeln!(
-            f,
-            "floor: {} plain SQLite commits, same settings: {:.0} commits/s, p50 {} us, p99 {} us, {:.1} ms",
-            self.floor.n_commits,
-            self.floor.commits_per_sec,
-            self.floor.p50_us,
-            self.floor.p99_us,
-            self.floor.elapsed_ms
-        )?;
-        write!(
-            f,
-            "overhead: kernel time / floor time = {:.2}x",
-            self.overhead_ratio
-        )
+        if let Some(round_trips) = self.round_trips_per_step {
+            write!(f, "\n  {round_trips:.2} round trips to the server per step")?;
+        }
+        if let (Some(floor), Some(ratio)) = (&self.floor, self.overhead_ratio) {
+            write!(
+                f,
+                "\nfloor: {} plain SQLite commits, same settings: {:.0} commits/s, p50 {} us, p99 {} us, {:.1} ms\noverhead: kernel time / floor time = {ratio:.2}x",
+                floor.n_commits,
+                floor.commits_per_sec,
+                floor.p50_us,
+                floor.p99_us,
+                floor.elapsed_ms
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -389,25 +459,55 @@ fn bench_kernel(
     )))
 }
 
-/// Runs the benchmark in a temporary directory that is removed afterwards.
-pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
+/// Runs the benchmark: in the log `db` names (an SQLite file, created if missing, or a
+/// PostgreSQL URL; never removed), else in a temporary directory removed afterwards.
+/// `audit_key` MACs the records, as every other command on that log does.
+pub(crate) async fn run(
+    args: &BenchArgs,
+    db: Option<&std::path::Path>,
+    audit_key: Option<AuditKey>,
+) -> anyhow::Result<BenchReport> {
     let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
-    let log_path = args
-        .keep_log
-        .clone()
-        .unwrap_or_else(|| dir.path().join("bench.db"));
-    let log = SqliteLog::open(
-        &log_path,
-        LogOptions {
-            durability: args.durability,
-            clock: Arc::new(SystemClock),
-        },
-    )?;
-    let log = Arc::new(CountingLog::new(Arc::new(log), ()));
+    let options = LogOptions {
+        durability: args.durability,
+        clock: Arc::new(SystemClock),
+    };
+    let bench_log = match db {
+        Some(db) if agent_kernel::is_postgres(db) => {
+            let url = db.to_str().unwrap_or_default().to_owned();
+            let worker = agent_kernel_txlog_postgres::Worker {
+                head_file: agent_kernel_txlog_postgres::default_head_file(&url),
+                ..agent_kernel_txlog_postgres::Worker::new(
+                    current_owner().context("cannot identify this process in /proc")?,
+                )
+            };
+            let log = tokio::task::spawn_blocking(move || {
+                PostgresLog::open(&url, options, audit_key, worker)
+            })
+            .await
+            .context("opening the log panicked")?
+            .with_context(|| format!("cannot open the log {}", crate::shown_db(db)))?;
+            BenchLog::Postgres(Arc::new(log))
+        }
+        _ => {
+            let log_path = db
+                .map(std::path::Path::to_owned)
+                .or_else(|| args.keep_log.clone())
+                .unwrap_or_else(|| dir.path().join("bench.db"));
+            let log = SqliteLog::open_with_audit_key(&log_path, options, audit_key)
+                .with_context(|| format!("cannot open the log {}", log_path.display()))?;
+            BenchLog::Sqlite(Arc::new(log))
+        }
+    };
+    let log = Arc::new(CountingLog::new(bench_log.log(), ()));
     if args.recovery {
-        return recovery(args, log).await.map(BenchReport::Recovery);
+        return recovery(args, log, &bench_log)
+            .await
+            .map(BenchReport::Recovery);
     }
-    steps(args, log, dir.path()).await.map(BenchReport::Steps)
+    steps(args, log, &bench_log, db.is_some(), dir.path())
+        .await
+        .map(BenchReport::Steps)
 }
 
 /// One saga of `n_steps` live calls, then its commit; returns each step's latency, the
@@ -479,8 +579,11 @@ async fn plan_saga(
 async fn steps(
     args: &BenchArgs,
     log: Arc<CountingLog>,
+    bench_log: &BenchLog,
+    shared_log: bool,
     dir: &std::path::Path,
 ) -> anyhow::Result<StepsReport> {
+    let (counts_before, trips_before) = bench_log.counts();
     let owner = current_owner().context("cannot identify this process in /proc")?;
     let open = usize::try_from(args.concurrency).context("too many sagas at once")?;
     let kernel = bench_kernel(
@@ -533,27 +636,19 @@ async fn steps(
     let (rss_kib, rss_peak_kib) = rss_kib();
     let n_steps = latencies.len();
     let n_commits = log.writes();
-    let groups = log.inner().group_stats();
+    let (counts, trips) = bench_log.counts();
+    let n_transactions = counts.commits - counts_before.commits;
+    let n_batches = counts.batches - counts_before.batches;
+    let n_records = counts.records - counts_before.records;
     drop(kernel);
 
-    let floor_path = dir.join("floor.db");
-    let durability = args.durability;
-    let n_floor_commits = usize::try_from(n_commits).context("too many commits")?;
-    let floor = tokio::task::spawn_blocking(move || {
-        measure_commit_floor(
-            &floor_path,
-            durability,
-            n_floor_commits,
-            BENCH_UNDO_BYTES + 256,
-        )
-    })
-    .await
-    .context("the floor measurement panicked")??;
-    let n_floor_commits = floor.n_commits;
-    let floor_elapsed = floor.elapsed;
-    let floor_latency = percentiles(floor.latencies_us);
-
+    let floor = match bench_log {
+        BenchLog::Sqlite(_) => Some(sqlite_floor(dir, args.durability, n_commits).await?),
+        BenchLog::Postgres(_) => None,
+    };
     Ok(StepsReport {
+        backend: bench_log.backend(),
+        shared_log,
         durability: args.durability,
         mode: if args.live { "live" } else { "plan" },
         locks: args.locks == "on",
@@ -570,25 +665,58 @@ async fn steps(
         rss_peak_kib,
         n_commits,
         commits_per_step: n_commits as f64 / n_steps as f64,
-        n_transactions: groups.commits,
-        batches_per_transaction: groups.batches as f64 / groups.commits.max(1) as f64,
-        batches_per_transaction_max: groups.batches_max,
-        records_per_transaction: groups.records as f64 / groups.commits.max(1) as f64,
-        records_per_transaction_max: groups.records_max,
-        floor: FloorSummary {
-            n_commits: n_floor_commits as u64,
-            elapsed_ms: floor_elapsed.as_secs_f64() * 1e3,
-            commits_per_sec: n_floor_commits as f64 / floor_elapsed.as_secs_f64(),
-            p50_us: floor_latency.p50_us,
-            p99_us: floor_latency.p99_us,
-        },
-        overhead_ratio: elapsed.as_secs_f64() / floor_elapsed.as_secs_f64(),
+        n_transactions,
+        transactions_per_step: n_transactions as f64 / n_steps as f64,
+        round_trips_per_step: trips
+            .zip(trips_before)
+            .map(|(after, before)| (after - before) as f64 / n_steps as f64),
+        batches_per_transaction: n_batches as f64 / n_transactions.max(1) as f64,
+        batches_per_transaction_max: counts.batches_max,
+        records_per_transaction: n_records as f64 / n_transactions.max(1) as f64,
+        records_per_transaction_max: counts.records_max,
+        overhead_ratio: floor
+            .as_ref()
+            .map(|floor| elapsed.as_secs_f64() * 1e3 / floor.elapsed_ms),
+        floor,
+    })
+}
+
+/// As many plain SQLite commits as the kernel made, same settings, no kernel, in a file of
+/// `dir`.
+async fn sqlite_floor(
+    dir: &std::path::Path,
+    durability: Durability,
+    n_commits: u64,
+) -> anyhow::Result<FloorSummary> {
+    let floor_path = dir.join("floor.db");
+    let n_floor_commits = usize::try_from(n_commits).context("too many commits")?;
+    let floor = tokio::task::spawn_blocking(move || {
+        measure_commit_floor(
+            &floor_path,
+            durability,
+            n_floor_commits,
+            BENCH_UNDO_BYTES + 256,
+        )
+    })
+    .await
+    .context("the floor measurement panicked")??;
+    let latency = percentiles(floor.latencies_us);
+    Ok(FloorSummary {
+        n_commits: floor.n_commits as u64,
+        elapsed_ms: floor.elapsed.as_secs_f64() * 1e3,
+        commits_per_sec: floor.n_commits as f64 / floor.elapsed.as_secs_f64(),
+        p50_us: latency.p50_us,
+        p99_us: latency.p99_us,
     })
 }
 
 /// Leaves `--sagas` live sagas unfinished under an owner that is dead to this process (the
 /// same host, another boot), then times one `recover`.
-async fn recovery(args: &BenchArgs, log: Arc<CountingLog>) -> anyhow::Result<RecoveryBench> {
+async fn recovery(
+    args: &BenchArgs,
+    log: Arc<CountingLog>,
+    bench_log: &BenchLog,
+) -> anyhow::Result<RecoveryBench> {
     let me = current_owner().context("cannot identify this process in /proc")?;
     let dead = Owner {
         boot_id: format!("{}-bench-dead", me.boot_id),
@@ -639,7 +767,7 @@ async fn recovery(args: &BenchArgs, log: Arc<CountingLog>) -> anyhow::Result<Rec
     }
     let setup = setup_started.elapsed();
     let commits_before = log.writes();
-    let groups_before = log.inner().group_stats();
+    let (groups_before, _) = bench_log.counts();
     let kernel = bench_kernel(
         log.clone(),
         me.clone(),
@@ -674,7 +802,7 @@ async fn recovery(args: &BenchArgs, log: Arc<CountingLog>) -> anyhow::Result<Rec
         sagas_per_sec: f64::from(args.sagas) / elapsed.as_secs_f64(),
         n_rolled_back,
         n_commits: log.writes() - commits_before,
-        n_transactions: log.inner().group_stats().commits - groups_before.commits,
+        n_transactions: bench_log.counts().0.commits - groups_before.commits,
         rss_peak_kib,
     })
 }

@@ -111,7 +111,6 @@ pub(crate) async fn audit(cli: &Cli, _out: &Output, args: &AuditArgs) -> Result<
             audit::list_command(&db_path(cli), query, cli.json).await
         }
         AuditAction::Seal => {
-            sqlite_only(cli, "audit seal")?;
             let key = audit_key(cli)?;
             require_log(cli)?;
             let owner = this_process()?;

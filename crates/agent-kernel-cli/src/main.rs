@@ -32,7 +32,6 @@ use agent_kernel_fsm::Guardrail;
 use agent_kernel_sandbox::{Policy, restrict_network, restrict_to_roots};
 use agent_kernel_txlog::{LogOptions, SqliteLog};
 use anyhow::Context as _;
-use clap::Parser;
 
 use crate::args::*;
 use crate::output::Output;
@@ -114,7 +113,7 @@ impl From<TxError> for Failure {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match parse_command_line() {
         Ok(cli) => cli,
         Err(error) => return usage_error(&error),
     };
@@ -268,13 +267,27 @@ async fn dispatch(cli: &Cli, out: &Output) -> Result<u8, Failure> {
         Command::Log(args) => inspect::log(cli, out, args).await,
         Command::Fsm(args) => inspect::fsm(cli, out, args).await,
         Command::Bench(args) => {
-            args.check()
+            // Only a log named on the command line: never one of `AGENT_KERNEL_DB`, which
+            // names the log the user's sagas are in.
+            let db = cli.db.as_deref().filter(|_| cli.db_on_command_line);
+            args.check(db)
                 .map_err(|message| Failure::bad_input(anyhow::anyhow!(message)))?;
-            let report = bench::run(args).await.map_err(Failure::internal)?;
+            let key = if db.is_some() { audit_key(cli)? } else { None };
+            let report = bench::run(args, db, key).await.map_err(Failure::internal)?;
             out.bench(&report);
             Ok(exit::OK)
         }
     }
+}
+
+/// The command line, and whether `--db` was on it (not from `AGENT_KERNEL_DB`).
+fn parse_command_line() -> Result<Cli, clap::Error> {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    let matches = Cli::command().try_get_matches()?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    cli.db_on_command_line =
+        matches.value_source("db") == Some(clap::parser::ValueSource::CommandLine);
+    Ok(cli)
 }
 
 /// The lock that keeps two compensating operator commands (`undo`, `dlq retry`, `prune`)

@@ -355,6 +355,52 @@ pub async fn two_connections_write_one_log_at_once(store: &dyn LogStore) {
     assert_eq!(first.sagas(100).await.expect("reads").len(), 20);
 }
 
+/// How many batches [`batches_written_at_once_are_each_answered_as_alone`] writes at once.
+const BATCHES_AT_ONCE: usize = 48;
+
+/// Checks that batches written at once (which a log may commit together) are each answered
+/// as if written alone: a refused batch leaves nothing of itself, and nothing of the
+/// others undone.
+pub async fn batches_written_at_once_are_each_answered_as_alone(store: &dyn LogStore) {
+    let log = store.open();
+    let refused = |n: usize| n % 7 == 3;
+    let writes: Vec<_> = (0..BATCHES_AT_ONCE)
+        .map(|n| {
+            let log = log.clone();
+            let id = format!("s{n}");
+            // A refused batch commits a step it never began.
+            let last = if refused(n) {
+                commit(&id, 5)
+            } else {
+                commit(&id, 0)
+            };
+            tokio::spawn(async move {
+                log.write(vec![new_saga(&id), begin(&id, 0, None, "h"), last])
+                    .await
+            })
+        })
+        .collect();
+    for (n, write) in writes.into_iter().enumerate() {
+        let written = write.await.expect("the write task ran");
+        let record = log
+            .saga(&SagaId::new(format!("s{n}")))
+            .await
+            .expect("reads");
+        if refused(n) {
+            assert!(
+                matches!(written, Err(TxError::NotFound(_))),
+                "s{n}: {written:?}"
+            );
+            assert!(record.is_none(), "nothing of refused s{n} is written");
+        } else {
+            written.unwrap_or_else(|error| panic!("s{n}: {error}"));
+            let record = record.unwrap_or_else(|| panic!("s{n} is written"));
+            assert_eq!(record.steps.len(), 1, "s{n}");
+            assert_eq!(record.steps[0].status, StepStatus::Commit, "s{n}");
+        }
+    }
+}
+
 /// Checks that a saga that needs its actor idle is refused while another is unfinished.
 pub async fn a_saga_that_needs_its_actor_idle_is_refused_while_another_is_unfinished(
     store: &dyn LogStore,

@@ -49,6 +49,7 @@ macro_rules! contract_tests {
             a_key_whose_step_failed_with_an_uncertain_outcome_stays_held,
             a_refused_step_leaves_its_key_alone,
             two_connections_write_one_log_at_once,
+            batches_written_at_once_are_each_answered_as_alone,
             a_saga_that_needs_its_actor_idle_is_refused_while_another_is_unfinished,
             duplicate_keys_raced_from_several_connections_are_claimed_once,
             take_over_raced_from_several_connections_succeeds_once,

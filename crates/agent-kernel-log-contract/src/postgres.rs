@@ -61,11 +61,44 @@ impl Schema {
 
     /// The URL of a connection whose current schema is this one.
     pub fn url(&self) -> String {
+        self.url_behind(None)
+    }
+
+    /// The URL of a connection whose `search_path` names `ahead` first, then this schema:
+    /// its current schema is `ahead` whenever that schema exists.
+    pub fn url_behind(&self, ahead: Option<&Schema>) -> String {
         let separator = if self.server.contains('?') { '&' } else { '?' };
+        let path = match ahead {
+            Some(ahead) => format!("{}%2C{}", ahead.name, self.name),
+            None => self.name.clone(),
+        };
         format!(
-            "{}{separator}options=-c%20search_path%3D{}",
-            self.server, self.name
+            "{}{separator}options=-c%20search_path%3D{path}",
+            self.server
         )
+    }
+
+    /// Drops the schema and everything in it now (it is dropped again, if it exists, with
+    /// the value).
+    pub fn drop_now(&self) {
+        let (server, name) = (&self.server, &self.name);
+        blocking(|| {
+            postgres::Client::connect(server, postgres::NoTls)
+                .expect("connects")
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                .expect("drops");
+        });
+    }
+
+    /// Creates the schema again, empty, after [`drop_now`](Self::drop_now).
+    pub fn create_again(&self) {
+        let (server, name) = (&self.server, &self.name);
+        blocking(|| {
+            postgres::Client::connect(server, postgres::NoTls)
+                .expect("connects")
+                .batch_execute(&format!("CREATE SCHEMA {name}"))
+                .expect("creates");
+        });
     }
 
     /// Runs `sql` in this schema, on a connection of its own.

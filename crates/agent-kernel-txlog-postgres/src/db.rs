@@ -5,6 +5,8 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::error::Error as StdError;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use agent_kernel_txlog::sql::{Db, Error, Row, ToValue, Value, ValueRef};
 use bytes::BytesMut;
@@ -13,9 +15,27 @@ use postgres::fallible_iterator::FallibleIterator as _;
 use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use postgres::{Statement, Transaction};
 
-/// The statements prepared on one connection, by their text as the log writes it.
+/// The statements prepared on one connection, by their text as the log writes it, and the
+/// round trips to the server they made (each prepare, and each statement run).
 #[derive(Default)]
-pub(crate) struct Statements(RefCell<HashMap<String, Statement>>);
+pub(crate) struct Statements {
+    prepared: RefCell<HashMap<String, Statement>>,
+    round_trips: Arc<AtomicU64>,
+}
+
+impl Statements {
+    /// None prepared yet; their round trips added to `round_trips`.
+    pub(crate) fn counting(round_trips: Arc<AtomicU64>) -> Statements {
+        Statements {
+            prepared: RefCell::default(),
+            round_trips,
+        }
+    }
+
+    fn trip(&self) {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+    }
+}
 
 /// A transaction the log's statements run in.
 pub(crate) struct PgDb<'t, 'c> {
@@ -32,9 +52,10 @@ impl<'t, 'c> PgDb<'t, 'c> {
     }
 
     fn statement(&self, sql: &str) -> Result<Statement, Error> {
-        if let Some(statement) = self.statements.0.borrow().get(sql) {
+        if let Some(statement) = self.statements.prepared.borrow().get(sql) {
             return Ok(statement.clone());
         }
+        self.statements.trip();
         let statement = self
             .tx
             .try_borrow_mut()
@@ -46,7 +67,7 @@ impl<'t, 'c> PgDb<'t, 'c> {
             .prepare(&placeholders(sql))
             .map_err(error)?;
         self.statements
-            .0
+            .prepared
             .borrow_mut()
             .insert(sql.to_owned(), statement.clone());
         Ok(statement)
@@ -70,15 +91,35 @@ pub(crate) fn placeholders(sql: &str) -> String {
     out
 }
 
+/// What went wrong, as the server said it (`FATAL 57P01: terminating connection due to
+/// administrator command`), or as the client saw it with every cause (`error communicating
+/// with the server: Connection reset by peer (os error 104)`); never just `db error`.
+pub(crate) fn describe_error(err: &postgres::Error) -> String {
+    if let Some(db) = err.as_db_error() {
+        let mut message = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+        if let Some(detail) = db.detail() {
+            message.push_str(&format!(" ({detail})"));
+        }
+        return message;
+    }
+    let mut message = err.to_string();
+    let mut cause = StdError::source(err);
+    while let Some(inner) = cause {
+        let text = inner.to_string();
+        if !message.ends_with(&text) {
+            message.push_str(&format!(": {text}"));
+        }
+        cause = inner.source();
+    }
+    message
+}
+
 /// A database error as [`Error`]: constraint violations (class 23) apart.
 pub(crate) fn error(err: postgres::Error) -> Error {
     let constraint = err.code().is_some_and(|code| {
         code.code().starts_with("23") || *code == SqlState::INTEGRITY_CONSTRAINT_VIOLATION
     });
-    let message = match err.as_db_error() {
-        Some(db) => format!("{}: {}", db.severity(), db.message()),
-        None => err.to_string(),
-    };
+    let message = describe_error(&err);
     if constraint {
         Error::Constraint(message)
     } else {
@@ -161,6 +202,7 @@ impl Db for PgDb<'_, '_> {
     fn execute(&self, sql: &str, params: &[&dyn ToValue]) -> Result<usize, Error> {
         let statement = self.statement(sql)?;
         let binds: Vec<Bind<'_>> = params.iter().map(|param| Bind(param.to_value())).collect();
+        self.statements.trip();
         let refs: Vec<&(dyn ToSql + Sync)> = binds
             .iter()
             .map(|bind| bind as &(dyn ToSql + Sync))
@@ -184,6 +226,7 @@ impl Db for PgDb<'_, '_> {
     ) -> Result<(), Error> {
         let statement = self.statement(sql)?;
         let binds: Vec<Bind<'_>> = params.iter().map(|param| Bind(param.to_value())).collect();
+        self.statements.trip();
         let mut tx = self.tx.try_borrow_mut().map_err(|_| {
             Error::Database("a statement was run while another one's rows were read".to_owned())
         })?;

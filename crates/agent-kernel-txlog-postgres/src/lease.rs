@@ -44,10 +44,10 @@ pub struct Worker {
     pub owner: Owner,
     /// How long its lease lasts unless renewed ([`LEASE_MIN`] to [`LEASE_MAX`]).
     pub lease: Duration,
-    /// This machine's head file for the log (named `<name>.audit-head`;
-    /// [`default_head_file`](crate::default_head_file) is where the kernel keeps it), or
-    /// `None` to keep none: then nothing outside the database vouches for the chain's
-    /// newest records.
+    /// The base of this machine's head files for the URL (named `<name>.audit-head`;
+    /// [`default_head_file`](crate::default_head_file) is where the kernel keeps it): the
+    /// log's own is `<name>.log-<log id>.audit-head` beside it. `None` to keep none: then
+    /// nothing outside the database vouches for the chain's newest records.
     pub head_file: Option<std::path::PathBuf>,
 }
 
@@ -108,6 +108,45 @@ pub(crate) fn acquire(client: &mut Client, worker: &Worker) -> Result<(), TxErro
         });
     }
     Ok(())
+}
+
+/// Takes `worker`'s lease again on a new connection (the server dropped the last one):
+/// only extends a lease still live, never makes one. A lease that ran out, or whose row was
+/// forgotten ([`forget_gone`]), stays lost: the process is fenced.
+pub(crate) fn reacquire(client: &mut Client, worker: &Worker) -> Result<(), TxError> {
+    let lease_ms = worker.lease_ms()?;
+    if renew(client, worker, lease_ms).map_err(storage)? {
+        Ok(())
+    } else {
+        Err(TxError::Fenced {
+            reason: "it ran out while the connection was made again".to_owned(),
+        })
+    }
+}
+
+/// How long the row of a lease that ran out (or was ended) is kept, for whoever looks at
+/// who held what: a day. Then it is deleted by [`forget_gone`].
+pub const LEASE_ROWS_KEPT: Duration = Duration::from_secs(24 * 3600);
+
+/// How often each process's renewer deletes the rows of leases gone longer than
+/// [`LEASE_ROWS_KEPT`] (and once when it starts).
+pub const LEASE_ROWS_FORGET_PERIOD: Duration = Duration::from_secs(600);
+
+/// Deletes the rows of leases that ran out more than [`LEASE_ROWS_KEPT`] ago, and of
+/// leases ended for good whose owner took them that long ago; how many. Safe whatever an
+/// owner still holds: an owner without a row is dead to recovery ([`status`]), and a row is
+/// never made again but by a process's first open ([`reacquire`] never inserts), so no
+/// process paused past its lease comes back through a forgotten row.
+pub(crate) fn forget_gone(client: &mut Client) -> Result<u64, postgres::Error> {
+    let kept_ms = i64::try_from(LEASE_ROWS_KEPT.as_millis()).unwrap_or(i64::MAX);
+    client.execute(
+        &format!(
+            "DELETE FROM leases
+             WHERE (expires_at_ms >= 0 AND expires_at_ms < {NOW_MS} - $1)
+                OR (expires_at_ms < 0 AND acquired_at_ms < {NOW_MS} - $1)"
+        ),
+        &[&kept_ms],
+    )
 }
 
 /// Extends a live lease; `false` when it had already run out (and stays so).
@@ -285,6 +324,8 @@ impl Renewer {
                         if !matches!(renewed, Ok(true)) {
                             return;
                         }
+                        // Best effort: a row not deleted now is deleted at a later period.
+                        let _ = forget_gone(&mut client);
                         Some(client)
                     }
                     Err(err) => {
@@ -292,6 +333,7 @@ impl Renewer {
                         return;
                     }
                 };
+                let mut forgotten_at = std::time::Instant::now();
                 while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(period) {
                     if client.as_ref().is_none_or(Client::is_closed) {
                         client = config.connect(NoTls).ok();
@@ -300,7 +342,12 @@ impl Renewer {
                         continue;
                     };
                     match renew_and_mark(connected, &worker, lease_ms, &thread_live_until) {
-                        Ok(true) => {}
+                        Ok(true) => {
+                            if forgotten_at.elapsed() >= LEASE_ROWS_FORGET_PERIOD {
+                                forgotten_at = std::time::Instant::now();
+                                let _ = forget_gone(connected);
+                            }
+                        }
                         Ok(false) => {
                             // Ran out while this process was paused or cut off: for good.
                             thread_lost.store(true, Ordering::SeqCst);

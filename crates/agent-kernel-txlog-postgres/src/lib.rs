@@ -42,6 +42,11 @@
 //!   batch makes (a key's binding, an actor's idle, an owner still the expected one) holds
 //!   until it commits, and the audit chain is appended by one writer at a time and never
 //!   forks.
+//! - **Group commit.** The batches queued when a write transaction begins share it (up to
+//!   [`GROUP_BATCHES_MAX`] batches and [`GROUP_RECORDS_MAX`] records): one lock, one lease
+//!   check, one COMMIT. A refused batch sends every batch of its group to a transaction of
+//!   its own, so each gets the answer it would have had alone. [`PostgresLog::stats`]
+//!   counts transactions and round trips.
 //! - **Leases.** Every log is opened for a [`Worker`]: the process that holds sagas through
 //!   it, whose lease (a row of `leases`, by the database's clock) a thread of its own
 //!   renews. [`TxLog::owner_lease`] answers whether an owner is alive by its lease, whatever
@@ -58,30 +63,42 @@
 //!   [`TxError::NotALog`], a newer schema version with [`TxError::SchemaTooNew`], a trigger
 //!   or rule on the log's tables with [`TxError::Tampered`]; nothing is written then.
 
+mod connection;
 mod db;
+mod head_files;
 mod lease;
 mod schema;
+mod verify;
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::thread;
-use std::time::Duration;
 
 use agent_kernel_api::{
-    ApprovalRecord, BoxFuture, Clock, DeadLetter, Durability, KeyBinding, LeaseStatus, LogWrite,
-    Owner, SagaId, SagaRecord, SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
+    ApprovalRecord, AuditEvent, BoxFuture, Clock, DeadLetter, Durability, KeyBinding, LeaseStatus,
+    LogWrite, Owner, SagaId, SagaRecord, SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
 };
-use agent_kernel_txlog::backend::{self, Chain, HeadFile};
+use agent_kernel_txlog::backend;
 use agent_kernel_txlog::sql::Db;
-use agent_kernel_txlog::{AuditKey, AuditReport, LogOptions};
-use postgres::{Client, Config, IsolationLevel, NoTls};
+use agent_kernel_txlog::{AuditHead, AuditKey, GROUP_BATCHES_MAX, GROUP_RECORDS_MAX, LogOptions};
+use postgres::Config;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::db::{PgDb, Statements};
+pub use crate::connection::{APPLICATION_NAME, CONNECT_TIMEOUT, ConnectionStats};
+use crate::connection::{
+    BEGIN_WRITE_TRIPS, Connection, Counters, Job, Opening, begin_write, open_connection,
+    with_timeouts,
+};
+use crate::db::Statements;
 use crate::lease::Renewer;
-pub use crate::lease::{LEASE_DEFAULT, LEASE_MAX, LEASE_MIN, RENEWALS_PER_LEASE, Worker};
+pub use crate::lease::{
+    LEASE_DEFAULT, LEASE_MAX, LEASE_MIN, LEASE_ROWS_FORGET_PERIOD, LEASE_ROWS_KEPT,
+    RENEWALS_PER_LEASE, Worker,
+};
 pub use crate::schema::SCHEMA_VERSION;
-use crate::schema::{WRITE_LOCK, storage};
+use crate::schema::storage;
+pub use crate::verify::{default_head_file, verify};
 
 /// The most jobs that may wait for the connection's thread; senders wait when it is full.
 pub const JOBS_QUEUED_MAX: usize = 1024;
@@ -100,7 +117,7 @@ pub fn describe_url(url: &str) -> Option<String> {
 }
 
 /// The hosts and ports a URL names, `host:port,host:port`.
-fn hosts_of(config: &Config) -> String {
+pub(crate) fn hosts_of(config: &Config) -> String {
     let hosts: Vec<String> = config
         .get_hosts()
         .iter()
@@ -114,393 +131,11 @@ fn hosts_of(config: &Config) -> String {
 }
 
 /// The database a URL names, without its password: `postgres://user@host:port/dbname`.
-fn describe(config: &Config) -> String {
+pub(crate) fn describe(config: &Config) -> String {
     let user = config.get_user().unwrap_or("");
     let hosts = hosts_of(config);
     let dbname = config.get_dbname().unwrap_or(user);
     format!("postgres://{user}@{hosts}/{dbname}")
-}
-
-/// Connects to the database `config` names, sets the durability and checks the schema.
-fn connect(
-    config: &Config,
-    target: &str,
-    durability: Durability,
-    lease: Duration,
-) -> Result<Client, TxError> {
-    let mut client = config
-        .connect(NoTls)
-        .map_err(|err| TxError::Storage(format!("cannot connect to {target}: {err}")))?;
-    let synchronous = match durability {
-        Durability::Full => "on",
-        Durability::Normal => "off",
-    };
-    // A session paused or cut off inside a transaction (holding `WRITE_LOCK`) is ended by
-    // the server once it has been idle for a lease, so it never blocks the other writers
-    // for longer than it would stay alive.
-    client
-        .batch_execute(&format!(
-            "SET synchronous_commit = {synchronous}; SET idle_in_transaction_session_timeout = {}",
-            lease.as_millis()
-        ))
-        .map_err(storage)?;
-    schema::prepare(&mut client, target)?;
-    Ok(client)
-}
-
-/// How long connecting to the server may take.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// `config` with the timeouts every connection of the log uses: [`CONNECT_TIMEOUT`], and TCP
-/// keepalives after a lease of silence, so a server that vanished is noticed.
-fn with_timeouts(config: &Config, lease: Duration) -> Config {
-    let mut config = config.clone();
-    config
-        .connect_timeout(CONNECT_TIMEOUT)
-        .keepalives(true)
-        .keepalives_idle(lease.max(Duration::from_secs(1)));
-    config
-}
-
-/// The log's connection, its statements and this machine's head file, made (or made
-/// again, after the server dropped the connection): connected, the schema checked, the
-/// worker's lease taken (refused once it ran out).
-fn open_connection(
-    config: &Config,
-    target: &str,
-    durability: Durability,
-    worker: &Worker,
-    audit_key: Option<&AuditKey>,
-) -> Result<
-    (
-        Client,
-        postgres::Statement,
-        postgres::Statement,
-        Option<HeadFile>,
-    ),
-    TxError,
-> {
-    let mut client = connect(config, target, durability, worker.lease)?;
-    lease::acquire(&mut client, worker)?;
-    let lock = client
-        .prepare("SELECT pg_advisory_xact_lock($1)")
-        .map_err(storage)?;
-    let fence = client.prepare(&lease::status_sql()).map_err(storage)?;
-    let head_file = worker
-        .head_file
-        .as_deref()
-        .map(|path| head_file_at(path, audit_key.cloned(), durability))
-        .transpose()?;
-    if let Some(head_file) = &head_file {
-        let mut tx = snapshot(&mut client)?;
-        head_file.create_if_missing(&PgDb::new(&mut tx, &Statements::default()))?;
-        tx.commit().map_err(storage)?;
-    }
-    Ok((client, lock, fence, head_file))
-}
-
-/// Verifies the audit chain of the log `url` names, read-only, in one snapshot: every
-/// record's form, hash, link and (under `key`) MAC, then the tables against a replay of the
-/// chain ([`agent_kernel_txlog::verify`]'s checks 1 and 3). A trigger or rule on the log's
-/// tables is reported at record 0, before any row is read. With `head_file` (this machine's,
-/// [`Worker::head_file`]) the head it names must be in the chain, with its hash and MAC
-/// (check 2), read before the chain; without one, or when this machine has none (it never
-/// wrote the log), records removed from the end, with the tables edited to match, go
-/// unseen. An empty schema, where no log was created yet,
-/// verifies with no records.
-///
-/// Blocks (on a thread of its own) while it reads.
-///
-/// # Errors
-///
-/// [`TxError::Storage`] when the URL does not parse or the server cannot be reached;
-/// [`TxError::NotALog`] or [`TxError::SchemaTooNew`] as [`PostgresLog::open`].
-pub fn verify(
-    url: &str,
-    key: Option<&AuditKey>,
-    head_file: Option<&std::path::Path>,
-) -> Result<AuditReport, TxError> {
-    let config = Config::from_str(url)
-        .map_err(|err| TxError::Storage(format!("the database URL does not parse: {err}")))?;
-    let target = describe(&config);
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                // This machine's head file, read before the snapshot begins: a writer moves
-                // it only after it commits, so a log in use never looks cut. A machine that
-                // never wrote the log has none: that is no evidence here, where each
-                // machine's file vouches only for what it saw.
-                let anchor = match head_file.filter(|path| path.symlink_metadata().is_ok()) {
-                    Some(path) => {
-                        let file = head_file_at(path, key.cloned(), Durability::Full)?;
-                        let read = file.read();
-                        Some((file, read))
-                    }
-                    None => None,
-                };
-                let mut client = config.connect(NoTls).map_err(|err| {
-                    TxError::Storage(format!("cannot connect to {target}: {err}"))
-                })?;
-                let mut tx = snapshot(&mut client)?;
-                let inspected = schema::inspect(&mut tx, &target)?;
-                let empty = AuditReport {
-                    n_records: 0,
-                    head: None,
-                    head_file: None,
-                    macs_verified: key.is_some(),
-                    n_records_with_mac: 0,
-                    first_bad: None,
-                };
-                match inspected {
-                    schema::Inspected::Log => {}
-                    // No log yet: nothing recorded, nothing to check.
-                    schema::Inspected::Empty => return Ok(empty),
-                    schema::Inspected::Tampered(reason) => {
-                        return Ok(AuditReport {
-                            first_bad: Some(agent_kernel_txlog::BadRecord {
-                                seq: 0,
-                                reason: format!("the schema is not this build's: {reason}"),
-                            }),
-                            ..empty
-                        });
-                    }
-                }
-                let statements = Statements::default();
-                let db = PgDb::new(&mut tx, &statements);
-                match anchor {
-                    Some((file, read)) => file.verify(&db, key, read),
-                    None => backend::verify_chain_and_tables(&db, key),
-                }
-            })
-            .join()
-            .map_err(|_| TxError::Storage("the verification thread panicked".to_owned()))?
-    })
-}
-
-/// The name every head file ends with.
-const HEAD_FILE_SUFFIX: &str = ".audit-head";
-
-/// The head file at `path` (which must end with `.audit-head`), its folder created.
-fn head_file_at(
-    path: &std::path::Path,
-    key: Option<AuditKey>,
-    durability: Durability,
-) -> Result<HeadFile, TxError> {
-    let text = path.to_string_lossy();
-    let Some(base) = text
-        .strip_suffix(HEAD_FILE_SUFFIX)
-        .filter(|base| !base.is_empty())
-    else {
-        return Err(TxError::Storage(format!(
-            "the audit head file {} must be named `<name>{HEAD_FILE_SUFFIX}`",
-            path.display()
-        )));
-    };
-    if let Some(folder) = path
-        .parent()
-        .filter(|folder| !folder.as_os_str().is_empty())
-    {
-        std::fs::create_dir_all(folder).map_err(|err| {
-            TxError::Storage(format!(
-                "cannot create the folder {}: {err}",
-                folder.display()
-            ))
-        })?;
-    }
-    Ok(HeadFile::new(std::path::Path::new(base), key, durability))
-}
-
-/// Where this machine keeps its head file for the log `url` names, unless told otherwise:
-/// `$XDG_STATE_HOME/agent-kernel/` (else `~/.local/state/agent-kernel/`), named after the
-/// SHA-256 of the hosts, database and options (so two logs, even two schemas of one
-/// database, never share one, whichever role connects; a host spelled otherwise, such as
-/// `localhost` for `127.0.0.1`, is another file). `None` without a home folder, or for a URL that does not parse.
-pub fn default_head_file(url: &str) -> Option<std::path::PathBuf> {
-    use sha2::Digest as _;
-    let config = Config::from_str(url).ok()?;
-    let state = std::env::var_os("XDG_STATE_HOME")
-        .filter(|dir| !dir.is_empty())
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|dir| !dir.is_empty())
-                .map(|home| std::path::Path::new(&home).join(".local/state"))
-        })?;
-    // The database and schema, not the role: an auditor connecting as another role finds
-    // the writers' file.
-    let hosts = hosts_of(&config);
-    let identity = format!(
-        "{}/{}?{}",
-        hosts,
-        config.get_dbname().or(config.get_user()).unwrap_or(""),
-        config.get_options().unwrap_or("")
-    );
-    let digest = sha2::Sha256::digest(identity.as_bytes());
-    let name: String = digest[..12]
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect();
-    Some(
-        state
-            .join("agent-kernel")
-            .join(format!("postgres-{name}{HEAD_FILE_SUFFIX}")),
-    )
-}
-
-/// A job, run on the connection's thread with the connection and the clock's time.
-type Job = Box<dyn FnOnce(&mut Connection, i64) + Send>;
-
-/// What the connection's thread holds.
-struct Connection {
-    client: Client,
-    statements: Statements,
-    audit_key: Option<AuditKey>,
-    /// The process writing through this connection, whose lease every write checks.
-    worker: Worker,
-    /// This machine's anchor of the chain's head, when it keeps one.
-    head_file: Option<HeadFile>,
-    /// `WRITE_LOCK` taken, prepared once.
-    lock: postgres::Statement,
-    /// [`lease::status_sql`], prepared once.
-    fence: postgres::Statement,
-}
-
-/// A read-only, repeatable-read snapshot on `client`: every read of the log sees one
-/// moment.
-fn snapshot(client: &mut Client) -> Result<postgres::Transaction<'_>, TxError> {
-    client
-        .build_transaction()
-        .isolation_level(IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .map_err(storage)
-}
-
-/// Moves this machine's head file, when it keeps one, to `chain`'s newest record, just
-/// committed (a batch that ended a saga or held an audit event, or a take-over), checked in
-/// a new snapshot.
-fn advance_head_file(
-    client: &mut Client,
-    statements: &Statements,
-    head_file: Option<&HeadFile>,
-    chain: &Chain<'_>,
-) {
-    let Some(head_file) = head_file else {
-        return;
-    };
-    // Without a snapshot the head file stays where it was; `audit verify` vouches up to it.
-    if let Ok(mut tx) = snapshot(client) {
-        head_file.advance(&PgDb::new(&mut tx, statements), chain);
-        let _ = tx.commit();
-    }
-}
-
-/// Begins a write transaction on `client`: after every other writer's (`lock` takes
-/// `WRITE_LOCK`), and only while `worker`'s lease is live (`fence`). Once it ran out,
-/// another process may have taken its sagas over: the write is refused
-/// ([`TxError::Fenced`]).
-fn begin_write<'c>(
-    client: &'c mut Client,
-    lock: &postgres::Statement,
-    fence: &postgres::Statement,
-    worker: &Worker,
-) -> Result<postgres::Transaction<'c>, TxError> {
-    // Read committed, whatever the server's default: each statement then reads what the
-    // writers before this one committed, once the lock is granted.
-    let mut tx = client
-        .build_transaction()
-        .isolation_level(IsolationLevel::ReadCommitted)
-        .start()
-        .map_err(storage)?;
-    tx.execute(lock, &[&WRITE_LOCK]).map_err(storage)?;
-    match lease::status(&mut tx, fence, &worker.owner)? {
-        LeaseStatus::Live => Ok(tx),
-        LeaseStatus::Expired => Err(TxError::Fenced {
-            reason: "found run out at a write".to_owned(),
-        }),
-    }
-}
-
-impl Connection {
-    /// Applies one batch in one transaction, after every other writer's.
-    fn write(&mut self, batch: &[LogWrite], now_ms: i64) -> Result<Vec<WriteOutcome>, TxError> {
-        let key = self.audit_key.as_ref();
-        let mut tx = begin_write(&mut self.client, &self.lock, &self.fence, &self.worker)?;
-        let (applied, chain) = {
-            let db = PgDb::new(&mut tx, &self.statements);
-            let mut chain = Chain::start(&db, key)?;
-            let applied = backend::apply_batch(&db, &mut chain, key, batch, now_ms)?;
-            (applied, chain)
-        };
-        tx.commit().map_err(storage)?;
-        if applied.moves_head {
-            advance_head_file(
-                &mut self.client,
-                &self.statements,
-                self.head_file.as_ref(),
-                &chain,
-            );
-        }
-        Ok(applied.outcomes)
-    }
-
-    /// [`TxLog::take_over_and_write`] in one write transaction.
-    fn take_over(
-        &mut self,
-        saga_id: &SagaId,
-        expected: &Owner,
-        expected_state: SagaState,
-        new: &Owner,
-        then: &[LogWrite],
-        now_ms: i64,
-    ) -> Result<bool, TxError> {
-        let key = self.audit_key.as_ref();
-        let mut tx = begin_write(&mut self.client, &self.lock, &self.fence, &self.worker)?;
-        if !lease::end_if_expired(&mut tx, expected)? {
-            // Renewed after all: the owner is alive, and keeps its saga.
-            return Ok(false);
-        }
-        let (taken, chain) = {
-            let db = PgDb::new(&mut tx, &self.statements);
-            let mut chain = Chain::start(&db, key)?;
-            let taken = backend::take_over(
-                &db,
-                &mut chain,
-                saga_id,
-                expected,
-                expected_state,
-                new,
-                now_ms,
-            )?;
-            if taken && !then.is_empty() {
-                // Refused, it is the error, and the transaction (the take-over with it) is
-                // rolled back when dropped.
-                backend::apply_batch(&db, &mut chain, key, then, now_ms)?;
-            }
-            (taken, chain)
-        };
-        if taken {
-            tx.commit().map_err(storage)?;
-            advance_head_file(
-                &mut self.client,
-                &self.statements,
-                self.head_file.as_ref(),
-                &chain,
-            );
-        }
-        Ok(taken)
-    }
-
-    /// Runs `read` in one read-only snapshot.
-    fn read<T>(&mut self, read: impl FnOnce(&dyn Db) -> Result<T, TxError>) -> Result<T, TxError> {
-        let mut tx = snapshot(&mut self.client)?;
-        let value = {
-            let db = PgDb::new(&mut tx, &self.statements);
-            read(&db)?
-        };
-        tx.commit().map_err(storage)?;
-        Ok(value)
-    }
 }
 
 /// The PostgreSQL transaction log. Cheap to share behind an `Arc`.
@@ -511,6 +146,7 @@ pub struct PostgresLog {
     closed: oneshot::Receiver<()>,
     /// Renews this process's lease; stops when the log is dropped.
     renewer: Renewer,
+    counters: Arc<Counters>,
 }
 
 impl std::fmt::Debug for PostgresLog {
@@ -562,6 +198,8 @@ impl PostgresLog {
         let thread_target = target.clone();
         let thread_worker = worker.clone();
         let thread_config = config.clone();
+        let counters = Arc::new(Counters::default());
+        let thread_counters = counters.clone();
         thread::Builder::new()
             .name("agent-kernel-txlog-postgres".into())
             .spawn(move || {
@@ -571,16 +209,18 @@ impl PostgresLog {
                     durability,
                     &thread_worker,
                     audit_key.as_ref(),
+                    Opening::First,
                 );
                 let mut connection = match opened {
                     Ok((client, lock, fence, head_file)) => Connection {
                         client,
-                        statements: Statements::default(),
+                        statements: Statements::counting(thread_counters.round_trips.clone()),
                         audit_key,
                         worker: thread_worker,
                         head_file,
                         lock,
                         fence,
+                        counters: thread_counters,
                     },
                     Err(error) => {
                         let _ = opened_sender.send(Err(error));
@@ -588,26 +228,62 @@ impl PostgresLog {
                     }
                 };
                 let _ = opened_sender.send(Ok(()));
-                while let Some(job) = receiver.blocking_recv() {
+                // A job taken from the queue while gathering a group, run next.
+                let mut next: Option<Job> = None;
+                while let Some(job) = next.take().or_else(|| receiver.blocking_recv()) {
+                    // The server dropped the connection (a restart, a failover): made again,
+                    // the lease checked, before the job runs. If that fails, a write is
+                    // answered with why (a lease that ran out: fenced), any other job fails
+                    // on the closed connection, and the next job tries again.
+                    let mut not_reconnected = None;
                     if connection.client.is_closed() {
-                        // The server dropped the connection (a restart, a failover): made
-                        // again, the lease checked, before the job runs; if that fails the
-                        // job fails, and the next one tries again.
-                        if let Ok((client, lock, fence, head_file)) = open_connection(
+                        match open_connection(
                             &thread_config,
                             &thread_target,
                             durability,
                             &connection.worker,
                             connection.audit_key.as_ref(),
+                            Opening::Again,
                         ) {
-                            connection.client = client;
-                            connection.lock = lock;
-                            connection.fence = fence;
-                            connection.head_file = head_file;
-                            connection.statements = Statements::default();
+                            Ok((client, lock, fence, head_file)) => {
+                                connection.client = client;
+                                connection.lock = lock;
+                                connection.fence = fence;
+                                connection.head_file = head_file;
+                                connection.statements =
+                                    Statements::counting(connection.counters.round_trips.clone());
+                            }
+                            Err(error) => not_reconnected = Some(error),
                         }
                     }
-                    job(&mut connection, clock.now_ms());
+                    match job {
+                        Job::Other(job) => job(&mut connection, clock.now_ms()),
+                        Job::Write { reply, .. } if not_reconnected.is_some() => {
+                            let _ = reply.send(Err(not_reconnected.take().expect("checked")));
+                        }
+                        Job::Write { batch, reply } => {
+                            // The batches already queued join this one's transaction; none
+                            // is waited for.
+                            let mut records = batch.len();
+                            let mut group = vec![(batch, reply)];
+                            while group.len() < GROUP_BATCHES_MAX {
+                                match receiver.try_recv() {
+                                    Ok(Job::Write { batch, reply })
+                                        if records + batch.len() <= GROUP_RECORDS_MAX =>
+                                    {
+                                        records += batch.len();
+                                        group.push((batch, reply));
+                                    }
+                                    Ok(other) => {
+                                        next = Some(other);
+                                        break;
+                                    }
+                                    Err(_) => break,
+                                }
+                            }
+                            connection.write_group(group, clock.now_ms());
+                        }
+                    }
                 }
                 drop(connection);
                 let _ = closed_sender.send(());
@@ -621,7 +297,36 @@ impl PostgresLog {
             jobs,
             closed,
             renewer,
+            counters,
         })
+    }
+
+    /// What the log's connection did since the log was opened: write transactions, batches
+    /// and round trips to the server (for `agent-kernel bench`).
+    pub fn stats(&self) -> ConnectionStats {
+        ConnectionStats {
+            transactions: self.counters.transactions.load(Ordering::Relaxed),
+            batches: self.counters.batches.load(Ordering::Relaxed),
+            batches_max: self.counters.batches_max.load(Ordering::Relaxed),
+            records: self.counters.records.load(Ordering::Relaxed),
+            records_max: self.counters.records_max.load(Ordering::Relaxed),
+            round_trips: self.counters.round_trips.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Appends `event` (an operator's `audit seal`) to the chain and makes this machine's
+    /// head file for this log name it, whatever it held; this machine's head files of
+    /// other logs once at the same URL (a database recreated, tables dropped and made
+    /// again) are removed. Call once the chain and tables were verified without the head
+    /// files ([`verify`] with no head file).
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the record cannot be written ([`TxError::Fenced`] once this
+    /// process's lease ran out), or [`TxError::Storage`] naming the head file that cannot
+    /// be written or removed (the record is then written).
+    pub fn seal(&self, event: AuditEvent) -> BoxFuture<'_, Result<AuditHead, TxError>> {
+        self.call(move |connection, now_ms| connection.seal(event, now_ms))
     }
 
     /// The database, as `postgres://user@host:port/db` (no password).
@@ -662,10 +367,10 @@ impl PostgresLog {
     ) -> BoxFuture<'_, Result<T, TxError>> {
         Box::pin(async move {
             let (reply, answer) = oneshot::channel();
-            let job: Job = Box::new(move |connection, now_ms| {
+            let job = Job::Other(Box::new(move |connection, now_ms| {
                 // The caller may have gone away; its answer is then dropped.
                 let _ = reply.send(job(connection, now_ms));
-            });
+            }));
             self.jobs.send(job).await.map_err(|_| TxError::Closed)?;
             answer.await.map_err(|_| TxError::Closed)?
         })
@@ -674,7 +379,14 @@ impl PostgresLog {
 
 impl TxLog for PostgresLog {
     fn write(&self, batch: Vec<LogWrite>) -> BoxFuture<'_, Result<Vec<WriteOutcome>, TxError>> {
-        self.call(move |connection, now_ms| connection.write(&batch, now_ms))
+        Box::pin(async move {
+            let (reply, answer) = oneshot::channel();
+            self.jobs
+                .send(Job::Write { batch, reply })
+                .await
+                .map_err(|_| TxError::Closed)?;
+            answer.await.map_err(|_| TxError::Closed)?
+        })
     }
 
     fn effect_allowed(&self) -> Result<(), TxError> {
@@ -816,6 +528,7 @@ impl TxLog for PostgresLog {
         let owner = owner.clone();
         self.call(move |connection, _| {
             let query = connection.fence.clone();
+            connection.counters.trips(1);
             lease::status(&mut connection.client, &query, &owner).map(Some)
         })
     }
@@ -825,12 +538,16 @@ impl TxLog for PostgresLog {
         owner: &'a Owner,
     ) -> BoxFuture<'a, Result<Option<i64>, TxError>> {
         let owner = owner.clone();
-        self.call(move |connection, _| lease::left_ms(&mut connection.client, &owner))
+        self.call(move |connection, _| {
+            connection.counters.trips(1);
+            lease::left_ms(&mut connection.client, &owner)
+        })
     }
 
     fn end_lease<'a>(&'a self, owner: &'a Owner) -> BoxFuture<'a, Result<(), TxError>> {
         let owner = owner.clone();
         self.call(move |connection, _| {
+            connection.counters.trips(BEGIN_WRITE_TRIPS + 2);
             let mut tx = begin_write(
                 &mut connection.client,
                 &connection.lock,
@@ -838,7 +555,9 @@ impl TxLog for PostgresLog {
                 &connection.worker,
             )?;
             lease::end(&mut tx, &owner)?;
-            tx.commit().map_err(storage)
+            tx.commit().map_err(storage)?;
+            connection.counters.committed(0, 0);
+            Ok(())
         })
     }
 

@@ -8,7 +8,7 @@ use postgres::Client;
 pub(crate) const APPLICATION: &str = "agent-kernel log";
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The schema, version 1.
 const SCHEMA_SQL: &str = include_str!("schema.sql");
@@ -19,8 +19,14 @@ const SCHEMA_V2_SQL: &str = include_str!("schema_v2.sql");
 /// What version 3 changes in version 2: a begun step's resources kept in its row.
 const SCHEMA_V3_SQL: &str = include_str!("schema_v3.sql");
 
+/// What version 4 adds to version 3: the log's identity.
+const SCHEMA_V4_SQL: &str = include_str!("schema_v4.sql");
+
+/// The first schema version with a log identity (`agent_kernel_meta.log_id`).
+const LOG_ID_VERSION: i64 = 4;
+
 /// The upgrades, in order: `UPGRADES[n]` takes the schema from version `n + 1` to `n + 2`.
-const UPGRADES: [&str; SCHEMA_VERSION as usize - 1] = [SCHEMA_V2_SQL, SCHEMA_V3_SQL];
+const UPGRADES: [&str; SCHEMA_VERSION as usize - 1] = [SCHEMA_V2_SQL, SCHEMA_V3_SQL, SCHEMA_V4_SQL];
 
 /// The tables of the schema: no trigger or rule may sit on them.
 const TABLES: [&str; 10] = [
@@ -45,14 +51,14 @@ const SCHEMA_LOCK: i64 = 0x414B_4C47_0000_0001;
 /// ("AKLG", 2).
 pub(crate) const WRITE_LOCK: i64 = 0x414B_4C47_0000_0002;
 
-/// A database error while opening, as [`TxError::Storage`].
-pub(crate) fn storage(err: impl std::fmt::Display) -> TxError {
-    TxError::Storage(err.to_string())
+/// A database error as [`TxError::Storage`], saying what the server said.
+pub(crate) fn storage(err: postgres::Error) -> TxError {
+    TxError::Storage(crate::db::describe_error(&err))
 }
 
 /// Checks the database `target` names (its schema, `current_schema()`) and creates the
-/// log's tables when it holds none; the schema version found.
-pub(crate) fn prepare(client: &mut Client, target: &str) -> Result<i64, TxError> {
+/// log's tables when it holds none (upgrading an older log's); the log's identity.
+pub(crate) fn prepare(client: &mut Client, target: &str) -> Result<String, TxError> {
     let mut tx = client.transaction().map_err(storage)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
         .map_err(storage)?;
@@ -94,8 +100,8 @@ pub(crate) fn prepare(client: &mut Client, target: &str) -> Result<i64, TxError>
             tx.batch_execute(upgrade).map_err(storage)?;
         }
         tx.execute(
-            "INSERT INTO agent_kernel_meta (singleton, application, schema_version)
-             VALUES (1, $1, $2)",
+            "INSERT INTO agent_kernel_meta (singleton, application, schema_version, log_id)
+             VALUES (1, $1, $2, gen_random_uuid()::text)",
             &[&APPLICATION, &SCHEMA_VERSION],
         )
         .map_err(storage)?;
@@ -107,8 +113,34 @@ pub(crate) fn prepare(client: &mut Client, target: &str) -> Result<i64, TxError>
             reason,
         });
     }
+    let log_id = log_id(&mut tx, target)?.ok_or_else(|| TxError::Tampered {
+        path: target.to_owned(),
+        reason: "agent_kernel_meta names no log id".to_owned(),
+    })?;
     tx.commit().map_err(storage)?;
-    Ok(version)
+    Ok(log_id)
+}
+
+/// The log's identity, `None` before schema version 4; call once the schema is known to
+/// hold a log of at least that version.
+fn log_id(tx: &mut postgres::Transaction<'_>, target: &str) -> Result<Option<String>, TxError> {
+    let row = tx
+        .query_one(
+            "SELECT log_id FROM agent_kernel_meta WHERE singleton = 1",
+            &[],
+        )
+        .map_err(storage)?;
+    let log_id: Option<String> = row.get(0);
+    match log_id {
+        Some(id) if !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') => {
+            Ok(Some(id))
+        }
+        Some(id) => Err(TxError::Tampered {
+            path: target.to_owned(),
+            reason: format!("agent_kernel_meta names the log id {id:?}, which no build makes"),
+        }),
+        None => Ok(None),
+    }
 }
 
 /// The log's schema version, when the schema `schema` holds a log: `None` when it holds no
@@ -262,18 +294,24 @@ pub(crate) fn inspect(
             ),
         });
     };
-    Ok(match tampering(tx, &schema, version)? {
-        Some(reason) => Inspected::Tampered(reason),
-        None => Inspected::Log,
-    })
+    if let Some(reason) = tampering(tx, &schema, version)? {
+        return Ok(Inspected::Tampered(reason));
+    }
+    let log_id = if version >= LOG_ID_VERSION {
+        log_id(tx, target)?
+    } else {
+        None
+    };
+    Ok(Inspected::Log { log_id })
 }
 
 /// What [`inspect`] found.
 pub(crate) enum Inspected {
     /// An empty schema: no log was ever created there.
     Empty,
-    /// A log, as this build creates it.
-    Log,
+    /// A log, as this build creates it, with its identity (`None` before schema version
+    /// 4, until a writer upgrades it).
+    Log { log_id: Option<String> },
     /// A log with something this build never creates (why).
     Tampered(String),
 }

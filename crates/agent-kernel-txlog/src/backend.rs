@@ -302,6 +302,17 @@ pub fn verify_chain_and_tables(
 #[derive(Debug)]
 pub struct HeadRead(Result<Option<crate::audit::Head>, String>);
 
+impl HeadRead {
+    /// The record the file names, when it was read and names one (not an empty chain's
+    /// head).
+    pub fn names_record(&self) -> Option<crate::AuditHead> {
+        match &self.0 {
+            Ok(Some(head)) if head.seq > 0 => Some(crate::AuditHead::from(head)),
+            _ => None,
+        }
+    }
+}
+
 /// A head file for a log whose database is not a local file (PostgreSQL): the chain's
 /// newest sequence number, hash and MAC, kept by each machine that writes the log in a file
 /// of its own, exactly as beside an SQLite log (`<base>.audit-head`: two checksummed slots,
@@ -355,6 +366,23 @@ impl HeadFile {
     /// chain contradicts, or a missing one, is left as evidence, with a warning.
     pub fn advance(&self, db: &dyn Db, chain: &Chain<'_>) {
         self.settings.advance_head(db, chain.appender.head());
+    }
+
+    /// Replaces the file, whatever it held, with one naming `chain`'s newest record, just
+    /// committed: an operator's seal.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError::Storage`] when the file cannot be written; it is then left as it was.
+    pub fn replace(&self, chain: &Chain<'_>) -> Result<(), TxError> {
+        self.settings
+            .write_head(chain.appender.head())
+            .map_err(|err| {
+                TxError::Storage(format!(
+                    "cannot write the audit head file {}: {err}",
+                    self.path().display()
+                ))
+            })
     }
 
     /// Reads the file, for [`verify`](Self::verify): before the snapshot the chain is read

@@ -24,10 +24,10 @@ const TAKEOVER_MAX: Duration = Duration::from_secs(5);
 /// Steps per worker's saga.
 const STEPS: usize = 6;
 
-const ORIGINAL: &str = "original\n";
+pub(crate) const ORIGINAL: &str = "original\n";
 
 /// The binary on the PostgreSQL log at `url`, in `project`'s folder, with the short lease.
-fn on_postgres(project: &Project, url: &str, args: &[&str]) -> Command {
+pub(crate) fn on_postgres(project: &Project, url: &str, args: &[&str]) -> Command {
     let mut command = project.isolated(bin());
     command
         .env("AGENT_KERNEL_LEASE_MS", LEASE_MS.to_string())
@@ -40,7 +40,7 @@ fn on_postgres(project: &Project, url: &str, args: &[&str]) -> Command {
 }
 
 /// Worker `n`'s plan: each of its files rewritten, a short sleep after each.
-fn worker_plan(project: &Project, n: usize, sleep_ms: u64) -> String {
+pub(crate) fn worker_plan(project: &Project, n: usize, sleep_ms: u64) -> String {
     let mut steps = Vec::new();
     for step in 0..STEPS {
         let path = format!("ws/w{n}-{step}.txt");
@@ -60,7 +60,7 @@ fn file(project: &Project, n: usize, step: usize) -> String {
 }
 
 /// Every saga's name and state.
-fn saga_states(schema: &Schema) -> BTreeMap<String, String> {
+pub(crate) fn saga_states(schema: &Schema) -> BTreeMap<String, String> {
     schema
         .rows("SELECT name, state FROM sagas")
         .into_iter()
@@ -260,7 +260,6 @@ fn commands_that_read_the_sqlite_file_refuse_a_postgres_log_without_printing_its
     let url = "postgres://agent:hunter2@127.0.0.1:1/agents";
     for args in [
         &["audit", "list"][..],
-        &["audit", "seal"],
         &["log"],
         &["replay", "--saga", "01a233af-2df2-7442-8416-8fdd19379a1c"],
         &["export", "--otel", "--all"],
@@ -280,9 +279,34 @@ fn commands_that_read_the_sqlite_file_refuse_a_postgres_log_without_printing_its
     }
 }
 
+/// Runs the plan at `plan` on `url` to its end: it must succeed.
+#[track_caller]
+pub(crate) fn run_to_end(project: &Project, url: &str, plan: &str) {
+    let output = on_postgres(project, url, &["run", "--plan", plan])
+        .output()
+        .expect("runs");
+    assert!(output.status.success(), "{}", crate::describe(&output));
+}
+
+/// `audit verify` of the log at `url` exits 0 on a machine without this one's head files:
+/// it never wrote the log, so it has nothing to go by but the chain and the tables.
+#[track_caller]
+pub(crate) fn assert_verifies_elsewhere(project: &Project, url: &str) {
+    let elsewhere = on_postgres(project, url, &["audit", "verify"])
+        .env("XDG_STATE_HOME", project.path("elsewhere"))
+        .output()
+        .expect("runs");
+    assert_eq!(
+        elsewhere.status.code(),
+        Some(0),
+        "{}",
+        crate::describe(&elsewhere)
+    );
+}
+
 /// `audit verify` of the log at `url` exits 0.
 #[track_caller]
-fn assert_verifies(project: &Project, url: &str) {
+pub(crate) fn assert_verifies(project: &Project, url: &str) {
     let output = on_postgres(project, url, &["audit", "verify"])
         .output()
         .expect("runs");
@@ -301,10 +325,7 @@ fn an_edited_record_fails_audit_verify_and_recover_acts_on_nothing() {
     let url = schema.url();
     let project = Project::new();
     let plan = worker_plan(&project, 0, 0);
-    let output = on_postgres(&project, &url, &["run", "--plan", &plan])
-        .output()
-        .expect("runs");
-    assert!(output.status.success(), "{}", crate::describe(&output));
+    run_to_end(&project, &url, &plan);
     assert_verifies(&project, &url);
     schema.execute("UPDATE audit_log SET at_ms = at_ms + 1 WHERE seq = 5");
     let output = on_postgres(&project, &url, &["--json", "audit", "verify"])
@@ -339,10 +360,7 @@ fn records_cut_from_the_end_are_caught_by_this_machines_head_file() {
     };
     for n in 0..2 {
         let plan = worker_plan(&project, n, 0);
-        let output = on_postgres(&project, &url, &["run", "--plan", &plan])
-            .output()
-            .expect("runs");
-        assert!(output.status.success(), "{}", crate::describe(&output));
+        run_to_end(&project, &url, &plan);
         if n == 0 {
             let first_end = max_seq();
             // The second saga, every record and row of it, removed: a consistent earlier
@@ -369,16 +387,7 @@ fn records_cut_from_the_end_are_caught_by_this_machines_head_file() {
     let reason = report["first_bad"]["reason"].as_str().expect("a reason");
     assert!(reason.contains(&format!("names record {last}")), "{report}");
     // Another machine, without this one's head file, cannot tell.
-    let elsewhere = on_postgres(&project, &url, &["audit", "verify"])
-        .env("XDG_STATE_HOME", project.path("elsewhere"))
-        .output()
-        .expect("runs");
-    assert_eq!(
-        elsewhere.status.code(),
-        Some(0),
-        "{}",
-        crate::describe(&elsewhere)
-    );
+    assert_verifies_elsewhere(&project, &url);
 }
 
 #[test]
@@ -689,7 +698,7 @@ fn a_worker_cut_off_after_a_begin_never_makes_its_effect_after_the_take_over() {
 
 /// A project whose `ws/a.txt` holds [`ORIGINAL`], and its plan `NAME.json`: a saga named
 /// `name` that changes the file, then waits 30 s.
-fn write_then_wait(name: &str) -> (Project, std::path::PathBuf) {
+pub(crate) fn write_then_wait(name: &str) -> (Project, std::path::PathBuf) {
     let project = Project::new();
     fs::write(project.path("ws/a.txt"), ORIGINAL).expect("writes");
     let plan = project.plan(
@@ -1068,4 +1077,54 @@ fn the_console_serves_a_postgresql_log_with_its_token_file() {
     assert_eq!(status, 200, "{undone}");
     assert_eq!(undone["state"], "Undone", "{undone}");
     assert!(!project.path("ws/a.txt").exists());
+}
+
+#[test]
+fn bench_processes_share_one_postgresql_log_and_report_its_round_trips() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let project = Project::new();
+    let benches: Vec<Child> = (0..2)
+        .map(|_| {
+            on_postgres(
+                &project,
+                &url,
+                &[
+                    "--json",
+                    "bench",
+                    "--sagas",
+                    "8",
+                    "--steps",
+                    "3",
+                    "--concurrency",
+                    "4",
+                ],
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starts")
+        })
+        .collect();
+    for bench in benches {
+        let (code, document) = crate::json_output(&bench.wait_with_output().expect("runs"));
+        assert_eq!(code, 0, "{document}");
+        assert_eq!(document["backend"], "postgres", "{document}");
+        let commits = document["commits_per_step"].as_f64().expect("a number");
+        let transactions = document["transactions_per_step"]
+            .as_f64()
+            .expect("a number");
+        let trips = document["round_trips_per_step"].as_f64().expect("a number");
+        // A transaction holds one batch at least; each costs a BEGIN, a COMMIT and more.
+        assert!(transactions > 0.0 && transactions <= commits, "{document}");
+        assert!(trips >= 2.0 * transactions, "{document}");
+        assert!(document.get("floor").is_none(), "{document}");
+    }
+    let states = schema.rows("SELECT state, count(*)::text FROM sagas GROUP BY state");
+    assert_eq!(
+        states,
+        [vec![Some("Done".to_owned()), Some("16".to_owned())]]
+    );
+    assert_verifies(&project, &url);
 }

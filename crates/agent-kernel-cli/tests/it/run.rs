@@ -236,12 +236,16 @@ fn a_panicking_tool_is_contained_rolled_back_and_exits_1() {
     assert!(project.snapshot().is_empty());
 }
 
-/// `bench ARGS --durability normal --json` in a fresh project: it must exit 0.
+/// `bench ARGS --durability normal --json` in a fresh project, without `--db` (a temporary
+/// log): it must exit 0.
 fn bench(args: &[&str]) -> serde_json::Value {
-    let mut command = vec!["bench"];
-    command.extend_from_slice(args);
-    command.extend_from_slice(&["--durability", "normal"]);
-    let (code, document) = Project::new().run_json(&command);
+    let output = Project::new()
+        .isolated(crate::bin())
+        .args(["--json", "bench", "--durability", "normal"])
+        .args(args)
+        .output()
+        .expect("runs");
+    let (code, document) = crate::json_output(&output);
     assert_eq!(code, 0, "{document}");
     document
 }
@@ -326,6 +330,69 @@ fn bench_measures_one_recovery_of_abandoned_sagas() {
     assert_eq!(document["n_commits"], 20 + 20 * 2 + 1);
     let (code, document) = Project::new().run_json(&["bench", "--recovery", "--live"]);
     assert_eq!(code, 2, "{document}");
+}
+
+#[test]
+fn bench_runs_in_the_log_db_names_which_several_bench_processes_share() {
+    let project = Project::new();
+    let shared = project.db();
+    let benches: Vec<_> = (0..2)
+        .map(|_| {
+            project
+                .command(&[
+                    "--json",
+                    "bench",
+                    "--sagas",
+                    "6",
+                    "--steps",
+                    "3",
+                    "--concurrency",
+                    "3",
+                ])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("starts")
+        })
+        .collect();
+    for bench in benches {
+        let (code, document) = crate::json_output(&bench.wait_with_output().expect("runs"));
+        assert_eq!(code, 0, "{document}");
+        assert_eq!(document["backend"], "sqlite", "{document}");
+        assert_eq!(document["shared_log"], true, "{document}");
+        let per_step = document["transactions_per_step"]
+            .as_f64()
+            .expect("a number");
+        let expected = document["n_transactions"].as_f64().expect("a count") / 18.0;
+        assert!((per_step - expected).abs() < 1e-9, "{document}");
+        assert!(document.get("round_trips_per_step").is_none(), "{document}");
+    }
+    // Both processes' sagas are in the one log, which verifies.
+    let (code, log) = project.run_json(&["log", "--limit", "100"]);
+    assert_eq!(code, 0, "{log}");
+    let sagas = log["sagas"].as_array().expect("sagas");
+    assert_eq!(sagas.len(), 12, "{log}");
+    assert!(sagas.iter().all(|saga| saga["state"] == "Done"), "{log}");
+    let (code, report) = project.run_json(&["audit", "verify"]);
+    assert_eq!(code, 0, "{report}");
+    assert!(shared.exists());
+    // --keep-log beside --db is refused, and a log of AGENT_KERNEL_DB is never used.
+    let (code, document) = project.run_json(&["bench", "--keep-log", "other.db"]);
+    assert_eq!(code, 2, "{document}");
+    let elsewhere = project.path("env.db");
+    let output = project
+        .isolated(crate::bin())
+        .env("AGENT_KERNEL_DB", &elsewhere)
+        .args(["--json", "bench", "--sagas", "1", "--steps", "1"])
+        .output()
+        .expect("runs");
+    let (code, document) = crate::json_output(&output);
+    assert_eq!(code, 0, "{document}");
+    assert_eq!(document["shared_log"], false, "{document}");
+    assert!(
+        !elsewhere.exists(),
+        "bench wrote the log of AGENT_KERNEL_DB"
+    );
 }
 
 #[test]

@@ -155,3 +155,98 @@ async fn a_take_over_needs_the_owners_lease_run_out_and_ends_it_for_good() {
         .expect_err("fenced");
     assert!(matches!(error, TxError::Fenced { .. }), "{error}");
 }
+
+#[tokio::test]
+async fn lease_rows_gone_longer_than_a_day_are_forgotten_and_the_rest_kept() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let first = open(&schema.url()).expect("opens");
+    let now = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+    let day = agent_kernel_txlog_postgres::LEASE_ROWS_KEPT.as_millis();
+    let hour = 3_600_000;
+    // (pid, acquired, expires): ran out a day and an hour ago; ended for good, taken a day
+    // and an hour ago; ran out an hour ago; ended, taken an hour ago.
+    let rows = [
+        (
+            101,
+            format!("{now} - {day} - 2 * {hour}"),
+            format!("{now} - {day} - {hour}"),
+        ),
+        (102, format!("{now} - {day} - {hour}"), "-1".to_owned()),
+        (
+            103,
+            format!("{now} - 2 * {hour}"),
+            format!("{now} - {hour}"),
+        ),
+        (104, format!("{now} - {hour}"), "-1".to_owned()),
+    ];
+    for (pid, acquired, expires) in &rows {
+        schema.execute(&format!(
+            "INSERT INTO leases (owner_host, owner_boot_id, owner_pid, owner_start_ticks,
+                 acquired_at_ms, expires_at_ms)
+             VALUES ('gone-host', 'gone-boot', {pid}, 1, {acquired}, {expires})"
+        ));
+    }
+    // Each process forgets them when its lease's renewer starts.
+    let second = open_as(&schema.url(), worker(20, Duration::from_secs(10))).expect("opens");
+    let kept: Vec<String> = schema
+        .rows("SELECT owner_pid::text FROM leases WHERE owner_host = 'gone-host' ORDER BY 1")
+        .into_iter()
+        .map(|row| row[0].clone().expect("a pid"))
+        .collect();
+    assert_eq!(kept, ["103", "104"]);
+    // Forgotten owners are dead, and the live ones keep their rows.
+    let gone = Owner {
+        host: "gone-host".into(),
+        boot_id: "gone-boot".into(),
+        pid: 101,
+        start_ticks: 1,
+    };
+    assert_eq!(
+        second.owner_lease(&gone).await.expect("reads"),
+        Some(LeaseStatus::Expired)
+    );
+    assert_eq!(
+        schema.rows("SELECT count(*)::text FROM leases WHERE owner_host <> 'gone-host'"),
+        [vec![Some("2".to_owned())]]
+    );
+    drop(first);
+}
+
+#[tokio::test]
+async fn a_worker_whose_lease_row_is_gone_is_fenced_when_its_connection_is_made_again() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let name = format!("ak_forgotten_{}", std::process::id());
+    let url = format!("{}&application_name={name}", schema.url());
+    let log = open_as(&url, worker(30, Duration::from_secs(10))).expect("opens");
+    log.write(vec![new_saga("a"), begin("a", 0, None, "h")])
+        .await
+        .expect("writes");
+    // Its row deleted (as if forgotten), and its connections ended by the server.
+    schema.execute("DELETE FROM leases WHERE owner_host = 'lease-host' AND owner_pid = 30");
+    schema.execute(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{name}'"
+    ));
+    let mut fenced = None;
+    for _ in 0..3 {
+        if let Err(error @ TxError::Fenced { .. }) = log.write(vec![new_saga("b")]).await {
+            fenced = Some(error);
+            break;
+        }
+    }
+    let fenced = fenced.expect("the write is fenced once the connection is made again");
+    assert!(fenced.to_string().contains("ran out"), "{fenced}");
+    assert!(
+        schema
+            .rows("SELECT 1 FROM sagas WHERE saga_id = 'b'")
+            .is_empty(),
+        "nothing of the fenced write landed"
+    );
+    assert!(
+        schema
+            .rows("SELECT 1 FROM leases WHERE owner_host = 'lease-host' AND owner_pid = 30")
+            .is_empty(),
+        "the lease was not made again"
+    );
+}

@@ -98,6 +98,7 @@ async fn a_version_2_log_moves_its_steps_resources_into_their_rows() {
              WHERE s.resources IS NOT NULL;
          ALTER TABLE saga_steps DROP COLUMN resources;
          CREATE INDEX locks_by_saga ON locks (saga_id);
+         ALTER TABLE agent_kernel_meta DROP COLUMN log_id;
          UPDATE agent_kernel_meta SET schema_version = 2",
     );
     let log = open(&url).expect("upgrades");
@@ -142,4 +143,67 @@ async fn a_version_2_log_moves_its_steps_resources_into_their_rows() {
     drop(log);
     let report = agent_kernel_txlog_postgres::verify(&url, None, None).expect("verifies");
     assert!(report.is_intact(), "{report:#?}");
+}
+
+#[tokio::test]
+async fn a_connection_the_server_ends_is_reported_as_the_server_said_and_made_again() {
+    use agent_kernel_api::TxLog;
+    use agent_kernel_log_contract::records::done_saga_declaring;
+
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let name = format!("ak_ended_{}", std::process::id());
+    let url = format!("{}&application_name={name}", schema.url());
+    let log = open(&url).expect("opens");
+    log.write(done_saga_declaring("a")).await.expect("writes");
+    schema.execute(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{name}'"
+    ));
+    let error = log
+        .write(done_saga_declaring("b"))
+        .await
+        .expect_err("the connection was ended");
+    let message = error.to_string();
+    assert!(
+        message.contains("terminating connection") || message.contains("connection closed"),
+        "{message}"
+    );
+    assert!(!message.ends_with("db error"), "{message}");
+    log.write(done_saga_declaring("c"))
+        .await
+        .expect("the next write connects again");
+}
+
+#[tokio::test]
+async fn batches_written_at_once_share_one_transaction_and_its_round_trips() {
+    use agent_kernel_api::TxLog;
+    use agent_kernel_log_contract::records::done_saga_declaring;
+
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let log = std::sync::Arc::new(open(&schema.url()).expect("opens"));
+    let before = log.stats();
+    // While the first batch's transaction runs, the others queue behind it and are taken
+    // together.
+    let writes: Vec<_> = (0..32)
+        .map(|n| {
+            let log = log.clone();
+            tokio::spawn(async move { log.write(done_saga_declaring(&format!("s{n}"))).await })
+        })
+        .collect();
+    for write in writes {
+        write.await.expect("ran").expect("writes");
+    }
+    let after = log.stats();
+    let transactions = after.transactions - before.transactions;
+    assert_eq!(after.batches - before.batches, 32, "{after:?}");
+    assert_eq!(after.records - before.records, 32 * 6, "{after:?}");
+    assert!(transactions < 32, "no group formed: {after:?}");
+    assert!(after.batches_max > 1, "{after:?}");
+    // Each BEGIN and COMMIT counted once per transaction, not per batch.
+    assert!(after.round_trips > before.round_trips, "{after:?}");
+    assert_eq!(
+        schema.rows("SELECT count(*)::text FROM sagas WHERE state = 'Done'"),
+        [vec![Some("32".to_owned())]]
+    );
 }

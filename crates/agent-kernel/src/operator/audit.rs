@@ -99,8 +99,9 @@ pub async fn audit_records(db: &Path, query: AuditQuery) -> Result<Vec<AuditReco
 }
 
 /// Checks every record and table of the log at `db`, leaving its head file out: what
-/// `audit seal` checks before it seals, for a log whose head file was lost or disagrees.
-/// Reads only; SQLite logs.
+/// `audit seal` checks before it seals, for a log whose head file was lost or disagrees
+/// (on PostgreSQL, this machine's head files of every log at the URL are left out).
+/// Reads only.
 ///
 /// # Errors
 ///
@@ -111,6 +112,10 @@ pub async fn verify_ignoring_head_file(
 ) -> Result<AuditReport, KernelError> {
     let db = db.to_owned();
     let verified = off_thread("the audit check", move || {
+        #[cfg(feature = "postgres")]
+        if let Some(url) = db.to_str().filter(|_| crate::is_postgres(&db)) {
+            return agent_kernel_txlog_postgres::verify(url, key.as_ref(), None);
+        }
         agent_kernel_txlog::verify_ignoring_head_file(&db, key.as_ref())
     })
     .await?;
@@ -124,14 +129,52 @@ pub async fn verify_ignoring_head_file(
 ///
 /// [`KernelError::Log`] when the seal cannot be written.
 pub async fn seal(log: &SqliteLog, by: Owner, uid: Option<u32>) -> Result<AuditHead, KernelError> {
-    let head = log
-        .seal(AuditEvent::Operator(OperatorCommand {
-            command: "audit seal".to_owned(),
-            saga_id: None,
-            options: Vec::new(),
-            by,
-            uid,
-        }))
-        .await?;
+    let head = log.seal(seal_record(by, uid)).await?;
     Ok(head)
+}
+
+/// The record `audit seal` appends: by `by` (`uid`).
+fn seal_record(by: Owner, uid: Option<u32>) -> AuditEvent {
+    AuditEvent::Operator(OperatorCommand {
+        command: "audit seal".to_owned(),
+        saga_id: None,
+        options: Vec::new(),
+        by,
+        uid,
+    })
+}
+
+/// Seals the PostgreSQL log at `url` (`audit seal`, feature `postgres`) once
+/// [`verify_ignoring_head_file`] found it intact: records the seal, by `by` (`uid`), as the
+/// chain's newest record, which this machine's head file for the log then names; its head
+/// files of other logs once at the URL (a database recreated, tables dropped and made
+/// again) are removed. Opens the log as `by`, a worker with the default lease.
+///
+/// # Errors
+///
+/// [`KernelError::Log`] when the log cannot be opened or the seal written.
+#[cfg(feature = "postgres")]
+pub async fn seal_postgres(
+    url: &str,
+    key: Option<AuditKey>,
+    by: Owner,
+    uid: Option<u32>,
+) -> Result<AuditHead, KernelError> {
+    use agent_kernel_txlog_postgres::{PostgresLog, Worker, default_head_file};
+    let opened_url = url.to_owned();
+    let worker = Worker {
+        head_file: default_head_file(url),
+        ..Worker::new(by.clone())
+    };
+    let log = off_thread("opening the log", move || {
+        let options = agent_kernel_txlog::LogOptions {
+            durability: agent_kernel_api::Durability::Full,
+            clock: std::sync::Arc::new(agent_kernel_core::SystemClock),
+        };
+        PostgresLog::open(&opened_url, options, key, worker)
+    })
+    .await??;
+    let sealed = log.seal(seal_record(by, uid)).await;
+    log.close().await;
+    Ok(sealed?)
 }

@@ -25,6 +25,8 @@ use agent_kernel_core::{
 
 pub use approvals::{ApprovalView, Decision, LaterStep, approval, decide, pending_approvals};
 #[cfg(feature = "sqlite")]
+#[cfg(feature = "postgres")]
+pub use audit::seal_postgres;
 pub use audit::{Vouched, audit_records, seal, verify, verify_ignoring_head_file, vouch_for_log};
 pub use dead_letters::{
     DueRetries, NotRetried, RetryRequest, dead_letters, resolve_dead_letter, retry_dead_letter,

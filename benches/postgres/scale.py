@@ -1,0 +1,92 @@
+"""Many `agent-kernel bench` processes on one log: P processes, each running --sagas plan
+sagas of --steps steps at --concurrency sagas at once, started together on one PostgreSQL
+schema (`bench --db URL`); beside them one process on a temporary SQLite log at the same
+concurrency. Steps/s is all processes' steps over the longest process's run (each process's
+own `elapsed_ms`: opening the log is not counted). Transactions and round trips per step are
+summed over the processes. Each round measures every case once, alternating the order; the
+median of the rounds is printed."""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import uuid
+
+
+def psql(url, sql):
+    subprocess.run(["psql", url, "-q", "-v", "ON_ERROR_STOP=1", "-c", sql], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def bench(binary, db, processes, args, concurrency, env):
+    command = [binary]
+    if db:
+        command += ["--db", db]
+    command += ["--json", "bench", "--sagas", str(args.sagas), "--steps", str(args.steps),
+                "--concurrency", str(concurrency), "--durability", args.durability]
+    running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+               for _ in range(processes)]
+    reports = []
+    for process in running:
+        stdout, stderr = process.communicate()
+        if process.returncode != 0:
+            raise SystemExit(f"bench exited {process.returncode}: {stderr.decode()[-800:]}")
+        reports.append(json.loads(stdout))
+    steps = sum(report["n_steps"] for report in reports)
+    elapsed = max(report["elapsed_ms"] for report in reports) / 1e3
+    transactions = sum(report["n_transactions"] for report in reports) / steps
+    trips = [report.get("round_trips_per_step") for report in reports]
+    trips = None if None in trips else sum(t * r["n_steps"] for t, r in zip(trips, reports)) / steps
+    return steps / elapsed, transactions, trips
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", required=True)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--sagas", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--durability", default="full", choices=["full", "normal"])
+    parser.add_argument("--processes", default="1,2,4,8")
+    parser.add_argument("--concurrency", default="1,64")
+    args = parser.parse_args()
+    binary = os.path.abspath(args.bin)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AGENT_KERNEL_")}
+    processes = [int(n) for n in args.processes.split(",")]
+    concurrencies = [int(n) for n in args.concurrency.split(",")]
+    cases = [(c, "sqlite", 1) for c in concurrencies]
+    cases += [(c, "postgres", p) for c in concurrencies for p in processes]
+    results = {}
+    for round_no in range(args.rounds):
+        order = cases if round_no % 2 == 0 else list(reversed(cases))
+        for concurrency, backend, count in order:
+            db = None
+            if backend == "postgres":
+                schema = "bench_" + uuid.uuid4().hex[:12]
+                psql(args.url, f"CREATE SCHEMA {schema}")
+                separator = "&" if "?" in args.url else "?"
+                db = f"{args.url}{separator}options=-c%20search_path%3D{schema}"
+            try:
+                measured = bench(binary, db, count, args, concurrency, env)
+            finally:
+                if db:
+                    psql(args.url, f"DROP SCHEMA {schema} CASCADE")
+            results.setdefault((concurrency, backend, count), []).append(measured)
+    print(f"durability {args.durability}; each process {args.sagas} plan sagas x {args.steps} steps; "
+          f"median of {args.rounds} rounds")
+    print("| concurrency per process | log | processes | steps/s together | transactions per step | round trips per step |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: |")
+    for concurrency, backend, count in cases:
+        runs = results[(concurrency, backend, count)]
+        rate = statistics.median(run[0] for run in runs)
+        transactions = statistics.median(run[1] for run in runs)
+        trips = None if runs[0][2] is None else statistics.median(run[2] for run in runs)
+        trips_text = "" if trips is None else f"{trips:.2f}"
+        name = "SQLite (temporary)" if backend == "sqlite" else "PostgreSQL (shared)"
+        print(f"| {concurrency} | {name} | {count} | {rate:,.0f} | {transactions:.3f} | {trips_text} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+//! A PostgreSQL log this machine can trust: its head files are keyed by the log's identity,
+//! so a log that vanished (tables dropped, an empty schema put ahead in the `search_path`)
+//! or was replaced at the same URL is tampering where this machine vouches for records,
+//! until an operator seals the new log; and a password in `AGENT_KERNEL_DB` is never
+//! printed. Skipped without `AGENT_KERNEL_TEST_POSTGRES`, but for the last.
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use agent_kernel_log_contract::postgres::{Schema, server};
+
+use crate::postgres::{
+    ORIGINAL, assert_verifies, assert_verifies_elsewhere, on_postgres, run_to_end, saga_states,
+    worker_plan, write_then_wait,
+};
+use crate::{Project, bin, wait_until};
+
+/// Every table of the log, version 4.
+const LOG_TABLES: &str = "agent_kernel_meta, sagas, saga_steps, idempotency_keys, audit_log, \
+                          approvals, dead_letters, leases, step_keys, locks";
+
+/// This machine's head files (the project's state folder), by name.
+fn head_files(project: &Project) -> Vec<String> {
+    let folder = project.path("state/agent-kernel");
+    let mut names: Vec<String> = fs::read_dir(&folder)
+        .map(|entries| {
+            entries
+                .map(|entry| {
+                    entry
+                        .expect("an entry")
+                        .file_name()
+                        .to_string_lossy()
+                        .into_owned()
+                })
+                .filter(|name| name.ends_with(".audit-head"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Runs a plan to its end (this machine's head file then names its last record), then one
+/// that rewrites a file and is SIGKILLed while its second step sleeps: the file is left
+/// half-done, for `recover`.
+fn killed_mid_saga(url: &str) -> (Project, PathBuf) {
+    let (project, plan) = write_then_wait("killed");
+    run_to_end(&project, url, &worker_plan(&project, 0, 0));
+    let mut worker = on_postgres(&project, url, &["run", "--plan", &plan.to_string_lossy()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    wait_until("the first step landed", || {
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads") != ORIGINAL
+    });
+    worker.kill().expect("SIGKILLs");
+    worker.wait().expect("reaps");
+    let file = project.path("ws/a.txt");
+    (project, file)
+}
+
+/// `recover` on the log at `url` exits `code`.
+#[track_caller]
+fn recover_exits(project: &Project, url: &str, code: i32) {
+    let output = on_postgres(project, url, &["recover"])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "{}",
+        crate::describe(&output)
+    );
+}
+
+/// `audit verify --json` exits 1, and the reason names each of `words`; `recover` exits 3
+/// and acts on nothing.
+#[track_caller]
+fn tampering_found(project: &Project, url: &str, words: &[&str]) {
+    let output = on_postgres(project, url, &["--json", "audit", "verify"])
+        .output()
+        .expect("runs");
+    let (code, report) = crate::json_output(&output);
+    assert_eq!(code, 1, "{report}");
+    let reason = report["first_bad"]["reason"].as_str().expect("a reason");
+    for word in words {
+        assert!(reason.contains(word), "`{word}` not in: {report}");
+    }
+    recover_exits(project, url, 3);
+}
+
+#[test]
+fn dropped_tables_are_tampering_where_this_machine_vouches_for_records() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let (project, file) = killed_mid_saga(&url);
+    assert_verifies(&project, &url);
+    schema.execute(&format!("DROP TABLE {LOG_TABLES} CASCADE"));
+    tampering_found(&project, &url, &["holds no log", "dropped"]);
+    assert_eq!(
+        fs::read_to_string(&file).expect("reads"),
+        "changed\n",
+        "nothing acted on"
+    );
+    // Another machine, which never wrote the log, has nothing to go by.
+    assert_verifies_elsewhere(&project, &url);
+}
+
+#[test]
+fn an_empty_schema_put_ahead_in_the_search_path_is_tampering_too() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let ahead = Schema::create(&server);
+    ahead.drop_now();
+    // While `ahead` does not exist, the log is made in `schema`.
+    let url = schema.url_behind(Some(&ahead));
+    let (project, file) = killed_mid_saga(&url);
+    assert_eq!(
+        schema.rows("SELECT count(*)::text FROM sagas"),
+        [vec![Some("2".to_owned())]]
+    );
+    assert_verifies(&project, &url);
+    ahead.create_again();
+    tampering_found(&project, &url, &["holds no log", "search_path"]);
+    assert_eq!(fs::read_to_string(&file).expect("reads"), "changed\n");
+    // Taken away again, the log is found as it was and recovered.
+    ahead.drop_now();
+    recover_exits(&project, &url, 0);
+    assert_eq!(fs::read_to_string(&file).expect("reads"), ORIGINAL);
+}
+
+#[test]
+fn a_log_recreated_at_the_same_url_is_told_apart_until_an_operator_seals_it() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let project = Project::new();
+    let run = |n: usize| {
+        let plan = worker_plan(&project, n, 0);
+        run_to_end(&project, &url, &plan);
+    };
+    run(0);
+    run(1);
+    let first = head_files(&project);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert!(first[0].contains(".log-"), "named after the log: {first:?}");
+    // The database recreated: a new, shorter log at the same URL.
+    schema.drop_now();
+    schema.create_again();
+    run(2);
+    let both = head_files(&project);
+    assert_eq!(both.len(), 2, "one per log: {both:?}");
+    tampering_found(&project, &url, &["another log", "audit seal"]);
+    // The operator replaced the database on purpose: sealing anchors the new log.
+    let output = on_postgres(&project, &url, &["--json", "audit", "seal"])
+        .output()
+        .expect("runs");
+    let (code, sealed) = crate::json_output(&output);
+    assert_eq!(code, 0, "{sealed}");
+    assert_eq!(sealed["sealed"], true, "{sealed}");
+    let last: u64 = schema.rows("SELECT max(seq)::text FROM audit_log")[0][0]
+        .as_deref()
+        .expect("records")
+        .parse()
+        .expect("a number");
+    assert_eq!(sealed["head"]["seq"], last, "{sealed}");
+    let kept = head_files(&project);
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!(
+        !first.contains(&kept[0]),
+        "the new log's file is kept: {kept:?}"
+    );
+    assert_verifies(&project, &url);
+    recover_exits(&project, &url, 0);
+    assert_eq!(saga_states(&schema)["worker 2"], "Done");
+}
+
+#[test]
+fn an_earlier_builds_head_file_is_given_its_logs_name_when_the_log_is_upgraded() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let project = Project::new();
+    let plan = worker_plan(&project, 0, 0);
+    run_to_end(&project, &url, &plan);
+    // As a version 3 build left the log and its head file, named after the URL alone.
+    let folder = project.path("state/agent-kernel");
+    let keyed = head_files(&project).pop().expect("a head file");
+    let base = keyed.split(".log-").next().expect("a base").to_owned() + ".audit-head";
+    fs::rename(folder.join(&keyed), folder.join(&base)).expect("renames");
+    schema.execute(
+        "ALTER TABLE agent_kernel_meta DROP COLUMN log_id;
+         UPDATE agent_kernel_meta SET schema_version = 3",
+    );
+    assert_verifies(&project, &url);
+    let plan = worker_plan(&project, 1, 0);
+    run_to_end(&project, &url, &plan);
+    let now = head_files(&project);
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert!(
+        now[0].starts_with(base.trim_end_matches(".audit-head")),
+        "{now:?}"
+    );
+    assert!(now[0].contains(".log-"), "{now:?}");
+    assert_ne!(now[0], keyed, "a new id, made by the upgrade");
+    let output = on_postgres(&project, &url, &["--json", "audit", "verify"])
+        .output()
+        .expect("runs");
+    let (code, report) = crate::json_output(&output);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["head_file"], report["head"], "{report}");
+}
+
+#[test]
+fn a_password_in_agent_kernel_db_is_never_printed_by_help() {
+    let project = Project::new();
+    for args in [&["--help"][..], &["run", "--help"], &["recover", "--help"]] {
+        let output = project
+            .isolated(bin())
+            .env(
+                "AGENT_KERNEL_DB",
+                "postgres://agent:hunter2@127.0.0.1:1/agents",
+            )
+            .args(args)
+            .output()
+            .expect("runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{args:?}: {}",
+            crate::describe(&output)
+        );
+        assert!(stdout.contains("AGENT_KERNEL_DB"), "{args:?}: {stdout}");
+        assert!(
+            !stdout.contains("hunter2"),
+            "{args:?} printed the password: {stdout}"
+        );
+    }
+}

@@ -1,0 +1,474 @@
+//! The log's connection and its thread's work: connecting (the schema checked, the lease
+//! taken, this machine's head file found), group commit, take-overs, seals and reads, and
+//! what they cost in transactions and round trips.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use agent_kernel_api::{
+    AuditEvent, Durability, LeaseStatus, LogWrite, Owner, SagaId, SagaState, TxError, WriteOutcome,
+};
+use agent_kernel_txlog::backend::{self, Chain, HeadFile};
+use agent_kernel_txlog::sql::Db;
+use agent_kernel_txlog::{AuditHead, AuditKey};
+use postgres::{Client, Config, IsolationLevel, NoTls};
+use tokio::sync::oneshot;
+
+use crate::db::{self, PgDb, Statements};
+use crate::lease::{self, Worker};
+use crate::schema::{self, WRITE_LOCK, storage};
+use crate::{head_files, verify::head_file_at};
+
+/// Connects to the database `config` names, sets the durability and checks the schema; the
+/// client and the log's identity.
+fn connect(
+    config: &Config,
+    target: &str,
+    durability: Durability,
+    lease: Duration,
+) -> Result<(Client, String), TxError> {
+    let mut client = config.connect(NoTls).map_err(|err| {
+        TxError::Storage(format!(
+            "cannot connect to {target}: {}",
+            db::describe_error(&err)
+        ))
+    })?;
+    let synchronous = match durability {
+        Durability::Full => "on",
+        Durability::Normal => "off",
+    };
+    // A session paused or cut off inside a transaction (holding `WRITE_LOCK`) is ended by
+    // the server once it has been idle for a lease, so it never blocks the other writers
+    // for longer than it would stay alive.
+    client
+        .batch_execute(&format!(
+            "SET synchronous_commit = {synchronous}; SET idle_in_transaction_session_timeout = {}",
+            lease.as_millis()
+        ))
+        .map_err(storage)?;
+    let log_id = schema::prepare(&mut client, target)?;
+    Ok((client, log_id))
+}
+
+/// The `application_name` of the log's sessions, unless the URL names another.
+pub const APPLICATION_NAME: &str = "agent-kernel";
+
+/// How long connecting to the server may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `config` with the timeouts every connection of the log uses: [`CONNECT_TIMEOUT`], and TCP
+/// keepalives after a lease of silence, so a server that vanished is noticed; named
+/// [`APPLICATION_NAME`] unless the URL names it.
+pub(crate) fn with_timeouts(config: &Config, lease: Duration) -> Config {
+    let mut config = config.clone();
+    config
+        .connect_timeout(CONNECT_TIMEOUT)
+        .keepalives(true)
+        .keepalives_idle(lease.max(Duration::from_secs(1)));
+    if config.get_application_name().is_none() {
+        // How `pg_stat_activity` names the kernel's sessions.
+        config.application_name(APPLICATION_NAME);
+    }
+    config
+}
+
+/// Whether a connection is the log's first or one made again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Opening {
+    /// At [`PostgresLog::open`](crate::PostgresLog::open): the lease is taken, its row made
+    /// if there is none.
+    First,
+    /// After the server dropped the connection: the lease is only extended while live,
+    /// never made again.
+    Again,
+}
+
+/// The log's connection, its statements and this machine's head file, made (or made
+/// again, after the server dropped the connection): connected, the schema checked, the
+/// worker's lease taken (refused once it ran out).
+pub(crate) fn open_connection(
+    config: &Config,
+    target: &str,
+    durability: Durability,
+    worker: &Worker,
+    audit_key: Option<&AuditKey>,
+    opening: Opening,
+) -> Result<
+    (
+        Client,
+        postgres::Statement,
+        postgres::Statement,
+        Option<HeadFile>,
+    ),
+    TxError,
+> {
+    let (mut client, log_id) = connect(config, target, durability, worker.lease)?;
+    match opening {
+        Opening::First => lease::acquire(&mut client, worker)?,
+        Opening::Again => lease::reacquire(&mut client, worker)?,
+    }
+    let lock = client
+        .prepare("SELECT pg_advisory_xact_lock($1)")
+        .map_err(storage)?;
+    let fence = client.prepare(&lease::status_sql()).map_err(storage)?;
+    let head_file = worker
+        .head_file
+        .as_deref()
+        .map(|base| {
+            let own = head_files::keyed(base, &log_id);
+            if own.symlink_metadata().is_err() && base.symlink_metadata().is_ok() {
+                // An earlier build's file, named after the URL alone: it vouched for this
+                // log, which has just been given its identity.
+                std::fs::rename(base, &own).map_err(|err| {
+                    TxError::Storage(format!(
+                        "cannot rename the audit head file {} to {}: {err}",
+                        base.display(),
+                        own.display()
+                    ))
+                })?;
+            }
+            head_file_at(&own, audit_key.cloned(), durability)
+        })
+        .transpose()?;
+    if let Some(head_file) = &head_file {
+        let mut tx = snapshot(&mut client)?;
+        head_file.create_if_missing(&PgDb::new(&mut tx, &Statements::default()))?;
+        tx.commit().map_err(storage)?;
+    }
+    Ok((client, lock, fence, head_file))
+}
+
+/// What a log's connection did since the log was opened ([`PostgresLog::stats`](crate::PostgresLog::stats)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnectionStats {
+    /// Write transactions committed.
+    pub transactions: u64,
+    /// Batches of records written ([`TxLog::write`](agent_kernel_api::TxLog::write) calls and take-overs).
+    pub batches: u64,
+    /// The most batches one transaction held.
+    pub batches_max: u64,
+    /// Records written, each chained into the audit log.
+    pub records: u64,
+    /// The most records one transaction held.
+    pub records_max: u64,
+    /// Round trips to the server: each BEGIN, statement and COMMIT the connection sent and
+    /// waited for, reads included; the lease renewer's connection is not counted.
+    pub round_trips: u64,
+}
+
+/// [`ConnectionStats`], shared by the log and its connection's thread.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) transactions: AtomicU64,
+    pub(crate) batches: AtomicU64,
+    pub(crate) batches_max: AtomicU64,
+    pub(crate) records: AtomicU64,
+    pub(crate) records_max: AtomicU64,
+    pub(crate) round_trips: Arc<AtomicU64>,
+}
+
+impl Counters {
+    pub(crate) fn trips(&self, n: u64) {
+        self.round_trips.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A write transaction of `batches` batches holding `records` records, committed.
+    pub(crate) fn committed(&self, batches: u64, records: u64) {
+        self.transactions.fetch_add(1, Ordering::Relaxed);
+        self.batches.fetch_add(batches, Ordering::Relaxed);
+        self.batches_max.fetch_max(batches, Ordering::Relaxed);
+        self.records.fetch_add(records, Ordering::Relaxed);
+        self.records_max.fetch_max(records, Ordering::Relaxed);
+    }
+}
+
+/// The round trips [`begin_write`] makes: BEGIN, the write lock, the lease check.
+pub(crate) const BEGIN_WRITE_TRIPS: u64 = 3;
+
+/// The round trips of a snapshot's BEGIN and COMMIT.
+const SNAPSHOT_TRIPS: u64 = 2;
+
+/// A job other than a write, run with the connection and the clock's time.
+pub(crate) type Run = Box<dyn FnOnce(&mut Connection, i64) + Send>;
+
+/// The answer to one batch's write.
+pub(crate) type WriteReply = oneshot::Sender<Result<Vec<WriteOutcome>, TxError>>;
+
+/// What the connection's thread is asked to do.
+pub(crate) enum Job {
+    /// A batch to write: batches queued together share one transaction (group commit).
+    Write {
+        batch: Vec<LogWrite>,
+        reply: WriteReply,
+    },
+    /// Anything else.
+    Other(Run),
+}
+
+/// How a group's transaction ended ([`Connection::try_group`]).
+enum GroupEnd {
+    /// Committed: each batch's outcomes, in order.
+    Committed(Vec<Vec<WriteOutcome>>),
+    /// Its BEGIN or COMMIT failed: every batch's error.
+    Failed(TxError),
+    /// A batch was refused (why), and the transaction rolled back: nothing of the group is
+    /// written.
+    BatchRefused(TxError),
+}
+
+/// What the connection's thread holds.
+pub(crate) struct Connection {
+    pub(crate) client: Client,
+    pub(crate) statements: Statements,
+    pub(crate) audit_key: Option<AuditKey>,
+    /// The process writing through this connection, whose lease every write checks.
+    pub(crate) worker: Worker,
+    /// This machine's anchor of the chain's head, when it keeps one.
+    pub(crate) head_file: Option<HeadFile>,
+    /// `WRITE_LOCK` taken, prepared once.
+    pub(crate) lock: postgres::Statement,
+    /// [`lease::status_sql`], prepared once.
+    pub(crate) fence: postgres::Statement,
+    pub(crate) counters: Arc<Counters>,
+}
+
+/// A read-only, repeatable-read snapshot on `client`: every read of the log sees one
+/// moment.
+pub(crate) fn snapshot(client: &mut Client) -> Result<postgres::Transaction<'_>, TxError> {
+    client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .map_err(storage)
+}
+
+/// Moves this machine's head file, when it keeps one, to `chain`'s newest record, just
+/// committed (a batch that ended a saga or held an audit event, or a take-over), checked in
+/// a new snapshot.
+pub(crate) fn advance_head_file(
+    client: &mut Client,
+    statements: &Statements,
+    head_file: Option<&HeadFile>,
+    chain: &Chain<'_>,
+) {
+    let Some(head_file) = head_file else {
+        return;
+    };
+    // Without a snapshot the head file stays where it was; `audit verify` vouches up to it.
+    if let Ok(mut tx) = snapshot(client) {
+        head_file.advance(&PgDb::new(&mut tx, statements), chain);
+        let _ = tx.commit();
+    }
+}
+
+/// Begins a write transaction on `client`: after every other writer's (`lock` takes
+/// `WRITE_LOCK`), and only while `worker`'s lease is live (`fence`). Once it ran out,
+/// another process may have taken its sagas over: the write is refused
+/// ([`TxError::Fenced`]).
+pub(crate) fn begin_write<'c>(
+    client: &'c mut Client,
+    lock: &postgres::Statement,
+    fence: &postgres::Statement,
+    worker: &Worker,
+) -> Result<postgres::Transaction<'c>, TxError> {
+    // Read committed, whatever the server's default: each statement then reads what the
+    // writers before this one committed, once the lock is granted.
+    let mut tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+        .map_err(storage)?;
+    tx.execute(lock, &[&WRITE_LOCK]).map_err(storage)?;
+    match lease::status(&mut tx, fence, &worker.owner)? {
+        LeaseStatus::Live => Ok(tx),
+        LeaseStatus::Expired => Err(TxError::Fenced {
+            reason: "found run out at a write".to_owned(),
+        }),
+    }
+}
+
+impl Connection {
+    /// Applies one batch in one transaction, after every other writer's.
+    pub(crate) fn write(
+        &mut self,
+        batch: &[LogWrite],
+        now_ms: i64,
+    ) -> Result<Vec<WriteOutcome>, TxError> {
+        match self.try_group(&[batch], now_ms) {
+            GroupEnd::Committed(mut outcomes) => Ok(outcomes.remove(0)),
+            GroupEnd::Failed(error) | GroupEnd::BatchRefused(error) => Err(error),
+        }
+    }
+
+    /// Writes `group`, batches queued at the same time, in one transaction (one commit and
+    /// one sync under [`Durability::Full`]), and answers each. When a batch is refused the
+    /// transaction is rolled back and each batch is written again in a transaction of its
+    /// own, in order, so each gets the answer it would have had alone.
+    pub(crate) fn write_group(&mut self, group: Vec<(Vec<LogWrite>, WriteReply)>, now_ms: i64) {
+        let batches: Vec<&[LogWrite]> = group.iter().map(|(batch, _)| batch.as_slice()).collect();
+        let answers: Vec<Result<Vec<WriteOutcome>, TxError>> =
+            match self.try_group(&batches, now_ms) {
+                GroupEnd::Committed(outcomes) => outcomes.into_iter().map(Ok).collect(),
+                GroupEnd::Failed(error) => group.iter().map(|_| Err(error.clone())).collect(),
+                GroupEnd::BatchRefused(error) if group.len() == 1 => vec![Err(error)],
+                GroupEnd::BatchRefused(_) => group
+                    .iter()
+                    .map(|(batch, _)| self.write(batch, now_ms))
+                    .collect(),
+            };
+        for ((_, reply), answer) in group.into_iter().zip(answers) {
+            // The caller may have gone away; its answer is then dropped.
+            let _ = reply.send(answer);
+        }
+    }
+
+    /// `batches` in one write transaction, the chain running through them in order.
+    fn try_group(&mut self, batches: &[&[LogWrite]], now_ms: i64) -> GroupEnd {
+        let key = self.audit_key.as_ref();
+        self.counters.trips(BEGIN_WRITE_TRIPS + 1);
+        let mut tx = match begin_write(&mut self.client, &self.lock, &self.fence, &self.worker) {
+            Ok(tx) => tx,
+            Err(error) => return GroupEnd::Failed(error),
+        };
+        let mut outcomes = Vec::with_capacity(batches.len());
+        let mut moves_head = false;
+        let chain = {
+            let db = PgDb::new(&mut tx, &self.statements);
+            let mut chain = match Chain::start(&db, key) {
+                Ok(chain) => chain,
+                Err(error) => return GroupEnd::Failed(error),
+            };
+            for batch in batches {
+                match backend::apply_batch(&db, &mut chain, key, batch, now_ms) {
+                    Ok(applied) => {
+                        moves_head |= applied.moves_head;
+                        outcomes.push(applied.outcomes);
+                    }
+                    // Rolled back when `tx` is dropped.
+                    Err(error) => return GroupEnd::BatchRefused(error),
+                }
+            }
+            chain
+        };
+        if let Err(err) = tx.commit() {
+            return GroupEnd::Failed(storage(err));
+        }
+        let records = batches.iter().map(|batch| batch.len() as u64).sum();
+        self.counters.committed(batches.len() as u64, records);
+        if moves_head {
+            self.counters.trips(SNAPSHOT_TRIPS);
+            advance_head_file(
+                &mut self.client,
+                &self.statements,
+                self.head_file.as_ref(),
+                &chain,
+            );
+        }
+        GroupEnd::Committed(outcomes)
+    }
+
+    /// [`TxLog::take_over_and_write`] in one write transaction.
+    pub(crate) fn take_over(
+        &mut self,
+        saga_id: &SagaId,
+        expected: &Owner,
+        expected_state: SagaState,
+        new: &Owner,
+        then: &[LogWrite],
+        now_ms: i64,
+    ) -> Result<bool, TxError> {
+        let key = self.audit_key.as_ref();
+        // BEGIN, the checks, the owner's lease ended, COMMIT.
+        self.counters.trips(BEGIN_WRITE_TRIPS + 3);
+        let mut tx = begin_write(&mut self.client, &self.lock, &self.fence, &self.worker)?;
+        if !lease::end_if_expired(&mut tx, expected)? {
+            // Renewed after all: the owner is alive, and keeps its saga.
+            return Ok(false);
+        }
+        let (taken, chain) = {
+            let db = PgDb::new(&mut tx, &self.statements);
+            let mut chain = Chain::start(&db, key)?;
+            let taken = backend::take_over(
+                &db,
+                &mut chain,
+                saga_id,
+                expected,
+                expected_state,
+                new,
+                now_ms,
+            )?;
+            if taken && !then.is_empty() {
+                // Refused, it is the error, and the transaction (the take-over with it) is
+                // rolled back when dropped.
+                backend::apply_batch(&db, &mut chain, key, then, now_ms)?;
+            }
+            (taken, chain)
+        };
+        if taken {
+            tx.commit().map_err(storage)?;
+            self.counters.committed(1, 1 + then.len() as u64);
+            self.counters.trips(SNAPSHOT_TRIPS);
+            advance_head_file(
+                &mut self.client,
+                &self.statements,
+                self.head_file.as_ref(),
+                &chain,
+            );
+        }
+        Ok(taken)
+    }
+
+    /// [`PostgresLog::seal`] on the connection's thread.
+    pub(crate) fn seal(&mut self, event: AuditEvent, now_ms: i64) -> Result<AuditHead, TxError> {
+        let key = self.audit_key.as_ref();
+        self.counters.trips(BEGIN_WRITE_TRIPS + 1);
+        let mut tx = begin_write(&mut self.client, &self.lock, &self.fence, &self.worker)?;
+        let chain = {
+            let db = PgDb::new(&mut tx, &self.statements);
+            let mut chain = Chain::start(&db, key)?;
+            backend::apply_batch(&db, &mut chain, key, &[LogWrite::Audit(event)], now_ms)?;
+            chain
+        };
+        tx.commit().map_err(storage)?;
+        self.counters.committed(1, 1);
+        let (seq, hash) = chain.head();
+        let sealed = AuditHead {
+            seq: seq.unsigned_abs(),
+            hash: hash.to_owned(),
+        };
+        let (Some(file), Some(base)) = (&self.head_file, self.worker.head_file.as_deref()) else {
+            return Ok(sealed);
+        };
+        file.replace(&chain).map_err(|err| {
+            TxError::Storage(format!("the seal record {seq} is written, but {err}"))
+        })?;
+        for other in head_files::all_for_url(base) {
+            if other != file.path() {
+                std::fs::remove_file(&other).map_err(|err| {
+                    TxError::Storage(format!(
+                        "the seal record {seq} is written, but the head file {} of the log this URL held before cannot be removed: {err}",
+                        other.display()
+                    ))
+                })?;
+            }
+        }
+        Ok(sealed)
+    }
+
+    /// Runs `read` in one read-only snapshot.
+    pub(crate) fn read<T>(
+        &mut self,
+        read: impl FnOnce(&dyn Db) -> Result<T, TxError>,
+    ) -> Result<T, TxError> {
+        self.counters.trips(SNAPSHOT_TRIPS);
+        let mut tx = snapshot(&mut self.client)?;
+        let value = {
+            let db = PgDb::new(&mut tx, &self.statements);
+            read(&db)?
+        };
+        tx.commit().map_err(storage)?;
+        Ok(value)
+    }
+}
