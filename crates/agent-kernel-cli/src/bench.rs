@@ -64,9 +64,15 @@ pub(crate) struct BenchArgs {
 }
 
 impl BenchArgs {
-    /// Refuses what would make the run touch an existing file, and `--keep-log` beside a
-    /// log given with `--db` (`db`).
+    /// Refuses what would make the run touch an existing file, and `--keep-log` or
+    /// `--recovery` beside a log given with `--db` (`db`).
     pub(crate) fn check(&self, db: Option<&std::path::Path>) -> Result<(), String> {
+        if let (true, Some(db)) = (self.recovery, db) {
+            return Err(format!(
+                "--recovery and --db {}: recovery takes over every dead process's sagas in the log, not only the bench's; it runs in a temporary log only",
+                crate::shown_db(db)
+            ));
+        }
         match (&self.keep_log, db) {
             (Some(_), Some(db)) => Err(format!(
                 "--keep-log and --db {}: bench runs in the log --db names, which is kept anyway; give one of them",

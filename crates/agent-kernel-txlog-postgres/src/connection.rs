@@ -118,15 +118,20 @@ pub(crate) fn open_connection(
         .map(|base| {
             let own = head_files::keyed(base, &log_id);
             if own.symlink_metadata().is_err() && base.symlink_metadata().is_ok() {
-                // An earlier build's file, named after the URL alone: it vouched for this
-                // log, which has just been given its identity.
-                std::fs::rename(base, &own).map_err(|err| {
-                    TxError::Storage(format!(
-                        "cannot rename the audit head file {} to {}: {err}",
-                        base.display(),
-                        own.display()
-                    ))
-                })?;
+                // An earlier build's file, named after the URL alone: it vouched for the log
+                // at the URL, which has since been given its identity. Another process of
+                // this machine may rename it first.
+                match std::fs::rename(base, &own) {
+                    Ok(()) => {}
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(err) => {
+                        return Err(TxError::Storage(format!(
+                            "cannot rename the audit head file {} to {}: {err}",
+                            base.display(),
+                            own.display()
+                        )));
+                    }
+                }
             }
             head_file_at(&own, audit_key.cloned(), durability)
         })
@@ -215,6 +220,8 @@ enum GroupEnd {
     /// A batch was refused (why), and the transaction rolled back: nothing of the group is
     /// written.
     BatchRefused(TxError),
+    /// The transaction did not begin (why): nothing was sent that could be written.
+    NotBegun(TxError),
 }
 
 /// What the connection's thread holds.
@@ -231,6 +238,10 @@ pub(crate) struct Connection {
     /// [`lease::status_sql`], prepared once.
     pub(crate) fence: postgres::Statement,
     pub(crate) counters: Arc<Counters>,
+    /// What the connection is made again with, after the server dropped it.
+    pub(crate) config: Config,
+    pub(crate) target: String,
+    pub(crate) durability: Durability,
 }
 
 /// A read-only, repeatable-read snapshot on `client`: every read of the log sees one
@@ -296,9 +307,11 @@ impl Connection {
         batch: &[LogWrite],
         now_ms: i64,
     ) -> Result<Vec<WriteOutcome>, TxError> {
-        match self.try_group(&[batch], now_ms) {
+        match self.try_group_reconnecting(&[batch], now_ms) {
             GroupEnd::Committed(mut outcomes) => Ok(outcomes.remove(0)),
-            GroupEnd::Failed(error) | GroupEnd::BatchRefused(error) => Err(error),
+            GroupEnd::Failed(error) | GroupEnd::BatchRefused(error) | GroupEnd::NotBegun(error) => {
+                Err(error)
+            }
         }
     }
 
@@ -309,9 +322,11 @@ impl Connection {
     pub(crate) fn write_group(&mut self, group: Vec<(Vec<LogWrite>, WriteReply)>, now_ms: i64) {
         let batches: Vec<&[LogWrite]> = group.iter().map(|(batch, _)| batch.as_slice()).collect();
         let answers: Vec<Result<Vec<WriteOutcome>, TxError>> =
-            match self.try_group(&batches, now_ms) {
+            match self.try_group_reconnecting(&batches, now_ms) {
                 GroupEnd::Committed(outcomes) => outcomes.into_iter().map(Ok).collect(),
-                GroupEnd::Failed(error) => group.iter().map(|_| Err(error.clone())).collect(),
+                GroupEnd::Failed(error) | GroupEnd::NotBegun(error) => {
+                    group.iter().map(|_| Err(error.clone())).collect()
+                }
                 GroupEnd::BatchRefused(error) if group.len() == 1 => vec![Err(error)],
                 GroupEnd::BatchRefused(_) => group
                     .iter()
@@ -324,13 +339,50 @@ impl Connection {
         }
     }
 
+    /// [`try_group`](Self::try_group); when its BEGIN failed because the server had dropped
+    /// the connection (a restart, a failover, while this process was idle), the connection
+    /// is made again and the transaction tried once more: nothing of the first try reached
+    /// the log.
+    fn try_group_reconnecting(&mut self, batches: &[&[LogWrite]], now_ms: i64) -> GroupEnd {
+        match self.try_group(batches, now_ms) {
+            GroupEnd::NotBegun(error) if self.client.is_closed() => match self.reconnect() {
+                Ok(()) => self.try_group(batches, now_ms),
+                // A lease that ran out meanwhile is what the caller must hear.
+                Err(again @ TxError::Fenced { .. }) => GroupEnd::NotBegun(again),
+                Err(again) => {
+                    GroupEnd::NotBegun(TxError::Storage(format!("{error}; made again: {again}")))
+                }
+            },
+            ended => ended,
+        }
+    }
+
+    /// Makes the connection again after the server dropped it: the schema checked, the
+    /// lease extended only while live ([`Opening::Again`]), the statements prepared anew.
+    pub(crate) fn reconnect(&mut self) -> Result<(), TxError> {
+        let (client, lock, fence, head_file) = open_connection(
+            &self.config,
+            &self.target,
+            self.durability,
+            &self.worker,
+            self.audit_key.as_ref(),
+            Opening::Again,
+        )?;
+        self.client = client;
+        self.lock = lock;
+        self.fence = fence;
+        self.head_file = head_file;
+        self.statements = Statements::counting(self.counters.round_trips.clone());
+        Ok(())
+    }
+
     /// `batches` in one write transaction, the chain running through them in order.
     fn try_group(&mut self, batches: &[&[LogWrite]], now_ms: i64) -> GroupEnd {
         let key = self.audit_key.as_ref();
         self.counters.trips(BEGIN_WRITE_TRIPS + 1);
         let mut tx = match begin_write(&mut self.client, &self.lock, &self.fence, &self.worker) {
             Ok(tx) => tx,
-            Err(error) => return GroupEnd::Failed(error),
+            Err(error) => return GroupEnd::NotBegun(error),
         };
         let mut outcomes = Vec::with_capacity(batches.len());
         let mut moves_head = false;
@@ -457,13 +509,31 @@ impl Connection {
         Ok(sealed)
     }
 
-    /// Runs `read` in one read-only snapshot.
+    /// Runs `read` in one read-only snapshot; one that could not begin on a connection the
+    /// server dropped is begun again on a new one, as a write is.
     pub(crate) fn read<T>(
         &mut self,
         read: impl FnOnce(&dyn Db) -> Result<T, TxError>,
     ) -> Result<T, TxError> {
+        let mut read = Some(read);
+        match self.read_once(&mut read) {
+            // Still there: the snapshot did not begin.
+            Err(_) if read.is_some() && self.client.is_closed() => {
+                self.reconnect()?;
+                self.read_once(&mut read)
+            }
+            done => done,
+        }
+    }
+
+    /// [`read`](Self::read)'s one snapshot: `read` is taken once it has begun.
+    fn read_once<T, F: FnOnce(&dyn Db) -> Result<T, TxError>>(
+        &mut self,
+        read: &mut Option<F>,
+    ) -> Result<T, TxError> {
         self.counters.trips(SNAPSHOT_TRIPS);
         let mut tx = snapshot(&mut self.client)?;
+        let read = read.take().ok_or(TxError::Closed)?;
         let value = {
             let db = PgDb::new(&mut tx, &self.statements);
             read(&db)?

@@ -124,27 +124,26 @@ pub(crate) fn reacquire(client: &mut Client, worker: &Worker) -> Result<(), TxEr
     }
 }
 
-/// How long the row of a lease that ran out (or was ended) is kept, for whoever looks at
-/// who held what: a day. Then it is deleted by [`forget_gone`].
+/// How long the row of a lease that ran out is kept, for whoever looks at who held what:
+/// a day. Then it is deleted by [`forget_gone`], unless it was ended for good.
 pub const LEASE_ROWS_KEPT: Duration = Duration::from_secs(24 * 3600);
 
 /// How often each process's renewer deletes the rows of leases gone longer than
 /// [`LEASE_ROWS_KEPT`] (and once when it starts).
 pub const LEASE_ROWS_FORGET_PERIOD: Duration = Duration::from_secs(600);
 
-/// Deletes the rows of leases that ran out more than [`LEASE_ROWS_KEPT`] ago, and of
-/// leases ended for good whose owner took them that long ago; how many. Safe whatever an
-/// owner still holds: an owner without a row is dead to recovery ([`status`]), and a row is
-/// never made again but by a process's first open ([`reacquire`] never inserts), so no
-/// process paused past its lease comes back through a forgotten row.
+/// Deletes the rows of leases that ran out more than [`LEASE_ROWS_KEPT`] ago and were
+/// never ended for good; how many. Rows ended for good (`expires_at_ms = -1`: an owner
+/// whose sagas were taken over, or whose process is known gone) are kept as tombstones, so
+/// that a process paused past its lease whose sagas another took can never take a lease
+/// again, not even by opening the log anew ([`acquire`] refuses an ended row, and a
+/// take-over of an owner with no row makes one, [`end_if_expired`]). A forgotten owner is
+/// dead to recovery ([`status`]); one that comes back before any take-over still owns
+/// what it held, and a connection made again never makes a row ([`reacquire`]).
 pub(crate) fn forget_gone(client: &mut Client) -> Result<u64, postgres::Error> {
     let kept_ms = i64::try_from(LEASE_ROWS_KEPT.as_millis()).unwrap_or(i64::MAX);
     client.execute(
-        &format!(
-            "DELETE FROM leases
-             WHERE (expires_at_ms >= 0 AND expires_at_ms < {NOW_MS} - $1)
-                OR (expires_at_ms < 0 AND acquired_at_ms < {NOW_MS} - $1)"
-        ),
+        &format!("DELETE FROM leases WHERE expires_at_ms >= 0 AND expires_at_ms < {NOW_MS} - $1"),
         &[&kept_ms],
     )
 }
@@ -195,23 +194,28 @@ pub(crate) fn status<T: postgres::ToStatement + ?Sized>(
 /// answers whether the owner is dead. The row lock waits for a renewal in flight, and the
 /// condition is checked again on what it committed, so a renewal that ran just before the
 /// expiry but committed after it cannot bring the owner back once its sagas are taken.
-/// An owner without a lease row (one left detached on purpose) is dead.
+/// An owner without a lease row (one left detached on purpose, or whose row was forgotten)
+/// is dead, and gets a row ended for good: a tombstone, so that no later open by that
+/// owner takes a lease again ([`acquire`] refuses an ended row).
 pub(crate) fn end_if_expired(
     tx: &mut postgres::Transaction<'_>,
     owner: &Owner,
 ) -> Result<bool, TxError> {
     let (host, boot_id, pid, start_ticks) = owner_params(owner);
     let ended = tx
-        .execute(
+        .query_opt(
             &format!(
-                "UPDATE leases SET expires_at_ms = -1
-                 WHERE owner_host = $1 AND owner_boot_id = $2 AND owner_pid = $3
-                     AND owner_start_ticks = $4 AND expires_at_ms <= {NOW_MS}"
+                "INSERT INTO leases AS l (owner_host, owner_boot_id, owner_pid, owner_start_ticks,
+                     acquired_at_ms, expires_at_ms)
+                 VALUES ($1, $2, $3, $4, {NOW_MS}, -1)
+                 ON CONFLICT (owner_host, owner_boot_id, owner_pid, owner_start_ticks)
+                 DO UPDATE SET expires_at_ms = -1 WHERE l.expires_at_ms <= {NOW_MS}
+                 RETURNING 1"
             ),
             &[&host, &boot_id, &pid, &start_ticks],
         )
         .map_err(storage)?;
-    if ended == 1 {
+    if ended.is_some() {
         return Ok(true);
     }
     Ok(status(tx, &status_sql(), owner)? == LeaseStatus::Expired)

@@ -221,6 +221,9 @@ impl PostgresLog {
                         lock,
                         fence,
                         counters: thread_counters,
+                        config: thread_config,
+                        target: thread_target,
+                        durability,
                     },
                     Err(error) => {
                         let _ = opened_sender.send(Err(error));
@@ -237,24 +240,7 @@ impl PostgresLog {
                     // on the closed connection, and the next job tries again.
                     let mut not_reconnected = None;
                     if connection.client.is_closed() {
-                        match open_connection(
-                            &thread_config,
-                            &thread_target,
-                            durability,
-                            &connection.worker,
-                            connection.audit_key.as_ref(),
-                            Opening::Again,
-                        ) {
-                            Ok((client, lock, fence, head_file)) => {
-                                connection.client = client;
-                                connection.lock = lock;
-                                connection.fence = fence;
-                                connection.head_file = head_file;
-                                connection.statements =
-                                    Statements::counting(connection.counters.round_trips.clone());
-                            }
-                            Err(error) => not_reconnected = Some(error),
-                        }
+                        not_reconnected = connection.reconnect().err();
                     }
                     match job {
                         Job::Other(job) => job(&mut connection, clock.now_ms()),

@@ -170,13 +170,15 @@ pub(crate) fn head_file_at(
 
 /// The base of this machine's head files for the logs at `url`, unless told otherwise:
 /// `$XDG_STATE_HOME/agent-kernel/` (else `~/.local/state/agent-kernel/`), named after the
-/// SHA-256 of the hosts, database and options (so two logs, even two schemas of one
-/// database, never share one, whichever role connects; a host spelled otherwise, such as
-/// `localhost` for `127.0.0.1`, is another file). Each log's own head file is named after
-/// the base and the log's identity, made with the log (`postgres-<digest>.log-<id>.audit-head`):
-/// a log recreated at the URL is another log, and [`verify`] reports this machine's file of
-/// the old one until an operator seals the new one ([`PostgresLog::seal`](crate::PostgresLog::seal)). `None` without
-/// a home folder, or for a URL that does not parse.
+/// SHA-256 of the hosts, database and options, not the role, so that an auditor connecting
+/// as another role finds the writers' files (a host spelled otherwise, such as `localhost`
+/// for `127.0.0.1`, is another base; two roles whose default `search_path` puts their logs
+/// in different schemas share one, so name the schema in the URL then). Each log's own
+/// head file is named after the base and the log's identity, made with the log
+/// (`postgres-<digest>.log-<id>.audit-head`): a log recreated at the URL is another log,
+/// and [`verify`] reports this machine's file of the old one until an operator seals the
+/// new one ([`PostgresLog::seal`](crate::PostgresLog::seal)). `None` without a home folder,
+/// or for a URL that does not parse.
 pub fn default_head_file(url: &str) -> Option<std::path::PathBuf> {
     use sha2::Digest as _;
     let config = Config::from_str(url).ok()?;

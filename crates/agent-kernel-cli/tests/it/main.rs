@@ -23,6 +23,7 @@ mod leftovers;
 mod mcp;
 mod otlp;
 mod postgres;
+mod postgres_restart;
 mod postgres_trust;
 mod prune;
 mod recovery_kills;

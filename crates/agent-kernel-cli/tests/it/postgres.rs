@@ -22,7 +22,7 @@ const LEASE_MS: u64 = 1_000;
 const TAKEOVER_MAX: Duration = Duration::from_secs(5);
 
 /// Steps per worker's saga.
-const STEPS: usize = 6;
+pub(crate) const STEPS: usize = 6;
 
 pub(crate) const ORIGINAL: &str = "original\n";
 
@@ -55,7 +55,7 @@ pub(crate) fn worker_plan(project: &Project, n: usize, sleep_ms: u64) -> String 
     plan.to_string_lossy().into_owned()
 }
 
-fn file(project: &Project, n: usize, step: usize) -> String {
+pub(crate) fn file(project: &Project, n: usize, step: usize) -> String {
     fs::read_to_string(project.path(&format!("ws/w{n}-{step}.txt"))).expect("reads")
 }
 
@@ -74,7 +74,7 @@ pub(crate) fn saga_states(schema: &Schema) -> BTreeMap<String, String> {
 }
 
 /// How many times any step was begun, or compensated, more than once (audit records).
-fn repeated_records(schema: &Schema) -> Vec<Vec<Option<String>>> {
+pub(crate) fn repeated_records(schema: &Schema) -> Vec<Vec<Option<String>>> {
     schema.rows(
         "SELECT saga_id, kind, body::json->>'step_seq', count(*)::text FROM audit_log
          WHERE kind IN ('BeginStep', 'Compensation')
@@ -440,7 +440,7 @@ fn one_idempotency_key_raced_from_four_worker_processes_gives_one_effect() {
 /// armed, it forwards the next `COMMIT` a client sends (a simple query, as the log's
 /// transactions end) and then holds every byte of every connection, both ways, until
 /// released, as a network partition would right after a commit left the worker.
-struct Partition {
+pub(crate) struct Partition {
     port: u16,
     armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
     held: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -454,7 +454,7 @@ struct Partition {
 const COMMIT_QUERY: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
 
 impl Partition {
-    fn start(upstream: std::net::SocketAddr) -> Partition {
+    pub(crate) fn start(upstream: std::net::SocketAddr) -> Partition {
         use std::sync::Arc;
         use std::sync::atomic::AtomicBool;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
@@ -507,7 +507,7 @@ impl Partition {
 
     /// As a server restart looks from a client: every connection is cut, and new ones are
     /// refused for `down`.
-    fn restart(&self, down: Duration) {
+    pub(crate) fn restart(&self, down: Duration) {
         *self.refusing_until.lock().expect("not poisoned") = Some(Instant::now() + down);
         for stream in self.streams.lock().expect("not poisoned").drain(..) {
             let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -531,7 +531,7 @@ impl Partition {
     }
 
     /// `url` with its host and port replaced by the proxy's.
-    fn url(&self, url: &str) -> String {
+    pub(crate) fn url(&self, url: &str) -> String {
         let at = url.find('@').expect("a user in the URL") + 1;
         let end = at + url[at..].find('/').expect("a database in the URL");
         format!("{}127.0.0.1:{}{}", &url[..at], self.port, &url[end..])
@@ -583,7 +583,7 @@ fn pump(
 }
 
 /// The address of the server `url` names.
-fn server_address(url: &str) -> std::net::SocketAddr {
+pub(crate) fn server_address(url: &str) -> std::net::SocketAddr {
     let at = url.find('@').expect("a user in the URL") + 1;
     let end = at + url[at..].find('/').expect("a database in the URL");
     url[at..end].parse().expect("an IP address and a port")

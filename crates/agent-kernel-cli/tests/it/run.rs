@@ -376,8 +376,11 @@ fn bench_runs_in_the_log_db_names_which_several_bench_processes_share() {
     let (code, report) = project.run_json(&["audit", "verify"]);
     assert_eq!(code, 0, "{report}");
     assert!(shared.exists());
-    // --keep-log beside --db is refused, and a log of AGENT_KERNEL_DB is never used.
+    // --keep-log or --recovery beside --db is refused, and a log of AGENT_KERNEL_DB is
+    // never used.
     let (code, document) = project.run_json(&["bench", "--keep-log", "other.db"]);
+    assert_eq!(code, 2, "{document}");
+    let (code, document) = project.run_json(&["bench", "--recovery"]);
     assert_eq!(code, 2, "{document}");
     let elsewhere = project.path("env.db");
     let output = project

@@ -24,9 +24,9 @@ use agent_kernel_core::{
 };
 
 pub use approvals::{ApprovalView, Decision, LaterStep, approval, decide, pending_approvals};
-#[cfg(feature = "sqlite")]
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub use audit::seal_postgres;
+#[cfg(feature = "sqlite")]
 pub use audit::{Vouched, audit_records, seal, verify, verify_ignoring_head_file, vouch_for_log};
 pub use dead_letters::{
     DueRetries, NotRetried, RetryRequest, dead_letters, resolve_dead_letter, retry_dead_letter,
