@@ -387,7 +387,8 @@ impl Connection {
         let mut outcomes = Vec::with_capacity(batches.len());
         let mut moves_head = false;
         let chain = {
-            let db = PgDb::new(&mut tx, &self.statements);
+            // The group's audit records go in together, in one round trip.
+            let db = PgDb::holding_audit_records(&mut tx, &self.statements);
             let mut chain = match Chain::start(&db, key) {
                 Ok(chain) => chain,
                 Err(error) => return GroupEnd::Failed(error),
@@ -401,6 +402,12 @@ impl Connection {
                     // Rolled back when `tx` is dropped.
                     Err(error) => return GroupEnd::BatchRefused(error),
                 }
+            }
+            if let Err(err) = db.flush() {
+                // Each batch alone, then, to tell which one it was.
+                return GroupEnd::BatchRefused(TxError::Storage(format!(
+                    "the audit records could not be written: {err}"
+                )));
             }
             chain
         };

@@ -41,14 +41,138 @@ impl Statements {
 pub(crate) struct PgDb<'t, 'c> {
     tx: RefCell<&'t mut Transaction<'c>>,
     statements: &'t Statements,
+    /// Audit records held back, to be inserted together ([`PgDb::holding_audit_records`]);
+    /// `None` when each is inserted as it comes.
+    held: RefCell<Option<HeldRecords>>,
 }
+
+/// Audit records held back, column by column, as the arrays one `INSERT … SELECT FROM
+/// unnest(…)` takes.
+#[derive(Default)]
+struct HeldRecords {
+    seq: Vec<i64>,
+    at_ms: Vec<i64>,
+    kind: Vec<String>,
+    saga_id: Vec<Option<String>>,
+    body: Vec<String>,
+    prev_hash: Vec<String>,
+    hash: Vec<String>,
+    mac: Vec<Option<String>>,
+}
+
+/// How the chain's records are inserted (`audit::Appender`); the statement [`PgDb`] holds
+/// back.
+const AUDIT_INSERT_PREFIX: &str =
+    "INSERT INTO audit_log (seq, at_ms, kind, saga_id, body, prev_hash, hash, mac)";
+
+/// The held records, inserted in one statement and one round trip.
+const AUDIT_INSERT_HELD: &str =
+    "INSERT INTO audit_log (seq, at_ms, kind, saga_id, body, prev_hash, hash, mac)
+     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[],
+                          $6::text[], $7::text[], $8::text[])";
 
 impl<'t, 'c> PgDb<'t, 'c> {
     pub(crate) fn new(tx: &'t mut Transaction<'c>, statements: &'t Statements) -> Self {
         PgDb {
             tx: RefCell::new(tx),
             statements,
+            held: RefCell::new(None),
         }
+    }
+
+    /// As [`new`](Self::new), but the chain's records are held back and inserted together:
+    /// before any other statement that names `audit_log`, and at [`flush`](Self::flush),
+    /// which the caller must run before it commits. One round trip for all of a group's
+    /// records instead of one each; the transaction sees them wherever it reads them.
+    pub(crate) fn holding_audit_records(
+        tx: &'t mut Transaction<'c>,
+        statements: &'t Statements,
+    ) -> Self {
+        PgDb {
+            tx: RefCell::new(tx),
+            statements,
+            held: RefCell::new(Some(HeldRecords::default())),
+        }
+    }
+
+    /// Inserts the audit records held back, if any.
+    pub(crate) fn flush(&self) -> Result<(), Error> {
+        let held = match self.held.borrow_mut().as_mut() {
+            Some(held) if !held.seq.is_empty() => std::mem::take(held),
+            _ => return Ok(()),
+        };
+        let statement = self.statement(AUDIT_INSERT_HELD)?;
+        self.statements.trip();
+        self.tx
+            .try_borrow_mut()
+            .map_err(|_| {
+                Error::Database(
+                    "records were inserted while a statement's rows were read".to_owned(),
+                )
+            })?
+            .execute(
+                &statement,
+                &[
+                    &held.seq,
+                    &held.at_ms,
+                    &held.kind,
+                    &held.saga_id,
+                    &held.body,
+                    &held.prev_hash,
+                    &held.hash,
+                    &held.mac,
+                ],
+            )
+            .map_err(error)?;
+        Ok(())
+    }
+
+    /// Holds back the audit record `params` inserts, when records are held; whether it did.
+    fn held_back(&self, sql: &str, params: &[&dyn ToValue]) -> Result<bool, Error> {
+        let mut held = self.held.borrow_mut();
+        let Some(held) = held.as_mut() else {
+            return Ok(false);
+        };
+        if !sql.trim_start().starts_with(AUDIT_INSERT_PREFIX) {
+            return Ok(false);
+        }
+        let [seq, at_ms, kind, saga_id, body, prev_hash, hash, mac] = params else {
+            return Err(Error::Database(format!(
+                "an audit record has 8 columns, not {}",
+                params.len()
+            )));
+        };
+        let integer = |value: &dyn ToValue| match value.to_value() {
+            ValueRef::Integer(n) => Ok(n),
+            other => Err(Error::Database(format!(
+                "an integer expected, not {other:?}"
+            ))),
+        };
+        let text = |value: &dyn ToValue| match value.to_value() {
+            ValueRef::Text(text) => Ok(Some(text.to_owned())),
+            ValueRef::Null => Ok(None),
+            other => Err(Error::Database(format!("text expected, not {other:?}"))),
+        };
+        let required = |value: &dyn ToValue| {
+            text(value)?.ok_or_else(|| Error::Database("a NULL where text is required".to_owned()))
+        };
+        held.seq.push(integer(*seq)?);
+        held.at_ms.push(integer(*at_ms)?);
+        held.kind.push(required(*kind)?);
+        held.saga_id.push(text(*saga_id)?);
+        held.body.push(required(*body)?);
+        held.prev_hash.push(required(*prev_hash)?);
+        held.hash.push(required(*hash)?);
+        held.mac.push(text(*mac)?);
+        Ok(true)
+    }
+
+    /// Inserts the held records first when `sql` reads or writes `audit_log`.
+    fn flush_before(&self, sql: &str) -> Result<(), Error> {
+        if sql.contains("audit_log") {
+            self.flush()?;
+        }
+        Ok(())
     }
 
     fn statement(&self, sql: &str) -> Result<Statement, Error> {
@@ -200,6 +324,10 @@ fn value(row: &postgres::Row, idx: usize) -> Result<Value, Error> {
 
 impl Db for PgDb<'_, '_> {
     fn execute(&self, sql: &str, params: &[&dyn ToValue]) -> Result<usize, Error> {
+        if self.held_back(sql, params)? {
+            return Ok(1);
+        }
+        self.flush_before(sql)?;
         let statement = self.statement(sql)?;
         let binds: Vec<Bind<'_>> = params.iter().map(|param| Bind(param.to_value())).collect();
         self.statements.trip();
@@ -224,6 +352,7 @@ impl Db for PgDb<'_, '_> {
         params: &[&dyn ToValue],
         each: &mut dyn FnMut(&Row) -> Result<bool, Error>,
     ) -> Result<(), Error> {
+        self.flush_before(sql)?;
         let statement = self.statement(sql)?;
         let binds: Vec<Bind<'_>> = params.iter().map(|param| Bind(param.to_value())).collect();
         self.statements.trip();
@@ -251,6 +380,75 @@ impl Db for PgDb<'_, '_> {
 #[cfg(test)]
 mod tests {
     use super::placeholders;
+    use super::{PgDb, Statements};
+    use agent_kernel_txlog::sql::{Db, ToValue};
+
+    /// What `audit::Appender` runs for each record.
+    const INSERT: &str =
+        "INSERT INTO audit_log (seq, at_ms, kind, saga_id, body, prev_hash, hash, mac)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+
+    fn count(db: &dyn Db) -> i64 {
+        db.query_row("SELECT count(*) FROM audit_log", &[], |row| row.get(0))
+            .expect("counts")
+    }
+
+    #[test]
+    fn held_audit_records_are_seen_by_a_later_read_and_inserted_by_flush() {
+        use agent_kernel_log_contract::postgres::{Schema, blocking, server};
+        let Some(server) = server() else { return };
+        let schema = Schema::create(&server);
+        schema.execute(include_str!("schema.sql"));
+        let url = schema.url();
+        let record = |seq: i64, saga: Option<&str>| {
+            let (kind, body, hash) = ("Test", "{}", "h".repeat(64));
+            let (at_ms, mac): (i64, Option<&str>) = (7, None);
+            let prev: String = "0".repeat(64);
+            (
+                seq,
+                at_ms,
+                kind,
+                saga.map(str::to_owned),
+                body,
+                prev,
+                hash,
+                mac,
+            )
+        };
+        blocking(|| {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
+            let mut tx = client.transaction().expect("begins");
+            let statements = Statements::default();
+            {
+                let db = PgDb::holding_audit_records(&mut tx, &statements);
+                for (seq, saga) in [(1, Some("s")), (2, None)] {
+                    let (seq, at_ms, kind, saga, body, prev, hash, mac) = record(seq, saga);
+                    let params: [&dyn ToValue; 8] =
+                        [&seq, &at_ms, &kind, &saga, &body, &prev, &hash, &mac];
+                    assert_eq!(db.execute(INSERT, &params).expect("held"), 1);
+                }
+                let trips = statements
+                    .round_trips
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                assert_eq!(trips, 0, "nothing sent yet");
+                // A read of the table inserts them first, in one statement.
+                assert_eq!(count(&db), 2);
+                let (seq, at_ms, kind, saga, body, prev, hash, mac) = record(3, None);
+                let params: [&dyn ToValue; 8] =
+                    [&seq, &at_ms, &kind, &saga, &body, &prev, &hash, &mac];
+                db.execute(INSERT, &params).expect("held");
+                db.flush().expect("inserts");
+                assert_eq!(count(&db), 3);
+            }
+            tx.commit().expect("commits");
+            let rows = client
+                .query("SELECT seq, saga_id FROM audit_log ORDER BY seq", &[])
+                .expect("reads");
+            let read: Vec<(i64, Option<String>)> =
+                rows.iter().map(|row| (row.get(0), row.get(1))).collect();
+            assert_eq!(read, [(1, Some("s".to_owned())), (2, None), (3, None)]);
+        });
+    }
 
     #[test]
     fn placeholders_are_rewritten_outside_literals_only() {

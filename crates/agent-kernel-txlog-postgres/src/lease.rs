@@ -125,7 +125,7 @@ pub(crate) fn reacquire(client: &mut Client, worker: &Worker) -> Result<(), TxEr
 }
 
 /// How long the row of a lease that ran out is kept, for whoever looks at who held what:
-/// a day. Then it is deleted by [`forget_gone`], unless it was ended for good.
+/// a day. Then each process's renewer deletes it, unless it was ended for good.
 pub const LEASE_ROWS_KEPT: Duration = Duration::from_secs(24 * 3600);
 
 /// How often each process's renewer deletes the rows of leases gone longer than

@@ -45,8 +45,9 @@
 //! - **Group commit.** The batches queued when a write transaction begins share it (up to
 //!   [`GROUP_BATCHES_MAX`] batches and [`GROUP_RECORDS_MAX`] records): one lock, one lease
 //!   check, one COMMIT. A refused batch sends every batch of its group to a transaction of
-//!   its own, so each gets the answer it would have had alone. [`PostgresLog::stats`]
-//!   counts transactions and round trips.
+//!   its own, so each gets the answer it would have had alone. The transaction's audit
+//!   records go in together, in one statement of arrays, before anything reads the chain
+//!   and before the COMMIT. [`PostgresLog::stats`] counts transactions and round trips.
 //! - **Leases.** Every log is opened for a [`Worker`]: the process that holds sagas through
 //!   it, whose lease (a row of `leases`, by the database's clock) a thread of its own
 //!   renews. [`TxLog::owner_lease`] answers whether an owner is alive by its lease, whatever
