@@ -16,10 +16,10 @@ use serde_json::json;
 use crate::{Project, bin, wait_until};
 
 /// The workers' lease in these tests, shortened from the default.
-const LEASE_MS: u64 = 1_000;
+pub(crate) const LEASE_MS: u64 = 1_000;
 
 /// How soon after a lease runs out its sagas must be rolled back.
-const TAKEOVER_MAX: Duration = Duration::from_secs(5);
+pub(crate) const TAKEOVER_MAX: Duration = Duration::from_secs(5);
 
 /// Steps per worker's saga.
 pub(crate) const STEPS: usize = 6;
@@ -82,7 +82,7 @@ pub(crate) fn repeated_records(schema: &Schema) -> Vec<Vec<Option<String>>> {
     )
 }
 
-fn stop(mut child: Child) -> String {
+pub(crate) fn stop(mut child: Child) -> String {
     // SIGTERM: `recover --watch` ends its round and exits 0.
     let pid = rustix::process::Pid::from_child(&child);
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("signals");

@@ -2,7 +2,8 @@
 //! connection cut, new ones refused for a while): a worker idle through it makes its
 //! connection again and finishes; workers writing through it end `Done` or, after
 //! `recover`, rolled back, every file as its saga's state says, no step begun or
-//! compensated twice. Skipped without `AGENT_KERNEL_TEST_POSTGRES`.
+//! compensated twice. And many workers SIGKILLed at once, whose sagas one `recover --watch`
+//! rolls back together. Skipped without `AGENT_KERNEL_TEST_POSTGRES`.
 
 use std::fs;
 use std::process::{Child, Stdio};
@@ -12,8 +13,8 @@ use agent_kernel_log_contract::postgres::{Schema, server};
 use serde_json::json;
 
 use crate::postgres::{
-    ORIGINAL, Partition, STEPS, assert_verifies, file, on_postgres, repeated_records, saga_states,
-    server_address, worker_plan,
+    LEASE_MS as SHORT_LEASE_MS, ORIGINAL, Partition, STEPS, TAKEOVER_MAX, assert_verifies, file,
+    on_postgres, repeated_records, saga_states, server_address, stop, worker_plan,
 };
 use crate::{Project, wait_until};
 
@@ -134,6 +135,71 @@ fn workers_writing_through_a_server_restart_end_done_or_rolled_back_and_no_step_
         repeated_records(&schema).is_empty(),
         "{:?}",
         repeated_records(&schema)
+    );
+    assert_verifies(&project, &url);
+}
+
+#[test]
+fn a_watcher_rolls_back_the_sagas_of_many_workers_killed_at_once() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let project = Project::new();
+    let n_workers = 6;
+    let plans: Vec<String> = (0..n_workers)
+        .map(|n| worker_plan(&project, n, 200))
+        .collect();
+    let watcher = on_postgres(&project, &url, &["--json", "recover", "--watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    let mut workers: Vec<Child> = plans
+        .iter()
+        .map(|plan| {
+            on_postgres(&project, &url, &["--json", "run", "--plan", plan])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("starts")
+        })
+        .collect();
+    wait_until("every worker rewrote a file", || {
+        (0..n_workers).all(|n| file(&project, n, 0) != ORIGINAL)
+    });
+    for worker in &mut workers {
+        worker.kill().expect("SIGKILL");
+    }
+    for worker in &mut workers {
+        worker.wait().expect("reaped");
+    }
+    let killed_at = std::time::Instant::now();
+    wait_until("every killed worker's files are restored", || {
+        (0..n_workers).all(|n| (0..STEPS).all(|step| file(&project, n, step) == ORIGINAL))
+    });
+    let restored_after = killed_at.elapsed();
+    eprintln!("{n_workers} sagas rolled back {restored_after:?} after the kills");
+    assert!(
+        restored_after < Duration::from_millis(SHORT_LEASE_MS) + TAKEOVER_MAX,
+        "rolled back {restored_after:?} after the kills"
+    );
+    stop(watcher);
+    let states = saga_states(&schema);
+    assert_eq!(states.len(), n_workers, "{states:?}");
+    assert!(
+        states.values().all(|state| state == "FailedRolledBack"),
+        "{states:?}"
+    );
+    assert!(
+        repeated_records(&schema).is_empty(),
+        "{:?}",
+        repeated_records(&schema)
+    );
+    let take_overs = schema.rows("SELECT count(*)::text FROM audit_log WHERE kind = 'TakeOver'");
+    assert_eq!(
+        take_overs[0][0].as_deref(),
+        Some(n_workers.to_string().as_str()),
+        "one take-over per saga"
     );
     assert_verifies(&project, &url);
 }
