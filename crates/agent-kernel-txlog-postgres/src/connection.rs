@@ -188,6 +188,10 @@ impl Counters {
     }
 }
 
+/// How long a connection may take to answer whether it is still there, after a statement
+/// on it failed.
+pub const CONNECTION_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// The round trips [`begin_write`] makes: BEGIN, the write lock, the lease check.
 pub(crate) const BEGIN_WRITE_TRIPS: u64 = 3;
 
@@ -345,7 +349,7 @@ impl Connection {
     /// the log.
     fn try_group_reconnecting(&mut self, batches: &[&[LogWrite]], now_ms: i64) -> GroupEnd {
         match self.try_group(batches, now_ms) {
-            GroupEnd::NotBegun(error) if self.client.is_closed() => match self.reconnect() {
+            GroupEnd::NotBegun(error) if self.dropped() => match self.reconnect() {
                 Ok(()) => self.try_group(batches, now_ms),
                 // A lease that ran out meanwhile is what the caller must hear.
                 Err(again @ TxError::Fenced { .. }) => GroupEnd::NotBegun(again),
@@ -355,6 +359,14 @@ impl Connection {
             },
             ended => ended,
         }
+    }
+
+    /// Whether the server dropped the connection, asked after a statement failed: the
+    /// client may not have seen the end yet (the server's `FATAL` came first), so a
+    /// connection not known closed is asked once more (an empty query, within
+    /// [`CONNECTION_CHECK_TIMEOUT`]).
+    fn dropped(&mut self) -> bool {
+        self.client.is_closed() || self.client.is_valid(CONNECTION_CHECK_TIMEOUT).is_err()
     }
 
     /// Makes the connection again after the server dropped it: the schema checked, the
@@ -525,7 +537,7 @@ impl Connection {
         let mut read = Some(read);
         match self.read_once(&mut read) {
             // Still there: the snapshot did not begin.
-            Err(_) if read.is_some() && self.client.is_closed() => {
+            Err(_) if read.is_some() && self.dropped() => {
                 self.reconnect()?;
                 self.read_once(&mut read)
             }

@@ -86,7 +86,9 @@ use agent_kernel_txlog::{AuditHead, AuditKey, GROUP_BATCHES_MAX, GROUP_RECORDS_M
 use postgres::Config;
 use tokio::sync::{mpsc, oneshot};
 
-pub use crate::connection::{APPLICATION_NAME, CONNECT_TIMEOUT, ConnectionStats};
+pub use crate::connection::{
+    APPLICATION_NAME, CONNECT_TIMEOUT, CONNECTION_CHECK_TIMEOUT, ConnectionStats,
+};
 use crate::connection::{
     BEGIN_WRITE_TRIPS, Connection, Counters, Job, Opening, begin_write, open_connection,
     with_timeouts,

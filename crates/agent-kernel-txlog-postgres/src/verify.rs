@@ -4,7 +4,7 @@ use std::str::FromStr;
 
 use agent_kernel_api::{Durability, TxError};
 use agent_kernel_txlog::backend::{self, HeadFile};
-use agent_kernel_txlog::{AuditKey, AuditReport};
+use agent_kernel_txlog::{AuditHead, AuditKey, AuditReport};
 use postgres::{Config, NoTls};
 
 use crate::connection::snapshot;
@@ -39,100 +39,118 @@ pub fn verify(
     let target = describe(&config);
     std::thread::scope(|scope| {
         scope
-            .spawn(|| {
-                // This machine's head files of the logs at this URL, read before the snapshot
-                // begins: a writer moves its file only after it commits, so a log in use
-                // never looks cut. A machine that never wrote the log has none: that is no
-                // evidence here, where each machine's files vouch only for what it saw.
-                let files = head_file.map(head_files::all_for_url).unwrap_or_default();
-                let reads = files
-                    .iter()
-                    .map(|path| {
-                        let file = head_file_at(path, key.cloned(), Durability::Full)?;
-                        let read = file.read();
-                        Ok((file, read))
-                    })
-                    .collect::<Result<Vec<_>, TxError>>()?;
-                let mut client = config.connect(NoTls).map_err(|err| {
-                    TxError::Storage(format!(
-                        "cannot connect to {target}: {}",
-                        db::describe_error(&err)
-                    ))
-                })?;
-                let mut tx = snapshot(&mut client)?;
-                let inspected = schema::inspect(&mut tx, &target)?;
-                let empty = AuditReport {
-                    n_records: 0,
-                    head: None,
-                    head_file: None,
-                    macs_verified: key.is_some(),
-                    n_records_with_mac: 0,
-                    first_bad: None,
-                };
-                let named = |(file, read): &(HeadFile, backend::HeadRead)| {
-                    read.names_record().map(|head| (file.path(), head))
-                };
-                let log_id = match inspected {
-                    schema::Inspected::Log { log_id } => log_id,
-                    // No log: nothing recorded, unless this machine vouches for records.
-                    schema::Inspected::Empty => {
-                        let Some((path, head)) = reads.iter().find_map(named) else {
-                            return Ok(empty);
-                        };
-                        return Ok(AuditReport {
-                            first_bad: Some(agent_kernel_txlog::BadRecord {
-                                seq: head.seq,
-                                reason: format!(
-                                    "this machine's head file {} names record {} of the log at {target}, but the schema holds no log: its tables were dropped, or another schema is ahead in the search_path",
-                                    path.display(),
-                                    head.seq
-                                ),
-                            }),
-                            head_file: Some(head),
-                            ..empty
-                        });
-                    }
-                    schema::Inspected::Tampered(reason) => {
-                        return Ok(AuditReport {
-                            first_bad: Some(agent_kernel_txlog::BadRecord {
-                                seq: 0,
-                                reason: format!("the schema is not this build's: {reason}"),
-                            }),
-                            ..empty
-                        });
-                    }
-                };
-                let anchor = head_file
-                    .and_then(|base| head_files::anchor_of(base, log_id.as_deref(), &files));
-                let (own, others): (Vec<_>, Vec<_>) = reads
-                    .into_iter()
-                    .partition(|(file, _)| Some(file.path()) == anchor);
-                if let Some((path, head)) = others.iter().find_map(named) {
-                    // A log this machine wrote at this URL is not the log there now.
-                    return Ok(AuditReport {
-                        first_bad: Some(agent_kernel_txlog::BadRecord {
-                            seq: head.seq,
-                            reason: format!(
-                                "this machine's head file {} names record {} of another log at {target} than the one there now (log {}): the log was replaced, by a recreated database or tables dropped and made again. If you replaced it yourself, run `agent-kernel audit seal` to anchor this machine's head file to the new log",
-                                path.display(),
-                                head.seq,
-                                log_id.as_deref().unwrap_or("without an id")
-                            ),
-                        }),
-                        head_file: Some(head),
-                        ..empty
-                    });
-                }
-                let statements = Statements::default();
-                let db = PgDb::new(&mut tx, &statements);
-                match own.into_iter().next() {
-                    Some((file, read)) => file.verify(&db, key, read),
-                    None => backend::verify_chain_and_tables(&db, key),
-                }
-            })
+            .spawn(|| verify_on_this_thread(&config, &target, key, head_file))
             .join()
             .map_err(|_| TxError::Storage("the verification thread panicked".to_owned()))?
     })
+}
+
+/// One of this machine's head files, as read before the snapshot began.
+type ReadFile = (HeadFile, backend::HeadRead);
+
+/// [`verify`], blocking.
+fn verify_on_this_thread(
+    config: &Config,
+    target: &str,
+    key: Option<&AuditKey>,
+    head_file: Option<&std::path::Path>,
+) -> Result<AuditReport, TxError> {
+    // This machine's head files of the logs at this URL, read before the snapshot begins: a
+    // writer moves its file only after it commits, so a log in use never looks cut. A
+    // machine that never wrote the log has none: that is no evidence here, where each
+    // machine's files vouch only for what it saw.
+    let files = head_file.map(head_files::all_for_url).unwrap_or_default();
+    let reads = files
+        .iter()
+        .map(|path| {
+            let file = head_file_at(path, key.cloned(), Durability::Full)?;
+            let read = file.read();
+            Ok((file, read))
+        })
+        .collect::<Result<Vec<ReadFile>, TxError>>()?;
+    let mut client = config.connect(NoTls).map_err(|err| {
+        TxError::Storage(format!(
+            "cannot connect to {target}: {}",
+            db::describe_error(&err)
+        ))
+    })?;
+    let mut tx = snapshot(&mut client)?;
+    let empty = AuditReport {
+        n_records: 0,
+        head: None,
+        head_file: None,
+        macs_verified: key.is_some(),
+        n_records_with_mac: 0,
+        first_bad: None,
+    };
+    let log_id = match schema::inspect(&mut tx, target)? {
+        schema::Inspected::Log { log_id } => log_id,
+        // No log: nothing recorded, unless this machine vouches for records.
+        schema::Inspected::Empty => {
+            return Ok(match reads.iter().find_map(named_record) {
+                None => empty,
+                Some((path, head)) => tampered(
+                    empty,
+                    head.clone(),
+                    format!(
+                        "this machine's head file {} names record {} of the log at {target}, but the schema holds no log: its tables were dropped, or another schema is ahead in the search_path",
+                        path.display(),
+                        head.seq
+                    ),
+                ),
+            });
+        }
+        schema::Inspected::Tampered(reason) => {
+            return Ok(AuditReport {
+                first_bad: Some(agent_kernel_txlog::BadRecord {
+                    seq: 0,
+                    reason: format!("the schema is not this build's: {reason}"),
+                }),
+                ..empty
+            });
+        }
+    };
+    let anchor = head_file.and_then(|base| head_files::anchor_of(base, log_id.as_deref(), &files));
+    let (own, others): (Vec<ReadFile>, Vec<ReadFile>) = reads
+        .into_iter()
+        .partition(|(file, _)| Some(file.path()) == anchor);
+    if let Some((path, head)) = others.iter().find_map(named_record) {
+        // A log this machine wrote at this URL is not the log there now.
+        return Ok(tampered(
+            empty,
+            head.clone(),
+            format!(
+                "this machine's head file {} names record {} of another log at {target} than the one there now (log {}): the log was replaced, by a recreated database or tables dropped and made again. If you replaced it yourself, run `agent-kernel audit seal` to anchor this machine's head file to the new log",
+                path.display(),
+                head.seq,
+                log_id.as_deref().unwrap_or("without an id")
+            ),
+        ));
+    }
+    let statements = Statements::default();
+    let db = PgDb::new(&mut tx, &statements);
+    match own.into_iter().next() {
+        Some((file, read)) => file.verify(&db, key, read),
+        None => backend::verify_chain_and_tables(&db, key),
+    }
+}
+
+/// The file's path and the record it names, when it names one.
+fn named_record((file, read): &ReadFile) -> Option<(std::path::PathBuf, AuditHead)> {
+    read.names_record().map(|head| (file.path(), head))
+}
+
+/// `report` with the first bad record at `head`, the record a head file names, for
+/// `reason`.
+fn tampered(report: AuditReport, head: AuditHead, reason: String) -> AuditReport {
+    AuditReport {
+        first_bad: Some(agent_kernel_txlog::BadRecord {
+            seq: head.seq,
+            reason,
+        }),
+        head_file: Some(head),
+        ..report
+    }
 }
 
 /// The name every head file ends with.

@@ -22,6 +22,20 @@ fn worker(pid: u32, lease: Duration) -> Worker {
     }
 }
 
+/// Writes the saga `held`, owned by `owner`, with its first step begun.
+async fn hold_saga(log: &dyn TxLog, owner: &Owner) {
+    let LogWrite::CreateSaga(mut saga) = new_saga("held") else {
+        unreachable!("new_saga creates a saga")
+    };
+    saga.owner = owner.clone();
+    log.write(vec![
+        LogWrite::CreateSaga(saga),
+        begin("held", 0, None, "h"),
+    ])
+    .await
+    .expect("writes");
+}
+
 /// Polls `lease` of `owner` through `log` until it is `wanted`, for at most `within`.
 async fn wait_for(log: &dyn TxLog, owner: &Owner, wanted: LeaseStatus, within: Duration) {
     let started = Instant::now();
@@ -116,16 +130,7 @@ async fn a_take_over_needs_the_owners_lease_run_out_and_ends_it_for_good() {
     let schema = Schema::create(&server);
     let holder = worker(40, Duration::from_secs(30));
     let log = open_as(&schema.url(), holder.clone()).expect("opens");
-    let LogWrite::CreateSaga(mut saga) = new_saga("held") else {
-        unreachable!("new_saga creates a saga")
-    };
-    saga.owner = holder.owner.clone();
-    log.write(vec![
-        LogWrite::CreateSaga(saga),
-        begin("held", 0, None, "h"),
-    ])
-    .await
-    .expect("writes");
+    hold_saga(&log, &holder.owner).await;
     let recoverer = open(&schema.url()).expect("opens");
     let me = crate::this_worker().owner;
     let acting = agent_kernel_api::SagaState::Acting;
@@ -162,16 +167,7 @@ async fn an_owner_taken_over_after_its_row_was_forgotten_never_takes_a_lease_aga
     let schema = Schema::create(&server);
     let zombie = worker(41, Duration::from_secs(30));
     let log = open_as(&schema.url(), zombie.clone()).expect("opens");
-    let LogWrite::CreateSaga(mut saga) = new_saga("held") else {
-        unreachable!("new_saga creates a saga")
-    };
-    saga.owner = zombie.owner.clone();
-    log.write(vec![
-        LogWrite::CreateSaga(saga),
-        begin("held", 0, None, "h"),
-    ])
-    .await
-    .expect("writes");
+    hold_saga(&log, &zombie.owner).await;
     // Its row gone (forgotten, as a day after it ran out), its saga is taken over.
     schema.execute("DELETE FROM leases WHERE owner_pid = 41");
     let recoverer = open(&schema.url()).expect("opens");
