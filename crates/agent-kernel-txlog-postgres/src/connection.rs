@@ -201,24 +201,57 @@ const SNAPSHOT_TRIPS: u64 = 2;
 /// A job other than a write, run with the connection and the clock's time.
 pub(crate) type Run = Box<dyn FnOnce(&mut Connection, i64) + Send>;
 
-/// The answer to one batch's write.
-pub(crate) type WriteReply = oneshot::Sender<Result<Vec<WriteOutcome>, TxError>>;
+/// What a group commit writes: a batch, or a take-over with the batch written with it.
+pub(crate) enum Item {
+    /// [`TxLog::write`](agent_kernel_api::TxLog::write).
+    Write(Vec<LogWrite>),
+    /// [`TxLog::take_over_and_write`](agent_kernel_api::TxLog::take_over_and_write).
+    TakeOver(TakeOver),
+}
+
+impl Item {
+    /// The records it may write.
+    pub(crate) fn records(&self) -> usize {
+        match self {
+            Item::Write(batch) => batch.len(),
+            Item::TakeOver(take_over) => 1 + take_over.then.len(),
+        }
+    }
+}
+
+/// A take-over: the saga, the owner and state it must still have, its new owner, and what
+/// is written with it.
+pub(crate) struct TakeOver {
+    pub(crate) saga_id: SagaId,
+    pub(crate) expected: Owner,
+    pub(crate) expected_state: SagaState,
+    pub(crate) new: Owner,
+    pub(crate) then: Vec<LogWrite>,
+}
+
+/// What an item came to, once its transaction committed.
+pub(crate) enum Answer {
+    /// A batch's outcomes.
+    Written(Vec<WriteOutcome>),
+    /// Whether a take-over took the saga.
+    TakenOver(bool),
+}
+
+/// Where an item's answer goes.
+pub(crate) type Reply = oneshot::Sender<Result<Answer, TxError>>;
 
 /// What the connection's thread is asked to do.
 pub(crate) enum Job {
-    /// A batch to write: batches queued together share one transaction (group commit).
-    Write {
-        batch: Vec<LogWrite>,
-        reply: WriteReply,
-    },
+    /// An item to write: the items queued together share one transaction (group commit).
+    Grouped(Item, Reply),
     /// Anything else.
     Other(Run),
 }
 
 /// How a group's transaction ended ([`Connection::try_group`]).
 enum GroupEnd {
-    /// Committed: each batch's outcomes, in order.
-    Committed(Vec<Vec<WriteOutcome>>),
+    /// Committed: each item's answer, in order.
+    Committed(Vec<Answer>),
     /// Its BEGIN or COMMIT failed: every batch's error.
     Failed(TxError),
     /// A batch was refused (why), and the transaction rolled back: nothing of the group is
@@ -304,37 +337,58 @@ pub(crate) fn begin_write<'c>(
     }
 }
 
+/// A take-over in the group's transaction, its owner's lease already ended: the
+/// compare-and-swap, then, if it took the saga, the batch written with it (a refused batch
+/// is the error, and rolls the take-over back with the transaction).
+fn take_over_in(
+    db: &PgDb<'_, '_>,
+    chain: &mut Chain<'_>,
+    key: Option<&AuditKey>,
+    take_over: &TakeOver,
+    now_ms: i64,
+) -> Result<bool, TxError> {
+    let taken = backend::take_over(
+        db,
+        chain,
+        &take_over.saga_id,
+        &take_over.expected,
+        take_over.expected_state,
+        &take_over.new,
+        now_ms,
+    )?;
+    if taken && !take_over.then.is_empty() {
+        backend::apply_batch(db, chain, key, &take_over.then, now_ms)?;
+    }
+    Ok(taken)
+}
+
 impl Connection {
-    /// Applies one batch in one transaction, after every other writer's.
-    pub(crate) fn write(
-        &mut self,
-        batch: &[LogWrite],
-        now_ms: i64,
-    ) -> Result<Vec<WriteOutcome>, TxError> {
-        match self.try_group_reconnecting(&[batch], now_ms) {
-            GroupEnd::Committed(mut outcomes) => Ok(outcomes.remove(0)),
+    /// Writes `item` alone, in one transaction, after every other writer's.
+    pub(crate) fn write_alone(&mut self, item: &Item, now_ms: i64) -> Result<Answer, TxError> {
+        match self.try_group_reconnecting(&[item], now_ms) {
+            GroupEnd::Committed(mut answers) => Ok(answers.remove(0)),
             GroupEnd::Failed(error) | GroupEnd::BatchRefused(error) | GroupEnd::NotBegun(error) => {
                 Err(error)
             }
         }
     }
 
-    /// Writes `group`, batches queued at the same time, in one transaction (one commit and
-    /// one sync under [`Durability::Full`]), and answers each. When a batch is refused the
-    /// transaction is rolled back and each batch is written again in a transaction of its
+    /// Writes `group`, items queued at the same time, in one transaction (one commit and
+    /// one sync under [`Durability::Full`]), and answers each. When an item is refused the
+    /// transaction is rolled back and each item is written again in a transaction of its
     /// own, in order, so each gets the answer it would have had alone.
-    pub(crate) fn write_group(&mut self, group: Vec<(Vec<LogWrite>, WriteReply)>, now_ms: i64) {
-        let batches: Vec<&[LogWrite]> = group.iter().map(|(batch, _)| batch.as_slice()).collect();
-        let answers: Vec<Result<Vec<WriteOutcome>, TxError>> =
-            match self.try_group_reconnecting(&batches, now_ms) {
-                GroupEnd::Committed(outcomes) => outcomes.into_iter().map(Ok).collect(),
+    pub(crate) fn write_group(&mut self, group: Vec<(Item, Reply)>, now_ms: i64) {
+        let items: Vec<&Item> = group.iter().map(|(item, _)| item).collect();
+        let answers: Vec<Result<Answer, TxError>> =
+            match self.try_group_reconnecting(&items, now_ms) {
+                GroupEnd::Committed(answers) => answers.into_iter().map(Ok).collect(),
                 GroupEnd::Failed(error) | GroupEnd::NotBegun(error) => {
                     group.iter().map(|_| Err(error.clone())).collect()
                 }
                 GroupEnd::BatchRefused(error) if group.len() == 1 => vec![Err(error)],
                 GroupEnd::BatchRefused(_) => group
                     .iter()
-                    .map(|(batch, _)| self.write(batch, now_ms))
+                    .map(|(item, _)| self.write_alone(item, now_ms))
                     .collect(),
             };
         for ((_, reply), answer) in group.into_iter().zip(answers) {
@@ -347,10 +401,10 @@ impl Connection {
     /// the connection (a restart, a failover, while this process was idle), the connection
     /// is made again and the transaction tried once more: nothing of the first try reached
     /// the log.
-    fn try_group_reconnecting(&mut self, batches: &[&[LogWrite]], now_ms: i64) -> GroupEnd {
-        match self.try_group(batches, now_ms) {
+    fn try_group_reconnecting(&mut self, items: &[&Item], now_ms: i64) -> GroupEnd {
+        match self.try_group(items, now_ms) {
             GroupEnd::NotBegun(error) if self.dropped() => match self.reconnect() {
-                Ok(()) => self.try_group(batches, now_ms),
+                Ok(()) => self.try_group(items, now_ms),
                 // A lease that ran out meanwhile is what the caller must hear.
                 Err(again @ TxError::Fenced { .. }) => GroupEnd::NotBegun(again),
                 Err(again) => {
@@ -388,15 +442,31 @@ impl Connection {
         Ok(())
     }
 
-    /// `batches` in one write transaction, the chain running through them in order.
-    fn try_group(&mut self, batches: &[&[LogWrite]], now_ms: i64) -> GroupEnd {
+    /// `items` in one write transaction, the chain running through them in order. The
+    /// leases of the owners the take-overs expect are ended first, where they ran out (or
+    /// made ended, where there is no row): that holds whether or not the take-over then
+    /// finds the saga as it expected.
+    fn try_group(&mut self, items: &[&Item], now_ms: i64) -> GroupEnd {
         let key = self.audit_key.as_ref();
         self.counters.trips(BEGIN_WRITE_TRIPS + 1);
         let mut tx = match begin_write(&mut self.client, &self.lock, &self.fence, &self.worker) {
             Ok(tx) => tx,
             Err(error) => return GroupEnd::NotBegun(error),
         };
-        let mut outcomes = Vec::with_capacity(batches.len());
+        let mut owners_dead = Vec::with_capacity(items.len());
+        for item in items {
+            owners_dead.push(match item {
+                Item::Write(_) => false,
+                Item::TakeOver(take_over) => {
+                    self.counters.trips(1);
+                    match lease::end_if_expired(&mut tx, &take_over.expected) {
+                        Ok(dead) => dead,
+                        Err(error) => return GroupEnd::BatchRefused(error),
+                    }
+                }
+            });
+        }
+        let mut answers = Vec::with_capacity(items.len());
         let mut moves_head = false;
         let chain = {
             // The group's audit records go in together, in one round trip.
@@ -405,18 +475,31 @@ impl Connection {
                 Ok(chain) => chain,
                 Err(error) => return GroupEnd::Failed(error),
             };
-            for batch in batches {
-                match backend::apply_batch(&db, &mut chain, key, batch, now_ms) {
-                    Ok(applied) => {
-                        moves_head |= applied.moves_head;
-                        outcomes.push(applied.outcomes);
+            for (item, owner_dead) in items.iter().zip(owners_dead) {
+                let applied = match item {
+                    Item::Write(batch) => backend::apply_batch(&db, &mut chain, key, batch, now_ms)
+                        .map(|applied| {
+                            moves_head |= applied.moves_head;
+                            Answer::Written(applied.outcomes)
+                        }),
+                    // Renewed after all: the owner is alive, and keeps its saga.
+                    Item::TakeOver(_) if !owner_dead => Ok(Answer::TakenOver(false)),
+                    Item::TakeOver(take_over) => {
+                        take_over_in(&db, &mut chain, key, take_over, now_ms).map(|taken| {
+                            // A take-over moves the head file, as it does alone.
+                            moves_head |= taken;
+                            Answer::TakenOver(taken)
+                        })
                     }
+                };
+                match applied {
+                    Ok(answer) => answers.push(answer),
                     // Rolled back when `tx` is dropped.
                     Err(error) => return GroupEnd::BatchRefused(error),
                 }
             }
             if let Err(err) = db.flush() {
-                // Each batch alone, then, to tell which one it was.
+                // Each item alone, then, to tell which one it was.
                 return GroupEnd::BatchRefused(TxError::Storage(format!(
                     "the audit records could not be written: {err}"
                 )));
@@ -426,8 +509,8 @@ impl Connection {
         if let Err(err) = tx.commit() {
             return GroupEnd::Failed(storage(err));
         }
-        let records = batches.iter().map(|batch| batch.len() as u64).sum();
-        self.counters.committed(batches.len() as u64, records);
+        let records = items.iter().map(|item| item.records() as u64).sum();
+        self.counters.committed(items.len() as u64, records);
         if moves_head {
             self.counters.trips(SNAPSHOT_TRIPS);
             advance_head_file(
@@ -437,58 +520,7 @@ impl Connection {
                 &chain,
             );
         }
-        GroupEnd::Committed(outcomes)
-    }
-
-    /// [`TxLog::take_over_and_write`] in one write transaction.
-    pub(crate) fn take_over(
-        &mut self,
-        saga_id: &SagaId,
-        expected: &Owner,
-        expected_state: SagaState,
-        new: &Owner,
-        then: &[LogWrite],
-        now_ms: i64,
-    ) -> Result<bool, TxError> {
-        let key = self.audit_key.as_ref();
-        // BEGIN, the checks, the owner's lease ended, COMMIT.
-        self.counters.trips(BEGIN_WRITE_TRIPS + 3);
-        let mut tx = begin_write(&mut self.client, &self.lock, &self.fence, &self.worker)?;
-        if !lease::end_if_expired(&mut tx, expected)? {
-            // Renewed after all: the owner is alive, and keeps its saga.
-            return Ok(false);
-        }
-        let (taken, chain) = {
-            let db = PgDb::new(&mut tx, &self.statements);
-            let mut chain = Chain::start(&db, key)?;
-            let taken = backend::take_over(
-                &db,
-                &mut chain,
-                saga_id,
-                expected,
-                expected_state,
-                new,
-                now_ms,
-            )?;
-            if taken && !then.is_empty() {
-                // Refused, it is the error, and the transaction (the take-over with it) is
-                // rolled back when dropped.
-                backend::apply_batch(&db, &mut chain, key, then, now_ms)?;
-            }
-            (taken, chain)
-        };
-        if taken {
-            tx.commit().map_err(storage)?;
-            self.counters.committed(1, 1 + then.len() as u64);
-            self.counters.trips(SNAPSHOT_TRIPS);
-            advance_head_file(
-                &mut self.client,
-                &self.statements,
-                self.head_file.as_ref(),
-                &chain,
-            );
-        }
-        Ok(taken)
+        GroupEnd::Committed(answers)
     }
 
     /// [`PostgresLog::seal`] on the connection's thread.

@@ -42,12 +42,13 @@
 //!   batch makes (a key's binding, an actor's idle, an owner still the expected one) holds
 //!   until it commits, and the audit chain is appended by one writer at a time and never
 //!   forks.
-//! - **Group commit.** The batches queued when a write transaction begins share it (up to
-//!   [`GROUP_BATCHES_MAX`] batches and [`GROUP_RECORDS_MAX`] records): one lock, one lease
-//!   check, one COMMIT. A refused batch sends every batch of its group to a transaction of
-//!   its own, so each gets the answer it would have had alone. The transaction's audit
-//!   records go in together, in one statement of arrays, before anything reads the chain
-//!   and before the COMMIT. [`PostgresLog::stats`] counts transactions and round trips.
+//! - **Group commit.** The batches and take-overs queued when a write transaction begins
+//!   share it (up to [`GROUP_BATCHES_MAX`] of them and [`GROUP_RECORDS_MAX`] records): one
+//!   lock, one lease check, one COMMIT. A refused one sends every item of its group to a
+//!   transaction of its own, so each gets the answer it would have had alone. The
+//!   transaction's audit records go in together, in one statement of arrays, before
+//!   anything reads the chain and before the COMMIT. [`PostgresLog::stats`] counts
+//!   transactions and round trips.
 //! - **Leases.** Every log is opened for a [`Worker`]: the process that holds sagas through
 //!   it, whose lease (a row of `leases`, by the database's clock) a thread of its own
 //!   renews. [`TxLog::owner_lease`] answers whether an owner is alive by its lease, whatever
@@ -90,8 +91,8 @@ pub use crate::connection::{
     APPLICATION_NAME, CONNECT_TIMEOUT, CONNECTION_CHECK_TIMEOUT, ConnectionStats,
 };
 use crate::connection::{
-    BEGIN_WRITE_TRIPS, Connection, Counters, Job, Opening, begin_write, open_connection,
-    with_timeouts,
+    Answer, BEGIN_WRITE_TRIPS, Connection, Counters, Item, Job, Opening, TakeOver, begin_write,
+    open_connection, with_timeouts,
 };
 use crate::db::Statements;
 use crate::lease::Renewer;
@@ -247,21 +248,21 @@ impl PostgresLog {
                     }
                     match job {
                         Job::Other(job) => job(&mut connection, clock.now_ms()),
-                        Job::Write { reply, .. } if not_reconnected.is_some() => {
+                        Job::Grouped(_, reply) if not_reconnected.is_some() => {
                             let _ = reply.send(Err(not_reconnected.take().expect("checked")));
                         }
-                        Job::Write { batch, reply } => {
-                            // The batches already queued join this one's transaction; none
-                            // is waited for.
-                            let mut records = batch.len();
-                            let mut group = vec![(batch, reply)];
+                        Job::Grouped(item, reply) => {
+                            // The items already queued join this one's transaction; none is
+                            // waited for.
+                            let mut records = item.records();
+                            let mut group = vec![(item, reply)];
                             while group.len() < GROUP_BATCHES_MAX {
                                 match receiver.try_recv() {
-                                    Ok(Job::Write { batch, reply })
-                                        if records + batch.len() <= GROUP_RECORDS_MAX =>
+                                    Ok(Job::Grouped(item, reply))
+                                        if records + item.records() <= GROUP_RECORDS_MAX =>
                                     {
-                                        records += batch.len();
-                                        group.push((batch, reply));
+                                        records += item.records();
+                                        group.push((item, reply));
                                     }
                                     Ok(other) => {
                                         next = Some(other);
@@ -349,6 +350,17 @@ impl PostgresLog {
         self.call(move |connection, _| connection.read(read))
     }
 
+    /// Sends `item` to the connection's thread, which may write it with others in one
+    /// transaction; its answer, once that transaction committed.
+    async fn grouped(&self, item: Item) -> Result<Answer, TxError> {
+        let (reply, answer) = oneshot::channel();
+        self.jobs
+            .send(Job::Grouped(item, reply))
+            .await
+            .map_err(|_| TxError::Closed)?;
+        answer.await.map_err(|_| TxError::Closed)?
+    }
+
     /// Runs `job` on the connection's thread and returns its result.
     fn call<T: Send + 'static>(
         &self,
@@ -369,12 +381,12 @@ impl PostgresLog {
 impl TxLog for PostgresLog {
     fn write(&self, batch: Vec<LogWrite>) -> BoxFuture<'_, Result<Vec<WriteOutcome>, TxError>> {
         Box::pin(async move {
-            let (reply, answer) = oneshot::channel();
-            self.jobs
-                .send(Job::Write { batch, reply })
-                .await
-                .map_err(|_| TxError::Closed)?;
-            answer.await.map_err(|_| TxError::Closed)?
+            match self.grouped(Item::Write(batch)).await? {
+                Answer::Written(outcomes) => Ok(outcomes),
+                Answer::TakenOver(_) => Err(TxError::Storage(
+                    "a write was answered as a take-over".to_owned(),
+                )),
+            }
         })
     }
 
@@ -457,9 +469,20 @@ impl TxLog for PostgresLog {
         new_owner: &'a Owner,
         then: Vec<LogWrite>,
     ) -> BoxFuture<'a, Result<bool, TxError>> {
-        let (saga_id, expected, new) = (saga_id.clone(), expected_owner.clone(), new_owner.clone());
-        self.call(move |connection, now_ms| {
-            connection.take_over(&saga_id, &expected, expected_state, &new, &then, now_ms)
+        let take_over = TakeOver {
+            saga_id: saga_id.clone(),
+            expected: expected_owner.clone(),
+            expected_state,
+            new: new_owner.clone(),
+            then,
+        };
+        Box::pin(async move {
+            match self.grouped(Item::TakeOver(take_over)).await? {
+                Answer::TakenOver(taken) => Ok(taken),
+                Answer::Written(_) => Err(TxError::Storage(
+                    "a take-over was answered as a write".to_owned(),
+                )),
+            }
         })
     }
 

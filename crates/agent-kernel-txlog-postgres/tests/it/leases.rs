@@ -288,3 +288,78 @@ async fn a_worker_whose_lease_row_is_gone_is_fenced_when_its_connection_is_made_
         "the lease was not made again"
     );
 }
+
+#[tokio::test]
+async fn take_overs_sent_at_once_share_transactions_and_each_takes_its_saga_once() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let log = std::sync::Arc::new(open(&schema.url()).expect("opens"));
+    // An owner that never held a lease here: dead.
+    let dead = worker(50, Duration::from_secs(30)).owner;
+    let n_sagas = 24;
+    for n in 0..n_sagas {
+        let id = format!("s{n}");
+        let LogWrite::CreateSaga(mut saga) = new_saga(&id) else {
+            unreachable!("new_saga creates a saga")
+        };
+        saga.owner = dead.clone();
+        log.write(vec![LogWrite::CreateSaga(saga), begin(&id, 0, None, "h")])
+            .await
+            .expect("writes");
+    }
+    let before = log.stats();
+    let me = crate::this_worker().owner;
+    let take_overs: Vec<_> = (0..n_sagas)
+        .map(|n| {
+            let (log, dead, me) = (log.clone(), dead.clone(), me.clone());
+            tokio::spawn(async move {
+                let saga_id = SagaId::new(format!("s{n}"));
+                log.take_over_and_write(
+                    &saga_id,
+                    &dead,
+                    agent_kernel_api::SagaState::Acting,
+                    &me,
+                    vec![LogWrite::SetState {
+                        saga_id: saga_id.clone(),
+                        state: agent_kernel_api::SagaState::Compensating,
+                    }],
+                )
+                .await
+            })
+        })
+        .collect();
+    for take_over in take_overs {
+        assert!(take_over.await.expect("ran").expect("writes"), "taken");
+    }
+    let after = log.stats();
+    assert_eq!(after.batches - before.batches, n_sagas as u64, "{after:?}");
+    assert!(
+        after.transactions - before.transactions < n_sagas as u64,
+        "no group formed: {after:?}"
+    );
+    // Each taken once, by this worker, and moved on; the dead owner's lease a tombstone.
+    let rows = schema.rows(
+        "SELECT count(*)::text FROM sagas WHERE state = 'Compensating' AND owner_host = 'test-host'",
+    );
+    assert_eq!(rows, [vec![Some(n_sagas.to_string())]]);
+    let take_over_records =
+        schema.rows("SELECT count(*)::text FROM audit_log WHERE kind = 'TakeOver'");
+    assert_eq!(take_over_records, [vec![Some(n_sagas.to_string())]]);
+    assert_eq!(
+        schema.rows("SELECT expires_at_ms::text FROM leases WHERE owner_pid = 50"),
+        [vec![Some("-1".to_owned())]]
+    );
+    // Taken, they are not taken again.
+    assert!(
+        !log.take_over(
+            &SagaId::new("s0"),
+            &dead,
+            agent_kernel_api::SagaState::Acting,
+            &me
+        )
+        .await
+        .expect("writes")
+    );
+    let report = agent_kernel_txlog_postgres::verify(&schema.url(), None, None).expect("verifies");
+    assert!(report.first_bad.is_none(), "{report:?}");
+}
