@@ -192,6 +192,16 @@ impl Counters {
 /// on it failed.
 pub const CONNECTION_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long a connection the server dropped is tried again before the job waiting on it
+/// fails (and at most half a lease): a restart of the server takes a moment.
+pub const RECONNECT_WINDOW: Duration = Duration::from_secs(5);
+
+/// The first pause between tries to connect again; each next one doubles.
+pub const RECONNECT_PAUSE_FIRST: Duration = Duration::from_millis(50);
+
+/// The longest pause between tries to connect again.
+pub const RECONNECT_PAUSE_MAX: Duration = Duration::from_secs(1);
+
 /// The round trips [`begin_write`] makes: BEGIN, the write lock, the lease check.
 pub(crate) const BEGIN_WRITE_TRIPS: u64 = 3;
 
@@ -403,7 +413,7 @@ impl Connection {
     /// the log.
     fn try_group_reconnecting(&mut self, items: &[&Item], now_ms: i64) -> GroupEnd {
         match self.try_group(items, now_ms) {
-            GroupEnd::NotBegun(error) if self.dropped() => match self.reconnect() {
+            GroupEnd::NotBegun(error) if self.dropped() => match self.reconnect_patiently() {
                 Ok(()) => self.try_group(items, now_ms),
                 // A lease that ran out meanwhile is what the caller must hear.
                 Err(again @ TxError::Fenced { .. }) => GroupEnd::NotBegun(again),
@@ -421,6 +431,28 @@ impl Connection {
     /// [`CONNECTION_CHECK_TIMEOUT`]).
     fn dropped(&mut self) -> bool {
         self.client.is_closed() || self.client.is_valid(CONNECTION_CHECK_TIMEOUT).is_err()
+    }
+
+    /// [`reconnect`](Self::reconnect), tried again while the server refuses (a restart
+    /// takes a moment) for [`RECONNECT_WINDOW`] at most, and half a lease: pauses from
+    /// [`RECONNECT_PAUSE_FIRST`], doubling up to [`RECONNECT_PAUSE_MAX`]. A lease found run
+    /// out ends it at once.
+    pub(crate) fn reconnect_patiently(&mut self) -> Result<(), TxError> {
+        let window = RECONNECT_WINDOW.min(self.worker.lease / 2);
+        let started = std::time::Instant::now();
+        let mut pause = RECONNECT_PAUSE_FIRST;
+        loop {
+            match self.reconnect() {
+                Ok(()) => return Ok(()),
+                Err(error @ TxError::Fenced { .. }) => return Err(error),
+                Err(error) if started.elapsed() + pause > window => return Err(error),
+                Err(_) => {
+                    // The connection's own thread: no async runtime waits on it.
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(RECONNECT_PAUSE_MAX);
+                }
+            }
+        }
     }
 
     /// Makes the connection again after the server dropped it: the schema checked, the
@@ -453,12 +485,17 @@ impl Connection {
             Ok(tx) => tx,
             Err(error) => return GroupEnd::NotBegun(error),
         };
+        // Whether each item may go on: a take-over only of an owner that is dead, or that
+        // is this process.
         let mut owners_dead = Vec::with_capacity(items.len());
         for item in items {
             owners_dead.push(match item {
                 Item::Write(_) => false,
+                // A saga this process hands over itself (left waiting for an approval):
+                // its owner is alive, and lets it go.
+                Item::TakeOver(take_over) if take_over.expected == self.worker.owner => true,
                 Item::TakeOver(take_over) => {
-                    self.counters.trips(1);
+                    self.counters.trips(2);
                     match lease::end_if_expired(&mut tx, &take_over.expected) {
                         Ok(dead) => dead,
                         Err(error) => return GroupEnd::BatchRefused(error),
@@ -570,7 +607,7 @@ impl Connection {
         match self.read_once(&mut read) {
             // Still there: the snapshot did not begin.
             Err(_) if read.is_some() && self.dropped() => {
-                self.reconnect()?;
+                self.reconnect_patiently()?;
                 self.read_once(&mut read)
             }
             done => done,

@@ -194,28 +194,44 @@ pub(crate) fn status<T: postgres::ToStatement + ?Sized>(
 /// answers whether the owner is dead. The row lock waits for a renewal in flight, and the
 /// condition is checked again on what it committed, so a renewal that ran just before the
 /// expiry but committed after it cannot bring the owner back once its sagas are taken.
-/// An owner without a lease row (one left detached on purpose, or whose row was forgotten)
-/// is dead, and gets a row ended for good: a tombstone, so that no later open by that
-/// owner takes a lease again ([`acquire`] refuses an ended row).
+/// A live owner's row is left unlocked. An owner without a lease row (one whose row was
+/// forgotten) is dead, and gets a row ended for good: a tombstone, so that no later open
+/// by that owner takes a lease again ([`acquire`] refuses an ended row). The detached
+/// owner ([`Owner::detached`], no process) is dead and gets none.
 pub(crate) fn end_if_expired(
     tx: &mut postgres::Transaction<'_>,
     owner: &Owner,
 ) -> Result<bool, TxError> {
+    if owner.is_detached() {
+        return Ok(true);
+    }
     let (host, boot_id, pid, start_ticks) = owner_params(owner);
     let ended = tx
-        .query_opt(
+        .execute(
             &format!(
-                "INSERT INTO leases AS l (owner_host, owner_boot_id, owner_pid, owner_start_ticks,
-                     acquired_at_ms, expires_at_ms)
-                 VALUES ($1, $2, $3, $4, {NOW_MS}, -1)
-                 ON CONFLICT (owner_host, owner_boot_id, owner_pid, owner_start_ticks)
-                 DO UPDATE SET expires_at_ms = -1 WHERE l.expires_at_ms <= {NOW_MS}
-                 RETURNING 1"
+                "UPDATE leases SET expires_at_ms = -1
+                 WHERE owner_host = $1 AND owner_boot_id = $2 AND owner_pid = $3
+                     AND owner_start_ticks = $4 AND expires_at_ms <= {NOW_MS}"
             ),
             &[&host, &boot_id, &pid, &start_ticks],
         )
         .map_err(storage)?;
-    if ended.is_some() {
+    if ended == 1 {
+        return Ok(true);
+    }
+    // No row to end: a tombstone, unless a row is there (live, or made meanwhile).
+    let tombstone = tx
+        .execute(
+            &format!(
+                "INSERT INTO leases (owner_host, owner_boot_id, owner_pid, owner_start_ticks,
+                     acquired_at_ms, expires_at_ms)
+                 VALUES ($1, $2, $3, $4, {NOW_MS}, -1)
+                 ON CONFLICT (owner_host, owner_boot_id, owner_pid, owner_start_ticks) DO NOTHING"
+            ),
+            &[&host, &boot_id, &pid, &start_ticks],
+        )
+        .map_err(storage)?;
+    if tombstone == 1 {
         return Ok(true);
     }
     Ok(status(tx, &status_sql(), owner)? == LeaseStatus::Expired)

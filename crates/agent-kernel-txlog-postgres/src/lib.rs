@@ -89,6 +89,7 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use crate::connection::{
     APPLICATION_NAME, CONNECT_TIMEOUT, CONNECTION_CHECK_TIMEOUT, ConnectionStats,
+    RECONNECT_PAUSE_FIRST, RECONNECT_PAUSE_MAX, RECONNECT_WINDOW,
 };
 use crate::connection::{
     Answer, BEGIN_WRITE_TRIPS, Connection, Counters, Item, Job, Opening, TakeOver, begin_write,
@@ -244,7 +245,7 @@ impl PostgresLog {
                     // on the closed connection, and the next job tries again.
                     let mut not_reconnected = None;
                     if connection.client.is_closed() {
-                        not_reconnected = connection.reconnect().err();
+                        not_reconnected = connection.reconnect_patiently().err();
                     }
                     match job {
                         Job::Other(job) => job(&mut connection, clock.now_ms()),

@@ -116,19 +116,24 @@ fn workers_writing_through_a_server_restart_end_done_or_rolled_back_and_no_step_
         crate::describe(&output)
     );
     let states = saga_states(&schema);
-    assert_eq!(states.len(), n_workers, "{states:?}");
-    for n in 0..n_workers {
-        let state = &states[&format!("worker {n}")];
-        let expected = |step: usize| match state.as_str() {
+    for (n, code) in codes.iter().enumerate() {
+        // A worker stopped before its saga's creation was written left nothing to settle.
+        let state = states
+            .get(&format!("worker {n}"))
+            .map_or("never created", String::as_str);
+        let expected = |step: usize| match state {
             "Done" => format!("worker {n} step {step}\n"),
-            "FailedRolledBack" => ORIGINAL.to_owned(),
+            "FailedRolledBack" | "never created" => ORIGINAL.to_owned(),
             other => panic!("worker {n}'s saga ended {other}: {states:?}"),
         };
         for step in 0..STEPS {
             assert_eq!(file(&project, n, step), expected(step), "worker {n}");
         }
-        if codes[n] == Some(0) {
+        if *code == Some(0) {
             assert_eq!(state, "Done", "worker {n} exited 0");
+        }
+        if state == "never created" {
+            assert_eq!(*code, Some(3), "worker {n}");
         }
     }
     assert!(
@@ -147,7 +152,7 @@ fn a_watcher_rolls_back_the_sagas_of_many_workers_killed_at_once() {
     let project = Project::new();
     let n_workers = 6;
     let plans: Vec<String> = (0..n_workers)
-        .map(|n| worker_plan(&project, n, 200))
+        .map(|n| worker_plan(&project, n, 1_000))
         .collect();
     let watcher = on_postgres(&project, &url, &["--json", "recover", "--watch"])
         .stdout(Stdio::piped())

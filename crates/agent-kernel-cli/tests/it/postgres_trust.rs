@@ -215,6 +215,61 @@ fn an_earlier_builds_head_file_is_given_its_logs_name_when_the_log_is_upgraded()
 }
 
 #[test]
+fn a_run_left_waiting_for_an_approval_stays_waiting_once_its_process_is_gone() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let project = Project::new();
+    fs::write(
+        project.path("sandbox.toml"),
+        "[fs]\nallow = [\"ws\"]\n\n[approval]\nrequire = [\"fs.append\"]\n",
+    )
+    .expect("writes the policy");
+    let plan = project.plan(
+        "waits.json",
+        &serde_json::json!({ "name": "waits", "steps": [
+            { "tool": "fs.write", "args": { "path": "ws/a.txt", "content": "a" } },
+            { "tool": "fs.append", "args": { "path": "ws/log.txt", "content": "once\n" } },
+        ] }),
+    );
+    let output = on_postgres(
+        &project,
+        &url,
+        &[
+            "--json",
+            "run",
+            "--no-wait",
+            "--plan",
+            &plan.to_string_lossy(),
+        ],
+    )
+    .output()
+    .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(5),
+        "{}",
+        crate::describe(&output)
+    );
+    // The process is gone (its lease ended by `recover` on this machine): the saga waits
+    // for the operator, it is not rolled back.
+    let output = on_postgres(&project, &url, &["--json", "recover"])
+        .output()
+        .expect("runs");
+    let (code, recovered) = crate::json_output(&output);
+    assert_eq!(code, 0, "{recovered}");
+    assert_eq!(
+        recovered["sagas"][0]["action"], "skipped_waiting",
+        "{recovered}"
+    );
+    assert_eq!(saga_states(&schema)["waits"], "AwaitingApproval");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "a"
+    );
+}
+
+#[test]
 fn a_password_in_agent_kernel_db_is_never_printed_by_help() {
     let project = Project::new();
     for args in [&["--help"][..], &["run", "--help"], &["recover", "--help"]] {

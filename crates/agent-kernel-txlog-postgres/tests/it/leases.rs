@@ -363,3 +363,52 @@ async fn take_overs_sent_at_once_share_transactions_and_each_takes_its_saga_once
     let report = agent_kernel_txlog_postgres::verify(&schema.url(), None, None).expect("verifies");
     assert!(report.first_bad.is_none(), "{report:?}");
 }
+
+#[tokio::test]
+async fn a_process_hands_its_own_saga_over_and_keeps_its_lease() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let me = worker(60, Duration::from_secs(30));
+    let log = open_as(&schema.url(), me.clone()).expect("opens");
+    hold_saga(&log, &me.owner).await;
+    // As `run --no-wait` leaves a saga waiting for its approval.
+    assert!(
+        log.take_over(
+            &SagaId::new("held"),
+            &me.owner,
+            agent_kernel_api::SagaState::Acting,
+            &Owner::detached()
+        )
+        .await
+        .expect("writes"),
+        "handed over"
+    );
+    assert_eq!(
+        log.owner_lease(&me.owner).await.expect("reads"),
+        Some(LeaseStatus::Live)
+    );
+    let record = log
+        .saga(&SagaId::new("held"))
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert!(record.saga.owner.is_detached(), "{:?}", record.saga.owner);
+    // Taking a detached saga over leaves no lease row for the detached owner.
+    let other = open(&schema.url()).expect("opens");
+    assert!(
+        other
+            .take_over(
+                &SagaId::new("held"),
+                &Owner::detached(),
+                agent_kernel_api::SagaState::Acting,
+                &crate::this_worker().owner
+            )
+            .await
+            .expect("writes")
+    );
+    assert!(
+        schema
+            .rows("SELECT 'row' FROM leases WHERE owner_pid = 0")
+            .is_empty()
+    );
+}
