@@ -430,7 +430,11 @@ impl Connection {
     /// connection not known closed is asked once more (an empty query, within
     /// [`CONNECTION_CHECK_TIMEOUT`]).
     fn dropped(&mut self) -> bool {
-        self.client.is_closed() || self.client.is_valid(CONNECTION_CHECK_TIMEOUT).is_err()
+        if self.client.is_closed() {
+            return true;
+        }
+        self.counters.trips(1);
+        self.client.is_valid(CONNECTION_CHECK_TIMEOUT).is_err()
     }
 
     /// [`reconnect`](Self::reconnect), tried again while the server refuses (a restart

@@ -60,10 +60,15 @@ struct HeldRecords {
     mac: Vec<Option<String>>,
 }
 
-/// How the chain's records are inserted (`audit::Appender`); the statement [`PgDb`] holds
-/// back.
-const AUDIT_INSERT_PREFIX: &str =
-    "INSERT INTO audit_log (seq, at_ms, kind, saga_id, body, prev_hash, hash, mac)";
+/// How the chain's records are inserted (`audit::Appender`), its words separated by single
+/// spaces: the one statement [`PgDb`] holds back. Any other (an `ON CONFLICT`, another
+/// column list) runs as it comes.
+const AUDIT_INSERT: &str = "INSERT INTO audit_log (seq, at_ms, kind, saga_id, body, prev_hash, hash, mac) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+
+/// Whether `sql` is [`AUDIT_INSERT`], however its words are spaced.
+fn is_audit_insert(sql: &str) -> bool {
+    sql.split_whitespace().eq(AUDIT_INSERT.split_whitespace())
+}
 
 /// The held records, inserted in one statement and one round trip.
 const AUDIT_INSERT_HELD: &str =
@@ -133,7 +138,7 @@ impl<'t, 'c> PgDb<'t, 'c> {
         let Some(held) = held.as_mut() else {
             return Ok(false);
         };
-        if !sql.trim_start().starts_with(AUDIT_INSERT_PREFIX) {
+        if !is_audit_insert(sql) {
             return Ok(false);
         }
         let [seq, at_ms, kind, saga_id, body, prev_hash, hash, mac] = params else {
@@ -391,6 +396,17 @@ mod tests {
     fn count(db: &dyn Db) -> i64 {
         db.query_row("SELECT count(*) FROM audit_log", &[], |row| row.get(0))
             .expect("counts")
+    }
+
+    #[test]
+    fn only_the_chains_own_insert_is_held_back() {
+        assert!(super::is_audit_insert(INSERT));
+        assert!(!super::is_audit_insert(&format!(
+            "{INSERT} ON CONFLICT DO NOTHING"
+        )));
+        assert!(!super::is_audit_insert(
+            "INSERT INTO audit_log (seq, at_ms, kind, saga_id, body, prev_hash, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+        ));
     }
 
     #[test]
