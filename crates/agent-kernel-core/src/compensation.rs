@@ -157,8 +157,12 @@ impl Kernel {
             if simulated || !Self::needs_compensation(step) {
                 continue;
             }
+            // Test-only, never in a build you ship: outcomes held back until every
+            // compensation ran (a planted bug, the regression that batching recovery's writes
+            // once brought), so that the simulator can show it finds it.
+            let hold_outcomes = cfg!(feature = "sim-plant-held-outcomes");
             if Self::may_act(step) {
-                if !pending.is_empty() {
+                if !pending.is_empty() && !hold_outcomes {
                     // The outcome before is durable before this compensation acts.
                     self.log.write(std::mem::take(&mut pending)).await?;
                 }
@@ -282,7 +286,10 @@ impl Kernel {
                 tool.settlement(),
                 Settlement::Compensate | Settlement::Probe
             );
-        if when_changed == WhenChanged::Refuse && !settles_by_operator {
+        // Test-only, never in a build you ship: the check left out (a planted bug) so that
+        // the simulator can show it finds the clobber.
+        let planted_blindness = cfg!(feature = "sim-plant-ignore-changed-since");
+        if when_changed == WhenChanged::Refuse && !settles_by_operator && !planted_blindness {
             match self
                 .tools
                 .changed_since(&ctx, &step.args, &step.undo, step.output.as_ref())

@@ -306,6 +306,12 @@ impl Kernel {
             .approve(saga, taking, approved, rest, &declared.duplicate_keys)
             .await?;
         let span = info_span!("step", step = taking.step_seq, tool = %taking.step.tool, outcome = field::Empty);
+        // Test-only, never in a build you ship: a known bug planted (the effect runs before
+        // its intent is logged) so that the simulator can show it finds it.
+        #[cfg(feature = "sim-plant-begin-after-effect")]
+        let early = Some(self.run_effect(taking, &span).await);
+        #[cfg(not(feature = "sim-plant-begin-after-effect"))]
+        let early = None;
         let begin = match self
             .begin_step(saga, taking, declared, consume, &span)
             .await
@@ -334,7 +340,7 @@ impl Kernel {
             });
             return Ok(Err(error));
         }
-        Ok(self.execute_step(saga, taking, &span).await)
+        Ok(self.execute_step(saga, taking, &span, early).await)
     }
 
     /// The step as the saga's next: its position, its key noted, its tool, context and
@@ -663,20 +669,33 @@ impl Kernel {
         }));
     }
 
+    /// The effect, each retry only while this process may still act on a shared log.
+    async fn run_effect(
+        &self,
+        taking: &Taking<'_>,
+        span: &tracing::Span,
+    ) -> Result<ToolOutput, ToolError> {
+        let lease_live = || self.log.effect_allowed().is_ok();
+        self.tools
+            .execute_while(&taking.ctx, &taking.step.args, &lease_live)
+            .instrument(span.clone())
+            .await
+    }
+
     /// Execution: the effect, each retry only while this process may still act on a shared
     /// log; its outcome is queued for the next write.
+    /// `early` is the outcome of an effect already run (only under a planted bug).
     async fn execute_step(
         &self,
         saga: &mut SagaInFlight,
         taking: &Taking<'_>,
         span: &tracing::Span,
+        early: Option<Result<ToolOutput, ToolError>>,
     ) -> Result<ToolOutput, ToolError> {
-        let lease_live = || self.log.effect_allowed().is_ok();
-        let executed = self
-            .tools
-            .execute_while(&taking.ctx, &taking.step.args, &lease_live)
-            .instrument(span.clone())
-            .await;
+        let executed = match early {
+            Some(executed) => executed,
+            None => self.run_effect(taking, span).await,
+        };
         span.record("outcome", if executed.is_ok() { "commit" } else { "fail" });
         // An event after the record, so logs show the span with its outcome.
         debug!(parent: span, "step executed");

@@ -29,6 +29,8 @@ fn tier(name: &str) -> Option<u32> {
         "agent-kernel-cli" | "agent-kernel-py" => Some(5),
         // Examples and the eval suite stand above everything, as any user of the crates does.
         "live-ledger" | "agent-kernel-evals" => Some(6),
+        // The simulator: a dev tool over the engine and the SQLite log, never a dependency.
+        "agent-kernel-sim" => Some(6),
         _ => None,
     }
 }

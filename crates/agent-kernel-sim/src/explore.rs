@@ -1,0 +1,141 @@
+//! Exploring a seed: its scenario run once without a fault, then once for every point it
+//! reached and every kind of fault there; a failing case shrunk to the smallest scenario
+//! that still fails.
+
+use std::path::Path;
+
+use crate::process::{Fault, FaultKind};
+use crate::run::{Case, CaseOutcome, run_case};
+use crate::scenario::{Rng, Scenario};
+
+/// How far into a `recover` its fault may be placed: recovering a few sagas reaches about
+/// this many points.
+pub const RECOVERY_POINTS_TRIED: u64 = 12;
+
+/// What exploring one seed found.
+#[derive(Debug, Clone, Default)]
+pub struct SeedReport {
+    /// The seed.
+    pub seed: u64,
+    /// Cases run.
+    pub cases: u64,
+    /// Faults that fired (a kill, an I/O error, a failed effect or compensation).
+    pub faults_fired: u64,
+    /// Log writes, effects and compensations the cases reached in all.
+    pub points: u64,
+    /// The first failing case, shrunk, with what it did.
+    pub failure: Option<(Case, CaseOutcome)>,
+}
+
+/// Runs every case of `seed` in `dir`, stopping at the first that fails.
+///
+/// # Errors
+///
+/// When the harness itself fails (a log that cannot be opened).
+pub fn explore_seed(seed: u64, dir: &Path) -> anyhow::Result<SeedReport> {
+    let mut rng = Rng::new(seed);
+    let scenario = Scenario::generate(&mut rng);
+    let schedule_seed = rng.next_u64();
+    let mut report = SeedReport {
+        seed,
+        ..SeedReport::default()
+    };
+    for case in cases(&scenario, schedule_seed, &mut rng, dir, &mut report)? {
+        let outcome = run_case(&case, dir)?;
+        report.cases += 1;
+        report.faults_fired += outcome.faults_fired;
+        report.points += outcome.points;
+        if !outcome.violations.is_empty() {
+            report.failure = Some(shrink(case, outcome, dir)?);
+            break;
+        }
+    }
+    Ok(report)
+}
+
+/// The cases of a scenario: no fault (run first, to count the points), then each point and
+/// each kind, half of them with a `recover` killed at a point `rng` picks.
+fn cases(
+    scenario: &Scenario,
+    schedule_seed: u64,
+    rng: &mut Rng,
+    dir: &Path,
+    report: &mut SeedReport,
+) -> anyhow::Result<Vec<Case>> {
+    let clean = Case {
+        scenario: scenario.clone(),
+        schedule_seed,
+        fault: None,
+        recovery_fault: None,
+    };
+    let outcome = run_case(&clean, dir)?;
+    report.cases += 1;
+    report.points += outcome.points;
+    if !outcome.violations.is_empty() {
+        report.failure = Some((clean, outcome));
+        return Ok(Vec::new());
+    }
+    let mut cases = Vec::new();
+    for at in 0..outcome.points {
+        for kind in FaultKind::ALL {
+            let recovery_fault = rng.chance(50).then(|| Fault {
+                at: rng.below(RECOVERY_POINTS_TRIED),
+                kind: if rng.chance(50) {
+                    FaultKind::CrashBefore
+                } else {
+                    FaultKind::CrashAfter
+                },
+            });
+            cases.push(Case {
+                scenario: scenario.clone(),
+                schedule_seed,
+                fault: Some(Fault { at, kind }),
+                recovery_fault,
+            });
+        }
+    }
+    Ok(cases)
+}
+
+/// The smallest case found that still fails: sagas, steps and outside writes dropped one
+/// at a time while some fault still breaks an invariant.
+fn shrink(case: Case, outcome: CaseOutcome, dir: &Path) -> anyhow::Result<(Case, CaseOutcome)> {
+    let mut best = (case, outcome);
+    'smaller: loop {
+        for scenario in best.0.scenario.smaller() {
+            if let Some(found) = first_failure(&scenario, &best.0, dir)? {
+                best = found;
+                continue 'smaller;
+            }
+        }
+        return Ok(best);
+    }
+}
+
+/// The first failing case of `scenario` with `like`'s schedule and recovery fault.
+fn first_failure(
+    scenario: &Scenario,
+    like: &Case,
+    dir: &Path,
+) -> anyhow::Result<Option<(Case, CaseOutcome)>> {
+    let mut case = Case {
+        scenario: scenario.clone(),
+        schedule_seed: like.schedule_seed,
+        fault: None,
+        recovery_fault: like.recovery_fault,
+    };
+    let outcome = run_case(&case, dir)?;
+    if !outcome.violations.is_empty() {
+        return Ok(Some((case, outcome)));
+    }
+    for at in 0..outcome.points {
+        for kind in FaultKind::ALL {
+            case.fault = Some(Fault { at, kind });
+            let outcome = run_case(&case, dir)?;
+            if !outcome.violations.is_empty() {
+                return Ok(Some((case, outcome)));
+            }
+        }
+    }
+    Ok(None)
+}

@@ -1,0 +1,76 @@
+//! The agent-kernel simulator: the real engine ([`agent_kernel_core::Kernel`]) and the real
+//! SQLite log, run by simulated processes that are killed, or meet an I/O error, at every
+//! point a seed's scenario reaches; after each case a model of the world checks what the
+//! sagas left.
+//!
+//! # What a case is
+//!
+//! A seed makes a [`Scenario`]: up to three sagas of up to three `sim.set` steps over three
+//! shared keys, some steps failing on purpose, and perhaps a writer outside the kernel. The
+//! first process runs every saga at once (the schedule, from the seed, decides how they
+//! interleave); a second runs `recover`; when that one is killed, a third runs it again. A
+//! point is every log write and every effect or compensation of a tool, numbered from 0 in
+//! each process. A [`Fault`] at a point kills the process just before it, just after it, or
+//! makes it fail (an I/O error writing the log; an effect whose answer is lost; a
+//! compensation that fails). [`explore_seed`] runs the scenario without a fault, then once for each point
+//! and each kind of fault, half of the cases with the first `recover` killed too.
+//!
+//! A killed process does nothing more: every later log call and tool call of it waits
+//! forever, and the case drops it. What it committed stays in the log, as after a
+//! `SIGKILL`. Log calls complete on the spot, and a paused clock moves only when every
+//! task waits, so one seed makes one history.
+//!
+//! # What is checked
+//!
+//! After the last `recover`:
+//! - every saga is settled (`Done`, `FailedRolledBack`, or `FailedRollbackPartial` with an
+//!   open dead letter naming it), and a settled saga holds no lock;
+//! - each key holds what the sagas that ended `Done` and the outside writers wrote, the
+//!   latest last (a key whose latest write is a parked saga's is left to the operator);
+//! - no effect happened twice, none after its step's compensation, and no compensation
+//!   restored over a write it did not make;
+//! - the audit chain verifies.
+//!
+//! A failing case is shrunk (sagas, steps and outside writes dropped while some fault still
+//! fails) and printed with its history.
+//!
+//! # What is not modelled
+//!
+//! One log (SQLite; PostgreSQL's many processes are not simulated), one running process at
+//! a time, no loss of unsynced commits (a kill of the process, not of the machine), plans
+//! only (no live sagas, approvals, undo or dead-letter retries), and one tool.
+
+mod explore;
+mod log;
+mod process;
+mod run;
+mod scenario;
+mod tools;
+mod world;
+
+pub use crate::explore::{RECOVERY_POINTS_TRIED, SeedReport, explore_seed};
+pub use crate::process::{Fault, FaultKind};
+pub use crate::run::{Case, CaseOutcome, run_case};
+pub use crate::scenario::{KEYS, Outside, Rng, SAGAS_MAX, STEPS_MAX, Scenario, StepSpec};
+pub use crate::tools::SET_TOOL;
+pub use crate::world::{Event, World, WorldState};
+
+/// A folder for the cases' logs: in memory (`/dev/shm`) where the machine has one, since a
+/// case writes a log of its own, else the system's temporary folder.
+///
+/// # Errors
+///
+/// When no folder can be made.
+pub fn scratch_dir() -> std::io::Result<tempfile::TempDir> {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir()
+        && let Ok(dir) = tempfile::Builder::new()
+            .prefix("agent-kernel-sim")
+            .tempdir_in(shm)
+    {
+        return Ok(dir);
+    }
+    tempfile::Builder::new()
+        .prefix("agent-kernel-sim")
+        .tempdir()
+}

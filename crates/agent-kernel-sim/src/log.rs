@@ -1,0 +1,318 @@
+//! The log seam: the real log, with a simulated process's faults at each write.
+//!
+//! Every call completes before the process goes on (the real log's thread is waited for
+//! on the spot), so the only interleavings are those the schedule makes at each call's
+//! gate: one seed, one run.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use agent_kernel_api::{
+    ApprovalRecord, BoxFuture, DeadLetter, DuplicateStep, KeyBinding, LeaseStatus, LogWrite, Owner,
+    SagaId, SagaListing, SagaQuery, SagaRecord, SagaState, SagaSummary, TxError, TxLog,
+    WriteOutcome,
+};
+
+use crate::process::{Act, Process};
+
+/// A [`TxLog`] whose writes are points of a simulated process.
+pub(crate) struct FaultyLog {
+    inner: Arc<dyn TxLog>,
+    process: Arc<Process>,
+    helper: Helper,
+}
+
+impl FaultyLog {
+    pub(crate) fn new(inner: Arc<dyn TxLog>, process: Arc<Process>) -> FaultyLog {
+        FaultyLog {
+            inner,
+            process,
+            helper: Helper::start(),
+        }
+    }
+
+    /// A write at the next point: made, refused, or the process killed around it. `write`
+    /// makes the real write's future only when the write is to happen, since a log may
+    /// start writing as soon as its method is called.
+    async fn write_at<T, F>(
+        &self,
+        what: String,
+        write: impl FnOnce(Arc<dyn TxLog>) -> F,
+    ) -> Result<T, TxError>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, TxError>> + Send + 'static,
+    {
+        self.process.gate().await;
+        match self.process.point(&what, true) {
+            Act::Go => self.helper.complete(write(self.inner.clone())),
+            Act::CrashBefore => {
+                self.process.die();
+                std::future::pending().await
+            }
+            Act::CrashAfter => {
+                let _ = self.helper.complete(write(self.inner.clone()));
+                self.process.die();
+                std::future::pending().await
+            }
+            Act::Fail => Err(TxError::Storage(
+                "simulated I/O error: nothing written".to_owned(),
+            )),
+        }
+    }
+
+    /// A read: no point, but a gate (a dead process reads nothing more).
+    async fn read<T, F>(&self, read: impl FnOnce(Arc<dyn TxLog>) -> F) -> T
+    where
+        T: Send + 'static,
+        F: Future<Output = T> + Send + 'static,
+    {
+        self.process.gate().await;
+        self.helper.complete(read(self.inner.clone()))
+    }
+}
+
+/// A thread that runs the real log's futures to their end, one at a time, while the
+/// simulated process waits: outside the runtime, so the log's own waiting (a yield, a
+/// channel) wakes it as usual.
+struct Helper {
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// A call for the helper's thread.
+type Job = Box<dyn FnOnce() + Send>;
+
+impl Helper {
+    fn start() -> Helper {
+        let (jobs, receiver) = std::sync::mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("sim-log".into())
+            .spawn(move || {
+                while let Ok(job) = receiver.recv() {
+                    job();
+                }
+            })
+            .expect("a thread for the log's calls");
+        Helper {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        }
+    }
+
+    /// `future`'s output, the simulated process's thread waiting for it.
+    fn complete<T: Send + 'static>(&self, future: impl Future<Output = T> + Send + 'static) -> T {
+        let (answer, answered) = std::sync::mpsc::sync_channel(1);
+        let job: Job = Box::new(move || {
+            let _ = answer.send(futures_executor::block_on(future));
+        });
+        self.jobs
+            .as_ref()
+            .expect("open until dropped")
+            .send(job)
+            .expect("the log's thread runs");
+        answered.recv().expect("the log's thread answers")
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The variant names of a batch, for the history.
+fn describe(batch: &[LogWrite]) -> String {
+    let names: Vec<String> = batch
+        .iter()
+        .map(|write| {
+            let debug = format!("{write:?}");
+            debug
+                .split(['(', ' ', '{'])
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    format!("log write [{}]", names.join(", "))
+}
+
+impl TxLog for FaultyLog {
+    fn write(&self, batch: Vec<LogWrite>) -> BoxFuture<'_, Result<Vec<WriteOutcome>, TxError>> {
+        Box::pin(async move {
+            let what = describe(&batch);
+            self.write_at(what, |log| async move { log.write(batch).await })
+                .await
+        })
+    }
+
+    fn take_over_and_write<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        expected_owner: &'a Owner,
+        expected_state: SagaState,
+        new_owner: &'a Owner,
+        then: Vec<LogWrite>,
+    ) -> BoxFuture<'a, Result<bool, TxError>> {
+        Box::pin(async move {
+            let what = format!("take over {saga_id} and {}", describe(&then));
+            let (saga_id, expected_owner, new_owner) =
+                (saga_id.clone(), expected_owner.clone(), new_owner.clone());
+            let write = move |log: Arc<dyn TxLog>| async move {
+                log.take_over_and_write(&saga_id, &expected_owner, expected_state, &new_owner, then)
+                    .await
+            };
+            self.write_at(what, write).await
+        })
+    }
+
+    fn end_lease<'a>(&'a self, owner: &'a Owner) -> BoxFuture<'a, Result<(), TxError>> {
+        Box::pin(async move {
+            let what = format!("end lease of pid {}", owner.pid);
+            let owner = owner.clone();
+            self.write_at(what, |log| async move { log.end_lease(&owner).await })
+                .await
+        })
+    }
+
+    fn effect_allowed(&self) -> Result<(), TxError> {
+        self.inner.effect_allowed()
+    }
+
+    fn saga<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<SagaRecord>, TxError>> {
+        let saga_id = saga_id.clone();
+        Box::pin(self.read(|log| async move { log.saga(&saga_id).await }))
+    }
+
+    fn saga_records<'a>(
+        &'a self,
+        saga_ids: &'a [SagaId],
+    ) -> BoxFuture<'a, Result<Vec<Option<SagaRecord>>, TxError>> {
+        let saga_ids = saga_ids.to_vec();
+        Box::pin(self.read(|log| async move { log.saga_records(&saga_ids).await }))
+    }
+
+    fn sagas(&self, limit: u32) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
+        Box::pin(self.read(move |log| async move { log.sagas(limit).await }))
+    }
+
+    fn saga_counts(&self) -> BoxFuture<'_, Result<Vec<(SagaState, u64)>, TxError>> {
+        Box::pin(self.read(|log| async move { log.saga_counts().await }))
+    }
+
+    fn saga_page<'a>(
+        &'a self,
+        query: &'a SagaQuery,
+    ) -> BoxFuture<'a, Result<Vec<SagaListing>, TxError>> {
+        let query = query.clone();
+        Box::pin(self.read(|log| async move { log.saga_page(&query).await }))
+    }
+
+    fn unfinished_sagas(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
+        Box::pin(self.read(|log| async move { log.unfinished_sagas().await }))
+    }
+
+    fn settled_lock_holders(&self) -> BoxFuture<'_, Result<Vec<SagaSummary>, TxError>> {
+        Box::pin(self.read(|log| async move { log.settled_lock_holders().await }))
+    }
+
+    fn duplicate_of<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        tool_id: &'a str,
+        keys: &'a [String],
+        since_ms: i64,
+    ) -> BoxFuture<'a, Result<Option<DuplicateStep>, TxError>> {
+        let (saga_id, tool_id, keys) = (saga_id.clone(), tool_id.to_owned(), keys.to_vec());
+        Box::pin(self.read(move |log| async move {
+            log.duplicate_of(&saga_id, &tool_id, &keys, since_ms).await
+        }))
+    }
+
+    fn key_binding<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<KeyBinding>, TxError>> {
+        let key = key.to_owned();
+        Box::pin(self.read(|log| async move { log.key_binding(&key).await }))
+    }
+
+    fn approval<'a>(
+        &'a self,
+        approval_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>> {
+        let approval_id = approval_id.to_owned();
+        Box::pin(self.read(|log| async move { log.approval(&approval_id).await }))
+    }
+
+    fn saga_approval<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>> {
+        let saga_id = saga_id.clone();
+        Box::pin(self.read(|log| async move { log.saga_approval(&saga_id).await }))
+    }
+
+    fn vouched_saga_approval<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, TxError>> {
+        let saga_id = saga_id.clone();
+        Box::pin(self.read(|log| async move { log.vouched_saga_approval(&saga_id).await }))
+    }
+
+    fn pending_approvals(&self) -> BoxFuture<'_, Result<Vec<ApprovalRecord>, TxError>> {
+        Box::pin(self.read(|log| async move { log.pending_approvals().await }))
+    }
+
+    fn dead_letter<'a>(
+        &'a self,
+        letter_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<DeadLetter>, TxError>> {
+        let letter_id = letter_id.to_owned();
+        Box::pin(self.read(|log| async move { log.dead_letter(&letter_id).await }))
+    }
+
+    fn open_dead_letters<'a>(
+        &'a self,
+        saga_id: Option<&'a SagaId>,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, TxError>> {
+        let saga_id = saga_id.cloned();
+        Box::pin(self.read(|log| async move { log.open_dead_letters(saga_id.as_ref()).await }))
+    }
+
+    fn owner_lease<'a>(
+        &'a self,
+        owner: &'a Owner,
+    ) -> BoxFuture<'a, Result<Option<LeaseStatus>, TxError>> {
+        let owner = owner.clone();
+        Box::pin(self.read(|log| async move { log.owner_lease(&owner).await }))
+    }
+
+    fn lease_left_ms<'a>(
+        &'a self,
+        owner: &'a Owner,
+    ) -> BoxFuture<'a, Result<Option<i64>, TxError>> {
+        let owner = owner.clone();
+        Box::pin(self.read(|log| async move { log.lease_left_ms(&owner).await }))
+    }
+
+    fn prune_candidates(
+        &self,
+        before_ms: i64,
+        after: Option<(i64, SagaId)>,
+        limit: u32,
+    ) -> BoxFuture<'_, Result<Vec<SagaRecord>, TxError>> {
+        Box::pin(
+            self.read(
+                move |log| async move { log.prune_candidates(before_ms, after, limit).await },
+            ),
+        )
+    }
+}

@@ -1,0 +1,219 @@
+//! One simulated process: where it is (every log write and every tool effect or
+//! compensation is a numbered point), the fault planned at one point, and whether it died.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use crate::scenario::{Outside, Rng};
+use crate::world::{Event, World};
+
+/// What goes wrong at a point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The process is killed just before the point: the write or the effect never happens.
+    CrashBefore,
+    /// The process is killed just after the point: the write is committed (the effect
+    /// happened), and nobody hears of it.
+    CrashAfter,
+    /// A log write fails with an I/O error and writes nothing; a tool's effect happens and
+    /// its answer is an error of unknown outcome; a compensation fails. The process goes on.
+    Error,
+}
+
+impl FaultKind {
+    /// Every kind, in the order the explorer tries them.
+    pub const ALL: [FaultKind; 3] = [
+        FaultKind::CrashBefore,
+        FaultKind::CrashAfter,
+        FaultKind::Error,
+    ];
+}
+
+/// One fault: at the point numbered `at` (from 0) of one process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// The point.
+    pub at: u64,
+    /// What goes wrong there.
+    pub kind: FaultKind,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            FaultKind::CrashBefore => "killed before",
+            FaultKind::CrashAfter => "killed after",
+            FaultKind::Error => "an error at",
+        };
+        write!(f, "{kind} point {}", self.at)
+    }
+}
+
+/// What the caller of [`Process::point`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Act {
+    /// Go on.
+    Go,
+    /// Stop forever without acting: the process died.
+    CrashBefore,
+    /// Act, then stop forever.
+    CrashAfter,
+    /// Fail as [`FaultKind::Error`] says.
+    Fail,
+}
+
+/// A simulated process: its points, its fault, its death.
+pub(crate) struct Process {
+    name: String,
+    state: Mutex<State>,
+    died: Notify,
+    world: Arc<World>,
+}
+
+struct State {
+    next_point: u64,
+    fault: Option<Fault>,
+    fired: bool,
+    dead: bool,
+    schedule: Rng,
+    outside: Vec<Outside>,
+    history: Vec<String>,
+}
+
+impl Process {
+    /// Process `name`, planned to meet `fault`, whose interleavings `schedule` decides;
+    /// writers outside the kernel act at the points `outside` names.
+    pub(crate) fn new(
+        name: &str,
+        fault: Option<Fault>,
+        schedule: Rng,
+        outside: Vec<Outside>,
+        world: Arc<World>,
+    ) -> Process {
+        Process {
+            name: name.to_owned(),
+            state: Mutex::new(State {
+                next_point: 0,
+                fault,
+                fired: false,
+                dead: false,
+                schedule,
+                outside,
+                history: Vec::new(),
+            }),
+            died: Notify::new(),
+            world,
+        }
+    }
+
+    /// Reaches the next point, described by `what`. At a log write (`log_write`), the
+    /// outside writes due by then happen first, except on a key a tool has checked and not
+    /// yet acted on ([`World::checked`]).
+    pub(crate) fn point(&self, what: &str, log_write: bool) -> Act {
+        let mut state = self.lock();
+        let at = state.next_point;
+        state.next_point += 1;
+        let due: Vec<Outside> = if log_write {
+            let world = &self.world;
+            let (due, later) = state
+                .outside
+                .drain(..)
+                .partition(|write| write.at <= at && !world.is_checking(&write.key));
+            state.outside = later;
+            due
+        } else {
+            Vec::new()
+        };
+        for write in due {
+            let event = Event::Outside {
+                key: write.key.clone(),
+                value: write.value,
+            };
+            state.history.push(format!("{} #{at}: {event}", self.name));
+            self.world.set(&write.key, Some(write.value), event);
+        }
+        let act = match state.fault {
+            Some(fault) if fault.at == at => {
+                state.fired = true;
+                match fault.kind {
+                    FaultKind::CrashBefore => Act::CrashBefore,
+                    FaultKind::CrashAfter => Act::CrashAfter,
+                    FaultKind::Error => Act::Fail,
+                }
+            }
+            _ => Act::Go,
+        };
+        let note = match act {
+            Act::Go => String::new(),
+            Act::CrashBefore => " <- killed before it".to_owned(),
+            Act::CrashAfter => " <- killed after it".to_owned(),
+            Act::Fail => " <- fails".to_owned(),
+        };
+        state
+            .history
+            .push(format!("{} #{at}: {what}{note}", self.name));
+        act
+    }
+
+    /// Adds a line to the history.
+    pub(crate) fn note(&self, line: String) {
+        self.lock().history.push(format!("{}: {line}", self.name));
+    }
+
+    /// The process is killed: nothing of it acts from now on.
+    pub(crate) fn die(&self) {
+        self.lock().dead = true;
+        self.died.notify_one();
+    }
+
+    /// Whether it was killed.
+    pub(crate) fn is_dead(&self) -> bool {
+        self.lock().dead
+    }
+
+    /// Resolves once the process is killed.
+    pub(crate) async fn killed(&self) {
+        self.died.notified().await;
+    }
+
+    /// Before each point: stays pending forever once the process is dead, and lets other
+    /// tasks run first as many times as the schedule says (0 to 2).
+    pub(crate) async fn gate(&self) {
+        let yields = {
+            let mut state = self.lock();
+            if state.dead {
+                None
+            } else {
+                Some(state.schedule.below(3))
+            }
+        };
+        let Some(yields) = yields else {
+            return std::future::pending().await;
+        };
+        for _ in 0..yields {
+            tokio::task::yield_now().await;
+        }
+        if self.is_dead() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// How many points it reached, and whether its fault fired.
+    pub(crate) fn points(&self) -> (u64, bool) {
+        let state = self.lock();
+        (state.next_point, state.fired)
+    }
+
+    /// What it did, one line per point.
+    pub(crate) fn history(&self) -> Vec<String> {
+        self.lock().history.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

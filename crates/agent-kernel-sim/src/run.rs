@@ -1,0 +1,614 @@
+//! One case: the scenario's sagas run by one process that meets a fault, a `recover` by a
+//! second process that may meet one too, a last `recover` by a third; then the checks.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use agent_kernel_api::{
+    Clock, Durability, IdSource, Owner, SagaId, SagaRecord, SagaState, ToolEntry, TxLog,
+};
+use agent_kernel_core::{Environment, Kernel, Liveness, LivenessProbe, NoObserver};
+use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
+use agent_kernel_fsm::Guardrail;
+use agent_kernel_txlog::{LogOptions, SqliteLog};
+use anyhow::Context as _;
+
+use crate::log::FaultyLog;
+use crate::process::{Fault, Process};
+use crate::scenario::{Rng, Scenario};
+use crate::tools::SetTool;
+use crate::world::{Event, World, WorldState, shown};
+
+/// What one case runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Case {
+    /// The sagas and outside writes.
+    pub scenario: Scenario,
+    /// Decides every interleaving.
+    pub schedule_seed: u64,
+    /// The fault the first process meets, if any.
+    pub fault: Option<Fault>,
+    /// The fault the first `recover` meets, if any.
+    pub recovery_fault: Option<Fault>,
+}
+
+/// What a case did and what the checks found.
+#[derive(Debug, Clone, Default)]
+pub struct CaseOutcome {
+    /// How many points the first process reached.
+    pub points: u64,
+    /// How many faults fired (0, 1 or 2).
+    pub faults_fired: u64,
+    /// Every broken invariant; empty when the case passed.
+    pub violations: Vec<String>,
+    /// What happened, point by point, then the end state.
+    pub history: Vec<String>,
+}
+
+/// The name of the log file in a case's folder.
+const LOG_FILE: &str = "sim.db";
+
+/// Where the clock starts: every process of a case reads one clock.
+const CLOCK_START_MS: u64 = 1_700_000_000_000;
+
+/// A clock that moves one millisecond each time it is read.
+struct TickClock(Arc<AtomicU64>);
+
+impl Clock for TickClock {
+    fn now_ms(&self) -> i64 {
+        i64::try_from(self.0.fetch_add(1, Ordering::Relaxed)).unwrap_or(i64::MAX)
+    }
+}
+
+/// Saga ids `p<pid>-0001`, `p<pid>-0002`, ...
+struct CountingIds {
+    pid: u32,
+    next: AtomicU64,
+}
+
+impl IdSource for CountingIds {
+    fn new_saga_id(&self) -> SagaId {
+        let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        SagaId::new(format!("p{}-{n:04}", self.pid))
+    }
+}
+
+/// The processes a case has killed (or that have ended) are dead; the others alive.
+struct DeadPids(Vec<u32>);
+
+impl LivenessProbe for DeadPids {
+    fn liveness(&self, owner: &Owner) -> Liveness {
+        if self.0.contains(&owner.pid) {
+            Liveness::Dead
+        } else {
+            Liveness::Alive
+        }
+    }
+}
+
+fn owner(pid: u32) -> Owner {
+    Owner {
+        host: "sim".into(),
+        boot_id: "sim-boot".into(),
+        pid,
+        start_ticks: u64::from(pid),
+    }
+}
+
+/// Everything one simulated process needs.
+struct Run<'a> {
+    dir: &'a Path,
+    world: Arc<World>,
+    clock: Arc<AtomicU64>,
+}
+
+impl Run<'_> {
+    fn open_log(&self) -> anyhow::Result<Arc<SqliteLog>> {
+        let options = LogOptions {
+            durability: Durability::Normal,
+            clock: Arc::new(TickClock(self.clock.clone())),
+        };
+        let log = SqliteLog::open(&self.dir.join(LOG_FILE), options).context("opening the log")?;
+        Ok(Arc::new(log))
+    }
+
+    /// Process `pid`, meeting `fault`, with processes `dead` known dead; and its log,
+    /// without the faults.
+    fn kernel(
+        &self,
+        process: &Arc<Process>,
+        pid: u32,
+        dead: Vec<u32>,
+    ) -> anyhow::Result<(Kernel, Arc<SqliteLog>)> {
+        let sqlite = self.open_log()?;
+        let log: Arc<dyn TxLog> = Arc::new(FaultyLog::new(sqlite.clone(), process.clone()));
+        let mut tools = Dispatcher::new(Limits::default(), Arc::new(NoJitter))
+            .map_err(|err| anyhow::anyhow!("limits: {err}"))?;
+        tools
+            .register(ToolEntry::compensated(SetTool {
+                world: self.world.clone(),
+                process: process.clone(),
+            }))
+            .map_err(|err| anyhow::anyhow!("registering sim.set: {err}"))?;
+        let kernel = Kernel::new(
+            log,
+            Arc::new(tools),
+            Arc::new(Guardrail::builtin()),
+            Environment {
+                clock: Arc::new(TickClock(self.clock.clone())),
+                ids: Arc::new(CountingIds {
+                    pid,
+                    next: AtomicU64::new(0),
+                }),
+                owner: owner(pid),
+                liveness: Arc::new(DeadPids(dead)),
+            },
+            Durability::Normal,
+        );
+        Ok((kernel, sqlite))
+    }
+}
+
+/// Closes `log` once nothing else holds it (its kernel dropped), so the next process, or
+/// the next case, finds the file as a new process would.
+fn close(log: Arc<SqliteLog>) -> anyhow::Result<()> {
+    let log = Arc::try_unwrap(log)
+        .map_err(|_| anyhow::anyhow!("the log is still held after its process ended"))?;
+    runtime()?.block_on(log.close());
+    Ok(())
+}
+
+/// The empty log every case starts from, made once per folder: a copy costs a fifth of
+/// creating a log.
+const TEMPLATE_FILE: &str = "template.db";
+
+/// Puts an empty log at [`LOG_FILE`] in `dir`, over whatever an earlier case left.
+fn fresh_log(dir: &Path) -> anyhow::Result<()> {
+    let template = dir.join(TEMPLATE_FILE);
+    let log = dir.join(LOG_FILE);
+    if !template.exists() {
+        let options = LogOptions {
+            durability: Durability::Normal,
+            clock: Arc::new(TickClock(Arc::new(AtomicU64::new(CLOCK_START_MS)))),
+        };
+        let made = SqliteLog::open(&template, options).context("making the template log")?;
+        runtime()?.block_on(made.close());
+    }
+    for suffix in ["-wal", "-shm", "-journal"] {
+        let _ = std::fs::remove_file(with_suffix(&log, suffix));
+    }
+    std::fs::copy(&template, &log).context("copying the template log")?;
+    let template_wal = with_suffix(&template, "-wal");
+    if template_wal.exists() {
+        std::fs::copy(&template_wal, with_suffix(&log, "-wal")).context("copying its WAL")?;
+    }
+    std::fs::copy(
+        agent_kernel_txlog::audit_head_path(&template),
+        agent_kernel_txlog::audit_head_path(&log),
+    )
+    .context("copying the template's head file")?;
+    Ok(())
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    name.into()
+}
+
+/// A runtime whose time moves only when every task waits: timers fire in one order.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .context("building the runtime")
+}
+
+/// Runs `case` in `dir` (empty, or left by an earlier case: it is cleared).
+///
+/// # Errors
+///
+/// When the log cannot be opened or read at all: not a finding, a broken harness.
+pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
+    fresh_log(dir)?;
+    let run = Run {
+        dir,
+        world: Arc::new(World::default()),
+        clock: Arc::new(AtomicU64::new(CLOCK_START_MS)),
+    };
+    let mut schedule = Rng::new(case.schedule_seed);
+    let mut outcome = CaseOutcome::default();
+
+    // The first process runs every saga at once, and may be killed.
+    let first = Arc::new(Process::new(
+        "run",
+        case.fault,
+        Rng::new(schedule.next_u64()),
+        case.scenario.outside.clone(),
+        run.world.clone(),
+    ));
+    {
+        let (kernel, log) = run.kernel(&first, 1, Vec::new())?;
+        let plans: Vec<_> = (0..case.scenario.sagas.len())
+            .map(|n| case.scenario.plan(n))
+            .collect();
+        let runtime = runtime()?;
+        runtime.block_on(async {
+            let runs = futures_util::future::join_all(
+                plans.iter().map(|plan| kernel.run(plan, &NoObserver)),
+            );
+            tokio::select! {
+                biased;
+                () = first.killed() => {}
+                reports = runs => {
+                    for (n, report) in reports.into_iter().enumerate() {
+                        let line = match report {
+                            Ok(report) => format!("saga {n} ended {}", report.state),
+                            Err(err) => format!("saga {n}: {err}"),
+                        };
+                        first.note(line);
+                    }
+                }
+            }
+        });
+        drop(kernel);
+        close(log)?;
+    }
+    let (points, fired) = first.points();
+    outcome.points = points;
+    outcome.faults_fired += u64::from(fired);
+
+    // A `recover` that may be killed in turn, then, if it was, one that is not; the checks
+    // read the last one's log.
+    let mut last_log = None;
+    for (pid, name, fault) in [
+        (2, "recover", case.recovery_fault),
+        (3, "recover again", None),
+    ] {
+        let process = Arc::new(Process::new(
+            name,
+            fault,
+            Rng::new(schedule.next_u64()),
+            Vec::new(),
+            run.world.clone(),
+        ));
+        let (kernel, log) = run.kernel(&process, pid, (1..pid).collect())?;
+        let runtime = runtime()?;
+        runtime.block_on(async {
+            tokio::select! {
+                biased;
+                () = process.killed() => {}
+                report = kernel.recover(&NoObserver) => match report {
+                    Ok(report) => process.note(format!("settled {} sagas", report.sagas.len())),
+                    Err(err) => {
+                        process.note(format!("failed: {err}"));
+                        if fault.is_none() {
+                            outcome.violations.push(format!("the last recover failed: {err}"));
+                        }
+                    }
+                },
+            }
+        });
+        drop(kernel);
+        let killed = process.points().1;
+        outcome.faults_fired += u64::from(killed);
+        outcome.history.extend(if pid == 2 {
+            first
+                .history()
+                .into_iter()
+                .chain(process.history())
+                .collect()
+        } else {
+            process.history()
+        });
+        if pid == 3 || !killed {
+            last_log = Some(log);
+            break;
+        }
+        close(log)?;
+    }
+
+    let world = run.world.snapshot();
+    let log = last_log.context("the last recover's log")?;
+    let runtime = runtime()?;
+    let sagas = runtime.block_on(read_sagas(&*log))?;
+    let open_letters: Vec<SagaId> = runtime
+        .block_on(log.open_dead_letters(None))
+        .context("reading the dead letters")?
+        .into_iter()
+        .map(|letter| letter.saga_id)
+        .collect();
+    close(log)?;
+    let audit = agent_kernel_txlog::verify(&dir.join(LOG_FILE), None);
+    check(&world, &sagas, &open_letters, &mut outcome.violations);
+    match audit {
+        Ok(report) if report.is_intact() => {}
+        Ok(report) => outcome.violations.push(format!(
+            "the audit chain does not verify: {:?}",
+            report.first_bad
+        )),
+        Err(err) => outcome
+            .violations
+            .push(format!("the audit chain cannot be verified: {err}")),
+    }
+    for record in &sagas {
+        outcome.history.push(format!(
+            "end: {} ({}) {}",
+            record.saga.saga_id,
+            record.saga.name.as_deref().unwrap_or_default(),
+            record.saga.state
+        ));
+    }
+    for event in &world.journal {
+        outcome.history.push(format!("journal: {event}"));
+    }
+    Ok(outcome)
+}
+
+/// Every saga of the log, with its steps and locks.
+async fn read_sagas(log: &dyn TxLog) -> anyhow::Result<Vec<SagaRecord>> {
+    let summaries = log.sagas(u32::MAX).await.context("listing the sagas")?;
+    let mut records = Vec::new();
+    for summary in summaries {
+        if let Some(record) = log.saga(&summary.saga_id).await.context("reading a saga")? {
+            records.push(record);
+        }
+    }
+    records.sort_by_key(|record| record.saga.saga_id.to_string());
+    Ok(records)
+}
+
+/// Whether a saga may rightly be left to an operator: a compensation of it failed, or
+/// another writer (outside the kernel, or another saga) changed a key one of its steps was
+/// to write, so that undoing the step could destroy that. (A step prepared before another
+/// saga wrote and settled, and claimed after, carries stale undo data: a kill before the
+/// engine's check of it leaves recovery a "changed since" it cannot tell from a real one.)
+fn has_cause_to_park(world: &WorldState, record: &SagaRecord) -> bool {
+    let saga_id = record.saga.saga_id.to_string();
+    let keys: Vec<&str> = record
+        .steps
+        .iter()
+        .filter_map(|step| step.args.get("key").and_then(serde_json::Value::as_str))
+        .collect();
+    world.journal.iter().any(|event| match event {
+        Event::CompensationFailed { saga, .. } => *saga == saga_id,
+        Event::Outside { key, .. } => keys.contains(&key.as_str()),
+        Event::Effect { saga, key, .. } => *saga != saga_id && keys.contains(&key.as_str()),
+        _ => false,
+    })
+}
+
+/// The invariants, against the model of the world: the effects of `Done` sagas and the
+/// outside writes, latest last.
+fn check(
+    world: &WorldState,
+    sagas: &[SagaRecord],
+    open_letters: &[SagaId],
+    violations: &mut Vec<String>,
+) {
+    let states: BTreeMap<String, SagaState> = sagas
+        .iter()
+        .map(|record| (record.saga.saga_id.to_string(), record.saga.state))
+        .collect();
+    for record in sagas {
+        let id = &record.saga.saga_id;
+        let state = record.saga.state;
+        if !state.is_terminal() {
+            violations.push(format!("{id} is left {state} after the last recover"));
+        }
+        let parked = state == SagaState::FailedRollbackPartial;
+        if parked && !open_letters.contains(id) {
+            violations.push(format!(
+                "{id} ended {state} and no open dead letter names it"
+            ));
+        }
+        if parked && !has_cause_to_park(world, record) {
+            violations.push(format!(
+                "{id} ended {state}, though no compensation of it failed and no other writer touched what it was to write"
+            ));
+        }
+        if state.is_terminal() && !parked && !record.locks.is_empty() {
+            violations.push(format!(
+                "{id} ended {state} and still holds {:?}",
+                record.locks
+            ));
+        }
+    }
+    // Each step: how many times its effect happened, and whether it was undone since.
+    let mut effects: BTreeMap<(String, u32), (u32, bool)> = BTreeMap::new();
+    // Each key: the event the world should show (a Done saga's effect or an outside
+    // write), and whether a parked saga's effect came after it.
+    let mut expected: BTreeMap<String, (Option<i64>, bool)> = BTreeMap::new();
+    for event in &world.journal {
+        match event {
+            Event::Effect {
+                saga,
+                step,
+                key,
+                value,
+            } => {
+                let entry = effects.entry((saga.clone(), *step)).or_default();
+                entry.0 += 1;
+                if entry.1 {
+                    violations.push(format!(
+                        "the effect of {saga}/{step} happened after its compensation"
+                    ));
+                }
+                if entry.0 > 1 {
+                    violations.push(format!("the effect of {saga}/{step} happened twice"));
+                }
+                match states.get(saga) {
+                    Some(SagaState::Done) => {
+                        expected.insert(key.clone(), (Some(*value), false));
+                    }
+                    Some(SagaState::FailedRollbackPartial) => {
+                        expected.entry(key.clone()).or_insert((None, false)).1 = true;
+                    }
+                    Some(_) => {}
+                    None => violations.push(format!(
+                        "{saga}/{step} acted, and the log holds no such saga"
+                    )),
+                }
+            }
+            Event::Restored { saga, step, .. } => {
+                effects.entry((saga.clone(), *step)).or_default().1 = true;
+            }
+            Event::Clobbered {
+                saga,
+                step,
+                key,
+                found,
+            } => violations.push(format!(
+                "the compensation of {saga}/{step} destroyed a later write ({key} held {})",
+                shown(*found)
+            )),
+            Event::Outside { key, value } => {
+                expected.insert(key.clone(), (Some(*value), false));
+            }
+            Event::CompensationFailed { .. } => {}
+        }
+    }
+    for (key, (value, after_parked)) in &expected {
+        let found = world.values.get(key).copied();
+        if found != *value && !after_parked {
+            violations.push(format!(
+                "{key} holds {}, where the sagas that ended Done and the outside writes leave {}",
+                shown(found),
+                shown(*value)
+            ));
+        }
+    }
+    for (key, value) in &world.values {
+        if !expected.contains_key(key) {
+            violations.push(format!(
+                "{key} holds {value}, and no saga that ended Done nor any outside writer wrote it"
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_kernel_api::{SagaState, SagaSummary};
+
+    use super::*;
+
+    fn saga(id: &str, state: SagaState, locks: &[&str]) -> SagaRecord {
+        SagaRecord {
+            saga: SagaSummary {
+                saga_id: SagaId::new(id),
+                name: None,
+                actor: None,
+                state,
+                owner: owner(1),
+                n_steps: 1,
+                dry_run: false,
+                created_at_ms: 0,
+                updated_at_ms: 0,
+            },
+            steps: Vec::new(),
+            locks: locks.iter().map(|lock| (*lock).to_owned()).collect(),
+            conflicts: Vec::new(),
+        }
+    }
+
+    fn effect(saga: &str, key: &str, value: i64) -> Event {
+        Event::Effect {
+            saga: saga.to_owned(),
+            step: 1,
+            key: key.to_owned(),
+            value,
+        }
+    }
+
+    fn restored(saga: &str, key: &str, to: Option<i64>) -> Event {
+        Event::Restored {
+            saga: saga.to_owned(),
+            step: 1,
+            key: key.to_owned(),
+            to,
+        }
+    }
+
+    fn violations(
+        journal: Vec<Event>,
+        values: &[(&str, i64)],
+        sagas: &[SagaRecord],
+    ) -> Vec<String> {
+        let world = WorldState {
+            values: values
+                .iter()
+                .map(|(key, value)| ((*key).to_owned(), *value))
+                .collect(),
+            journal,
+        };
+        let mut found = Vec::new();
+        check(&world, sagas, &[], &mut found);
+        found
+    }
+
+    #[test]
+    fn a_world_as_the_done_sagas_and_outside_writers_left_it_passes() {
+        let sagas = [
+            saga("s1", SagaState::Done, &[]),
+            saga("s2", SagaState::FailedRolledBack, &[]),
+        ];
+        let journal = vec![
+            effect("s1", "a", 1),
+            effect("s2", "a", 2),
+            restored("s2", "a", Some(1)),
+            Event::Outside {
+                key: "b".into(),
+                value: 1000,
+            },
+        ];
+        assert_eq!(
+            violations(journal, &[("a", 1), ("b", 1000)], &sagas),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn each_broken_invariant_is_named() {
+        let sagas = [
+            saga("s1", SagaState::Done, &["key:a"]),
+            saga("s2", SagaState::FailedRolledBack, &[]),
+            saga("s3", SagaState::Acting, &[]),
+            saga("s4", SagaState::FailedRollbackPartial, &[]),
+        ];
+        let journal = vec![
+            effect("s2", "b", 2),
+            restored("s2", "b", None),
+            effect("s2", "b", 2),
+            Event::Clobbered {
+                saga: "s2".into(),
+                step: 1,
+                key: "c".into(),
+                found: Some(1000),
+            },
+            effect("s1", "a", 1),
+        ];
+        let found = violations(journal, &[("a", 7), ("b", 2)], &sagas);
+        for expected in [
+            "s1 ended Done and still holds",
+            "s3 is left Acting",
+            "s4 ended FailedRollbackPartial and no open dead letter",
+            "s4 ended FailedRollbackPartial, though no compensation of it failed",
+            "the effect of s2/1 happened after its compensation",
+            "the effect of s2/1 happened twice",
+            "the compensation of s2/1 destroyed a later write (c held 1000)",
+            "a holds 7, where the sagas that ended Done and the outside writes leave 1",
+            "b holds 2, and no saga that ended Done",
+        ] {
+            assert!(
+                found
+                    .iter()
+                    .any(|violation| violation.starts_with(expected)),
+                "{expected:?} not in {found:#?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! What one seed runs: a few sagas of `sim.set` steps over a few shared keys, and writers
+//! outside the kernel acting at chosen points.
+
+use std::fmt;
+
+use agent_kernel_api::{Plan, PlanStep};
+use serde_json::json;
+
+use crate::tools::SET_TOOL;
+
+/// A small deterministic generator (SplitMix64): one seed, one sequence.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// The generator of `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// True with probability `percent` / 100.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// The keys sagas share.
+pub const KEYS: [&str; 3] = ["a", "b", "c"];
+
+/// The most sagas one scenario runs at once.
+pub const SAGAS_MAX: u64 = 3;
+
+/// The most steps of one saga.
+pub const STEPS_MAX: u64 = 3;
+
+/// One step: set `key` to `value` (unique in the scenario), or fail before acting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepSpec {
+    /// The key.
+    pub key: String,
+    /// The value, unique in the scenario, so the world shows whose write it holds.
+    pub value: i64,
+    /// The step fails before its effect: its saga rolls back.
+    pub fail: bool,
+}
+
+/// A write by someone outside the kernel, at the first log write of the first process from
+/// point `at` on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outside {
+    /// The point.
+    pub at: u64,
+    /// The key.
+    pub key: String,
+    /// The value, unique in the scenario.
+    pub value: i64,
+}
+
+/// Sagas run at once by one process, and outside writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scenario {
+    /// Each saga's steps.
+    pub sagas: Vec<Vec<StepSpec>>,
+    /// The outside writes.
+    pub outside: Vec<Outside>,
+}
+
+impl Scenario {
+    /// The scenario of `rng`'s next numbers.
+    pub fn generate(rng: &mut Rng) -> Scenario {
+        let n_sagas = 1 + rng.below(SAGAS_MAX);
+        let mut next_value = 1;
+        let mut sagas = Vec::new();
+        for _ in 0..n_sagas {
+            let n_steps = 1 + rng.below(STEPS_MAX);
+            let steps: Vec<StepSpec> = (0..n_steps)
+                .map(|_| {
+                    let value = next_value;
+                    next_value += 1;
+                    StepSpec {
+                        key: pick_key(rng),
+                        value,
+                        fail: rng.chance(15),
+                    }
+                })
+                .collect();
+            sagas.push(steps);
+        }
+        let n_steps: u64 = sagas.iter().map(|steps| steps.len() as u64).sum();
+        let outside = (0..rng.below(2))
+            .map(|n| Outside {
+                // Within the points a run of these sagas reaches (about three a step).
+                at: rng.below(3 * n_steps + 2),
+                key: pick_key(rng),
+                value: 1000 + n as i64,
+            })
+            .collect();
+        Scenario { sagas, outside }
+    }
+
+    /// Saga `n` as a plan.
+    pub fn plan(&self, n: usize) -> Plan {
+        Plan {
+            name: Some(format!("saga {n}")),
+            actor: None,
+            steps: self.sagas[n]
+                .iter()
+                .map(|step| {
+                    let mut args = json!({ "key": step.key, "value": step.value });
+                    if step.fail {
+                        args["fail"] = json!(true);
+                    }
+                    PlanStep {
+                        tool: SET_TOOL.to_owned(),
+                        args,
+                        idempotency_key: None,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// Every smaller scenario with one saga, one step or one outside write fewer.
+    pub fn smaller(&self) -> Vec<Scenario> {
+        let mut smaller = Vec::new();
+        for n in 0..self.sagas.len() {
+            if self.sagas.len() > 1 {
+                let mut fewer = self.clone();
+                fewer.sagas.remove(n);
+                smaller.push(fewer);
+            }
+            for m in 0..self.sagas[n].len() {
+                if self.sagas[n].len() > 1 {
+                    let mut fewer = self.clone();
+                    fewer.sagas[n].remove(m);
+                    smaller.push(fewer);
+                }
+            }
+        }
+        for n in 0..self.outside.len() {
+            let mut fewer = self.clone();
+            fewer.outside.remove(n);
+            smaller.push(fewer);
+        }
+        smaller
+    }
+}
+
+fn pick_key(rng: &mut Rng) -> String {
+    KEYS[rng.below(KEYS.len() as u64) as usize].to_owned()
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (n, steps) in self.sagas.iter().enumerate() {
+            let steps: Vec<String> = steps
+                .iter()
+                .map(|step| {
+                    let fail = if step.fail { " (fails)" } else { "" };
+                    format!("{} = {}{fail}", step.key, step.value)
+                })
+                .collect();
+            writeln!(f, "  saga {n}: {}", steps.join("; "))?;
+        }
+        for write in &self.outside {
+            writeln!(
+                f,
+                "  outside writer: {} = {} before point {}",
+                write.key, write.value, write.at
+            )?;
+        }
+        Ok(())
+    }
+}
