@@ -124,7 +124,7 @@ pub use kernel::{Environment, Kernel, VALIDATE_HINT, args_hash};
 pub use live::{BeginOptions, CallAnswer, LiveSaga, LiveStatus};
 pub use owner::{Liveness, LivenessProbe, StoppedPrograms};
 pub use prune::PruneReport;
-pub use recovery::RECOVER_GROUP_SAGAS;
+pub use recovery::{INTERRUPTED_UNDO_REASON, RECOVER_GROUP_SAGAS};
 pub use replay::{Divergence, Recorded, ReplayReport, replay};
 pub use report::{
     Failure, NoObserver, Observer, RecoveryAction, RecoveryCounts, RecoveryReport, SagaEvent,

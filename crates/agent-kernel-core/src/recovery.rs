@@ -15,11 +15,16 @@ use crate::KernelError;
 use crate::kernel::Kernel;
 use crate::owner::Liveness;
 use crate::report::{Failure, Observer, RecoveryAction, RecoveryReport, SagaReport};
+use crate::undo::UndoRequest;
 
 /// Most sagas [`Kernel::recover`] takes over at once. The group's take-overs are written
 /// concurrently, so they share synced commits; its compensations then run one after
 /// another, newest first, each outcome durable before the next compensation acts.
 pub const RECOVER_GROUP_SAGAS: usize = 64;
+
+/// The reason recorded when `recover` finishes an undo whose process died.
+pub const INTERRUPTED_UNDO_REASON: &str =
+    "finishing an undo whose process died before it settled the saga";
 
 /// What taking one saga over for recovery came to.
 enum Prepared {
@@ -330,18 +335,62 @@ impl Kernel {
                 break;
             }
         }
-        self.release_stale_locks().await?;
+        self.settle_interrupted_undos(observer, &mut report).await?;
         Ok(report)
     }
 
-    /// Releases the locks that settled sagas of dead owners still hold: an `undo` that
-    /// claimed them again and died before it settled its saga.
-    async fn release_stale_locks(&self) -> Result<(), KernelError> {
+    /// Settles what an `undo` killed after its claim left: a `Done` saga of a dead owner
+    /// that holds its locks again. Its compensations may have begun (the world partly
+    /// undone while the log still says `Done`), so the undo is finished, as the operator
+    /// asked: the steps already compensated are skipped, the one whose outcome the kill
+    /// hid runs again (its tool's `changed_since` accepts what it restores), and the saga
+    /// ends `Undone`. An undo that cannot be finished (a step changed since, a window
+    /// closed, a tool missing) leaves the saga as it is, its locks released, and is
+    /// reported failed. Other settled sagas that hold locks only have them released.
+    async fn settle_interrupted_undos(
+        &self,
+        observer: &dyn Observer,
+        report: &mut RecoveryReport,
+    ) -> Result<(), KernelError> {
         for saga in self.log.settled_lock_holders().await? {
             if self.live.contains(&saga.saga_id)
                 || self.owner_liveness(&saga.owner).await? != Liveness::Dead
             {
                 continue;
+            }
+            if saga.state == SagaState::Done {
+                info!(saga_id = %saga.saga_id, "finishing an undo whose process died");
+                let request = UndoRequest {
+                    reason: INTERRUPTED_UNDO_REASON.to_owned(),
+                    force: false,
+                    by: Some("agent-kernel recover".to_owned()),
+                };
+                match self.undo(&saga.saga_id, &request, observer).await {
+                    Ok(finished) => {
+                        report
+                            .sagas
+                            .push(RecoveryAction::RolledBack(Box::new(finished)));
+                        continue;
+                    }
+                    Err(KernelError::Log(error)) => return Err(KernelError::Log(error)),
+                    Err(KernelError::TakenOver(_) | KernelError::SagaBusy { .. }) => {
+                        // Another process (a recovery beside this one, an `undo` run
+                        // again) holds it now and finishes it: its locks stay.
+                        report.sagas.push(RecoveryAction::SkippedTakenOver {
+                            saga_id: saga.saga_id.clone(),
+                        });
+                        continue;
+                    }
+                    Err(error) => {
+                        warn!(saga_id = %saga.saga_id, %error, "the interrupted undo cannot be finished");
+                        report.sagas.push(RecoveryAction::Failed {
+                            saga_id: saga.saga_id.clone(),
+                            error: format!(
+                                "an undo of it was killed and cannot be finished ({error}); its locks are released"
+                            ),
+                        });
+                    }
+                }
             }
             info!(saga_id = %saga.saga_id, state = %saga.state, "releasing the locks of a settled saga whose undo died");
             self.log

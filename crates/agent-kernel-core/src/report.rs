@@ -232,7 +232,8 @@ impl RecoveryAction {
 /// What a [`RecoveryReport`] says happened, counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct RecoveryCounts {
-    /// Sagas rolled back in full (`FailedRolledBack`).
+    /// Sagas rolled back in full (`FailedRolledBack`), and undos a killed process left
+    /// that recovery finished (`Undone`).
     pub rolled_back: usize,
     /// Sagas left alone because their process is alive.
     pub skipped_live: usize,
@@ -254,7 +255,10 @@ impl RecoveryReport {
         for action in &self.sagas {
             let count = match action {
                 RecoveryAction::RolledBack(report)
-                    if report.state == SagaState::FailedRolledBack =>
+                    if matches!(
+                        report.state,
+                        SagaState::FailedRolledBack | SagaState::Undone
+                    ) =>
                 {
                     &mut counts.rolled_back
                 }

@@ -263,8 +263,9 @@ impl Kernel {
     /// counted from the step's commit) has passed, or what it left has changed since
     /// ([`changed_since`](agent_kernel_api::Compensate::changed_since)), unless
     /// `force` (only for that last case). A compensation that fails leaves a dead letter and
-    /// the saga `FailedRollbackPartial`. An undo cut short (a crash) is finished by running
-    /// it again: the steps already compensated are skipped.
+    /// the saga `FailedRollbackPartial`. An undo cut short (a crash) is finished by
+    /// [`Kernel::recover`], or by running it again: the steps already compensated are
+    /// skipped.
     ///
     /// # Errors
     ///

@@ -216,7 +216,7 @@ fn a_waiting_run_says_how_to_approve_and_finishes_once_approved() {
 fn a_run_killed_while_it_waits_is_rolled_back_by_recover_and_a_later_approval_applies_to_nothing() {
     let project = project("");
     let (mut run, id) = waiting_run(&project, false);
-    run.kill().expect("SIGKILL");
+    crate::sigkill(&mut run).expect("SIGKILL");
     run.wait().expect("reaped");
     let (code, report) = project.run_json(&["recover"]);
     assert_eq!(code, 0, "{report}");

@@ -334,7 +334,7 @@ fn leave_a_saga_unfinished(project: &Project) {
     crate::wait_until("the slow saga never started", || {
         project.path("ws/slow.txt").exists()
     });
-    runner.kill().expect("SIGKILLs");
+    crate::sigkill(&mut runner).expect("SIGKILLs");
     runner.wait().expect("reaps");
 }
 

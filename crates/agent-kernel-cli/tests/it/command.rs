@@ -174,7 +174,7 @@ fn after_a_sigkill_recover_compensates_through_the_programs_from_the_log_alone()
     crate::wait_until("the programs never added both items", || {
         items(&project) == json!(["a", "b"])
     });
-    runner.kill().expect("SIGKILLs");
+    crate::sigkill(&mut runner).expect("SIGKILLs");
     runner.wait().expect("reaps");
     let (code, report) = project.run_json(&["recover"]);
     assert_eq!(code, 0, "{report}");

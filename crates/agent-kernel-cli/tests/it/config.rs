@@ -134,7 +134,7 @@ fn recover_says_where_it_looked_for_the_tools_file() {
     crate::wait_until("the note never landed", || {
         fs::read_to_string(project.path("ws/notes.txt")).is_ok_and(|notes| notes == "x\n")
     });
-    child.kill().expect("SIGKILLs");
+    crate::sigkill(&mut child).expect("SIGKILLs");
     child.wait().expect("reaps");
     // Recovered without the tools file: left as it is, and the operator told where the
     // command looked.

@@ -109,7 +109,7 @@ pub(crate) fn kill_after(mut child: Child, delay: Duration) -> bool {
     thread::sleep(delay);
     let running = child.try_wait().expect("polls").is_none();
     // `Child::kill` sends SIGKILL on Unix.
-    let _ = child.kill();
+    let _ = crate::sigkill(&mut child);
     let _ = child.wait();
     running
 }

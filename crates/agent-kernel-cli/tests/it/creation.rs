@@ -69,7 +69,7 @@ fn a_first_run_killed_at_any_instant_leaves_no_log_or_a_whole_one() {
         std::thread::sleep(Duration::from_micros(
             rng.random_range(0..FIRST_RUN_KILL_WITHIN_MS * 1000),
         ));
-        child.kill().expect("SIGKILLs");
+        crate::sigkill(&mut child).expect("SIGKILLs");
         child.wait().expect("reaps");
         if !db.exists() {
             absent += 1;

@@ -130,7 +130,7 @@ fn a_file_held_by_a_running_saga_is_refused_however_it_is_spelled_then_by_a_dead
     assert_eq!(refused["locks"], json!([]), "a settled saga holds nothing");
 
     // Its process dies: the saga keeps what it holds until `recover` settles it.
-    running.kill().expect("SIGKILLs");
+    crate::sigkill(&mut running).expect("SIGKILLs");
     running.wait().expect("reaps");
     let later = plan_of(
         &project,
@@ -292,7 +292,7 @@ fn a_command_tools_declared_resources_keep_calls_on_one_account_apart_and_others
     assert_eq!(row("acct.note")["resources_default"], true);
     assert_eq!(row("fs.write")["resources"], json!(["file:$.args.path"]));
     assert_eq!(row("fs.read")["resources"], json!([]));
-    running.kill().expect("SIGKILLs");
+    crate::sigkill(&mut running).expect("SIGKILLs");
     running.wait().expect("reaps");
     let (code, report) = project.run_json(&["recover"]);
     assert_eq!(code, 0, "{report}");
@@ -499,7 +499,7 @@ fn over_mcp_a_conflict_names_its_holder_and_leaves_the_saga_open() {
         "{committed}"
     );
     server.close();
-    running.kill().expect("SIGKILLs");
+    crate::sigkill(&mut running).expect("SIGKILLs");
     running.wait().expect("reaps");
     assert_eq!(file(&project), "A");
     assert_eq!(
@@ -513,7 +513,7 @@ fn mcp_at_start_names_unsettled_sagas_of_dead_processes_and_recover_settles_them
     let project = Project::new();
     fs::write(project.path("ws/f.txt"), "original").expect("writes");
     let mut dead = holder(&project, "A", 60_000, false);
-    dead.kill().expect("SIGKILLs");
+    crate::sigkill(&mut dead).expect("SIGKILLs");
     dead.wait().expect("reaps");
     let output = project
         .command(&["mcp"])
@@ -596,7 +596,7 @@ fn random_kills_across_sagas_on_three_files_leave_the_done_sagas_writes_and_no_l
         std::thread::sleep(std::time::Duration::from_millis(next(60)));
         for mut child in children {
             if next(2) == 0 && child.try_wait().expect("polls").is_none() {
-                child.kill().expect("SIGKILLs");
+                crate::sigkill(&mut child).expect("SIGKILLs");
                 n_killed += 1;
             }
             child.wait().expect("reaps");

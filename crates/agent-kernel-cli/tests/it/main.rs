@@ -17,6 +17,7 @@ mod group_crash;
 mod http;
 mod integrations;
 mod isolation;
+mod kill_rounds;
 mod layering;
 mod least_privilege;
 mod leftovers;
@@ -53,6 +54,31 @@ pub(crate) fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
         assert!(std::time::Instant::now() < deadline, "{what}");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+}
+
+/// The file each SIGKILL of a running process is counted in, one line each, when set: CI
+/// sets it and prints the total (the eval suite counts its kills in the same file).
+pub(crate) const KILL_TALLY_VARIABLE: &str = "AGENT_KERNEL_KILL_TALLY";
+
+/// SIGKILLs `child` (`Child::kill` sends SIGKILL on Unix) and, when it was still running,
+/// counts the kill in the file `AGENT_KERNEL_KILL_TALLY` names.
+///
+/// # Errors
+///
+/// As `Child::kill`.
+pub(crate) fn sigkill(child: &mut std::process::Child) -> std::io::Result<()> {
+    let running = child.try_wait()?.is_none();
+    child.kill()?;
+    if running && let Some(path) = std::env::var_os(KILL_TALLY_VARIABLE) {
+        use std::io::Write as _;
+        // One short append per kill: atomic, so tests killing at once never mix lines.
+        let mut tally = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        tally.write_all(b"sigkill\n")?;
+    }
+    Ok(())
 }
 
 /// The seed of a randomized test: `$VAR` when set (to replay a run), else from the clock.

@@ -568,7 +568,7 @@ fn after_a_sigkill_of_the_server_recover_puts_every_file_back() {
     let mut raw = Raw::start(&project);
     raw.begin_and_write("ws/a.txt");
     raw.begin_and_write("ws/b.txt");
-    raw.child.kill().expect("SIGKILLs");
+    crate::sigkill(&mut raw.child).expect("SIGKILLs");
     raw.child.wait().expect("reaps");
     assert_eq!(
         fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
@@ -1060,7 +1060,7 @@ compensate = ["sh", "-c", "rm -f ws/slow.txt"]
     crate::wait_until("the program never ran", || {
         fs::read_to_string(project.path("ws/slow.txt")).is_ok_and(|text| text == "added\n")
     });
-    raw.child.kill().expect("SIGKILLs");
+    crate::sigkill(&mut raw.child).expect("SIGKILLs");
     raw.child.wait().expect("reaps");
     let (code, listed) = project.run_json(&["log"]);
     assert_eq!(code, 0, "{listed}");
@@ -1099,7 +1099,7 @@ fn autocommit_calls_killed_at_random_moments_end_done_or_undone() {
         std::thread::sleep(std::time::Duration::from_micros(
             rng.random_range(0..20_000),
         ));
-        raw.child.kill().expect("SIGKILLs");
+        crate::sigkill(&mut raw.child).expect("SIGKILLs");
         raw.child.wait().expect("reaps");
         let (code, report) = project.run_json(&["recover"]);
         assert_eq!(code, 0, "seed {seed}, round {round}: {report}");

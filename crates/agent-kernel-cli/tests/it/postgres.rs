@@ -129,7 +129,7 @@ fn four_workers_share_a_log_and_a_killed_ones_saga_is_rolled_back_once_by_a_watc
     wait_until("worker 0 rewrote two files", || {
         file(&project, 0, 1) != ORIGINAL
     });
-    workers[0].kill().expect("SIGKILL");
+    crate::sigkill(&mut workers[0]).expect("SIGKILL");
     workers[0].wait().expect("reaped");
     let killed_at = Instant::now();
     for (n, worker) in workers.iter_mut().enumerate().skip(1) {
@@ -658,7 +658,7 @@ fn a_worker_cut_off_after_a_begin_never_makes_its_effect_after_the_take_over() {
             partition.disarm();
             partition.release();
             let mut worker = worker;
-            worker.kill().expect("SIGKILL");
+            crate::sigkill(&mut worker).expect("SIGKILL");
             worker.wait().expect("reaped");
             stop(watcher);
             inconclusive += 1;
@@ -727,7 +727,7 @@ fn recover_right_after_a_sigkill_on_this_machine_does_not_wait_for_the_lease() {
     wait_until("the first step landed", || {
         fs::read_to_string(project.path("ws/a.txt")).expect("reads") != ORIGINAL
     });
-    worker.kill().expect("SIGKILLs");
+    crate::sigkill(&mut worker).expect("SIGKILLs");
     worker.wait().expect("reaps");
     let started = Instant::now();
     let output = on_postgres(&project, &url, &["--json", "recover"])
@@ -788,7 +788,7 @@ fn recover_watch_survives_a_lost_connection_and_a_restart() {
     wait_until("the first step landed", || {
         fs::read_to_string(project.path("ws/a.txt")).expect("reads") != ORIGINAL
     });
-    worker.kill().expect("SIGKILLs");
+    crate::sigkill(&mut worker).expect("SIGKILLs");
     worker.wait().expect("reaps");
     let mut watcher = watcher;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -950,7 +950,7 @@ fn two_worker_processes_on_one_file_are_kept_apart_on_postgres_and_a_dead_ones_h
     let project = Project::new();
     fs::write(project.path("ws/f.txt"), "original").expect("writes");
     let mut dead = holding_worker(&project, &url, ("dead", "A"), 60_000, false);
-    dead.kill().expect("SIGKILL");
+    crate::sigkill(&mut dead).expect("SIGKILL");
     dead.wait().expect("reaped");
     let (code, stderr) = one_step(&project, &url, "later", "fs.write", "B");
     assert_eq!(code, 6, "{stderr}");

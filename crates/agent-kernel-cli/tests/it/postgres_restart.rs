@@ -173,7 +173,7 @@ fn a_watcher_rolls_back_the_sagas_of_many_workers_killed_at_once() {
         (0..n_workers).all(|n| file(&project, n, 0) != ORIGINAL)
     });
     for worker in &mut workers {
-        worker.kill().expect("SIGKILL");
+        crate::sigkill(worker).expect("SIGKILL");
     }
     for worker in &mut workers {
         worker.wait().expect("reaped");

@@ -55,7 +55,7 @@ fn killed_mid_saga(url: &str) -> (Project, PathBuf) {
     wait_until("the first step landed", || {
         fs::read_to_string(project.path("ws/a.txt")).expect("reads") != ORIGINAL
     });
-    worker.kill().expect("SIGKILLs");
+    crate::sigkill(&mut worker).expect("SIGKILLs");
     worker.wait().expect("reaps");
     let file = project.path("ws/a.txt");
     (project, file)

@@ -236,7 +236,7 @@ fn dead_saga_writing(project: &Project, content: &str) -> String {
     crate::wait_until("the dead saga's write never landed", || {
         fs::read_to_string(project.path("ws/config.txt")).is_ok_and(|now| now == content)
     });
-    child.kill().expect("SIGKILLs");
+    crate::sigkill(&mut child).expect("SIGKILLs");
     child.wait().expect("reaps");
     project.latest_saga().expect("a saga").0
 }

@@ -419,7 +419,7 @@ fn recovery_runs_under_the_policy_in_force_and_refuses_a_broken_one() {
     crate::wait_until("the saga never wrote", || {
         fs::read(project.path("ws/a.txt")).expect("reads") == b"after"
     });
-    child.kill().expect("kills");
+    crate::sigkill(&mut child).expect("kills");
     child.wait().expect("reaps");
     // The policy is now broken: what the log records is ruled on by the policy in force,
     // so recovery refuses to guess and undoes nothing, leaving the saga for later.

@@ -45,7 +45,7 @@ impl World {
         crate::wait_until("the saga never wrote both files", || {
             fs::read(project.path("ws/old.txt")).is_ok_and(|bytes| bytes == b"new")
         });
-        runner.kill().expect("SIGKILLs");
+        crate::sigkill(&mut runner).expect("SIGKILLs");
         runner.wait().expect("reaps");
         let saga_id = project.latest_saga().expect("a saga").0;
         World { project, saga_id }

@@ -140,7 +140,7 @@ fn sigkill_after_upstream_write(project: &Project, path: &str, content: &str) {
         .spawn()
         .expect("spawns");
     crate::wait_until("the upstream call was made", || project.path(path).exists());
-    run.kill().expect("SIGKILL");
+    crate::sigkill(&mut run).expect("SIGKILL");
     run.wait().expect("reaped");
 }
 

@@ -119,7 +119,7 @@ fn dead_saga(project: &Project, name: &str, plan: &Value, landed: impl Fn() -> b
         .spawn()
         .expect("spawns");
     crate::wait_until("the dead saga's effect never landed", landed);
-    child.kill().expect("SIGKILLs");
+    crate::sigkill(&mut child).expect("SIGKILLs");
     child.wait().expect("reaps");
     project.latest_saga().expect("a saga").0
 }

@@ -1,0 +1,240 @@
+//! `undo` and `dlq retry` SIGKILLed at random moments (while a command tool's program runs,
+//! often), then finished by `recover` and the same command: every file ends exactly as the
+//! model says, and every kill is counted (`crate::sigkill`).
+//!
+//! The seed is printed; `AGENT_KERNEL_KILL_SEED` replays a run and
+//! `AGENT_KERNEL_KILL_ROUNDS` sets the number of kills of each command (default 30).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+use crate::crash::{kill_after, spawn};
+use crate::dlq::{NOTE_PY, TOOLS_TOML};
+use crate::{Project, describe};
+
+/// Kills of each command per run, unless `AGENT_KERNEL_KILL_ROUNDS` says otherwise.
+const DEFAULT_ROUNDS: u32 = 30;
+
+type Files = BTreeMap<String, Vec<u8>>;
+
+fn rounds() -> u32 {
+    std::env::var("AGENT_KERNEL_KILL_ROUNDS")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(DEFAULT_ROUNDS)
+}
+
+/// A project with the `note.add` command tool.
+fn project_with_notes() -> Project {
+    let project = Project::new();
+    fs::write(project.path("note.py"), NOTE_PY).expect("writes");
+    fs::write(project.path("tools.toml"), TOOLS_TOML).expect("writes");
+    project
+}
+
+/// The state of the project's one saga.
+fn state(project: &Project) -> String {
+    project.latest_saga().expect("a saga").1
+}
+
+/// A saga of built-in and command-tool steps run to `Done`; the files before and after.
+fn done_saga(project: &Project) -> (String, Files, Files) {
+    fs::write(project.path("ws/a.txt"), "before").expect("writes");
+    fs::write(project.path("ws/log.txt"), "one\n").expect("writes");
+    // `note.add`'s compensation removes its line and leaves the file, empty.
+    fs::write(project.path("ws/notes.txt"), "").expect("writes");
+    let before = project.snapshot();
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [
+            {"tool": "fs.write", "args": {"path": "ws/a.txt", "content": "after"}},
+            {"tool": "note.add", "args": {"item": "first"}},
+            {"tool": "fs.append", "args": {"path": "ws/log.txt", "content": "two\n"}},
+            {"tool": "note.add", "args": {"item": "second"}},
+        ]}),
+    );
+    let output = project.run(&["run", "--plan", plan.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let (saga_id, state) = project.latest_saga().expect("a saga");
+    assert_eq!(state, "Done");
+    (saga_id, before, project.snapshot())
+}
+
+/// How long `args` takes on a fresh project that `prepare` sets up, the shortest of three.
+fn calibrate(prepare: impl Fn() -> (Project, Vec<String>)) -> Duration {
+    (0..3)
+        .map(|_| {
+            let (project, args) = prepare();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let started = Instant::now();
+            let output = project.run(&args);
+            assert!(
+                matches!(output.status.code(), Some(0 | 3)),
+                "{}",
+                describe(&output)
+            );
+            started.elapsed()
+        })
+        .min()
+        .expect("three runs")
+}
+
+/// `audit verify` passes after round `round`.
+fn verifies(project: &Project, round: u32) {
+    let output = project.run(&["audit", "verify"]);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "round {round}: {}",
+        describe(&output)
+    );
+}
+
+/// A delay from 0 to 130% of `span`: most kills land inside the command, some after it.
+fn delay(rng: &mut StdRng, span: Duration) -> Duration {
+    let span_us = u64::try_from(span.as_micros()).unwrap_or(u64::MAX);
+    Duration::from_micros(rng.random_range(0..=span_us.saturating_mul(13) / 10))
+}
+
+#[test]
+fn undo_killed_at_random_moments_then_recover_leaves_the_saga_done_or_undone() {
+    let rounds = rounds();
+    let seed = crate::seed_from_env("AGENT_KERNEL_KILL_SEED");
+    eprintln!("undo kills: seed {seed} (AGENT_KERNEL_KILL_SEED={seed} reproduces), {rounds} kills");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let span = calibrate(|| {
+        let project = project_with_notes();
+        let (saga_id, _, _) = done_saga(&project);
+        let args = ["undo", "--saga", &saga_id, "--reason", "calibration"];
+        (project, args.map(str::to_owned).to_vec())
+    });
+    let (mut undone, mut left_done) = (0, 0);
+    for round in 0..rounds {
+        let project = project_with_notes();
+        let (saga_id, before, done) = done_saga(&project);
+        let undo = spawn(
+            &project,
+            &["undo", "--saga", &saga_id, "--reason", "killed on purpose"],
+        );
+        kill_after(undo, delay(&mut rng, span));
+        let output = project.run(&["recover"]);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "round {round}: {}",
+            describe(&output)
+        );
+        match state(&project).as_str() {
+            "Undone" => {
+                undone += 1;
+                assert_eq!(project.snapshot(), before, "round {round}: undone");
+            }
+            "Done" => {
+                left_done += 1;
+                assert_eq!(project.snapshot(), done, "round {round}: still done");
+                let output =
+                    project.run(&["undo", "--saga", &saga_id, "--reason", "after the kill"]);
+                assert_eq!(
+                    output.status.code(),
+                    Some(0),
+                    "round {round}: {}",
+                    describe(&output)
+                );
+                assert_eq!(state(&project), "Undone", "round {round}");
+                assert_eq!(project.snapshot(), before, "round {round}: undone after");
+            }
+            other => panic!("round {round}: the saga is {other} after `recover`"),
+        }
+        verifies(&project, round);
+    }
+    eprintln!("undo kills: {undone} undone by `recover`, {left_done} left done and undone again");
+}
+
+/// The open dead letters of the project, by step, highest step first.
+fn open_letters(project: &Project) -> Vec<(u64, String)> {
+    let (code, listed) = project.run_json(&["dlq", "list"]);
+    assert_eq!(code, 0, "{listed}");
+    let mut letters: Vec<(u64, String)> = listed["dead_letters"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|letter: &Value| {
+            (
+                letter["step"].as_u64().expect("a step"),
+                letter["id"].as_str().expect("an id").to_owned(),
+            )
+        })
+        .collect();
+    letters.sort_unstable_by(|a, b| b.cmp(a));
+    letters
+}
+
+/// A saga whose two `note.add` compensations failed (the notes locked), then unlocked:
+/// two open dead letters.
+fn failed_saga(project: &Project) {
+    fs::write(project.path("ws/block"), "").expect("writes");
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [
+            {"tool": "note.add", "args": {"item": "a"}},
+            {"tool": "note.add", "args": {"item": "b"}},
+            {"tool": "fault.fail", "args": {}},
+        ]}),
+    );
+    let output = project.run(&["run", "--plan", plan.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    assert_eq!(state(project), "FailedRollbackPartial");
+    fs::remove_file(project.path("ws/block")).expect("unlocks");
+}
+
+#[test]
+fn dlq_retry_killed_at_random_moments_then_retried_settles_every_letter() {
+    let rounds = rounds();
+    let seed = crate::seed_from_env("AGENT_KERNEL_KILL_SEED");
+    eprintln!(
+        "dlq retry kills: seed {seed} (AGENT_KERNEL_KILL_SEED={seed} reproduces), {rounds} kills"
+    );
+    let mut rng = StdRng::seed_from_u64(seed);
+    let span = calibrate(|| {
+        let project = project_with_notes();
+        failed_saga(&project);
+        let (_, id) = open_letters(&project).remove(0);
+        (project, ["dlq", "retry", &id].map(str::to_owned).to_vec())
+    });
+    let rolled_back = Files::from([("notes.txt".to_owned(), Vec::new())]);
+    for round in 0..rounds {
+        let project = project_with_notes();
+        failed_saga(&project);
+        let (_, id) = open_letters(&project).remove(0);
+        kill_after(
+            spawn(&project, &["dlq", "retry", &id]),
+            delay(&mut rng, span),
+        );
+        // What a killed retry left in flight, `recover` settles first; each letter still
+        // open is then retried by hand, as an operator would.
+        let output = project.run(&["recover"]);
+        assert!(
+            matches!(output.status.code(), Some(0 | 3)),
+            "round {round}: {}",
+            describe(&output)
+        );
+        for (_, id) in open_letters(&project) {
+            let output = project.run(&["dlq", "retry", &id]);
+            assert_eq!(
+                output.status.code(),
+                Some(0),
+                "round {round}: {}",
+                describe(&output)
+            );
+        }
+        assert_eq!(open_letters(&project), Vec::new(), "round {round}");
+        assert_eq!(state(&project), "FailedRolledBack", "round {round}");
+        assert_eq!(project.snapshot(), rolled_back, "round {round}");
+        verifies(&project, round);
+    }
+}
