@@ -294,7 +294,8 @@ impl Kernel {
     ///
     /// The command is recorded in the audit chain ([`AuditEvent::Operator`](agent_kernel_api::AuditEvent::Operator)) before it acts.
     ///
-    /// Sagas in a terminal state are never touched; sagas whose owner is alive (or cannot
+    /// Sagas in a terminal state are never compensated, but for a `Done` saga whose `undo`
+    /// was killed after it claimed the saga: that undo is finished. Sagas whose owner is alive (or cannot
     /// be checked from this host) are skipped and reported. Each saga is taken over with a
     /// compare-and-swap on its owner, so concurrent recoveries never compensate one saga
     /// twice at once, and a recovery that is itself killed is resumed by the next one.
@@ -317,8 +318,10 @@ impl Kernel {
             .into_iter()
             .rev()
             .collect();
+        let mut stopped = false;
         for (n_group, group) in newest_first.chunks(RECOVER_GROUP_SAGAS).enumerate() {
             if let Err(error) = self.recover_group(group, observer, &mut report).await {
+                stopped = true;
                 // A compensation stopped by the log stops recovery: an older saga undone
                 // while a newer one's undo is unrecorded would have the next recovery undo
                 // the newer one over the older one's undo.
@@ -335,7 +338,10 @@ impl Kernel {
                 break;
             }
         }
-        self.settle_interrupted_undos(observer, &mut report).await?;
+        if !stopped {
+            // Nothing more is written after a failed write.
+            self.settle_interrupted_undos(observer, &mut report).await?;
+        }
         Ok(report)
     }
 
@@ -359,13 +365,28 @@ impl Kernel {
                 continue;
             }
             if saga.state == SagaState::Done {
+                // What the killed undo started (a command tool's compensation) stops first.
+                if !self
+                    .stop_programs_of_owners(std::iter::once(saga.owner.clone()))
+                    .await
+                    .is_empty()
+                {
+                    report.sagas.push(RecoveryAction::Failed {
+                        saga_id: saga.saga_id.clone(),
+                        error: "an undo of it was killed, and the programs it started could not be stopped; left as it is".to_owned(),
+                    });
+                    continue;
+                }
                 info!(saga_id = %saga.saga_id, "finishing an undo whose process died");
                 let request = UndoRequest {
                     reason: INTERRUPTED_UNDO_REASON.to_owned(),
                     force: false,
                     by: Some("agent-kernel recover".to_owned()),
                 };
-                match self.undo(&saga.saga_id, &request, observer).await {
+                let finished = self
+                    .undo_taken_from(&saga.saga_id, &request, observer, Some(&saga.owner))
+                    .await;
+                match finished {
                     Ok(finished) => {
                         report
                             .sagas
@@ -389,6 +410,12 @@ impl Kernel {
                                 "an undo of it was killed and cannot be finished ({error}); its locks are released"
                             ),
                         });
+                        // Released only while the dead process still owns it: another
+                        // process may have taken it over meanwhile.
+                        let now = self.log.saga(&saga.saga_id).await?;
+                        if now.is_none_or(|now| now.saga.owner != saga.owner) {
+                            continue;
+                        }
                     }
                 }
             }

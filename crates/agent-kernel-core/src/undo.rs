@@ -1,5 +1,6 @@
 //! Undo (reference §10): an operator compensates a `Done` saga's steps, last first, within
-//! their undo windows, and the saga ends `Undone`. `recover` never does this; only `undo`.
+//! their undo windows, and the saga ends `Undone`. `recover` never starts one; it only finishes an undo
+//! whose process was killed after it began (`Kernel::recover`).
 
 use agent_kernel_api::{
     EffectClass, LogWrite, MAX_DECISION_NOTE_BYTES, Reversibility, SagaId, SagaState, StepStatus,
@@ -279,6 +280,19 @@ impl Kernel {
         request: &UndoRequest,
         observer: &dyn Observer,
     ) -> Result<SagaReport, KernelError> {
+        self.undo_taken_from(saga_id, request, observer, None).await
+    }
+
+    /// [`Kernel::undo`]; with `from`, only of a saga that owner still holds
+    /// ([`KernelError::TakenOver`] otherwise): recovery finishing a dead process's undo
+    /// never takes the saga from a process that took it first.
+    pub(crate) async fn undo_taken_from(
+        &self,
+        saga_id: &SagaId,
+        request: &UndoRequest,
+        observer: &dyn Observer,
+        from: Option<&agent_kernel_api::Owner>,
+    ) -> Result<SagaReport, KernelError> {
         if request.reason.trim().is_empty() || request.reason.len() > MAX_DECISION_NOTE_BYTES {
             return Err(KernelError::InvalidRequest(format!(
                 "an undo needs a reason of 1 to {MAX_DECISION_NOTE_BYTES} bytes"
@@ -294,6 +308,9 @@ impl Kernel {
         self.record_operator_command_with("undo", Some(saga_id), options)
             .await?;
         let mut record = self.load(saga_id).await?;
+        if from.is_some_and(|from| record.saga.owner != *from) {
+            return Err(KernelError::TakenOver(saga_id.clone()));
+        }
         let refuse = |step: Option<(u32, &str)>, reason: String| KernelError::UndoRefused {
             saga_id: saga_id.clone(),
             step: step.map(|(seq, tool)| (seq, tool.to_owned())),
@@ -378,9 +395,14 @@ impl Kernel {
         }
         .instrument(span)
         .await;
-        if ended.is_err() {
-            // Stopped after its claim: what the saga holds again goes now, if it is still
-            // settled (a `recover` releases it too, once this process is gone).
+        if ended
+            .as_ref()
+            .is_err_and(|error| !matches!(error, KernelError::Log(_)))
+        {
+            // Stopped after its claim by a refusal: what the saga holds again goes now, if
+            // it is still settled. After a failed write nothing more is written: the
+            // claimed locks stay, and a `recover` finishes the undo once this process is
+            // gone.
             let release = vec![LogWrite::ReleaseLocks {
                 saga_id: saga_id.clone(),
             }];

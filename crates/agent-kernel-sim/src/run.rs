@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use agent_kernel_api::{
-    Clock, Durability, IdSource, Owner, SagaId, SagaRecord, SagaState, ToolEntry, TxLog,
+    Clock, Durability, IdSource, Owner, SagaId, SagaRecord, SagaState, StepStatus, ToolEntry, TxLog,
 };
 use agent_kernel_core::{Environment, Kernel, Liveness, LivenessProbe, NoObserver};
 use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
@@ -284,10 +284,9 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
                 report = kernel.recover(&NoObserver) => match report {
                     Ok(report) => process.note(format!("settled {} sagas", report.sagas.len())),
                     Err(err) => {
+                        // Its faults are kills, which end it silently: an error is a finding.
                         process.note(format!("failed: {err}"));
-                        if fault.is_none() {
-                            outcome.violations.push(format!("the last recover failed: {err}"));
-                        }
+                        outcome.violations.push(format!("{name} failed: {err}"));
                     }
                 },
             }
@@ -324,6 +323,7 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
     close(log)?;
     let audit = agent_kernel_txlog::verify(&dir.join(LOG_FILE), None);
     check(&world, &sagas, &open_letters, &mut outcome.violations);
+    check_steps(&world, &sagas, &mut outcome.violations);
     match audit {
         Ok(report) if report.is_intact() => {}
         Ok(report) => outcome.violations.push(format!(
@@ -362,23 +362,81 @@ async fn read_sagas(log: &dyn TxLog) -> anyhow::Result<Vec<SagaRecord>> {
 }
 
 /// Whether a saga may rightly be left to an operator: a compensation of it failed, or
-/// another writer (outside the kernel, or another saga) changed a key one of its steps was
-/// to write, so that undoing the step could destroy that. (A step prepared before another
-/// saga wrote and settled, and claimed after, carries stale undo data: a kill before the
-/// engine's check of it leaves recovery a "changed since" it cannot tell from a real one.)
+/// another writer (outside the kernel, or another saga) changed a key after one of its
+/// steps had prepared it, so that undoing the step could destroy that. (A step prepared
+/// before another saga wrote and settled, and claimed after, carries stale undo data: a
+/// kill before the engine's check of it leaves recovery a "changed since" it cannot tell
+/// from a real one.)
 fn has_cause_to_park(world: &WorldState, record: &SagaRecord) -> bool {
     let saga_id = record.saga.saga_id.to_string();
-    let keys: Vec<&str> = record
-        .steps
-        .iter()
-        .filter_map(|step| step.args.get("key").and_then(serde_json::Value::as_str))
-        .collect();
-    world.journal.iter().any(|event| match event {
-        Event::CompensationFailed { saga, .. } => *saga == saga_id,
-        Event::Outside { key, .. } => keys.contains(&key.as_str()),
-        Event::Effect { saga, key, .. } => *saga != saga_id && keys.contains(&key.as_str()),
-        _ => false,
-    })
+    let mut prepared: Vec<&str> = Vec::new();
+    for event in &world.journal {
+        match event {
+            Event::CompensationFailed { saga, .. } if *saga == saga_id => return true,
+            Event::Prepared { saga, key, .. } if *saga == saga_id => prepared.push(key),
+            Event::Outside { key, .. } if prepared.contains(&key.as_str()) => return true,
+            Event::Effect { saga, key, .. }
+                if *saga != saga_id && prepared.contains(&key.as_str()) =>
+            {
+                return true;
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
+/// What the log says each saga's steps did, against the journal: a `Done` saga's every
+/// committed step acted once; every effect of a saga rolled back or undone in full was
+/// compensated after it.
+fn check_steps(world: &WorldState, sagas: &[SagaRecord], violations: &mut Vec<String>) {
+    for record in sagas {
+        let id = record.saga.saga_id.to_string();
+        let state = record.saga.state;
+        match state {
+            SagaState::Done => {
+                for step in &record.steps {
+                    if step.status != StepStatus::Commit {
+                        continue;
+                    }
+                    let acted = world
+                        .journal
+                        .iter()
+                        .filter(|event| {
+                            matches!(event, Event::Effect { saga, step: seq, .. }
+                                if *saga == id && *seq == step.step_seq)
+                        })
+                        .count();
+                    if acted != 1 {
+                        violations.push(format!(
+                            "{id}/{} is committed in a Done saga, and its effect happened {acted} times",
+                            step.step_seq
+                        ));
+                    }
+                }
+            }
+            SagaState::FailedRolledBack | SagaState::Undone => {
+                for (at, event) in world.journal.iter().enumerate() {
+                    let Event::Effect { saga, step, .. } = event else {
+                        continue;
+                    };
+                    if *saga != id {
+                        continue;
+                    }
+                    let undone = world.journal[at..].iter().any(|later| {
+                        matches!(later, Event::Restored { saga, step: seq, .. }
+                            if *saga == id && seq == step)
+                    });
+                    if !undone {
+                        violations.push(format!(
+                            "{id} ended {state}, and the effect of {id}/{step} was never compensated"
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 /// The invariants, against the model of the world: the effects of `Done` sagas and the
@@ -468,7 +526,7 @@ fn check(
             Event::Outside { key, value } => {
                 expected.insert(key.clone(), (Some(*value), false));
             }
-            Event::CompensationFailed { .. } => {}
+            Event::CompensationFailed { .. } | Event::Prepared { .. } => {}
         }
     }
     for (key, (value, after_parked)) in &expected {

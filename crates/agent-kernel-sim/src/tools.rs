@@ -92,8 +92,13 @@ impl Tool for SetTool {
 }
 
 impl Compensate for SetTool {
-    async fn prepare(&self, _ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
+    async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
         let (key, _) = key_and_value(args)?;
+        self.world.note(Event::Prepared {
+            saga: ctx.saga_id.to_string(),
+            step: ctx.step_seq,
+            key: key.clone(),
+        });
         Ok(Undo {
             data: json!({ "old": self.world.get(&key) }),
             blob: None,
@@ -168,7 +173,11 @@ impl Compensate for SetTool {
         let (key, value) = key_and_value(args)?;
         let old = old_of(undo);
         let found = self.world.get(&key);
-        self.world.checked(&key);
-        Ok((found != Some(value) && found != old).then(|| format!("{key} holds {}", shown(found))))
+        let changed = found != Some(value) && found != old;
+        if !changed {
+            // The act follows (a compensation, an effect): nothing outside lands between.
+            self.world.checked(&key);
+        }
+        Ok(changed.then(|| format!("{key} holds {}", shown(found))))
     }
 }

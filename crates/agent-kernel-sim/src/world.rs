@@ -42,6 +42,15 @@ pub enum Event {
         /// What it found there.
         found: Option<i64>,
     },
+    /// A step was prepared: its undo data read `key` (a note, changing nothing).
+    Prepared {
+        /// The saga of the step.
+        saga: String,
+        /// The step.
+        step: u32,
+        /// What it will change.
+        key: String,
+    },
     /// A step's compensation failed (a simulated fault): nothing restored.
     CompensationFailed {
         /// The saga of the step.
@@ -83,6 +92,7 @@ impl fmt::Display for Event {
                 "CLOBBER {saga}/{step}: {key} held {}, restored over it",
                 shown(*found)
             ),
+            Event::Prepared { saga, step, key } => write!(f, "prepare {saga}/{step}: {key}"),
             Event::CompensationFailed { saga, step } => {
                 write!(f, "compensation {saga}/{step} failed")
             }

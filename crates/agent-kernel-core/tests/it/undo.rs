@@ -1,6 +1,6 @@
 //! Undo of a `Done` saga (reference §10): every step compensated last first and the saga
 //! `Undone`, within the undo window (on an injected clock), never for an irreversible step,
-//! and never by `recover`.
+//! and never started by `recover`.
 
 use agent_kernel_api::{ApprovalStatus, PlanStep, SagaState, StepStatus};
 use agent_kernel_core::{
