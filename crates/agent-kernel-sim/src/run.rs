@@ -364,7 +364,7 @@ async fn read_sagas(log: &dyn TxLog) -> anyhow::Result<Vec<SagaRecord>> {
 /// Whether a saga may rightly be left to an operator: a compensation of it failed, or
 /// another writer (outside the kernel, or another saga) changed a key after one of its
 /// steps had prepared it, so that undoing the step could destroy that. (A step prepared
-/// before another saga wrote and settled, and claimed after, carries stale undo data: a
+/// before another saga wrote or compensated and settled, and claimed after, carries stale undo data: a
 /// kill before the engine's check of it leaves recovery a "changed since" it cannot tell
 /// from a real one.)
 fn has_cause_to_park(world: &WorldState, record: &SagaRecord) -> bool {
@@ -375,7 +375,7 @@ fn has_cause_to_park(world: &WorldState, record: &SagaRecord) -> bool {
             Event::CompensationFailed { saga, .. } if *saga == saga_id => return true,
             Event::Prepared { saga, key, .. } if *saga == saga_id => prepared.push(key),
             Event::Outside { key, .. } if prepared.contains(&key.as_str()) => return true,
-            Event::Effect { saga, key, .. }
+            Event::Effect { saga, key, .. } | Event::Restored { saga, key, .. }
                 if *saga != saga_id && prepared.contains(&key.as_str()) =>
             {
                 return true;
