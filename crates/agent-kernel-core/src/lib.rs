@@ -124,11 +124,11 @@ pub use kernel::{Environment, Kernel, VALIDATE_HINT, args_hash};
 pub use live::{BeginOptions, CallAnswer, LiveSaga, LiveStatus};
 pub use owner::{Liveness, LivenessProbe, StoppedPrograms};
 pub use prune::PruneReport;
-pub use recovery::{INTERRUPTED_UNDO_REASON, RECOVER_GROUP_SAGAS};
+pub use recovery::RECOVER_GROUP_SAGAS;
 pub use replay::{Divergence, Recorded, ReplayReport, replay};
 pub use report::{
     Failure, NoObserver, Observer, RecoveryAction, RecoveryCounts, RecoveryReport, SagaEvent,
     SagaReport, StepReport, approval_document,
 };
 pub use shown::{HiddenChar, Shown, is_hidden, shown_json};
-pub use undo::{UndoPreview, UndoRequest, UndoStepPreview, UndoVerdict};
+pub use undo::{INTERRUPTED_UNDO_REASON, UndoPreview, UndoRequest, UndoStepPreview, UndoVerdict};

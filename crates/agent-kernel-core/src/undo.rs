@@ -12,7 +12,8 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::KernelError;
 use crate::compensation::WhenChanged;
 use crate::kernel::Kernel;
-use crate::report::{Observer, SagaReport};
+use crate::owner::Liveness;
+use crate::report::{Observer, RecoveryAction, RecoveryReport, SagaReport};
 
 /// How an undo is asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -411,5 +412,95 @@ impl Kernel {
             }
         }
         ended
+    }
+}
+
+/// The reason recorded when `recover` finishes an undo whose process died.
+pub const INTERRUPTED_UNDO_REASON: &str =
+    "finishing an undo whose process died before it settled the saga";
+
+impl Kernel {
+    /// Settles what an `undo` killed after its claim left: a `Done` saga of a dead owner
+    /// that holds its locks again. Its compensations may have begun (the world partly
+    /// undone while the log still says `Done`), so the undo is finished, as the operator
+    /// asked: the steps already compensated are skipped, the one whose outcome the kill
+    /// hid runs again (its tool's `changed_since` accepts what it restores), and the saga
+    /// ends `Undone`. An undo that cannot be finished (a step changed since, a window
+    /// closed, a tool missing) leaves the saga as it is, its locks released, and is
+    /// reported failed. Other settled sagas that hold locks only have them released.
+    pub(crate) async fn settle_interrupted_undos(
+        &self,
+        observer: &dyn Observer,
+        report: &mut RecoveryReport,
+    ) -> Result<(), KernelError> {
+        for saga in self.log.settled_lock_holders().await? {
+            if self.live.contains(&saga.saga_id)
+                || self.owner_liveness(&saga.owner).await? != Liveness::Dead
+            {
+                continue;
+            }
+            if saga.state == SagaState::Done {
+                // What the killed undo started (a command tool's compensation) stops first.
+                if !self
+                    .stop_programs_of_owners(std::iter::once(saga.owner.clone()))
+                    .await
+                    .is_empty()
+                {
+                    report.sagas.push(RecoveryAction::Failed {
+                        saga_id: saga.saga_id.clone(),
+                        error: "an undo of it was killed, and the programs it started could not be stopped; left as it is".to_owned(),
+                    });
+                    continue;
+                }
+                info!(saga_id = %saga.saga_id, "finishing an undo whose process died");
+                let request = UndoRequest {
+                    reason: INTERRUPTED_UNDO_REASON.to_owned(),
+                    force: false,
+                    by: Some("agent-kernel recover".to_owned()),
+                };
+                let finished = self
+                    .undo_taken_from(&saga.saga_id, &request, observer, Some(&saga.owner))
+                    .await;
+                match finished {
+                    Ok(finished) => {
+                        report
+                            .sagas
+                            .push(RecoveryAction::RolledBack(Box::new(finished)));
+                        continue;
+                    }
+                    Err(KernelError::Log(error)) => return Err(KernelError::Log(error)),
+                    Err(KernelError::TakenOver(_) | KernelError::SagaBusy { .. }) => {
+                        // Another process (a recovery beside this one, an `undo` run
+                        // again) holds it now and finishes it: its locks stay.
+                        report.sagas.push(RecoveryAction::SkippedTakenOver {
+                            saga_id: saga.saga_id.clone(),
+                        });
+                        continue;
+                    }
+                    Err(error) => {
+                        warn!(saga_id = %saga.saga_id, %error, "the interrupted undo cannot be finished");
+                        report.sagas.push(RecoveryAction::Failed {
+                            saga_id: saga.saga_id.clone(),
+                            error: format!(
+                                "an undo of it was killed and cannot be finished ({error}); its locks are released"
+                            ),
+                        });
+                        // Released only while the dead process still owns it: another
+                        // process may have taken it over meanwhile.
+                        let now = self.log.saga(&saga.saga_id).await?;
+                        if now.is_none_or(|now| now.saga.owner != saga.owner) {
+                            continue;
+                        }
+                    }
+                }
+            }
+            info!(saga_id = %saga.saga_id, state = %saga.state, "releasing the locks of a settled saga whose undo died");
+            self.log
+                .write(vec![LogWrite::ReleaseLocks {
+                    saga_id: saga.saga_id.clone(),
+                }])
+                .await?;
+        }
+        Ok(())
     }
 }
