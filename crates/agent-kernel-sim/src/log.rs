@@ -19,16 +19,11 @@ use crate::process::{Act, Process};
 pub(crate) struct FaultyLog {
     inner: Arc<dyn TxLog>,
     process: Arc<Process>,
-    helper: Helper,
 }
 
 impl FaultyLog {
     pub(crate) fn new(inner: Arc<dyn TxLog>, process: Arc<Process>) -> FaultyLog {
-        FaultyLog {
-            inner,
-            process,
-            helper: Helper::start(),
-        }
+        FaultyLog { inner, process }
     }
 
     /// A write at the next point: made, refused, or the process killed around it. `write`
@@ -45,13 +40,13 @@ impl FaultyLog {
     {
         self.process.gate().await;
         match self.process.point(&what, true) {
-            Act::Go => self.helper.complete(write(self.inner.clone())),
+            Act::Go => complete(write(self.inner.clone())),
             Act::CrashBefore => {
                 self.process.die();
                 std::future::pending().await
             }
             Act::CrashAfter => {
-                let _ = self.helper.complete(write(self.inner.clone()));
+                let _ = complete(write(self.inner.clone()));
                 self.process.die();
                 std::future::pending().await
             }
@@ -68,60 +63,18 @@ impl FaultyLog {
         F: Future<Output = T> + Send + 'static,
     {
         self.process.gate().await;
-        self.helper.complete(read(self.inner.clone()))
+        complete(read(self.inner.clone()))
     }
 }
 
-/// A thread that runs the real log's futures to their end, one at a time, while the
-/// simulated process waits: outside the runtime, so the log's own waiting (a yield, a
-/// channel) wakes it as usual.
-struct Helper {
-    jobs: Option<std::sync::mpsc::Sender<Job>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-/// A call for the helper's thread.
-type Job = Box<dyn FnOnce() + Send>;
-
-impl Helper {
-    fn start() -> Helper {
-        let (jobs, receiver) = std::sync::mpsc::channel::<Job>();
-        let thread = std::thread::Builder::new()
-            .name("sim-log".into())
-            .spawn(move || {
-                while let Ok(job) = receiver.recv() {
-                    job();
-                }
-            })
-            .expect("a thread for the log's calls");
-        Helper {
-            jobs: Some(jobs),
-            thread: Some(thread),
-        }
-    }
-
-    /// `future`'s output, the simulated process's thread waiting for it.
-    fn complete<T: Send + 'static>(&self, future: impl Future<Output = T> + Send + 'static) -> T {
-        let (answer, answered) = std::sync::mpsc::sync_channel(1);
-        let job: Job = Box::new(move || {
-            let _ = answer.send(futures_executor::block_on(future));
-        });
-        self.jobs
-            .as_ref()
-            .expect("open until dropped")
-            .send(job)
-            .expect("the log's thread runs");
-        answered.recv().expect("the log's thread answers")
-    }
-}
-
-impl Drop for Helper {
-    fn drop(&mut self) {
-        drop(self.jobs.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
+/// `future`'s output, run to its end on the calling thread while the simulated process
+/// waits. The log is opened with no polling ([`SqliteLog::set_spin`]), so its future only
+/// waits on channels its writer thread answers; outside the runtime's cooperative budget,
+/// so no poll is refused for having run too long.
+///
+/// [`SqliteLog::set_spin`]: agent_kernel_txlog::SqliteLog::set_spin
+fn complete<T>(future: impl Future<Output = T>) -> T {
+    futures_executor::block_on(tokio::task::unconstrained(future))
 }
 
 /// The variant names of a batch, for the history.

@@ -111,6 +111,9 @@ impl Run<'_> {
             clock: Arc::new(TickClock(self.clock.clone())),
         };
         let log = SqliteLog::open(&self.dir.join(LOG_FILE), options).context("opening the log")?;
+        // Each call is waited for on the process's own thread (`log.rs`): polling would only
+        // take the core from the writer.
+        log.set_spin(std::time::Duration::ZERO);
         Ok(Arc::new(log))
     }
 

@@ -38,29 +38,35 @@ pub(crate) struct Checkpointer {
 }
 
 impl Checkpointer {
-    /// Opens a connection to the log at `path` (synced as `durability` asks: under either,
-    /// SQLite syncs the WAL before a checkpoint and the file after it), starts the thread,
-    /// and hooks the writer's connection `writer` to it.
+    /// Starts the thread and hooks the writer's connection `writer` to it. The thread opens
+    /// its connection to the log at `path` (synced as `durability` asks: under either,
+    /// SQLite syncs the WAL before a checkpoint and the file after it) the first time it is
+    /// needed, so that a log opened for a short command costs one connection, not two.
     ///
     /// # Errors
     ///
-    /// [`TxError::Storage`] when the connection cannot be opened, the thread started or the
-    /// hook set.
+    /// [`TxError::Storage`] when the thread cannot be started or the hook set.
     pub(crate) fn start(
         path: &Path,
         durability: Durability,
         writer: &mut Connection,
     ) -> Result<Checkpointer, TxError> {
-        let conn = crate::schema::connect_for_checkpoints(path, durability)?;
+        let path = path.to_owned();
         let (nudge, nudged) = mpsc::sync_channel::<()>(1);
         let thread = thread::Builder::new()
             .name("agent-kernel-checkpoint".into())
             .spawn(move || {
+                let mut conn = None;
                 while nudged.recv().is_ok() {
-                    let checkpointed =
-                        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                    let checkpointed = match &conn {
+                        Some(conn) => checkpoint(conn),
+                        None => crate::schema::connect_for_checkpoints(&path, durability)
+                            .map_err(|err| err.to_string())
+                            .and_then(|opened| checkpoint(conn.insert(opened))),
+                    };
                     if let Err(error) = checkpointed {
-                        // The next commit asks again; the WAL only grows meanwhile.
+                        // The next commit asks again (and the writer checkpoints itself past
+                        // `WAL_FRAMES_CHECKPOINT_INLINE`); the WAL only grows meanwhile.
                         tracing::warn!(%error, "a checkpoint of the log failed");
                     }
                     thread::sleep(CHECKPOINT_PAUSE);
@@ -106,4 +112,11 @@ impl Checkpointer {
             let _ = thread.join();
         }
     }
+}
+
+/// A `PASSIVE` checkpoint on the thread's connection: it copies what it can without waiting
+/// for the writer or a reader.
+fn checkpoint(conn: &Connection) -> Result<(), String> {
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+        .map_err(|err| err.to_string())
 }

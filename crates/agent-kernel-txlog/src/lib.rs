@@ -103,6 +103,7 @@ mod verify;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -241,20 +242,45 @@ pub const GROUP_WAIT: Duration = Duration::ZERO;
 /// machines is larger than the record's own SQLite work.
 pub const WRITER_SPIN: Duration = Duration::from_micros(50);
 
-/// Waits for the next job: polls for up to [`WRITER_SPIN`], then sleeps.
-/// `None` once every sender is gone.
-fn next_job(receiver: &mut mpsc::Receiver<Job>) -> Option<Job> {
+/// Waits for the next job: polls for up to `spin` ([`WRITER_SPIN`] unless
+/// [`SqliteLog::set_spin`] changed it), then sleeps. `None` once every sender is gone.
+fn next_job(receiver: &mut mpsc::Receiver<Job>, spin: &Spin) -> Option<Job> {
+    let spin = spin.get();
     let spin_started = Instant::now();
     loop {
         match receiver.try_recv() {
             Ok(job) => return Some(job),
             Err(mpsc::error::TryRecvError::Disconnected) => return None,
-            Err(mpsc::error::TryRecvError::Empty) if spin_started.elapsed() < WRITER_SPIN => {
+            Err(mpsc::error::TryRecvError::Empty)
+                if !spin.is_zero() && spin_started.elapsed() < spin =>
+            {
                 std::hint::spin_loop();
             }
             Err(mpsc::error::TryRecvError::Empty) => return receiver.blocking_recv(),
         }
     }
+}
+
+/// How long the writer and its callers poll before they sleep, shared by both.
+#[derive(Debug)]
+struct Spin(AtomicU64);
+
+impl Spin {
+    fn new() -> Spin {
+        Spin(AtomicU64::new(duration_nanos(WRITER_SPIN)))
+    }
+
+    fn get(&self) -> Duration {
+        Duration::from_nanos(self.0.load(Ordering::Relaxed))
+    }
+
+    fn set(&self, spin: Duration) {
+        self.0.store(duration_nanos(spin), Ordering::Relaxed);
+    }
+}
+
+fn duration_nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The SQLite transaction log. Cheap to share behind an `Arc`.
@@ -264,6 +290,8 @@ pub struct SqliteLog {
     audit: Arc<AuditSettings>,
     jobs: mpsc::Sender<Job>,
     stats: Arc<GroupStats>,
+    /// How long the writer and callers poll before sleeping.
+    spin: Arc<Spin>,
     /// Told when the writer has closed its connection, after the last sender is gone.
     closed: oneshot::Receiver<()>,
 }
@@ -376,6 +404,8 @@ impl SqliteLog {
         let stats = Arc::new(GroupStats::default());
         let writer_stats = Arc::clone(&stats);
         let (closed_sender, closed) = oneshot::channel();
+        let spin = Arc::new(Spin::new());
+        let writer_spin = Arc::clone(&spin);
         thread::Builder::new()
             .name("agent-kernel-txlog".into())
             .spawn(move || {
@@ -383,7 +413,7 @@ impl SqliteLog {
                 loop {
                     let job = match next.take() {
                         Some(job) => job,
-                        None => match next_job(&mut receiver) {
+                        None => match next_job(&mut receiver, &writer_spin) {
                             Some(job) => job,
                             None => break,
                         },
@@ -438,6 +468,7 @@ impl SqliteLog {
             audit,
             jobs,
             stats,
+            spin,
             closed,
         })
     }
@@ -466,6 +497,16 @@ impl SqliteLog {
             conn.execute_batch("VACUUM; PRAGMA wal_checkpoint(TRUNCATE);")
                 .map_err(schema::storage)
         })
+    }
+
+    /// Sets how long the writer thread polls for the next write, and a caller for its
+    /// answer, before sleeping ([`WRITER_SPIN`] by default). Polling spares a saga's next
+    /// record the cost of waking a sleeping thread, at the price of a busy core; zero
+    /// never polls, for a machine whose cores are all busy with other work (many kernel
+    /// processes on few cores), or a caller that waits for each answer on a thread of its
+    /// own.
+    pub fn set_spin(&self, spin: Duration) {
+        self.spin.set(spin);
     }
 
     /// The database file.
@@ -508,7 +549,7 @@ impl SqliteLog {
                 let _ = reply.send(job(conn, now_ms));
             }));
             self.jobs.send(job).await.map_err(|_| TxError::Closed)?;
-            Self::answer(answer).await
+            self.answer(answer).await
         })
     }
 
@@ -531,22 +572,21 @@ impl SqliteLog {
             .send(Job::Group(grouped(reply)))
             .await
             .map_err(|_| TxError::Closed)?;
-        Self::answer(answer).await
+        self.answer(answer).await
     }
 
     /// Waits for the writer's answer: polls briefly, then sleeps.
-    async fn answer<T>(answer: oneshot::Receiver<Result<T, TxError>>) -> Result<T, TxError> {
+    async fn answer<T>(&self, answer: oneshot::Receiver<Result<T, TxError>>) -> Result<T, TxError> {
         // Poll briefly before sleeping, as the writer does (see `WRITER_SPIN`): the answer
         // usually comes within tens of microseconds. Yielding lets other tasks run.
         let mut answer = answer;
+        let spin = self.spin.get() * 4;
         let spin_started = Instant::now();
-        loop {
+        while !spin.is_zero() {
             match answer.try_recv() {
                 Ok(result) => return result,
                 Err(oneshot::error::TryRecvError::Closed) => return Err(TxError::Closed),
-                Err(oneshot::error::TryRecvError::Empty)
-                    if spin_started.elapsed() < WRITER_SPIN * 4 =>
-                {
+                Err(oneshot::error::TryRecvError::Empty) if spin_started.elapsed() < spin => {
                     tokio::task::yield_now().await;
                 }
                 Err(oneshot::error::TryRecvError::Empty) => break,
