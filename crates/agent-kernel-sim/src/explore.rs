@@ -12,6 +12,10 @@ use crate::scenario::{Rng, Scenario};
 /// this many points.
 pub const RECOVERY_POINTS_TRIED: u64 = 12;
 
+/// How far into the operator's actions its fault may be placed: an undo of a saga of three
+/// steps reaches about this many points.
+pub const OPERATOR_POINTS_TRIED: u64 = 10;
+
 /// What exploring one seed found.
 #[derive(Debug, Clone, Default)]
 pub struct SeedReport {
@@ -54,7 +58,8 @@ pub fn explore_seed(seed: u64, dir: &Path) -> anyhow::Result<SeedReport> {
 }
 
 /// The cases of a scenario: no fault (run first, to count the points), then each point and
-/// each kind, half of them with a `recover` killed at a point `rng` picks.
+/// each kind, half of them with a `recover` killed at a point `rng` picks, and half of
+/// those with an operator with a fault at a point `rng` picks.
 fn cases(
     scenario: &Scenario,
     schedule_seed: u64,
@@ -67,6 +72,7 @@ fn cases(
         schedule_seed,
         fault: None,
         recovery_fault: None,
+        operator_fault: None,
     };
     let outcome = run_case(&clean, dir)?;
     report.cases += 1;
@@ -86,11 +92,16 @@ fn cases(
                     FaultKind::CrashAfter
                 },
             });
+            let operator_fault = (scenario.operator_actions > 0 && rng.chance(50)).then(|| Fault {
+                at: rng.below(OPERATOR_POINTS_TRIED),
+                kind: FaultKind::ALL[rng.below(FaultKind::ALL.len() as u64) as usize],
+            });
             cases.push(Case {
                 scenario: scenario.clone(),
                 schedule_seed,
                 fault: Some(Fault { at, kind }),
                 recovery_fault,
+                operator_fault,
             });
         }
     }
@@ -123,6 +134,7 @@ fn first_failure(
         schedule_seed: like.schedule_seed,
         fault: None,
         recovery_fault: like.recovery_fault,
+        operator_fault: like.operator_fault,
     };
     let outcome = run_case(&case, dir)?;
     if !outcome.violations.is_empty() {

@@ -6,14 +6,17 @@
 //! # What a case is
 //!
 //! A seed makes a [`Scenario`]: up to three sagas of up to three `sim.set` steps over three
-//! shared keys, some steps failing on purpose, and perhaps a writer outside the kernel. The
-//! first process runs every saga at once (the schedule, from the seed, decides how they
-//! interleave); a second runs `recover`; when that one is killed, a third runs it again. A
+//! shared keys, some steps failing on purpose, perhaps a writer outside the kernel, and
+//! perhaps an operator. The first process runs every saga at once (the schedule, from the
+//! seed, decides how they interleave); the operator, a process of its own beside it, undoes
+//! sagas as they end `Done` and retries dead letters as they open; then a process runs
+//! `recover`; when that one is killed, another runs it again. A
 //! point is every log write and every effect or compensation of a tool, numbered from 0 in
 //! each process. A [`Fault`] at a point kills the process just before it, just after it, or
 //! makes it fail (an I/O error writing the log; an effect whose answer is lost; a
-//! compensation that fails). [`explore_seed`] runs the scenario without a fault, then once for each point
-//! and each kind of fault, half of the cases with the first `recover` killed too.
+//! compensation that fails). [`explore_seed`] runs the scenario without a fault, then once
+//! for each point and each kind of fault, half of the cases with the first `recover` killed
+//! too, and half of those with an operator meeting a fault as well.
 //!
 //! A killed process does nothing more: every later log call and tool call of it waits
 //! forever, and the case drops it. What it committed stays in the log, as after a
@@ -23,8 +26,8 @@
 //! # What is checked
 //!
 //! After the last `recover`:
-//! - every saga is settled (`Done`, `FailedRolledBack`, or `FailedRollbackPartial` with an
-//!   open dead letter naming it), and a settled saga holds no lock;
+//! - every saga is settled (`Done`, `FailedRolledBack`, `Undone`, or `FailedRollbackPartial`
+//!   with an open dead letter naming it), and a settled saga holds no lock;
 //! - each key holds what the sagas that ended `Done` and the outside writers wrote, the
 //!   latest last (a key whose latest write is a parked saga's is left to the operator);
 //! - no effect happened twice, none after its step's compensation, and no compensation
@@ -36,9 +39,9 @@
 //!
 //! # What is not modelled
 //!
-//! One log (SQLite; PostgreSQL's many processes are not simulated), one running process at
-//! a time, no loss of unsynced commits (a kill of the process, not of the machine), plans
-//! only (no live sagas, approvals, undo or dead-letter retries), and one tool.
+//! One log (SQLite; PostgreSQL's many processes are not simulated), no loss of unsynced
+//! commits (a kill of the process, not of the machine), plans, `undo` and `dlq retry` only
+//! (no live sagas or approvals), and one tool.
 
 mod explore;
 mod log;
@@ -48,10 +51,12 @@ mod scenario;
 mod tools;
 mod world;
 
-pub use crate::explore::{RECOVERY_POINTS_TRIED, SeedReport, explore_seed};
+pub use crate::explore::{OPERATOR_POINTS_TRIED, RECOVERY_POINTS_TRIED, SeedReport, explore_seed};
 pub use crate::process::{Fault, FaultKind};
 pub use crate::run::{Case, CaseOutcome, run_case};
-pub use crate::scenario::{KEYS, Outside, Rng, SAGAS_MAX, STEPS_MAX, Scenario, StepSpec};
+pub use crate::scenario::{
+    KEYS, OPERATOR_ACTIONS_MAX, Outside, Rng, SAGAS_MAX, STEPS_MAX, Scenario, StepSpec,
+};
 pub use crate::tools::SET_TOOL;
 pub use crate::world::{Event, World, WorldState};
 

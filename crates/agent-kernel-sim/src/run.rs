@@ -1,5 +1,6 @@
-//! One case: the scenario's sagas run by one process that meets a fault, a `recover` by a
-//! second process that may meet one too, a last `recover` by a third; then the checks.
+//! One case: the scenario's sagas run by one process that meets a fault, perhaps an
+//! operator beside it who undoes and retries and may meet one too, a `recover` that may
+//! meet one, a last `recover`; then the checks.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -9,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use agent_kernel_api::{
     Clock, Durability, IdSource, Owner, SagaId, SagaRecord, SagaState, StepStatus, ToolEntry, TxLog,
 };
-use agent_kernel_core::{Environment, Kernel, Liveness, LivenessProbe, NoObserver};
+use agent_kernel_core::{Environment, Kernel, Liveness, LivenessProbe, NoObserver, UndoRequest};
 use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
 use agent_kernel_fsm::Guardrail;
 use agent_kernel_txlog::{LogOptions, SqliteLog};
@@ -32,6 +33,8 @@ pub struct Case {
     pub fault: Option<Fault>,
     /// The fault the first `recover` meets, if any.
     pub recovery_fault: Option<Fault>,
+    /// The fault the operator meets, if the scenario has one.
+    pub operator_fault: Option<Fault>,
 }
 
 /// What a case did and what the checks found.
@@ -39,7 +42,9 @@ pub struct Case {
 pub struct CaseOutcome {
     /// How many points the first process reached.
     pub points: u64,
-    /// How many faults fired (0, 1 or 2).
+    /// How many points the operator reached.
+    pub operator_points: u64,
+    /// How many faults fired (0 to 3).
     pub faults_fired: u64,
     /// Every broken invariant; empty when the case passed.
     pub violations: Vec<String>,
@@ -76,11 +81,29 @@ impl IdSource for CountingIds {
 }
 
 /// The processes a case has killed (or that have ended) are dead; the others alive.
-struct DeadPids(Vec<u32>);
+struct DeadPids {
+    /// Dead for good.
+    dead: Vec<u32>,
+    /// Dead once killed or ended.
+    watched: Vec<(u32, Arc<Process>)>,
+}
+
+impl DeadPids {
+    fn these(dead: Vec<u32>) -> DeadPids {
+        DeadPids {
+            dead,
+            watched: Vec::new(),
+        }
+    }
+}
 
 impl LivenessProbe for DeadPids {
     fn liveness(&self, owner: &Owner) -> Liveness {
-        if self.0.contains(&owner.pid) {
+        let watched_dead = self
+            .watched
+            .iter()
+            .any(|(pid, process)| *pid == owner.pid && process.is_dead());
+        if self.dead.contains(&owner.pid) || watched_dead {
             Liveness::Dead
         } else {
             Liveness::Alive
@@ -123,7 +146,7 @@ impl Run<'_> {
         &self,
         process: &Arc<Process>,
         pid: u32,
-        dead: Vec<u32>,
+        dead: DeadPids,
     ) -> anyhow::Result<(Kernel, Arc<SqliteLog>)> {
         let sqlite = self.open_log()?;
         let log: Arc<dyn TxLog> = Arc::new(FaultyLog::new(sqlite.clone(), process.clone()));
@@ -146,7 +169,7 @@ impl Run<'_> {
                     next: AtomicU64::new(0),
                 }),
                 owner: owner(pid),
-                liveness: Arc::new(DeadPids(dead)),
+                liveness: Arc::new(dead),
             },
             Durability::Normal,
         );
@@ -225,7 +248,8 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
     let mut schedule = Rng::new(case.schedule_seed);
     let mut outcome = CaseOutcome::default();
 
-    // The first process runs every saga at once, and may be killed.
+    // The first process runs every saga at once, and may be killed; an operator may act
+    // beside it, and may be killed too.
     let first = Arc::new(Process::new(
         "run",
         case.fault,
@@ -233,43 +257,87 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
         case.scenario.outside.clone(),
         run.world.clone(),
     ));
+    let operator = Arc::new(Process::new(
+        "operator",
+        case.operator_fault,
+        Rng::new(schedule.next_u64()),
+        Vec::new(),
+        run.world.clone(),
+    ));
+    let mut choices = Rng::new(schedule.next_u64());
     {
-        let (kernel, log) = run.kernel(&first, 1, Vec::new())?;
+        let (kernel, log) = run.kernel(&first, 1, DeadPids::these(Vec::new()))?;
+        let watching_first = DeadPids {
+            dead: Vec::new(),
+            watched: vec![(1, first.clone())],
+        };
+        // Opened only when it acts: each log opened costs a case about a tenth.
+        let operator_kernel = if case.scenario.operator_actions > 0 {
+            Some(run.kernel(&operator, OPERATOR_PID, watching_first)?)
+        } else {
+            None
+        };
         let plans: Vec<_> = (0..case.scenario.sagas.len())
             .map(|n| case.scenario.plan(n))
             .collect();
         let runtime = runtime()?;
         runtime.block_on(async {
-            let runs = futures_util::future::join_all(
-                plans.iter().map(|plan| kernel.run(plan, &NoObserver)),
-            );
-            tokio::select! {
-                biased;
-                () = first.killed() => {}
-                reports = runs => {
-                    for (n, report) in reports.into_iter().enumerate() {
-                        let line = match report {
-                            Ok(report) => format!("saga {n} ended {}", report.state),
-                            Err(err) => format!("saga {n}: {err}"),
-                        };
-                        first.note(line);
+            let sagas = async {
+                let runs = futures_util::future::join_all(
+                    plans.iter().map(|plan| kernel.run(plan, &NoObserver)),
+                );
+                tokio::select! {
+                    biased;
+                    () = first.killed() => {}
+                    reports = runs => {
+                        for (n, report) in reports.into_iter().enumerate() {
+                            let line = match report {
+                                Ok(report) => format!("saga {n} ended {}", report.state),
+                                Err(err) => format!("saga {n}: {err}"),
+                            };
+                            first.note(line);
+                        }
+                        // It exits: its sagas are a dead process's now.
+                        first.die();
                     }
                 }
-            }
+            };
+            let operating = async {
+                if let Some((operator_kernel, _)) = &operator_kernel {
+                    tokio::select! {
+                        biased;
+                        () = operator.killed() => {}
+                        () = operate(
+                            operator_kernel,
+                            &operator,
+                            case.scenario.operator_actions,
+                            &mut choices,
+                        ) => operator.die(),
+                    }
+                }
+            };
+            futures_util::future::join(sagas, operating).await;
         });
         drop(kernel);
         close(log)?;
+        if let Some((operator_kernel, operator_log)) = operator_kernel {
+            drop(operator_kernel);
+            close(operator_log)?;
+        }
     }
     let (points, fired) = first.points();
     outcome.points = points;
     outcome.faults_fired += u64::from(fired);
+    let (operator_points, operator_fired) = operator.points();
+    outcome.operator_points = operator_points;
+    outcome.faults_fired += u64::from(operator_fired);
 
     // A `recover` that may be killed in turn, then, if it was, one that is not; the checks
     // read the last one's log.
     let mut last_log = None;
     for (pid, name, fault) in [
-        (2, "recover", case.recovery_fault),
-        (3, "recover again", None),
+        (OPERATOR_PID + 1, "recover", case.recovery_fault),
+        (OPERATOR_PID + 2, "recover again", None),
     ] {
         let process = Arc::new(Process::new(
             name,
@@ -278,7 +346,7 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
             Vec::new(),
             run.world.clone(),
         ));
-        let (kernel, log) = run.kernel(&process, pid, (1..pid).collect())?;
+        let (kernel, log) = run.kernel(&process, pid, DeadPids::these((1..pid).collect()))?;
         let runtime = runtime()?;
         runtime.block_on(async {
             tokio::select! {
@@ -297,16 +365,17 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
         drop(kernel);
         let killed = process.points().1;
         outcome.faults_fired += u64::from(killed);
-        outcome.history.extend(if pid == 2 {
+        outcome.history.extend(if pid == OPERATOR_PID + 1 {
             first
                 .history()
                 .into_iter()
+                .chain(operator.history())
                 .chain(process.history())
                 .collect()
         } else {
             process.history()
         });
-        if pid == 3 || !killed {
+        if pid == OPERATOR_PID + 2 || !killed {
             last_log = Some(log);
             break;
         }
@@ -349,6 +418,65 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
         outcome.history.push(format!("journal: {event}"));
     }
     Ok(outcome)
+}
+
+/// The operator's process id; the recovers' follow it.
+const OPERATOR_PID: u32 = 2;
+
+/// How many times the operator looks for something to act on, a few yields apart, before
+/// it gives an action up.
+const OPERATOR_LOOKS_MAX: u32 = 24;
+
+/// The operator's `actions`: each waits until a saga has ended `Done` or a dead letter is
+/// open, then undoes that saga or retries that letter (without `--force`), as `agent-kernel
+/// undo` and `dlq retry` do, through a kernel of its own process.
+async fn operate(kernel: &Kernel, process: &Process, actions: u32, choices: &mut Rng) {
+    for _ in 0..actions {
+        for _ in 0..OPERATOR_LOOKS_MAX {
+            for _ in 0..=choices.below(8) {
+                tokio::task::yield_now().await;
+            }
+            let (Ok(sagas), Ok(letters)) = (
+                kernel.log().sagas(u32::MAX).await,
+                kernel.dead_letters(None).await,
+            ) else {
+                continue;
+            };
+            let done: Vec<SagaId> = sagas
+                .into_iter()
+                .filter(|saga| saga.state == SagaState::Done)
+                .map(|saga| saga.saga_id)
+                .collect();
+            let candidates = done.len() + letters.len();
+            if candidates == 0 {
+                continue;
+            }
+            let pick = usize::try_from(choices.below(candidates as u64)).unwrap_or(0);
+            if let Some(saga_id) = done.get(pick) {
+                let request = UndoRequest {
+                    reason: "the simulated operator undoes it".to_owned(),
+                    force: false,
+                    by: Some("sim".to_owned()),
+                };
+                process.note(format!("undo {saga_id}"));
+                let line = match kernel.undo(saga_id, &request, &NoObserver).await {
+                    Ok(report) => format!("undo {saga_id}: {}", report.state),
+                    Err(err) => format!("undo {saga_id}: {err}"),
+                };
+                process.note(line);
+            } else {
+                let letter = &letters[pick - done.len()];
+                let id = &letter.letter_id;
+                process.note(format!("dlq retry {id} of {}", letter.saga_id));
+                let line = match kernel.retry_dead_letter(id, Some("sim".to_owned())).await {
+                    Ok(outcome) => format!("dlq retry {id}: saga {}", outcome.saga_state),
+                    Err(err) => format!("dlq retry {id}: {err}"),
+                };
+                process.note(line);
+            }
+            break;
+        }
+    }
 }
 
 /// Every saga of the log, with its steps and locks.

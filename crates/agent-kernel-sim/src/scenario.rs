@@ -70,13 +70,20 @@ pub struct Outside {
     pub value: i64,
 }
 
-/// Sagas run at once by one process, and outside writes.
+/// The most actions of the operator: each an `undo` of a saga that ended `Done`, or a
+/// `dlq retry` of an open dead letter.
+pub const OPERATOR_ACTIONS_MAX: u32 = 2;
+
+/// Sagas run at once by one process, outside writes, and an operator acting meanwhile.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Scenario {
     /// Each saga's steps.
     pub sagas: Vec<Vec<StepSpec>>,
     /// The outside writes.
     pub outside: Vec<Outside>,
+    /// How many times an operator, a process of its own running beside the sagas', undoes
+    /// a `Done` saga or retries an open dead letter (0: no operator).
+    pub operator_actions: u32,
 }
 
 impl Scenario {
@@ -109,7 +116,18 @@ impl Scenario {
                 value: 1000 + n as i64,
             })
             .collect();
-        Scenario { sagas, outside }
+        // Drawn last, so that the sagas and outside writes of a seed are those it made
+        // before the operator existed.
+        let operator_actions = if rng.chance(50) {
+            1 + rng.below(u64::from(OPERATOR_ACTIONS_MAX)) as u32
+        } else {
+            0
+        };
+        Scenario {
+            sagas,
+            outside,
+            operator_actions,
+        }
     }
 
     /// Saga `n` as a plan.
@@ -134,9 +152,15 @@ impl Scenario {
         }
     }
 
-    /// Every smaller scenario with one saga, one step or one outside write fewer.
+    /// Every smaller scenario with one saga, one step, one outside write or one operator
+    /// action fewer.
     pub fn smaller(&self) -> Vec<Scenario> {
         let mut smaller = Vec::new();
+        if self.operator_actions > 0 {
+            let mut fewer = self.clone();
+            fewer.operator_actions -= 1;
+            smaller.push(fewer);
+        }
         for n in 0..self.sagas.len() {
             if self.sagas.len() > 1 {
                 let mut fewer = self.clone();
@@ -181,6 +205,13 @@ impl fmt::Display for Scenario {
                 f,
                 "  outside writer: {} = {} before point {}",
                 write.key, write.value, write.at
+            )?;
+        }
+        if self.operator_actions > 0 {
+            writeln!(
+                f,
+                "  operator: {} undo or dlq retry actions, beside the sagas",
+                self.operator_actions
             )?;
         }
         Ok(())

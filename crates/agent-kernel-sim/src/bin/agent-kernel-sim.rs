@@ -166,6 +166,9 @@ fn print_failure(report: &SeedReport) {
     if let Some(fault) = case.recovery_fault {
         println!("  the first recover is {fault}");
     }
+    if let Some(fault) = case.operator_fault {
+        println!("  the operator is {fault}");
+    }
     println!("broken:");
     for violation in &outcome.violations {
         println!("  {violation}");
