@@ -760,6 +760,36 @@ mod tests {
         );
     }
 
+    /// CI's run at seed 1796514550604883940 (before 1d37a0c) took this for a saga parked
+    /// without cause: its step prepared `a`, another saga's compensation then restored `a`
+    /// and settled, and the step, claimed after, was killed right after its BEGIN, so
+    /// recovery found its undo data stale ("changed since") and rightly parked it.
+    #[test]
+    fn another_sagas_compensation_after_a_prepare_is_a_cause_to_park() {
+        let parked = saga("s2", SagaState::FailedRollbackPartial, &[]);
+        let prepared = Event::Prepared {
+            saga: "s2".into(),
+            step: 1,
+            key: "a".into(),
+        };
+        let world = |journal: Vec<Event>| WorldState {
+            values: BTreeMap::new(),
+            journal,
+        };
+        let after = world(vec![
+            effect("s1", "a", 1),
+            prepared.clone(),
+            restored("s1", "a", None),
+        ]);
+        assert!(has_cause_to_park(&after, &parked));
+        let before = world(vec![
+            effect("s1", "a", 1),
+            restored("s1", "a", None),
+            prepared,
+        ]);
+        assert!(!has_cause_to_park(&before, &parked));
+    }
+
     #[test]
     fn each_broken_invariant_is_named() {
         let sagas = [
