@@ -8,7 +8,8 @@
 //! A seed makes a [`Scenario`]: up to three sagas of up to three `sim.set` steps over three
 //! shared keys, some steps failing on purpose, perhaps a writer outside the kernel, and
 //! perhaps an operator. The first process runs every saga at once (the schedule, from the
-//! seed, decides how they interleave); the operator, a process of its own beside it, undoes
+//! seed, decides how they interleave), each as a plan, as a live saga driven call by call
+//! and committed or aborted, or as one call alone, as the seed says; the operator, a process of its own beside it, undoes
 //! sagas as they end `Done` and retries dead letters as they open; then a process runs
 //! `recover`; when that one is killed, another runs it again. A
 //! point is every log write and every effect or compensation of a tool, numbered from 0 in
@@ -40,8 +41,9 @@
 //! # What is not modelled
 //!
 //! One log (SQLite; PostgreSQL's many processes are not simulated), no loss of unsynced
-//! commits (a kill of the process, not of the machine), plans, `undo` and `dlq retry` only
-//! (no live sagas or approvals), and one tool.
+//! commits (a kill of the process, not of the machine), the engine's calls only (plans,
+//! live sagas, calls alone, `recover`, `undo`, `dlq retry`; not the MCP server around them,
+//! nor approvals), and one tool.
 
 mod explore;
 mod log;

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use agent_kernel_api::{
     Clock, Durability, IdSource, Owner, SagaId, SagaRecord, SagaState, StepStatus, ToolEntry, TxLog,
 };
-use agent_kernel_core::{Environment, Kernel, Liveness, LivenessProbe, NoObserver, UndoRequest};
+use agent_kernel_core::{
+    BeginOptions, CallAnswer, Environment, Kernel, Liveness, LivenessProbe, NoObserver, UndoRequest,
+};
 use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
 use agent_kernel_fsm::Guardrail;
 use agent_kernel_txlog::{LogOptions, SqliteLog};
@@ -18,8 +20,8 @@ use anyhow::Context as _;
 
 use crate::log::FaultyLog;
 use crate::process::{Fault, Process};
-use crate::scenario::{Rng, Scenario};
-use crate::tools::SetTool;
+use crate::scenario::{Driver, Rng, Scenario};
+use crate::tools::{SET_TOOL, SetTool};
 use crate::world::{Event, World, WorldState, shown};
 
 /// What one case runs.
@@ -267,6 +269,7 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
     let mut choices = Rng::new(schedule.next_u64());
     {
         let (kernel, log) = run.kernel(&first, 1, DeadPids::these(Vec::new()))?;
+        let kernel = Arc::new(kernel);
         let watching_first = DeadPids {
             dead: Vec::new(),
             watched: vec![(1, first.clone())],
@@ -277,24 +280,17 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
         } else {
             None
         };
-        let plans: Vec<_> = (0..case.scenario.sagas.len())
-            .map(|n| case.scenario.plan(n))
-            .collect();
         let runtime = runtime()?;
         runtime.block_on(async {
             let sagas = async {
                 let runs = futures_util::future::join_all(
-                    plans.iter().map(|plan| kernel.run(plan, &NoObserver)),
+                    (0..case.scenario.sagas.len()).map(|n| drive(&kernel, &case.scenario, n)),
                 );
                 tokio::select! {
                     biased;
                     () = first.killed() => {}
-                    reports = runs => {
-                        for (n, report) in reports.into_iter().enumerate() {
-                            let line = match report {
-                                Ok(report) => format!("saga {n} ended {}", report.state),
-                                Err(err) => format!("saga {n}: {err}"),
-                            };
+                    lines = runs => {
+                        for line in lines {
                             first.note(line);
                         }
                         // It exits: its sagas are a dead process's now.
@@ -418,6 +414,97 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
         outcome.history.push(format!("journal: {event}"));
     }
     Ok(outcome)
+}
+
+/// Drives saga `n` of `scenario` as its driver says; what came of it, for the history.
+async fn drive(kernel: &Arc<Kernel>, scenario: &Scenario, n: usize) -> String {
+    let driver = scenario.drivers[n];
+    format!(
+        "saga {n} ({driver}): {}",
+        drive_saga(kernel, scenario, n).await
+    )
+}
+
+async fn drive_saga(kernel: &Arc<Kernel>, scenario: &Scenario, n: usize) -> String {
+    let options = BeginOptions {
+        name: Some(format!("saga {n}")),
+        ..BeginOptions::default()
+    };
+    let abort = match scenario.drivers[n] {
+        Driver::Plan => {
+            return match kernel.run(&scenario.plan(n), &NoObserver).await {
+                Ok(report) => format!("ended {}", report.state),
+                Err(err) => err.to_string(),
+            };
+        }
+        Driver::CallAlone => {
+            let called = kernel
+                .call_alone(options, SET_TOOL, scenario.args(n, 0), None)
+                .await;
+            return match called {
+                Ok((_, CallAnswer::Committed(_))) => "its call committed".to_owned(),
+                // Nothing of it ran: the agent gives it up.
+                Ok((saga, answer @ (CallAnswer::Refused(_) | CallAnswer::Conflict(_)))) => {
+                    let ended = saga.abort("the call was refused").await;
+                    format!(
+                        "{}, then aborted: {}",
+                        answer_name(&answer),
+                        ended_as(ended)
+                    )
+                }
+                Ok((_, answer)) => format!("its call {}", answer_name(&answer)),
+                Err(err) => err.to_string(),
+            };
+        }
+        Driver::Live { abort } => abort,
+    };
+    let saga = match kernel.begin(options).await {
+        Ok(saga) => saga,
+        Err(err) => return format!("not begun: {err}"),
+    };
+    for m in 0..scenario.sagas[n].len() {
+        match saga.call(SET_TOOL, scenario.args(n, m), None).await {
+            Ok(CallAnswer::Committed(_)) => {}
+            Ok(answer @ (CallAnswer::Refused(_) | CallAnswer::Conflict(_))) => {
+                let ended = saga.abort("a call was refused").await;
+                return format!(
+                    "call {m} {}, then aborted: {}",
+                    answer_name(&answer),
+                    ended_as(ended)
+                );
+            }
+            Ok(answer) => return format!("call {m} {}", answer_name(&answer)),
+            Err(err) => return format!("call {m}: {err}"),
+        }
+    }
+    let ended = if abort {
+        saga.abort("the agent changed its mind").await
+    } else {
+        saga.commit().await
+    };
+    format!("ended {}", ended_as(ended))
+}
+
+/// What a live call came to, in a word.
+fn answer_name(answer: &CallAnswer) -> &'static str {
+    match answer {
+        CallAnswer::Committed(_) => "committed",
+        CallAnswer::Refused(_) => "refused",
+        CallAnswer::Denied(_) => "denied",
+        CallAnswer::Failed(_) => "failed, rolled back",
+        CallAnswer::AwaitingApproval(_) => "awaits an approval",
+        CallAnswer::Conflict(_) => "met a conflict",
+        _ => "answered",
+    }
+}
+
+fn ended_as(
+    ended: Result<agent_kernel_core::SagaReport, agent_kernel_core::KernelError>,
+) -> String {
+    match ended {
+        Ok(report) => report.state.to_string(),
+        Err(err) => err.to_string(),
+    }
 }
 
 /// The operator's process id; the recovers' follow it.

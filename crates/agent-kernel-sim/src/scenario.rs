@@ -70,6 +70,33 @@ pub struct Outside {
     pub value: i64,
 }
 
+/// How a saga is driven: as a plan, or call by call as an agent drives a live saga over MCP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    /// `Kernel::run` of the whole plan.
+    Plan,
+    /// `Kernel::begin`, a call per step, then `commit`, or `abort` when `abort` (the agent
+    /// changed its mind) or when a call is refused or meets a conflict.
+    Live {
+        /// The agent aborts instead of committing.
+        abort: bool,
+    },
+    /// `Kernel::call_alone`: a saga of one call, committed with it (an MCP call without a
+    /// saga id).
+    CallAlone,
+}
+
+impl fmt::Display for Driver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Driver::Plan => write!(f, "plan"),
+            Driver::Live { abort: false } => write!(f, "live, committed"),
+            Driver::Live { abort: true } => write!(f, "live, aborted"),
+            Driver::CallAlone => write!(f, "one call alone"),
+        }
+    }
+}
+
 /// The most actions of the operator: each an `undo` of a saga that ended `Done`, or a
 /// `dlq retry` of an open dead letter.
 pub const OPERATOR_ACTIONS_MAX: u32 = 2;
@@ -84,6 +111,8 @@ pub struct Scenario {
     /// How many times an operator, a process of its own running beside the sagas', undoes
     /// a `Done` saga or retries an open dead letter (0: no operator).
     pub operator_actions: u32,
+    /// How each saga is driven, one per saga.
+    pub drivers: Vec<Driver>,
 }
 
 impl Scenario {
@@ -123,11 +152,31 @@ impl Scenario {
         } else {
             0
         };
+        let drivers = sagas
+            .iter()
+            .map(|steps| match rng.below(100) {
+                0..50 => Driver::Plan,
+                50..65 if steps.len() == 1 => Driver::CallAlone,
+                50..85 => Driver::Live { abort: false },
+                _ => Driver::Live { abort: true },
+            })
+            .collect();
         Scenario {
             sagas,
             outside,
             operator_actions,
+            drivers,
         }
+    }
+
+    /// Step `m` of saga `n`'s arguments.
+    pub fn args(&self, n: usize, m: usize) -> serde_json::Value {
+        let step = &self.sagas[n][m];
+        let mut args = json!({ "key": step.key, "value": step.value });
+        if step.fail {
+            args["fail"] = json!(true);
+        }
+        args
     }
 
     /// Saga `n` as a plan.
@@ -135,18 +184,11 @@ impl Scenario {
         Plan {
             name: Some(format!("saga {n}")),
             actor: None,
-            steps: self.sagas[n]
-                .iter()
-                .map(|step| {
-                    let mut args = json!({ "key": step.key, "value": step.value });
-                    if step.fail {
-                        args["fail"] = json!(true);
-                    }
-                    PlanStep {
-                        tool: SET_TOOL.to_owned(),
-                        args,
-                        idempotency_key: None,
-                    }
+            steps: (0..self.sagas[n].len())
+                .map(|m| PlanStep {
+                    tool: SET_TOOL.to_owned(),
+                    args: self.args(n, m),
+                    idempotency_key: None,
                 })
                 .collect(),
         }
@@ -165,7 +207,13 @@ impl Scenario {
             if self.sagas.len() > 1 {
                 let mut fewer = self.clone();
                 fewer.sagas.remove(n);
+                fewer.drivers.remove(n);
                 smaller.push(fewer);
+            }
+            if self.drivers[n] != Driver::Plan {
+                let mut plainer = self.clone();
+                plainer.drivers[n] = Driver::Plan;
+                smaller.push(plainer);
             }
             for m in 0..self.sagas[n].len() {
                 if self.sagas[n].len() > 1 {
@@ -198,7 +246,7 @@ impl fmt::Display for Scenario {
                     format!("{} = {}{fail}", step.key, step.value)
                 })
                 .collect();
-            writeln!(f, "  saga {n}: {}", steps.join("; "))?;
+            writeln!(f, "  saga {n} ({}): {}", self.drivers[n], steps.join("; "))?;
         }
         for write in &self.outside {
             writeln!(

@@ -126,3 +126,43 @@ fn the_operator_undoes_sagas_and_retries_dead_letters() {
     assert!(undone > 0, "no saga undone");
     assert!(retried > 0, "no dead letter retried");
 }
+
+/// Every driver runs its sagas to their ends: across the first seeds, without faults, a
+/// plan, a live saga committed, a live saga the agent aborted (rolled back) and a call
+/// alone each end as they should.
+#[test]
+fn every_driver_drives_its_sagas() {
+    let dir = scratch_dir().expect("a scratch folder");
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..30 {
+        let mut rng = Rng::new(seed);
+        let scenario = Scenario::generate(&mut rng);
+        let case = Case {
+            scenario,
+            schedule_seed: rng.next_u64(),
+            fault: None,
+            recovery_fault: None,
+            operator_fault: None,
+        };
+        let outcome = run_case(&case, dir.path()).expect("runs");
+        assert_eq!(
+            outcome.violations,
+            Vec::<String>::new(),
+            "{:#?}",
+            outcome.history
+        );
+        for line in &outcome.history {
+            for ending in [
+                "(plan): ended Done",
+                "(live, committed): ended Done",
+                "(live, aborted): ended FailedRolledBack",
+                "(one call alone): its call committed",
+            ] {
+                if line.contains(ending) {
+                    seen.insert(ending);
+                }
+            }
+        }
+    }
+    assert_eq!(seen.len(), 4, "only {seen:?}");
+}

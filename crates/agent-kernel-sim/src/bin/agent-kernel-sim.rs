@@ -166,7 +166,10 @@ fn print_failure(report: &SeedReport) {
     if let Some(fault) = case.recovery_fault {
         println!("  the first recover is {fault}");
     }
-    if let Some(fault) = case.operator_fault {
+    if let Some(fault) = case
+        .operator_fault
+        .filter(|_| case.scenario.operator_actions > 0)
+    {
         println!("  the operator is {fault}");
     }
     println!("broken:");
