@@ -71,15 +71,21 @@ pub(crate) async fn mcp(cli: &Cli, _out: &Output, args: &McpArgs) -> Result<u8, 
         recover,
         durability,
     } = args;
-    if *recover && log_present(&db_path(cli))? {
-        let kernel = open_kernel_to_compensate(cli, false).await?;
-        let report = operator::recover(&kernel, &progress::StepProgress::hidden()).await?;
-        let counts = report.counts();
-        eprintln!(
-            "agent-kernel: recovered before serving: {} saga(s) rolled back, {} left for an operator",
-            counts.rolled_back, counts.left_for_operator
-        );
-    }
+    // The recovery's kernel is opened, as the server's is, before the process confines
+    // itself (opening the server's kernel does that): a confined process can no longer
+    // read the policy, tools and table files it needs to open one.
+    let recovery = if *recover && log_present(&db_path(cli))? {
+        let options = verify_before_acting(cli, false).await?;
+        Some(open_unconfined(
+            cli,
+            Durability::Full,
+            Compensation::Only,
+            options,
+            true,
+        )?)
+    } else {
+        None
+    };
     let live = live_export_config()?;
     // Told to the agent up front: where files may be touched, what a relative path means.
     let policy = load_policy(cli)?;
@@ -106,6 +112,14 @@ pub(crate) async fn mcp(cli: &Cli, _out: &Output, args: &McpArgs) -> Result<u8, 
         *drills,
         live,
     )?;
+    if let Some(recovery) = recovery {
+        let report = operator::recover(&recovery.kernel, &progress::StepProgress::hidden()).await?;
+        let counts = report.counts();
+        eprintln!(
+            "agent-kernel: recovered before serving: {} saga(s) rolled back, {} left for an operator",
+            counts.rolled_back, counts.left_for_operator
+        );
+    }
     let notice = if kernel.has_recoverable_sagas().await? {
         let notice = "this log holds unsettled sagas of processes that are no longer running; what they touched stays locked (a call on it is refused as a conflict) until `agent-kernel recover`, or `agent-kernel mcp --recover`, settles them";
         eprintln!("agent-kernel: {notice}");

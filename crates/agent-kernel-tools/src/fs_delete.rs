@@ -13,10 +13,11 @@ use crate::common::{
     parse_undo, path_resource, path_schema, sandbox_error, settle, step_blocking, temp_name,
     undo_data,
 };
-use crate::fs_read::PathArgs;
 use crate::fs_write::restore;
 
-/// `fs.delete`: mutating; removes the file at `path`, which must exist.
+/// `fs.delete`: mutating; removes the file at `path`, which must exist unless `missing_ok`
+/// (then an absent file is a success that deleted nothing: a compensation that deletes
+/// what its step created, run again after a lost answer, is idempotent).
 ///
 /// `prepare` keeps the file's bytes; compensation writes them back atomically if the file is
 /// absent or different, and removes a temporary file a crash may have left behind.
@@ -25,12 +26,26 @@ pub struct FsDelete {
     files: FileAccess,
 }
 
-/// `Undo.data` of `fs.delete`; the previous bytes are in `Undo.blob`.
+/// The arguments of `fs.delete`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeleteArgs {
+    path: String,
+    #[serde(default)]
+    missing_ok: bool,
+}
+
+/// `Undo.data` of `fs.delete`; the previous bytes are in `Undo.blob`, none when the file
+/// was absent (`missing_ok`).
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DeleteUndo {
     target: ConfinedPath,
     temp: String,
+    /// The file was absent when the step began (`missing_ok`), so there is no content to
+    /// put back; left out of the record otherwise, as before the flag existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    absent: bool,
 }
 
 impl FsDelete {
@@ -54,13 +69,19 @@ impl Tool for FsDelete {
             .with_description("Delete a file; undone by restoring it with its previous bytes.")
             .with_schema(object_schema(
                 "fs.delete arguments",
-                json!({ "path": path_schema() }),
+                json!({
+                    "path": path_schema(),
+                    "missing_ok": {
+                        "type": "boolean",
+                        "description": "Succeed, deleting nothing, when the file does not exist (default false: an error)."
+                    }
+                }),
                 &["path"],
             ))
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
-        let PathArgs { path } = parse_args(args)?;
+        let DeleteArgs { path, .. } = parse_args(args)?;
         self.files.resolve(&path).map(|_| ())
     }
 
@@ -69,28 +90,45 @@ impl Tool for FsDelete {
         _ctx: &ToolContext,
         args: &Value,
     ) -> Result<Option<Vec<String>>, ToolError> {
-        let PathArgs { path } = parse_args(args)?;
+        let DeleteArgs { path, .. } = parse_args(args)?;
         self.files.resource(&path).await
     }
 
     async fn simulate(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
-        let PathArgs { path } = parse_args(args)?;
+        let DeleteArgs { path, .. } = parse_args(args)?;
         Ok(ToolOutput::new(json!({ "path": path, "dry_run": true }))
             .with_effect(format!("would delete {path}")))
     }
 
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
-        let PathArgs { path } = parse_args(args)?;
+        let DeleteArgs { path, missing_ok } = parse_args(args)?;
         let file = self.files.open(&path)?;
         let sync = ctx.durability.syncs();
         let count = step_blocking(ctx, move || {
-            let len = file.stat().map_err(sandbox_error)?;
+            let Some(len) = file.stat().map_err(sandbox_error)? else {
+                // Absent since `prepare` found it so (`missing_ok`), or removed since by
+                // another writer, which the step's claim keeps out: nothing to do.
+                return Ok(None);
+            };
             file.remove_file(sync).map_err(sandbox_error)?;
-            Ok(len.unwrap_or(0))
+            Ok(Some(len))
         })
         .await?;
-        Ok(ToolOutput::new(json!({ "path": path, "bytes": count }))
-            .with_effect(format!("deleted {path} ({})", byte_count(count))))
+        Ok(match count {
+            Some(count) => {
+                ToolOutput::new(json!({ "path": path, "bytes": count, "deleted": true }))
+                    .with_effect(format!("deleted {path} ({})", byte_count(count)))
+            }
+            None if missing_ok => {
+                ToolOutput::new(json!({ "path": path, "bytes": 0, "deleted": false }))
+                    .with_effect(format!("{path} was absent; nothing deleted"))
+            }
+            None => {
+                return Err(ToolError::failed(format!(
+                    "`{path}` does not exist, so there is nothing to delete"
+                )));
+            }
+        })
     }
 }
 
@@ -105,26 +143,30 @@ impl Compensate for FsDelete {
     }
 
     async fn prepare(&self, ctx: &ToolContext, args: &Value) -> Result<Undo, ToolError> {
-        let PathArgs { path } = parse_args(args)?;
+        let DeleteArgs { path, missing_ok } = parse_args(args)?;
         let file = self.files.open(&path)?;
         let shown = path.clone();
         let (target, bytes) = blocking(move || {
             if file.stat().map_err(sandbox_error)?.is_none() {
+                if missing_ok {
+                    return Ok((file.path().clone(), None));
+                }
                 return Err(ToolError::failed(format!(
                     "`{shown}` does not exist, so there is nothing to delete"
                 )));
             }
             let bytes = file.read_all().map_err(sandbox_error)?;
-            Ok((file.path().clone(), bytes))
+            Ok((file.path().clone(), Some(bytes)))
         })
         .await?;
         let data = DeleteUndo {
             target,
             temp: temp_name(ctx),
+            absent: bytes.is_none(),
         };
         Ok(Undo {
             data: undo_data(Self::ID, &data)?,
-            blob: Some(bytes),
+            blob: bytes,
         })
     }
 
@@ -164,8 +206,17 @@ impl Compensate for FsDelete {
         undo: &Undo,
         _output: Option<&ToolOutput>,
     ) -> Result<(), ToolError> {
-        let DeleteUndo { target, temp } = parse_undo(Self::ID, &undo.data)?;
+        let DeleteUndo {
+            target,
+            temp,
+            absent,
+        } = parse_undo(Self::ID, &undo.data)?;
         check_temp_name(Self::ID, &temp)?;
+        if absent {
+            // The file was absent when the step began (`missing_ok`): the step deleted
+            // nothing, and leaves nothing to put back.
+            return Ok(());
+        }
         let Some(bytes) = undo.blob.clone() else {
             return Err(ToolError::failed(format!(
                 "the undo record of {} for `{target}` lacks the deleted content",

@@ -163,13 +163,18 @@ impl UpstreamTool {
                 }
                 Ok(ToolOutput::new(output))
             }
-            Err(CallError::NotSent(message) | CallError::Refused(message)) => {
-                Err(ToolError::failed(message).not_applied())
+            // A server that could not be started, or died during the call, is started
+            // again by the next call: both are worth a retry where a retry is safe (an
+            // idempotent tool's call, and every compensation, idempotent by contract).
+            Err(CallError::NotSent(message)) => {
+                Err(ToolError::failed(message).not_applied().retriable())
             }
+            Err(CallError::Refused(message)) => Err(ToolError::failed(message).not_applied()),
             Err(CallError::Lost(message)) => Err(ToolError::uncertain(format!(
                 "the connection to MCP server `{}` was lost during the call ({message}); its outcome is unknown",
                 self.server
-            ))),
+            ))
+            .retriable()),
         }
     }
 }

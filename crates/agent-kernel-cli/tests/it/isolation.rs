@@ -537,6 +537,12 @@ fn mcp_at_start_names_unsettled_sagas_of_dead_processes_and_recover_settles_them
     );
     assert!(!stderr.contains("no longer running"), "{stderr}");
     assert_eq!(file(&project), "original");
+    // Then it serves: recovering first confined nothing the server still needed to read
+    // (it stopped with the policy unreadable, its process confined by the recovery).
+    assert!(!stderr.contains("cannot read"), "{stderr}");
+    let server = crate::mcp::Raw::start_with(&project, &["-q", "mcp", "--recover"]);
+    server.close();
+    assert_eq!(file(&project), "original");
 }
 
 /// Sagas in each round of [`random_kills_across_sagas_on_three_files_leave_the_done_sagas_writes`].

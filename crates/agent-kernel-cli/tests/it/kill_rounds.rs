@@ -1,6 +1,7 @@
 //! `undo` and `dlq retry` SIGKILLed at random moments (while a command tool's program runs,
-//! often), then finished by `recover` and the same command: every file ends exactly as the
-//! model says, and every kill is counted (`crate::sigkill`).
+//! often), then finished by `recover` and the same command, and upstream MCP servers
+//! SIGKILLed at random moments under a running saga: every file ends exactly as the model
+//! says, and every kill is counted (`crate::sigkill`, `sigkill_pid`).
 //!
 //! The seed is printed; `AGENT_KERNEL_KILL_SEED` replays a run and
 //! `AGENT_KERNEL_KILL_ROUNDS` sets the number of kills of each command (default 30).
@@ -237,4 +238,193 @@ fn dlq_retry_killed_at_random_moments_then_retried_settles_every_letter() {
         assert_eq!(project.snapshot(), rolled_back, "round {round}");
         verifies(&project, round);
     }
+}
+
+/// The processes whose parent is `parent`, from `/proc`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            // `pid (comm) state ppid …`: the name may hold spaces and parentheses.
+            fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
+}
+
+/// SIGKILLs process `pid` unless it has ended (or is a zombie), counting the kill as
+/// `crate::sigkill` does; whether it was running.
+fn sigkill_pid(pid: u32) -> bool {
+    let running = fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    });
+    let Some(target) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    if !running || rustix::process::kill_process(target, rustix::process::Signal::KILL).is_err() {
+        return false;
+    }
+    crate::tally_kill();
+    true
+}
+
+/// The upstream server under a saga of five upstream writes (and, half the time, a last
+/// step that fails) SIGKILLed at a random moment: the saga's `run` goes on or rolls back
+/// through a server started again, `recover` settles anything left, and the files are all
+/// there (`Done`) or none is (`FailedRolledBack`); the server's own log (`mcp --recover`
+/// settles its killed calls when it starts again) verifies and has nothing to recover.
+#[test]
+fn upstream_servers_killed_at_random_moments_leave_the_saga_done_or_rolled_back() {
+    use crate::upstream::{project_with_server_options, write};
+    let rounds = rounds();
+    let seed = crate::seed_from_env("AGENT_KERNEL_KILL_SEED");
+    eprintln!(
+        "upstream kills: seed {seed} (AGENT_KERNEL_KILL_SEED={seed} reproduces), {rounds} rounds"
+    );
+    let mut rng = StdRng::seed_from_u64(seed);
+    let files = ["a.txt", "b.txt", "c.txt", "d.txt", "e.txt"];
+    let contents = ["alpha", "beta", "gamma", "delta", "epsilon"];
+    let plan = |project: &Project, fails: bool| {
+        let mut steps: Vec<Value> = files
+            .iter()
+            .zip(contents)
+            .map(|(file, content)| write(&format!("up/ws/{file}"), content))
+            .collect();
+        if fails {
+            steps.push(json!({"tool": "fault.fail", "args": {}}));
+        }
+        project.plan("plan.json", &json!({ "steps": steps }))
+    };
+    // From the server's start to the run's end, the shortest of three failing runs (the
+    // longer kind: five writes, then five compensations).
+    let span = (0..3)
+        .map(|_| {
+            let project = project_with_server_options(r#", "--recover""#);
+            let plan = plan(&project, true);
+            let mut run = spawn(&project, &["run", "--plan", plan.to_str().expect("utf-8")]);
+            let parent = run.id();
+            crate::wait_until("the upstream server started", || {
+                !children_of(parent).is_empty()
+            });
+            let started = Instant::now();
+            run.wait().expect("the run ends");
+            started.elapsed()
+        })
+        .min()
+        .expect("three runs");
+    let (mut killed, mut done, mut rolled_back, mut not_begun) = (0, 0, 0, 0);
+    for round in 0..rounds {
+        let project = project_with_server_options(r#", "--recover""#);
+        let fails = rng.random_bool(0.5);
+        let plan = plan(&project, fails);
+        let stderr = fs::File::create(project.path("run.stderr")).expect("creates");
+        let mut run = project
+            .command(&["run", "--plan", plan.to_str().expect("utf-8")])
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawns");
+        let parent = run.id();
+        let mut server = None;
+        crate::wait_until("the upstream server started (or the run ended)", || {
+            server = children_of(parent).first().copied();
+            server.is_some() || run.try_wait().is_ok_and(|status| status.is_some())
+        });
+        if let Some(server) = server {
+            let span_us = u64::try_from(span.as_micros()).unwrap_or(u64::MAX);
+            std::thread::sleep(Duration::from_micros(rng.random_range(0..=span_us)));
+            killed += u32::from(sigkill_pid(server));
+        }
+        let status = run.wait().expect("the run ends");
+        let said = fs::read_to_string(project.path("run.stderr")).unwrap_or_default();
+        let status = format!("{status}, saying: {said}");
+        let output = project.run(&["recover"]);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "round {round} (run {status}): {}",
+            describe(&output)
+        );
+        let present: Vec<bool> = files
+            .iter()
+            .map(|file| project.path(&format!("up/ws/{file}")).exists())
+            .collect();
+        let Some((_, state)) = project.latest_saga() else {
+            // Killed while `run` read its tools, before the saga began: nothing ran.
+            not_begun += 1;
+            assert_eq!(present, [false; 5], "round {round} (run {status})");
+            continue;
+        };
+        match state.as_str() {
+            "Done" => {
+                done += 1;
+                assert!(!fails, "round {round}: a failing saga ended Done");
+                for (file, content) in files.iter().zip(contents) {
+                    let found = fs::read_to_string(project.path(&format!("up/ws/{file}")));
+                    assert_eq!(
+                        found.ok().as_deref(),
+                        Some(content),
+                        "round {round}: {file}"
+                    );
+                }
+            }
+            "FailedRolledBack" => {
+                rolled_back += 1;
+                assert_eq!(present, [false; 5], "round {round}: rolled back");
+            }
+            other => {
+                let (_, letters) = project.run_json(&["dlq", "list"]);
+                let (_, sagas) = project.run_json(&["log", "--limit", "1"]);
+                let up = project
+                    .isolated(crate::bin())
+                    .args(["--db", "up/up.db", "--json", "log"])
+                    .output()
+                    .expect("runs");
+                panic!(
+                    "round {round} (run {status}): the saga is {other} after `recover`\n{sagas:#}\n{letters:#}\nupstream: {}",
+                    String::from_utf8_lossy(&up.stdout)
+                )
+            }
+        }
+        verifies(&project, round);
+        let upstream = [
+            "--db",
+            "up/up.db",
+            "--sandbox",
+            "up/sandbox.toml",
+            "--tools",
+            "up/tools.toml",
+        ];
+        let output = project
+            .isolated(crate::bin())
+            .args(upstream)
+            .args(["--json", "recover"])
+            .output()
+            .expect("runs");
+        let (code, report) = crate::json_output(&output);
+        assert_eq!(code, 0, "round {round}: the upstream's log: {report}");
+        assert_eq!(
+            report["sagas"],
+            json!([]),
+            "round {round}: the upstream's log: {report}"
+        );
+    }
+    eprintln!(
+        "upstream kills: {killed} servers killed while running; {done} sagas done, {rolled_back} rolled back, {not_begun} never begun"
+    );
+    assert!(
+        killed > rounds / 2,
+        "{killed} of {rounds} rounds killed a running server"
+    );
 }

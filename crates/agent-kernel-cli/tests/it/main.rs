@@ -69,16 +69,25 @@ pub(crate) const KILL_TALLY_VARIABLE: &str = "AGENT_KERNEL_KILL_TALLY";
 pub(crate) fn sigkill(child: &mut std::process::Child) -> std::io::Result<()> {
     let running = child.try_wait()?.is_none();
     child.kill()?;
-    if running && let Some(path) = std::env::var_os(KILL_TALLY_VARIABLE) {
-        use std::io::Write as _;
-        // One short append per kill: atomic, so tests killing at once never mix lines.
-        let mut tally = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
-        tally.write_all(b"sigkill\n")?;
+    if running {
+        tally_kill();
     }
     Ok(())
+}
+
+/// Counts one SIGKILL of a running process in the file `AGENT_KERNEL_KILL_TALLY` names,
+/// when it is set.
+pub(crate) fn tally_kill() {
+    if let Some(path) = std::env::var_os(KILL_TALLY_VARIABLE) {
+        use std::io::Write as _;
+        // One short append per kill: atomic, so tests killing at once never mix lines.
+        let appended = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut tally| tally.write_all(b"sigkill\n"));
+        appended.expect("the kill tally can be appended to");
+    }
 }
 
 /// The seed of a randomized test: `$VAR` when set (to replay a run), else from the clock.

@@ -413,8 +413,13 @@ pub(crate) struct Raw {
 
 impl Raw {
     pub(crate) fn start(project: &Project) -> Raw {
+        Raw::start_with(project, &["-q", "mcp"])
+    }
+
+    /// The server started with `args` (`["-q", "mcp", …]`), initialized.
+    pub(crate) fn start_with(project: &Project, args: &[&str]) -> Raw {
         let mut child = project
-            .command(&["-q", "mcp"])
+            .command(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

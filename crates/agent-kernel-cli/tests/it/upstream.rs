@@ -10,9 +10,16 @@ use crate::{Project, bin, describe};
 
 /// A project whose tools file puts the binary's own MCP server, confined to `up/ws`, in
 /// front as the upstream server `files`; `fs_write` is compensated by `fs_delete` on the
-/// path it wrote (the files it writes are new), `fs_read` only reads, and `fs_append` is
-/// left undeclared.
+/// path it wrote (the files it writes are new; `missing_ok`, so that a compensation run
+/// again after a lost answer succeeds), `fs_read` only reads, and `fs_append` is left
+/// undeclared.
 fn project() -> Project {
+    project_with_server_options("")
+}
+
+/// [`project`], the upstream server started as `agent-kernel … mcp OPTIONS` (`options`: a
+/// TOML list's items, each quoted, after a comma).
+pub(crate) fn project_with_server_options(options: &str) -> Project {
     let project = Project::new();
     fs::create_dir_all(project.path("up/ws")).expect("creates up/ws");
     fs::write(project.path("up/sandbox.toml"), "[fs]\nallow = [\"ws\"]\n").expect("writes");
@@ -21,12 +28,12 @@ fn project() -> Project {
     let tools = format!(
         r#"
 [mcp_servers.files]
-command = ["{bin}", "--db", "up/up.db", "--sandbox", "up/sandbox.toml", "--tools", "up/tools.toml", "-q", "mcp"]
+command = ["{bin}", "--db", "up/up.db", "--sandbox", "up/sandbox.toml", "--tools", "up/tools.toml", "-q", "mcp"{options}]
 
 [mcp_servers.files.tool.fs_write]
 effect = "mutating"
 reversibility = "full"
-compensate = {{ tool = "fs_delete", args = {{ args = {{ path = "$.args.args.path" }} }} }}
+compensate = {{ tool = "fs_delete", args = {{ args = {{ path = "$.args.args.path", missing_ok = true }} }} }}
 
 [mcp_servers.files.tool.fs_read]
 effect = "read-only"
@@ -37,7 +44,8 @@ effect = "read-only"
     project
 }
 
-fn write(path: &str, content: &str) -> serde_json::Value {
+/// A plan step writing `content` to `path` through the upstream server `files`.
+pub(crate) fn write(path: &str, content: &str) -> serde_json::Value {
     json!({"tool": "files.fs_write", "args": {"args": {"path": path, "content": content}}})
 }
 

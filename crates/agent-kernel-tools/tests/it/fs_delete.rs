@@ -45,6 +45,46 @@ async fn deleting_a_missing_file_fails_before_the_effect() {
     assert!(error.message().contains("does not exist"), "{error}");
 }
 
+/// With `missing_ok`, deleting what is absent succeeds and deletes nothing, and its
+/// compensation puts nothing back, even once a file of that name exists again: a
+/// compensation that deletes what its step created can run twice (after a lost answer).
+#[tokio::test]
+async fn missing_ok_deletes_an_absent_file_as_a_success_that_undoes_to_nothing() {
+    let fixture = Fixture::new();
+    let tool = fixture.tool("fs.delete");
+    let ctx = ctx("fs.delete", 0);
+    let args = json!({ "path": "workspace/none.txt", "missing_ok": true });
+    tool.check(&args).expect("valid");
+    let (undo, output) = run(&tool, &ctx, &args).await;
+    let output = output.expect("execute");
+    assert_eq!(output.data["deleted"], false, "{:?}", output.data);
+    assert_eq!(
+        output.effects,
+        ["workspace/none.txt was absent; nothing deleted"]
+    );
+    assert_eq!(undo.blob, None);
+    std::fs::write(fixture.path("workspace/none.txt"), "later").expect("writes");
+    tool.compensate(&ctx, &args, &undo, Some(&output))
+        .await
+        .expect("compensates");
+    assert_eq!(
+        fixture.read("workspace/none.txt").as_deref(),
+        Some(&b"later"[..])
+    );
+    // A file that exists is deleted as without the flag, and put back.
+    let args = json!({ "path": "workspace/a.txt", "missing_ok": true });
+    let (undo, output) = run(&tool, &ctx, &args).await;
+    assert_eq!(output.expect("execute").data["deleted"], true);
+    assert!(fixture.read("workspace/a.txt").is_none());
+    tool.compensate(&ctx, &args, &undo, None)
+        .await
+        .expect("compensates");
+    assert_eq!(
+        fixture.read("workspace/a.txt").as_deref(),
+        Some(&b"alpha"[..])
+    );
+}
+
 #[tokio::test]
 async fn compensation_without_execution_leaves_the_original() {
     let fixture = Fixture::new();
