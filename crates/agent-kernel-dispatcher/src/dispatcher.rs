@@ -512,7 +512,9 @@ impl Dispatcher {
 
     /// Calls `call` under the tool's permits and `timeout_ms`, again after a backoff with
     /// jitter while it fails with a retriable error and `may_act` allows, at most
-    /// `retries_max` more times. Returns the last result and the number of attempts.
+    /// `retries_max` more times. Returns the last result and the number of attempts; a last
+    /// error that says nothing happened, after an attempt whose outcome was unknown, is
+    /// returned as unknown too (that attempt may have acted), naming both.
     async fn retrying<T, Fut>(
         &self,
         entry: &Entry,
@@ -526,26 +528,38 @@ impl Dispatcher {
         Fut: Future<Output = Result<T, ToolError>>,
     {
         let mut retry_idx = 0;
-        loop {
+        // The first attempt whose outcome was unknown, if any.
+        let mut in_doubt: Option<String> = None;
+        let last = loop {
             let result = {
                 let _permits = self.permits(entry).await;
                 guarded(timeout_ms, call()).await
             };
             match result {
                 Err(error) if error.is_retriable() && retry_idx < retries_max => {
+                    if error.is_uncertain() && in_doubt.is_none() {
+                        in_doubt = Some(error.to_string());
+                    }
                     let backoff_ms = self.limits.backoff_ms(retry_idx);
                     let backoff_ms = backoff_ms + self.jitter.jitter_ms(backoff_ms / 2);
                     warn!(tool = %ctx.tool_id, step_seq = ctx.step_seq, retry = retry_idx + 1, backoff_ms, %error, "retrying");
                     tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
                     if !may_act() {
                         warn!(tool = %ctx.tool_id, step_seq = ctx.step_seq, "no retry: this process may no longer act");
-                        return (Err(error), retry_idx + 1);
+                        break Err(error);
                     }
                     retry_idx += 1;
                 }
-                other => return (other, retry_idx + 1),
+                other => break other,
             }
-        }
+        };
+        let last = match (last, in_doubt) {
+            (Err(error), Some(earlier)) if !error.is_uncertain() => Err(ToolError::uncertain(
+                format!("{error}; an earlier attempt's outcome is unknown ({earlier})"),
+            )),
+            (last, _) => last,
+        };
+        (last, retry_idx + 1)
     }
 
     /// Asks whether the effect of an in-doubt step happened (contained, bounded in time).

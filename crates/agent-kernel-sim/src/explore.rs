@@ -37,8 +37,24 @@ pub struct SeedReport {
 ///
 /// When the harness itself fails (a log that cannot be opened).
 pub fn explore_seed(seed: u64, dir: &Path) -> anyhow::Result<SeedReport> {
+    explore_seed_as(seed, dir, |_| {})
+}
+
+/// [`explore_seed`], with the seed's scenario changed by `change` first (the rest of what
+/// the seed draws unchanged): a seed found before the scenario had some part can be
+/// replayed without it.
+///
+/// # Errors
+///
+/// As [`explore_seed`].
+pub fn explore_seed_as(
+    seed: u64,
+    dir: &Path,
+    change: impl FnOnce(&mut Scenario),
+) -> anyhow::Result<SeedReport> {
     let mut rng = Rng::new(seed);
-    let scenario = Scenario::generate(&mut rng);
+    let mut scenario = Scenario::generate(&mut rng);
+    change(&mut scenario);
     let schedule_seed = rng.next_u64();
     let mut report = SeedReport {
         seed,
@@ -58,8 +74,9 @@ pub fn explore_seed(seed: u64, dir: &Path) -> anyhow::Result<SeedReport> {
 }
 
 /// The cases of a scenario: no fault (run first, to count the points), then each point and
-/// each kind, half of them with a `recover` killed at a point `rng` picks, and half of
-/// those with an operator with a fault at a point `rng` picks.
+/// each kind, half of them with a `recover` killed at a point `rng` picks, and, where the
+/// scenario has an operator, half of them (drawn apart) with an operator's fault at a point
+/// `rng` picks.
 fn cases(
     scenario: &Scenario,
     schedule_seed: u64,
@@ -82,28 +99,43 @@ fn cases(
         return Ok(Vec::new());
     }
     let mut cases = Vec::new();
-    for at in 0..outcome.points {
-        for kind in FaultKind::ALL {
-            let recovery_fault = rng.chance(50).then(|| Fault {
-                at: rng.below(RECOVERY_POINTS_TRIED),
-                kind: if rng.chance(50) {
-                    FaultKind::CrashBefore
-                } else {
-                    FaultKind::CrashAfter
-                },
-            });
-            let operator_fault = (scenario.operator_actions > 0 && rng.chance(50)).then(|| Fault {
-                at: rng.below(OPERATOR_POINTS_TRIED),
-                kind: FaultKind::ALL[rng.below(FaultKind::ALL.len() as u64) as usize],
-            });
-            cases.push(Case {
-                scenario: scenario.clone(),
-                schedule_seed,
-                fault: Some(Fault { at, kind }),
-                recovery_fault,
-                operator_fault,
-            });
-        }
+    // The kinds that apply anywhere first, at every point, then the hangs at tools' points:
+    // the order, and so the numbers drawn, of the cases before hangs existed.
+    let anywhere = (0..outcome.points).flat_map(|at| FaultKind::ANYWHERE.map(|kind| (at, kind)));
+    let hangs = (0..outcome.points)
+        .filter(|at| {
+            !outcome
+                .log_writes
+                .get(*at as usize)
+                .copied()
+                .unwrap_or(true)
+        })
+        .flat_map(|at| {
+            FaultKind::ALL
+                .into_iter()
+                .filter(|kind| !kind.applies_at_log_write())
+                .map(move |kind| (at, kind))
+        });
+    for (at, kind) in anywhere.chain(hangs) {
+        let recovery_fault = rng.chance(50).then(|| Fault {
+            at: rng.below(RECOVERY_POINTS_TRIED),
+            kind: if rng.chance(50) {
+                FaultKind::CrashBefore
+            } else {
+                FaultKind::CrashAfter
+            },
+        });
+        let operator_fault = (scenario.operator_actions > 0 && rng.chance(50)).then(|| Fault {
+            at: rng.below(OPERATOR_POINTS_TRIED),
+            kind: FaultKind::ANYWHERE[rng.below(FaultKind::ANYWHERE.len() as u64) as usize],
+        });
+        cases.push(Case {
+            scenario: scenario.clone(),
+            schedule_seed,
+            fault: Some(Fault { at, kind }),
+            recovery_fault,
+            operator_fault,
+        });
     }
     Ok(cases)
 }
@@ -141,7 +173,11 @@ fn first_failure(
         return Ok(Some((case, outcome)));
     }
     for at in 0..outcome.points {
+        let log_write = outcome.log_writes.get(at as usize).copied().unwrap_or(true);
         for kind in FaultKind::ALL {
+            if log_write && !kind.applies_at_log_write() {
+                continue;
+            }
             case.fault = Some(Fault { at, kind });
             let outcome = run_case(&case, dir)?;
             if !outcome.violations.is_empty() {

@@ -15,9 +15,11 @@
 //! point is every log write and every effect or compensation of a tool, numbered from 0 in
 //! each process. A [`Fault`] at a point kills the process just before it, just after it, or
 //! makes it fail (an I/O error writing the log; an effect whose answer is lost; a
-//! compensation that fails). [`explore_seed`] runs the scenario without a fault, then once
+//! compensation that fails), or, at a tool's point, hang before or after its work until the
+//! engine's timeout gives up on it. [`explore_seed`] runs the scenario without a fault, then once
 //! for each point and each kind of fault, half of the cases with the first `recover` killed
-//! too, and half of those with an operator meeting a fault as well.
+//! too, and, where the scenario has an operator, half of the cases (drawn apart from the
+//! `recover`'s) with the operator meeting a fault as well.
 //!
 //! A killed process does nothing more: every later log call and tool call of it waits
 //! forever, and the case drops it. What it committed stays in the log, as after a
@@ -53,11 +55,13 @@ mod scenario;
 mod tools;
 mod world;
 
-pub use crate::explore::{OPERATOR_POINTS_TRIED, RECOVERY_POINTS_TRIED, SeedReport, explore_seed};
+pub use crate::explore::{
+    OPERATOR_POINTS_TRIED, RECOVERY_POINTS_TRIED, SeedReport, explore_seed, explore_seed_as,
+};
 pub use crate::process::{Fault, FaultKind};
 pub use crate::run::{Case, CaseOutcome, run_case};
 pub use crate::scenario::{
-    KEYS, OPERATOR_ACTIONS_MAX, Outside, Rng, SAGAS_MAX, STEPS_MAX, Scenario, StepSpec,
+    Driver, KEYS, OPERATOR_ACTIONS_MAX, Outside, Rng, SAGAS_MAX, STEPS_MAX, Scenario, StepSpec,
 };
 pub use crate::tools::SET_TOOL;
 pub use crate::world::{Event, World, WorldState};

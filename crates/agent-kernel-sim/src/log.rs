@@ -40,7 +40,8 @@ impl FaultyLog {
     {
         self.process.gate().await;
         match self.process.point(&what, true) {
-            Act::Go => complete(write(self.inner.clone())),
+            // A hang is never planned at a log write.
+            Act::Go | Act::HangBefore | Act::HangAfter => complete(write(self.inner.clone())),
             Act::CrashBefore => {
                 self.process.die();
                 std::future::pending().await

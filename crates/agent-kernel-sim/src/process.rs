@@ -20,15 +20,36 @@ pub enum FaultKind {
     /// A log write fails with an I/O error and writes nothing; a tool's effect happens and
     /// its answer is an error of unknown outcome; a compensation fails. The process goes on.
     Error,
+    /// At a tool's point only: the effect or compensation never answers, having done
+    /// nothing; the engine's timeout gives up on it. The process goes on.
+    HangBefore,
+    /// At a tool's point only: the effect or compensation is done, then never answers; the
+    /// engine's timeout gives up on it. The process goes on.
+    HangAfter,
 }
 
 impl FaultKind {
     /// Every kind, in the order the explorer tries them.
-    pub const ALL: [FaultKind; 3] = [
+    pub const ALL: [FaultKind; 5] = [
+        FaultKind::CrashBefore,
+        FaultKind::CrashAfter,
+        FaultKind::Error,
+        FaultKind::HangBefore,
+        FaultKind::HangAfter,
+    ];
+
+    /// The kinds that apply at every point, a log write's too.
+    pub const ANYWHERE: [FaultKind; 3] = [
         FaultKind::CrashBefore,
         FaultKind::CrashAfter,
         FaultKind::Error,
     ];
+
+    /// Whether it applies at a log write (a hang applies only at a tool's point: the log
+    /// has no timeout, so a log write that never answers is a kill).
+    pub fn applies_at_log_write(self) -> bool {
+        !matches!(self, FaultKind::HangBefore | FaultKind::HangAfter)
+    }
 }
 
 /// One fault: at the point numbered `at` (from 0) of one process.
@@ -46,6 +67,8 @@ impl fmt::Display for Fault {
             FaultKind::CrashBefore => "killed before",
             FaultKind::CrashAfter => "killed after",
             FaultKind::Error => "an error at",
+            FaultKind::HangBefore => "a hang, nothing done, at",
+            FaultKind::HangAfter => "a hang, done, at",
         };
         write!(f, "{kind} point {}", self.at)
     }
@@ -62,6 +85,10 @@ pub(crate) enum Act {
     CrashAfter,
     /// Fail as [`FaultKind::Error`] says.
     Fail,
+    /// Never answer, having done nothing ([`FaultKind::HangBefore`]).
+    HangBefore,
+    /// Act, then never answer ([`FaultKind::HangAfter`]).
+    HangAfter,
 }
 
 /// A simulated process: its points, its fault, its death.
@@ -74,6 +101,8 @@ pub(crate) struct Process {
 
 struct State {
     next_point: u64,
+    /// Whether each point reached was a log write.
+    log_writes: Vec<bool>,
     fault: Option<Fault>,
     fired: bool,
     dead: bool,
@@ -96,6 +125,7 @@ impl Process {
             name: name.to_owned(),
             state: Mutex::new(State {
                 next_point: 0,
+                log_writes: Vec::new(),
                 fault,
                 fired: false,
                 dead: false,
@@ -115,6 +145,7 @@ impl Process {
         let mut state = self.lock();
         let at = state.next_point;
         state.next_point += 1;
+        state.log_writes.push(log_write);
         let due: Vec<Outside> = if log_write {
             let world = &self.world;
             let (due, later) = state
@@ -141,6 +172,10 @@ impl Process {
                     FaultKind::CrashBefore => Act::CrashBefore,
                     FaultKind::CrashAfter => Act::CrashAfter,
                     FaultKind::Error => Act::Fail,
+                    // Never planned at a log write; were it, the write goes on.
+                    _ if log_write => Act::Go,
+                    FaultKind::HangBefore => Act::HangBefore,
+                    FaultKind::HangAfter => Act::HangAfter,
                 }
             }
             _ => Act::Go,
@@ -150,6 +185,8 @@ impl Process {
             Act::CrashBefore => " <- killed before it".to_owned(),
             Act::CrashAfter => " <- killed after it".to_owned(),
             Act::Fail => " <- fails".to_owned(),
+            Act::HangBefore => " <- hangs before it".to_owned(),
+            Act::HangAfter => " <- hangs after it".to_owned(),
         };
         state
             .history
@@ -204,6 +241,11 @@ impl Process {
     pub(crate) fn points(&self) -> (u64, bool) {
         let state = self.lock();
         (state.next_point, state.fired)
+    }
+
+    /// Whether each point it reached was a log write, in order.
+    pub(crate) fn log_writes(&self) -> Vec<bool> {
+        self.lock().log_writes.clone()
     }
 
     /// What it did, one line per point.

@@ -20,7 +20,7 @@ use anyhow::Context as _;
 
 use crate::log::FaultyLog;
 use crate::process::{Fault, Process};
-use crate::scenario::{Driver, Rng, Scenario};
+use crate::scenario::{Driver, OPERATOR_STREAMS, Rng, Scenario};
 use crate::tools::{SET_TOOL, SetTool};
 use crate::world::{Event, World, WorldState, shown};
 
@@ -44,6 +44,8 @@ pub struct Case {
 pub struct CaseOutcome {
     /// How many points the first process reached.
     pub points: u64,
+    /// Whether each of them was a log write (else a tool's effect or compensation).
+    pub log_writes: Vec<bool>,
     /// How many points the operator reached.
     pub operator_points: u64,
     /// How many faults fired (0 to 3).
@@ -259,14 +261,16 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
         case.scenario.outside.clone(),
         run.world.clone(),
     ));
+    // Forked, not drawn, so that the `recover`s get the numbers they got before the
+    // operator existed.
     let operator = Arc::new(Process::new(
         "operator",
         case.operator_fault,
-        Rng::new(schedule.next_u64()),
+        schedule.fork(OPERATOR_STREAMS[0]),
         Vec::new(),
         run.world.clone(),
     ));
-    let mut choices = Rng::new(schedule.next_u64());
+    let mut choices = schedule.fork(OPERATOR_STREAMS[1]);
     {
         let (kernel, log) = run.kernel(&first, 1, DeadPids::these(Vec::new()))?;
         let kernel = Arc::new(kernel);
@@ -323,6 +327,7 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
     }
     let (points, fired) = first.points();
     outcome.points = points;
+    outcome.log_writes = first.log_writes();
     outcome.faults_fired += u64::from(fired);
     let (operator_points, operator_fired) = operator.points();
     outcome.operator_points = operator_points;

@@ -36,7 +36,20 @@ impl Rng {
     pub fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
+
+    /// A generator of its own for `stream`, made from this one's state without moving it.
+    pub fn fork(&self, stream: u64) -> Rng {
+        let mut forked = Rng(self.0 ^ stream);
+        forked.next_u64();
+        forked
+    }
 }
+
+/// The stream of a scenario's operator and drivers ([`Rng::fork`]).
+const EXTRAS_STREAM: u64 = 0x6F70_6572_6174_6F72;
+
+/// Streams of a case's schedule for the operator's process and its choices.
+pub(crate) const OPERATOR_STREAMS: [u64; 2] = [0x6F70_5F67_6174_6573, 0x6F70_5F63_686F_6963];
 
 /// The keys sagas share.
 pub const KEYS: [&str; 3] = ["a", "b", "c"];
@@ -145,16 +158,18 @@ impl Scenario {
                 value: 1000 + n as i64,
             })
             .collect();
-        // Drawn last, so that the sagas and outside writes of a seed are those it made
-        // before the operator existed.
-        let operator_actions = if rng.chance(50) {
-            1 + rng.below(u64::from(OPERATOR_ACTIONS_MAX)) as u32
+        // Drawn from a stream of their own, which leaves `rng` where a seed left it before
+        // the operator and the drivers existed: what a seed drew then (its sagas, outside
+        // writes, schedule and faults) it draws still.
+        let mut extras = rng.fork(EXTRAS_STREAM);
+        let operator_actions = if extras.chance(50) {
+            1 + extras.below(u64::from(OPERATOR_ACTIONS_MAX)) as u32
         } else {
             0
         };
         let drivers = sagas
             .iter()
-            .map(|steps| match rng.below(100) {
+            .map(|steps| match extras.below(100) {
                 0..50 => Driver::Plan,
                 50..65 if steps.len() == 1 => Driver::CallAlone,
                 50..85 => Driver::Live { abort: false },

@@ -66,9 +66,14 @@ impl Tool for SetTool {
             .process
             .point(&format!("effect {step}: {key} = {value}"), false);
         self.world.acted(&key);
-        if act == Act::CrashBefore {
-            self.process.die();
-            return std::future::pending().await;
+        match act {
+            Act::CrashBefore => {
+                self.process.die();
+                return std::future::pending().await;
+            }
+            // The dispatcher's timeout gives up on it.
+            Act::HangBefore => return std::future::pending().await,
+            _ => {}
         }
         self.world.set(
             &key,
@@ -86,7 +91,10 @@ impl Tool for SetTool {
                 std::future::pending().await
             }
             Act::Fail => Err(ToolError::uncertain("the answer was lost")),
-            Act::Go | Act::CrashBefore => Ok(ToolOutput::new(json!({ "key": key }))),
+            Act::HangAfter => std::future::pending().await,
+            Act::Go | Act::CrashBefore | Act::HangBefore => {
+                Ok(ToolOutput::new(json!({ "key": key })))
+            }
         }
     }
 }
@@ -133,7 +141,15 @@ impl Compensate for SetTool {
                 });
                 return Err(ToolError::failed("simulated failure: nothing restored"));
             }
-            Act::Go | Act::CrashAfter => {}
+            Act::HangBefore => {
+                // Its timeout fails it: a cause for the saga's dead letter.
+                self.world.note(Event::CompensationFailed {
+                    saga: ctx.saga_id.to_string(),
+                    step: ctx.step_seq,
+                });
+                return std::future::pending().await;
+            }
+            Act::Go | Act::CrashAfter | Act::HangAfter => {}
         }
         let found = self.world.get(&key);
         if found != old && found != Some(value) {
@@ -156,11 +172,20 @@ impl Compensate for SetTool {
                 to: old,
             },
         );
-        if act == Act::CrashAfter {
-            self.process.die();
-            return std::future::pending().await;
+        match act {
+            Act::CrashAfter => {
+                self.process.die();
+                std::future::pending().await
+            }
+            Act::HangAfter => {
+                self.world.note(Event::CompensationFailed {
+                    saga: ctx.saga_id.to_string(),
+                    step: ctx.step_seq,
+                });
+                std::future::pending().await
+            }
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     async fn changed_since(

@@ -106,8 +106,9 @@ impl Tool for FsDelete {
         let sync = ctx.durability.syncs();
         let count = step_blocking(ctx, move || {
             let Some(len) = file.stat().map_err(sandbox_error)? else {
-                // Absent since `prepare` found it so (`missing_ok`), or removed since by
-                // another writer, which the step's claim keeps out: nothing to do.
+                // Absent: as `prepare` found it (`missing_ok`), or removed since by another
+                // writer between `prepare` and now. Either way this step deleted nothing,
+                // and says so (`deleted: false`), so its compensation restores nothing.
                 return Ok(None);
             };
             file.remove_file(sync).map_err(sandbox_error)?;
@@ -180,7 +181,11 @@ impl Compensate for FsDelete {
         // A timed-out effect still under way lands first: judged half-done, it would
         // look like another writer's change.
         settle(ctx).await;
-        let DeleteUndo { target, .. } = parse_undo(Self::ID, &undo.data)?;
+        let DeleteUndo { target, absent, .. } = parse_undo(Self::ID, &undo.data)?;
+        if absent {
+            // The step deleted nothing, so undoing it changes nothing, whatever is there now.
+            return Ok(None);
+        }
         let deleted = undo.blob.clone();
         let file = self.files.reconfine(&target)?;
         blocking(move || {
@@ -204,7 +209,7 @@ impl Compensate for FsDelete {
         ctx: &ToolContext,
         _args: &Value,
         undo: &Undo,
-        _output: Option<&ToolOutput>,
+        output: Option<&ToolOutput>,
     ) -> Result<(), ToolError> {
         let DeleteUndo {
             target,
@@ -212,9 +217,11 @@ impl Compensate for FsDelete {
             absent,
         } = parse_undo(Self::ID, &undo.data)?;
         check_temp_name(Self::ID, &temp)?;
-        if absent {
-            // The file was absent when the step began (`missing_ok`): the step deleted
-            // nothing, and leaves nothing to put back.
+        let deleted_nothing = output.is_some_and(|output| output.data["deleted"] == false);
+        if absent || deleted_nothing {
+            // The file was absent when the step began (`missing_ok`), or when it ran (another
+            // writer removed it after `prepare`): the step deleted nothing, and leaves
+            // nothing to put back.
             return Ok(());
         }
         let Some(bytes) = undo.blob.clone() else {

@@ -51,7 +51,14 @@ impl Checkpointer {
         durability: Durability,
         writer: &mut Connection,
     ) -> Result<Checkpointer, TxError> {
-        let path = path.to_owned();
+        // Absolute now, so that a later change of the working folder (a program's own, a
+        // binding's) cannot point the connection opened later at another file.
+        let path = std::path::absolute(path).map_err(|err| {
+            TxError::Storage(format!(
+                "cannot resolve the log's path {}: {err}",
+                path.display()
+            ))
+        })?;
         let (nudge, nudged) = mpsc::sync_channel::<()>(1);
         let thread = thread::Builder::new()
             .name("agent-kernel-checkpoint".into())

@@ -53,8 +53,12 @@ struct State {
 /// Why an upstream call did not answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallError {
-    /// The call never reached the server (it could not be started): nothing happened.
+    /// The call never reached the server (it could not be started): nothing happened, and
+    /// the next call starts it again.
     NotSent(String),
+    /// The call never reached the server, and no later call will in this process (no such
+    /// server, or it was started [`SERVER_STARTS_MAX`] times already): nothing happened.
+    Unavailable(String),
     /// The server refused the request (a protocol error): nothing happened.
     Refused(String),
     /// The connection was lost during the call (the server died): the outcome is unknown.
@@ -74,7 +78,7 @@ impl std::fmt::Debug for Hub {
 
 impl Server {
     /// A live client, starting (or restarting) the server when there is none.
-    async fn client(&self) -> Result<Arc<Client>, String> {
+    async fn client(&self) -> Result<Arc<Client>, CallError> {
         let mut state = self.state.lock().await;
         if let Some(client) = &state.client
             && !client.is_transport_closed()
@@ -82,13 +86,13 @@ impl Server {
             return Ok(Arc::clone(client));
         }
         if state.starts >= SERVER_STARTS_MAX {
-            return Err(format!(
+            return Err(CallError::Unavailable(format!(
                 "MCP server `{}` was started {} times and stopped each time; it is not started again by this process (SERVER_STARTS_MAX)",
                 self.spec.name, state.starts
-            ));
+            )));
         }
         state.starts += 1;
-        let client = Arc::new(start(&self.spec).await?);
+        let client = Arc::new(start(&self.spec).await.map_err(CallError::NotSent)?);
         state.client = Some(Arc::clone(&client));
         Ok(client)
     }
@@ -227,7 +231,7 @@ impl Hub {
             Box::pin(async move {
                 let result = match servers.get(&name) {
                     Some(server) => work(Arc::clone(server)).await,
-                    None => Err(CallError::NotSent(format!("no MCP server `{name}`"))),
+                    None => Err(CallError::Unavailable(format!("no MCP server `{name}`"))),
                 };
                 let _ = reply.send(result);
             })
@@ -248,7 +252,7 @@ impl Hub {
         let answer = self.submit(name, |server: Arc<Server>| async move {
             let start_timeout = server.spec.start_timeout;
             let listed = async {
-                let client = server.client().await.map_err(CallError::NotSent)?;
+                let client = server.client().await?;
                 client
                     .list_all_tools()
                     .await
@@ -268,6 +272,7 @@ impl Hub {
             Ok(Ok(tools)) => Ok(tools),
             Ok(Err(
                 CallError::NotSent(message)
+                | CallError::Unavailable(message)
                 | CallError::Refused(message)
                 | CallError::Lost(message),
             )) => Err(ToolError::failed(message)),
@@ -290,7 +295,7 @@ impl Hub {
     ) -> Result<CallToolResult, CallError> {
         let tool = tool.to_owned();
         let answer = self.submit(name, move |server: Arc<Server>| async move {
-            let client = server.client().await.map_err(CallError::NotSent)?;
+            let client = server.client().await?;
             client
                 .call_tool(CallToolRequestParams::new(tool).with_arguments(args))
                 .await

@@ -169,7 +169,9 @@ impl UpstreamTool {
             Err(CallError::NotSent(message)) => {
                 Err(ToolError::failed(message).not_applied().retriable())
             }
-            Err(CallError::Refused(message)) => Err(ToolError::failed(message).not_applied()),
+            Err(CallError::Refused(message) | CallError::Unavailable(message)) => {
+                Err(ToolError::failed(message).not_applied())
+            }
             Err(CallError::Lost(message)) => Err(ToolError::uncertain(format!(
                 "the connection to MCP server `{}` was lost during the call ({message}); its outcome is unknown",
                 self.server

@@ -1,7 +1,7 @@
 //! `undo` and `dlq retry` SIGKILLed at random moments (while a command tool's program runs,
 //! often), then finished by `recover` and the same command, and upstream MCP servers
 //! SIGKILLed at random moments under a running saga: every file ends exactly as the model
-//! says, and every kill is counted (`crate::sigkill`, `sigkill_pid`).
+//! says, and every kill is counted (`crate::sigkill`, `sigkill_server`).
 //!
 //! The seed is printed; `AGENT_KERNEL_KILL_SEED` replays a run and
 //! `AGENT_KERNEL_KILL_ROUNDS` sets the number of kills of each command (default 30).
@@ -240,39 +240,50 @@ fn dlq_retry_killed_at_random_moments_then_retried_settles_every_letter() {
     }
 }
 
-/// The processes whose parent is `parent`, from `/proc`.
-fn children_of(parent: u32) -> Vec<u32> {
+/// The fields of `/proc/PID/stat` after the command's name (`state ppid …`), which may
+/// itself hold spaces and parentheses.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// Whether `pid` is a live (not zombie) child of `parent` running `agent-kernel … mcp`.
+fn is_server_of(pid: u32, parent: u32) -> bool {
+    let child = stat_fields(pid).is_some_and(|fields| {
+        fields
+            .first()
+            .is_some_and(|state| state != "Z" && state != "X")
+            && fields.get(1).and_then(|ppid| ppid.parse::<u32>().ok()) == Some(parent)
+    });
+    child
+        && fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|line| line.split(|byte| *byte == 0).any(|arg| arg == b"mcp"))
+}
+
+/// The upstream servers `parent` runs, from `/proc`.
+fn servers_of(parent: u32) -> Vec<u32> {
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            // `pid (comm) state ppid …`: the name may hold spaces and parentheses.
-            fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                stat.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
-                    == Some(parent)
-            })
-        })
+        .filter(|pid| is_server_of(*pid, parent))
         .collect()
 }
 
-/// SIGKILLs process `pid` unless it has ended (or is a zombie), counting the kill as
-/// `crate::sigkill` does; whether it was running.
-fn sigkill_pid(pid: u32) -> bool {
-    let running = fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X")
-    });
-    let Some(target) = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    else {
+/// SIGKILLs the upstream server `pid` of `parent`, if it still is one, counting the kill
+/// as `crate::sigkill` does; whether it was killed. The signal goes through a pidfd opened
+/// before the check, so a pid the system gave to another process since is never signalled.
+fn sigkill_server(pid: u32, parent: u32) -> bool {
+    use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+    let Some(target) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
         return false;
     };
-    if !running || rustix::process::kill_process(target, rustix::process::Signal::KILL).is_err() {
+    let Ok(pidfd) = pidfd_open(target, PidfdFlags::empty()) else {
+        return false;
+    };
+    if !is_server_of(pid, parent) || pidfd_send_signal(&pidfd, Signal::KILL).is_err() {
         return false;
     }
     crate::tally_kill();
@@ -315,7 +326,7 @@ fn upstream_servers_killed_at_random_moments_leave_the_saga_done_or_rolled_back(
             let mut run = spawn(&project, &["run", "--plan", plan.to_str().expect("utf-8")]);
             let parent = run.id();
             crate::wait_until("the upstream server started", || {
-                !children_of(parent).is_empty()
+                !servers_of(parent).is_empty()
             });
             let started = Instant::now();
             run.wait().expect("the run ends");
@@ -338,13 +349,13 @@ fn upstream_servers_killed_at_random_moments_leave_the_saga_done_or_rolled_back(
         let parent = run.id();
         let mut server = None;
         crate::wait_until("the upstream server started (or the run ended)", || {
-            server = children_of(parent).first().copied();
+            server = servers_of(parent).first().copied();
             server.is_some() || run.try_wait().is_ok_and(|status| status.is_some())
         });
         if let Some(server) = server {
             let span_us = u64::try_from(span.as_micros()).unwrap_or(u64::MAX);
             std::thread::sleep(Duration::from_micros(rng.random_range(0..=span_us)));
-            killed += u32::from(sigkill_pid(server));
+            killed += u32::from(sigkill_server(server, parent));
         }
         let status = run.wait().expect("the run ends");
         let said = fs::read_to_string(project.path("run.stderr")).unwrap_or_default();
@@ -423,8 +434,10 @@ fn upstream_servers_killed_at_random_moments_leave_the_saga_done_or_rolled_back(
     eprintln!(
         "upstream kills: {killed} servers killed while running; {done} sagas done, {rolled_back} rolled back, {not_begun} never begun"
     );
+    // Most kills land on a running server (27 to 29 of 30 here): the delays are drawn
+    // within the time it runs.
     assert!(
-        killed > rounds / 2,
+        rounds == 0 || killed > rounds / 2,
         "{killed} of {rounds} rounds killed a running server"
     );
 }

@@ -89,8 +89,14 @@ impl Tool for Work {
         if args["hang"].as_bool() == Some(true) {
             std::future::pending::<()>().await;
         }
+        if attempt == 1 && args["lost_first"].as_bool() == Some(true) {
+            return Err(ToolError::uncertain("the answer was lost").retriable());
+        }
         if u64::from(attempt) <= args["fail_retriable_times"].as_u64().unwrap_or(0) {
             return Err(ToolError::failed(format!("transient failure {attempt}")).retriable());
+        }
+        if args["then_fail"].as_bool() == Some(true) {
+            return Err(ToolError::failed("refused: nothing done"));
         }
         Ok(ToolOutput::new(json!({ "attempt": attempt })))
     }
@@ -371,6 +377,30 @@ async fn retriable_errors_of_idempotent_tools_are_retried_the_configured_number_
         .expect_err("gives up");
     assert!(error.to_string().contains("transient failure 8"), "{error}");
     assert_eq!(work.attempts.load(Ordering::SeqCst), 8, "4 + 4 attempts");
+}
+
+/// A retry that fails saying nothing happened does not erase an earlier attempt whose
+/// outcome is unknown: the call's error stays unknown (that attempt may have acted, and its
+/// step must be settled as such), naming both.
+#[tokio::test(start_paused = true)]
+async fn a_definite_failure_after_an_attempt_in_doubt_stays_in_doubt() {
+    let work = Work::new("work", true);
+    let dispatcher = dispatcher(Limits::default(), std::slice::from_ref(&work));
+    let error = dispatcher
+        .execute(
+            &ctx("work"),
+            &json!({"lost_first": true, "then_fail": true}),
+        )
+        .await
+        .expect_err("fails");
+    assert_eq!(work.attempts.load(Ordering::SeqCst), 2);
+    assert!(error.is_uncertain(), "{error}");
+    assert!(!error.is_retriable(), "{error}");
+    let text = error.to_string();
+    assert!(
+        text.contains("refused: nothing done") && text.contains("the answer was lost"),
+        "{text}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

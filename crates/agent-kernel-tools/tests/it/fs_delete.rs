@@ -64,6 +64,14 @@ async fn missing_ok_deletes_an_absent_file_as_a_success_that_undoes_to_nothing()
     );
     assert_eq!(undo.blob, None);
     std::fs::write(fixture.path("workspace/none.txt"), "later").expect("writes");
+    let changed = tool
+        .changed_since(&ctx, &args, &undo, Some(&output))
+        .await
+        .expect("checks");
+    assert_eq!(
+        changed, None,
+        "undoing a step that deleted nothing changes nothing"
+    );
     tool.compensate(&ctx, &args, &undo, Some(&output))
         .await
         .expect("compensates");
@@ -71,6 +79,18 @@ async fn missing_ok_deletes_an_absent_file_as_a_success_that_undoes_to_nothing()
         fixture.read("workspace/none.txt").as_deref(),
         Some(&b"later"[..])
     );
+    // Found by `prepare`, removed by another writer before the step ran: the step deleted
+    // nothing, and its compensation does not bring back what the other writer removed.
+    std::fs::write(fixture.path("workspace/gone.txt"), "theirs").expect("writes");
+    let args = json!({ "path": "workspace/gone.txt", "missing_ok": true });
+    let undo = prepare(&tool, &ctx, &args).await.expect("prepare");
+    std::fs::remove_file(fixture.path("workspace/gone.txt")).expect("removes");
+    let output = tool.execute(&ctx, &args).await.expect("execute");
+    assert_eq!(output.data["deleted"], false);
+    tool.compensate(&ctx, &args, &undo, Some(&output))
+        .await
+        .expect("compensates");
+    assert!(fixture.read("workspace/gone.txt").is_none());
     // A file that exists is deleted as without the flag, and put back.
     let args = json!({ "path": "workspace/a.txt", "missing_ok": true });
     let (undo, output) = run(&tool, &ctx, &args).await;
