@@ -290,6 +290,24 @@ fn sigkill_server(pid: u32, parent: u32) -> bool {
     true
 }
 
+/// The upstream server's own log (`up/up.db`) has nothing left to recover after round
+/// `round`.
+fn upstream_log_settled(project: &Project, round: u32) {
+    let output = project
+        .isolated(crate::bin())
+        .args(["--db", "up/up.db", "--sandbox", "up/sandbox.toml"])
+        .args(["--tools", "up/tools.toml", "--json", "recover"])
+        .output()
+        .expect("runs");
+    let (code, report) = crate::json_output(&output);
+    assert_eq!(code, 0, "round {round}: the upstream's log: {report}");
+    assert_eq!(
+        report["sagas"],
+        json!([]),
+        "round {round}: the upstream's log: {report}"
+    );
+}
+
 /// The upstream server under a saga of five upstream writes (and, half the time, a last
 /// step that fails) SIGKILLed at a random moment: the saga's `run` goes on or rolls back
 /// through a server started again, `recover` settles anything left, and the files are all
@@ -409,27 +427,7 @@ fn upstream_servers_killed_at_random_moments_leave_the_saga_done_or_rolled_back(
             }
         }
         verifies(&project, round);
-        let upstream = [
-            "--db",
-            "up/up.db",
-            "--sandbox",
-            "up/sandbox.toml",
-            "--tools",
-            "up/tools.toml",
-        ];
-        let output = project
-            .isolated(crate::bin())
-            .args(upstream)
-            .args(["--json", "recover"])
-            .output()
-            .expect("runs");
-        let (code, report) = crate::json_output(&output);
-        assert_eq!(code, 0, "round {round}: the upstream's log: {report}");
-        assert_eq!(
-            report["sagas"],
-            json!([]),
-            "round {round}: the upstream's log: {report}"
-        );
+        upstream_log_settled(&project, round);
     }
     eprintln!(
         "upstream kills: {killed} servers killed while running; {done} sagas done, {rolled_back} rolled back, {not_begun} never begun"
@@ -440,4 +438,66 @@ fn upstream_servers_killed_at_random_moments_leave_the_saga_done_or_rolled_back(
         rounds == 0 || killed > rounds / 2,
         "{killed} of {rounds} rounds killed a running server"
     );
+}
+
+/// A saga of five upstream writes whose `run` is SIGKILLed once they are made; then
+/// `recover`, which rolls it back through a server it starts, SIGKILLed at a random moment;
+/// then `recover` again: the saga ends rolled back with every file gone, both logs verify,
+/// and the server's own log (settled by the next server's `mcp --recover`) has nothing left
+/// to recover.
+#[test]
+fn recover_killed_while_it_compensates_upstream_is_finished_by_the_next() {
+    use crate::upstream::{project_with_server_options, write};
+    let rounds = rounds();
+    let seed = crate::seed_from_env("AGENT_KERNEL_KILL_SEED");
+    eprintln!(
+        "upstream recover kills: seed {seed} (AGENT_KERNEL_KILL_SEED={seed} reproduces), {rounds} rounds"
+    );
+    let mut rng = StdRng::seed_from_u64(seed);
+    let files = ["a.txt", "b.txt", "c.txt", "d.txt", "e.txt"];
+    // A project whose one saga wrote the five files upstream and was killed in its last step.
+    let dead_saga = || {
+        let project = project_with_server_options(r#", "--recover""#);
+        let mut steps: Vec<Value> = files
+            .iter()
+            .map(|file| write(&format!("up/ws/{file}"), file))
+            .collect();
+        steps.push(json!({"tool": "noop", "args": {"sleep_ms": 60000}}));
+        let plan = project.plan("plan.json", &json!({ "steps": steps }));
+        let mut run = spawn(&project, &["run", "--plan", plan.to_str().expect("utf-8")]);
+        crate::wait_until("the five upstream writes were made", || {
+            files
+                .iter()
+                .all(|file| project.path(&format!("up/ws/{file}")).exists())
+        });
+        crate::sigkill(&mut run).expect("SIGKILLs");
+        run.wait().expect("reaped");
+        project
+    };
+    let span = calibrate(|| (dead_saga(), vec!["recover".to_owned()]));
+    let mut killed = 0;
+    for round in 0..rounds {
+        let project = dead_saga();
+        killed += u32::from(kill_after(
+            spawn(&project, &["recover"]),
+            delay(&mut rng, span),
+        ));
+        let output = project.run(&["recover"]);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "round {round}: {}",
+            describe(&output)
+        );
+        assert_eq!(state(&project), "FailedRolledBack", "round {round}");
+        for file in files {
+            assert!(
+                !project.path(&format!("up/ws/{file}")).exists(),
+                "round {round}: {file} is left"
+            );
+        }
+        verifies(&project, round);
+        upstream_log_settled(&project, round);
+    }
+    eprintln!("upstream recover kills: {killed} of {rounds} recovers killed while running");
 }
