@@ -290,6 +290,18 @@ fn sigkill_server(pid: u32, parent: u32) -> bool {
     true
 }
 
+/// The files the upstream kill tests write through the server, under `up/ws`.
+const UPSTREAM_FILES: [&str; 5] = ["a.txt", "b.txt", "c.txt", "d.txt", "e.txt"];
+
+/// The number of rounds and the seeded generator of a kill test, the seed printed so that
+/// `AGENT_KERNEL_KILL_SEED` replays it.
+fn seeded_rounds(what: &str) -> (u32, StdRng) {
+    let rounds = rounds();
+    let seed = crate::seed_from_env("AGENT_KERNEL_KILL_SEED");
+    eprintln!("{what}: seed {seed} (AGENT_KERNEL_KILL_SEED={seed} reproduces), {rounds} rounds");
+    (rounds, StdRng::seed_from_u64(seed))
+}
+
 /// The upstream server's own log (`up/up.db`) has nothing left to recover after round
 /// `round`.
 fn upstream_log_settled(project: &Project, round: u32) {
@@ -316,13 +328,8 @@ fn upstream_log_settled(project: &Project, round: u32) {
 #[test]
 fn upstream_servers_killed_at_random_moments_leave_the_saga_done_or_rolled_back() {
     use crate::upstream::{project_with_server_options, write};
-    let rounds = rounds();
-    let seed = crate::seed_from_env("AGENT_KERNEL_KILL_SEED");
-    eprintln!(
-        "upstream kills: seed {seed} (AGENT_KERNEL_KILL_SEED={seed} reproduces), {rounds} rounds"
-    );
-    let mut rng = StdRng::seed_from_u64(seed);
-    let files = ["a.txt", "b.txt", "c.txt", "d.txt", "e.txt"];
+    let (rounds, mut rng) = seeded_rounds("upstream kills");
+    let files = UPSTREAM_FILES;
     let contents = ["alpha", "beta", "gamma", "delta", "epsilon"];
     let plan = |project: &Project, fails: bool| {
         let mut steps: Vec<Value> = files
@@ -448,13 +455,8 @@ fn upstream_servers_killed_at_random_moments_leave_the_saga_done_or_rolled_back(
 #[test]
 fn recover_killed_while_it_compensates_upstream_is_finished_by_the_next() {
     use crate::upstream::{project_with_server_options, write};
-    let rounds = rounds();
-    let seed = crate::seed_from_env("AGENT_KERNEL_KILL_SEED");
-    eprintln!(
-        "upstream recover kills: seed {seed} (AGENT_KERNEL_KILL_SEED={seed} reproduces), {rounds} rounds"
-    );
-    let mut rng = StdRng::seed_from_u64(seed);
-    let files = ["a.txt", "b.txt", "c.txt", "d.txt", "e.txt"];
+    let (rounds, mut rng) = seeded_rounds("upstream recover kills");
+    let files = UPSTREAM_FILES;
     // A project whose one saga wrote the five files upstream and was killed in its last step.
     let dead_saga = || {
         let project = project_with_server_options(r#", "--recover""#);
