@@ -11,7 +11,8 @@
 //! seed, decides how they interleave), each as a plan, as a live saga driven call by call
 //! and committed or aborted, or as one call alone, as the seed says; the operator, a process of its own beside it, undoes
 //! sagas as they end `Done` and retries dead letters as they open; then a process runs
-//! `recover`; when that one is killed, another runs it again. A
+//! `recover`; when that one is killed, another runs it again; and, when the scenario keys
+//! its steps, an agent started again runs every saga once more with the same keys. A
 //! point is every log write and every effect or compensation of a tool, numbered from 0 in
 //! each process. A [`Fault`] at a point kills the process just before it, just after it, or
 //! makes it fail (an I/O error writing the log; an effect whose answer is lost; a

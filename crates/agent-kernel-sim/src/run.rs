@@ -383,6 +383,38 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
         close(log)?;
     }
 
+    // An agent started again runs every saga once more, each as a plan with its keys.
+    if case.scenario.retried {
+        if let Some(log) = last_log.take() {
+            close(log)?;
+        }
+        let agent = Arc::new(Process::new(
+            "agent again",
+            None,
+            schedule.fork(RETRY_STREAM),
+            Vec::new(),
+            run.world.clone(),
+        ));
+        let (kernel, log) =
+            run.kernel(&agent, RETRY_PID, DeadPids::these((1..RETRY_PID).collect()))?;
+        let kernel = Arc::new(kernel);
+        let mut again = case.scenario.clone();
+        again.drivers = vec![Driver::Plan; again.sagas.len()];
+        let runtime = runtime()?;
+        runtime.block_on(async {
+            let lines = futures_util::future::join_all(
+                (0..again.sagas.len()).map(|n| drive(&kernel, &again, n)),
+            )
+            .await;
+            for line in lines {
+                agent.note(line);
+            }
+        });
+        drop(kernel);
+        outcome.history.extend(agent.history());
+        last_log = Some(log);
+    }
+
     let world = run.world.snapshot();
     let log = last_log.context("the last recover's log")?;
     let runtime = runtime()?;
@@ -397,6 +429,7 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
     let audit = agent_kernel_txlog::verify(&dir.join(LOG_FILE), None);
     check(&world, &sagas, &open_letters, &mut outcome.violations);
     check_steps(&world, &sagas, &mut outcome.violations);
+    check_retries(&sagas, &mut outcome.violations);
     match audit {
         Ok(report) if report.is_intact() => {}
         Ok(report) => outcome.violations.push(format!(
@@ -408,11 +441,21 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
             .push(format!("the audit chain cannot be verified: {err}")),
     }
     for record in &sagas {
+        let reused = record
+            .steps
+            .iter()
+            .filter(|step| step.reused_from.is_some())
+            .count();
         outcome.history.push(format!(
-            "end: {} ({}) {}",
+            "end: {} ({}) {}{}",
             record.saga.saga_id,
             record.saga.name.as_deref().unwrap_or_default(),
-            record.saga.state
+            record.saga.state,
+            if reused > 0 {
+                format!(", {reused} steps reused")
+            } else {
+                String::new()
+            }
         ));
     }
     for event in &world.journal {
@@ -444,7 +487,12 @@ async fn drive_saga(kernel: &Arc<Kernel>, scenario: &Scenario, n: usize) -> Stri
         }
         Driver::CallAlone => {
             let called = kernel
-                .call_alone(options, SET_TOOL, scenario.args(n, 0), None)
+                .call_alone(
+                    options,
+                    SET_TOOL,
+                    scenario.args(n, 0),
+                    scenario.idempotency_key(n, 0),
+                )
                 .await;
             return match called {
                 Ok((_, CallAnswer::Committed(_))) => "its call committed".to_owned(),
@@ -468,7 +516,8 @@ async fn drive_saga(kernel: &Arc<Kernel>, scenario: &Scenario, n: usize) -> Stri
         Err(err) => return format!("not begun: {err}"),
     };
     for m in 0..scenario.sagas[n].len() {
-        match saga.call(SET_TOOL, scenario.args(n, m), None).await {
+        let key = scenario.idempotency_key(n, m);
+        match saga.call(SET_TOOL, scenario.args(n, m), key).await {
             Ok(CallAnswer::Committed(_)) => {}
             Ok(answer @ (CallAnswer::Refused(_) | CallAnswer::Conflict(_))) => {
                 let ended = saga.abort("a call was refused").await;
@@ -514,6 +563,12 @@ fn ended_as(
 
 /// The operator's process id; the recovers' follow it.
 const OPERATOR_PID: u32 = 2;
+
+/// The process id of the agent started again (a retried scenario), after the recovers'.
+const RETRY_PID: u32 = OPERATOR_PID + 3;
+
+/// The stream of the agent started again's schedule ([`Rng::fork`]).
+const RETRY_STREAM: u64 = 0x7265_7472_795F_6167;
 
 /// How many times the operator looks for something to act on, a few yields apart, before
 /// it gives an action up.
@@ -622,17 +677,22 @@ fn check_steps(world: &WorldState, sagas: &[SagaRecord], violations: &mut Vec<St
                     if step.status != StepStatus::Commit {
                         continue;
                     }
+                    // A step that reused another's output (its idempotency key) acted there.
+                    let (acting, acting_step) = match &step.reused_from {
+                        Some((from, from_step)) => (from.to_string(), *from_step),
+                        None => (id.clone(), step.step_seq),
+                    };
                     let acted = world
                         .journal
                         .iter()
                         .filter(|event| {
                             matches!(event, Event::Effect { saga, step: seq, .. }
-                                if *saga == id && *seq == step.step_seq)
+                                if *saga == acting && *seq == acting_step)
                         })
                         .count();
                     if acted != 1 {
                         violations.push(format!(
-                            "{id}/{} is committed in a Done saga, and its effect happened {acted} times",
+                            "{id}/{} is committed in a Done saga, and the effect of {acting}/{acting_step} happened {acted} times",
                             step.step_seq
                         ));
                     }
@@ -656,6 +716,55 @@ fn check_steps(world: &WorldState, sagas: &[SagaRecord], violations: &mut Vec<St
                         ));
                     }
                 }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Exactly once by key: each saga run again with its keys (by [`RETRY_PID`]) reused every
+/// step of the first run when that one ended `Done`, and none when it ended rolled back or
+/// undone (its keys released), so that it ran anew.
+fn check_retries(sagas: &[SagaRecord], violations: &mut Vec<String>) {
+    let retry_prefix = format!("p{RETRY_PID}-");
+    for again in sagas
+        .iter()
+        .filter(|record| record.saga.saga_id.as_str().starts_with(&retry_prefix))
+    {
+        let Some(first) = sagas.iter().find(|record| {
+            record.saga.name == again.saga.name && record.saga.saga_id.as_str().starts_with("p1-")
+        }) else {
+            continue;
+        };
+        let (first_id, again_id) = (&first.saga.saga_id, &again.saga.saga_id);
+        let reused: Vec<Option<u32>> = again
+            .steps
+            .iter()
+            .map(|step| {
+                step.reused_from
+                    .as_ref()
+                    .filter(|(from, _)| from == first_id)
+                    .map(|(_, from_step)| *from_step)
+            })
+            .collect();
+        match first.saga.state {
+            SagaState::Done => {
+                let every_step: Vec<Option<u32>> =
+                    first.steps.iter().map(|step| Some(step.step_seq)).collect();
+                if again.saga.state != SagaState::Done || reused != every_step {
+                    violations.push(format!(
+                        "{again_id} ran {first_id} again with its keys after it ended Done, and ended {} reusing {reused:?}, not every step",
+                        again.saga.state
+                    ));
+                }
+            }
+            SagaState::FailedRolledBack | SagaState::Undone
+                if reused.iter().any(Option::is_some) =>
+            {
+                violations.push(format!(
+                    "{again_id} reused a step of {first_id}, which ended {}",
+                    first.saga.state
+                ));
             }
             _ => {}
         }
@@ -880,6 +989,101 @@ mod tests {
             prepared,
         ]);
         assert!(!has_cause_to_park(&before, &parked));
+    }
+
+    fn step(seq: u32, reused_from: Option<(&str, u32)>) -> agent_kernel_api::StepRecord {
+        agent_kernel_api::StepRecord {
+            step_seq: seq,
+            tool_id: crate::tools::SET_TOOL.to_owned(),
+            tool_version: "1.0.0".to_owned(),
+            effect: agent_kernel_api::EffectClass::Mutating,
+            args: serde_json::json!({}),
+            args_hash: String::new(),
+            idempotency_key: Some(format!("key-0-{seq}")),
+            undo: agent_kernel_api::Undo::none(),
+            status: StepStatus::Commit,
+            output: None,
+            error: None,
+            reused_from: reused_from.map(|(saga, seq)| (SagaId::new(saga), seq)),
+            compensation: None,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        }
+    }
+
+    fn named(
+        mut record: SagaRecord,
+        name: &str,
+        steps: Vec<agent_kernel_api::StepRecord>,
+    ) -> SagaRecord {
+        record.saga.name = Some(name.to_owned());
+        record.steps = steps;
+        record
+    }
+
+    #[test]
+    fn a_saga_run_again_must_reuse_what_was_done_and_only_that() {
+        let again = format!("p{RETRY_PID}-0001");
+        let reusing = |from: &str| vec![step(0, Some((from, 0))), step(1, Some((from, 1)))];
+        let done = named(
+            saga("p1-0001", SagaState::Done, &[]),
+            "saga 0",
+            vec![step(0, None), step(1, None)],
+        );
+        let mut found = Vec::new();
+        check_retries(
+            &[
+                done.clone(),
+                named(
+                    saga(&again, SagaState::Done, &[]),
+                    "saga 0",
+                    reusing("p1-0001"),
+                ),
+            ],
+            &mut found,
+        );
+        assert_eq!(found, Vec::<String>::new());
+        // Run twice: the first run's effects stand, and the second made its own.
+        check_retries(
+            &[
+                done,
+                named(
+                    saga(&again, SagaState::Done, &[]),
+                    "saga 0",
+                    vec![step(0, None), step(1, None)],
+                ),
+            ],
+            &mut found,
+        );
+        assert!(
+            found
+                .iter()
+                .any(|violation| violation.contains("not every step")),
+            "{found:?}"
+        );
+        found.clear();
+        let rolled_back = named(
+            saga("p1-0001", SagaState::FailedRolledBack, &[]),
+            "saga 0",
+            Vec::new(),
+        );
+        check_retries(
+            &[
+                rolled_back,
+                named(
+                    saga(&again, SagaState::Done, &[]),
+                    "saga 0",
+                    reusing("p1-0001"),
+                ),
+            ],
+            &mut found,
+        );
+        assert!(
+            found
+                .iter()
+                .any(|violation| violation.contains("which ended FailedRolledBack")),
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -126,6 +126,10 @@ pub struct Scenario {
     pub operator_actions: u32,
     /// How each saga is driven, one per saga.
     pub drivers: Vec<Driver>,
+    /// Every step carries an idempotency key, and once every process before has ended and
+    /// the last `recover` has run, an agent started again runs every saga once more, as a
+    /// plan with the same keys: exactly once by key.
+    pub retried: bool,
 }
 
 impl Scenario {
@@ -176,12 +180,19 @@ impl Scenario {
                 _ => Driver::Live { abort: true },
             })
             .collect();
+        let retried = extras.chance(30);
         Scenario {
             sagas,
             outside,
             operator_actions,
             drivers,
+            retried,
         }
+    }
+
+    /// Step `m` of saga `n`'s idempotency key, when the scenario is retried.
+    pub fn idempotency_key(&self, n: usize, m: usize) -> Option<String> {
+        self.retried.then(|| format!("key-{n}-{m}"))
     }
 
     /// Step `m` of saga `n`'s arguments.
@@ -203,7 +214,7 @@ impl Scenario {
                 .map(|m| PlanStep {
                     tool: SET_TOOL.to_owned(),
                     args: self.args(n, m),
-                    idempotency_key: None,
+                    idempotency_key: self.idempotency_key(n, m),
                 })
                 .collect(),
         }
@@ -217,6 +228,11 @@ impl Scenario {
             let mut fewer = self.clone();
             fewer.operator_actions -= 1;
             smaller.push(fewer);
+        }
+        if self.retried {
+            let mut once = self.clone();
+            once.retried = false;
+            smaller.push(once);
         }
         for n in 0..self.sagas.len() {
             if self.sagas.len() > 1 {
@@ -275,6 +291,12 @@ impl fmt::Display for Scenario {
                 f,
                 "  operator: {} undo or dlq retry actions, beside the sagas",
                 self.operator_actions
+            )?;
+        }
+        if self.retried {
+            writeln!(
+                f,
+                "  every step keyed; every saga run again by an agent started again"
             )?;
         }
         Ok(())

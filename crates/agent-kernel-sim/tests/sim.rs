@@ -227,3 +227,48 @@ fn a_hung_effect_times_out_and_is_compensated() {
         "{hung_effects} {hung_compensations}"
     );
 }
+
+/// A retried scenario's agent, started again after a kill and `recover`, reuses by key
+/// what ended `Done` and runs anew what was rolled back: across the first seeds that retry,
+/// with the first process left alone or killed at one of its first points, both happen, and
+/// the checks (exactly once by key among them) pass.
+#[test]
+fn an_agent_started_again_reuses_what_was_done_and_redoes_what_was_rolled_back() {
+    let dir = scratch_dir().expect("a scratch folder");
+    let (mut reused, mut redone) = (0, 0);
+    for seed in 0..60 {
+        let mut rng = Rng::new(seed);
+        let scenario = Scenario::generate(&mut rng);
+        if !scenario.retried {
+            continue;
+        }
+        let schedule_seed = rng.next_u64();
+        for at in [None, Some(0), Some(2), Some(4), Some(8)] {
+            let case = Case {
+                scenario: scenario.clone(),
+                schedule_seed,
+                fault: at.map(|at| Fault {
+                    at,
+                    kind: FaultKind::CrashAfter,
+                }),
+                recovery_fault: None,
+                operator_fault: None,
+            };
+            let outcome = run_case(&case, dir.path()).expect("runs");
+            assert_eq!(
+                outcome.violations,
+                Vec::<String>::new(),
+                "{:#?}",
+                outcome.history
+            );
+            for line in &outcome.history {
+                if line.starts_with("end: p5-") && line.contains("steps reused") {
+                    reused += 1;
+                } else if line.starts_with("end: p5-") && line.ends_with(" Done") {
+                    redone += 1;
+                }
+            }
+        }
+    }
+    assert!(reused > 0 && redone > 0, "reused {reused}, redone {redone}");
+}
