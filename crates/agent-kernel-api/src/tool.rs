@@ -367,6 +367,20 @@ impl ToolError {
         self
     }
 
+    /// This error, after an earlier attempt of the same call whose outcome was unknown
+    /// (`earlier`, its error's text): its kind kept, its outcome unknown (that attempt may
+    /// have acted), not retriable, and both named in its message.
+    #[must_use]
+    pub fn after_attempt_in_doubt(mut self, earlier: &str) -> Self {
+        self.message = format!(
+            "{}; an earlier attempt's outcome is unknown ({earlier})",
+            self.message
+        );
+        self.outcome = Outcome::Uncertain;
+        self.retry_safe = false;
+        self
+    }
+
     /// The kind of failure.
     pub fn kind(&self) -> ToolErrorKind {
         self.kind

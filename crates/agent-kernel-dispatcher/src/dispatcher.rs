@@ -554,9 +554,9 @@ impl Dispatcher {
             }
         };
         let last = match (last, in_doubt) {
-            (Err(error), Some(earlier)) if !error.is_uncertain() => Err(ToolError::uncertain(
-                format!("{error}; an earlier attempt's outcome is unknown ({earlier})"),
-            )),
+            (Err(error), Some(earlier)) if !error.is_uncertain() => {
+                Err(error.after_attempt_in_doubt(&earlier))
+            }
             (last, _) => last,
         };
         (last, retry_idx + 1)

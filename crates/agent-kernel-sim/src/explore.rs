@@ -75,8 +75,9 @@ pub fn explore_seed_as(
 
 /// The cases of a scenario: no fault (run first, to count the points), then each point and
 /// each kind, half of them with a `recover` killed at a point `rng` picks, and, where the
-/// scenario has an operator, half of them (drawn apart) with an operator's fault at a point
-/// `rng` picks.
+/// scenario has an operator, half of them with an operator's fault at a point `rng` picks
+/// (drawn after the `recover`'s, only then: a scenario without an operator draws as before
+/// operators existed).
 fn cases(
     scenario: &Scenario,
     schedule_seed: u64,

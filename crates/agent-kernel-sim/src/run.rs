@@ -429,7 +429,12 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
     let audit = agent_kernel_txlog::verify(&dir.join(LOG_FILE), None);
     check(&world, &sagas, &open_letters, &mut outcome.violations);
     check_steps(&world, &sagas, &mut outcome.violations);
-    check_retries(&sagas, &mut outcome.violations);
+    check_retries(
+        &world,
+        &sagas,
+        case.scenario.retried,
+        &mut outcome.violations,
+    );
     match audit {
         Ok(report) if report.is_intact() => {}
         Ok(report) => outcome.violations.push(format!(
@@ -690,6 +695,17 @@ fn check_steps(world: &WorldState, sagas: &[SagaRecord], violations: &mut Vec<St
                                 if *saga == acting && *seq == acting_step)
                         })
                         .count();
+                    let reused_yet_acted = step.reused_from.is_some()
+                        && world.journal.iter().any(|event| {
+                            matches!(event, Event::Effect { saga, step: seq, .. }
+                                if *saga == id && *seq == step.step_seq)
+                        });
+                    if reused_yet_acted {
+                        violations.push(format!(
+                            "{id}/{} reused {acting}/{acting_step}'s output, and acted too",
+                            step.step_seq
+                        ));
+                    }
                     if acted != 1 {
                         violations.push(format!(
                             "{id}/{} is committed in a Done saga, and the effect of {acting}/{acting_step} happened {acted} times",
@@ -722,21 +738,42 @@ fn check_steps(world: &WorldState, sagas: &[SagaRecord], violations: &mut Vec<St
     }
 }
 
-/// Exactly once by key: each saga run again with its keys (by [`RETRY_PID`]) reused every
-/// step of the first run when that one ended `Done`, and none when it ended rolled back or
-/// undone (its keys released), so that it ran anew.
-fn check_retries(sagas: &[SagaRecord], violations: &mut Vec<String>) {
+/// Exactly once by key, when the scenario was `retried`: each saga of the first process
+/// that ended `Done`, rolled back or undone was run again (by [`RETRY_PID`]); the run again
+/// reused every step of a first run that ended `Done`, and none of one rolled back or
+/// undone (its keys released, so it ran anew); and a step whose key a parked first run
+/// still holds (its step committed or its compensation failed) did not act again.
+fn check_retries(
+    world: &WorldState,
+    sagas: &[SagaRecord],
+    retried: bool,
+    violations: &mut Vec<String>,
+) {
+    if !retried {
+        return;
+    }
     let retry_prefix = format!("p{RETRY_PID}-");
-    for again in sagas
+    for first in sagas
         .iter()
-        .filter(|record| record.saga.saga_id.as_str().starts_with(&retry_prefix))
+        .filter(|record| record.saga.saga_id.as_str().starts_with("p1-"))
     {
-        let Some(first) = sagas.iter().find(|record| {
-            record.saga.name == again.saga.name && record.saga.saga_id.as_str().starts_with("p1-")
+        let first_id = &first.saga.saga_id;
+        let Some(again) = sagas.iter().find(|record| {
+            record.saga.name == first.saga.name
+                && record.saga.saga_id.as_str().starts_with(&retry_prefix)
         }) else {
+            if matches!(
+                first.saga.state,
+                SagaState::Done | SagaState::FailedRolledBack | SagaState::Undone
+            ) {
+                violations.push(format!(
+                    "{first_id} ended {}, and the agent started again ran no saga in its place",
+                    first.saga.state
+                ));
+            }
             continue;
         };
-        let (first_id, again_id) = (&first.saga.saga_id, &again.saga.saga_id);
+        let again_id = &again.saga.saga_id;
         let reused: Vec<Option<u32>> = again
             .steps
             .iter()
@@ -765,6 +802,26 @@ fn check_retries(sagas: &[SagaRecord], violations: &mut Vec<String>) {
                     "{again_id} reused a step of {first_id}, which ended {}",
                     first.saga.state
                 ));
+            }
+            SagaState::FailedRollbackPartial => {
+                let again_text = again_id.to_string();
+                for step in first.steps.iter().filter(|step| {
+                    matches!(
+                        step.status,
+                        StepStatus::Commit | StepStatus::CompensationFailed
+                    )
+                }) {
+                    let acted = world.journal.iter().any(|event| {
+                        matches!(event, Event::Effect { saga, step: seq, .. }
+                            if *saga == again_text && *seq == step.step_seq)
+                    });
+                    if acted {
+                        violations.push(format!(
+                            "{again_id}/{} acted again under the key {first_id}/{} still holds",
+                            step.step_seq, step.step_seq
+                        ));
+                    }
+                }
             }
             _ => {}
         }
@@ -1025,13 +1082,18 @@ mod tests {
     fn a_saga_run_again_must_reuse_what_was_done_and_only_that() {
         let again = format!("p{RETRY_PID}-0001");
         let reusing = |from: &str| vec![step(0, Some((from, 0))), step(1, Some((from, 1)))];
-        let done = named(
-            saga("p1-0001", SagaState::Done, &[]),
-            "saga 0",
-            vec![step(0, None), step(1, None)],
-        );
+        let done_again = || {
+            named(
+                saga("p1-0001", SagaState::Done, &[]),
+                "saga 0",
+                vec![step(0, None), step(1, None)],
+            )
+        };
+        let done = done_again();
         let mut found = Vec::new();
+        let world = WorldState::default();
         check_retries(
+            &world,
             &[
                 done.clone(),
                 named(
@@ -1040,11 +1102,13 @@ mod tests {
                     reusing("p1-0001"),
                 ),
             ],
+            true,
             &mut found,
         );
         assert_eq!(found, Vec::<String>::new());
         // Run twice: the first run's effects stand, and the second made its own.
         check_retries(
+            &world,
             &[
                 done,
                 named(
@@ -1053,6 +1117,7 @@ mod tests {
                     vec![step(0, None), step(1, None)],
                 ),
             ],
+            true,
             &mut found,
         );
         assert!(
@@ -1062,12 +1127,22 @@ mod tests {
             "{found:?}"
         );
         found.clear();
+        // A first run that ended Done, and no run again in its place.
+        check_retries(&world, &[done_again()], true, &mut found);
+        assert!(
+            found
+                .iter()
+                .any(|violation| violation.contains("ran no saga in its place")),
+            "{found:?}"
+        );
+        found.clear();
         let rolled_back = named(
             saga("p1-0001", SagaState::FailedRolledBack, &[]),
             "saga 0",
             Vec::new(),
         );
         check_retries(
+            &world,
             &[
                 rolled_back,
                 named(
@@ -1076,6 +1151,7 @@ mod tests {
                     reusing("p1-0001"),
                 ),
             ],
+            true,
             &mut found,
         );
         assert!(

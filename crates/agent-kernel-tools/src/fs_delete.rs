@@ -133,9 +133,18 @@ impl Tool for FsDelete {
     }
 }
 
+/// Whether the step's answer says it deleted nothing (`missing_ok` and no file when it
+/// ran). Without an answer (its outcome unknown) it may have deleted the file `prepare` read.
+fn deleted_nothing(output: Option<&ToolOutput>) -> bool {
+    output.is_some_and(|output| output.data["deleted"] == false)
+}
+
 impl Compensate for FsDelete {
-    fn restores(&self, _args: &Value, undo: &Undo, _output: Option<&ToolOutput>) -> Option<String> {
-        let DeleteUndo { target, .. } = parse_undo(Self::ID, &undo.data).ok()?;
+    fn restores(&self, _args: &Value, undo: &Undo, output: Option<&ToolOutput>) -> Option<String> {
+        let DeleteUndo { target, absent, .. } = parse_undo(Self::ID, &undo.data).ok()?;
+        if absent || deleted_nothing(output) {
+            return None;
+        }
         let bytes = undo.blob.as_ref()?;
         Some(format!(
             "puts `{target}` back with its {}",
@@ -176,13 +185,13 @@ impl Compensate for FsDelete {
         ctx: &ToolContext,
         _args: &Value,
         undo: &Undo,
-        _output: Option<&ToolOutput>,
+        output: Option<&ToolOutput>,
     ) -> Result<Option<String>, ToolError> {
         // A timed-out effect still under way lands first: judged half-done, it would
         // look like another writer's change.
         settle(ctx).await;
         let DeleteUndo { target, absent, .. } = parse_undo(Self::ID, &undo.data)?;
-        if absent {
+        if absent || deleted_nothing(output) {
             // The step deleted nothing, so undoing it changes nothing, whatever is there now.
             return Ok(None);
         }
@@ -217,8 +226,7 @@ impl Compensate for FsDelete {
             absent,
         } = parse_undo(Self::ID, &undo.data)?;
         check_temp_name(Self::ID, &temp)?;
-        let deleted_nothing = output.is_some_and(|output| output.data["deleted"] == false);
-        if absent || deleted_nothing {
+        if absent || deleted_nothing(output) {
             // The file was absent when the step began (`missing_ok`), or when it ran (another
             // writer removed it after `prepare`): the step deleted nothing, and leaves
             // nothing to put back.

@@ -236,7 +236,14 @@ impl Hub {
                 let _ = reply.send(result);
             })
         });
-        let _ = self.jobs.send(job);
+        if self.jobs.send(job).is_err() {
+            // The thread is gone: the call was never sent, and no later call will be.
+            let (reply, answer) = oneshot::channel();
+            let _ = reply.send(Err(CallError::Unavailable(
+                "the upstream thread stopped before the call was sent".to_owned(),
+            )));
+            return answer;
+        }
         answer
     }
 
@@ -309,6 +316,7 @@ impl Hub {
         });
         answer
             .await
+            // Dropped by the thread during the call (it stopped): the call may have been sent.
             .unwrap_or_else(|_| Err(CallError::Lost("the upstream thread stopped".to_owned())))
     }
 }

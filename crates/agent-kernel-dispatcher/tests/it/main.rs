@@ -96,7 +96,7 @@ impl Tool for Work {
             return Err(ToolError::failed(format!("transient failure {attempt}")).retriable());
         }
         if args["then_fail"].as_bool() == Some(true) {
-            return Err(ToolError::failed("refused: nothing done"));
+            return Err(ToolError::validation("refused: nothing done"));
         }
         Ok(ToolOutput::new(json!({ "attempt": attempt })))
     }
@@ -396,6 +396,11 @@ async fn a_definite_failure_after_an_attempt_in_doubt_stays_in_doubt() {
     assert_eq!(work.attempts.load(Ordering::SeqCst), 2);
     assert!(error.is_uncertain(), "{error}");
     assert!(!error.is_retriable(), "{error}");
+    assert_eq!(
+        error.kind(),
+        agent_kernel_api::ToolErrorKind::Validation,
+        "its kind kept"
+    );
     let text = error.to_string();
     assert!(
         text.contains("refused: nothing done") && text.contains("the answer was lost"),

@@ -87,10 +87,23 @@ async fn missing_ok_deletes_an_absent_file_as_a_success_that_undoes_to_nothing()
     std::fs::remove_file(fixture.path("workspace/gone.txt")).expect("removes");
     let output = tool.execute(&ctx, &args).await.expect("execute");
     assert_eq!(output.data["deleted"], false);
+    assert_eq!(tool.restores(&args, &undo, Some(&output)), None);
+    std::fs::write(fixture.path("workspace/gone.txt"), "a third").expect("writes");
+    let changed = tool
+        .changed_since(&ctx, &args, &undo, Some(&output))
+        .await
+        .expect("checks");
+    assert_eq!(
+        changed, None,
+        "undoing a step that deleted nothing changes nothing"
+    );
     tool.compensate(&ctx, &args, &undo, Some(&output))
         .await
         .expect("compensates");
-    assert!(fixture.read("workspace/gone.txt").is_none());
+    assert_eq!(
+        fixture.read("workspace/gone.txt").as_deref(),
+        Some(&b"a third"[..])
+    );
     // A file that exists is deleted as without the flag, and put back.
     let args = json!({ "path": "workspace/a.txt", "missing_ok": true });
     let (undo, output) = run(&tool, &ctx, &args).await;
