@@ -45,6 +45,27 @@ async fn deleting_a_missing_file_fails_before_the_effect() {
     assert!(error.message().contains("does not exist"), "{error}");
 }
 
+/// A step that deleted nothing: undoing it is no change, and its compensation succeeds.
+async fn undoes_to_nothing(
+    tool: &std::sync::Arc<dyn agent_kernel_api::DynTool>,
+    ctx: &agent_kernel_api::ToolContext,
+    args: &serde_json::Value,
+    undo: &agent_kernel_api::Undo,
+    output: &agent_kernel_api::ToolOutput,
+) {
+    let changed = tool
+        .changed_since(ctx, args, undo, Some(output))
+        .await
+        .expect("checks");
+    assert_eq!(
+        changed, None,
+        "undoing a step that deleted nothing changes nothing"
+    );
+    tool.compensate(ctx, args, undo, Some(output))
+        .await
+        .expect("compensates");
+}
+
 /// With `missing_ok`, deleting what is absent succeeds and deletes nothing, and its
 /// compensation puts nothing back, even once a file of that name exists again: a
 /// compensation that deletes what its step created can run twice (after a lost answer).
@@ -64,17 +85,7 @@ async fn missing_ok_deletes_an_absent_file_as_a_success_that_undoes_to_nothing()
     );
     assert_eq!(undo.blob, None);
     std::fs::write(fixture.path("workspace/none.txt"), "later").expect("writes");
-    let changed = tool
-        .changed_since(&ctx, &args, &undo, Some(&output))
-        .await
-        .expect("checks");
-    assert_eq!(
-        changed, None,
-        "undoing a step that deleted nothing changes nothing"
-    );
-    tool.compensate(&ctx, &args, &undo, Some(&output))
-        .await
-        .expect("compensates");
+    undoes_to_nothing(&tool, &ctx, &args, &undo, &output).await;
     assert_eq!(
         fixture.read("workspace/none.txt").as_deref(),
         Some(&b"later"[..])
@@ -89,17 +100,7 @@ async fn missing_ok_deletes_an_absent_file_as_a_success_that_undoes_to_nothing()
     assert_eq!(output.data["deleted"], false);
     assert_eq!(tool.restores(&args, &undo, Some(&output)), None);
     std::fs::write(fixture.path("workspace/gone.txt"), "a third").expect("writes");
-    let changed = tool
-        .changed_since(&ctx, &args, &undo, Some(&output))
-        .await
-        .expect("checks");
-    assert_eq!(
-        changed, None,
-        "undoing a step that deleted nothing changes nothing"
-    );
-    tool.compensate(&ctx, &args, &undo, Some(&output))
-        .await
-        .expect("compensates");
+    undoes_to_nothing(&tool, &ctx, &args, &undo, &output).await;
     assert_eq!(
         fixture.read("workspace/gone.txt").as_deref(),
         Some(&b"a third"[..])
