@@ -48,6 +48,7 @@
 //! live sagas, calls alone, `recover`, `undo`, `dlq retry`; not the MCP server around them,
 //! nor approvals), and one tool.
 
+mod check;
 mod explore;
 mod log;
 mod process;

@@ -1,0 +1,570 @@
+//! The checks after a case: what the log says every saga came to, against the model of
+//! the world (`world.rs`).
+
+use std::collections::BTreeMap;
+
+use agent_kernel_api::{SagaId, SagaRecord, SagaState, StepStatus};
+
+use crate::run::RETRY_PID;
+use crate::world::{Event, WorldState, shown};
+
+/// Whether a saga may rightly be left to an operator: a compensation of it failed, or
+/// another writer (outside the kernel, or another saga) changed a key after one of its
+/// steps had prepared it, so that undoing the step could destroy that. (A step prepared
+/// before another saga wrote or compensated and settled, and claimed after, carries stale undo data: a
+/// kill before the engine's check of it leaves recovery a "changed since" it cannot tell
+/// from a real one.)
+pub(crate) fn has_cause_to_park(world: &WorldState, record: &SagaRecord) -> bool {
+    let saga_id = record.saga.saga_id.to_string();
+    let mut prepared: Vec<&str> = Vec::new();
+    for event in &world.journal {
+        match event {
+            Event::CompensationFailed { saga, .. } if *saga == saga_id => return true,
+            Event::Prepared { saga, key, .. } if *saga == saga_id => prepared.push(key),
+            Event::Outside { key, .. } if prepared.contains(&key.as_str()) => return true,
+            Event::Effect { saga, key, .. } | Event::Restored { saga, key, .. }
+                if *saga != saga_id && prepared.contains(&key.as_str()) =>
+            {
+                return true;
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
+/// What the log says each saga's steps did, against the journal: a `Done` saga's every
+/// committed step acted once; every effect of a saga rolled back or undone in full was
+/// compensated after it.
+pub(crate) fn check_steps(world: &WorldState, sagas: &[SagaRecord], violations: &mut Vec<String>) {
+    for record in sagas {
+        let id = record.saga.saga_id.to_string();
+        let state = record.saga.state;
+        match state {
+            SagaState::Done => {
+                for step in &record.steps {
+                    if step.status != StepStatus::Commit {
+                        continue;
+                    }
+                    // A step that reused another's output (its idempotency key) acted there.
+                    let (acting, acting_step) = match &step.reused_from {
+                        Some((from, from_step)) => (from.to_string(), *from_step),
+                        None => (id.clone(), step.step_seq),
+                    };
+                    let acted = world
+                        .journal
+                        .iter()
+                        .filter(|event| {
+                            matches!(event, Event::Effect { saga, step: seq, .. }
+                                if *saga == acting && *seq == acting_step)
+                        })
+                        .count();
+                    let reused_yet_acted = step.reused_from.is_some()
+                        && world.journal.iter().any(|event| {
+                            matches!(event, Event::Effect { saga, step: seq, .. }
+                                if *saga == id && *seq == step.step_seq)
+                        });
+                    if reused_yet_acted {
+                        violations.push(format!(
+                            "{id}/{} reused {acting}/{acting_step}'s output, and acted too",
+                            step.step_seq
+                        ));
+                    }
+                    if acted != 1 {
+                        violations.push(format!(
+                            "{id}/{} is committed in a Done saga, and the effect of {acting}/{acting_step} happened {acted} times",
+                            step.step_seq
+                        ));
+                    }
+                }
+            }
+            SagaState::FailedRolledBack | SagaState::Undone => {
+                for (at, event) in world.journal.iter().enumerate() {
+                    let Event::Effect { saga, step, .. } = event else {
+                        continue;
+                    };
+                    if *saga != id {
+                        continue;
+                    }
+                    let undone = world.journal[at..].iter().any(|later| {
+                        matches!(later, Event::Restored { saga, step: seq, .. }
+                            if *saga == id && seq == step)
+                    });
+                    if !undone {
+                        violations.push(format!(
+                            "{id} ended {state}, and the effect of {id}/{step} was never compensated"
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Exactly once by key, when the scenario was `retried`: each saga of the first process
+/// that ended `Done`, rolled back or undone was run again (by [`RETRY_PID`]); the run again
+/// reused every step of a first run that ended `Done`, and none of one rolled back or
+/// undone (its keys released, so it ran anew); and a step whose key a parked first run
+/// still holds (its step committed or its compensation failed) did not act again.
+pub(crate) fn check_retries(
+    world: &WorldState,
+    sagas: &[SagaRecord],
+    retried: bool,
+    violations: &mut Vec<String>,
+) {
+    if !retried {
+        return;
+    }
+    let retry_prefix = format!("p{RETRY_PID}-");
+    for first in sagas
+        .iter()
+        .filter(|record| record.saga.saga_id.as_str().starts_with("p1-"))
+    {
+        let first_id = &first.saga.saga_id;
+        let Some(again) = sagas.iter().find(|record| {
+            record.saga.name == first.saga.name
+                && record.saga.saga_id.as_str().starts_with(&retry_prefix)
+        }) else {
+            if matches!(
+                first.saga.state,
+                SagaState::Done | SagaState::FailedRolledBack | SagaState::Undone
+            ) {
+                violations.push(format!(
+                    "{first_id} ended {}, and the agent started again ran no saga in its place",
+                    first.saga.state
+                ));
+            }
+            continue;
+        };
+        let again_id = &again.saga.saga_id;
+        let reused: Vec<Option<u32>> = again
+            .steps
+            .iter()
+            .map(|step| {
+                step.reused_from
+                    .as_ref()
+                    .filter(|(from, _)| from == first_id)
+                    .map(|(_, from_step)| *from_step)
+            })
+            .collect();
+        match first.saga.state {
+            SagaState::Done => {
+                let every_step: Vec<Option<u32>> =
+                    first.steps.iter().map(|step| Some(step.step_seq)).collect();
+                if again.saga.state != SagaState::Done || reused != every_step {
+                    violations.push(format!(
+                        "{again_id} ran {first_id} again with its keys after it ended Done, and ended {} reusing {reused:?}, not every step",
+                        again.saga.state
+                    ));
+                }
+            }
+            SagaState::FailedRolledBack | SagaState::Undone
+                if reused.iter().any(Option::is_some) =>
+            {
+                violations.push(format!(
+                    "{again_id} reused a step of {first_id}, which ended {}",
+                    first.saga.state
+                ));
+            }
+            SagaState::FailedRollbackPartial => {
+                let again_text = again_id.to_string();
+                for step in first.steps.iter().filter(|step| {
+                    matches!(
+                        step.status,
+                        StepStatus::Commit | StepStatus::CompensationFailed
+                    )
+                }) {
+                    let acted = world.journal.iter().any(|event| {
+                        matches!(event, Event::Effect { saga, step: seq, .. }
+                            if *saga == again_text && *seq == step.step_seq)
+                    });
+                    if acted {
+                        violations.push(format!(
+                            "{again_id}/{} acted again under the key {first_id}/{} still holds",
+                            step.step_seq, step.step_seq
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The invariants, against the model of the world: the effects of `Done` sagas and the
+/// outside writes, latest last.
+pub(crate) fn check(
+    world: &WorldState,
+    sagas: &[SagaRecord],
+    open_letters: &[SagaId],
+    violations: &mut Vec<String>,
+) {
+    let states: BTreeMap<String, SagaState> = sagas
+        .iter()
+        .map(|record| (record.saga.saga_id.to_string(), record.saga.state))
+        .collect();
+    for record in sagas {
+        let id = &record.saga.saga_id;
+        let state = record.saga.state;
+        if !state.is_terminal() {
+            violations.push(format!("{id} is left {state} after the last recover"));
+        }
+        let parked = state == SagaState::FailedRollbackPartial;
+        if parked && !open_letters.contains(id) {
+            violations.push(format!(
+                "{id} ended {state} and no open dead letter names it"
+            ));
+        }
+        if parked && !has_cause_to_park(world, record) {
+            violations.push(format!(
+                "{id} ended {state}, though no compensation of it failed and no other writer touched what it was to write"
+            ));
+        }
+        if state.is_terminal() && !parked && !record.locks.is_empty() {
+            violations.push(format!(
+                "{id} ended {state} and still holds {:?}",
+                record.locks
+            ));
+        }
+    }
+    // Each step: how many times its effect happened, and whether it was undone since.
+    let mut effects: BTreeMap<(String, u32), (u32, bool)> = BTreeMap::new();
+    // Each key: the event the world should show (a Done saga's effect or an outside
+    // write), and whether a parked saga's effect came after it.
+    let mut expected: BTreeMap<String, (Option<i64>, bool)> = BTreeMap::new();
+    for event in &world.journal {
+        match event {
+            Event::Effect {
+                saga,
+                step,
+                key,
+                value,
+            } => {
+                let entry = effects.entry((saga.clone(), *step)).or_default();
+                entry.0 += 1;
+                if entry.1 {
+                    violations.push(format!(
+                        "the effect of {saga}/{step} happened after its compensation"
+                    ));
+                }
+                if entry.0 > 1 {
+                    violations.push(format!("the effect of {saga}/{step} happened twice"));
+                }
+                match states.get(saga) {
+                    Some(SagaState::Done) => {
+                        expected.insert(key.clone(), (Some(*value), false));
+                    }
+                    Some(SagaState::FailedRollbackPartial) => {
+                        expected.entry(key.clone()).or_insert((None, false)).1 = true;
+                    }
+                    Some(_) => {}
+                    None => violations.push(format!(
+                        "{saga}/{step} acted, and the log holds no such saga"
+                    )),
+                }
+            }
+            Event::Restored { saga, step, .. } => {
+                effects.entry((saga.clone(), *step)).or_default().1 = true;
+            }
+            Event::Clobbered {
+                saga,
+                step,
+                key,
+                found,
+            } => violations.push(format!(
+                "the compensation of {saga}/{step} destroyed a later write ({key} held {})",
+                shown(*found)
+            )),
+            Event::Outside { key, value } => {
+                expected.insert(key.clone(), (Some(*value), false));
+            }
+            Event::CompensationFailed { .. } | Event::Prepared { .. } => {}
+        }
+    }
+    for (key, (value, after_parked)) in &expected {
+        let found = world.values.get(key).copied();
+        if found != *value && !after_parked {
+            violations.push(format!(
+                "{key} holds {}, where the sagas that ended Done and the outside writes leave {}",
+                shown(found),
+                shown(*value)
+            ));
+        }
+    }
+    for (key, value) in &world.values {
+        if !expected.contains_key(key) {
+            violations.push(format!(
+                "{key} holds {value}, and no saga that ended Done nor any outside writer wrote it"
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_kernel_api::{SagaState, SagaSummary};
+
+    use super::*;
+    use crate::run::owner;
+
+    fn saga(id: &str, state: SagaState, locks: &[&str]) -> SagaRecord {
+        SagaRecord {
+            saga: SagaSummary {
+                saga_id: SagaId::new(id),
+                name: None,
+                actor: None,
+                state,
+                owner: owner(1),
+                n_steps: 1,
+                dry_run: false,
+                created_at_ms: 0,
+                updated_at_ms: 0,
+            },
+            steps: Vec::new(),
+            locks: locks.iter().map(|lock| (*lock).to_owned()).collect(),
+            conflicts: Vec::new(),
+        }
+    }
+
+    fn effect(saga: &str, key: &str, value: i64) -> Event {
+        Event::Effect {
+            saga: saga.to_owned(),
+            step: 1,
+            key: key.to_owned(),
+            value,
+        }
+    }
+
+    fn restored(saga: &str, key: &str, to: Option<i64>) -> Event {
+        Event::Restored {
+            saga: saga.to_owned(),
+            step: 1,
+            key: key.to_owned(),
+            to,
+        }
+    }
+
+    fn violations(
+        journal: Vec<Event>,
+        values: &[(&str, i64)],
+        sagas: &[SagaRecord],
+    ) -> Vec<String> {
+        let world = WorldState {
+            values: values
+                .iter()
+                .map(|(key, value)| ((*key).to_owned(), *value))
+                .collect(),
+            journal,
+        };
+        let mut found = Vec::new();
+        check(&world, sagas, &[], &mut found);
+        found
+    }
+
+    #[test]
+    fn a_world_as_the_done_sagas_and_outside_writers_left_it_passes() {
+        let sagas = [
+            saga("s1", SagaState::Done, &[]),
+            saga("s2", SagaState::FailedRolledBack, &[]),
+        ];
+        let journal = vec![
+            effect("s1", "a", 1),
+            effect("s2", "a", 2),
+            restored("s2", "a", Some(1)),
+            Event::Outside {
+                key: "b".into(),
+                value: 1000,
+            },
+        ];
+        assert_eq!(
+            violations(journal, &[("a", 1), ("b", 1000)], &sagas),
+            Vec::<String>::new()
+        );
+    }
+
+    /// CI's run at seed 1796514550604883940 (before 1d37a0c) took this for a saga parked
+    /// without cause: its step prepared `a`, another saga's compensation then restored `a`
+    /// and settled, and the step, claimed after, was killed right after its BEGIN, so
+    /// recovery found its undo data stale ("changed since") and rightly parked it.
+    #[test]
+    fn another_sagas_compensation_after_a_prepare_is_a_cause_to_park() {
+        let parked = saga("s2", SagaState::FailedRollbackPartial, &[]);
+        let prepared = Event::Prepared {
+            saga: "s2".into(),
+            step: 1,
+            key: "a".into(),
+        };
+        let world = |journal: Vec<Event>| WorldState {
+            values: BTreeMap::new(),
+            journal,
+        };
+        let after = world(vec![
+            effect("s1", "a", 1),
+            prepared.clone(),
+            restored("s1", "a", None),
+        ]);
+        assert!(has_cause_to_park(&after, &parked));
+        let before = world(vec![
+            effect("s1", "a", 1),
+            restored("s1", "a", None),
+            prepared,
+        ]);
+        assert!(!has_cause_to_park(&before, &parked));
+    }
+
+    fn step(seq: u32, reused_from: Option<(&str, u32)>) -> agent_kernel_api::StepRecord {
+        agent_kernel_api::StepRecord {
+            step_seq: seq,
+            tool_id: crate::tools::SET_TOOL.to_owned(),
+            tool_version: "1.0.0".to_owned(),
+            effect: agent_kernel_api::EffectClass::Mutating,
+            args: serde_json::json!({}),
+            args_hash: String::new(),
+            idempotency_key: Some(format!("key-0-{seq}")),
+            undo: agent_kernel_api::Undo::none(),
+            status: StepStatus::Commit,
+            output: None,
+            error: None,
+            reused_from: reused_from.map(|(saga, seq)| (SagaId::new(saga), seq)),
+            compensation: None,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        }
+    }
+
+    fn named(
+        mut record: SagaRecord,
+        name: &str,
+        steps: Vec<agent_kernel_api::StepRecord>,
+    ) -> SagaRecord {
+        record.saga.name = Some(name.to_owned());
+        record.steps = steps;
+        record
+    }
+
+    #[test]
+    fn a_saga_run_again_must_reuse_what_was_done_and_only_that() {
+        let again = format!("p{RETRY_PID}-0001");
+        let reusing = |from: &str| vec![step(0, Some((from, 0))), step(1, Some((from, 1)))];
+        let done_again = || {
+            named(
+                saga("p1-0001", SagaState::Done, &[]),
+                "saga 0",
+                vec![step(0, None), step(1, None)],
+            )
+        };
+        let done = done_again();
+        let mut found = Vec::new();
+        let world = WorldState::default();
+        check_retries(
+            &world,
+            &[
+                done.clone(),
+                named(
+                    saga(&again, SagaState::Done, &[]),
+                    "saga 0",
+                    reusing("p1-0001"),
+                ),
+            ],
+            true,
+            &mut found,
+        );
+        assert_eq!(found, Vec::<String>::new());
+        // Run twice: the first run's effects stand, and the second made its own.
+        check_retries(
+            &world,
+            &[
+                done,
+                named(
+                    saga(&again, SagaState::Done, &[]),
+                    "saga 0",
+                    vec![step(0, None), step(1, None)],
+                ),
+            ],
+            true,
+            &mut found,
+        );
+        assert!(
+            found
+                .iter()
+                .any(|violation| violation.contains("not every step")),
+            "{found:?}"
+        );
+        found.clear();
+        // A first run that ended Done, and no run again in its place.
+        check_retries(&world, &[done_again()], true, &mut found);
+        assert!(
+            found
+                .iter()
+                .any(|violation| violation.contains("ran no saga in its place")),
+            "{found:?}"
+        );
+        found.clear();
+        let rolled_back = named(
+            saga("p1-0001", SagaState::FailedRolledBack, &[]),
+            "saga 0",
+            Vec::new(),
+        );
+        check_retries(
+            &world,
+            &[
+                rolled_back,
+                named(
+                    saga(&again, SagaState::Done, &[]),
+                    "saga 0",
+                    reusing("p1-0001"),
+                ),
+            ],
+            true,
+            &mut found,
+        );
+        assert!(
+            found
+                .iter()
+                .any(|violation| violation.contains("which ended FailedRolledBack")),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn each_broken_invariant_is_named() {
+        let sagas = [
+            saga("s1", SagaState::Done, &["key:a"]),
+            saga("s2", SagaState::FailedRolledBack, &[]),
+            saga("s3", SagaState::Acting, &[]),
+            saga("s4", SagaState::FailedRollbackPartial, &[]),
+        ];
+        let journal = vec![
+            effect("s2", "b", 2),
+            restored("s2", "b", None),
+            effect("s2", "b", 2),
+            Event::Clobbered {
+                saga: "s2".into(),
+                step: 1,
+                key: "c".into(),
+                found: Some(1000),
+            },
+            effect("s1", "a", 1),
+        ];
+        let found = violations(journal, &[("a", 7), ("b", 2)], &sagas);
+        for expected in [
+            "s1 ended Done and still holds",
+            "s3 is left Acting",
+            "s4 ended FailedRollbackPartial and no open dead letter",
+            "s4 ended FailedRollbackPartial, though no compensation of it failed",
+            "the effect of s2/1 happened after its compensation",
+            "the effect of s2/1 happened twice",
+            "the compensation of s2/1 destroyed a later write (c held 1000)",
+            "a holds 7, where the sagas that ended Done and the outside writes leave 1",
+            "b holds 2, and no saga that ended Done",
+        ] {
+            assert!(
+                found
+                    .iter()
+                    .any(|violation| violation.starts_with(expected)),
+                "{expected:?} not in {found:#?}"
+            );
+        }
+    }
+}
