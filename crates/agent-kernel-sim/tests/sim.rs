@@ -6,6 +6,17 @@ use agent_kernel_sim::{
     scratch_dir,
 };
 
+/// A case of `scenario` under `schedule_seed` with `fault` in the first process only.
+fn case(scenario: Scenario, schedule_seed: u64, fault: Option<Fault>) -> Case {
+    Case {
+        scenario,
+        schedule_seed,
+        fault,
+        recovery_fault: None,
+        operator_fault: None,
+    }
+}
+
 /// Seeds explored here (each runs every point of its scenario with each kind of fault).
 const SEEDS: u64 = 12;
 
@@ -14,13 +25,7 @@ fn one_seed_makes_one_history() {
     let dir = scratch_dir().expect("a scratch folder");
     let mut rng = Rng::new(41);
     let scenario = Scenario::generate(&mut rng);
-    let mut case = Case {
-        scenario,
-        schedule_seed: rng.next_u64(),
-        fault: None,
-        recovery_fault: None,
-        operator_fault: None,
-    };
+    let mut case = case(scenario, rng.next_u64(), None);
     let clean = run_case(&case, dir.path()).expect("runs");
     assert!(clean.points > 2, "{clean:?}");
     case.fault = Some(Fault {
@@ -114,13 +119,11 @@ fn the_operator_undoes_sagas_and_retries_dead_letters() {
         // An I/O error at the first log write fails a saga early, and its rollback may leave a
         // letter for the operator to retry.
         for fault in [None, Some(FaultKind::Error)] {
-            let case = Case {
-                scenario: scenario.clone(),
+            let case = case(
+                scenario.clone(),
                 schedule_seed,
-                fault: fault.map(|kind| Fault { at: 0, kind }),
-                recovery_fault: None,
-                operator_fault: None,
-            };
+                fault.map(|kind| Fault { at: 0, kind }),
+            );
             let outcome = run_case(&case, dir.path()).expect("runs");
             assert_eq!(
                 outcome.violations,
@@ -147,13 +150,7 @@ fn every_driver_drives_its_sagas() {
     for seed in 0..30 {
         let mut rng = Rng::new(seed);
         let scenario = Scenario::generate(&mut rng);
-        let case = Case {
-            scenario,
-            schedule_seed: rng.next_u64(),
-            fault: None,
-            recovery_fault: None,
-            operator_fault: None,
-        };
+        let case = case(scenario, rng.next_u64(), None);
         let outcome = run_case(&case, dir.path()).expect("runs");
         assert_eq!(
             outcome.violations,
@@ -187,13 +184,7 @@ fn a_hung_effect_times_out_and_is_compensated() {
     for seed in 0..20 {
         let mut rng = Rng::new(seed);
         let scenario = Scenario::generate(&mut rng);
-        let mut case = Case {
-            scenario,
-            schedule_seed: rng.next_u64(),
-            fault: None,
-            recovery_fault: None,
-            operator_fault: None,
-        };
+        let mut case = case(scenario, rng.next_u64(), None);
         let clean = run_case(&case, dir.path()).expect("runs");
         for (at, log_write) in clean.log_writes.iter().enumerate() {
             if *log_write {
@@ -246,16 +237,14 @@ fn an_agent_started_again_reuses_what_was_done_and_redoes_what_was_rolled_back()
         }
         let schedule_seed = rng.next_u64();
         for at in [None, Some(0), Some(2), Some(4), Some(8)] {
-            let case = Case {
-                scenario: scenario.clone(),
+            let case = case(
+                scenario.clone(),
                 schedule_seed,
-                fault: at.map(|at| Fault {
+                at.map(|at| Fault {
                     at,
                     kind: FaultKind::CrashAfter,
                 }),
-                recovery_fault: None,
-                operator_fault: None,
-            };
+            );
             let outcome = run_case(&case, dir.path()).expect("runs");
             assert_eq!(
                 outcome.violations,
