@@ -12,8 +12,11 @@ after round, so that binaries are compared within the same minutes):
 - sagas of 10 calls: saga_begin, 10 calls, saga_commit, timed per call and per saga.
 Latency is what the client sees, from writing the request to reading its answer.
 Also printed: the disk's floor, the median time of a 4 KiB write and `fdatasync` in the same
-folder, so that "beyond the syncs" can be read off; with `--syncs` (needs `strace`), the
-`fsync` and `fdatasync` calls the server makes per autocommit call.
+folder; the direct call, the median of an MCP `ping` to the same server over the same pipes
+(the JSON-RPC round trip any stdio server costs); and, for autocommit calls at `full`,
+`beyond_syncs_us`: the p50 less the direct call and two floors (an autocommit call's two
+synced commits). With `--syncs` (needs `strace`), the `fsync` and `fdatasync` calls the
+server makes per autocommit call.
 """
 
 import argparse
@@ -26,6 +29,7 @@ import time
 from mcp_lines import LineSession, percentile
 
 SYNC_FLOOR_SAMPLES = 200
+PING_SAMPLES = 500
 
 
 class Server(LineSession):
@@ -69,6 +73,16 @@ def sync_floor_us(folder):
     return round(statistics.median(samples))
 
 
+def direct_call_us(server):
+    """The median of an MCP `ping` to `server`: the stdio round trip, with no tool and no log."""
+    samples = []
+    for _ in range(PING_SAMPLES):
+        before = time.perf_counter()
+        assert "result" in server.request("ping", {})
+        samples.append((time.perf_counter() - before) * 1e6)
+    return round(statistics.median(samples))
+
+
 def arguments_of(tool, n):
     if tool == "fs_write":
         return {"path": f"ws/f{n % 100}.txt", "content": "x"}
@@ -94,6 +108,7 @@ def autocommit(binary, options, label, strace=False):
             latencies.append(time.perf_counter() - before)
             assert content["state"] == "Done", content
         elapsed = time.perf_counter() - started
+        direct = direct_call_us(server)
         server.close()
         if strace:
             syncs = 0
@@ -104,8 +119,10 @@ def autocommit(binary, options, label, strace=False):
             print(json.dumps({"binary": label, "tool": options.tool, "durability": options.durability,
                               "syncs_per_call": round(syncs / (options.calls + 20), 2)}), flush=True)
             return
+        p50_us = round(statistics.median(latencies) * 1e6)
+        beyond = {"beyond_syncs_us": p50_us - direct - 2 * floor} if options.durability == "full" else {}
         report(f"{label}: autocommit {options.tool}", latencies, elapsed, options.calls,
-               durability=options.durability, sync_floor_us=floor)
+               durability=options.durability, sync_floor_us=floor, direct_call_us=direct, **beyond)
 
 
 def sagas(binary, options, label):

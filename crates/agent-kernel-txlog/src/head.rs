@@ -312,6 +312,30 @@ pub(crate) enum Advance {
     Contradicted(Head),
 }
 
+/// A head file just moved in place under [`Durability::Full`] whose data is not synced
+/// yet: dropping it syncs the data, then releases the advisory lock, so no other writer
+/// overwrites the previous head's slot before the new one is durable, and at any moment
+/// one slot on the disk holds a whole head. A kill before the drop loses nothing (the write
+/// is in the operating system's cache); a power loss before it leaves the previous head.
+#[derive(Debug)]
+#[must_use = "dropping it syncs the head file; keep it only until the callers are answered"]
+pub(crate) struct UnsyncedHead {
+    file: fs::File,
+    path: PathBuf,
+}
+
+impl Drop for UnsyncedHead {
+    fn drop(&mut self) {
+        if let Err(err) = self.file.sync_data() {
+            tracing::warn!(
+                path = %self.path.display(),
+                error = %err,
+                "cannot sync the audit head file; after a power loss `audit verify` may vouch only for the records up to its previous head"
+            );
+        }
+    }
+}
+
 /// Moves the head file of `db` forward to `head`, if the head it names is one `holds`
 /// confirms (the chain holds that record with that hash; `Err` when it cannot tell) and is
 /// older than `head`.
@@ -321,6 +345,10 @@ pub(crate) enum Advance {
 /// slot not holding the current head); a head file of the one-line form is replaced by
 /// [`write`].
 ///
+/// Under [`Durability::Full`] a head moved in place comes back unsynced and still locked
+/// ([`UnsyncedHead`]), for the caller to drop once it has answered whoever waits for the
+/// commit: the head file's sync is then off their path.
+///
 /// # Errors
 ///
 /// The I/O error of writing; the file then still names its previous head in one slot.
@@ -329,7 +357,7 @@ pub(crate) fn advance(
     head: &Head,
     durability: Durability,
     holds: impl FnOnce(&Head) -> Result<bool, String>,
-) -> std::io::Result<Advance> {
+) -> std::io::Result<(Advance, Option<UnsyncedHead>)> {
     let path = head_path(db);
     // The file may be replaced by a rename (an upgrade from the one-line form, a seal)
     // between opening it and locking it; the lock is then on a file no one reads, so look
@@ -340,13 +368,16 @@ pub(crate) fn advance(
             Step::Locked(file, content) => {
                 return finish(db, file, content, head, durability, holds);
             }
-            Step::Done(outcome) => return Ok(outcome),
+            Step::Done(outcome) => return Ok((outcome, None)),
         }
     }
-    Ok(Advance::Unusable(format!(
-        "the head file {} kept being replaced while it was being moved",
-        path.display()
-    )))
+    Ok((
+        Advance::Unusable(format!(
+            "the head file {} kept being replaced while it was being moved",
+            path.display()
+        )),
+        None,
+    ))
 }
 
 /// What one attempt at opening and locking the head file found.
@@ -431,23 +462,27 @@ fn finish(
     head: &Head,
     durability: Durability,
     holds: impl FnOnce(&Head) -> Result<bool, String>,
-) -> std::io::Result<Advance> {
+) -> std::io::Result<(Advance, Option<UnsyncedHead>)> {
     match holds(content.head()) {
         Ok(true) => {}
-        Ok(false) => return Ok(Advance::Contradicted(content.head().clone())),
-        Err(reason) => return Ok(Advance::Unusable(reason)),
+        Ok(false) => return Ok((Advance::Contradicted(content.head().clone()), None)),
+        Err(reason) => return Ok((Advance::Unusable(reason), None)),
     }
-    match content {
-        Content::OneLine(_) => write(db, head, durability)?,
+    let unsynced = match content {
+        Content::OneLine(_) => {
+            write(db, head, durability)?;
+            None
+        }
         Content::Slots { slot: current, .. } => {
             let other = (current + 1) % N_SLOTS;
             file.write_all_at(&slot(head), (other * SLOT_STRIDE) as u64)?;
-            if durability == Durability::Full {
-                file.sync_data()?;
-            }
+            (durability == Durability::Full).then(|| UnsyncedHead {
+                file,
+                path: head_path(db),
+            })
         }
-    }
-    Ok(Advance::Moved)
+    };
+    Ok((Advance::Moved, unsynced))
 }
 
 /// Whether the head file of `db` exists (as anything, a dangling symlink included).
@@ -564,8 +599,9 @@ mod tests {
         fs::write(head_path(&db), line).expect("writes");
         assert_eq!(read(&db), Ok(Some(old.clone())));
         let new = head(9, "d");
-        let moved =
-            advance(&db, &new, Durability::Normal, |current| Ok(*current == old)).expect("moves");
+        let moved = advance(&db, &new, Durability::Normal, |current| Ok(*current == old))
+            .expect("moves")
+            .0;
         assert_eq!(moved, Advance::Moved);
         assert_eq!(read(&db), Ok(Some(new)));
         assert_eq!(
@@ -580,30 +616,37 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let db = dir.path().join("log.db");
         assert_eq!(
-            advance(&db, &head(1, "1"), Durability::Full, |_| Ok(true)).expect("runs"),
+            advance(&db, &head(1, "1"), Durability::Full, |_| Ok(true))
+                .expect("runs")
+                .0,
             Advance::Missing
         );
         write(&db, &head(2, "2"), Durability::Full).expect("writes");
         for (seq, digit) in [(5, "5"), (6, "6"), (11, "e")] {
-            let moved =
-                advance(&db, &head(seq, digit), Durability::Full, |_| Ok(true)).expect("moves");
+            let moved = advance(&db, &head(seq, digit), Durability::Full, |_| Ok(true))
+                .expect("moves")
+                .0;
             assert_eq!(moved, Advance::Moved);
             assert_eq!(read(&db), Ok(Some(head(seq, digit))));
         }
         // Never backwards, and never from a head the chain contradicts.
         assert_eq!(
-            advance(&db, &head(8, "8"), Durability::Full, |_| Ok(true)).expect("runs"),
+            advance(&db, &head(8, "8"), Durability::Full, |_| Ok(true))
+                .expect("runs")
+                .0,
             Advance::AlreadyPast
         );
         assert_eq!(
-            advance(&db, &head(12, "f"), Durability::Full, |_| Ok(false)).expect("runs"),
+            advance(&db, &head(12, "f"), Durability::Full, |_| Ok(false))
+                .expect("runs")
+                .0,
             Advance::Contradicted(head(11, "e"))
         );
         assert_eq!(read(&db), Ok(Some(head(11, "e"))));
         // A chain that cannot be read is not taken for a contradiction.
         assert!(matches!(
             advance(&db, &head(12, "f"), Durability::Full, |_| Err("busy".to_owned()))
-                .expect("runs"),
+                .expect("runs").0,
             Advance::Unusable(reason) if reason == "busy"
         ));
 
@@ -627,6 +670,33 @@ mod tests {
     }
 
     #[test]
+    fn under_full_the_moved_head_is_read_at_once_and_the_file_stays_locked_until_synced() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("log.db");
+        write(&db, &head(2, "2"), Durability::Full).expect("writes");
+        let (moved, unsynced) =
+            advance(&db, &head(5, "5"), Durability::Full, |_| Ok(true)).expect("moves");
+        assert_eq!(moved, Advance::Moved);
+        let unsynced = unsynced.expect("under `Full` the sync is left to the caller");
+        // Written already: a reader, or a process that outlives a kill of this one, sees it.
+        assert_eq!(read(&db), Ok(Some(head(5, "5"))));
+        // No other writer moves it before it is synced.
+        let other = fs::File::open(head_path(&db)).expect("opens");
+        assert!(matches!(
+            other.try_lock(),
+            Err(fs::TryLockError::WouldBlock)
+        ));
+        drop(unsynced);
+        other.try_lock().expect("unlocked once synced");
+        drop(other);
+        // Under `Normal` nothing is synced, so nothing is left to the caller.
+        let (moved, unsynced) =
+            advance(&db, &head(6, "6"), Durability::Normal, |_| Ok(true)).expect("moves");
+        assert_eq!(moved, Advance::Moved);
+        assert!(unsynced.is_none());
+    }
+
+    #[test]
     fn a_head_file_locked_too_long_is_left_as_it_is() {
         let dir = tempfile::tempdir().expect("temp dir");
         let db = dir.path().join("log.db");
@@ -634,7 +704,9 @@ mod tests {
         let holder = fs::File::open(head_path(&db)).expect("opens");
         holder.lock().expect("locks");
         let started = Instant::now();
-        let outcome = advance(&db, &head(5, "5"), Durability::Normal, |_| Ok(true)).expect("runs");
+        let outcome = advance(&db, &head(5, "5"), Durability::Normal, |_| Ok(true))
+            .expect("runs")
+            .0;
         assert!(
             matches!(outcome, Advance::Unusable(ref reason) if reason.contains("locked")),
             "{outcome:?}"
@@ -643,7 +715,9 @@ mod tests {
         drop(holder);
         assert_eq!(read(&db), Ok(Some(head(2, "2"))));
         assert_eq!(
-            advance(&db, &head(5, "5"), Durability::Normal, |_| Ok(true)).expect("runs"),
+            advance(&db, &head(5, "5"), Durability::Normal, |_| Ok(true))
+                .expect("runs")
+                .0,
             Advance::Moved
         );
     }
@@ -659,7 +733,8 @@ mod tests {
             advance(&db, &head(9, "9"), Durability::Normal, |current| Ok(
                 *current == old
             ))
-            .expect("moves"),
+            .expect("moves")
+            .0,
             Advance::Moved
         );
         assert_eq!(read(&db), Ok(Some(head(9, "9"))));
@@ -701,14 +776,16 @@ mod tests {
         let before = fs::read(&elsewhere).expect("reads");
 
         std::os::unix::fs::symlink(&elsewhere, head_path(&db)).expect("links");
-        let symlinked =
-            advance(&db, &head(5, "5"), Durability::Normal, |_| Ok(true)).expect("runs");
+        let symlinked = advance(&db, &head(5, "5"), Durability::Normal, |_| Ok(true))
+            .expect("runs")
+            .0;
         assert!(matches!(symlinked, Advance::Unusable(_)), "{symlinked:?}");
         fs::remove_file(head_path(&db)).expect("removes");
 
         fs::hard_link(&elsewhere, head_path(&db)).expect("links");
-        let hard_linked =
-            advance(&db, &head(5, "5"), Durability::Normal, |_| Ok(true)).expect("runs");
+        let hard_linked = advance(&db, &head(5, "5"), Durability::Normal, |_| Ok(true))
+            .expect("runs")
+            .0;
         assert!(
             matches!(hard_linked, Advance::Unusable(_)),
             "{hard_linked:?}"

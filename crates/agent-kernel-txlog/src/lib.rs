@@ -441,7 +441,7 @@ impl SqliteLog {
                             }
                             let items: Vec<store::GroupItem<'_>> =
                                 group.iter().map(Grouped::item).collect();
-                            let results = store::write_group(
+                            let (results, unsynced_head) = store::write_group(
                                 &mut conn,
                                 &writer_audit,
                                 &items,
@@ -452,6 +452,10 @@ impl SqliteLog {
                             for (write, result) in group.into_iter().zip(results) {
                                 write.answer(result);
                             }
+                            // The head file's sync, after the answers: the records are
+                            // durable already; only the head's anchor waits, and for no
+                            // longer than this thread takes to come back to the queue.
+                            drop(unsynced_head);
                         }
                     }
                 }

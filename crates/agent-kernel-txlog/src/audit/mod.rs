@@ -567,6 +567,19 @@ impl AuditSettings {
     /// (`audit verify`) and sealed the log again ([`SqliteLog::seal`](crate::SqliteLog::seal)).
     /// A head file already at or past `head` (another process's) is left as is too.
     pub(crate) fn advance_head(&self, conn: &dyn Db, head: &Head) {
+        // Dropped at once: synced before this returns.
+        drop(self.advance_head_deferring_sync(conn, head));
+    }
+
+    /// [`advance_head`](Self::advance_head), except that under
+    /// [`Durability::Full`](agent_kernel_api::Durability::Full) the head file's sync is left
+    /// to the caller, who drops what this returns once it has answered the writes that
+    /// moved the head (`head::advance`).
+    pub(crate) fn advance_head_deferring_sync(
+        &self,
+        conn: &dyn Db,
+        head: &Head,
+    ) -> Option<crate::head::UnsyncedHead> {
         use crate::head::Advance;
         let path = crate::head::head_path(&self.db_path);
         let holds = |current: &Head| {
@@ -578,16 +591,17 @@ impl AuditSettings {
                 .map_err(|err| format!("the record the head file names cannot be read: {err}"))
         };
         match crate::head::advance(&self.db_path, head, self.durability, holds) {
-            Ok(Advance::Moved | Advance::AlreadyPast) => {}
-            Ok(Advance::Missing) => tracing::warn!(
+            Ok((Advance::Moved, unsynced)) => return unsynced,
+            Ok((Advance::AlreadyPast, _)) => {}
+            Ok((Advance::Missing, _)) => tracing::warn!(
                 path = %path.display(),
                 "the audit head file is missing, so it is not moved: run `agent-kernel audit verify`, then `agent-kernel audit seal` once the log is known good"
             ),
-            Ok(Advance::Unusable(reason)) => tracing::warn!(
+            Ok((Advance::Unusable(reason), _)) => tracing::warn!(
                 %reason,
                 "the audit head file is not moved: run `agent-kernel audit verify`"
             ),
-            Ok(Advance::Contradicted(current)) => tracing::warn!(
+            Ok((Advance::Contradicted(current), _)) => tracing::warn!(
                 path = %path.display(),
                 head_seq = current.seq,
                 "the audit head file names a record the log does not hold as it was, so it is not moved: run `agent-kernel audit verify`"
@@ -598,6 +612,7 @@ impl AuditSettings {
                 "cannot update the audit head file; `audit verify` will vouch only for the records up to its previous head"
             ),
         }
+        None
     }
 
     /// Writes the head file, whatever it held.

@@ -34,7 +34,7 @@ use std::borrow::Cow;
 use rusqlite::{Connection, TransactionBehavior};
 use serde_json::{Value, json};
 
-use crate::head::AuditHead;
+use crate::head::{AuditHead, UnsyncedHead};
 use crate::sql::storage;
 use crate::sql::{Db, OptionalExtension as _, Row, ToValue, params};
 
@@ -79,20 +79,22 @@ fn effect_from_str(text: &str) -> Result<EffectClass, TxError> {
 /// Writes a batch in one immediate transaction; all of it or none of it.
 ///
 /// Each record is chained into the audit log in the same transaction. After a batch that
-/// ends a saga, the head file is brought up to date.
+/// ends a saga, the head file is brought up to date; under `Durability::Full` its sync is
+/// returned, for the writer to drop after answering.
 pub(crate) fn write_batch(
     conn: &mut Connection,
     audit: &AuditSettings,
     batch: &[LogWrite],
     now_ms: i64,
-) -> Result<Vec<WriteOutcome>, TxError> {
+) -> Result<(Vec<WriteOutcome>, Option<UnsyncedHead>), TxError> {
     let committed = commit_chained(conn, audit, batch, now_ms)?;
     // Only here, not after every batch: a head update costs a sync under
     // `Durability::Full`, which every step would otherwise pay.
-    if committed.moves_head {
-        audit.advance_head(conn, &committed.head);
-    }
-    Ok(committed.outcomes)
+    let unsynced = committed
+        .moves_head
+        .then(|| audit.advance_head_deferring_sync(conn, &committed.head))
+        .flatten();
+    Ok((committed.outcomes, unsynced))
 }
 
 /// What [`commit_chained`] committed.
@@ -232,22 +234,38 @@ pub(crate) enum GroupAnswer {
 /// an item that fails leaves nothing of itself and nothing of the others undone; the chain
 /// runs through them in order. Returns each item's result, in order. A failure of the
 /// transaction itself (its begin or its commit) is every item's.
+///
+/// When the group moved the head file under `Durability::Full`, the head file's sync comes
+/// back too ([`UnsyncedHead`]): the writer answers the items first, then drops it.
 pub(crate) fn write_group(
     conn: &mut Connection,
     audit: &AuditSettings,
     items: &[GroupItem<'_>],
     now_ms: i64,
-) -> Vec<Result<GroupAnswer, TxError>> {
+) -> (Vec<Result<GroupAnswer, TxError>>, Option<UnsyncedHead>) {
+    /// One item's result, and its head file's sync.
+    fn alone<T>(
+        result: Result<(T, Option<UnsyncedHead>), TxError>,
+        answer: impl FnOnce(T) -> GroupAnswer,
+    ) -> (Vec<Result<GroupAnswer, TxError>>, Option<UnsyncedHead>) {
+        match result {
+            Ok((value, unsynced)) => (vec![Ok(answer(value))], unsynced),
+            Err(error) => (vec![Err(error)], None),
+        }
+    }
     match items {
         [GroupItem::Batch(batch)] => {
-            return vec![write_batch(conn, audit, batch, now_ms).map(GroupAnswer::Batch)];
+            return alone(write_batch(conn, audit, batch, now_ms), GroupAnswer::Batch);
         }
         [GroupItem::TakeOver(request)] => {
-            return vec![take_over(conn, audit, request, now_ms).map(GroupAnswer::TakeOver)];
+            return alone(
+                take_over(conn, audit, request, now_ms),
+                GroupAnswer::TakeOver,
+            );
         }
         _ => {}
     }
-    let every = |error: TxError| items.iter().map(|_| Err(error.clone())).collect();
+    let every = |error: TxError| (items.iter().map(|_| Err(error.clone())).collect(), None);
     let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(tx) => tx,
         Err(err) => return every(storage(err)),
@@ -290,10 +308,10 @@ pub(crate) fn write_group(
     if let Err(err) = tx.commit() {
         return every(storage(err));
     }
-    if moves_head {
-        audit.advance_head(conn, chain.head());
-    }
-    results
+    let unsynced = moves_head
+        .then(|| audit.advance_head_deferring_sync(conn, chain.head()))
+        .flatten();
+    (results, unsynced)
 }
 
 /// Appends `event` and writes the head file naming it, whatever the head file held.

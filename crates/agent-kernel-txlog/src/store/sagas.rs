@@ -552,23 +552,23 @@ pub(crate) fn saga(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<SagaRecord>
 
 /// Changes a saga's owner if it still has the expected owner and state, then writes the
 /// request's batch; both are chained into the audit log and the head file brought up to
-/// date. All of it or nothing is written.
+/// date (its sync under `Durability::Full` returned, as by `write_batch`). All of it or
+/// nothing is written.
 pub(crate) fn take_over(
     conn: &mut Connection,
     audit: &AuditSettings,
     request: &TakeOverRequest,
     now_ms: i64,
-) -> Result<bool, TxError> {
+) -> Result<(bool, Option<crate::head::UnsyncedHead>), TxError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(storage)?;
     let mut chain = Appender::start(&tx, audit.key.as_ref())?;
     if !take_over_then(&tx, &mut chain, audit.key.as_ref(), request, now_ms)? {
-        return Ok(false);
+        return Ok((false, None));
     }
     tx.commit().map_err(storage)?;
-    audit.advance_head(conn, chain.head());
-    Ok(true)
+    Ok((true, audit.advance_head_deferring_sync(conn, chain.head())))
 }
 
 /// [`take_over_in`], then the request's batch if it held, inside the caller's write
