@@ -331,9 +331,17 @@ impl Kernel {
                 saga_id: Some(saga_id.clone()),
                 denial,
             })?;
-        let preview = self.preview_steps(&record).await;
+        // Finishing an undo a dead process began: part of the world may be undone already
+        // (a compensation the kill hid included, which no record shows), so nothing here
+        // refuses the whole; each step is compensated or, when it cannot be (changed since,
+        // its tool missing), left to an operator as a dead letter, as a rollback does.
+        let previewed = if from.is_some() {
+            Vec::new()
+        } else {
+            self.preview_steps(&record).await.steps
+        };
         let mut missing = Vec::new();
-        for step in &preview.steps {
+        for step in &previewed {
             let at = Some((step.step_seq, step.tool_id.as_str()));
             match &step.verdict {
                 UndoVerdict::Undoable => {}
@@ -425,9 +433,11 @@ impl Kernel {
     /// undone while the log still says `Done`), so the undo is finished, as the operator
     /// asked: the steps already compensated are skipped, the one whose outcome the kill
     /// hid runs again (its tool's `changed_since` accepts what it restores), and the saga
-    /// ends `Undone`. An undo that cannot be finished (a step changed since, a window
-    /// closed, a tool missing) leaves the saga as it is, its locks released, and is
-    /// reported failed. Other settled sagas that hold locks only have them released.
+    /// ends `Undone`. A step that cannot be compensated (changed since, its tool missing)
+    /// is left to an operator as a dead letter, the others are compensated, and the saga
+    /// ends `FailedRollbackPartial`, as a rollback that meets such a step does: the log
+    /// never says `Done` over a world partly undone. Other settled sagas that hold locks
+    /// only have them released.
     pub(crate) async fn settle_interrupted_undos(
         &self,
         observer: &dyn Observer,

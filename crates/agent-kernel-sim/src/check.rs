@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use agent_kernel_api::{SagaId, SagaRecord, SagaState, StepStatus};
+use agent_kernel_api::{ApprovalRecord, ApprovalStatus, SagaId, SagaRecord, SagaState, StepStatus};
 
 use crate::run::RETRY_PID;
 use crate::world::{Event, WorldState, shown};
@@ -19,7 +19,11 @@ pub(crate) fn has_cause_to_park(world: &WorldState, record: &SagaRecord) -> bool
     let mut prepared: Vec<&str> = Vec::new();
     for event in &world.journal {
         match event {
-            Event::CompensationFailed { saga, .. } if *saga == saga_id => return true,
+            Event::CompensationFailed { saga, .. } | Event::ProbeFailed { saga, .. }
+                if *saga == saga_id =>
+            {
+                return true;
+            }
             Event::Prepared { saga, key, .. } if *saga == saga_id => prepared.push(key),
             Event::Outside { key, .. } if prepared.contains(&key.as_str()) => return true,
             Event::Effect { saga, key, .. } | Event::Restored { saga, key, .. }
@@ -279,7 +283,9 @@ pub(crate) fn check(
             Event::Outside { key, value } => {
                 expected.insert(key.clone(), (Some(*value), false));
             }
-            Event::CompensationFailed { .. } | Event::Prepared { .. } => {}
+            Event::CompensationFailed { .. }
+            | Event::ProbeFailed { .. }
+            | Event::Prepared { .. } => {}
         }
     }
     for (key, (value, after_parked)) in &expected {
@@ -297,6 +303,49 @@ pub(crate) fn check(
             violations.push(format!(
                 "{key} holds {value}, and no saga that ended Done nor any outside writer wrote it"
             ));
+        }
+    }
+}
+
+/// What the log says of each approval a step needed: a step of `sim.set.approved` acted
+/// only under its own request, approved and consumed (at most one such step a saga, so a
+/// saga's newest request is that step's). A rejected, expired or void request leaves its
+/// step without an effect.
+pub(crate) fn check_approvals(
+    world: &WorldState,
+    sagas: &[SagaRecord],
+    approvals: &BTreeMap<String, ApprovalRecord>,
+    violations: &mut Vec<String>,
+) {
+    for record in sagas {
+        let id = record.saga.saga_id.to_string();
+        for step in &record.steps {
+            if step.tool_id != crate::tools::APPROVED_TOOL || step.reused_from.is_some() {
+                continue;
+            }
+            let acted = world.journal.iter().any(|event| {
+                matches!(event, Event::Effect { saga, step: seq, .. }
+                    if *saga == id && *seq == step.step_seq)
+            });
+            if !acted {
+                continue;
+            }
+            match approvals.get(&id) {
+                Some(approval)
+                    if approval.request.step_seq == step.step_seq
+                        && approval.status == ApprovalStatus::Consumed => {}
+                Some(approval) => violations.push(format!(
+                    "{id}/{} acted, but its saga's request ({}, for step {}) is {:?}",
+                    step.step_seq,
+                    approval.request.approval_id,
+                    approval.request.step_seq,
+                    approval.status
+                )),
+                None => violations.push(format!(
+                    "{id}/{} acted without a request for approval",
+                    step.step_seq
+                )),
+            }
         }
     }
 }

@@ -126,7 +126,7 @@ fn cases(
                 FaultKind::CrashAfter
             },
         });
-        let operator_fault = (scenario.operator_actions > 0 && rng.chance(50)).then(|| Fault {
+        let operator_fault = (scenario.has_operator() && rng.chance(50)).then(|| Fault {
             at: rng.below(OPERATOR_POINTS_TRIED),
             kind: FaultKind::ANYWHERE[rng.below(FaultKind::ANYWHERE.len() as u64) as usize],
         });

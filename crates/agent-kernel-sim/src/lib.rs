@@ -6,15 +6,17 @@
 //! # What a case is
 //!
 //! A seed makes a [`Scenario`]: up to three sagas of up to three `sim.set` steps over three
-//! shared keys, some steps failing on purpose, perhaps a writer outside the kernel, and
-//! perhaps an operator. The first process runs every saga at once (the schedule, from the
+//! shared keys, some steps failing on purpose, some settled by a probe (`sim.set.probed`),
+//! some waiting for an operator's approval (`sim.set.approved`), perhaps a writer outside
+//! the kernel, and perhaps an operator. The first process runs every saga at once (the schedule, from the
 //! seed, decides how they interleave), each as a plan, as a live saga driven call by call
 //! and committed or aborted, or as one call alone, as the seed says; the operator, a process of its own beside it, undoes
-//! sagas as they end `Done` and retries dead letters as they open; then a process runs
+//! sagas as they end `Done` and retries dead letters as they open, and decides the approval requests it finds (a
+//! waiting saga's driver resumes it once decided); then a process runs
 //! `recover`; when that one is killed, another runs it again; and, when the scenario keys
 //! its steps, an agent started again runs every saga once more with the same keys. A
-//! point is every log write and every effect or compensation of a tool, numbered from 0 in
-//! each process. A [`Fault`] at a point kills the process just before it, just after it, or
+//! point is every log write and every effect, compensation or probe of a tool, numbered
+//! from 0 in each process. A [`Fault`] at a point kills the process just before it, just after it, or
 //! makes it fail (an I/O error writing the log; an effect whose answer is lost; a
 //! compensation that fails), or, at a tool's point, hang before or after its work until the
 //! engine's timeout gives up on it. [`explore_seed`] runs the scenario without a fault, then once
@@ -36,6 +38,8 @@
 //!   latest last (a key whose latest write is a parked saga's is left to the operator);
 //! - no effect happened twice, none after its step's compensation, and no compensation
 //!   restored over a write it did not make;
+//! - a step that needs an approval acted only under its saga's request, approved and
+//!   consumed;
 //! - the audit chain verifies.
 //!
 //! A failing case is shrunk (sagas, steps and outside writes dropped while some fault still
@@ -45,12 +49,14 @@
 //!
 //! One log (SQLite; PostgreSQL's many processes are not simulated), no loss of unsynced
 //! commits (a kill of the process, not of the machine), the engine's calls only (plans,
-//! live sagas, calls alone, `recover`, `undo`, `dlq retry`; not the MCP server around them,
-//! nor approvals), and one tool.
+//! live sagas, calls alone, `recover`, `undo`, `dlq retry`, approve and reject; not the
+//! MCP server around them), and one tool under three ids (no upstream server).
 
 mod check;
+mod drivers;
 mod explore;
 mod log;
+mod operator;
 mod process;
 mod run;
 mod scenario;
@@ -65,7 +71,7 @@ pub use crate::run::{Case, CaseOutcome, run_case};
 pub use crate::scenario::{
     Driver, KEYS, OPERATOR_ACTIONS_MAX, Outside, Rng, SAGAS_MAX, STEPS_MAX, Scenario, StepSpec,
 };
-pub use crate::tools::SET_TOOL;
+pub use crate::tools::{APPROVED_TOOL, PROBED_TOOL, SET_TOOL};
 pub use crate::world::{Event, World, WorldState};
 
 /// A folder for the cases' logs: in memory (`/dev/shm`) where the machine has one, since a

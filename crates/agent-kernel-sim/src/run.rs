@@ -6,22 +6,20 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use agent_kernel_api::{
-    Clock, Durability, IdSource, Owner, SagaId, SagaRecord, SagaState, ToolEntry, TxLog,
-};
-use agent_kernel_core::{
-    BeginOptions, CallAnswer, Environment, Kernel, Liveness, LivenessProbe, NoObserver, UndoRequest,
-};
+use agent_kernel_api::{Clock, Durability, IdSource, Owner, SagaId, SagaRecord, ToolEntry, TxLog};
+use agent_kernel_core::{ApprovalPolicy, Environment, Kernel, Liveness, LivenessProbe, NoObserver};
 use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
 use agent_kernel_fsm::Guardrail;
 use agent_kernel_txlog::{LogOptions, SqliteLog};
 use anyhow::Context as _;
 
-use crate::check::{check, check_retries, check_steps};
+use crate::check::{check, check_approvals, check_retries, check_steps};
+use crate::drivers::drive;
 use crate::log::FaultyLog;
+use crate::operator::{DECISIONS_STREAM, decide, operate};
 use crate::process::{Fault, Process};
 use crate::scenario::{Driver, OPERATOR_STREAMS, Rng, Scenario};
-use crate::tools::{SET_TOOL, SetTool};
+use crate::tools::{APPROVED_TOOL, PROBED_TOOL, SET_TOOL, SetTool};
 use crate::world::World;
 
 /// What one case runs.
@@ -156,12 +154,23 @@ impl Run<'_> {
         let log: Arc<dyn TxLog> = Arc::new(FaultyLog::new(sqlite.clone(), process.clone()));
         let mut tools = Dispatcher::new(Limits::default(), Arc::new(NoJitter))
             .map_err(|err| anyhow::anyhow!("limits: {err}"))?;
-        tools
-            .register(ToolEntry::compensated(SetTool {
-                world: self.world.clone(),
-                process: process.clone(),
-            }))
-            .map_err(|err| anyhow::anyhow!("registering sim.set: {err}"))?;
+        let tool = |id| SetTool {
+            world: self.world.clone(),
+            process: process.clone(),
+            id,
+        };
+        for entry in [
+            ToolEntry::compensated(tool(SET_TOOL)),
+            ToolEntry::compensated_probed(tool(PROBED_TOOL)),
+            ToolEntry::compensated(tool(APPROVED_TOOL)),
+        ] {
+            let id = entry.id().to_owned();
+            tools
+                .register(entry)
+                .map_err(|err| anyhow::anyhow!("registering {id}: {err}"))?;
+        }
+        let approvals = ApprovalPolicy::new(vec![APPROVED_TOOL.to_owned()], APPROVAL_TIMEOUT_MS)
+            .map_err(|err| anyhow::anyhow!("the approval policy: {err}"))?;
         let kernel = Kernel::new(
             log,
             Arc::new(tools),
@@ -176,7 +185,8 @@ impl Run<'_> {
                 liveness: Arc::new(dead),
             },
             Durability::Normal,
-        );
+        )
+        .with_approval_policy(approvals);
         Ok((kernel, sqlite))
     }
 }
@@ -271,6 +281,7 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
         run.world.clone(),
     ));
     let mut choices = schedule.fork(OPERATOR_STREAMS[1]);
+    let mut decisions = schedule.fork(DECISIONS_STREAM);
     {
         let (kernel, log) = run.kernel(&first, 1, DeadPids::these(Vec::new()))?;
         let kernel = Arc::new(kernel);
@@ -279,7 +290,7 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
             watched: vec![(1, first.clone())],
         };
         // Opened only when it acts: each log opened costs a case about a tenth.
-        let operator_kernel = if case.scenario.operator_actions > 0 {
+        let operator_kernel = if case.scenario.has_operator() {
             Some(run.kernel(&operator, OPERATOR_PID, watching_first)?)
         } else {
             None
@@ -304,14 +315,22 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
             };
             let operating = async {
                 if let Some((operator_kernel, _)) = &operator_kernel {
+                    let deciding = async {
+                        if case.scenario.asks_approvals() {
+                            decide(operator_kernel, &operator, &first, &mut decisions).await;
+                        }
+                    };
                     tokio::select! {
                         biased;
                         () = operator.killed() => {}
-                        () = operate(
-                            operator_kernel,
-                            &operator,
-                            case.scenario.operator_actions,
-                            &mut choices,
+                        _ = futures_util::future::join(
+                            operate(
+                                operator_kernel,
+                                &operator,
+                                case.scenario.operator_actions,
+                                &mut choices,
+                            ),
+                            deciding,
                         ) => operator.die(),
                     }
                 }
@@ -425,10 +444,12 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
         .into_iter()
         .map(|letter| letter.saga_id)
         .collect();
+    let approvals = runtime.block_on(read_approvals(&*log, &sagas))?;
     close(log)?;
     let audit = agent_kernel_txlog::verify(&dir.join(LOG_FILE), None);
     check(&world, &sagas, &open_letters, &mut outcome.violations);
     check_steps(&world, &sagas, &mut outcome.violations);
+    check_approvals(&world, &sagas, &approvals, &mut outcome.violations);
     check_retries(
         &world,
         &sagas,
@@ -451,8 +472,17 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
             .iter()
             .filter(|step| step.reused_from.is_some())
             .count();
+        let approval = approvals
+            .get(&record.saga.saga_id.to_string())
+            .map(|approval| {
+                format!(
+                    ", step {}'s request {:?}",
+                    approval.request.step_seq, approval.status
+                )
+            })
+            .unwrap_or_default();
         outcome.history.push(format!(
-            "end: {} ({}) {}{}",
+            "end: {} ({}) {}{}{approval}",
             record.saga.saga_id,
             record.saga.name.as_deref().unwrap_or_default(),
             record.saga.state,
@@ -469,103 +499,6 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
     Ok(outcome)
 }
 
-/// Drives saga `n` of `scenario` as its driver says; what came of it, for the history.
-async fn drive(kernel: &Arc<Kernel>, scenario: &Scenario, n: usize) -> String {
-    let driver = scenario.drivers[n];
-    format!(
-        "saga {n} ({driver}): {}",
-        drive_saga(kernel, scenario, n).await
-    )
-}
-
-async fn drive_saga(kernel: &Arc<Kernel>, scenario: &Scenario, n: usize) -> String {
-    let options = BeginOptions {
-        name: Some(format!("saga {n}")),
-        ..BeginOptions::default()
-    };
-    let abort = match scenario.drivers[n] {
-        Driver::Plan => {
-            return match kernel.run(&scenario.plan(n), &NoObserver).await {
-                Ok(report) => format!("ended {}", report.state),
-                Err(err) => err.to_string(),
-            };
-        }
-        Driver::CallAlone => {
-            let called = kernel
-                .call_alone(
-                    options,
-                    SET_TOOL,
-                    scenario.args(n, 0),
-                    scenario.idempotency_key(n, 0),
-                )
-                .await;
-            return match called {
-                Ok((_, CallAnswer::Committed(_))) => "its call committed".to_owned(),
-                // Nothing of it ran: the agent gives it up.
-                Ok((saga, answer @ (CallAnswer::Refused(_) | CallAnswer::Conflict(_)))) => {
-                    let ended = saga.abort("the call was refused").await;
-                    format!(
-                        "{}, then aborted: {}",
-                        answer_name(&answer),
-                        ended_as(ended)
-                    )
-                }
-                Ok((_, answer)) => format!("its call {}", answer_name(&answer)),
-                Err(err) => err.to_string(),
-            };
-        }
-        Driver::Live { abort } => abort,
-    };
-    let saga = match kernel.begin(options).await {
-        Ok(saga) => saga,
-        Err(err) => return format!("not begun: {err}"),
-    };
-    for m in 0..scenario.sagas[n].len() {
-        let key = scenario.idempotency_key(n, m);
-        match saga.call(SET_TOOL, scenario.args(n, m), key).await {
-            Ok(CallAnswer::Committed(_)) => {}
-            Ok(answer @ (CallAnswer::Refused(_) | CallAnswer::Conflict(_))) => {
-                let ended = saga.abort("a call was refused").await;
-                return format!(
-                    "call {m} {}, then aborted: {}",
-                    answer_name(&answer),
-                    ended_as(ended)
-                );
-            }
-            Ok(answer) => return format!("call {m} {}", answer_name(&answer)),
-            Err(err) => return format!("call {m}: {err}"),
-        }
-    }
-    let ended = if abort {
-        saga.abort("the agent changed its mind").await
-    } else {
-        saga.commit().await
-    };
-    format!("ended {}", ended_as(ended))
-}
-
-/// What a live call came to, in a word.
-fn answer_name(answer: &CallAnswer) -> &'static str {
-    match answer {
-        CallAnswer::Committed(_) => "committed",
-        CallAnswer::Refused(_) => "refused",
-        CallAnswer::Denied(_) => "denied",
-        CallAnswer::Failed(_) => "failed, rolled back",
-        CallAnswer::AwaitingApproval(_) => "awaits an approval",
-        CallAnswer::Conflict(_) => "met a conflict",
-        _ => "answered",
-    }
-}
-
-fn ended_as(
-    ended: Result<agent_kernel_core::SagaReport, agent_kernel_core::KernelError>,
-) -> String {
-    match ended {
-        Ok(report) => report.state.to_string(),
-        Err(err) => err.to_string(),
-    }
-}
-
 /// The operator's process id; the recovers' follow it.
 const OPERATOR_PID: u32 = 2;
 
@@ -575,60 +508,28 @@ pub(crate) const RETRY_PID: u32 = OPERATOR_PID + 3;
 /// The stream of the agent started again's schedule ([`Rng::fork`]).
 const RETRY_STREAM: u64 = 0x7265_7472_795F_6167;
 
-/// How many times the operator looks for something to act on, a few yields apart, before
-/// it gives an action up.
-const OPERATOR_LOOKS_MAX: u32 = 24;
+/// How long a request waits for a decision before it expires, on the simulated clock
+/// (which moves a millisecond each time it is read): long enough for the operator to find
+/// it, short enough that a request no one decides (the operator killed) expires soon.
+const APPROVAL_TIMEOUT_MS: u64 = 150;
 
-/// The operator's `actions`: each waits until a saga has ended `Done` or a dead letter is
-/// open, then undoes that saga or retries that letter (without `--force`), as `agent-kernel
-/// undo` and `dlq retry` do, through a kernel of its own process.
-async fn operate(kernel: &Kernel, process: &Process, actions: u32, choices: &mut Rng) {
-    for _ in 0..actions {
-        for _ in 0..OPERATOR_LOOKS_MAX {
-            for _ in 0..=choices.below(8) {
-                tokio::task::yield_now().await;
-            }
-            let (Ok(sagas), Ok(letters)) = (
-                kernel.log().sagas(u32::MAX).await,
-                kernel.dead_letters(None).await,
-            ) else {
-                continue;
-            };
-            let done: Vec<SagaId> = sagas
-                .into_iter()
-                .filter(|saga| saga.state == SagaState::Done)
-                .map(|saga| saga.saga_id)
-                .collect();
-            let candidates = done.len() + letters.len();
-            if candidates == 0 {
-                continue;
-            }
-            let pick = usize::try_from(choices.below(candidates as u64)).unwrap_or(0);
-            if let Some(saga_id) = done.get(pick) {
-                let request = UndoRequest {
-                    reason: "the simulated operator undoes it".to_owned(),
-                    force: false,
-                    by: Some("sim".to_owned()),
-                };
-                process.note(format!("undo {saga_id}"));
-                let line = match kernel.undo(saga_id, &request, &NoObserver).await {
-                    Ok(report) => format!("undo {saga_id}: {}", report.state),
-                    Err(err) => format!("undo {saga_id}: {err}"),
-                };
-                process.note(line);
-            } else {
-                let letter = &letters[pick - done.len()];
-                let id = &letter.letter_id;
-                process.note(format!("dlq retry {id} of {}", letter.saga_id));
-                let line = match kernel.retry_dead_letter(id, Some("sim".to_owned())).await {
-                    Ok(outcome) => format!("dlq retry {id}: saga {}", outcome.saga_state),
-                    Err(err) => format!("dlq retry {id}: {err}"),
-                };
-                process.note(line);
-            }
-            break;
+/// The newest approval request of each saga that has one, by saga id.
+async fn read_approvals(
+    log: &dyn TxLog,
+    sagas: &[SagaRecord],
+) -> anyhow::Result<std::collections::BTreeMap<String, agent_kernel_api::ApprovalRecord>> {
+    let mut approvals = std::collections::BTreeMap::new();
+    for record in sagas {
+        let saga_id = &record.saga.saga_id;
+        if let Some(approval) = log
+            .saga_approval(saga_id)
+            .await
+            .context("reading a saga's approval")?
+        {
+            approvals.insert(saga_id.to_string(), approval);
         }
     }
+    Ok(approvals)
 }
 
 /// Every saga of the log, with its steps and locks.

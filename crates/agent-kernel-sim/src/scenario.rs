@@ -6,7 +6,7 @@ use std::fmt;
 use agent_kernel_api::{Plan, PlanStep};
 use serde_json::json;
 
-use crate::tools::SET_TOOL;
+use crate::tools::{APPROVED_TOOL, PROBED_TOOL, SET_TOOL};
 
 /// A small deterministic generator (SplitMix64): one seed, one sequence.
 #[derive(Debug, Clone)]
@@ -69,6 +69,12 @@ pub struct StepSpec {
     pub value: i64,
     /// The step fails before its effect: its saga rolls back.
     pub fail: bool,
+    /// The step is `sim.set.probed`'s: when its outcome is unknown, its probe decides
+    /// whether it is compensated.
+    pub probed: bool,
+    /// The step is `sim.set.approved`'s: it waits for an operator's approval (at most one
+    /// such step a saga, so that the saga's one request tells whether it may act).
+    pub approval: bool,
 }
 
 /// A write by someone outside the kernel, at the first log write of the first process from
@@ -148,6 +154,8 @@ impl Scenario {
                         key: pick_key(rng),
                         value,
                         fail: rng.chance(15),
+                        probed: false,
+                        approval: false,
                     }
                 })
                 .collect();
@@ -181,6 +189,18 @@ impl Scenario {
             })
             .collect();
         let retried = extras.chance(30);
+        // Last, so that what the stream drew before stays as it was.
+        for step in sagas.iter_mut().flatten() {
+            step.probed = extras.chance(30);
+        }
+        for steps in &mut sagas {
+            if extras.chance(25) {
+                let m = extras.below(steps.len() as u64) as usize;
+                let step = &mut steps[m];
+                step.approval = true;
+                step.probed = false;
+            }
+        }
         Scenario {
             sagas,
             outside,
@@ -193,6 +213,29 @@ impl Scenario {
     /// Step `m` of saga `n`'s idempotency key, when the scenario is retried.
     pub fn idempotency_key(&self, n: usize, m: usize) -> Option<String> {
         self.retried.then(|| format!("key-{n}-{m}"))
+    }
+
+    /// Step `m` of saga `n`'s tool.
+    pub fn tool(&self, n: usize, m: usize) -> &'static str {
+        let step = &self.sagas[n][m];
+        if step.approval {
+            APPROVED_TOOL
+        } else if step.probed {
+            PROBED_TOOL
+        } else {
+            SET_TOOL
+        }
+    }
+
+    /// Whether some step waits for an approval: the operator's process then decides the
+    /// requests it finds.
+    pub fn asks_approvals(&self) -> bool {
+        self.sagas.iter().flatten().any(|step| step.approval)
+    }
+
+    /// Whether an operator's process runs beside the sagas: to act, or to decide requests.
+    pub fn has_operator(&self) -> bool {
+        self.operator_actions > 0 || self.asks_approvals()
     }
 
     /// Step `m` of saga `n`'s arguments.
@@ -212,7 +255,7 @@ impl Scenario {
             actor: None,
             steps: (0..self.sagas[n].len())
                 .map(|m| PlanStep {
-                    tool: SET_TOOL.to_owned(),
+                    tool: self.tool(n, m).to_owned(),
                     args: self.args(n, m),
                     idempotency_key: self.idempotency_key(n, m),
                 })
@@ -221,7 +264,7 @@ impl Scenario {
     }
 
     /// Every smaller scenario with one saga, one step, one outside write or one operator
-    /// action fewer.
+    /// action fewer, or one saga driven as a plan or one step not probed or approved instead.
     pub fn smaller(&self) -> Vec<Scenario> {
         let mut smaller = Vec::new();
         if self.operator_actions > 0 {
@@ -252,6 +295,16 @@ impl Scenario {
                     fewer.sagas[n].remove(m);
                     smaller.push(fewer);
                 }
+                if self.sagas[n][m].probed {
+                    let mut plainer = self.clone();
+                    plainer.sagas[n][m].probed = false;
+                    smaller.push(plainer);
+                }
+                if self.sagas[n][m].approval {
+                    let mut plainer = self.clone();
+                    plainer.sagas[n][m].approval = false;
+                    smaller.push(plainer);
+                }
             }
         }
         for n in 0..self.outside.len() {
@@ -274,7 +327,13 @@ impl fmt::Display for Scenario {
                 .iter()
                 .map(|step| {
                     let fail = if step.fail { " (fails)" } else { "" };
-                    format!("{} = {}{fail}", step.key, step.value)
+                    let probed = if step.probed { " (probed)" } else { "" };
+                    let approval = if step.approval {
+                        " (needs approval)"
+                    } else {
+                        ""
+                    };
+                    format!("{} = {}{fail}{probed}{approval}", step.key, step.value)
                 })
                 .collect();
             writeln!(f, "  saga {n} ({}): {}", self.drivers[n], steps.join("; "))?;

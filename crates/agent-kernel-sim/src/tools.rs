@@ -2,11 +2,17 @@
 //! write sets a file's bytes, and its compensation puts back what was there before, as a
 //! file tool does: without looking, so a compensation run over someone else's later write
 //! destroys it (the world notes that as a clobber, which the checks refuse).
+//!
+//! `sim.set.probed` is the same tool settled by its probe ([`Settlement::Probe`]): a step
+//! whose outcome is unknown is compensated only when the probe finds its value in place.
+//! `sim.set.approved` is the same tool again, whose steps wait for an operator's approval
+//! (the simulated kernels' `[approval] require`).
 
 use std::sync::Arc;
 
 use agent_kernel_api::{
-    Compensate, KeyTemplate, Tool, ToolContext, ToolError, ToolOutput, ToolSpec, Undo,
+    Compensate, KeyTemplate, Probe, ProbeOutcome, Settlement, Tool, ToolContext, ToolError,
+    ToolOutput, ToolSpec, Undo,
 };
 use serde_json::{Value, json};
 
@@ -16,10 +22,18 @@ use crate::world::{Event, World, shown};
 /// The tool's id.
 pub const SET_TOOL: &str = "sim.set";
 
-/// `sim.set` in one simulated process.
+/// The id of the same tool settled by its probe.
+pub const PROBED_TOOL: &str = "sim.set.probed";
+
+/// The id of the same tool whose steps wait for an operator's approval.
+pub const APPROVED_TOOL: &str = "sim.set.approved";
+
+/// `sim.set`, `sim.set.probed` or `sim.set.approved` in one simulated process.
 pub(crate) struct SetTool {
     pub(crate) world: Arc<World>,
     pub(crate) process: Arc<Process>,
+    /// Which of the three.
+    pub(crate) id: &'static str,
 }
 
 /// A call's key and value.
@@ -43,9 +57,14 @@ fn old_of(undo: &Undo) -> Option<i64> {
 impl Tool for SetTool {
     fn spec(&self) -> ToolSpec {
         let template: KeyTemplate = "key:$.args.key".parse().expect("a valid template");
-        ToolSpec::mutating(SET_TOOL)
+        let spec = ToolSpec::mutating(self.id)
             .with_version("1.0.0")
-            .with_resources([template])
+            .with_resources([template]);
+        if self.id == PROBED_TOOL {
+            spec.with_settlement(Settlement::Probe)
+        } else {
+            spec
+        }
     }
 
     fn check(&self, args: &Value) -> Result<(), ToolError> {
@@ -204,5 +223,60 @@ impl Compensate for SetTool {
             self.world.checked(&key);
         }
         Ok(changed.then(|| format!("{key} holds {}", shown(found))))
+    }
+}
+
+impl Probe for SetTool {
+    /// Whether the step's value is in place: values are unique in a scenario, so only this
+    /// step writes it (a later writer may have replaced it since: then there is nothing of
+    /// the step left to undo).
+    async fn probe(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+        _undo: &Undo,
+    ) -> Result<ProbeOutcome, ToolError> {
+        let (key, value) = key_and_value(args)?;
+        self.process.gate().await;
+        let step = format!("{}/{}", ctx.saga_id, ctx.step_seq);
+        let act = self
+            .process
+            .point(&format!("probe {step}: is {key} = {value}?"), false);
+        let failed = || {
+            self.world.note(Event::ProbeFailed {
+                saga: ctx.saga_id.to_string(),
+                step: ctx.step_seq,
+            });
+            // No compensation follows.
+            self.world.acted(&key);
+        };
+        match act {
+            Act::CrashBefore | Act::CrashAfter => {
+                self.process.die();
+                std::future::pending().await
+            }
+            Act::Fail => {
+                failed();
+                Err(ToolError::failed(
+                    "simulated failure: the probe could not look",
+                ))
+            }
+            // The dispatcher's timeout gives up on it.
+            Act::HangBefore | Act::HangAfter => {
+                failed();
+                std::future::pending().await
+            }
+            Act::Go => {
+                let happened = args.get("fail").and_then(Value::as_bool) != Some(true)
+                    && self.world.get(&key) == Some(value);
+                if happened {
+                    Ok(ProbeOutcome::Happened(None))
+                } else {
+                    // No compensation follows.
+                    self.world.acted(&key);
+                    Ok(ProbeOutcome::NotHappened)
+                }
+            }
+        }
     }
 }

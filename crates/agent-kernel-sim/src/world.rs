@@ -58,6 +58,13 @@ pub enum Event {
         /// The step.
         step: u32,
     },
+    /// A step's probe failed or hung (a simulated fault): its outcome stays unknown.
+    ProbeFailed {
+        /// The saga of the step.
+        saga: String,
+        /// The step.
+        step: u32,
+    },
     /// A writer outside the kernel (a person, another program) set `key`.
     Outside {
         /// What it changed.
@@ -96,6 +103,7 @@ impl fmt::Display for Event {
             Event::CompensationFailed { saga, step } => {
                 write!(f, "compensation {saga}/{step} failed")
             }
+            Event::ProbeFailed { saga, step } => write!(f, "probe {saga}/{step} failed"),
             Event::Outside { key, value } => write!(f, "outside writer: {key} = {value}"),
         }
     }
