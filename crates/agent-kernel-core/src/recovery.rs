@@ -48,7 +48,7 @@ enum Slot {
 
 impl Kernel {
     /// The tools that compensating `record` needs and this kernel does not have, sorted.
-    fn missing_tools(&self, record: &SagaRecord) -> Vec<String> {
+    pub(crate) fn missing_tools(&self, record: &SagaRecord) -> Vec<String> {
         if record.saga.dry_run {
             return Vec::new();
         }

@@ -331,10 +331,11 @@ impl Kernel {
                 saga_id: Some(saga_id.clone()),
                 denial,
             })?;
-        // Finishing an undo a dead process began: part of the world may be undone already
-        // (a compensation the kill hid included, which no record shows), so nothing here
-        // refuses the whole; each step is compensated or, when it cannot be (changed since,
-        // its tool missing), left to an operator as a dead letter, as a rollback does.
+        // Finishing an undo a dead process began (`settle_interrupted_undos`, which has made
+        // sure this program has the tools): part of the world may be undone already (a
+        // compensation the kill hid included, which no record shows), so no step's verdict
+        // refuses the whole; each step is compensated or, when it cannot be (changed
+        // since), left to an operator as a dead letter, as a rollback does.
         let previewed = if from.is_some() {
             Vec::new()
         } else {
@@ -433,11 +434,14 @@ impl Kernel {
     /// undone while the log still says `Done`), so the undo is finished, as the operator
     /// asked: the steps already compensated are skipped, the one whose outcome the kill
     /// hid runs again (its tool's `changed_since` accepts what it restores), and the saga
-    /// ends `Undone`. A step that cannot be compensated (changed since, its tool missing)
-    /// is left to an operator as a dead letter, the others are compensated, and the saga
-    /// ends `FailedRollbackPartial`, as a rollback that meets such a step does: the log
-    /// never says `Done` over a world partly undone. Other settled sagas that hold locks
-    /// only have them released.
+    /// ends `Undone`. A step that cannot be compensated (changed since) is left to an
+    /// operator as a dead letter, the others are compensated, and the saga ends
+    /// `FailedRollbackPartial`, as a rollback that meets such a step does: the log never
+    /// says `Done` over a world partly undone. A saga whose tools this program lacks is left
+    /// as it is, its locks held, reported as missing them, for a program that has them. The
+    /// undo window and `force` are not looked at again: the operator asked within the
+    /// window, and a step an operator forced becomes a dead letter (`dlq retry --force`).
+    /// Other settled sagas that hold locks only have them released.
     pub(crate) async fn settle_interrupted_undos(
         &self,
         observer: &dyn Observer,
@@ -459,6 +463,17 @@ impl Kernel {
                     report.sagas.push(RecoveryAction::Failed {
                         saga_id: saga.saga_id.clone(),
                         error: "an undo of it was killed, and the programs it started could not be stopped; left as it is".to_owned(),
+                    });
+                    continue;
+                }
+                // Left as it is, its locks held, for a program that has the tools its
+                // compensations need (as recovery leaves a saga): nothing written.
+                let record = self.load(&saga.saga_id).await?;
+                let tools = self.missing_tools(&record);
+                if !tools.is_empty() {
+                    report.sagas.push(RecoveryAction::MissingTools {
+                        saga_id: saga.saga_id.clone(),
+                        tools,
                     });
                     continue;
                 }

@@ -309,8 +309,10 @@ pub(crate) fn check(
 
 /// What the log says of each approval a step needed: a step of `sim.set.approved` acted
 /// only under its own request, approved and consumed (at most one such step a saga, so a
-/// saga's newest request is that step's). A rejected, expired or void request leaves its
-/// step without an effect.
+/// saga's newest request is that step's), with exactly the key and value the request
+/// named. A rejected, expired or void request leaves its step without an effect. (The
+/// request is consumed in its step's BEGIN's transaction, and no effect comes before its
+/// BEGIN: the order is the log's.)
 pub(crate) fn check_approvals(
     world: &WorldState,
     sagas: &[SagaRecord],
@@ -323,17 +325,33 @@ pub(crate) fn check_approvals(
             if step.tool_id != crate::tools::APPROVED_TOOL || step.reused_from.is_some() {
                 continue;
             }
-            let acted = world.journal.iter().any(|event| {
-                matches!(event, Event::Effect { saga, step: seq, .. }
-                    if *saga == id && *seq == step.step_seq)
+            let acted = world.journal.iter().find_map(|event| match event {
+                Event::Effect {
+                    saga,
+                    step: seq,
+                    key,
+                    value,
+                } if *saga == id && *seq == step.step_seq => Some((key, *value)),
+                _ => None,
             });
-            if !acted {
+            let Some((key, value)) = acted else {
                 continue;
-            }
+            };
             match approvals.get(&id) {
                 Some(approval)
                     if approval.request.step_seq == step.step_seq
-                        && approval.status == ApprovalStatus::Consumed => {}
+                        && approval.status == ApprovalStatus::Consumed =>
+                {
+                    let args = &approval.request.args;
+                    if args.get("key").and_then(serde_json::Value::as_str) != Some(key.as_str())
+                        || args.get("value").and_then(serde_json::Value::as_i64) != Some(value)
+                    {
+                        violations.push(format!(
+                            "{id}/{} set {key} = {value}, but its request approved {args}",
+                            step.step_seq
+                        ));
+                    }
+                }
                 Some(approval) => violations.push(format!(
                     "{id}/{} acted, but its saga's request ({}, for step {}) is {:?}",
                     step.step_seq,

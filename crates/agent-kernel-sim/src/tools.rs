@@ -252,6 +252,8 @@ impl Probe for SetTool {
         };
         match act {
             Act::CrashBefore | Act::CrashAfter => {
+                // No compensation of this process follows.
+                self.world.acted(&key);
                 self.process.die();
                 std::future::pending().await
             }

@@ -67,7 +67,7 @@ fn reset(project: &Project) {
 }
 
 /// The state of saga `saga_id`, read from the log directly (no process started).
-fn state_of(project: &Project, saga_id: &str) -> Option<String> {
+pub(crate) fn state_of(project: &Project, saga_id: &str) -> Option<String> {
     let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;
     let conn = rusqlite::Connection::open_with_flags(project.db(), flags).ok()?;
     conn.query_row(

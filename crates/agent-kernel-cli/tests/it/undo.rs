@@ -6,6 +6,7 @@ use std::fs;
 
 use serde_json::json;
 
+use crate::recovery_kills::state_of;
 use crate::{Project, describe, wait_until};
 
 /// A project whose files get written by a saga that ends `Done`: `ws/a.txt` (existed)
@@ -249,4 +250,126 @@ fn undo_preview_names_each_step_and_changes_nothing() {
     );
     assert_eq!(project.snapshot(), before, "a preview undoes nothing");
     assert_eq!(project.latest_saga().expect("a saga").1, "Done");
+}
+
+/// A saga of `fs.write` (`ws/a.txt`), `note.add` and `fs.write` (`ws/b.txt`) run to `Done`,
+/// then an `undo` of it SIGKILLed while `note.add`'s compensation runs: `ws/b.txt` is back,
+/// the note not yet removed, `ws/a.txt` not reached. Returns the saga's id.
+fn undo_killed_midway(project: &Project) -> String {
+    fs::write(project.path("note.py"), crate::dlq::NOTE_PY).expect("writes");
+    fs::write(project.path("tools.toml"), crate::dlq::TOOLS_TOML).expect("writes");
+    fs::write(project.path("ws/a.txt"), "before").expect("writes");
+    fs::write(project.path("ws/notes.txt"), "").expect("writes");
+    let plan = project.plan(
+        "plan.json",
+        &json!({"steps": [
+            {"tool": "fs.write", "args": {"path": "ws/a.txt", "content": "after"}},
+            {"tool": "note.add", "args": {"item": "x"}},
+            {"tool": "fs.write", "args": {"path": "ws/b.txt", "content": "after"}},
+        ]}),
+    );
+    let output = project.run(&["run", "--plan", plan.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let (saga_id, _) = project.latest_saga().expect("a saga");
+    fs::write(project.path("ws/hold"), "").expect("writes");
+    let mut undo = crate::crash::spawn(
+        project,
+        &["undo", "--saga", &saga_id, "--reason", "killed midway"],
+    );
+    wait_until("note.add's compensation runs", || {
+        project.path("ws/held").exists()
+    });
+    crate::sigkill(&mut undo).expect("kills the undo");
+    let _ = undo.wait();
+    fs::remove_file(project.path("ws/hold")).expect("removes");
+    assert!(
+        !project.path("ws/b.txt").exists(),
+        "ws/b.txt is undone first"
+    );
+    assert_eq!(project.latest_saga().expect("a saga").1, "Done");
+    saga_id
+}
+
+/// An `undo` killed midway, then another writer's change to a file it had not reached:
+/// `recover` undoes what it can (the note), leaves the changed file to an operator as a
+/// dead letter, and the saga ends `FailedRollbackPartial` (exit 3), never `Done` over a
+/// world partly undone; `dlq retry --force` then finishes it.
+#[test]
+fn recover_finishing_a_killed_undo_parks_a_step_changed_since_and_undoes_the_rest() {
+    let project = Project::new();
+    let saga_id = undo_killed_midway(&project);
+    fs::write(project.path("ws/a.txt"), "someone else's").expect("writes");
+    let output = project.run(&["recover"]);
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    assert_eq!(
+        state_of(&project, &saga_id).as_deref(),
+        Some("FailedRollbackPartial")
+    );
+    assert_eq!(
+        fs::read_to_string(project.path("ws/notes.txt")).expect("reads"),
+        ""
+    );
+    assert!(!project.path("ws/b.txt").exists());
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "someone else's"
+    );
+    let (code, listed) = project.run_json(&["dlq", "list"]);
+    assert_eq!(code, 0, "{listed}");
+    let letters = listed["dead_letters"].as_array().expect("a list");
+    assert_eq!(letters.len(), 1, "{listed}");
+    assert_eq!(letters[0]["step"], 0, "{listed}");
+    assert!(
+        letters[0]["error"]
+            .as_str()
+            .is_some_and(|error| error.starts_with("changed since")),
+        "{listed}"
+    );
+    let id = letters[0]["id"].to_string();
+    let output = project.run(&["dlq", "retry", id.trim_matches('"'), "--force"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "before"
+    );
+    let output = project.run(&["audit", "verify"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+}
+
+/// An `undo` killed midway, then a `recover` that lacks `note.add` (no tools file): the
+/// saga is left as it is, its files still locked, reported as missing the tool (exit 3);
+/// a `recover` with the tools file then finishes the undo.
+#[test]
+fn recover_without_a_killed_undos_tool_leaves_it_for_one_that_has_it() {
+    let project = Project::new();
+    let saga_id = undo_killed_midway(&project);
+    fs::rename(project.path("tools.toml"), project.path("tools.toml.aside")).expect("moves");
+    let output = project.run(&["recover"]);
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    assert!(
+        describe(&output).contains("note.add"),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(state_of(&project, &saga_id).as_deref(), Some("Done"));
+    // Still held: another saga may not write what the undo began to put back.
+    let plan = project.plan(
+        "other.json",
+        &json!({"steps": [{"tool": "fs.write", "args": {"path": "ws/a.txt", "content": "other"}}]}),
+    );
+    let output = project.run(&["run", "--plan", plan.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(6), "{}", describe(&output));
+    fs::rename(project.path("tools.toml.aside"), project.path("tools.toml")).expect("moves");
+    let output = project.run(&["recover"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert_eq!(state_of(&project, &saga_id).as_deref(), Some("Undone"));
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "before"
+    );
+    assert_eq!(
+        fs::read_to_string(project.path("ws/notes.txt")).expect("reads"),
+        ""
+    );
+    assert!(!project.path("ws/b.txt").exists());
 }
