@@ -49,6 +49,8 @@ pub(crate) async fn operate(kernel: &Kernel, process: &Process, actions: u32, ch
                     Err(err) => format!("undo {saga_id}: {err}"),
                 };
                 process.note(line);
+                // Its preview checked every step; a refused undo acts on none of them.
+                process.forget_checks();
             } else {
                 let letter = &letters[pick - done.len()];
                 let id = &letter.letter_id;

@@ -199,8 +199,21 @@ impl Process {
         self.lock().history.push(format!("{}: {line}", self.name));
     }
 
-    /// The process is killed: nothing of it acts from now on.
+    /// The process's name, as its history shows it.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Ends the checks of keys this process made that no act of it followed
+    /// ([`World::forget_checks_of`]).
+    pub(crate) fn forget_checks(&self) {
+        self.world.forget_checks_of(&self.name);
+    }
+
+    /// The process is killed: nothing of it acts from now on (so none of its checks is
+    /// followed by an act).
     pub(crate) fn die(&self) {
+        self.forget_checks();
         self.lock().dead = true;
         self.died.notify_one();
     }

@@ -78,13 +78,13 @@ impl Tool for SetTool {
         if args.get("fail").and_then(Value::as_bool) == Some(true) {
             self.process
                 .note(format!("{step} fails on purpose, {key} untouched"));
-            self.world.acted(&key);
+            self.world.acted(&key, self.process.name());
             return Err(ToolError::failed("fails on purpose").not_applied());
         }
         let act = self
             .process
             .point(&format!("effect {step}: {key} = {value}"), false);
-        self.world.acted(&key);
+        self.world.acted(&key, self.process.name());
         match act {
             Act::CrashBefore => {
                 self.process.die();
@@ -147,7 +147,7 @@ impl Compensate for SetTool {
             &format!("compensation {step}: {key} = {}", shown(old)),
             false,
         );
-        self.world.acted(&key);
+        self.world.acted(&key, self.process.name());
         match act {
             Act::CrashBefore => {
                 self.process.die();
@@ -220,7 +220,7 @@ impl Compensate for SetTool {
         let changed = found != Some(value) && found != old;
         if !changed {
             // The act follows (a compensation, an effect): nothing outside lands between.
-            self.world.checked(&key);
+            self.world.checked(&key, self.process.name());
         }
         Ok(changed.then(|| format!("{key} holds {}", shown(found))))
     }
@@ -248,12 +248,12 @@ impl Probe for SetTool {
                 step: ctx.step_seq,
             });
             // No compensation follows.
-            self.world.acted(&key);
+            self.world.acted(&key, self.process.name());
         };
         match act {
             Act::CrashBefore | Act::CrashAfter => {
                 // No compensation of this process follows.
-                self.world.acted(&key);
+                self.world.acted(&key, self.process.name());
                 self.process.die();
                 std::future::pending().await
             }
@@ -275,7 +275,7 @@ impl Probe for SetTool {
                     Ok(ProbeOutcome::Happened(None))
                 } else {
                     // No compensation follows.
-                    self.world.acted(&key);
+                    self.world.acted(&key, self.process.name());
                     Ok(ProbeOutcome::NotHappened)
                 }
             }

@@ -118,10 +118,11 @@ pub(crate) fn shown(value: Option<i64>) -> String {
 #[derive(Debug, Default)]
 pub struct World {
     state: Mutex<WorldState>,
-    /// Keys a tool has checked (`changed_since`) and not yet acted on: no outside write
-    /// lands on them meanwhile, as if the tool's check and act were one compare-and-set.
-    /// Between the two no kernel can see a writer outside it.
-    checking: Mutex<BTreeSet<String>>,
+    /// Keys a tool has checked (`changed_since`) and not yet acted on, with the process
+    /// whose tool it was: no outside write lands on them meanwhile, as if the tool's check
+    /// and act were one compare-and-set. Between the two no kernel can see a writer outside
+    /// it.
+    checking: Mutex<BTreeSet<(String, String)>>,
 }
 
 /// A copy of the world at one moment.
@@ -154,22 +155,28 @@ impl World {
         self.lock().journal.push(event);
     }
 
-    /// A tool checked `key` and is about to act on it.
-    pub(crate) fn checked(&self, key: &str) {
-        self.checks().insert(key.to_owned());
+    /// A tool of process `by` checked `key` and is about to act on it.
+    pub(crate) fn checked(&self, key: &str, by: &str) {
+        self.checks().insert((key.to_owned(), by.to_owned()));
     }
 
-    /// A tool acted on `key` (or will not).
-    pub(crate) fn acted(&self, key: &str) {
-        self.checks().remove(key);
+    /// A tool of process `by` acted on `key` (or will not).
+    pub(crate) fn acted(&self, key: &str, by: &str) {
+        self.checks().remove(&(key.to_owned(), by.to_owned()));
+    }
+
+    /// Process `by` acts on none of the keys it checked: it ended a command whose checks no
+    /// act followed (an `undo` whose preview looked at every step, then was refused).
+    pub(crate) fn forget_checks_of(&self, by: &str) {
+        self.checks().retain(|(_, process)| process != by);
     }
 
     /// Whether an outside write on `key` must wait: a tool is between its check and its act.
     pub(crate) fn is_checking(&self, key: &str) -> bool {
-        self.checks().contains(key)
+        self.checks().iter().any(|(checked, _)| checked == key)
     }
 
-    fn checks(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+    fn checks(&self) -> std::sync::MutexGuard<'_, BTreeSet<(String, String)>> {
         self.checking
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
