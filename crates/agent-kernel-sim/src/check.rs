@@ -26,6 +26,12 @@ pub(crate) fn has_cause_to_park(world: &WorldState, record: &SagaRecord) -> bool
             }
             Event::Prepared { saga, key, .. } if *saga == saga_id => prepared.push(key),
             Event::Outside { key, .. } if prepared.contains(&key.as_str()) => return true,
+            Event::Unlogged(was)
+                if matches!(&**was, Event::Effect { key, .. } | Event::Restored { key, .. }
+                    if prepared.contains(&key.as_str())) =>
+            {
+                return true;
+            }
             Event::Effect { saga, key, .. } | Event::Restored { saga, key, .. }
                 if *saga != saga_id && prepared.contains(&key.as_str()) =>
             {
@@ -90,8 +96,9 @@ pub(crate) fn check_steps(world: &WorldState, sagas: &[SagaRecord], violations: 
                     if *saga != id {
                         continue;
                     }
+                    // A compensation whose record a power loss took undid it too.
                     let undone = world.journal[at..].iter().any(|later| {
-                        matches!(later, Event::Restored { saga, step: seq, .. }
+                        matches!(unlogged_or(later), Event::Restored { saga, step: seq, .. }
                             if *saga == id && seq == step)
                     });
                     if !undone {
@@ -237,14 +244,23 @@ pub(crate) fn check(
     // Each key: the event the world should show (a Done saga's effect or an outside
     // write), and whether a parked saga's effect came after it.
     let mut expected: BTreeMap<String, (Option<i64>, bool)> = BTreeMap::new();
+    // Each step's key's expected value before its effect: what a compensation that the log
+    // lost put back.
+    let mut before: BTreeMap<(String, u32), Option<i64>> = BTreeMap::new();
+    let logged = |saga: &str, step: u32| {
+        sagas.iter().any(|record| {
+            record.saga.saga_id.as_str() == saga
+                && record.steps.iter().any(|logged| logged.step_seq == step)
+        })
+    };
     for event in &world.journal {
-        match event {
+        // What happened happened, its record lost or not.
+        match unlogged_or(event) {
             Event::Effect {
-                saga,
-                step,
-                key,
-                value,
+                saga, step, key, ..
             } => {
+                let was = expected.get(key).and_then(|(value, _)| *value);
+                before.insert((saga.clone(), *step), was);
                 let entry = effects.entry((saga.clone(), *step)).or_default();
                 entry.0 += 1;
                 if entry.1 {
@@ -254,6 +270,24 @@ pub(crate) fn check(
                 }
                 if entry.0 > 1 {
                     violations.push(format!("the effect of {saga}/{step} happened twice"));
+                }
+            }
+            Event::Restored { saga, step, .. } => {
+                effects.entry((saga.clone(), *step)).or_default().1 = true;
+            }
+            _ => {}
+        }
+        match event {
+            Event::Effect {
+                saga,
+                step,
+                key,
+                value,
+            } => {
+                if states.contains_key(saga) && !logged(saga, *step) {
+                    violations.push(format!(
+                        "{saga}/{step} acted, and the log holds no such step (its BEGIN comes before its effect)"
+                    ));
                 }
                 match states.get(saga) {
                     Some(SagaState::Done) => {
@@ -268,9 +302,7 @@ pub(crate) fn check(
                     )),
                 }
             }
-            Event::Restored { saga, step, .. } => {
-                effects.entry((saga.clone(), *step)).or_default().1 = true;
-            }
+            Event::Restored { .. } => {}
             Event::Clobbered {
                 saga,
                 step,
@@ -283,6 +315,21 @@ pub(crate) fn check(
             Event::Outside { key, value } => {
                 expected.insert(key.clone(), (Some(*value), false));
             }
+            Event::Unlogged(was) => match &**was {
+                // A change the kernel never knew of: a write from outside it.
+                Event::Effect { key, value, .. } => {
+                    expected.insert(key.clone(), (Some(*value), false));
+                }
+                // It put back what the key held before the step's effect.
+                Event::Restored {
+                    saga, step, key, ..
+                } => {
+                    if let Some(was) = before.get(&(saga.clone(), *step)) {
+                        expected.insert(key.clone(), (*was, false));
+                    }
+                }
+                _ => {}
+            },
             Event::CompensationFailed { .. }
             | Event::ProbeFailed { .. }
             | Event::Prepared { .. } => {}
@@ -304,6 +351,58 @@ pub(crate) fn check(
                 "{key} holds {value}, and no saga that ended Done nor any outside writer wrote it"
             ));
         }
+    }
+}
+
+/// After a power loss under durability `normal`: the effects and compensations in
+/// `unrecorded` (the journal from the newest write the log kept to the power loss) whose
+/// records the log no longer holds become [`Event::Unlogged`], changes the kernel never
+/// knew of: an effect whose step the log lacks (its BEGIN lost; one whose BEGIN was kept is
+/// a step in doubt, for recovery to settle), and every compensation (its record comes after
+/// it, so after the last write kept). Returns how many. An effect outside that span with no
+/// step in the log stays an effect, and a finding.
+///
+/// So a saga parked because its own compensation's record was lost (the compensation's
+/// step then reads committed, its key no longer holding its value) has a cause to park: no
+/// kernel can tell that change from another writer's.
+pub(crate) fn unlog_lost(
+    world: &mut WorldState,
+    unrecorded: std::ops::Range<usize>,
+    sagas: &[SagaRecord],
+) -> usize {
+    let logged = |saga: &str, step: u32| {
+        sagas.iter().any(|record| {
+            record.saga.saga_id.as_str() == saga
+                && record.steps.iter().any(|logged| logged.step_seq == step)
+        })
+    };
+    let lost = |event: &Event| match event {
+        Event::Effect { saga, step, .. } => !logged(saga, *step),
+        Event::Restored { .. } => true,
+        _ => false,
+    };
+    let mut unlogged = 0;
+    let journal = std::mem::take(&mut world.journal);
+    world.journal = journal
+        .into_iter()
+        .enumerate()
+        .map(|(at, event)| {
+            if unrecorded.contains(&at) && lost(&event) {
+                unlogged += 1;
+                Event::Unlogged(Box::new(event))
+            } else {
+                event
+            }
+        })
+        .collect();
+    unlogged
+}
+
+/// The event a lost record's change was, or `event` itself.
+fn unlogged_or(event: &Event) -> &Event {
+    match event {
+        Event::Unlogged(was) => was,
+        event => event,
     }
 }
 
@@ -388,7 +487,8 @@ mod tests {
                 created_at_ms: 0,
                 updated_at_ms: 0,
             },
-            steps: Vec::new(),
+            // The step the journals' effects name (`effect`, `restored`).
+            steps: vec![step(1, None)],
             locks: locks.iter().map(|lock| (*lock).to_owned()).collect(),
             conflicts: Vec::new(),
         }
@@ -478,6 +578,67 @@ mod tests {
             prepared,
         ]);
         assert!(!has_cause_to_park(&before, &parked));
+    }
+
+    /// After a power loss under `normal`, between the last write kept and the loss: an
+    /// effect whose step the log lacks and every compensation are unlogged; an effect whose
+    /// BEGIN was kept, and everything outside the span, stay as they were.
+    #[test]
+    fn a_power_loss_unlogs_the_changes_whose_records_it_took() {
+        let mut logged = saga("s1", SagaState::FailedRolledBack, &[]);
+        logged.steps = vec![step(1, None)];
+        let mut world = WorldState {
+            values: BTreeMap::new(),
+            journal: vec![
+                effect("s0", "a", 9),
+                effect("s1", "a", 1),
+                effect("s2", "b", 2),
+                restored("s1", "a", None),
+                effect("s3", "c", 3),
+            ],
+        };
+        assert_eq!(unlog_lost(&mut world, 1..4, &[logged]), 2);
+        let unlogged: Vec<bool> = world
+            .journal
+            .iter()
+            .map(|event| matches!(event, Event::Unlogged(_)))
+            .collect();
+        assert_eq!(unlogged, [false, false, true, true, false]);
+    }
+
+    /// An effect whose step the log does not hold acted before its BEGIN (or without one):
+    /// a finding, unless a power loss took that BEGIN (`unlog_lost`).
+    #[test]
+    fn an_effect_whose_step_the_log_lacks_is_found() {
+        let mut without_steps = saga("s1", SagaState::Done, &[]);
+        without_steps.steps.clear();
+        assert_eq!(
+            violations(vec![effect("s1", "a", 1)], &[("a", 1)], &[without_steps]),
+            ["s1/1 acted, and the log holds no such step (its BEGIN comes before its effect)"]
+        );
+    }
+
+    /// A compensation whose record was lost puts back what its step found: the key is then
+    /// expected to hold what it held before the step, not a value from outside; an effect
+    /// whose record was lost is a write from outside.
+    #[test]
+    fn an_unlogged_compensation_leaves_what_its_step_found() {
+        let unlogged = |event| Event::Unlogged(Box::new(event));
+        // The saga's undo ran, its record lost: the log says Done, the world is undone.
+        let sagas = [saga("s1", SagaState::Done, &[])];
+        let journal = vec![
+            effect("s1", "a", 1),
+            unlogged(restored("s1", "a", None)),
+            unlogged(effect("s2", "b", 2)),
+        ];
+        assert_eq!(
+            violations(journal.clone(), &[("b", 2)], &sagas),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            violations(journal, &[("a", 1), ("b", 2)], &sagas),
+            ["a holds 1, where the sagas that ended Done and the outside writes leave (absent)"]
+        );
     }
 
     fn step(seq: u32, reused_from: Option<(&str, u32)>) -> agent_kernel_api::StepRecord {

@@ -74,7 +74,8 @@ pub fn explore_seed_as(
 }
 
 /// The cases of a scenario: no fault (run first, to count the points), then each point and
-/// each kind, half of them with a `recover` killed at a point `rng` picks, and, where the
+/// each kind, then a power loss after each point (at durability `full` or `normal`, half
+/// each), half of them with a `recover` killed at a point `rng` picks, and, where the
 /// scenario has an operator, half of them with an operator's fault at a point `rng` picks
 /// (drawn after the `recover`'s, only then: a scenario without an operator draws as before
 /// operators existed).
@@ -117,7 +118,15 @@ fn cases(
                 .filter(|kind| !kind.applies_at_log_write())
                 .map(move |kind| (at, kind))
         });
-    for (at, kind) in anywhere.chain(hangs) {
+    // Then a power loss at every point (added last, so the cases before draw as they did
+    // before power losses existed), at either durability and losing what `rng` says.
+    let faults: Vec<(u64, Option<FaultKind>)> = anywhere
+        .chain(hangs)
+        .map(|(at, kind)| (at, Some(kind)))
+        .chain((0..outcome.points).map(|at| (at, None)))
+        .collect();
+    for (at, kind) in faults {
+        let kind = kind.unwrap_or_else(|| power_loss(rng, outcome.points));
         let recovery_fault = rng.chance(50).then(|| Fault {
             at: rng.below(RECOVERY_POINTS_TRIED),
             kind: if rng.chance(50) {
@@ -141,6 +150,21 @@ fn cases(
     Ok(cases)
 }
 
+/// A power loss, at `full` or `normal` (half each), losing up to every one of about
+/// `points` log writes and head file moves at `normal`.
+fn power_loss(rng: &mut Rng, points: u64) -> FaultKind {
+    if rng.chance(50) {
+        return FaultKind::PowerLossFull {
+            head_behind: rng.chance(50),
+        };
+    }
+    let mut up_to_every = || u16::try_from(rng.below(points + 2)).unwrap_or(u16::MAX);
+    FaultKind::PowerLossNormal {
+        writes_lost: up_to_every(),
+        head_back: up_to_every(),
+    }
+}
+
 /// The smallest case found that still fails: sagas, steps and outside writes dropped one
 /// at a time while some fault still breaks an invariant.
 fn shrink(case: Case, outcome: CaseOutcome, dir: &Path) -> anyhow::Result<(Case, CaseOutcome)> {
@@ -156,7 +180,8 @@ fn shrink(case: Case, outcome: CaseOutcome, dir: &Path) -> anyhow::Result<(Case,
     }
 }
 
-/// The first failing case of `scenario` with `like`'s schedule and recovery fault.
+/// The first failing case of `scenario` with `like`'s schedule and recovery fault: each
+/// kind of fault at each point, and a power loss as `like`'s.
 fn first_failure(
     scenario: &Scenario,
     like: &Case,
@@ -175,7 +200,11 @@ fn first_failure(
     }
     for at in 0..outcome.points {
         let log_write = outcome.log_writes.get(at as usize).copied().unwrap_or(true);
-        for kind in FaultKind::ALL {
+        let power_loss = like
+            .fault
+            .map(|fault| fault.kind)
+            .filter(|kind| kind.is_power_loss());
+        for kind in FaultKind::ALL.into_iter().chain(power_loss) {
             if log_write && !kind.applies_at_log_write() {
                 continue;
             }

@@ -19,8 +19,13 @@
 //! from 0 in each process. A [`Fault`] at a point kills the process just before it, just after it, or
 //! makes it fail (an I/O error writing the log; an effect whose answer is lost; a
 //! compensation that fails), or, at a tool's point, hang before or after its work until the
-//! engine's timeout gives up on it. [`explore_seed`] runs the scenario without a fault, then once
-//! for each point and each kind of fault, half of the cases with the first `recover` killed
+//! engine's timeout gives up on it; or the machine loses power just after it: both processes
+//! die, and the log's files are put back to what a machine keeps at the case's durability
+//! (`full`: every commit, the head file perhaps one move behind; `normal`: a prefix of the
+//! commits, the head file any version), checked by `audit verify` (and sealed where the head
+//! file is newer than the log) before `recover` runs. [`explore_seed`] runs the scenario
+//! without a fault, then once for each point and each kind of fault, then a power loss after
+//! each point, half of the cases with the first `recover` killed
 //! too, and, where the scenario has an operator, half of the cases (drawn apart from the
 //! `recover`'s) with the operator meeting a fault as well.
 //!
@@ -35,7 +40,9 @@
 //! - every saga is settled (`Done`, `FailedRolledBack`, `Undone`, or `FailedRollbackPartial`
 //!   with an open dead letter naming it), and a settled saga holds no lock;
 //! - each key holds what the sagas that ended `Done` and the outside writers wrote, the
-//!   latest last (a key whose latest write is a parked saga's is left to the operator);
+//!   latest last (a key whose latest write is a parked saga's is left to the operator; an
+//!   effect or compensation whose record a power loss took counts as an outside write, a lost
+//!   compensation putting back what its step found);
 //! - no effect happened twice, none after its step's compensation, and no compensation
 //!   restored over a write it did not make;
 //! - a step that needs an approval acted only under its saga's request, approved and
@@ -47,8 +54,8 @@
 //!
 //! # What is not modelled
 //!
-//! One log (SQLite; PostgreSQL's many processes are not simulated), no loss of unsynced
-//! commits (a kill of the process, not of the machine), the engine's calls only (plans,
+//! One log (SQLite; PostgreSQL's many processes are not simulated), power lost only on the
+//! first process's machine and never tearing a page, the engine's calls only (plans,
 //! live sagas, calls alone, `recover`, `undo`, `dlq retry`, approve and reject; not the
 //! MCP server around them), and one tool under three ids (no upstream server).
 
@@ -57,6 +64,7 @@ mod drivers;
 mod explore;
 mod log;
 mod operator;
+mod power;
 mod process;
 mod run;
 mod scenario;
@@ -66,6 +74,7 @@ mod world;
 pub use crate::explore::{
     OPERATOR_POINTS_TRIED, RECOVERY_POINTS_TRIED, SeedReport, explore_seed, explore_seed_as,
 };
+pub use crate::power::PowerLoss;
 pub use crate::process::{Fault, FaultKind};
 pub use crate::run::{Case, CaseOutcome, run_case};
 pub use crate::scenario::{
@@ -73,6 +82,13 @@ pub use crate::scenario::{
 };
 pub use crate::tools::{APPROVED_TOOL, PROBED_TOOL, SET_TOOL};
 pub use crate::world::{Event, World, WorldState};
+
+/// `path` with `suffix` after its name (SQLite's `-wal`, `-shm`).
+pub(crate) fn with_suffix(path: &std::path::Path, suffix: &str) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    name.into()
+}
 
 /// A folder for the cases' logs: in memory (`/dev/shm`) where the machine has one, since a
 /// case writes a log of its own, else the system's temporary folder.

@@ -13,17 +13,36 @@ use agent_kernel_api::{
     WriteOutcome,
 };
 
+use crate::power::Recorder;
 use crate::process::{Act, Process};
 
 /// A [`TxLog`] whose writes are points of a simulated process.
 pub(crate) struct FaultyLog {
     inner: Arc<dyn TxLog>,
     process: Arc<Process>,
+    /// Notes what the files hold after each write, where the case loses power.
+    recorder: Option<Arc<Recorder>>,
 }
 
 impl FaultyLog {
-    pub(crate) fn new(inner: Arc<dyn TxLog>, process: Arc<Process>) -> FaultyLog {
-        FaultyLog { inner, process }
+    pub(crate) fn new(
+        inner: Arc<dyn TxLog>,
+        process: Arc<Process>,
+        recorder: Option<Arc<Recorder>>,
+    ) -> FaultyLog {
+        FaultyLog {
+            inner,
+            process,
+            recorder,
+        }
+    }
+
+    /// The write, made, and noted.
+    fn noted<T>(&self, written: T) -> T {
+        if let Some(recorder) = &self.recorder {
+            recorder.record();
+        }
+        written
     }
 
     /// A write at the next point: made, refused, or the process killed around it. `write`
@@ -39,15 +58,20 @@ impl FaultyLog {
         F: Future<Output = Result<T, TxError>> + Send + 'static,
     {
         self.process.gate().await;
+        if let Some(recorder) = &self.recorder {
+            recorder.expect_unchanged();
+        }
         match self.process.point(&what, true) {
             // A hang is never planned at a log write.
-            Act::Go | Act::HangBefore | Act::HangAfter => complete(write(self.inner.clone())),
+            Act::Go | Act::HangBefore | Act::HangAfter => {
+                self.noted(complete(write(self.inner.clone())))
+            }
             Act::CrashBefore => {
                 self.process.die();
                 std::future::pending().await
             }
             Act::CrashAfter => {
-                let _ = complete(write(self.inner.clone()));
+                let _ = self.noted(complete(write(self.inner.clone())));
                 self.process.die();
                 std::future::pending().await
             }

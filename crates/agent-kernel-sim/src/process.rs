@@ -26,6 +26,25 @@ pub enum FaultKind {
     /// At a tool's point only: the effect or compensation is done, then never answers; the
     /// engine's timeout gives up on it. The process goes on.
     HangAfter,
+    /// The machine loses power just after the point, its log at durability `full`: every
+    /// process of the machine dies at once; what was committed survives, and, with
+    /// `head_behind`, the audit head file is the one before the last write moved it, if the
+    /// last write did (its sync follows the answer).
+    PowerLossFull {
+        /// Whether the head file's last move is lost.
+        head_behind: bool,
+    },
+    /// The machine loses power just after the point, its log at durability `normal`: every
+    /// process of the machine dies at once, and of the commits since the last sync only a
+    /// prefix survives: all but the last `writes_lost` log writes (all, when fewer were
+    /// made); the audit head file, never synced, is as it was `head_back` writes before the
+    /// last.
+    PowerLossNormal {
+        /// How many of the newest log writes are lost.
+        writes_lost: u16,
+        /// How many writes back the head file is kept as it was.
+        head_back: u16,
+    },
 }
 
 impl FaultKind {
@@ -50,6 +69,15 @@ impl FaultKind {
     pub fn applies_at_log_write(self) -> bool {
         !matches!(self, FaultKind::HangBefore | FaultKind::HangAfter)
     }
+
+    /// Whether the machine loses power: every process of it dies, and what was not synced
+    /// may be lost.
+    pub fn is_power_loss(self) -> bool {
+        matches!(
+            self,
+            FaultKind::PowerLossFull { .. } | FaultKind::PowerLossNormal { .. }
+        )
+    }
 }
 
 /// One fault: at the point numbered `at` (from 0) of one process.
@@ -64,11 +92,25 @@ pub struct Fault {
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match self.kind {
-            FaultKind::CrashBefore => "killed before",
-            FaultKind::CrashAfter => "killed after",
-            FaultKind::Error => "an error at",
-            FaultKind::HangBefore => "a hang, nothing done, at",
-            FaultKind::HangAfter => "a hang, done, at",
+            FaultKind::CrashBefore => "killed before".to_owned(),
+            FaultKind::CrashAfter => "killed after".to_owned(),
+            FaultKind::Error => "an error at".to_owned(),
+            FaultKind::HangBefore => "a hang, nothing done, at".to_owned(),
+            FaultKind::HangAfter => "a hang, done, at".to_owned(),
+            FaultKind::PowerLossFull { head_behind } => format!(
+                "the power lost (durability full{}) after",
+                if head_behind {
+                    ", the head file's last move lost"
+                } else {
+                    ""
+                }
+            ),
+            FaultKind::PowerLossNormal {
+                writes_lost,
+                head_back,
+            } => format!(
+                "the power lost (durability normal, the last {writes_lost} log writes lost, the head file as {head_back} writes back) after"
+            ),
         };
         write!(f, "{kind} point {}", self.at)
     }
@@ -97,6 +139,8 @@ pub(crate) struct Process {
     state: Mutex<State>,
     died: Notify,
     world: Arc<World>,
+    /// The other processes of the machine, which a power loss at this one's point kills too.
+    machine: Mutex<Vec<Arc<Process>>>,
 }
 
 struct State {
@@ -105,6 +149,8 @@ struct State {
     log_writes: Vec<bool>,
     fault: Option<Fault>,
     fired: bool,
+    /// Whether the fault that fired was a power loss.
+    power_lost: bool,
     dead: bool,
     schedule: Rng,
     outside: Vec<Outside>,
@@ -128,6 +174,7 @@ impl Process {
                 log_writes: Vec::new(),
                 fault,
                 fired: false,
+                power_lost: false,
                 dead: false,
                 schedule,
                 outside,
@@ -135,7 +182,17 @@ impl Process {
             }),
             died: Notify::new(),
             world,
+            machine: Mutex::new(Vec::new()),
         }
+    }
+
+    /// `other` runs on this process's machine: a power loss at one of this process's points
+    /// kills it too, at the same instant.
+    pub(crate) fn shares_machine_with(&self, other: Arc<Process>) {
+        self.machine
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(other);
     }
 
     /// Reaches the next point, described by `what`. At a log write (`log_write`), the
@@ -171,6 +228,10 @@ impl Process {
                 match fault.kind {
                     FaultKind::CrashBefore => Act::CrashBefore,
                     FaultKind::CrashAfter => Act::CrashAfter,
+                    FaultKind::PowerLossFull { .. } | FaultKind::PowerLossNormal { .. } => {
+                        state.power_lost = true;
+                        Act::CrashAfter
+                    }
                     FaultKind::Error => Act::Fail,
                     // Never planned at a log write; were it, the write goes on.
                     _ if log_write => Act::Go,
@@ -183,6 +244,7 @@ impl Process {
         let note = match act {
             Act::Go => String::new(),
             Act::CrashBefore => " <- killed before it".to_owned(),
+            Act::CrashAfter if state.power_lost => " <- the power lost after it".to_owned(),
             Act::CrashAfter => " <- killed after it".to_owned(),
             Act::Fail => " <- fails".to_owned(),
             Act::HangBefore => " <- hangs before it".to_owned(),
@@ -214,8 +276,31 @@ impl Process {
     /// followed by an act).
     pub(crate) fn die(&self) {
         self.forget_checks();
-        self.lock().dead = true;
+        let power_lost = {
+            let mut state = self.lock();
+            state.dead = true;
+            state.power_lost
+        };
         self.died.notify_one();
+        if power_lost {
+            let machine = std::mem::take(
+                &mut *self
+                    .machine
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+            for other in machine {
+                if !other.is_dead() {
+                    other.note("the power lost".to_owned());
+                    other.die();
+                }
+            }
+        }
+    }
+
+    /// Whether its fault was a power loss, and fired.
+    pub(crate) fn lost_power(&self) -> bool {
+        self.lock().power_lost
     }
 
     /// Whether it was killed.

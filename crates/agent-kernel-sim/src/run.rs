@@ -6,20 +6,25 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use agent_kernel_api::{Clock, Durability, IdSource, Owner, SagaId, SagaRecord, ToolEntry, TxLog};
+use agent_kernel_api::{
+    AuditEvent, Clock, Durability, IdSource, OperatorCommand, Owner, SagaId, SagaRecord, ToolEntry,
+    TxLog,
+};
 use agent_kernel_core::{ApprovalPolicy, Environment, Kernel, Liveness, LivenessProbe, NoObserver};
 use agent_kernel_dispatcher::{Dispatcher, Limits, NoJitter};
 use agent_kernel_fsm::Guardrail;
 use agent_kernel_txlog::{LogOptions, SqliteLog};
 use anyhow::Context as _;
 
-use crate::check::{check, check_approvals, check_retries, check_steps};
+use crate::check::{check, check_approvals, check_retries, check_steps, unlog_lost};
 use crate::drivers::drive;
 use crate::log::FaultyLog;
 use crate::operator::{DECISIONS_STREAM, decide, operate};
-use crate::process::{Fault, Process};
+use crate::power::{PowerLoss, Recorder};
+use crate::process::{Fault, FaultKind, Process};
 use crate::scenario::{Driver, OPERATOR_STREAMS, Rng, Scenario};
 use crate::tools::{APPROVED_TOOL, PROBED_TOOL, SET_TOOL, SetTool};
+use crate::with_suffix;
 use crate::world::World;
 
 /// What one case runs.
@@ -37,6 +42,25 @@ pub struct Case {
     pub operator_fault: Option<Fault>,
 }
 
+impl Case {
+    /// The log's durability: `full` where the first process's fault is a power loss at
+    /// `full`, else `normal` (a kill of a process loses nothing committed at either).
+    pub fn durability(&self) -> Durability {
+        match self.fault {
+            Some(Fault {
+                kind: FaultKind::PowerLossFull { .. },
+                ..
+            }) => Durability::Full,
+            _ => Durability::Normal,
+        }
+    }
+
+    /// Whether the first process's fault is a power loss.
+    fn loses_power(&self) -> bool {
+        self.fault.is_some_and(|fault| fault.kind.is_power_loss())
+    }
+}
+
 /// What a case did and what the checks found.
 #[derive(Debug, Clone, Default)]
 pub struct CaseOutcome {
@@ -48,6 +72,9 @@ pub struct CaseOutcome {
     pub operator_points: u64,
     /// How many faults fired (0 to 3).
     pub faults_fired: u64,
+    /// What a power loss left, when one happened: how many of the log's writes it kept
+    /// of how many, and whether the head file was left newer than the log (then sealed).
+    pub power_loss: Option<PowerLoss>,
     /// Every broken invariant; empty when the case passed.
     pub violations: Vec<String>,
     /// What happened, point by point, then the end state.
@@ -127,12 +154,15 @@ struct Run<'a> {
     dir: &'a Path,
     world: Arc<World>,
     clock: Arc<AtomicU64>,
+    durability: Durability,
+    /// Notes the files after each write of the processes before a power loss.
+    recorder: Option<Arc<Recorder>>,
 }
 
 impl Run<'_> {
     fn open_log(&self) -> anyhow::Result<Arc<SqliteLog>> {
         let options = LogOptions {
-            durability: Durability::Normal,
+            durability: self.durability,
             clock: Arc::new(TickClock(self.clock.clone())),
         };
         let log = SqliteLog::open(&self.dir.join(LOG_FILE), options).context("opening the log")?;
@@ -143,15 +173,18 @@ impl Run<'_> {
     }
 
     /// Process `pid`, meeting `fault`, with processes `dead` known dead; and its log,
-    /// without the faults.
+    /// without the faults. Its writes are noted for a power loss where `before_power_loss`.
     fn kernel(
         &self,
         process: &Arc<Process>,
         pid: u32,
         dead: DeadPids,
+        before_power_loss: bool,
     ) -> anyhow::Result<(Kernel, Arc<SqliteLog>)> {
         let sqlite = self.open_log()?;
-        let log: Arc<dyn TxLog> = Arc::new(FaultyLog::new(sqlite.clone(), process.clone()));
+        let recorder = self.recorder.clone().filter(|_| before_power_loss);
+        let log: Arc<dyn TxLog> =
+            Arc::new(FaultyLog::new(sqlite.clone(), process.clone(), recorder));
         let mut tools = Dispatcher::new(Limits::default(), Arc::new(NoJitter))
             .map_err(|err| anyhow::anyhow!("limits: {err}"))?;
         let tool = |id| SetTool {
@@ -184,7 +217,7 @@ impl Run<'_> {
                 owner: owner(pid),
                 liveness: Arc::new(dead),
             },
-            Durability::Normal,
+            self.durability,
         )
         .with_approval_policy(approvals);
         Ok((kernel, sqlite))
@@ -232,12 +265,6 @@ fn fresh_log(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn with_suffix(path: &Path, suffix: &str) -> std::path::PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(suffix);
-    name.into()
-}
-
 /// A runtime whose time moves only when every task waits: timers fire in one order.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
@@ -254,10 +281,18 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// When the log cannot be opened or read at all: not a finding, a broken harness.
 pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
     fresh_log(dir)?;
+    let world = Arc::new(World::default());
+    let recorder = if case.loses_power() {
+        Some(Arc::new(Recorder::new(&dir.join(LOG_FILE), world.clone())))
+    } else {
+        None
+    };
     let run = Run {
         dir,
-        world: Arc::new(World::default()),
+        world,
         clock: Arc::new(AtomicU64::new(CLOCK_START_MS)),
+        durability: case.durability(),
+        recorder,
     };
     let mut schedule = Rng::new(case.schedule_seed);
     let mut outcome = CaseOutcome::default();
@@ -280,10 +315,12 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
         Vec::new(),
         run.world.clone(),
     ));
+    first.shares_machine_with(operator.clone());
     let mut choices = schedule.fork(OPERATOR_STREAMS[1]);
     let mut decisions = schedule.fork(DECISIONS_STREAM);
+    let mut lost = None;
     {
-        let (kernel, log) = run.kernel(&first, 1, DeadPids::these(Vec::new()))?;
+        let (kernel, log) = run.kernel(&first, 1, DeadPids::these(Vec::new()), true)?;
         let kernel = Arc::new(kernel);
         let watching_first = DeadPids {
             dead: Vec::new(),
@@ -291,7 +328,7 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
         };
         // Opened only when it acts: each log opened costs a case about a tenth.
         let operator_kernel = if case.scenario.has_operator() {
-            Some(run.kernel(&operator, OPERATOR_PID, watching_first)?)
+            Some(run.kernel(&operator, OPERATOR_PID, watching_first, true)?)
         } else {
             None
         };
@@ -338,10 +375,38 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
             futures_util::future::join(sagas, operating).await;
         });
         drop(kernel);
+        // What the write-ahead log holds, before closing checkpoints it away.
+        let wal = match &run.recorder {
+            Some(recorder) if first.lost_power() => {
+                Some(recorder.wal_now(&dir.join(TEMPLATE_FILE))?)
+            }
+            _ => None,
+        };
         close(log)?;
         if let Some((operator_kernel, operator_log)) = operator_kernel {
             drop(operator_kernel);
             close(operator_log)?;
+        }
+        if let (Some(recorder), Some(wal), Some(fault)) = (&run.recorder, wal, case.fault) {
+            let (loss, unrecorded) =
+                recorder.lose_power(fault.kind, &dir.join(TEMPLATE_FILE), &wal)?;
+            outcome.history.push(format!(
+                "the power lost: the log keeps {} of its {} writes{}",
+                loss.writes_kept,
+                loss.writes,
+                if loss.head_ahead {
+                    ", its head file names a record lost"
+                } else if loss.head_behind {
+                    ", its head file an older record"
+                } else {
+                    ""
+                }
+            ));
+            back_on(&run, loss.head_ahead, &mut outcome.violations)?;
+            outcome.power_loss = Some(loss);
+            if !loss.full {
+                lost = Some(unrecorded);
+            }
         }
     }
     let (points, fired) = first.points();
@@ -366,7 +431,8 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
             Vec::new(),
             run.world.clone(),
         ));
-        let (kernel, log) = run.kernel(&process, pid, DeadPids::these((1..pid).collect()))?;
+        let (kernel, log) =
+            run.kernel(&process, pid, DeadPids::these((1..pid).collect()), false)?;
         let runtime = runtime()?;
         runtime.block_on(async {
             tokio::select! {
@@ -414,8 +480,12 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
             Vec::new(),
             run.world.clone(),
         ));
-        let (kernel, log) =
-            run.kernel(&agent, RETRY_PID, DeadPids::these((1..RETRY_PID).collect()))?;
+        let (kernel, log) = run.kernel(
+            &agent,
+            RETRY_PID,
+            DeadPids::these((1..RETRY_PID).collect()),
+            false,
+        )?;
         let kernel = Arc::new(kernel);
         let mut again = case.scenario.clone();
         again.drivers = vec![Driver::Plan; again.sagas.len()];
@@ -434,7 +504,7 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
         last_log = Some(log);
     }
 
-    let world = run.world.snapshot();
+    let mut world = run.world.snapshot();
     let log = last_log.context("the last recover's log")?;
     let runtime = runtime()?;
     let sagas = runtime.block_on(read_sagas(&*log))?;
@@ -446,6 +516,12 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
         .collect();
     let approvals = runtime.block_on(read_approvals(&*log, &sagas))?;
     close(log)?;
+    if let Some(unrecorded) = lost {
+        let unlogged = unlog_lost(&mut world, unrecorded, &sagas);
+        if let Some(power_loss) = &mut outcome.power_loss {
+            power_loss.unlogged = unlogged;
+        }
+    }
     let audit = agent_kernel_txlog::verify(&dir.join(LOG_FILE), None);
     check(&world, &sagas, &open_letters, &mut outcome.violations);
     check_steps(&world, &sagas, &mut outcome.violations);
@@ -498,6 +574,63 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
     }
     Ok(outcome)
 }
+
+/// The machine back after a power loss, before anything runs: `audit verify` finds the log
+/// intact, or, exactly where the head file names a record the log lost (`head_ahead`),
+/// says so; the operator then checks the log without the head file and seals it, as
+/// `audit seal` does.
+fn back_on(run: &Run<'_>, head_ahead: bool, violations: &mut Vec<String>) -> anyhow::Result<()> {
+    let path = run.dir.join(LOG_FILE);
+    match (agent_kernel_txlog::verify(&path, None), head_ahead) {
+        (Ok(report), false) if report.is_intact() => return Ok(()),
+        (Ok(report), true) if !report.is_intact() => {}
+        (Ok(report), true) => {
+            violations.push(format!(
+                "after the power loss, audit verify accepted the log ({} records), though its head file names a record the log lost",
+                report.n_records
+            ));
+            return Ok(());
+        }
+        (Ok(report), false) => {
+            violations.push(format!(
+                "after the power loss, audit verify reported {:?}, though the log and its head file agree",
+                report.first_bad
+            ));
+            return Ok(());
+        }
+        (Err(err), _) => {
+            violations.push(format!(
+                "after the power loss, the log cannot be verified: {err}"
+            ));
+            return Ok(());
+        }
+    }
+    match agent_kernel_txlog::verify_ignoring_head_file(&path, None) {
+        Ok(report) if report.is_intact() => {}
+        other => {
+            violations.push(format!(
+                "after the power loss, the log without its head file does not verify: {:?}",
+                other.map(|report| report.first_bad)
+            ));
+            return Ok(());
+        }
+    }
+    let log = run.open_log().context("opening the log to seal it")?;
+    let runtime = runtime()?;
+    let sealed = runtime.block_on(log.seal(AuditEvent::Operator(OperatorCommand {
+        command: "audit seal".to_owned(),
+        saga_id: None,
+        options: Vec::new(),
+        by: owner(SEAL_PID),
+        uid: None,
+    })));
+    close(log)?;
+    sealed.context("sealing the log")?;
+    Ok(())
+}
+
+/// The process id of the operator who seals the log after a power loss.
+const SEAL_PID: u32 = 99;
 
 /// The operator's process id; the recovers' follow it.
 const OPERATOR_PID: u32 = 2;

@@ -72,6 +72,10 @@ pub enum Event {
         /// What it wrote.
         value: i64,
     },
+    /// An effect or a compensation ([`Event::Effect`], [`Event::Restored`]) whose record
+    /// a power loss took, the log at durability `normal` (the checks see it in place of
+    /// the event): to the kernel, a change it never made.
+    Unlogged(Box<Event>),
 }
 
 impl fmt::Display for Event {
@@ -105,6 +109,7 @@ impl fmt::Display for Event {
             }
             Event::ProbeFailed { saga, step } => write!(f, "probe {saga}/{step} failed"),
             Event::Outside { key, value } => write!(f, "outside writer: {key} = {value}"),
+            Event::Unlogged(was) => write!(f, "{was} (its record lost)"),
         }
     }
 }
@@ -180,6 +185,11 @@ impl World {
         self.checking
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How many events the journal holds.
+    pub(crate) fn journal_len(&self) -> usize {
+        self.lock().journal.len()
     }
 
     /// A copy of the world now.
