@@ -99,10 +99,10 @@ pub use entry::{Compensate, DynTool, Misdeclaration, Probe, Tool, ToolEntry};
 pub use files::{Files, NoFiles};
 pub use list::{SagaListing, SagaQuery, SagaSummary};
 pub use log::{
-    AbortCause, AuditEvent, BeginStep, CallRefusal, ConflictRecord, DuplicateStep, KeyBinding,
-    LeaseStatus, LogWrite, NewSaga, OperatorCommand, Owner, PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX,
-    PlanDenial, PruneSagas, SagaAbort, SagaRecord, StepDenial, StepRecord, TxError, TxLog,
-    WriteOutcome,
+    AbortCause, AuditEvent, BeginStep, CallRefusal, ConflictRecord, DuplicateCheck, DuplicateStep,
+    KeyBinding, LeaseStatus, LogWrite, NewSaga, OperatorCommand, Owner, PRUNE_IDS_BYTES_MAX,
+    PRUNE_SAGAS_MAX, PlanDenial, PruneSagas, SagaAbort, SagaRecord, StepDenial, StepRecord,
+    TxError, TxLog, WriteOutcome,
 };
 pub use observed::{ObservedLog, WriteObserver};
 pub use plan::{

@@ -103,6 +103,23 @@ pub struct BeginStep {
     ///
     /// [`DynTool::duplicate_keys`]: crate::DynTool::duplicate_keys
     pub duplicate_keys: Vec<String>,
+    /// With `duplicate_keys`: the check, in the BEGIN's own transaction, that no step of
+    /// the same tool in another saga declared one of them meanwhile (begun since, and not
+    /// failed), so that two calls repeating one effect at once are not both let through;
+    /// such a step is refused ([`WriteOutcome::Duplicate`]) and nothing of it written.
+    /// `None`: no check (a reversible tool, no window).
+    pub duplicate_check: Option<DuplicateCheck>,
+}
+
+/// What [`BeginStep::duplicate_check`] looks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DuplicateCheck {
+    /// Steps begun since this instant count (ms since the Unix epoch): the start of
+    /// `[limits] duplicate_window`.
+    pub since_ms: i64,
+    /// The earlier step the approval this BEGIN consumes was given over (its saga and
+    /// position), which a person saw beside this call: found again, it does not refuse.
+    pub approved_over: Option<(SagaId, u32)>,
 }
 
 /// One record to write. A batch of them is written in one transaction.
@@ -347,6 +364,12 @@ pub enum WriteOutcome {
     /// written (nor the approval it would have consumed), and a `LockConflict` record names
     /// the holder in the audit chain. The rest of the batch was written.
     Conflict(Box<LockHolder>),
+    /// A `BeginStep` that repeats this earlier step of its tool, found by its
+    /// [`duplicate_check`](BeginStep::duplicate_check) (the newest such step, and not the
+    /// one its approval was given over): nothing of the step was written, nor the approval
+    /// it would have consumed; a person must see both calls first. The rest of the batch
+    /// was written.
+    Duplicate(Box<DuplicateStep>),
     /// A `Prune`: how many sagas, and steps of theirs, were removed (the named sagas that
     /// were no longer prunable were left as they are).
     Pruned {

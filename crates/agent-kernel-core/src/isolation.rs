@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use agent_kernel_api::{
-    BeginStep, DuplicateStep, DynTool, LockHolder, SagaId, ToolContext, ToolError,
+    BeginStep, DuplicateCheck, DuplicateStep, DynTool, LockHolder, SagaId, ToolContext, ToolError,
 };
 use serde_json::Value;
 use tracing::warn;
@@ -78,16 +78,36 @@ impl Kernel {
         tool_id: &str,
         duplicate_keys: &[String],
     ) -> Result<Option<DuplicateStep>, KernelError> {
-        let window_ms = self.tools.limits().duplicate_window_ms;
-        if duplicate_keys.is_empty() || window_ms == 0 {
+        let Some(check) = self.duplicate_check(duplicate_keys, None) else {
             return Ok(None);
-        }
-        let window_ms = i64::try_from(window_ms).unwrap_or(i64::MAX);
-        let since_ms = self.env.clock.now_ms().saturating_sub(window_ms);
+        };
         Ok(self
             .log
-            .duplicate_of(saga_id, tool_id, duplicate_keys, since_ms)
+            .duplicate_of(saga_id, tool_id, duplicate_keys, check.since_ms)
             .await?)
+    }
+
+    /// The check a BEGIN with these duplicate keys makes again in its own transaction
+    /// ([`BeginStep::duplicate_check`]), so that a duplicate begun between the look of
+    /// [`duplicated_step`](Self::duplicated_step) and the BEGIN is caught too; the approval
+    /// the BEGIN consumes, if any, was given over `approved_over`. `None` without keys or
+    /// without a window.
+    ///
+    /// [`BeginStep::duplicate_check`]: agent_kernel_api::BeginStep::duplicate_check
+    pub(crate) fn duplicate_check(
+        &self,
+        duplicate_keys: &[String],
+        approved_over: Option<(SagaId, u32)>,
+    ) -> Option<DuplicateCheck> {
+        let window_ms = self.tools.limits().duplicate_window_ms;
+        if duplicate_keys.is_empty() || window_ms == 0 {
+            return None;
+        }
+        let window_ms = i64::try_from(window_ms).unwrap_or(i64::MAX);
+        Some(DuplicateCheck {
+            since_ms: self.env.clock.now_ms().saturating_sub(window_ms),
+            approved_over,
+        })
     }
 }
 

@@ -39,7 +39,16 @@ pub(crate) fn step_record(
         undo: Undo::none(),
         resources: Vec::new(),
         duplicate_keys: Vec::new(),
+        duplicate_check: None,
     }
+}
+
+/// Why a BEGIN was refused, nothing of its step written.
+enum BeginRefused {
+    /// Another unsettled saga holds this resource.
+    Conflict(LockHolder),
+    /// The call may repeat this step, begun since the look for duplicates.
+    Duplicate(Box<agent_kernel_api::DuplicateStep>),
 }
 
 /// The error of a step the FSM denied.
@@ -305,6 +314,12 @@ impl Kernel {
         let consume = self
             .approve(saga, taking, approved, rest, &declared.duplicate_keys)
             .await?;
+        // The earlier step a person saw beside this call, when the approval it consumes
+        // was asked because of it.
+        let approved_over = consume.as_ref().and_then(|_| {
+            let earlier = unused.as_ref()?.request.duplicate_of.as_ref()?;
+            Some((earlier.saga_id.clone(), earlier.step_seq))
+        });
         let span = info_span!("step", step = taking.step_seq, tool = %taking.step.tool, outcome = field::Empty);
         // Test-only, never in a build you ship: a known bug planted (the effect runs before
         // its intent is logged) so that the simulator can show it finds it.
@@ -313,7 +328,7 @@ impl Kernel {
         #[cfg(not(feature = "sim-plant-begin-after-effect"))]
         let early = None;
         let begin = match self
-            .begin_step(saga, taking, declared, consume, &span)
+            .begin_step(saga, taking, declared, consume, approved_over, rest, &span)
             .await
         {
             Err(Halt::End(mut end)) => {
@@ -552,29 +567,39 @@ impl Kernel {
     /// `[limits] lock_wait_ms` has passed; then the step ends unbegun, as it does for an
     /// approval the log does not vouch for or an idempotency key it will not bind. The BEGIN
     /// as written.
+    #[allow(clippy::too_many_arguments)]
     async fn begin_step(
         &self,
         saga: &mut SagaInFlight,
         taking: &Taking<'_>,
         declared: Declared,
         consume: Option<ConsumeApproval>,
+        approved_over: Option<(SagaId, u32)>,
+        rest: Option<&[PlanStep]>,
         span: &tracing::Span,
     ) -> Result<BeginStep, Halt> {
         let wait_ms = self.tools.limits().lock_wait_ms;
         let started_ms = self.env.clock.now_ms();
         let mut pause = LOCK_POLL_INTERVAL;
         let mut begin = BeginStep {
+            duplicate_check: self.duplicate_check(&declared.duplicate_keys, approved_over),
             resources: declared.resources,
             duplicate_keys: declared.duplicate_keys,
             ..taking.begin.clone()
         };
         loop {
             begin.undo = self.prepare_step(saga, taking, span).await?;
-            let Some(holder) = self
+            let holder = match self
                 .write_begin(saga, taking, &begin, consume.clone())
                 .await?
-            else {
-                return Ok(begin);
+            {
+                None => return Ok(begin),
+                Some(BeginRefused::Conflict(holder)) => holder,
+                Some(BeginRefused::Duplicate(earlier)) => {
+                    return Err(self
+                        .ask_again_for_duplicate(saga, taking, rest, consume, *earlier)
+                        .await?);
+                }
             };
             let elapsed_ms = u64::try_from(self.env.clock.now_ms() - started_ms).unwrap_or(0);
             if elapsed_ms < wait_ms {
@@ -597,14 +622,48 @@ impl Kernel {
         }
     }
 
-    /// One attempt at the BEGIN's write; the holder of a resource it could not claim.
+    /// A BEGIN refused because, between the look for duplicates and its write, a step of
+    /// another saga began that this call may repeat (`earlier`). Without an approval, a
+    /// person is asked, with both calls side by side. With one (given before `earlier`
+    /// began, so its request could not show it), the approval is void and the step refused,
+    /// nothing of it run: a step has one request, so the call is made again to be asked
+    /// with both.
+    async fn ask_again_for_duplicate(
+        &self,
+        saga: &mut SagaInFlight,
+        taking: &Taking<'_>,
+        rest: Option<&[PlanStep]>,
+        consume: Option<ConsumeApproval>,
+        earlier: agent_kernel_api::DuplicateStep,
+    ) -> Result<Halt, KernelError> {
+        let reason = duplicate_reason(taking.tool.as_ref(), &earlier);
+        warn!(saga_id = %saga.saga_id, step_seq = taking.step_seq, tool = %taking.step.tool, %reason, "step refused at its BEGIN: it may repeat a step begun meanwhile");
+        let Some(consume) = consume else {
+            return self
+                .await_approval(saga, taking, rest, &reason, Some(earlier))
+                .await;
+        };
+        let why = format!(
+            "saga {} step {} began after this approval was asked, with the same `{}`: it may repeat that effect, which the request did not show",
+            earlier.saga_id, earlier.step_seq, earlier.key
+        );
+        self.cancel_approval(saga, consume.approval_id.clone(), why.clone());
+        let error = ToolError::denied(format!(
+            "approval {} is void: {why}; nothing ran. Make the call again to be asked with both calls side by side",
+            consume.approval_id
+        ));
+        Ok(taking.refused(saga, error))
+    }
+
+    /// One attempt at the BEGIN's write; why it was refused before anything of the step
+    /// was written: a resource another saga holds, or an earlier step it may repeat.
     async fn write_begin(
         &self,
         saga: &mut SagaInFlight,
         taking: &Taking<'_>,
         begin: &BeginStep,
         consume: Option<ConsumeApproval>,
-    ) -> Result<Option<LockHolder>, Halt> {
+    ) -> Result<Option<BeginRefused>, Halt> {
         let consumes = consume.is_some();
         if let Some(consume) = consume {
             // Used once, in the same transaction as the step's BEGIN.
@@ -629,7 +688,12 @@ impl Kernel {
             Some(WriteOutcome::KeyRejected(reason)) => {
                 Err(taking.failed(ToolError::failed(reason.clone())))
             }
-            Some(WriteOutcome::Conflict(holder)) => Ok(Some((**holder).clone())),
+            Some(WriteOutcome::Conflict(holder)) => {
+                Ok(Some(BeginRefused::Conflict((**holder).clone())))
+            }
+            Some(WriteOutcome::Duplicate(earlier)) => {
+                Ok(Some(BeginRefused::Duplicate(earlier.clone())))
+            }
             _ => Ok(None),
         }
     }

@@ -11,10 +11,12 @@ use serde_json::json;
 
 use crate::LogStore;
 pub use crate::isolation::{
+    a_begin_that_repeats_a_step_begun_meanwhile_is_refused,
     a_duplicate_is_found_by_its_keys_within_the_window, a_refused_claim_leaves_its_approval_unused,
     a_resource_is_held_by_one_unsettled_saga_until_it_settles,
     a_resource_raced_from_several_connections_is_claimed_once, an_undo_claims_its_resources_again,
-    sagas_are_counted_by_state, sagas_are_listed_by_page_and_filter,
+    duplicate_begins_raced_from_several_connections_are_written_once, sagas_are_counted_by_state,
+    sagas_are_listed_by_page_and_filter,
 };
 use agent_kernel_api::{ApprovalDecision, ApprovalStatus};
 

@@ -9,7 +9,9 @@ use agent_kernel_api::{
 };
 
 use crate::LogStore;
-use crate::records::{begin_on, commit, consume, decide, new_saga, set_state, waiting_saga};
+use crate::records::{
+    begin_checked, begin_on, commit, consume, decide, new_saga, set_state, waiting_saga,
+};
 
 async fn locks_of(log: &dyn TxLog, id: &str) -> Vec<String> {
     log.saga(&SagaId::new(id))
@@ -236,26 +238,120 @@ pub async fn a_duplicate_is_found_by_its_keys_within_the_window(store: &dyn LogS
     }
 }
 
-/// Checks that claims of one resource raced from several connections give it to one saga.
-pub async fn a_resource_raced_from_several_connections_is_claimed_once(store: &dyn LogStore) {
-    const RACERS: usize = 4;
+/// Checks that a BEGIN asked to check for duplicates is refused, nothing of its step
+/// written, when another saga's step declared one of its duplicate keys (begun, not yet
+/// committed), unless that is the step its approval was given over; without the check, or
+/// with other keys, it is written.
+pub async fn a_begin_that_repeats_a_step_begun_meanwhile_is_refused(store: &dyn LogStore) {
+    let log = store.open();
+    log.write(vec![
+        new_saga("first"),
+        begin_on("first", 0, &[], &["inv:17"]),
+    ])
+    .await
+    .expect("writes");
+    let outcomes = log
+        .write(vec![
+            new_saga("again"),
+            begin_checked("again", 0, &["inv:17"], None),
+        ])
+        .await
+        .expect("writes");
+    let WriteOutcome::Duplicate(earlier) = &outcomes[1] else {
+        panic!("a duplicate: {outcomes:?}");
+    };
+    assert_eq!(earlier.saga_id, SagaId::new("first"));
+    assert_eq!(earlier.step_seq, 0);
+    assert_eq!(earlier.key, "inv:17");
+    assert_eq!(earlier.status, StepStatus::Begin);
+    let again = log
+        .saga(&SagaId::new("again"))
+        .await
+        .expect("reads")
+        .expect("the rest of the batch was written");
+    assert!(
+        again.steps.is_empty(),
+        "nothing of the refused step: {again:?}"
+    );
+    let found = log
+        .duplicate_of(&SagaId::new("third"), "fs.write", &["inv:17".to_owned()], 0)
+        .await
+        .expect("reads")
+        .expect("found");
+    assert_eq!(
+        found.saga_id,
+        SagaId::new("first"),
+        "the refused step declared nothing"
+    );
+    for (n, write) in [
+        begin_checked("again", 0, &["inv:17"], Some(("first", 0))),
+        begin_checked("again", 1, &["inv:18"], None),
+        begin_on("again", 2, &[], &["inv:17"]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let outcomes = log.write(vec![write]).await.expect("writes");
+        assert!(
+            matches!(outcomes[0], WriteOutcome::Written),
+            "write {n}: {outcomes:?}"
+        );
+    }
+}
+
+/// How many connections race in the checks below.
+const RACERS: usize = 4;
+
+/// The outcomes of the second write of each of [`RACERS`] batches, `batch(n)` for racer
+/// `n`, written at once from connections of their own.
+async fn race(store: &dyn LogStore, batch: fn(usize) -> Vec<LogWrite>) -> Vec<WriteOutcome> {
     let logs: Vec<Arc<dyn TxLog>> = (0..RACERS).map(|_| store.open()).collect();
     let racing: Vec<_> = logs
         .iter()
         .enumerate()
         .map(|(n, log)| {
             let log = Arc::clone(log);
-            tokio::spawn(async move {
-                let id = format!("racer{n}");
-                log.write(vec![new_saga(&id), begin_on(&id, 0, &["acct:shared"], &[])])
-                    .await
-                    .expect("writes")
-            })
+            tokio::spawn(async move { log.write(batch(n)).await.expect("writes") })
         })
         .collect();
-    let mut n_claimed = 0;
+    let mut outcomes = Vec::new();
     for task in racing {
-        match &task.await.expect("the task finished")[1] {
+        outcomes.push(task.await.expect("the task finished")[1].clone());
+    }
+    outcomes
+}
+
+/// Checks that BEGINs raced from several connections, each repeating the others' effect
+/// and asking the log to check, are written once: the others are refused as duplicates.
+pub async fn duplicate_begins_raced_from_several_connections_are_written_once(
+    store: &dyn LogStore,
+) {
+    let outcomes = race(store, |n| {
+        let id = format!("payer{n}");
+        vec![new_saga(&id), begin_checked(&id, 0, &["inv:raced"], None)]
+    })
+    .await;
+    let mut n_written = 0;
+    for outcome in outcomes {
+        match outcome {
+            WriteOutcome::Written => n_written += 1,
+            WriteOutcome::Duplicate(earlier) => assert_eq!(earlier.key, "inv:raced"),
+            other => panic!("a BEGIN or a duplicate: {other:?}"),
+        }
+    }
+    assert_eq!(n_written, 1, "exactly one BEGIN");
+}
+
+/// Checks that claims of one resource raced from several connections give it to one saga.
+pub async fn a_resource_raced_from_several_connections_is_claimed_once(store: &dyn LogStore) {
+    let outcomes = race(store, |n| {
+        let id = format!("racer{n}");
+        vec![new_saga(&id), begin_on(&id, 0, &["acct:shared"], &[])]
+    })
+    .await;
+    let mut n_claimed = 0;
+    for outcome in outcomes {
+        match outcome {
             WriteOutcome::Written => n_claimed += 1,
             WriteOutcome::Conflict(holder) => assert_eq!(holder.resource, "acct:shared"),
             other => panic!("a claim or a conflict: {other:?}"),

@@ -59,6 +59,8 @@ macro_rules! contract_tests {
             an_undo_claims_its_resources_again,
             a_refused_claim_leaves_its_approval_unused,
             a_duplicate_is_found_by_its_keys_within_the_window,
+            a_begin_that_repeats_a_step_begun_meanwhile_is_refused,
+            duplicate_begins_raced_from_several_connections_are_written_once,
             a_resource_raced_from_several_connections_is_claimed_once,
             sagas_are_counted_by_state,
             sagas_are_listed_by_page_and_filter,

@@ -59,6 +59,7 @@ pub fn begin(id: &str, step_seq: u32, key: Option<&str>, hash: &str) -> LogWrite
         },
         resources: Vec::new(),
         duplicate_keys: Vec::new(),
+        duplicate_check: None,
     })
 }
 
@@ -69,6 +70,25 @@ pub fn begin_on(id: &str, step_seq: u32, resources: &[&str], duplicate_keys: &[&
     };
     step.resources = resources.iter().map(|key| (*key).to_owned()).collect();
     step.duplicate_keys = duplicate_keys.iter().map(|key| (*key).to_owned()).collect();
+    LogWrite::BeginStep(step)
+}
+
+/// [`begin_on`] with no resources, declaring `duplicate_keys` and asking the log to check,
+/// in the BEGIN's transaction, that no other saga's step declared one of them, but
+/// `approved_over`'s.
+pub fn begin_checked(
+    id: &str,
+    step_seq: u32,
+    duplicate_keys: &[&str],
+    approved_over: Option<(&str, u32)>,
+) -> LogWrite {
+    let LogWrite::BeginStep(mut step) = begin_on(id, step_seq, &[], duplicate_keys) else {
+        unreachable!("begin begins a step")
+    };
+    step.duplicate_check = Some(agent_kernel_api::DuplicateCheck {
+        since_ms: 0,
+        approved_over: approved_over.map(|(saga, seq)| (SagaId::new(saga), seq)),
+    });
     LogWrite::BeginStep(step)
 }
 

@@ -43,6 +43,7 @@ fn begin(saga_id: &SagaId, step_seq: u32) -> LogWrite {
         // One file of its own per step, as a step of `fs.write` claims.
         resources: vec![format!("file:/workspace/{saga_id}/{step_seq}")],
         duplicate_keys: Vec::new(),
+        duplicate_check: None,
     })
 }
 

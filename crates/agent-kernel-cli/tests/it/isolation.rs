@@ -361,6 +361,78 @@ fn approve_and_resume(project: &Project) {
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
 }
 
+/// Two payments of one invoice, each approved before either began (so neither request
+/// could show the other): the first pays; the second, resumed after, is refused at its
+/// BEGIN (exit 4), its approval void and nothing of it run; made again, it waits for a
+/// person who sees both calls.
+#[test]
+fn two_payments_of_one_invoice_approved_before_either_began_pay_once() {
+    let project = Project::new();
+    fs::write(project.path("pay.py"), PAY_PY).expect("writes");
+    fs::write(project.path("tools.toml"), SHOP_TOOLS).expect("writes");
+    let mut sagas = Vec::new();
+    let mut plans = Vec::new();
+    for (name, memo) in [
+        ("a.json", "invoice 21"),
+        ("b.json", "pay Bob for invoice 21"),
+    ] {
+        let plan = payment(&project, name, "shop.pay", 21, memo);
+        let output = project.run(&["run", "--no-wait", "--plan", &plan]);
+        assert_eq!(output.status.code(), Some(5), "{}", describe(&output));
+        sagas.push(project.latest_saga().expect("waits").0);
+        plans.push(plan);
+    }
+    let (code, pending) = project.run_json(&["approvals"]);
+    assert_eq!(code, 0, "{pending}");
+    let pending = pending["approvals"].as_array().expect("approvals").clone();
+    assert_eq!(pending.len(), 2, "{pending:?}");
+    let request_of = |saga: &str| {
+        pending
+            .iter()
+            .find(|request| request["saga_id"] == saga)
+            .and_then(|request| request["id"].as_str())
+            .expect("a request of each saga")
+            .to_owned()
+    };
+    for saga in &sagas {
+        let id = request_of(saga);
+        let (code, shown) = project.run_json(&["approvals", "--show", &id]);
+        assert_eq!(code, 0, "{shown}");
+        assert_eq!(
+            shown["duplicate_of"],
+            Value::Null,
+            "neither has begun: {shown}"
+        );
+        let output = project.run(&["approve", &id]);
+        assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    }
+    let output = project.run(&["resume", "--saga", &sagas[0]]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let output = project.run(&["resume", "--saga", &sagas[1]]);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    let said = describe(&output);
+    assert!(said.contains("is void"), "{said}");
+    assert!(said.contains(sagas[0].as_str()), "{said}");
+    let (code, voided) = project.run_json(&["approvals", "--show", &request_of(&sagas[1])]);
+    assert_eq!(code, 0, "{voided}");
+    assert_eq!(voided["status"], "cancelled", "{voided}");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/acct-bob.txt")).expect("reads"),
+        "100 invoice 21\n",
+        "paid once"
+    );
+    // Made again, it waits for a person, who now sees the payment it may repeat.
+    let output = project.run(&["run", "--no-wait", "--plan", &plans[1]]);
+    assert_eq!(output.status.code(), Some(5), "{}", describe(&output));
+    let request = pending_request(&project);
+    assert_eq!(
+        request["duplicate_of"]["saga_id"],
+        sagas[0].as_str(),
+        "{request}"
+    );
+    assert_eq!(request["duplicate_of"]["key"], "invoice:21", "{request}");
+}
+
 #[test]
 fn a_regenerated_payment_waits_for_a_person_who_sees_both_calls() {
     let project = Project::new();

@@ -187,6 +187,7 @@ async fn a_dry_run_is_recorded_claims_no_key_and_is_never_compensated() {
         undo: agent_kernel_api::Undo::none(),
         resources: Vec::new(),
         duplicate_keys: Vec::new(),
+        duplicate_check: None,
     };
     log.write(vec![
         agent_kernel_api::LogWrite::CreateSaga(agent_kernel_api::NewSaga {

@@ -60,8 +60,18 @@ fn held_by_another(
     Ok(holder_of(conn, resource)?.filter(|holder| holder.saga_id != *saga_id))
 }
 
-/// Claims the resources of each `BeginStep` of `batch`, before anything of the batch is
-/// applied; the holder refusing each step that could not claim one, by the step's saga and
+/// Why a `BeginStep` was refused before anything of its batch was applied.
+#[derive(Debug)]
+pub(super) enum Refusal {
+    /// Another unsettled saga holds one of its resources.
+    Conflict(LockHolder),
+    /// It repeats this earlier step of its tool ([`BeginStep::duplicate_check`]).
+    Duplicate(DuplicateStep),
+}
+
+/// Checks each `BeginStep` of `batch` for a duplicate ([`BeginStep::duplicate_check`]) and
+/// claims its resources, before anything of the batch is applied; the refusal of each step
+/// that repeats an earlier one or could not claim a resource, by the step's saga and
 /// position (nothing of that step's claim is kept, and the approval it would consume is
 /// left unused too). A step whose idempotency key is refused claims nothing: it is recorded
 /// `FAIL` as before.
@@ -72,18 +82,26 @@ pub(super) fn claim_or_refuse(
     conn: &dyn Db,
     batch: &[LogWrite],
     now_ms: i64,
-) -> Result<Vec<(SagaId, u32, LockHolder)>, TxError> {
+) -> Result<Vec<(SagaId, u32, Refusal)>, TxError> {
     let mut refused = Vec::new();
     for write in batch {
         let LogWrite::BeginStep(step) = write else {
             continue;
         };
-        if step.resources.is_empty() {
+        if step.resources.is_empty() && step.duplicate_check.is_none() {
             continue;
         }
         if let Some(key) = &step.idempotency_key
             && claim_key(conn, key, step)?.is_some()
         {
+            continue;
+        }
+        if let Some(earlier) = repeated(conn, step)? {
+            refused.push((
+                step.saga_id.clone(),
+                step.step_seq,
+                Refusal::Duplicate(earlier),
+            ));
             continue;
         }
         let mut claimed: Vec<&String> = Vec::new();
@@ -103,10 +121,37 @@ pub(super) fn claim_or_refuse(
                 conn.execute("DELETE FROM locks WHERE resource = ?1", params![resource])
                     .map_err(storage)?;
             }
-            refused.push((step.saga_id.clone(), step.step_seq, holder));
+            refused.push((
+                step.saga_id.clone(),
+                step.step_seq,
+                Refusal::Conflict(holder),
+            ));
         }
     }
     Ok(refused)
+}
+
+/// The earlier step `step` repeats, by its [`duplicate_check`](BeginStep::duplicate_check):
+/// the newest step of its tool in another saga, begun since the check's instant and not
+/// failed, that declared one of its duplicate keys, unless it is the one the step's
+/// approval was given over.
+fn repeated(conn: &dyn Db, step: &BeginStep) -> Result<Option<DuplicateStep>, TxError> {
+    let Some(check) = &step.duplicate_check else {
+        return Ok(None);
+    };
+    if step.duplicate_keys.is_empty() {
+        return Ok(None);
+    }
+    let newest = duplicate_of(
+        conn,
+        &step.saga_id,
+        &step.tool_id,
+        &step.duplicate_keys,
+        check.since_ms,
+    )?;
+    Ok(newest.filter(|earlier| {
+        check.approved_over.as_ref() != Some(&(earlier.saga_id.clone(), earlier.step_seq))
+    }))
 }
 
 /// Claims `resource` for step `step_seq` of `saga_id` unless someone holds it (the saga

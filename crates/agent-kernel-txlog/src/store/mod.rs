@@ -172,8 +172,8 @@ pub(crate) fn apply_chained(
 /// step would consume.
 fn refused_claim<'r>(
     write: &LogWrite,
-    refused: &'r [(SagaId, u32, agent_kernel_api::LockHolder)],
-) -> Option<&'r agent_kernel_api::LockHolder> {
+    refused: &'r [(SagaId, u32, locks::Refusal)],
+) -> Option<&'r locks::Refusal> {
     let (saga_id, step_seq) = match write {
         LogWrite::BeginStep(step) => (&step.saga_id, step.step_seq),
         LogWrite::ConsumeApproval(consume) => (&consume.saga_id, consume.step_seq),
@@ -185,9 +185,21 @@ fn refused_claim<'r>(
         .map(|(_, _, holder)| holder)
 }
 
-/// A write left unapplied because its step's claim was refused: the step's `LockConflict`
-/// record; nothing for the approval it would have consumed.
-fn refused_step<'w>(write: &'w LogWrite, holder: &agent_kernel_api::LockHolder) -> Applied<'w> {
+/// A write left unapplied because its step was refused: for a conflict, the step's
+/// `LockConflict` record; nothing for a duplicate (the request for approval that follows
+/// names the earlier step), nor for the approval it would have consumed.
+fn refused_step<'w>(write: &'w LogWrite, refusal: &locks::Refusal) -> Applied<'w> {
+    let holder = match refusal {
+        locks::Refusal::Conflict(holder) => holder,
+        locks::Refusal::Duplicate(earlier) => {
+            return Applied {
+                outcome: WriteOutcome::Duplicate(Box::new(earlier.clone())),
+                kind: None,
+                saga_id: None,
+                body: String::new(),
+            };
+        }
+    };
     let outcome = WriteOutcome::Conflict(Box::new(holder.clone()));
     match write {
         LogWrite::BeginStep(step) => Applied {

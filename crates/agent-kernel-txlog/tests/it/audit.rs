@@ -107,6 +107,7 @@ fn step(rng: &mut Rng, saga: &str, step_seq: u32, key: Option<String>) -> BeginS
         } else {
             Vec::new()
         },
+        duplicate_check: None,
     }
 }
 
