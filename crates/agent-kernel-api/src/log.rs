@@ -114,11 +114,12 @@ pub struct BeginStep {
 /// What [`BeginStep::duplicate_check`] looks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DuplicateCheck {
-    /// Steps begun since this instant count (ms since the Unix epoch): the start of
-    /// `[limits] duplicate_window`.
+    /// Steps begun at or after this instant count (ms since the Unix epoch): the start of
+    /// `[limits] duplicate_window`, or, for a BEGIN that consumes an approval, when its
+    /// request was asked, if later (what began before, the request was made knowing).
     pub since_ms: i64,
     /// The earlier step the approval this BEGIN consumes was given over (its saga and
-    /// position), which a person saw beside this call: found again, it does not refuse.
+    /// position), which a person saw beside this call: it never counts.
     pub approved_over: Option<(SagaId, u32)>,
 }
 

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use agent_kernel_api::{
-    BeginStep, DuplicateCheck, DuplicateStep, DynTool, LockHolder, SagaId, ToolContext, ToolError,
+    ApprovalRequest, BeginStep, DuplicateCheck, DuplicateStep, DynTool, LockHolder, SagaId,
+    ToolContext, ToolError,
 };
 use serde_json::Value;
 use tracing::warn;
@@ -89,24 +90,30 @@ impl Kernel {
 
     /// The check a BEGIN with these duplicate keys makes again in its own transaction
     /// ([`BeginStep::duplicate_check`]), so that a duplicate begun between the look of
-    /// [`duplicated_step`](Self::duplicated_step) and the BEGIN is caught too; the approval
-    /// the BEGIN consumes, if any, was given over `approved_over`. `None` without keys or
-    /// without a window.
+    /// [`duplicated_step`](Self::duplicated_step) and the BEGIN is caught too. With the
+    /// approval the BEGIN consumes (`approved`, its request), only what began since the
+    /// request was asked counts (the request showed the newest step before), and never the
+    /// step it was given over. `None` without keys or without a window.
     ///
     /// [`BeginStep::duplicate_check`]: agent_kernel_api::BeginStep::duplicate_check
     pub(crate) fn duplicate_check(
         &self,
         duplicate_keys: &[String],
-        approved_over: Option<(SagaId, u32)>,
+        approved: Option<&ApprovalRequest>,
     ) -> Option<DuplicateCheck> {
         let window_ms = self.tools.limits().duplicate_window_ms;
         if duplicate_keys.is_empty() || window_ms == 0 {
             return None;
         }
         let window_ms = i64::try_from(window_ms).unwrap_or(i64::MAX);
+        let window_start = self.env.clock.now_ms().saturating_sub(window_ms);
         Some(DuplicateCheck {
-            since_ms: self.env.clock.now_ms().saturating_sub(window_ms),
-            approved_over,
+            since_ms: approved.map_or(window_start, |request| {
+                window_start.max(request.requested_at_ms)
+            }),
+            approved_over: approved
+                .and_then(|request| request.duplicate_of.as_ref())
+                .map(|earlier| (earlier.saga_id.clone(), earlier.step_seq)),
         })
     }
 }

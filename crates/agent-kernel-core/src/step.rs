@@ -314,12 +314,15 @@ impl Kernel {
         let consume = self
             .approve(saga, taking, approved, rest, &declared.duplicate_keys)
             .await?;
-        // The earlier step a person saw beside this call, when the approval it consumes
-        // was asked because of it.
-        let approved_over = consume.as_ref().and_then(|_| {
-            let earlier = unused.as_ref()?.request.duplicate_of.as_ref()?;
-            Some((earlier.saga_id.clone(), earlier.step_seq))
-        });
+        // The request of the approval the BEGIN consumes, and whether this position has
+        // one at all (a call refused by a conflict leaves its approval to the position).
+        let consumed = consume
+            .as_ref()
+            .and(unused.as_ref())
+            .map(|approval| approval.request.clone());
+        let position_asked = unused
+            .as_ref()
+            .is_some_and(|approval| approval.request.step_seq == taking.step_seq);
         let span = info_span!("step", step = taking.step_seq, tool = %taking.step.tool, outcome = field::Empty);
         // Test-only, never in a build you ship: a known bug planted (the effect runs before
         // its intent is logged) so that the simulator can show it finds it.
@@ -328,7 +331,14 @@ impl Kernel {
         #[cfg(not(feature = "sim-plant-begin-after-effect"))]
         let early = None;
         let begin = match self
-            .begin_step(saga, taking, declared, consume, approved_over, rest, &span)
+            .begin_step(
+                saga,
+                taking,
+                declared,
+                (consume, consumed.as_ref(), position_asked),
+                rest,
+                &span,
+            )
             .await
         {
             Err(Halt::End(mut end)) => {
@@ -567,22 +577,24 @@ impl Kernel {
     /// `[limits] lock_wait_ms` has passed; then the step ends unbegun, as it does for an
     /// approval the log does not vouch for or an idempotency key it will not bind. The BEGIN
     /// as written.
-    #[allow(clippy::too_many_arguments)]
+    ///
+    /// `approval` is the approval the BEGIN consumes, its request, and whether the step's
+    /// position has a request at all.
     async fn begin_step(
         &self,
         saga: &mut SagaInFlight,
         taking: &Taking<'_>,
         declared: Declared,
-        consume: Option<ConsumeApproval>,
-        approved_over: Option<(SagaId, u32)>,
+        approval: (Option<ConsumeApproval>, Option<&ApprovalRequest>, bool),
         rest: Option<&[PlanStep]>,
         span: &tracing::Span,
     ) -> Result<BeginStep, Halt> {
+        let (consume, consumed, position_asked) = approval;
         let wait_ms = self.tools.limits().lock_wait_ms;
         let started_ms = self.env.clock.now_ms();
         let mut pause = LOCK_POLL_INTERVAL;
         let mut begin = BeginStep {
-            duplicate_check: self.duplicate_check(&declared.duplicate_keys, approved_over),
+            duplicate_check: self.duplicate_check(&declared.duplicate_keys, consumed),
             resources: declared.resources,
             duplicate_keys: declared.duplicate_keys,
             ..taking.begin.clone()
@@ -597,7 +609,13 @@ impl Kernel {
                 Some(BeginRefused::Conflict(holder)) => holder,
                 Some(BeginRefused::Duplicate(earlier)) => {
                     return Err(self
-                        .ask_again_for_duplicate(saga, taking, rest, consume, *earlier)
+                        .stopped_as_duplicate(
+                            saga,
+                            taking,
+                            rest,
+                            (consume, position_asked),
+                            *earlier,
+                        )
                         .await?);
                 }
             };
@@ -627,18 +645,26 @@ impl Kernel {
     /// person is asked, with both calls side by side. With one (given before `earlier`
     /// began, so its request could not show it), the approval is void and the step refused,
     /// nothing of it run: a step has one request, so the call is made again to be asked
-    /// with both.
-    async fn ask_again_for_duplicate(
+    /// with both; so is a step whose position has a request already (`approval.1`: an
+    /// earlier call there met a conflict).
+    async fn stopped_as_duplicate(
         &self,
         saga: &mut SagaInFlight,
         taking: &Taking<'_>,
         rest: Option<&[PlanStep]>,
-        consume: Option<ConsumeApproval>,
+        approval: (Option<ConsumeApproval>, bool),
         earlier: agent_kernel_api::DuplicateStep,
     ) -> Result<Halt, KernelError> {
+        let (consume, position_asked) = approval;
         let reason = duplicate_reason(taking.tool.as_ref(), &earlier);
-        warn!(saga_id = %saga.saga_id, step_seq = taking.step_seq, tool = %taking.step.tool, %reason, "step refused at its BEGIN: it may repeat a step begun meanwhile");
+        warn!(saga_id = %saga.saga_id, step_seq = taking.step_seq, tool = %taking.step.tool, %reason, "step stopped at its BEGIN: it may repeat a step begun meanwhile");
         let Some(consume) = consume else {
+            if position_asked {
+                let error = ToolError::denied(format!(
+                    "{reason}; this step's position has a request for another call already, so none can be asked here: nothing ran. Make the call again to be asked with both calls side by side"
+                ));
+                return Ok(taking.refused(saga, error));
+            }
             return self
                 .await_approval(saga, taking, rest, &reason, Some(earlier))
                 .await;

@@ -240,8 +240,8 @@ pub async fn a_duplicate_is_found_by_its_keys_within_the_window(store: &dyn LogS
 
 /// Checks that a BEGIN asked to check for duplicates is refused, nothing of its step
 /// written, when another saga's step declared one of its duplicate keys (begun, not yet
-/// committed), unless that is the step its approval was given over; without the check, or
-/// with other keys, it is written.
+/// committed), but the step its approval was given over, which hides no other; without
+/// the check, or with other keys, it is written.
 pub async fn a_begin_that_repeats_a_step_begun_meanwhile_is_refused(store: &dyn LogStore) {
     let log = store.open();
     log.write(vec![
@@ -297,6 +297,25 @@ pub async fn a_begin_that_repeats_a_step_begun_meanwhile_is_refused(store: &dyn 
             "write {n}: {outcomes:?}"
         );
     }
+    // The step an approval was given over hides no other: with `first`, `again` and
+    // `second` begun, an approval over `second` is refused for one of the others.
+    log.write(vec![
+        new_saga("second"),
+        begin_on("second", 0, &[], &["inv:17"]),
+    ])
+    .await
+    .expect("writes");
+    let outcomes = log
+        .write(vec![
+            new_saga("third"),
+            begin_checked("third", 0, &["inv:17"], Some(("second", 0))),
+        ])
+        .await
+        .expect("writes");
+    let WriteOutcome::Duplicate(earlier) = &outcomes[1] else {
+        panic!("a duplicate: {outcomes:?}");
+    };
+    assert_ne!(earlier.saga_id, SagaId::new("second"), "{earlier:?}");
 }
 
 /// How many connections race in the checks below.

@@ -431,6 +431,93 @@ fn two_payments_of_one_invoice_approved_before_either_began_pay_once() {
         "{request}"
     );
     assert_eq!(request["duplicate_of"]["key"], "invoice:21", "{request}");
+    // Approved over the payment it shows, it pays: a person chose to pay twice.
+    approve_and_resume(&project);
+    assert_eq!(
+        fs::read_to_string(project.path("ws/acct-bob.txt")).expect("reads"),
+        "100 invoice 21\n100 pay Bob for invoice 21\n"
+    );
+}
+
+/// A charge that looked for an earlier payment of its invoice, found none, and then waited
+/// for its account (`lock_wait_ms`) while the same invoice was charged to another account:
+/// when it holds the account, its BEGIN finds that charge, and it waits for a person shown
+/// both calls instead of charging the invoice twice.
+#[test]
+fn a_charge_that_waited_for_its_account_is_asked_about_when_its_invoice_was_charged_meanwhile() {
+    let project = Project::new();
+    fs::write(
+        project.path("sandbox.toml"),
+        "[fs]\nallow = [\"ws\"]\n\n[limits]\nlock_wait_ms = 30000\n",
+    )
+    .expect("writes policy");
+    fs::write(project.path("pay.py"), PAY_PY).expect("writes");
+    fs::write(project.path("tools.toml"), SHOP_TOOLS).expect("writes");
+    let charge = |account: &str, invoice: u32, memo: &str| {
+        json!({"tool": "shop.charge", "args": {
+            "account": account, "amount": 100, "invoice": invoice, "memo": memo,
+        }})
+    };
+    // Bob's account held: a charge of another invoice, then a pause.
+    let hold = plan_of(
+        &project,
+        "hold.json",
+        json!([charge("bob", 90, "invoice 90"), {"tool": "noop", "args": {"sleep_ms": 5000}}]),
+    );
+    let mut holder = spawn_run(&project, &hold);
+    wait_until("the holder's charge never landed", || {
+        project.path("ws/acct-bob.txt").exists()
+    });
+    let (held_by, _) = project.latest_saga().expect("the holder's saga");
+    // Invoice 30 charged to Bob: no earlier charge when it looks; then it waits for Bob.
+    let waiting = plan_of(
+        &project,
+        "bob30.json",
+        json!([charge("bob", 30, "invoice 30")]),
+    );
+    let waiter = project
+        .command(&["run", "--no-wait", "--plan", &waiting])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawns");
+    // Its claim refused once, it has looked for an earlier charge and is waiting.
+    wait_until("the second charge never met the holder", || {
+        project.latest_saga().is_some_and(|(saga, _)| {
+            saga != held_by
+                && record(&project, &saga)["conflicts"]
+                    .as_array()
+                    .is_some_and(|conflicts| !conflicts.is_empty())
+        })
+    });
+    // Meanwhile invoice 30 is charged to Carol, whose account nothing holds.
+    let meanwhile = plan_of(
+        &project,
+        "carol30.json",
+        json!([charge("carol", 30, "pay invoice 30")]),
+    );
+    let output = project.run(&["run", "--no-wait", "--plan", &meanwhile]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let (charged, _) = project.latest_saga().expect("Carol's charge");
+    assert_eq!(holder.wait().expect("the holder ends").code(), Some(0));
+    let output = waiter.wait_with_output().expect("the waiter ends");
+    assert_eq!(output.status.code(), Some(5), "{}", describe(&output));
+    let request = pending_request(&project);
+    assert_eq!(
+        request["duplicate_of"]["saga_id"],
+        charged.as_str(),
+        "{request}"
+    );
+    assert_eq!(request["duplicate_of"]["key"], "invoice:30", "{request}");
+    assert_eq!(
+        fs::read_to_string(project.path("ws/acct-bob.txt")).expect("reads"),
+        "100 invoice 90\n",
+        "invoice 30 not charged to Bob too"
+    );
+    assert_eq!(
+        fs::read_to_string(project.path("ws/acct-carol.txt")).expect("reads"),
+        "100 pay invoice 30\n"
+    );
 }
 
 #[test]

@@ -132,26 +132,21 @@ pub(super) fn claim_or_refuse(
 }
 
 /// The earlier step `step` repeats, by its [`duplicate_check`](BeginStep::duplicate_check):
-/// the newest step of its tool in another saga, begun since the check's instant and not
-/// failed, that declared one of its duplicate keys, unless it is the one the step's
-/// approval was given over.
+/// the newest step of its tool in another saga, begun at or after the check's instant and
+/// not failed, that declared one of its duplicate keys, but the one the step's approval
+/// was given over.
 fn repeated(conn: &dyn Db, step: &BeginStep) -> Result<Option<DuplicateStep>, TxError> {
     let Some(check) = &step.duplicate_check else {
         return Ok(None);
     };
-    if step.duplicate_keys.is_empty() {
-        return Ok(None);
-    }
-    let newest = duplicate_of(
+    newest_duplicate(
         conn,
         &step.saga_id,
         &step.tool_id,
         &step.duplicate_keys,
         check.since_ms,
-    )?;
-    Ok(newest.filter(|earlier| {
-        check.approved_over.as_ref() != Some(&(earlier.saga_id.clone(), earlier.step_seq))
-    }))
+        check.approved_over.as_ref(),
+    )
 }
 
 /// Claims `resource` for step `step_seq` of `saga_id` unless someone holds it (the saga
@@ -387,8 +382,24 @@ pub(crate) fn duplicate_of(
     keys: &[String],
     since_ms: i64,
 ) -> Result<Option<DuplicateStep>, TxError> {
+    newest_duplicate(conn, saga_id, tool_id, keys, since_ms, None)
+}
+
+/// [`duplicate_of`], never finding `except` (a saga and a position); of steps begun in the
+/// same millisecond, the greatest saga id and position is the newest.
+fn newest_duplicate(
+    conn: &dyn Db,
+    saga_id: &SagaId,
+    tool_id: &str,
+    keys: &[String],
+    since_ms: i64,
+    except: Option<&(SagaId, u32)>,
+) -> Result<Option<DuplicateStep>, TxError> {
     let mut newest: Option<DuplicateStep> = None;
     let fail = StepStatus::Fail.as_str();
+    // A step no saga has: nothing is excepted.
+    let (except_saga, except_seq) =
+        except.map_or(("", -1), |(saga, seq)| (saga.as_str(), i64::from(*seq)));
     for key in keys {
         let found = conn
             .query_row(
@@ -398,9 +409,17 @@ pub(crate) fn duplicate_of(
                      JOIN saga_steps s ON s.saga_id = k.saga_id AND s.step_seq = k.step_seq
                      WHERE k.kind = '{KEY_DUPLICATE}' AND k.key = ?1 AND s.tool_id = ?2
                          AND s.saga_id <> ?3 AND s.created_at_ms >= ?4 AND s.status <> '{fail}'
-                     ORDER BY s.created_at_ms DESC LIMIT 1"
+                         AND NOT (s.saga_id = ?5 AND s.step_seq = ?6)
+                     ORDER BY s.created_at_ms DESC, s.saga_id DESC, s.step_seq DESC LIMIT 1"
                 ),
-                params![key, tool_id, saga_id.as_str(), since_ms],
+                params![
+                    key,
+                    tool_id,
+                    saga_id.as_str(),
+                    since_ms,
+                    except_saga,
+                    except_seq
+                ],
                 |row| {
                     Ok((
                         row.get::<_, String>(0)?,
@@ -416,7 +435,10 @@ pub(crate) fn duplicate_of(
         let Some((found_saga, step_seq, args, status, at_ms)) = found else {
             continue;
         };
-        if newest.as_ref().is_some_and(|newest| newest.at_ms >= at_ms) {
+        if newest.as_ref().is_some_and(|newest| {
+            (newest.at_ms, newest.saga_id.as_str(), newest.step_seq)
+                >= (at_ms, found_saga.as_str(), step_seq)
+        }) {
             continue;
         }
         newest = Some(DuplicateStep {
