@@ -99,10 +99,9 @@ pub use entry::{Compensate, DynTool, Misdeclaration, Probe, Tool, ToolEntry};
 pub use files::{Files, NoFiles};
 pub use list::{SagaListing, SagaQuery, SagaSummary};
 pub use log::{
-    AbortCause, AuditEvent, BeginStep, CallRefusal, ConflictRecord, DuplicateCheck, DuplicateStep,
-    KeyBinding, LeaseStatus, LogWrite, NewSaga, OperatorCommand, Owner, PRUNE_IDS_BYTES_MAX,
-    PRUNE_SAGAS_MAX, PlanDenial, PruneSagas, SagaAbort, SagaRecord, StepDenial, StepRecord,
-    TxError, TxLog, WriteOutcome,
+    AbortCause, AuditEvent, BeginStep, CallRefusal, ConflictRecord, KeyBinding, LeaseStatus,
+    LogWrite, NewSaga, OperatorCommand, Owner, PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX, PlanDenial,
+    PruneSagas, SagaAbort, SagaRecord, StepDenial, StepRecord, TxError, TxLog, WriteOutcome,
 };
 pub use observed::{ObservedLog, WriteObserver};
 pub use plan::{
@@ -110,8 +109,9 @@ pub use plan::{
     PlanStep,
 };
 pub use resource::{
-    KeyTemplate, KeyTemplateError, LockHolder, MAX_RESOURCE_KEY_BYTES, MAX_RESOURCES_PER_STEP,
-    file_resource, parse_templates, template_keys, tool_resource,
+    DuplicateCheck, DuplicateStep, KeyTemplate, KeyTemplateError, LockHolder,
+    MAX_RESOURCE_KEY_BYTES, MAX_RESOURCES_PER_STEP, file_resource, parse_templates, template_keys,
+    tool_resource,
 };
 pub use reversibility::{
     DEFAULT_UNDO_WINDOW_MS, MAX_UNDO_WINDOW_MS, Reversibility, UndoWindow, not_a_duration,

@@ -6,8 +6,8 @@ use serde_json::Value;
 use crate::list::{SagaListing, SagaQuery, SagaSummary};
 use crate::{
     ApprovalRecord, ApprovalRequest, ApprovalStatus, BoxFuture, ConsumeApproval, DeadLetter,
-    DeadLetterStatus, DecideApproval, EffectClass, LockHolder, RecordDeadLetter, SagaId, SagaState,
-    SettleDeadLetter, StepStatus, ToolError, ToolOutput, Undo,
+    DeadLetterStatus, DecideApproval, DuplicateCheck, DuplicateStep, EffectClass, LockHolder,
+    RecordDeadLetter, SagaId, SagaState, SettleDeadLetter, StepStatus, ToolError, ToolOutput, Undo,
 };
 
 /// The process that owns a running saga, recorded so that recovery can decide reliably
@@ -109,18 +109,6 @@ pub struct BeginStep {
     /// such a step is refused ([`WriteOutcome::Duplicate`]) and nothing of it written.
     /// `None`: no check (a reversible tool, no window).
     pub duplicate_check: Option<DuplicateCheck>,
-}
-
-/// What [`BeginStep::duplicate_check`] looks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DuplicateCheck {
-    /// Steps begun at or after this instant count (ms since the Unix epoch): the start of
-    /// `[limits] duplicate_window`, or, for a BEGIN that consumes an approval, when its
-    /// request was asked, if later (what began before, the request was made knowing).
-    pub since_ms: i64,
-    /// The earlier step the approval this BEGIN consumes was given over (its saga and
-    /// position), which a person saw beside this call: it never counts.
-    pub approved_over: Option<(SagaId, u32)>,
 }
 
 /// One record to write. A batch of them is written in one transaction.
@@ -497,25 +485,6 @@ pub struct ConflictRecord {
     pub holder_saga_id: SagaId,
     /// That saga's state then.
     pub holder_state: SagaState,
-}
-
-/// A step an irreversible call duplicates ([`TxLog::duplicate_of`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DuplicateStep {
-    /// Its saga.
-    pub saga_id: SagaId,
-    /// Its position.
-    pub step_seq: u32,
-    /// Its tool.
-    pub tool_id: String,
-    /// Its arguments, as they ran.
-    pub args: Value,
-    /// Its status.
-    pub status: StepStatus,
-    /// The key the two calls share.
-    pub key: String,
-    /// When it began, in ms since the Unix epoch.
-    pub at_ms: i64,
 }
 
 /// Why the log could not do what was asked.

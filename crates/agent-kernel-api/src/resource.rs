@@ -5,11 +5,11 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json_path::JsonPath;
 
-use crate::{Owner, SagaId, SagaState};
+use crate::{Owner, SagaId, SagaState, StepStatus};
 
 /// The most resource keys one call may claim.
 pub const MAX_RESOURCES_PER_STEP: usize = 64;
@@ -222,4 +222,35 @@ mod tests {
             vec!["b"]
         );
     }
+}
+
+/// A step an irreversible call duplicates ([`TxLog::duplicate_of`](crate::TxLog::duplicate_of)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DuplicateStep {
+    /// Its saga.
+    pub saga_id: SagaId,
+    /// Its position.
+    pub step_seq: u32,
+    /// Its tool.
+    pub tool_id: String,
+    /// Its arguments, as they ran.
+    pub args: Value,
+    /// Its status.
+    pub status: StepStatus,
+    /// The key the two calls share.
+    pub key: String,
+    /// When it began, in ms since the Unix epoch.
+    pub at_ms: i64,
+}
+
+/// What [`BeginStep::duplicate_check`](crate::BeginStep::duplicate_check) looks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DuplicateCheck {
+    /// Steps begun at or after this instant count (ms since the Unix epoch): the start of
+    /// `[limits] duplicate_window`, or, for a BEGIN that consumes an approval, when its
+    /// request was asked, if later (what began before, the request was made knowing).
+    pub since_ms: i64,
+    /// The earlier step the approval this BEGIN consumes was given over (its saga and
+    /// position), which a person saw beside this call: it never counts.
+    pub approved_over: Option<(SagaId, u32)>,
 }

@@ -28,6 +28,24 @@ use crate::report::{Failure, Observer, SagaReport};
 use crate::{Cancellation, KernelError};
 
 impl Kernel {
+    /// Queues the cancellation of approval `approval_id`, which its step will not use, with
+    /// `reason`, decided by this process.
+    pub(crate) fn cancel_approval(
+        &self,
+        saga: &mut SagaInFlight,
+        approval_id: String,
+        reason: String,
+    ) {
+        saga.pending.push(LogWrite::DecideApproval(DecideApproval {
+            approval_id,
+            decision: ApprovalDecision::Cancel,
+            by: self.env.owner.clone(),
+            uid: self.operator_uid(),
+            user: Some("agent-kernel (the approval could not be used)".to_owned()),
+            note: Some(reason),
+        }));
+    }
+
     /// Why the step of `tool_id` needs an approval, or `None`.
     pub(crate) fn approval_reason(&self, tool_id: &str, tool: &dyn DynTool) -> Option<String> {
         self.approvals.reason_for(tool_id, tool)

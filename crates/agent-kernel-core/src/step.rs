@@ -4,9 +4,9 @@
 //! next and what is known about the one after it.
 
 use agent_kernel_api::{
-    ApprovalDecision, ApprovalRecord, ApprovalRequest, BeginStep, ConsumeApproval, DecideApproval,
-    DynTool, EffectClass, KeyBinding, LockHolder, LogWrite, PlanStep, SagaId, SagaState,
-    StepDenial, StepStatus, ToolContext, ToolError, ToolOutput, TxError, Undo, WriteOutcome,
+    ApprovalRecord, ApprovalRequest, BeginStep, ConsumeApproval, DynTool, EffectClass, KeyBinding,
+    LockHolder, LogWrite, PlanStep, SagaId, SagaState, StepDenial, StepStatus, ToolContext,
+    ToolError, ToolOutput, TxError, Undo, WriteOutcome,
 };
 use agent_kernel_fsm::{Denial, Event, Facts, Guardrail, Rule};
 use std::time::Duration;
@@ -314,15 +314,6 @@ impl Kernel {
         let consume = self
             .approve(saga, taking, approved, rest, &declared.duplicate_keys)
             .await?;
-        // The request of the approval the BEGIN consumes, and whether this position has
-        // one at all (a call refused by a conflict leaves its approval to the position).
-        let consumed = consume
-            .as_ref()
-            .and(unused.as_ref())
-            .map(|approval| approval.request.clone());
-        let position_asked = unused
-            .as_ref()
-            .is_some_and(|approval| approval.request.step_seq == taking.step_seq);
         let span = info_span!("step", step = taking.step_seq, tool = %taking.step.tool, outcome = field::Empty);
         // Test-only, never in a build you ship: a known bug planted (the effect runs before
         // its intent is logged) so that the simulator can show it finds it.
@@ -335,7 +326,7 @@ impl Kernel {
                 saga,
                 taking,
                 declared,
-                (consume, consumed.as_ref(), position_asked),
+                (consume, unused.as_ref()),
                 rest,
                 &span,
             )
@@ -578,18 +569,21 @@ impl Kernel {
     /// approval the log does not vouch for or an idempotency key it will not bind. The BEGIN
     /// as written.
     ///
-    /// `approval` is the approval the BEGIN consumes, its request, and whether the step's
-    /// position has a request at all.
+    /// `approval` is the approval the BEGIN consumes, if any, and the saga's approval for
+    /// its current step, if it has one (consumed or not).
     async fn begin_step(
         &self,
         saga: &mut SagaInFlight,
         taking: &Taking<'_>,
         declared: Declared,
-        approval: (Option<ConsumeApproval>, Option<&ApprovalRequest>, bool),
+        approval: (Option<ConsumeApproval>, Option<&ApprovalRecord>),
         rest: Option<&[PlanStep]>,
         span: &tracing::Span,
     ) -> Result<BeginStep, Halt> {
-        let (consume, consumed, position_asked) = approval;
+        let (consume, approved) = approval;
+        let consumed = approved
+            .filter(|_| consume.is_some())
+            .map(|approval| &approval.request);
         let wait_ms = self.tools.limits().lock_wait_ms;
         let started_ms = self.env.clock.now_ms();
         let mut pause = LOCK_POLL_INTERVAL;
@@ -609,13 +603,7 @@ impl Kernel {
                 Some(BeginRefused::Conflict(holder)) => holder,
                 Some(BeginRefused::Duplicate(earlier)) => {
                     return Err(self
-                        .stopped_as_duplicate(
-                            saga,
-                            taking,
-                            rest,
-                            (consume, position_asked),
-                            *earlier,
-                        )
+                        .stopped_as_duplicate(saga, taking, rest, (consume, approved), *earlier)
                         .await?);
                 }
             };
@@ -645,17 +633,19 @@ impl Kernel {
     /// person is asked, with both calls side by side. With one (given before `earlier`
     /// began, so its request could not show it), the approval is void and the step refused,
     /// nothing of it run: a step has one request, so the call is made again to be asked
-    /// with both; so is a step whose position has a request already (`approval.1`: an
-    /// earlier call there met a conflict).
+    /// with both; so is a step whose position has a request already (`approval.1`, for
+    /// this position: an earlier call there met a conflict).
     async fn stopped_as_duplicate(
         &self,
         saga: &mut SagaInFlight,
         taking: &Taking<'_>,
         rest: Option<&[PlanStep]>,
-        approval: (Option<ConsumeApproval>, bool),
+        approval: (Option<ConsumeApproval>, Option<&ApprovalRecord>),
         earlier: agent_kernel_api::DuplicateStep,
     ) -> Result<Halt, KernelError> {
-        let (consume, position_asked) = approval;
+        let (consume, approved) = approval;
+        let position_asked =
+            approved.is_some_and(|approval| approval.request.step_seq == taking.step_seq);
         let reason = duplicate_reason(taking.tool.as_ref(), &earlier);
         warn!(saga_id = %saga.saga_id, step_seq = taking.step_seq, tool = %taking.step.tool, %reason, "step stopped at its BEGIN: it may repeat a step begun meanwhile");
         let Some(consume) = consume else {
@@ -739,24 +729,6 @@ impl Kernel {
             "approval {approval_id} cannot be used for this step: {reason}"
         ));
         taking.refused(saga, error)
-    }
-
-    /// Queues the cancellation of approval `approval_id`, which its step will not use, with
-    /// `reason`, decided by this process.
-    pub(crate) fn cancel_approval(
-        &self,
-        saga: &mut SagaInFlight,
-        approval_id: String,
-        reason: String,
-    ) {
-        saga.pending.push(LogWrite::DecideApproval(DecideApproval {
-            approval_id,
-            decision: ApprovalDecision::Cancel,
-            by: self.env.owner.clone(),
-            uid: self.operator_uid(),
-            user: Some("agent-kernel (the approval could not be used)".to_owned()),
-            note: Some(reason),
-        }));
     }
 
     /// The effect, each retry only while this process may still act on a shared log.

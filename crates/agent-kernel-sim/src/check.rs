@@ -247,12 +247,6 @@ pub(crate) fn check(
     // Each step's key's expected value before its effect: what a compensation that the log
     // lost put back.
     let mut before: BTreeMap<(String, u32), Option<i64>> = BTreeMap::new();
-    let logged = |saga: &str, step: u32| {
-        sagas.iter().any(|record| {
-            record.saga.saga_id.as_str() == saga
-                && record.steps.iter().any(|logged| logged.step_seq == step)
-        })
-    };
     for event in &world.journal {
         // What happened happened, its record lost or not.
         match unlogged_or(event) {
@@ -284,7 +278,7 @@ pub(crate) fn check(
                 key,
                 value,
             } => {
-                if states.contains_key(saga) && !logged(saga, *step) {
+                if states.contains_key(saga) && !is_logged(sagas, saga, *step) {
                     violations.push(format!(
                         "{saga}/{step} acted, and the log holds no such step (its BEGIN comes before its effect)"
                     ));
@@ -370,14 +364,8 @@ pub(crate) fn unlog_lost(
     unrecorded: std::ops::Range<usize>,
     sagas: &[SagaRecord],
 ) -> usize {
-    let logged = |saga: &str, step: u32| {
-        sagas.iter().any(|record| {
-            record.saga.saga_id.as_str() == saga
-                && record.steps.iter().any(|logged| logged.step_seq == step)
-        })
-    };
     let lost = |event: &Event| match event {
-        Event::Effect { saga, step, .. } => !logged(saga, *step),
+        Event::Effect { saga, step, .. } => !is_logged(sagas, saga, *step),
         Event::Restored { .. } => true,
         _ => false,
     };
@@ -396,6 +384,14 @@ pub(crate) fn unlog_lost(
         })
         .collect();
     unlogged
+}
+
+/// Whether the log holds step `step` of saga `saga` (its BEGIN was written).
+fn is_logged(sagas: &[SagaRecord], saga: &str, step: u32) -> bool {
+    sagas.iter().any(|record| {
+        record.saga.saga_id.as_str() == saga
+            && record.steps.iter().any(|logged| logged.step_seq == step)
+    })
 }
 
 /// The event a lost record's change was, or `event` itself.

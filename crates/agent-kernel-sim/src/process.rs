@@ -133,6 +133,13 @@ pub(crate) enum Act {
     HangAfter,
 }
 
+impl State {
+    /// Whether its fault fired, and was a power loss.
+    fn lost_power(&self) -> bool {
+        self.fired && self.fault.is_some_and(|fault| fault.kind.is_power_loss())
+    }
+}
+
 /// A simulated process: its points, its fault, its death.
 pub(crate) struct Process {
     name: String,
@@ -149,8 +156,6 @@ struct State {
     log_writes: Vec<bool>,
     fault: Option<Fault>,
     fired: bool,
-    /// Whether the fault that fired was a power loss.
-    power_lost: bool,
     dead: bool,
     schedule: Rng,
     outside: Vec<Outside>,
@@ -174,7 +179,6 @@ impl Process {
                 log_writes: Vec::new(),
                 fault,
                 fired: false,
-                power_lost: false,
                 dead: false,
                 schedule,
                 outside,
@@ -229,7 +233,6 @@ impl Process {
                     FaultKind::CrashBefore => Act::CrashBefore,
                     FaultKind::CrashAfter => Act::CrashAfter,
                     FaultKind::PowerLossFull { .. } | FaultKind::PowerLossNormal { .. } => {
-                        state.power_lost = true;
                         Act::CrashAfter
                     }
                     FaultKind::Error => Act::Fail,
@@ -244,7 +247,7 @@ impl Process {
         let note = match act {
             Act::Go => String::new(),
             Act::CrashBefore => " <- killed before it".to_owned(),
-            Act::CrashAfter if state.power_lost => " <- the power lost after it".to_owned(),
+            Act::CrashAfter if state.lost_power() => " <- the power lost after it".to_owned(),
             Act::CrashAfter => " <- killed after it".to_owned(),
             Act::Fail => " <- fails".to_owned(),
             Act::HangBefore => " <- hangs before it".to_owned(),
@@ -279,7 +282,7 @@ impl Process {
         let power_lost = {
             let mut state = self.lock();
             state.dead = true;
-            state.power_lost
+            state.lost_power()
         };
         self.died.notify_one();
         if power_lost {
@@ -300,7 +303,7 @@ impl Process {
 
     /// Whether its fault was a power loss, and fired.
     pub(crate) fn lost_power(&self) -> bool {
-        self.lock().power_lost
+        self.lock().lost_power()
     }
 
     /// Whether it was killed.
