@@ -510,3 +510,28 @@ fn a_power_loss_loses_only_what_was_not_synced_and_recovery_settles_what_is_left
     assert!(sealed > 0, "no head file was newer than the log kept");
     assert!(unlogged > 0, "no power loss left an effect unlogged");
 }
+
+/// The command explores the same seeds however it spreads them: four seeds in one thread
+/// and in two (one process per core, each with every other seed) run the same cases, fire
+/// the same faults and reach the same points.
+#[test]
+fn the_command_sums_the_same_seeds_over_one_process_or_several() {
+    let summary = |threads: &str| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_agent-kernel-sim"))
+            .args(["--seed", "0", "--seeds", "4", "--threads", threads])
+            .output()
+            .expect("the simulator runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{stdout}");
+        let line = stdout
+            .lines()
+            .find(|line| line.starts_with('{'))
+            .expect("a summary line");
+        let summary: serde_json::Value = serde_json::from_str(line).expect("JSON");
+        assert!(stdout.contains("no invariant broken"), "{stdout}");
+        ["seeds", "cases", "faults_fired", "points"].map(|name| summary[name].clone())
+    };
+    let alone = summary("1");
+    assert_eq!(alone[0], 4, "{alone:?}");
+    assert_eq!(alone, summary("2"));
+}

@@ -13,8 +13,8 @@
 //! bounded under any load.
 
 use std::os::raw::c_int;
-use std::path::Path;
-use std::sync::mpsc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -32,20 +32,27 @@ pub const WAL_FRAMES_CHECKPOINT_INLINE: c_int = 4_096;
 /// filling is not copied (and synced) without pause.
 pub const CHECKPOINT_PAUSE: Duration = Duration::from_millis(100);
 
-/// The checkpoint thread of one log.
+/// The checkpoint thread of one log, started the first time the WAL grows past
+/// [`WAL_FRAMES_CHECKPOINT`] frames: a log opened for a short command starts none.
 pub(crate) struct Checkpointer {
-    thread: Option<JoinHandle<()>>,
+    thread: Arc<Mutex<Option<Running>>>,
+}
+
+/// A started checkpoint thread: a nudge asks for a checkpoint; dropping the sender ends it.
+struct Running {
+    nudge: mpsc::SyncSender<()>,
+    thread: JoinHandle<()>,
 }
 
 impl Checkpointer {
-    /// Starts the thread and hooks the writer's connection `writer` to it. The thread opens
-    /// its connection to the log at `path` (synced as `durability` asks: under either,
-    /// SQLite syncs the WAL before a checkpoint and the file after it) the first time it is
-    /// needed, so that a log opened for a short command costs one connection, not two.
+    /// Hooks the writer's connection `writer`, so that its commits start the thread when
+    /// first needed and nudge it after. The thread opens its connection to the log at
+    /// `path` (synced as `durability` asks: under either, SQLite syncs the WAL before a
+    /// checkpoint and the file after it) when it starts.
     ///
     /// # Errors
     ///
-    /// [`TxError::Storage`] when the thread cannot be started or the hook set.
+    /// [`TxError::Storage`] when the log's path cannot be resolved or the hook set.
     pub(crate) fn start(
         path: &Path,
         durability: Durability,
@@ -59,29 +66,8 @@ impl Checkpointer {
                 path.display()
             ))
         })?;
-        let (nudge, nudged) = mpsc::sync_channel::<()>(1);
-        let thread = thread::Builder::new()
-            .name("agent-kernel-checkpoint".into())
-            .spawn(move || {
-                let mut conn = None;
-                while nudged.recv().is_ok() {
-                    let checkpointed = match &conn {
-                        Some(conn) => checkpoint(conn),
-                        None => crate::schema::connect_for_checkpoints(&path, durability)
-                            .map_err(|err| err.to_string())
-                            .and_then(|opened| checkpoint(conn.insert(opened))),
-                    };
-                    if let Err(error) = checkpointed {
-                        // The next commit asks again (and the writer checkpoints itself past
-                        // `WAL_FRAMES_CHECKPOINT_INLINE`); the WAL only grows meanwhile.
-                        tracing::warn!(%error, "a checkpoint of the log failed");
-                    }
-                    thread::sleep(CHECKPOINT_PAUSE);
-                }
-            })
-            .map_err(|err| {
-                TxError::Storage(format!("cannot start the checkpoint thread: {err}"))
-            })?;
+        let thread: Arc<Mutex<Option<Running>>> = Arc::default();
+        let hooked = Arc::clone(&thread);
         writer
             .wal_hook(Some(
                 move |wal: &mut rusqlite::hooks::Wal, frames: c_int| {
@@ -96,29 +82,78 @@ impl Checkpointer {
                             Ok(_) => {}
                         }
                     } else if frames >= WAL_FRAMES_CHECKPOINT {
-                        // Full: the thread is at it already, or pausing.
-                        let _ = nudge.try_send(());
+                        nudge(&hooked, &path, durability);
                     }
                     Ok(())
                 },
             ))
             .map_err(crate::schema::storage)?;
-        Ok(Checkpointer {
-            thread: Some(thread),
-        })
+        Ok(Checkpointer { thread })
     }
 
-    /// Unhooks the writer's connection `writer`, stops the thread and closes its
-    /// connection, so that the writer's is the last one and its closing checkpoints the
-    /// whole WAL into the file.
-    pub(crate) fn stop(mut self, writer: &mut Connection) {
-        // Dropping the hook drops the thread's only sender: the thread ends.
+    /// Unhooks the writer's connection `writer`, stops the thread, if it started, and closes
+    /// its connection, so that the writer's is the last one and its closing checkpoints
+    /// the whole WAL into the file.
+    pub(crate) fn stop(self, writer: &mut Connection) {
         let _ =
             writer.wal_hook(None::<fn(&mut rusqlite::hooks::Wal, c_int) -> rusqlite::Result<()>>);
-        if let Some(thread) = self.thread.take() {
+        let running = match self.thread.lock() {
+            Ok(mut slot) => slot.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        if let Some(Running { nudge, thread }) = running {
+            // Dropping the only sender ends the thread.
+            drop(nudge);
             let _ = thread.join();
         }
     }
+}
+
+/// Asks the thread in `slot` for a checkpoint, starting it first if it has not started: a
+/// full nudge means the thread is at it already, or pausing.
+fn nudge(slot: &Mutex<Option<Running>>, path: &Path, durability: Durability) {
+    let mut slot = match slot.lock() {
+        Ok(slot) => slot,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    if slot.is_none() {
+        match spawn(path.to_owned(), durability) {
+            Ok(running) => *slot = Some(running),
+            // The writer checkpoints itself past `WAL_FRAMES_CHECKPOINT_INLINE`.
+            Err(error) => {
+                tracing::warn!(%error, "cannot start the checkpoint thread");
+                return;
+            }
+        }
+    }
+    if let Some(running) = slot.as_ref() {
+        let _ = running.nudge.try_send(());
+    }
+}
+
+/// The checkpoint thread, with its connection to the log at `path`.
+fn spawn(path: PathBuf, durability: Durability) -> std::io::Result<Running> {
+    let (nudge, nudged) = mpsc::sync_channel::<()>(1);
+    let thread = thread::Builder::new()
+        .name("agent-kernel-checkpoint".into())
+        .spawn(move || {
+            let mut conn = None;
+            while nudged.recv().is_ok() {
+                let checkpointed = match &conn {
+                    Some(conn) => checkpoint(conn),
+                    None => crate::schema::connect_for_checkpoints(&path, durability)
+                        .map_err(|err| err.to_string())
+                        .and_then(|opened| checkpoint(conn.insert(opened))),
+                };
+                if let Err(error) = checkpointed {
+                    // The next commit asks again (and the writer checkpoints itself past
+                    // `WAL_FRAMES_CHECKPOINT_INLINE`); the WAL only grows meanwhile.
+                    tracing::warn!(%error, "a checkpoint of the log failed");
+                }
+                thread::sleep(CHECKPOINT_PAUSE);
+            }
+        })?;
+    Ok(Running { nudge, thread })
 }
 
 /// A `PASSIVE` checkpoint on the thread's connection: it copies what it can without waiting
@@ -126,4 +161,54 @@ impl Checkpointer {
 fn checkpoint(conn: &Connection) -> Result<(), String> {
     conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
         .map_err(|err| err.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn started(checkpointer: &Checkpointer) -> bool {
+        checkpointer.thread.lock().expect("not poisoned").is_some()
+    }
+
+    /// A short command's commits start no thread; the commit that takes the WAL past
+    /// `WAL_FRAMES_CHECKPOINT` frames starts it, and its checkpoint copies the WAL into
+    /// the file; stopping ends it.
+    #[test]
+    fn the_thread_starts_when_the_wal_first_needs_a_checkpoint() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log.db");
+        let mut writer = Connection::open(&path).expect("opens");
+        writer
+            .pragma_update(None, "journal_mode", "WAL")
+            .expect("WAL");
+        writer
+            .execute_batch("CREATE TABLE t (b BLOB)")
+            .expect("a table");
+        let checkpointer =
+            Checkpointer::start(&path, Durability::Normal, &mut writer).expect("hooked");
+        writer
+            .execute("INSERT INTO t VALUES (zeroblob(100))", [])
+            .expect("a small commit");
+        assert!(!started(&checkpointer), "a small commit starts no thread");
+        let pages = usize::try_from(WAL_FRAMES_CHECKPOINT).expect("positive") + 100;
+        writer
+            .execute(
+                "INSERT INTO t VALUES (zeroblob(?1))",
+                [i64::try_from(pages * 4_096).expect("fits")],
+            )
+            .expect("a large commit");
+        assert!(started(&checkpointer), "past the frames, the thread runs");
+        let file_before = std::fs::metadata(&path).expect("the file").len();
+        // The thread's checkpoint copies the frames into the file (no reader holds them).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::metadata(&path).expect("the file").len() == file_before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no checkpoint copied the WAL within 10 s"
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+        checkpointer.stop(&mut writer);
+    }
 }

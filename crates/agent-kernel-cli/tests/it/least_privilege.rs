@@ -231,3 +231,41 @@ fn a_program_installed_after_its_tools_were_loaded_fails_naming_the_second_line_
     );
     server.close();
 }
+
+/// The log's checkpoint thread starts the first time the WAL needs copying into the file,
+/// long after `run` confined itself to `ws/`; it is started by the log's writer thread,
+/// which the second line never confines, so it still opens the log outside the roots: a
+/// plan whose WAL passes `WAL_FRAMES_CHECKPOINT` frames has its pages copied into the file
+/// as it runs, and no checkpoint fails.
+#[test]
+fn the_checkpoint_thread_started_after_confinement_still_reaches_the_log() {
+    let project = Project::new();
+    if !second_line_enforced(&project) {
+        eprintln!("Landlock is not enforced on this machine: nothing to check");
+        return;
+    }
+    let plan = |name: &str, steps: usize| {
+        let steps: Vec<Value> = (0..steps)
+            .map(|_| json!({"tool": "noop", "args": {}}))
+            .collect();
+        project.plan(name, &json!({ "steps": steps }))
+    };
+    let one = plan("one.json", 1);
+    let output = project.run(&["run", "--plan", one.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let file_before = fs::metadata(project.db()).expect("the log").len();
+    // About five frames a step: a WAL of some 3,000 frames, well past the thread's 1,000.
+    let many = plan("many.json", 600);
+    let output = project.run(&["run", "--plan", many.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !stderr.contains("checkpoint"),
+        "a checkpoint failed or could not start: {stderr}"
+    );
+    let file_after = fs::metadata(project.db()).expect("the log").len();
+    assert!(
+        file_after > 4 * file_before,
+        "the file grew from {file_before} to {file_after} bytes only: no checkpoint copied the WAL"
+    );
+}

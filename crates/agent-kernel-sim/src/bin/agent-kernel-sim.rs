@@ -25,13 +25,19 @@ struct Args {
     /// Stop after this many seconds (default 10 when no other budget is given).
     #[arg(long)]
     seconds: Option<u64>,
-    /// Threads exploring seeds at once (default: the machine's cores).
+    /// Threads exploring seeds at once (default: the machine's cores), spread over one
+    /// process per core.
     #[arg(long)]
     threads: Option<usize>,
+    /// One process of several: its index and their count (`I/N`); it explores every N-th
+    /// seed from the first plus I, kept to one core, and prints its summary first.
+    #[arg(long, hide = true)]
+    worker: Option<Worker>,
 }
 
 /// What the threads share.
 struct Shared {
+    /// How many seeds this process's threads took so far.
     next_seed: AtomicU64,
     seeds: AtomicU64,
     cases: AtomicU64,
@@ -52,13 +58,106 @@ fn main() -> anyhow::Result<()> {
         (None, None, None) => Some(10),
         (seconds, _, _) => seconds,
     };
-    let deadline = seconds.map(|seconds| Instant::now() + Duration::from_secs(seconds));
     let threads = args.threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
+    if let Some(worker) = args.worker {
+        keep_to_one_core(worker.index);
+        let explored = explore_here(&args, first_seed, seconds, threads, worker)?;
+        // The parent reads the summary from the first line.
+        println!("{}", explored.summary(first_seed, explored.elapsed));
+        if let Some(report) = &explored.failure {
+            print_failure(report);
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     println!("agent-kernel-sim: first seed {first_seed}, {threads} threads");
+    let processes = threads.min(allowed_cores().len());
+    if processes > 1 {
+        return explore_in_processes(&args, first_seed, seconds, threads, processes);
+    }
+    let explored = explore_here(&args, first_seed, seconds, threads, Worker::ALONE)?;
+    println!("{}", explored.summary(first_seed, explored.elapsed));
+    match &explored.failure {
+        None => {
+            println!("no invariant broken");
+            Ok(())
+        }
+        Some(report) => {
+            print_failure(report);
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Which share of the seeds a process explores: seeds `first + index`, `first + index +
+/// of`, and so on.
+#[derive(Debug, Clone, Copy)]
+struct Worker {
+    index: u64,
+    of: u64,
+}
+
+impl Worker {
+    /// The only process: every seed.
+    const ALONE: Worker = Worker { index: 0, of: 1 };
+}
+
+impl std::str::FromStr for Worker {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Worker, String> {
+        let (index, of) = text
+            .split_once('/')
+            .ok_or_else(|| format!("expected INDEX/COUNT, found {text:?}"))?;
+        let worker = Worker {
+            index: index.parse().map_err(|err| format!("{index:?}: {err}"))?,
+            of: of.parse().map_err(|err| format!("{of:?}: {err}"))?,
+        };
+        if worker.index >= worker.of {
+            return Err(format!("{text:?}: the index must be below the count"));
+        }
+        Ok(worker)
+    }
+}
+
+/// What one process explored.
+struct Explored {
+    seeds: u64,
+    cases: u64,
+    faults: u64,
+    points: u64,
+    elapsed: f64,
+    /// The failing seed of lowest number, if any.
+    failure: Option<SeedReport>,
+}
+
+impl Explored {
+    fn summary(&self, first_seed: u64, elapsed: f64) -> serde_json::Value {
+        serde_json::json!({
+            "first_seed": first_seed,
+            "seeds": self.seeds,
+            "cases": self.cases,
+            "faults_fired": self.faults,
+            "points": self.points,
+            "seconds": (elapsed * 10.0).round() / 10.0,
+            "faults_per_second": (self.faults as f64 / elapsed).round(),
+        })
+    }
+}
+
+/// Explores `worker`'s share of the seeds on `threads` threads of this process.
+fn explore_here(
+    args: &Args,
+    first_seed: u64,
+    seconds: Option<u64>,
+    threads: usize,
+    worker: Worker,
+) -> anyhow::Result<Explored> {
+    let deadline = seconds.map(|seconds| Instant::now() + Duration::from_secs(seconds));
     let shared = Arc::new(Shared {
-        next_seed: AtomicU64::new(first_seed),
+        next_seed: AtomicU64::new(0),
         seeds: AtomicU64::new(0),
         cases: AtomicU64::new(0),
         faults: AtomicU64::new(0),
@@ -71,7 +170,7 @@ fn main() -> anyhow::Result<()> {
         .map(|_| {
             let shared = shared.clone();
             let budget = (args.seeds, args.faults, deadline);
-            std::thread::spawn(move || explore(&shared, first_seed, budget))
+            std::thread::spawn(move || explore(&shared, first_seed, budget, worker))
         })
         .collect();
     for worker in workers {
@@ -79,34 +178,165 @@ fn main() -> anyhow::Result<()> {
             .join()
             .map_err(|_| anyhow::anyhow!("a simulator thread panicked"))??;
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    let faults = shared.faults.load(Ordering::Relaxed);
-    let summary = serde_json::json!({
-        "first_seed": first_seed,
-        "seeds": shared.seeds.load(Ordering::Relaxed),
-        "cases": shared.cases.load(Ordering::Relaxed),
-        "faults_fired": faults,
-        "points": shared.points.load(Ordering::Relaxed),
-        "seconds": (elapsed * 10.0).round() / 10.0,
-        "faults_per_second": (faults as f64 / elapsed).round(),
-    });
     let failure = shared
         .failure
         .lock()
         .map_err(|_| anyhow::anyhow!("poisoned"))?
         .take();
+    Ok(Explored {
+        seeds: shared.seeds.load(Ordering::Relaxed),
+        cases: shared.cases.load(Ordering::Relaxed),
+        faults: shared.faults.load(Ordering::Relaxed),
+        points: shared.points.load(Ordering::Relaxed),
+        elapsed: started.elapsed().as_secs_f64(),
+        failure,
+    })
+}
+
+/// Explores in `processes` processes of this program, each kept to one core with its share
+/// of the threads, the seeds and the fault budget, and sums what they report. Threads of
+/// one process on two cores run slower than that: a simulated process hands each log call
+/// to its log's writer thread, and opens and closes logs (threads started and ended, the
+/// WAL index mapped and unmapped) at a rate where waking, or flushing the memory mappings
+/// of, a thread on the other core costs more than the work (about a quarter more faults a
+/// second this way on two cores). A failing process stops the others.
+fn explore_in_processes(
+    args: &Args,
+    first_seed: u64,
+    seconds: Option<u64>,
+    threads: usize,
+    processes: usize,
+) -> anyhow::Result<()> {
+    let program = std::env::current_exe().context("finding this program")?;
+    let started = Instant::now();
+    let (done, finished) = std::sync::mpsc::channel();
+    let mut children = Vec::with_capacity(processes);
+    for index in 0..processes {
+        let mut command = std::process::Command::new(&program);
+        let share = threads / processes + usize::from(index < threads % processes);
+        command
+            .arg("--seed")
+            .arg(first_seed.to_string())
+            .arg("--threads")
+            .arg(share.to_string())
+            .arg("--worker")
+            .arg(format!("{index}/{processes}"))
+            .stdout(std::process::Stdio::piped());
+        if let Some(seeds) = args.seeds {
+            command.arg("--seeds").arg(seeds.to_string());
+        }
+        if let Some(faults) = args.faults {
+            command
+                .arg("--faults")
+                .arg(faults.div_ceil(processes as u64).to_string());
+        }
+        if let Some(seconds) = seconds {
+            command.arg("--seconds").arg(seconds.to_string());
+        }
+        let mut child = command.spawn().context("starting a simulator process")?;
+        let mut stdout = child.stdout.take().context("its output")?;
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut stdout, &mut text);
+            let _ = done.send((index, text));
+        });
+        children.push(child);
+    }
+    drop(done);
+    let mut total = Explored {
+        seeds: 0,
+        cases: 0,
+        faults: 0,
+        points: 0,
+        elapsed: 0.0,
+        failure: None,
+    };
+    // The failing seed of lowest number, with what its process printed.
+    let mut failure: Option<(u64, String)> = None;
+    for (index, text) in finished {
+        let status = children[index]
+            .wait()
+            .context("waiting for a simulator process")?;
+        let summary = text
+            .lines()
+            .next()
+            .and_then(|line| serde_json::from_str::<serde_json::Value>(line).ok());
+        let count = |name: &str| {
+            summary
+                .as_ref()
+                .and_then(|summary| summary[name].as_u64())
+                .unwrap_or(0)
+        };
+        total.seeds += count("seeds");
+        total.cases += count("cases");
+        total.faults += count("faults_fired");
+        total.points += count("points");
+        if status.success() {
+            continue;
+        }
+        let Some(seed) = text.lines().find_map(failing_seed) else {
+            if failure.is_some() {
+                // Stopped below, for another's failure.
+                continue;
+            }
+            anyhow::bail!("a simulator process ended with {status}: {text}");
+        };
+        for other in &mut children {
+            // One that ended already is not killed again.
+            let _ = other.kill();
+        }
+        if failure.as_ref().is_none_or(|(found, _)| *found > seed) {
+            let report = text.lines().skip(1).collect::<Vec<_>>().join("\n");
+            failure = Some((seed, report));
+        }
+    }
+    println!(
+        "{}",
+        total.summary(first_seed, started.elapsed().as_secs_f64())
+    );
     match failure {
         None => {
-            println!("{summary}");
             println!("no invariant broken");
             Ok(())
         }
-        Some(report) => {
-            println!("{summary}");
-            print_failure(&report);
+        Some((_, report)) => {
+            println!("{report}");
             std::process::exit(1);
         }
     }
+}
+
+/// The seed a failure report's first line names.
+fn failing_seed(line: &str) -> Option<u64> {
+    line.strip_prefix("seed ")?.split_once(' ')?.0.parse().ok()
+}
+
+/// The cores this process may run on.
+fn allowed_cores() -> Vec<usize> {
+    use rustix::thread::{CpuSet, sched_getaffinity};
+    sched_getaffinity(None).map_or_else(
+        |_| vec![0],
+        |allowed| {
+            (0..CpuSet::MAX_CPU)
+                .filter(|&core| allowed.is_set(core))
+                .collect()
+        },
+    )
+}
+
+/// Keeps this thread, and every thread it starts after, on the `index`-th core this
+/// process may use (round robin).
+fn keep_to_one_core(index: u64) {
+    use rustix::thread::{CpuSet, sched_setaffinity};
+    let cores = allowed_cores();
+    if cores.len() < 2 {
+        return;
+    }
+    let mut one = CpuSet::new();
+    one.set(cores[(index % cores.len() as u64) as usize]);
+    // Not kept to one core, the process only runs slower.
+    let _ = sched_setaffinity(None, &one);
 }
 
 /// One thread: takes the next seed until a budget is spent or a seed fails.
@@ -114,13 +344,15 @@ fn explore(
     shared: &Shared,
     first_seed: u64,
     (seeds, faults, deadline): (Option<u64>, Option<u64>, Option<Instant>),
+    worker: Worker,
 ) -> anyhow::Result<()> {
     let dir = scratch_dir().context("making a scratch folder")?;
     while !shared.stop.load(Ordering::Relaxed) {
-        let seed = shared.next_seed.fetch_add(1, Ordering::Relaxed);
-        if seeds.is_some_and(|seeds| seed.wrapping_sub(first_seed) >= seeds) {
+        let nth = shared.next_seed.fetch_add(1, Ordering::Relaxed) * worker.of + worker.index;
+        if seeds.is_some_and(|seeds| nth >= seeds) {
             break;
         }
+        let seed = first_seed.wrapping_add(nth);
         let report = explore_seed(seed, dir.path())?;
         shared.seeds.fetch_add(1, Ordering::Relaxed);
         shared.cases.fetch_add(report.cases, Ordering::Relaxed);
