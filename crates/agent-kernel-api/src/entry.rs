@@ -183,6 +183,34 @@ pub trait Compensate: Tool {
         std::future::ready(Ok(None))
     }
 
+    /// Whether the world is still what [`prepare`](Self::prepare) found: asked once the
+    /// step holds its resources, before its effect. Another saga may have written a
+    /// resource and settled between the step's preparation and its claim; compensating
+    /// the step with `undo` would then destroy that saga's write, so the step must not run
+    /// (`Some(why)`; nothing of it is applied). `None` when the world is as prepared, or
+    /// the tool cannot tell.
+    ///
+    /// Unlike [`changed_since`](Self::changed_since), which must accept what the step
+    /// itself leaves (its outcome may be unknown), the effect has not happened here: a
+    /// world that already holds what the step would leave has changed since the
+    /// preparation, and compensating would put back what `prepare` found over another
+    /// writer's identical result. The default asks `changed_since`, which cannot tell that
+    /// apart; a tool whose effect can leave exactly what another writer left (a file
+    /// written with the same bytes, an append of the same text) should answer this itself.
+    /// It must not change anything.
+    ///
+    /// # Errors
+    ///
+    /// A [`ToolError`] when the check could not be made: the step then does not run.
+    fn changed_since_prepared(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+        undo: &Undo,
+    ) -> impl Future<Output = Result<Option<String>, ToolError>> + Send {
+        self.changed_since(ctx, args, undo, None)
+    }
+
     /// What compensating a step would put back, in a sentence for an operator
     /// (`undo --preview`: "puts back the previous 12 bytes of `ws/a.txt`"), read from the
     /// step's record alone without touching anything. `None`, the default, when the tool
@@ -277,6 +305,15 @@ impl<T: Compensate> Compensate for Arc<T> {
         output: Option<&ToolOutput>,
     ) -> impl Future<Output = Result<Option<String>, ToolError>> + Send {
         T::changed_since(self, ctx, args, undo, output)
+    }
+
+    fn changed_since_prepared(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+        undo: &Undo,
+    ) -> impl Future<Output = Result<Option<String>, ToolError>> + Send {
+        T::changed_since_prepared(self, ctx, args, undo)
     }
 
     fn restores(&self, args: &Value, undo: &Undo, output: Option<&ToolOutput>) -> Option<String> {
@@ -377,6 +414,13 @@ pub trait DynTool: sealed::Sealed + Send + Sync + 'static {
         undo: &'a Undo,
         output: Option<&'a ToolOutput>,
     ) -> BoxFuture<'a, Result<Option<String>, ToolError>>;
+    /// See [`Compensate::changed_since_prepared`]; `None` for a tool without compensation.
+    fn changed_since_prepared<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+        undo: &'a Undo,
+    ) -> BoxFuture<'a, Result<Option<String>, ToolError>>;
     /// See [`Compensate::restores`]; `None` for a tool without compensation.
     fn restores(&self, args: &Value, undo: &Undo, output: Option<&ToolOutput>) -> Option<String>;
     /// See [`Compensate::compensate`]. A read-only tool has nothing to undo (`Ok`); a
@@ -450,12 +494,20 @@ type ProbeFn<T> = for<'a> fn(
     &'a Undo,
 ) -> BoxFuture<'a, Result<ProbeOutcome, ToolError>>;
 
+type ProbeChangedFn<T> = for<'a> fn(
+    &'a T,
+    &'a ToolContext,
+    &'a Value,
+    &'a Undo,
+) -> BoxFuture<'a, Result<Option<String>, ToolError>>;
+
 type RestoresFn<T> = fn(&T, &Value, &Undo, Option<&ToolOutput>) -> Option<String>;
 
 /// What a [`Compensate`] tool adds, as function pointers.
 struct Compensation<T> {
     prepare: PrepareFn<T>,
     changed_since: ChangedFn<T>,
+    changed_since_prepared: ProbeChangedFn<T>,
     compensate: CompensateFn<T>,
     restores: RestoresFn<T>,
 }
@@ -466,6 +518,9 @@ impl<T: Compensate> Compensation<T> {
             prepare: |tool, ctx, args| Box::pin(tool.prepare(ctx, args)),
             changed_since: |tool, ctx, args, undo, output| {
                 Box::pin(tool.changed_since(ctx, args, undo, output))
+            },
+            changed_since_prepared: |tool, ctx, args, undo| {
+                Box::pin(tool.changed_since_prepared(ctx, args, undo))
             },
             compensate: |tool, ctx, args, undo, output| {
                 Box::pin(tool.compensate(ctx, args, undo, output))
@@ -615,6 +670,20 @@ impl<T: Tool> DynTool for Registered<T> {
     ) -> BoxFuture<'a, Result<Option<String>, ToolError>> {
         match &self.compensation {
             Some(compensation) => (compensation.changed_since)(&self.tool, ctx, args, undo, output),
+            None => Box::pin(std::future::ready(Ok(None))),
+        }
+    }
+
+    fn changed_since_prepared<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        args: &'a Value,
+        undo: &'a Undo,
+    ) -> BoxFuture<'a, Result<Option<String>, ToolError>> {
+        match &self.compensation {
+            Some(compensation) => {
+                (compensation.changed_since_prepared)(&self.tool, ctx, args, undo)
+            }
             None => Box::pin(std::future::ready(Ok(None))),
         }
     }

@@ -50,7 +50,8 @@ impl Kernel {
     /// its claim: another saga may have written a resource and settled in between, before
     /// the step held it, and compensating the step with that undo data would destroy that
     /// saga's write. Asked of tools that compensate, for steps that claim resources, once no
-    /// other saga can change them; a tool that cannot tell answers nothing. The error of a
+    /// other saga can change them (`Compensate::changed_since_prepared`: a world that holds
+    /// what the step would leave has changed too); a tool that cannot tell answers nothing. The error of a
     /// step that must not run then (nothing was applied).
     pub(crate) async fn prepared_world_changed(
         &self,
@@ -62,7 +63,10 @@ impl Kernel {
         if begin.resources.is_empty() || !tool.compensates() {
             return None;
         }
-        let changed = self.tools.changed_since(ctx, args, &begin.undo, None).await;
+        let changed = self
+            .tools
+            .changed_since_prepared(ctx, args, &begin.undo)
+            .await;
         let change = changed.ok().flatten()?;
         warn!(step_seq = begin.step_seq, tool = %begin.tool_id, %change, "the world changed between the step's preparation and its claim");
         Some(ToolError::failed(format!(

@@ -600,6 +600,30 @@ impl Dispatcher {
         .await
     }
 
+    /// Asks whether the world is still what a begun step's preparation found (contained,
+    /// bounded by the tool's timeout, never retried): once the step holds its resources,
+    /// before its effect ([`Compensate::changed_since_prepared`]).
+    ///
+    /// # Errors
+    ///
+    /// The tool's error, or a timeout or contained panic.
+    ///
+    /// [`Compensate::changed_since_prepared`]: agent_kernel_api::Compensate::changed_since_prepared
+    pub async fn changed_since_prepared(
+        &self,
+        ctx: &ToolContext,
+        args: &Value,
+        undo: &Undo,
+    ) -> Result<Option<String>, ToolError> {
+        let entry = self.loaded_entry(&ctx.tool_id).await?;
+        let _permits = self.permits(&entry).await;
+        guarded(
+            entry.timeout_ms,
+            entry.tool.changed_since_prepared(ctx, args, undo),
+        )
+        .await
+    }
+
     /// Undoes a step (contained, bounded by the compensation timeout, retried like
     /// `execute` when the error says a retry is safe: compensations are idempotent by
     /// contract).

@@ -224,6 +224,25 @@ impl Compensate for SetTool {
         }
         Ok(changed.then(|| format!("{key} holds {}", shown(found))))
     }
+
+    /// Before the effect, the key must hold what `prepare` found: its old value (values
+    /// repeat when an agent runs its sagas again, so holding the step's own value may be
+    /// another writer's doing).
+    async fn changed_since_prepared(
+        &self,
+        _ctx: &ToolContext,
+        args: &Value,
+        undo: &Undo,
+    ) -> Result<Option<String>, ToolError> {
+        let (key, _) = key_and_value(args)?;
+        let found = self.world.get(&key);
+        let changed = found != old_of(undo);
+        if !changed {
+            // The effect follows: nothing outside lands between.
+            self.world.checked(&key, self.process.name());
+        }
+        Ok(changed.then(|| format!("{key} holds {}", shown(found))))
+    }
 }
 
 impl Probe for SetTool {

@@ -94,7 +94,7 @@ fn the_seeds_that_once_failed_pass() {
 }
 
 /// Seeds that once found an engine bug, replayed as the simulator draws them now.
-const ENGINE_BUG_SEEDS: [u64; 1] = [
+const ENGINE_BUG_SEEDS: [u64; 2] = [
     // An `undo` killed after compensating both steps of a saga, before recording the last,
     // with an outside write on the first step's key since: `recover` refused to finish the
     // undo (a step changed since), released its locks and left the saga `Done` over a
@@ -102,6 +102,14 @@ const ENGINE_BUG_SEEDS: [u64; 1] = [
     // ends `FailedRollbackPartial` (`Kernel::settle_interrupted_undos`). Without the fix,
     // this replay fails.
     1_796_532_544_703_078_248,
+    // A power loss (durability `normal`) lost a step's BEGIN after its effect (a = 3); run
+    // again, another saga's rollback put a = 3 back while a third saga, prepared over a = 1
+    // while the second held `a`, waited for it; claimed, that step's check of the world
+    // since its preparation accepted a = 3, its own value, as no change, and its rollback
+    // then put back the stale a = 1 over the restored 3. The check before an effect now
+    // asks `changed_since_prepared`, for which the step's own value is a change. Without
+    // the fix, this replay fails.
+    1_796_560_211_995_254_852,
 ];
 
 #[test]

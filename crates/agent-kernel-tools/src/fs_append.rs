@@ -153,6 +153,42 @@ impl Compensate for FsAppend {
         .await
     }
 
+    /// The file must be as `prepare` found it: absent, or of the length it kept. Already
+    /// grown by the step's bytes, it holds another writer's append.
+    async fn changed_since_prepared(
+        &self,
+        ctx: &ToolContext,
+        _args: &Value,
+        undo: &Undo,
+    ) -> Result<Option<String>, ToolError> {
+        settle(ctx).await;
+        let AppendUndo {
+            target,
+            existed,
+            len,
+        } = parse_undo(Self::ID, &undo.data)?;
+        let file = self.files.reconfine(&target)?;
+        blocking(move || {
+            let path = file.path().clone();
+            Ok(match (file.stat().map_err(sandbox_error)?, existed) {
+                (None, false) => None,
+                (Some(now), true) if now == len => None,
+                (None, true) => Some(format!(
+                    "`{path}` was removed since the step's preparation found it"
+                )),
+                (Some(_), false) => Some(format!(
+                    "`{path}` exists now, where the step's preparation found none"
+                )),
+                (Some(now), true) => Some(format!(
+                    "`{path}` holds {} now, where the step's preparation found {}",
+                    crate::common::byte_count(now),
+                    crate::common::byte_count(len)
+                )),
+            })
+        })
+        .await
+    }
+
     async fn compensate(
         &self,
         ctx: &ToolContext,

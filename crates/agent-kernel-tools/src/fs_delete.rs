@@ -213,6 +213,28 @@ impl Compensate for FsDelete {
         .await
     }
 
+    /// The file must be as `prepare` found it: still absent, or holding exactly the bytes
+    /// it kept. Already gone, another writer deleted it, and compensating would bring back
+    /// what that writer removed.
+    async fn changed_since_prepared(
+        &self,
+        ctx: &ToolContext,
+        _args: &Value,
+        undo: &Undo,
+    ) -> Result<Option<String>, ToolError> {
+        settle(ctx).await;
+        let DeleteUndo { target, absent, .. } = parse_undo(Self::ID, &undo.data)?;
+        let prepared = if absent { None } else { undo.blob.clone() };
+        if !absent && prepared.is_none() {
+            return Err(ToolError::failed(format!(
+                "the undo record of {} for `{target}` lacks the file's bytes",
+                Self::ID
+            )));
+        }
+        let file = self.files.reconfine(&target)?;
+        blocking(move || crate::fs_write::as_prepared(&file, prepared.as_deref())).await
+    }
+
     async fn compensate(
         &self,
         ctx: &ToolContext,

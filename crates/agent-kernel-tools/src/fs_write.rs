@@ -204,6 +204,23 @@ impl Compensate for FsWrite {
         .await
     }
 
+    /// The file must hold exactly what `prepare` kept (or still be absent): already holding
+    /// the step's bytes, it holds another writer's.
+    async fn changed_since_prepared(
+        &self,
+        ctx: &ToolContext,
+        _args: &Value,
+        undo: &Undo,
+    ) -> Result<Option<String>, ToolError> {
+        settle(ctx).await;
+        let WriteUndo {
+            target, existed, ..
+        } = parse_undo(Self::ID, &undo.data)?;
+        let previous = existed.then(|| undo.blob.clone().unwrap_or_default());
+        let file = self.files.reconfine(&target)?;
+        blocking(move || as_prepared(&file, previous.as_deref())).await
+    }
+
     async fn compensate(
         &self,
         ctx: &ToolContext,
@@ -279,6 +296,24 @@ pub(crate) fn left_as(
 
 /// Whether the file holds exactly `bytes`, or is absent when `bytes` is `None`: what a
 /// compensation restores.
+/// Why `file` no longer holds exactly `prepared` (`None`: absent), if it does not.
+pub(crate) fn as_prepared(
+    file: &agent_kernel_sandbox::ConfinedFile,
+    prepared: Option<&[u8]>,
+) -> Result<Option<String>, ToolError> {
+    if holds_exactly(file, prepared)? {
+        return Ok(None);
+    }
+    let path = file.path();
+    Ok(Some(match prepared {
+        None => format!("`{path}` exists now, where the step's preparation found none"),
+        Some(bytes) => format!(
+            "`{path}` no longer holds the {} the step's preparation found",
+            byte_count(bytes.len() as u64)
+        ),
+    }))
+}
+
 pub(crate) fn holds_exactly(
     file: &agent_kernel_sandbox::ConfinedFile,
     bytes: Option<&[u8]>,

@@ -35,7 +35,19 @@ pub const CHECKPOINT_PAUSE: Duration = Duration::from_millis(100);
 /// The checkpoint thread of one log, started the first time the WAL grows past
 /// [`WAL_FRAMES_CHECKPOINT`] frames: a log opened for a short command starts none.
 pub(crate) struct Checkpointer {
-    thread: Arc<Mutex<Option<Running>>>,
+    thread: Arc<Mutex<ThreadState>>,
+}
+
+/// The checkpoint thread's state.
+#[derive(Default)]
+enum ThreadState {
+    /// Not needed yet.
+    #[default]
+    NotStarted,
+    Running(Running),
+    /// It could not be started (said once): the writer's own checkpoints keep the WAL
+    /// bounded.
+    CannotStart,
 }
 
 /// A started checkpoint thread: a nudge asks for a checkpoint; dropping the sender ends it.
@@ -66,7 +78,7 @@ impl Checkpointer {
                 path.display()
             ))
         })?;
-        let thread: Arc<Mutex<Option<Running>>> = Arc::default();
+        let thread: Arc<Mutex<ThreadState>> = Arc::default();
         let hooked = Arc::clone(&thread);
         writer
             .wal_hook(Some(
@@ -97,11 +109,11 @@ impl Checkpointer {
     pub(crate) fn stop(self, writer: &mut Connection) {
         let _ =
             writer.wal_hook(None::<fn(&mut rusqlite::hooks::Wal, c_int) -> rusqlite::Result<()>>);
-        let running = match self.thread.lock() {
-            Ok(mut slot) => slot.take(),
-            Err(poisoned) => poisoned.into_inner().take(),
+        let state = match self.thread.lock() {
+            Ok(mut state) => std::mem::take(&mut *state),
+            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
         };
-        if let Some(Running { nudge, thread }) = running {
+        if let ThreadState::Running(Running { nudge, thread }) = state {
             // Dropping the only sender ends the thread.
             drop(nudge);
             let _ = thread.join();
@@ -109,24 +121,24 @@ impl Checkpointer {
     }
 }
 
-/// Asks the thread in `slot` for a checkpoint, starting it first if it has not started: a
+/// Asks the thread in `state` for a checkpoint, starting it first if it has not started: a
 /// full nudge means the thread is at it already, or pausing.
-fn nudge(slot: &Mutex<Option<Running>>, path: &Path, durability: Durability) {
-    let mut slot = match slot.lock() {
-        Ok(slot) => slot,
+fn nudge(state: &Mutex<ThreadState>, path: &Path, durability: Durability) {
+    let mut state = match state.lock() {
+        Ok(state) => state,
         Err(poisoned) => poisoned.into_inner(),
     };
-    if slot.is_none() {
-        match spawn(path.to_owned(), durability) {
-            Ok(running) => *slot = Some(running),
+    if matches!(*state, ThreadState::NotStarted) {
+        *state = match spawn(path.to_owned(), durability) {
+            Ok(running) => ThreadState::Running(running),
             // The writer checkpoints itself past `WAL_FRAMES_CHECKPOINT_INLINE`.
             Err(error) => {
                 tracing::warn!(%error, "cannot start the checkpoint thread");
-                return;
+                ThreadState::CannotStart
             }
-        }
+        };
     }
-    if let Some(running) = slot.as_ref() {
+    if let ThreadState::Running(running) = &*state {
         let _ = running.nudge.try_send(());
     }
 }
@@ -168,7 +180,10 @@ mod tests {
     use super::*;
 
     fn started(checkpointer: &Checkpointer) -> bool {
-        checkpointer.thread.lock().expect("not poisoned").is_some()
+        matches!(
+            *checkpointer.thread.lock().expect("not poisoned"),
+            ThreadState::Running(_)
+        )
     }
 
     /// A short command's commits start no thread; the commit that takes the WAL past

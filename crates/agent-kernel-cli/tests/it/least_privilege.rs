@@ -236,7 +236,8 @@ fn a_program_installed_after_its_tools_were_loaded_fails_naming_the_second_line_
 /// long after `run` confined itself to `ws/`; it is started by the log's writer thread,
 /// which the second line never confines, so it still opens the log outside the roots: a
 /// plan whose WAL passes `WAL_FRAMES_CHECKPOINT` frames has its pages copied into the file
-/// as it runs, and no checkpoint fails.
+/// while it runs (seen during its last step, which waits, so no closing of the log can have
+/// copied them), and no checkpoint fails.
 #[test]
 fn the_checkpoint_thread_started_after_confinement_still_reaches_the_log() {
     let project = Project::new();
@@ -244,28 +245,45 @@ fn the_checkpoint_thread_started_after_confinement_still_reaches_the_log() {
         eprintln!("Landlock is not enforced on this machine: nothing to check");
         return;
     }
-    let plan = |name: &str, steps: usize| {
-        let steps: Vec<Value> = (0..steps)
-            .map(|_| json!({"tool": "noop", "args": {}}))
-            .collect();
-        project.plan(name, &json!({ "steps": steps }))
-    };
-    let one = plan("one.json", 1);
+    let one = project.plan(
+        "one.json",
+        &json!({"steps": [{"tool": "noop", "args": {}}]}),
+    );
     let output = project.run(&["run", "--plan", one.to_str().expect("utf-8")]);
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
     let file_before = fs::metadata(project.db()).expect("the log").len();
-    // About five frames a step: a WAL of some 3,000 frames, well past the thread's 1,000.
-    let many = plan("many.json", 600);
-    let output = project.run(&["run", "--plan", many.to_str().expect("utf-8")]);
+    // About five frames a step: a WAL of some 3,000 frames, well past the thread's 1,000;
+    // then a step that waits while the file is looked at.
+    let mut steps: Vec<Value> = (0..600)
+        .map(|_| json!({"tool": "noop", "args": {}}))
+        .collect();
+    steps.push(json!({"tool": "noop", "args": {"sleep_ms": 3000}}));
+    let many = project.plan("many.json", &json!({ "steps": steps }));
+    let mut running = project
+        .command(&["run", "--plan", many.to_str().expect("utf-8")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    let copied_while_running = loop {
+        let file_now = fs::metadata(project.db()).expect("the log").len();
+        if file_now > 4 * file_before {
+            break true;
+        }
+        if running.try_wait().expect("waits").is_some() {
+            break false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let output = running.wait_with_output().expect("ends");
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         !stderr.contains("checkpoint"),
         "a checkpoint failed or could not start: {stderr}"
     );
-    let file_after = fs::metadata(project.db()).expect("the log").len();
     assert!(
-        file_after > 4 * file_before,
-        "the file grew from {file_before} to {file_after} bytes only: no checkpoint copied the WAL"
+        copied_while_running,
+        "the file stayed under four times its {file_before} bytes while the plan ran: no checkpoint copied the WAL"
     );
 }

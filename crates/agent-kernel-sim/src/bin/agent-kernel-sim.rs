@@ -33,6 +33,10 @@ struct Args {
     /// seed from the first plus I, kept to one core, and prints its summary first.
     #[arg(long, hide = true)]
     worker: Option<Worker>,
+    /// One process of several: the folder its scratch folders go in, which the first
+    /// process removes.
+    #[arg(long, hide = true)]
+    scratch: Option<std::path::PathBuf>,
 }
 
 /// What the threads share.
@@ -47,7 +51,27 @@ struct Shared {
     failure: Mutex<Option<SeedReport>>,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    match run() {
+        Ok(Found::Nothing) => {}
+        Ok(Found::Broken) => std::process::exit(1),
+        Err(error) => {
+            eprintln!("agent-kernel-sim: {error:#}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// What the seeds explored found.
+enum Found {
+    /// No invariant broken (exit 0).
+    Nothing,
+    /// A seed broke an invariant, printed with its smallest case (exit 1).
+    Broken,
+}
+
+/// Explores as the arguments say; an error (exit 2) is the harness's, not a finding.
+fn run() -> anyhow::Result<Found> {
     let args = Args::parse();
     let first_seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
@@ -62,33 +86,39 @@ fn main() -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
     if let Some(worker) = args.worker {
+        // Ended with its parent, whatever ends the parent.
+        let _ =
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
         keep_to_one_core(worker.index);
-        let explored = explore_here(&args, first_seed, seconds, threads, worker)?;
+        let scratch = args.scratch.as_deref();
+        let explored = explore_here(&args, first_seed, seconds, threads, worker, scratch)?;
         // The parent reads the summary from the first line.
         println!("{}", explored.summary(first_seed, explored.elapsed));
-        if let Some(report) = &explored.failure {
-            print_failure(report);
-            std::process::exit(1);
-        }
-        return Ok(());
+        return Ok(match &explored.failure {
+            None => Found::Nothing,
+            Some(report) => {
+                print_failure(report);
+                Found::Broken
+            }
+        });
     }
     println!("agent-kernel-sim: first seed {first_seed}, {threads} threads");
     let processes = threads.min(allowed_cores().len());
     if processes > 1 {
         return explore_in_processes(&args, first_seed, seconds, threads, processes);
     }
-    let explored = explore_here(&args, first_seed, seconds, threads, Worker::ALONE)?;
+    let explored = explore_here(&args, first_seed, seconds, threads, Worker::ALONE, None)?;
     println!("{}", explored.summary(first_seed, explored.elapsed));
-    match &explored.failure {
+    Ok(match &explored.failure {
         None => {
             println!("no invariant broken");
-            Ok(())
+            Found::Nothing
         }
         Some(report) => {
             print_failure(report);
-            std::process::exit(1);
+            Found::Broken
         }
-    }
+    })
 }
 
 /// Which share of the seeds a process explores: seeds `first + index`, `first + index +
@@ -154,6 +184,7 @@ fn explore_here(
     seconds: Option<u64>,
     threads: usize,
     worker: Worker,
+    scratch: Option<&std::path::Path>,
 ) -> anyhow::Result<Explored> {
     let deadline = seconds.map(|seconds| Instant::now() + Duration::from_secs(seconds));
     let shared = Arc::new(Shared {
@@ -170,7 +201,10 @@ fn explore_here(
         .map(|_| {
             let shared = shared.clone();
             let budget = (args.seeds, args.faults, deadline);
-            std::thread::spawn(move || explore(&shared, first_seed, budget, worker))
+            let scratch = scratch.map(std::path::Path::to_path_buf);
+            std::thread::spawn(move || {
+                explore(&shared, first_seed, budget, worker, scratch.as_deref())
+            })
         })
         .collect();
     for worker in workers {
@@ -199,21 +233,23 @@ fn explore_here(
 /// to its log's writer thread, and opens and closes logs (threads started and ended, the
 /// WAL index mapped and unmapped) at a rate where waking, or flushing the memory mappings
 /// of, a thread on the other core costs more than the work (about a quarter more faults a
-/// second this way on two cores). A failing process stops the others.
+/// second this way on two cores). A failing process stops the others; the scratch folders
+/// of all of them live under one that is removed at the end, whatever became of them.
 fn explore_in_processes(
     args: &Args,
     first_seed: u64,
     seconds: Option<u64>,
     threads: usize,
     processes: usize,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Found> {
     let program = std::env::current_exe().context("finding this program")?;
+    let scratch = scratch_dir().context("making a scratch folder")?;
     let started = Instant::now();
     let (done, finished) = std::sync::mpsc::channel();
-    let mut children = Vec::with_capacity(processes);
+    let mut children = Children(Vec::with_capacity(processes));
     for index in 0..processes {
-        let mut command = std::process::Command::new(&program);
         let share = threads / processes + usize::from(index < threads % processes);
+        let mut command = std::process::Command::new(&program);
         command
             .arg("--seed")
             .arg(first_seed.to_string())
@@ -221,14 +257,16 @@ fn explore_in_processes(
             .arg(share.to_string())
             .arg("--worker")
             .arg(format!("{index}/{processes}"))
+            .arg("--scratch")
+            .arg(scratch.path())
             .stdout(std::process::Stdio::piped());
         if let Some(seeds) = args.seeds {
             command.arg("--seeds").arg(seeds.to_string());
         }
         if let Some(faults) = args.faults {
-            command
-                .arg("--faults")
-                .arg(faults.div_ceil(processes as u64).to_string());
+            // In proportion to the threads, so that the processes end together.
+            let part = (u128::from(faults) * share as u128).div_ceil(threads as u128);
+            command.arg("--faults").arg(part.to_string());
         }
         if let Some(seconds) = seconds {
             command.arg("--seconds").arg(seconds.to_string());
@@ -241,7 +279,10 @@ fn explore_in_processes(
             let _ = std::io::Read::read_to_string(&mut stdout, &mut text);
             let _ = done.send((index, text));
         });
-        children.push(child);
+        children.0.push(Child {
+            process: child,
+            stopped: false,
+        });
     }
     drop(done);
     let mut total = Explored {
@@ -252,12 +293,18 @@ fn explore_in_processes(
         elapsed: 0.0,
         failure: None,
     };
-    // The failing seed of lowest number, with what its process printed.
+    // The failing seed explored first, with what its process printed.
     let mut failure: Option<(u64, String)> = None;
+    // A process that ended neither with a summary nor with a finding.
+    let mut crashed: Option<String> = None;
     for (index, text) in finished {
-        let status = children[index]
+        let status = children.0[index]
+            .process
             .wait()
             .context("waiting for a simulator process")?;
+        if children.0[index].stopped {
+            continue;
+        }
         let summary = text
             .lines()
             .next()
@@ -275,34 +322,69 @@ fn explore_in_processes(
         if status.success() {
             continue;
         }
-        let Some(seed) = text.lines().find_map(failing_seed) else {
-            if failure.is_some() {
-                // Stopped below, for another's failure.
-                continue;
+        children.stop_all();
+        match text.lines().find_map(failing_seed) {
+            Some(seed) if status.code() == Some(1) => {
+                let nth = seed.wrapping_sub(first_seed);
+                if failure
+                    .as_ref()
+                    .is_none_or(|(found, _)| found.wrapping_sub(first_seed) > nth)
+                {
+                    let report = text.lines().skip(1).collect::<Vec<_>>().join("\n");
+                    failure = Some((seed, report));
+                }
             }
-            anyhow::bail!("a simulator process ended with {status}: {text}");
-        };
-        for other in &mut children {
-            // One that ended already is not killed again.
-            let _ = other.kill();
-        }
-        if failure.as_ref().is_none_or(|(found, _)| *found > seed) {
-            let report = text.lines().skip(1).collect::<Vec<_>>().join("\n");
-            failure = Some((seed, report));
+            _ => {
+                crashed.get_or_insert(format!(
+                    "a simulator process ended with {status}: {}",
+                    text.trim()
+                ));
+            }
         }
     }
     println!(
         "{}",
         total.summary(first_seed, started.elapsed().as_secs_f64())
     );
-    match failure {
-        None => {
-            println!("no invariant broken");
-            Ok(())
+    if let Some((_, report)) = failure {
+        println!("{report}");
+        return Ok(Found::Broken);
+    }
+    if let Some(crashed) = crashed {
+        anyhow::bail!(crashed);
+    }
+    println!("no invariant broken");
+    Ok(Found::Nothing)
+}
+
+/// A simulator process started by this one.
+struct Child {
+    process: std::process::Child,
+    /// Killed by this process, for another's finding or crash: what it printed is not read.
+    stopped: bool,
+}
+
+/// The simulator processes started; any still running when this is dropped (the parent
+/// returning early) are killed and waited for.
+struct Children(Vec<Child>);
+
+impl Children {
+    /// Kills every process still running, and notes that it was stopped.
+    fn stop_all(&mut self) {
+        for child in &mut self.0 {
+            if matches!(child.process.try_wait(), Ok(None)) {
+                let _ = child.process.kill();
+                child.stopped = true;
+            }
         }
-        Some((_, report)) => {
-            println!("{report}");
-            std::process::exit(1);
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        self.stop_all();
+        for child in &mut self.0 {
+            let _ = child.process.wait();
         }
     }
 }
@@ -345,8 +427,13 @@ fn explore(
     first_seed: u64,
     (seeds, faults, deadline): (Option<u64>, Option<u64>, Option<Instant>),
     worker: Worker,
+    scratch: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
-    let dir = scratch_dir().context("making a scratch folder")?;
+    let dir = match scratch {
+        Some(root) => tempfile::Builder::new().prefix("thread").tempdir_in(root),
+        None => scratch_dir(),
+    }
+    .context("making a scratch folder")?;
     while !shared.stop.load(Ordering::Relaxed) {
         let nth = shared.next_seed.fetch_add(1, Ordering::Relaxed) * worker.of + worker.index;
         if seeds.is_some_and(|seeds| nth >= seeds) {

@@ -10,6 +10,7 @@ mod hostile;
 #[cfg(feature = "http")]
 mod http_get;
 mod misc;
+mod prepared;
 mod validate_file;
 
 use std::fs;
