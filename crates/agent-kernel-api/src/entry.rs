@@ -116,7 +116,7 @@ pub trait Tool: Send + Sync + 'static {
 ///
 /// # Contract
 ///
-/// - `prepare` and `changed_since` change nothing.
+/// - `prepare`, `changed_since` and `changed_since_prepared` change nothing.
 /// - `compensate` must be safe when the effect happened, when it did not, and when it is
 ///   unknown whether it did: a crash can land between the effect and its log record, and
 ///   then `output` is `None`. It must be idempotent (recovery may run it twice) and must not
@@ -201,7 +201,8 @@ pub trait Compensate: Tool {
     ///
     /// # Errors
     ///
-    /// A [`ToolError`] when the check could not be made: the step then does not run.
+    /// A [`ToolError`] when the check could not be made. The engine then treats the world
+    /// as unchanged, as it does for a tool that cannot tell, and the step runs.
     fn changed_since_prepared(
         &self,
         ctx: &ToolContext,

@@ -246,9 +246,10 @@ impl Compensate for SetTool {
 }
 
 impl Probe for SetTool {
-    /// Whether the step's value is in place: values are unique in a scenario, so only this
-    /// step writes it (a later writer may have replaced it since: then there is nothing of
-    /// the step left to undo).
+    /// Whether the step's value is in place: values are unique among a scenario's sagas, so
+    /// only this step writes it (a later writer may have replaced it since: then there is
+    /// nothing of the step left to undo). An agent that runs its sagas again writes them
+    /// again, though, and a power loss can leave the first run's value unlogged.
     async fn probe(
         &self,
         ctx: &ToolContext,

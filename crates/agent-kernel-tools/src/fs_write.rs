@@ -294,8 +294,6 @@ pub(crate) fn left_as(
     }
 }
 
-/// Whether the file holds exactly `bytes`, or is absent when `bytes` is `None`: what a
-/// compensation restores.
 /// Why `file` no longer holds exactly `prepared` (`None`: absent), if it does not.
 pub(crate) fn as_prepared(
     file: &agent_kernel_sandbox::ConfinedFile,
@@ -314,6 +312,8 @@ pub(crate) fn as_prepared(
     }))
 }
 
+/// Whether the file holds exactly `bytes`, or is absent when `bytes` is `None`: what a
+/// compensation restores.
 pub(crate) fn holds_exactly(
     file: &agent_kernel_sandbox::ConfinedFile,
     bytes: Option<&[u8]>,
