@@ -495,7 +495,7 @@ type ProbeFn<T> = for<'a> fn(
     &'a Undo,
 ) -> BoxFuture<'a, Result<ProbeOutcome, ToolError>>;
 
-type ProbeChangedFn<T> = for<'a> fn(
+type PreparedChangedFn<T> = for<'a> fn(
     &'a T,
     &'a ToolContext,
     &'a Value,
@@ -508,7 +508,7 @@ type RestoresFn<T> = fn(&T, &Value, &Undo, Option<&ToolOutput>) -> Option<String
 struct Compensation<T> {
     prepare: PrepareFn<T>,
     changed_since: ChangedFn<T>,
-    changed_since_prepared: ProbeChangedFn<T>,
+    changed_since_prepared: PreparedChangedFn<T>,
     compensate: CompensateFn<T>,
     restores: RestoresFn<T>,
 }

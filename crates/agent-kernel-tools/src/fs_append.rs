@@ -157,11 +157,10 @@ impl Compensate for FsAppend {
     /// grown by the step's bytes, it holds another writer's append.
     async fn changed_since_prepared(
         &self,
-        ctx: &ToolContext,
+        _ctx: &ToolContext,
         _args: &Value,
         undo: &Undo,
     ) -> Result<Option<String>, ToolError> {
-        settle(ctx).await;
         let AppendUndo {
             target,
             existed,

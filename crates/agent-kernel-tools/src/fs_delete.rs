@@ -218,19 +218,21 @@ impl Compensate for FsDelete {
     /// what that writer removed.
     async fn changed_since_prepared(
         &self,
-        ctx: &ToolContext,
+        _ctx: &ToolContext,
         _args: &Value,
         undo: &Undo,
     ) -> Result<Option<String>, ToolError> {
-        settle(ctx).await;
         let DeleteUndo { target, absent, .. } = parse_undo(Self::ID, &undo.data)?;
-        let prepared = if absent { None } else { undo.blob.clone() };
-        if !absent && prepared.is_none() {
-            return Err(ToolError::failed(format!(
-                "the undo record of {} for `{target}` lacks the file's bytes",
-                Self::ID
-            )));
-        }
+        let prepared = match (absent, &undo.blob) {
+            (true, _) => None,
+            (false, Some(bytes)) => Some(bytes.clone()),
+            (false, None) => {
+                return Err(ToolError::failed(format!(
+                    "the undo record of {} for `{target}` lacks the file's bytes",
+                    Self::ID
+                )));
+            }
+        };
         let file = self.files.reconfine(&target)?;
         blocking(move || crate::fs_write::as_prepared(&file, prepared.as_deref())).await
     }

@@ -208,11 +208,10 @@ impl Compensate for FsWrite {
     /// the step's bytes, it holds another writer's.
     async fn changed_since_prepared(
         &self,
-        ctx: &ToolContext,
+        _ctx: &ToolContext,
         _args: &Value,
         undo: &Undo,
     ) -> Result<Option<String>, ToolError> {
-        settle(ctx).await;
         let WriteUndo {
             target, existed, ..
         } = parse_undo(Self::ID, &undo.data)?;

@@ -42,7 +42,7 @@ struct Args {
 /// What the threads share.
 struct Shared {
     /// How many seeds this process's threads took so far.
-    next_seed: AtomicU64,
+    seeds_taken: AtomicU64,
     seeds: AtomicU64,
     cases: AtomicU64,
     faults: AtomicU64,
@@ -93,7 +93,7 @@ fn run() -> anyhow::Result<Found> {
         let scratch = args.scratch.as_deref();
         let explored = explore_here(&args, first_seed, seconds, threads, worker, scratch)?;
         // The parent reads the summary from the first line.
-        println!("{}", explored.summary(first_seed, explored.elapsed));
+        println!("{}", explored.summary(first_seed));
         return Ok(match &explored.failure {
             None => Found::Nothing,
             Some(report) => {
@@ -108,7 +108,7 @@ fn run() -> anyhow::Result<Found> {
         return explore_in_processes(&args, first_seed, seconds, threads, processes);
     }
     let explored = explore_here(&args, first_seed, seconds, threads, Worker::ALONE, None)?;
-    println!("{}", explored.summary(first_seed, explored.elapsed));
+    println!("{}", explored.summary(first_seed));
     Ok(match &explored.failure {
         None => {
             println!("no invariant broken");
@@ -159,12 +159,13 @@ struct Explored {
     faults: u64,
     points: u64,
     elapsed: f64,
-    /// The failing seed of lowest number, if any.
+    /// The first failing seed its threads found, if any.
     failure: Option<SeedReport>,
 }
 
 impl Explored {
-    fn summary(&self, first_seed: u64, elapsed: f64) -> serde_json::Value {
+    fn summary(&self, first_seed: u64) -> serde_json::Value {
+        let elapsed = self.elapsed;
         serde_json::json!({
             "first_seed": first_seed,
             "seeds": self.seeds,
@@ -188,7 +189,7 @@ fn explore_here(
 ) -> anyhow::Result<Explored> {
     let deadline = seconds.map(|seconds| Instant::now() + Duration::from_secs(seconds));
     let shared = Arc::new(Shared {
-        next_seed: AtomicU64::new(0),
+        seeds_taken: AtomicU64::new(0),
         seeds: AtomicU64::new(0),
         cases: AtomicU64::new(0),
         faults: AtomicU64::new(0),
@@ -342,10 +343,8 @@ fn explore_in_processes(
             }
         }
     }
-    println!(
-        "{}",
-        total.summary(first_seed, started.elapsed().as_secs_f64())
-    );
+    total.elapsed = started.elapsed().as_secs_f64();
+    println!("{}", total.summary(first_seed));
     if let Some((_, report)) = failure {
         println!("{report}");
         return Ok(Found::Broken);
@@ -435,7 +434,7 @@ fn explore(
     }
     .context("making a scratch folder")?;
     while !shared.stop.load(Ordering::Relaxed) {
-        let nth = shared.next_seed.fetch_add(1, Ordering::Relaxed) * worker.of + worker.index;
+        let nth = shared.seeds_taken.fetch_add(1, Ordering::Relaxed) * worker.of + worker.index;
         if seeds.is_some_and(|seeds| nth >= seeds) {
             break;
         }
