@@ -4,8 +4,12 @@
 //!
 //! The thread is started before the kernel confines itself (Landlock), so the servers it
 //! starts run outside the kernel's sandbox, as the separate programs they are.
+//!
+//! A step's calls reach its server one at a time ([`StepCalls`]): a call the kernel stopped
+//! waiting for (its timeout) still runs at the server, so the step's compensation is sent
+//! only once the server answered it, never while the effect may still land.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
@@ -19,7 +23,7 @@ use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, Tool};
 use rmcp::service::{RoleClient, RunningService, ServiceError};
 use rmcp::transport::TokioChildProcess;
 use tokio::io::AsyncBufReadExt;
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, OwnedMutexGuard, mpsc, oneshot};
 use tracing::{info, warn};
 
 #[cfg(doc)]
@@ -68,6 +72,83 @@ pub enum CallError {
 /// The connections to the upstream servers of one kernel.
 pub struct Hub {
     jobs: mpsc::UnboundedSender<Job>,
+    steps: Arc<StepCalls>,
+}
+
+/// The step a call is made for: its saga and position.
+#[derive(Debug, Clone, Copy)]
+pub struct StepRef<'a> {
+    /// The step's saga.
+    pub saga_id: &'a str,
+    /// The step's position in its saga.
+    pub step_seq: u32,
+}
+
+/// The calls of each step still running at their server, one gate per step: a call holds
+/// its step's gate from before it is sent until the server answered it (or the connection
+/// was lost), on the upstream thread, whether or not anyone still waits for the answer; the
+/// step's next call (its compensation after a timeout) waits for the gate first.
+#[derive(Default)]
+struct StepCalls {
+    gates: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
+}
+
+/// A step's gate, held (or waited for); the gate is forgotten once nobody holds or waits.
+struct Boarding {
+    calls: Arc<StepCalls>,
+    key: String,
+    gate: Option<Arc<Mutex<()>>>,
+    held: Option<OwnedMutexGuard<()>>,
+}
+
+impl StepCalls {
+    /// The gate of `step`, once its earlier calls have all been answered.
+    async fn board(self: &Arc<Self>, step: StepRef<'_>) -> Boarding {
+        let key = format!("{}/{}", step.saga_id, step.step_seq);
+        let gate = Arc::clone(
+            self.gates
+                .lock()
+                .expect("the gates' lock is never poisoned")
+                .entry(key.clone())
+                .or_default(),
+        );
+        let mut boarding = Boarding {
+            calls: Arc::clone(self),
+            key,
+            gate: Some(Arc::clone(&gate)),
+            held: None,
+        };
+        let held = match Arc::clone(&gate).try_lock_owned() {
+            Ok(held) => held,
+            Err(_) => {
+                info!(
+                    step = %boarding.key,
+                    "waiting for this step's earlier upstream call, still running at its server"
+                );
+                gate.lock_owned().await
+            }
+        };
+        boarding.held = Some(held);
+        boarding
+    }
+}
+
+impl Drop for Boarding {
+    fn drop(&mut self) {
+        drop(self.held.take());
+        drop(self.gate.take());
+        let mut gates = self
+            .calls
+            .gates
+            .lock()
+            .expect("the gates' lock is never poisoned");
+        if gates
+            .get(&self.key)
+            .is_some_and(|gate| Arc::strong_count(gate) == 1)
+        {
+            gates.remove(&self.key);
+        }
+    }
 }
 
 impl std::fmt::Debug for Hub {
@@ -212,7 +293,10 @@ impl Hub {
                     format!("cannot start the upstream thread: {err}"),
                 )
             })?;
-        Ok(Hub { jobs })
+        Ok(Hub {
+            jobs,
+            steps: Arc::default(),
+        })
     }
 
     /// Runs `work` on the upstream thread with the server `name`; its answer.
@@ -289,19 +373,27 @@ impl Hub {
         }
     }
 
-    /// Calls `tool` of server `name` with `args`.
+    /// Calls `tool` of server `name` with `args` for `step`, once every earlier call for
+    /// `step` was answered: a call whose answer the caller stopped waiting for (a timeout)
+    /// may still be acting at the server, and a compensation sent meanwhile could be
+    /// overtaken by the effect it undoes. The call holds the step's turn until the server
+    /// answers it, whether or not the caller still waits.
     ///
     /// # Errors
     ///
     /// A [`CallError`] saying whether the call may have happened.
     pub async fn call(
         &self,
+        step: StepRef<'_>,
         name: &str,
         tool: &str,
         args: JsonObject,
     ) -> Result<CallToolResult, CallError> {
         let tool = tool.to_owned();
+        let turn = self.steps.board(step).await;
         let answer = self.submit(name, move |server: Arc<Server>| async move {
+            // Held until the server answered, on the upstream thread.
+            let _turn = turn;
             let client = server.client().await?;
             client
                 .call_tool(CallToolRequestParams::new(tool).with_arguments(args))
@@ -318,5 +410,48 @@ impl Hub {
             .await
             // Dropped by the thread during the call (it stopped): the call may have been sent.
             .unwrap_or_else(|_| Err(CallError::Lost("the upstream thread stopped".to_owned())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(saga_id: &str, step_seq: u32) -> StepRef<'_> {
+        StepRef { saga_id, step_seq }
+    }
+
+    #[tokio::test]
+    async fn a_steps_next_call_waits_until_its_earlier_one_is_answered() {
+        let calls = Arc::new(StepCalls::default());
+        let first = calls.board(step("s", 0)).await;
+        // Another step, or the same position of another saga, does not wait.
+        let other = calls.board(step("s", 1)).await;
+        let elsewhere = calls.board(step("t", 0)).await;
+        let next = tokio::spawn({
+            let calls = Arc::clone(&calls);
+            async move { calls.board(step("s", 0)).await }
+        });
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!next.is_finished(), "it waits while the first call runs");
+        drop(first);
+        let next = next.await.expect("boards once the first call ended");
+        drop((next, other, elsewhere));
+        assert!(
+            calls.gates.lock().expect("not poisoned").is_empty(),
+            "every gate is forgotten once nobody holds it"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_stops_waiting_leaves_no_gate_behind() {
+        let calls = Arc::new(StepCalls::default());
+        let first = calls.board(step("s", 0)).await;
+        let gave_up =
+            tokio::time::timeout(Duration::from_millis(10), calls.board(step("s", 0))).await;
+        assert!(gave_up.is_err(), "still held by the first call");
+        drop(first);
+        assert!(calls.gates.lock().expect("not poisoned").is_empty());
     }
 }

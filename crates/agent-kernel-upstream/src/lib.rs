@@ -35,7 +35,7 @@ pub use config::{
     Compensation, SERVER_START_TIMEOUT_MS_MAX, SERVERS_FILE_BYTES_MAX, ServerSpec,
     ServersFileError, ToolDecl, UPSTREAM_SERVERS_MAX, load_servers, parse_servers,
 };
-pub use hub::{CallError, Hub, SERVER_START_TIMEOUT, SERVER_STARTS_MAX};
+pub use hub::{CallError, Hub, SERVER_START_TIMEOUT, SERVER_STARTS_MAX, StepRef};
 pub use mapping::Mapping;
 pub use tool::UpstreamTool;
 

@@ -12,7 +12,7 @@ use rmcp::model::{CallToolResult, JsonObject, Tool as McpTool};
 use serde_json::Value;
 
 use crate::config::{ServerSpec, ToolDecl};
-use crate::hub::{CallError, Hub};
+use crate::hub::{CallError, Hub, StepRef};
 
 /// A tool of an upstream MCP server.
 #[derive(Debug)]
@@ -139,8 +139,19 @@ fn object(args: &Value) -> Result<JsonObject, ToolError> {
 }
 
 impl UpstreamTool {
-    async fn call(&self, tool: &str, args: &Value) -> Result<ToolOutput, ToolError> {
-        match self.hub.call(&self.server, tool, object(args)?).await {
+    /// Calls `tool` of the server for the step of `ctx` (its calls reach the server one at
+    /// a time, [`Hub::call`]).
+    async fn call(
+        &self,
+        ctx: &ToolContext,
+        tool: &str,
+        args: &Value,
+    ) -> Result<ToolOutput, ToolError> {
+        let step = StepRef {
+            saga_id: ctx.saga_id.as_str(),
+            step_seq: ctx.step_seq,
+        };
+        match self.hub.call(step, &self.server, tool, object(args)?).await {
             Ok(result) if result.is_error == Some(true) => Err(ToolError::failed(format!(
                 "`{}.{tool}` answered an error: {}",
                 self.server,
@@ -205,15 +216,15 @@ impl Tool for UpstreamTool {
             )
     }
 
-    async fn execute(&self, _ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
-        self.call(&self.name, args).await
+    async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        self.call(ctx, &self.name, args).await
     }
 }
 
 impl Compensate for UpstreamTool {
     async fn compensate(
         &self,
-        _ctx: &ToolContext,
+        ctx: &ToolContext,
         args: &Value,
         _undo: &Undo,
         output: Option<&ToolOutput>,
@@ -238,6 +249,9 @@ impl Compensate for UpstreamTool {
                     error.message()
                 ))
             })?;
-        self.call(&compensation.tool, &arguments).await.map(|_| ())
+        // Sent once the step's own call was answered (after a timeout it may still run).
+        self.call(ctx, &compensation.tool, &arguments)
+            .await
+            .map(|_| ())
     }
 }

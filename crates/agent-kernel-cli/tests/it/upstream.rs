@@ -347,3 +347,63 @@ fn a_server_the_tools_file_no_longer_declares_leaves_a_dead_letter() {
         "{listed}"
     );
 }
+
+/// An upstream tool whose call outlasts its timeout is compensated only once the server
+/// answered that call: a compensation sent at once would reach the server while the call
+/// still runs there, and the effect would land after its rollback. The upstream server is
+/// the binary's own MCP server, whose command tool `late.write` writes its file a second
+/// after it starts; the kernel in front gives it 300 ms.
+#[test]
+fn a_call_past_its_timeout_is_compensated_only_after_the_server_answered_it() {
+    let project = Project::new();
+    fs::create_dir_all(project.path("up/ws")).expect("creates up/ws");
+    fs::write(project.path("up/sandbox.toml"), "[fs]\nallow = [\"ws\"]\n").expect("writes");
+    fs::write(
+        project.path("up/tools.toml"),
+        r#"
+[tools."late.write"]
+effect = "mutating"
+settlement = "compensate"
+execute = ["sh", "-c", "sleep 1; printf late > ws/late.txt; printf x > ws/write.ended"]
+compensate = ["sh", "-c", "rm -f ws/late.txt"]
+write = ["ws"]
+
+[tools."late.erase"]
+effect = "mutating"
+settlement = "compensate"
+execute = ["sh", "-c", "rm -f ws/late.txt"]
+compensate = ["true"]
+write = ["ws"]
+"#,
+    )
+    .expect("writes");
+    fs::write(
+        project.path("tools.toml"),
+        format!(
+            r#"
+[mcp_servers.late]
+command = ["{bin}", "--db", "up/up.db", "--sandbox", "up/sandbox.toml", "--tools", "up/tools.toml", "-q", "mcp"]
+
+[mcp_servers.late.tool.late_write]
+effect = "mutating"
+timeout_ms = 300
+compensate = {{ tool = "late_erase", args = {{ args = {{}} }} }}
+"#,
+            bin = bin().display()
+        ),
+    )
+    .expect("writes tools.toml");
+    let mut server = crate::mcp::Raw::start(&project);
+    let answer = server.call("late_late_write", json!({"args": {"args": {}}}));
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let text = answer.to_string();
+    assert!(text.contains("timed out"), "{answer}");
+    crate::wait_until("the upstream program ended", || {
+        project.path("up/ws/write.ended").exists()
+    });
+    assert!(
+        !project.path("up/ws/late.txt").exists(),
+        "the effect landed after its compensation: {answer}"
+    );
+    server.close();
+}
