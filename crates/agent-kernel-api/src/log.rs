@@ -453,6 +453,10 @@ pub struct StepRecord {
     pub created_at_ms: i64,
     /// When it last changed, in ms since the Unix epoch.
     pub updated_at_ms: i64,
+    /// The resources its BEGIN claimed (its tool's resource keys for its arguments),
+    /// sorted; empty when it declared none (a read-only step).
+    #[serde(default)]
+    pub resources: Vec<String>,
 }
 
 /// One saga with its steps, in order.

@@ -6,6 +6,8 @@ use agent_kernel_api::{
     EffectClass, LogWrite, ProbeOutcome, SagaId, SagaRecord, SagaState, Settlement, StepRecord,
     StepStatus, ToolError,
 };
+use std::collections::BTreeMap;
+
 use agent_kernel_fsm::{Event, Facts, Guardrail};
 use tracing::{Instrument, debug, field, info, info_span, warn};
 
@@ -127,6 +129,12 @@ impl Kernel {
     /// tool's [`changed_since`](agent_kernel_api::Compensate::changed_since) accepts
     /// what it restores). Holding outcomes until several compensations ran is the bug this
     /// rules out: a later step's undo run again over an earlier step's undo of one file.
+    ///
+    /// A step is not compensated while a later step of the saga on one of its resources is
+    /// not ([`waits_for`]): undone first, it would act under that step's effect, and a
+    /// tool that cannot tell what changed since (an upstream, command or Python tool) would
+    /// undo nothing, or the wrong thing, and report success. It fails as that later step
+    /// did, with a dead letter of its own, to be retried after the later one's.
     pub(crate) async fn compensate_steps(
         &self,
         record: &SagaRecord,
@@ -153,15 +161,18 @@ impl Kernel {
         } else {
             Vec::new()
         };
+        // The resources of the later steps not compensated in this pass, with the step.
+        let mut not_undone: BTreeMap<&str, u32> = BTreeMap::new();
         for step in record.steps.iter().rev() {
             if simulated || !Self::needs_compensation(step) {
                 continue;
             }
+            let waiting = waits_for(step, &not_undone);
             // Test-only, never in a build you ship: outcomes held back until every
             // compensation ran (a planted bug, the regression that batching recovery's writes
             // once brought), so that the simulator can show it finds it.
             let hold_outcomes = cfg!(feature = "sim-plant-held-outcomes");
-            if Self::may_act(step) {
+            if Self::may_act(step) && waiting.is_none() {
                 if !pending.is_empty() && !hold_outcomes {
                     // The outcome before is durable before this compensation acts.
                     self.log.write(std::mem::take(&mut pending)).await?;
@@ -171,10 +182,14 @@ impl Kernel {
                 self.log.effect_allowed()?;
             }
             let span = info_span!("compensate", step = step.step_seq, tool = %step.tool_id, outcome = field::Empty);
-            let result = self
-                .compensate_step(&saga_id, actor, step, when_changed)
-                .instrument(span.clone())
-                .await;
+            let result = match &waiting {
+                Some(error) => Err(error.clone()),
+                None => {
+                    self.compensate_step(&saga_id, actor, step, when_changed)
+                        .instrument(span.clone())
+                        .await
+                }
+            };
             span.record(
                 "outcome",
                 if result.is_ok() {
@@ -185,6 +200,9 @@ impl Kernel {
             );
             debug!(parent: &span, "step compensation finished");
             if let Err(error) = &result {
+                for resource in &step.resources {
+                    not_undone.entry(resource).or_insert(step.step_seq);
+                }
                 any_failed = true;
                 warn!(saga_id = %saga_id, step_seq = step.step_seq, tool = %step.tool_id, %error, "compensation failed");
             }
@@ -359,4 +377,17 @@ impl Kernel {
             ))),
         }
     }
+}
+
+/// Why `step` must wait, when a later step of its saga on one of its resources was not
+/// compensated (`not_undone`: each such resource, with that step): the error its
+/// compensation fails with, nothing run.
+pub(crate) fn waits_for(step: &StepRecord, not_undone: &BTreeMap<&str, u32>) -> Option<ToolError> {
+    step.resources.iter().find_map(|resource| {
+        not_undone.get(resource.as_str()).map(|later| {
+            ToolError::failed(format!(
+                "not compensated: step {later}, later on the same resource `{resource}`, was not compensated, and undoing this step first would act under its effect; retry step {later}'s dead letter first, then this one"
+            ))
+        })
+    })
 }

@@ -44,6 +44,25 @@ impl RetryOutcome {
     }
 }
 
+/// The first step of `steps` later than `step` that shares a resource with it and whose
+/// dead letter is open (its step in `open`), with that resource.
+fn later_not_undone<'s>(
+    steps: &'s [StepRecord],
+    step: &StepRecord,
+    open: &[u32],
+) -> Option<(u32, &'s str)> {
+    steps
+        .iter()
+        .filter(|later| later.step_seq > step.step_seq && open.contains(&later.step_seq))
+        .find_map(|later| {
+            later
+                .resources
+                .iter()
+                .find(|resource| step.resources.contains(resource))
+                .map(|resource| (later.step_seq, resource.as_str()))
+        })
+}
+
 impl Kernel {
     /// The dead letter to record with a failed compensation of `step`: a new letter, or the
     /// step's open one with its attempts counted on, due again after the backoff.
@@ -108,7 +127,8 @@ impl Kernel {
     ///
     /// [`KernelError::DeadLetterNotFound`]; [`KernelError::DeadLetterClosed`] for a letter
     /// already settled; [`KernelError::InvalidRequest`] while the saga's rollback has not
-    /// finished; [`KernelError::MissingTools`] when this program lacks the step's tool
+    /// finished, or while a later step of the saga on one of the step's resources has an
+    /// open letter (compensations run last first; `force` runs it anyway); [`KernelError::MissingTools`] when this program lacks the step's tool
     /// (nothing is changed); [`KernelError::Log`].
     pub async fn retry_dead_letter(
         &self,
@@ -168,6 +188,24 @@ impl Kernel {
                     step.step_seq
                 ),
             });
+        }
+        // Compensations run last first: a later step on one of its resources whose own
+        // letter is open comes first (it acts under that step's effect otherwise).
+        let open: Vec<u32> = if force {
+            Vec::new()
+        } else {
+            self.log
+                .open_dead_letters(Some(&letter.saga_id))
+                .await?
+                .iter()
+                .map(|open| open.step_seq)
+                .collect()
+        };
+        if let Some((later, resource)) = later_not_undone(&record.steps, step, &open) {
+            return Err(KernelError::InvalidRequest(format!(
+                "step {later} of saga {}, later on the same resource `{resource}`, is not compensated (its dead letter is open): retry that one first, or use --force to run this compensation anyway; nothing was done",
+                record.saga.saga_id
+            )));
         }
         // An unavailable upstream server fails the compensation below, naming it.
         let unavailable = self.tools.load(&step.tool_id).await.is_err();

@@ -7,8 +7,9 @@
 //!
 //! A seed makes a [`Scenario`]: up to three sagas of up to three `sim.set` steps over three
 //! shared keys, some steps failing on purpose, some settled by a probe (`sim.set.probed`),
-//! some waiting for an operator's approval (`sim.set.approved`), perhaps a writer outside
-//! the kernel, and perhaps an operator. The first process runs every saga at once (the schedule, from the
+//! some waiting for an operator's approval (`sim.set.approved`), some through a simulated
+//! upstream MCP server (`up.set`, the real upstream tool and hub, `upstream.rs`), perhaps a
+//! writer outside the kernel, and perhaps an operator. The first process runs every saga at once (the schedule, from the
 //! seed, decides how they interleave), each as a plan, as a live saga driven call by call
 //! and committed or aborted, or as one call alone, as the seed says; the operator, a process of its own beside it, undoes
 //! sagas as they end `Done` and retries dead letters as they open, and decides the approval requests it finds (a
@@ -57,7 +58,8 @@
 //! One log (SQLite; PostgreSQL's many processes are not simulated), power lost only on the
 //! first process's machine and never tearing a page, the engine's calls only (plans,
 //! live sagas, calls alone, `recover`, `undo`, `dlq retry`, approve and reject; not the
-//! MCP server around them), and one tool under three ids (no upstream server).
+//! MCP server around them), one in-process tool under three ids, and one upstream server
+//! reached through the hub's connection seam (not the MCP protocol over stdio).
 
 mod check;
 mod drivers;
@@ -69,6 +71,7 @@ mod process;
 mod run;
 mod scenario;
 mod tools;
+mod upstream;
 mod world;
 
 pub use crate::explore::{
@@ -81,6 +84,7 @@ pub use crate::scenario::{
     Driver, KEYS, OPERATOR_ACTIONS_MAX, Outside, Rng, SAGAS_MAX, STEPS_MAX, Scenario, StepSpec,
 };
 pub use crate::tools::{APPROVED_TOOL, PROBED_TOOL, SET_TOOL};
+pub use crate::upstream::UPSTREAM_TOOL;
 pub use crate::world::{Event, World, WorldState};
 
 /// `path` with `suffix` after its name (SQLite's `-wal`, `-shm`).

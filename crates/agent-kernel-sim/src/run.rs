@@ -24,6 +24,7 @@ use crate::power::{PowerLoss, Recorder};
 use crate::process::{Fault, FaultKind, Process};
 use crate::scenario::{Driver, OPERATOR_STREAMS, Rng, Scenario};
 use crate::tools::{APPROVED_TOOL, PROBED_TOOL, SET_TOOL, SetTool};
+use crate::upstream::Upstream;
 use crate::with_suffix;
 use crate::world::World;
 
@@ -172,15 +173,16 @@ impl Run<'_> {
         Ok(Arc::new(log))
     }
 
-    /// Process `pid`, meeting `fault`, with processes `dead` known dead; and its log,
-    /// without the faults. Its writes are noted for a power loss where `before_power_loss`.
+    /// Process `pid`, meeting `fault`, with processes `dead` known dead; its log, without
+    /// the faults; and its upstream server. Its writes are noted for a power loss where
+    /// `before_power_loss`.
     fn kernel(
         &self,
         process: &Arc<Process>,
         pid: u32,
         dead: DeadPids,
         before_power_loss: bool,
-    ) -> anyhow::Result<(Kernel, Arc<SqliteLog>)> {
+    ) -> anyhow::Result<(Kernel, Arc<SqliteLog>, Upstream)> {
         let sqlite = self.open_log()?;
         let recorder = self.recorder.clone().filter(|_| before_power_loss);
         let log: Arc<dyn TxLog> =
@@ -202,6 +204,10 @@ impl Run<'_> {
                 .register(entry)
                 .map_err(|err| anyhow::anyhow!("registering {id}: {err}"))?;
         }
+        let upstream = Upstream::new(self.world.clone(), process.clone());
+        tools
+            .add_source(upstream.source())
+            .map_err(|err| anyhow::anyhow!("the upstream server: {err}"))?;
         let approvals = ApprovalPolicy::new(vec![APPROVED_TOOL.to_owned()], APPROVAL_TIMEOUT_MS)
             .map_err(|err| anyhow::anyhow!("the approval policy: {err}"))?;
         let kernel = Kernel::new(
@@ -220,7 +226,7 @@ impl Run<'_> {
             self.durability,
         )
         .with_approval_policy(approvals);
-        Ok((kernel, sqlite))
+        Ok((kernel, sqlite, upstream))
     }
 }
 
@@ -320,7 +326,7 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
     let mut decisions = schedule.fork(DECISIONS_STREAM);
     let mut lost = None;
     {
-        let (kernel, log) = run.kernel(&first, 1, DeadPids::these(Vec::new()), true)?;
+        let (kernel, log, upstream) = run.kernel(&first, 1, DeadPids::these(Vec::new()), true)?;
         let kernel = Arc::new(kernel);
         let watching_first = DeadPids {
             dead: Vec::new(),
@@ -335,9 +341,15 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
         let runtime = runtime()?;
         runtime.block_on(async {
             let sagas = async {
-                let runs = futures_util::future::join_all(
-                    (0..case.scenario.sagas.len()).map(|n| drive(&kernel, &case.scenario, n)),
-                );
+                let runs = async {
+                    let lines = futures_util::future::join_all(
+                        (0..case.scenario.sagas.len()).map(|n| drive(&kernel, &case.scenario, n)),
+                    )
+                    .await;
+                    // It ends once its upstream server finished what it was asked.
+                    upstream.idle().await;
+                    lines
+                };
                 tokio::select! {
                     biased;
                     () = first.killed() => {}
@@ -351,7 +363,7 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
                 }
             };
             let operating = async {
-                if let Some((operator_kernel, _)) = &operator_kernel {
+                if let Some((operator_kernel, _, operator_upstream)) = &operator_kernel {
                     let deciding = async {
                         if case.scenario.asks_approvals() {
                             decide(operator_kernel, &operator, &first, &mut decisions).await;
@@ -360,21 +372,25 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
                     tokio::select! {
                         biased;
                         () = operator.killed() => {}
-                        _ = futures_util::future::join(
-                            operate(
-                                operator_kernel,
-                                &operator,
-                                case.scenario.operator_actions,
-                                &mut choices,
-                            ),
-                            deciding,
-                        ) => operator.die(),
+                        _ = async {
+                            futures_util::future::join(
+                                operate(
+                                    operator_kernel,
+                                    &operator,
+                                    case.scenario.operator_actions,
+                                    &mut choices,
+                                ),
+                                deciding,
+                            )
+                            .await;
+                            operator_upstream.idle().await;
+                        } => operator.die(),
                     }
                 }
             };
             futures_util::future::join(sagas, operating).await;
         });
-        drop(kernel);
+        drop((kernel, upstream));
         // What the write-ahead log holds, before closing checkpoints it away.
         let wal = match &run.recorder {
             Some(recorder) if first.lost_power() => {
@@ -383,8 +399,8 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
             _ => None,
         };
         close(log)?;
-        if let Some((operator_kernel, operator_log)) = operator_kernel {
-            drop(operator_kernel);
+        if let Some((operator_kernel, operator_log, operator_upstream)) = operator_kernel {
+            drop((operator_kernel, operator_upstream));
             close(operator_log)?;
         }
         if let (Some(recorder), Some(wal), Some(fault)) = (&run.recorder, wal, case.fault) {
@@ -431,14 +447,19 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
             Vec::new(),
             run.world.clone(),
         ));
-        let (kernel, log) =
+        let (kernel, log, upstream) =
             run.kernel(&process, pid, DeadPids::these((1..pid).collect()), false)?;
         let runtime = runtime()?;
         runtime.block_on(async {
+            let recovering = async {
+                let report = kernel.recover(&NoObserver).await;
+                upstream.idle().await;
+                report
+            };
             tokio::select! {
                 biased;
                 () = process.killed() => {}
-                report = kernel.recover(&NoObserver) => match report {
+                report = recovering => match report {
                     Ok(report) => process.note(format!("settled {} sagas", report.sagas.len())),
                     Err(err) => {
                         // Its faults are kills, which end it silently: an error is a finding.
@@ -448,7 +469,7 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
                 },
             }
         });
-        drop(kernel);
+        drop((kernel, upstream));
         let killed = process.points().1;
         outcome.faults_fired += u64::from(killed);
         outcome.history.extend(if pid == OPERATOR_PID + 1 {
@@ -480,7 +501,7 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
             Vec::new(),
             run.world.clone(),
         ));
-        let (kernel, log) = run.kernel(
+        let (kernel, log, upstream) = run.kernel(
             &agent,
             RETRY_PID,
             DeadPids::these((1..RETRY_PID).collect()),
@@ -495,11 +516,12 @@ pub fn run_case(case: &Case, dir: &Path) -> anyhow::Result<CaseOutcome> {
                 (0..again.sagas.len()).map(|n| drive(&kernel, &again, n)),
             )
             .await;
+            upstream.idle().await;
             for line in lines {
                 agent.note(line);
             }
         });
-        drop(kernel);
+        drop((kernel, upstream));
         outcome.history.extend(agent.history());
         last_log = Some(log);
     }

@@ -7,6 +7,7 @@ use agent_kernel_api::{Plan, PlanStep};
 use serde_json::json;
 
 use crate::tools::{APPROVED_TOOL, PROBED_TOOL, SET_TOOL};
+use crate::upstream::UPSTREAM_TOOL;
 
 /// A small deterministic generator (SplitMix64): one seed, one sequence.
 #[derive(Debug, Clone)]
@@ -48,6 +49,9 @@ impl Rng {
 /// The stream of a scenario's operator and drivers ([`Rng::fork`]).
 const EXTRAS_STREAM: u64 = 0x6F70_6572_6174_6F72;
 
+/// The stream of which steps go through the upstream server ([`Rng::fork`]).
+const UPSTREAM_STREAM: u64 = 0x7570_7374_7265_616D;
+
 /// Streams of a case's schedule for the operator's process and its choices.
 pub(crate) const OPERATOR_STREAMS: [u64; 2] = [0x6F70_5F67_6174_6573, 0x6F70_5F63_686F_6963];
 
@@ -75,6 +79,9 @@ pub struct StepSpec {
     /// The step is `sim.set.approved`'s: it waits for an operator's approval (at most one
     /// such step a saga, so that the saga's one request tells whether it may act).
     pub approval: bool,
+    /// The step is the upstream server's `up.set`, through the real upstream tool and hub
+    /// (neither probed nor approved).
+    pub upstream: bool,
 }
 
 /// A write by someone outside the kernel, at the first log write of the first process from
@@ -156,6 +163,7 @@ impl Scenario {
                         fail: rng.chance(15),
                         probed: false,
                         approval: false,
+                        upstream: false,
                     }
                 })
                 .collect();
@@ -201,6 +209,14 @@ impl Scenario {
                 step.probed = false;
             }
         }
+        // From a stream of its own, after everything else: a seed draws what it drew before
+        // the upstream server existed, and some of its plain steps now go through it.
+        let mut upstream = rng.fork(UPSTREAM_STREAM);
+        if upstream.chance(40) {
+            for step in sagas.iter_mut().flatten() {
+                step.upstream = !step.probed && !step.approval && upstream.chance(50);
+            }
+        }
         Scenario {
             sagas,
             outside,
@@ -220,6 +236,8 @@ impl Scenario {
         let step = &self.sagas[n][m];
         if step.approval {
             APPROVED_TOOL
+        } else if step.upstream {
+            UPSTREAM_TOOL
         } else if step.probed {
             PROBED_TOOL
         } else {
@@ -305,6 +323,11 @@ impl Scenario {
                     plainer.sagas[n][m].approval = false;
                     smaller.push(plainer);
                 }
+                if self.sagas[n][m].upstream {
+                    let mut plainer = self.clone();
+                    plainer.sagas[n][m].upstream = false;
+                    smaller.push(plainer);
+                }
             }
         }
         for n in 0..self.outside.len() {
@@ -333,7 +356,11 @@ impl fmt::Display for Scenario {
                     } else {
                         ""
                     };
-                    format!("{} = {}{fail}{probed}{approval}", step.key, step.value)
+                    let upstream = if step.upstream { " (upstream)" } else { "" };
+                    format!(
+                        "{} = {}{fail}{probed}{approval}{upstream}",
+                        step.key, step.value
+                    )
                 })
                 .collect();
             writeln!(f, "  saga {n} ({}): {}", self.drivers[n], steps.join("; "))?;

@@ -37,7 +37,7 @@ pub(crate) struct SetTool {
 }
 
 /// A call's key and value.
-fn key_and_value(args: &Value) -> Result<(String, i64), ToolError> {
+pub(crate) fn key_and_value(args: &Value) -> Result<(String, i64), ToolError> {
     let key = args
         .get("key")
         .and_then(Value::as_str)

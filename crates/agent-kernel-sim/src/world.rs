@@ -51,6 +51,17 @@ pub enum Event {
         /// What it will change.
         key: String,
     },
+    /// A compensation found the key no longer holding its step's value (the effect never
+    /// happened, or a later write replaced it) and left it as it was: the upstream
+    /// server's `undo`.
+    Untouched {
+        /// The saga of the step.
+        saga: String,
+        /// The step.
+        step: u32,
+        /// What it would have changed.
+        key: String,
+    },
     /// A step's compensation failed (a simulated fault): nothing restored.
     CompensationFailed {
         /// The saga of the step.
@@ -104,6 +115,9 @@ impl fmt::Display for Event {
                 shown(*found)
             ),
             Event::Prepared { saga, step, key } => write!(f, "prepare {saga}/{step}: {key}"),
+            Event::Untouched { saga, step, key } => {
+                write!(f, "compensation {saga}/{step}: {key} left as it was")
+            }
             Event::CompensationFailed { saga, step } => {
                 write!(f, "compensation {saga}/{step} failed")
             }
@@ -128,6 +142,9 @@ pub struct World {
     /// and act were one compare-and-set. Between the two no kernel can see a writer outside
     /// it.
     checking: Mutex<BTreeSet<(String, String)>>,
+    /// What each upstream write (a key and the value written) replaced: the upstream
+    /// server's memory, which outlives its processes, as a service's does.
+    replaced: Mutex<BTreeMap<(String, i64), Option<i64>>>,
 }
 
 /// A copy of the world at one moment.
@@ -185,6 +202,26 @@ impl World {
         self.checking
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Notes what writing `value` to `key` replaces (its value now), for the upstream
+    /// server's `undo`.
+    pub(crate) fn remember_replaced(&self, key: &str, value: i64) {
+        let now = self.get(key);
+        self.replaced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert((key.to_owned(), value), now);
+    }
+
+    /// What the upstream write of `value` to `key` replaced.
+    pub(crate) fn replaced(&self, key: &str, value: i64) -> Option<i64> {
+        self.replaced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(key.to_owned(), value))
+            .copied()
+            .flatten()
     }
 
     /// How many events the journal holds.

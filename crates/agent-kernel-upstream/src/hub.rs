@@ -5,6 +5,9 @@
 //! The thread is started before the kernel confines itself (Landlock), so the servers it
 //! starts run outside the kernel's sandbox, as the separate programs they are.
 //!
+//! [`Hub::with_connector`] puts servers a [`Connector`] makes in place of programs, and runs
+//! the calls on the caller's runtime: the simulator's upstream server.
+//!
 //! A step's calls reach its server one at a time ([`StepCalls`]): a call the kernel stopped
 //! waiting for (its timeout) still runs at the server, so the step's compensation is sent
 //! only once the server answered it, never while the effect may still land.
@@ -17,7 +20,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_kernel_api::ToolError;
+use agent_kernel_api::{BoxFuture, ToolError};
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, Tool};
 use rmcp::service::{RoleClient, RunningService, ServiceError};
@@ -38,14 +41,87 @@ pub const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
 /// died.
 pub const SERVER_STARTS_MAX: u32 = 4;
 
-type Client = RunningService<RoleClient, ()>;
 type Servers = BTreeMap<String, Arc<Server>>;
 type Job = Box<dyn FnOnce(Arc<Servers>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
 /// One server and its connection.
 struct Server {
     spec: ServerSpec,
+    /// What makes its connection instead of its program, if anything.
+    connector: Option<Arc<dyn Connector>>,
     state: Mutex<State>,
+}
+
+/// The connection to one server: rmcp's client over the server's stdio, or one a
+/// [`Connector`] made.
+enum Client {
+    Mcp(RunningService<RoleClient, ()>),
+    Made(Box<dyn Connection>),
+}
+
+/// A connection to a server that a [`Connector`] made, in place of a program over stdio
+/// (a simulated server). Its calls are made on the runtime that calls [`Hub::call`].
+pub trait Connection: Send + Sync + 'static {
+    /// The server's tools.
+    fn list_tools(&self) -> BoxFuture<'_, Result<Vec<Tool>, CallError>>;
+
+    /// Calls a tool for `step`, the step the kernel calls it for (a compensation's too).
+    fn call_tool(
+        &self,
+        step: StepRef<'_>,
+        params: CallToolRequestParams,
+    ) -> BoxFuture<'_, Result<CallToolResult, CallError>>;
+
+    /// Whether the server is gone: the next call makes a new connection, as it starts a
+    /// program again (within [`SERVER_STARTS_MAX`]).
+    fn is_closed(&self) -> bool;
+}
+
+/// Makes the connections of [`Hub::with_connector`]'s servers.
+pub trait Connector: Send + Sync + 'static {
+    /// A new connection to the server of `spec`, or why there is none (the call was not
+    /// sent).
+    ///
+    /// # Errors
+    ///
+    /// The message of [`CallError::NotSent`].
+    fn connect(&self, spec: &ServerSpec) -> Result<Box<dyn Connection>, String>;
+}
+
+impl Client {
+    fn is_closed(&self) -> bool {
+        match self {
+            Client::Mcp(client) => client.is_transport_closed(),
+            Client::Made(connection) => connection.is_closed(),
+        }
+    }
+
+    async fn list_tools(&self) -> Result<Vec<Tool>, CallError> {
+        match self {
+            Client::Mcp(client) => client
+                .list_all_tools()
+                .await
+                .map_err(|err| CallError::Refused(err.to_string())),
+            Client::Made(connection) => connection.list_tools().await,
+        }
+    }
+
+    async fn call_tool(
+        &self,
+        step: StepRef<'_>,
+        params: CallToolRequestParams,
+    ) -> Result<CallToolResult, CallError> {
+        match self {
+            Client::Mcp(client) => client.call_tool(params).await.map_err(|err| match err {
+                ServiceError::McpError(error) => CallError::Refused(error.message.to_string()),
+                other => {
+                    warn!(%other, "an upstream call was lost");
+                    CallError::Lost(other.to_string())
+                }
+            }),
+            Client::Made(connection) => connection.call_tool(step, params).await,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -71,8 +147,16 @@ pub enum CallError {
 
 /// The connections to the upstream servers of one kernel.
 pub struct Hub {
-    jobs: mpsc::UnboundedSender<Job>,
+    jobs: Jobs,
     steps: Arc<StepCalls>,
+}
+
+/// Where a hub's calls run.
+enum Jobs {
+    /// On the hub's own thread and runtime ([`Hub::new`]).
+    Thread(mpsc::UnboundedSender<Job>),
+    /// On the caller's runtime ([`Hub::with_connector`]).
+    InPlace(Arc<Servers>),
 }
 
 /// The step a call is made for: its saga and position.
@@ -162,7 +246,7 @@ impl Server {
     async fn client(&self) -> Result<Arc<Client>, CallError> {
         let mut state = self.state.lock().await;
         if let Some(client) = &state.client
-            && !client.is_transport_closed()
+            && !client.is_closed()
         {
             return Ok(Arc::clone(client));
         }
@@ -173,7 +257,13 @@ impl Server {
             )));
         }
         state.starts += 1;
-        let client = Arc::new(start(&self.spec).await.map_err(CallError::NotSent)?);
+        let client = match &self.connector {
+            Some(connector) => {
+                Client::Made(connector.connect(&self.spec).map_err(CallError::NotSent)?)
+            }
+            None => Client::Mcp(start(&self.spec).await.map_err(CallError::NotSent)?),
+        };
+        let client = Arc::new(client);
         state.client = Some(Arc::clone(&client));
         Ok(client)
     }
@@ -190,7 +280,7 @@ fn program(folder: &Path, program: &str) -> std::path::PathBuf {
 }
 
 /// Starts the server of `spec` and initializes the session; its stderr goes to the log.
-async fn start(spec: &ServerSpec) -> Result<Client, String> {
+async fn start(spec: &ServerSpec) -> Result<RunningService<RoleClient, ()>, String> {
     let mut command = tokio::process::Command::new(program(&spec.folder, &spec.command[0]));
     command
         .args(&spec.command[1..])
@@ -234,6 +324,25 @@ async fn start(spec: &ServerSpec) -> Result<Client, String> {
     Ok(client)
 }
 
+/// The servers of `specs`, none started, connected by `connector` when one is given.
+fn servers(specs: Vec<ServerSpec>, connector: Option<Arc<dyn Connector>>) -> Arc<Servers> {
+    Arc::new(
+        specs
+            .into_iter()
+            .map(|spec| {
+                (
+                    spec.name.clone(),
+                    Arc::new(Server {
+                        spec,
+                        connector: connector.clone(),
+                        state: Mutex::new(State::default()),
+                    }),
+                )
+            })
+            .collect(),
+    )
+}
+
 impl Hub {
     /// Starts the thread that will own the connections to `specs`' servers; no server is
     /// started yet.
@@ -242,20 +351,7 @@ impl Hub {
     ///
     /// An I/O error when the thread or its runtime cannot be started.
     pub fn new(specs: Vec<ServerSpec>) -> std::io::Result<Hub> {
-        let servers: Arc<Servers> = Arc::new(
-            specs
-                .into_iter()
-                .map(|spec| {
-                    (
-                        spec.name.clone(),
-                        Arc::new(Server {
-                            spec,
-                            state: Mutex::new(State::default()),
-                        }),
-                    )
-                })
-                .collect(),
-        );
+        let servers = servers(specs, None);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -280,7 +376,7 @@ impl Hub {
                     running.shutdown().await;
                     for server in servers.values() {
                         if let Some(client) = server.state.lock().await.client.take()
-                            && let Ok(client) = Arc::try_unwrap(client)
+                            && let Ok(Client::Mcp(client)) = Arc::try_unwrap(client)
                         {
                             let _ = client.cancel().await;
                         }
@@ -294,9 +390,20 @@ impl Hub {
                 )
             })?;
         Ok(Hub {
-            jobs,
+            jobs: Jobs::Thread(jobs),
             steps: Arc::default(),
         })
+    }
+
+    /// A hub whose servers `connector` connects to, in place of starting their programs,
+    /// and whose calls run on the runtime of whoever calls (`tokio::spawn`), not on a thread
+    /// of their own: with a paused clock, they keep to its one schedule. For simulations
+    /// and tests; every call must be made within a Tokio runtime.
+    pub fn with_connector(specs: Vec<ServerSpec>, connector: Arc<dyn Connector>) -> Hub {
+        Hub {
+            jobs: Jobs::InPlace(servers(specs, Some(connector))),
+            steps: Arc::default(),
+        }
     }
 
     /// Runs `work` on the upstream thread with the server `name`; its answer.
@@ -320,7 +427,14 @@ impl Hub {
                 let _ = reply.send(result);
             })
         });
-        if self.jobs.send(job).is_err() {
+        let sent = match &self.jobs {
+            Jobs::Thread(jobs) => jobs.send(job).is_ok(),
+            Jobs::InPlace(servers) => {
+                tokio::spawn(job(Arc::clone(servers)));
+                true
+            }
+        };
+        if !sent {
             // The thread is gone: the call was never sent, and no later call will be.
             let (reply, answer) = oneshot::channel();
             let _ = reply.send(Err(CallError::Unavailable(
@@ -342,13 +456,7 @@ impl Hub {
     pub async fn list_tools(&self, name: &str) -> Result<Vec<Tool>, ToolError> {
         let answer = self.submit(name, |server: Arc<Server>| async move {
             let start_timeout = server.spec.start_timeout;
-            let listed = async {
-                let client = server.client().await?;
-                client
-                    .list_all_tools()
-                    .await
-                    .map_err(|err| CallError::Refused(err.to_string()))
-            };
+            let listed = async { server.client().await?.list_tools().await };
             tokio::time::timeout(start_timeout, listed)
                 .await
                 .unwrap_or_else(|_| {
@@ -390,21 +498,24 @@ impl Hub {
         args: JsonObject,
     ) -> Result<CallToolResult, CallError> {
         let tool = tool.to_owned();
+        let saga_id = step.saga_id.to_owned();
+        let step_seq = step.step_seq;
         let turn = self.steps.board(step).await;
+        // Planted for the simulator to find: the turn given back at once, so a compensation
+        // is sent while the step's call still runs.
+        #[cfg(feature = "sim-plant-no-turns")]
+        let turn = drop(turn);
         let answer = self.submit(name, move |server: Arc<Server>| async move {
             // Held until the server answered, on the upstream thread.
             let _turn = turn;
+            let step = StepRef {
+                saga_id: &saga_id,
+                step_seq,
+            };
             let client = server.client().await?;
             client
-                .call_tool(CallToolRequestParams::new(tool).with_arguments(args))
+                .call_tool(step, CallToolRequestParams::new(tool).with_arguments(args))
                 .await
-                .map_err(|err| match err {
-                    ServiceError::McpError(error) => CallError::Refused(error.message.to_string()),
-                    other => {
-                        warn!(%other, "an upstream call was lost");
-                        CallError::Lost(other.to_string())
-                    }
-                })
         });
         answer
             .await

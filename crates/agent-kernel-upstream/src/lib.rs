@@ -35,7 +35,9 @@ pub use config::{
     Compensation, SERVER_START_TIMEOUT_MS_MAX, SERVERS_FILE_BYTES_MAX, ServerSpec,
     ServersFileError, ToolDecl, UPSTREAM_SERVERS_MAX, load_servers, parse_servers,
 };
-pub use hub::{CallError, Hub, SERVER_START_TIMEOUT, SERVER_STARTS_MAX, StepRef};
+pub use hub::{
+    CallError, Connection, Connector, Hub, SERVER_START_TIMEOUT, SERVER_STARTS_MAX, StepRef,
+};
 pub use mapping::Mapping;
 pub use tool::UpstreamTool;
 
@@ -128,15 +130,26 @@ fn sources_of(
         line: None,
         message: error.to_string(),
     })?);
-    Ok(specs
+    Ok(upstream_sources_on(path, specs, &hub, output_bytes_max))
+}
+
+/// The servers `specs` (declared in the tools file at `path`) as tool sources whose calls
+/// go through `hub`: one made with [`Hub::with_connector`], for a simulation.
+pub fn upstream_sources_on(
+    path: &Path,
+    specs: Vec<ServerSpec>,
+    hub: &Arc<Hub>,
+    output_bytes_max: u64,
+) -> Vec<UpstreamSource> {
+    specs
         .into_iter()
         .map(|spec| UpstreamSource {
             spec,
             path: path.to_path_buf(),
-            hub: Arc::clone(&hub),
+            hub: Arc::clone(hub),
             output_bytes_max,
         })
-        .collect())
+        .collect()
 }
 
 /// The offered tools of what `spec`'s server listed, or why none of its tools can be used.

@@ -44,25 +44,32 @@ fn failed_compensations_are_listed_retried_and_resolved_until_the_saga_is_rolled
         }
         assert_eq!(letter["saga_id"], saga_id.as_str());
         assert_eq!(letter["attempts"], 1);
-        assert!(
-            letter["error"]
-                .as_str()
-                .is_some_and(|error| error.contains("locked")),
-            "{letter}"
-        );
     }
-    let id = |step: u64| {
+    let letter = |step: u64| {
         letters
             .iter()
             .find(|letter| letter["step"] == step)
-            .and_then(|letter| letter["id"].as_str())
             .expect("a letter for the step")
+            .clone()
+    };
+    let id = |step: u64| letter(step)["id"].as_str().expect("an id").to_owned();
+    let (first, second) = (id(0), id(1));
+    let error = |step: u64| {
+        letter(step)["error"]
+            .as_str()
+            .unwrap_or_default()
             .to_owned()
     };
-    let (first, second) = (id(0), id(1));
+    assert!(error(1).contains("locked"), "{listed}");
+    // The tool declares no resources, so both steps hold `tool:note.add`: the first waits
+    // for the second's compensation (compensations run last first), nothing run.
+    assert!(
+        error(0).contains("not compensated: step 1, later on the same resource `tool:note.add`"),
+        "{listed}"
+    );
 
     // Still failing: exit 3, one more attempt, still listed.
-    let (code, again) = project.run_json(&["dlq", "retry", &first]);
+    let (code, again) = project.run_json(&["dlq", "retry", &second]);
     assert_eq!(code, 3, "{again}");
     assert_eq!(
         (again["status"].clone(), again["attempts"].clone()),
@@ -70,7 +77,15 @@ fn failed_compensations_are_listed_retried_and_resolved_until_the_saga_is_rolled
     );
 
     fs::remove_file(project.path("ws/block")).expect("unblocks");
-    let (code, retried) = project.run_json(&["dlq", "retry", &first]);
+    // The first step's letter waits for the second's: refused, nothing done.
+    let output = project.run(&["dlq", "retry", &first]);
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("retry that one first"),
+        "{}",
+        describe(&output)
+    );
+    let (code, retried) = project.run_json(&["dlq", "retry", &second]);
     assert_eq!(code, 0, "{retried}");
     assert_eq!(retried["status"], "retried");
     assert_eq!(
@@ -79,13 +94,13 @@ fn failed_compensations_are_listed_retried_and_resolved_until_the_saga_is_rolled
     );
     assert_eq!(
         fs::read_to_string(project.path("ws/notes.txt")).expect("reads"),
-        "b\n",
-        "`a` was taken out"
+        "a\n",
+        "`b` was taken out"
     );
 
-    // The operator takes `b` out by hand and says so.
+    // The operator takes `a` out by hand and says so.
     fs::write(project.path("ws/notes.txt"), "").expect("writes");
-    let output = project.run(&["dlq", "resolve", &second, "--note", "removed b by hand"]);
+    let output = project.run(&["dlq", "resolve", &first, "--note", "removed a by hand"]);
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
     assert_eq!(project.latest_saga().expect("a saga").1, "FailedRolledBack");
     let (code, listed) = project.run_json(&["dlq", "list"]);
@@ -93,11 +108,11 @@ fn failed_compensations_are_listed_retried_and_resolved_until_the_saga_is_rolled
     assert_eq!(listed["dead_letters"], json!([]));
 
     // Settled letters stay settled.
-    let output = project.run(&["dlq", "retry", &first]);
+    let output = project.run(&["dlq", "retry", &second]);
     assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
     let output = project.run(&["dlq", "retry", "no-such-letter"]);
     assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
-    let output = project.run(&["dlq", "resolve", &second]);
+    let output = project.run(&["dlq", "resolve", &first]);
     assert_eq!(
         output.status.code(),
         Some(2),
@@ -108,7 +123,7 @@ fn failed_compensations_are_listed_retried_and_resolved_until_the_saga_is_rolled
     let (code, records) = project.run_json(&["audit", "list", "--kind", "DeadLetterSettled"]);
     assert_eq!(code, 0, "{records}");
     assert!(
-        records.to_string().contains("removed b by hand"),
+        records.to_string().contains("removed a by hand"),
         "{records}"
     );
     let (code, audit) = project.run_json(&["audit", "verify"]);

@@ -74,32 +74,9 @@ impl Compensate for FlakyUndo {
     }
 }
 
-/// Every file under `root`, by name, with its bytes.
-fn snapshot(root: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
-    std::fs::read_dir(root)
-        .expect("lists")
-        .map(|entry| {
-            let entry = entry.expect("entry");
-            (
-                entry.file_name().to_string_lossy().into_owned(),
-                std::fs::read(entry.path()).expect("reads"),
-            )
-        })
-        .collect()
-}
-
-/// In the spirit of IATP-002 §7.1: sagas of real file writes whose compensations fail at
-/// random (seeded, printed; `AGENT_KERNEL_DLQ_SEED` replays). Afterwards every saga is
-/// `FailedRolledBack`, or `FailedRollbackPartial` with exactly one open dead letter per
-/// failed compensation; retrying every letter with the failures switched off brings every
-/// file back and every saga to `FailedRolledBack`.
-#[tokio::test]
-async fn a_thousand_sagas_with_failing_compensations_lose_nothing_and_retries_bring_every_file_back()
- {
-    let seed = crate::seed_from_env("AGENT_KERNEL_DLQ_SEED");
-    eprintln!("dead-letter chaos test: seed {seed} (AGENT_KERNEL_DLQ_SEED={seed} reproduces)");
-    let mut rng = Rng(seed);
-    let fixture = Fixture::new();
+/// A kernel over `fixture`'s log with `flaky.write` (`fs.write` in `ws/`, its compensation
+/// failing for the paths made stuck) and `boom`; the tool, and the folder `ws`.
+fn flaky_kernel(fixture: &Fixture) -> (Kernel, Arc<FlakyUndo>, std::path::PathBuf) {
     let root = fixture.dir.path().join("ws");
     std::fs::create_dir(&root).expect("creates ws");
     let policy =
@@ -133,6 +110,128 @@ async fn a_thousand_sagas_with_failing_compensations_lose_nothing_and_retries_br
         },
         Durability::Normal,
     );
+    (kernel, flaky, root)
+}
+
+/// Compensations run last first, also across a failure: a step is not compensated while a
+/// later step of its saga on the same file is not (undone first, it would act under that
+/// step's write), and `dlq retry` takes the later one first. Then both are undone, in
+/// order, and the file is as before the saga.
+#[tokio::test]
+async fn a_step_waits_for_a_later_step_on_its_resource_whose_compensation_failed() {
+    let fixture = Fixture::new();
+    let (kernel, flaky, root) = flaky_kernel(&fixture);
+    std::fs::write(root.join("x.txt"), "before").expect("writes");
+    // The second write's compensation fails (the first's would not, over the same path,
+    // once unstuck: the rule, not the failure, keeps it back).
+    let write = |content: &str| PlanStep {
+        tool: "flaky.write".into(),
+        args: json!({"path": "ws/x.txt", "content": content}),
+        idempotency_key: None,
+    };
+    flaky
+        .stuck
+        .lock()
+        .expect("not poisoned")
+        .insert("ws/x.txt".into());
+    let report = kernel
+        .run(
+            &plan(vec![write("first"), write("second"), boom()]),
+            &NoObserver,
+        )
+        .await
+        .expect("runs");
+    assert_eq!(report.state, SagaState::FailedRollbackPartial);
+    let letters = kernel
+        .dead_letters(Some(&report.saga_id))
+        .await
+        .expect("reads");
+    let by_step: BTreeMap<u32, &agent_kernel_api::DeadLetter> = letters
+        .iter()
+        .map(|letter| (letter.step_seq, letter))
+        .collect();
+    assert_eq!(by_step.keys().copied().collect::<Vec<_>>(), [0, 1]);
+    assert!(
+        by_step[&1].error.contains("locked"),
+        "{}",
+        by_step[&1].error
+    );
+    assert!(
+        by_step[&0]
+            .error
+            .contains("not compensated: step 1, later on the same resource"),
+        "{}",
+        by_step[&0].error
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("x.txt")).expect("reads"),
+        "second"
+    );
+
+    flaky.unstuck.store(true, Ordering::SeqCst);
+    // The earlier step first is refused, and nothing runs.
+    let error = kernel
+        .retry_dead_letter(&by_step[&0].letter_id, None)
+        .await
+        .expect_err("the later step comes first");
+    assert!(
+        error.to_string().contains("retry that one first"),
+        "{error}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("x.txt")).expect("reads"),
+        "second"
+    );
+    let later = kernel
+        .retry_dead_letter(&by_step[&1].letter_id, None)
+        .await
+        .expect("retries");
+    assert!(later.compensated(), "{later:?}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("x.txt")).expect("reads"),
+        "first"
+    );
+    let earlier = kernel
+        .retry_dead_letter(&by_step[&0].letter_id, None)
+        .await
+        .expect("retries");
+    assert!(earlier.compensated(), "{earlier:?}");
+    assert_eq!(earlier.saga_state, SagaState::FailedRolledBack);
+    assert_eq!(
+        std::fs::read_to_string(root.join("x.txt")).expect("reads"),
+        "before"
+    );
+    let audit = fixture.verify();
+    assert!(audit.is_intact(), "{:?}", audit.first_bad);
+}
+
+/// Every file under `root`, by name, with its bytes.
+fn snapshot(root: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(root)
+        .expect("lists")
+        .map(|entry| {
+            let entry = entry.expect("entry");
+            (
+                entry.file_name().to_string_lossy().into_owned(),
+                std::fs::read(entry.path()).expect("reads"),
+            )
+        })
+        .collect()
+}
+
+/// In the spirit of IATP-002 §7.1: sagas of real file writes whose compensations fail at
+/// random (seeded, printed; `AGENT_KERNEL_DLQ_SEED` replays). Afterwards every saga is
+/// `FailedRolledBack`, or `FailedRollbackPartial` with exactly one open dead letter per
+/// failed compensation; retrying every letter with the failures switched off brings every
+/// file back and every saga to `FailedRolledBack`.
+#[tokio::test]
+async fn a_thousand_sagas_with_failing_compensations_lose_nothing_and_retries_bring_every_file_back()
+ {
+    let seed = crate::seed_from_env("AGENT_KERNEL_DLQ_SEED");
+    eprintln!("dead-letter chaos test: seed {seed} (AGENT_KERNEL_DLQ_SEED={seed} reproduces)");
+    let mut rng = Rng(seed);
+    let fixture = Fixture::new();
+    let (kernel, flaky, root) = flaky_kernel(&fixture);
 
     let mut plans = Vec::with_capacity(CHAOS_SAGAS);
     for saga_idx in 0..CHAOS_SAGAS {

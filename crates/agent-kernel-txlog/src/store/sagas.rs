@@ -451,7 +451,7 @@ pub(crate) fn saga(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<SagaRecord>
         .query_map(
             "SELECT step_seq, tool_id, tool_version, effect, args, args_hash, idempotency_key,
                  undo, undo_blob, status, output, error, reused_from_saga, reused_from_seq,
-                 compensation, created_at_ms, updated_at_ms
+                 compensation, created_at_ms, updated_at_ms, resources
              FROM saga_steps WHERE saga_id = ?1 ORDER BY step_seq",
             params![saga_id.as_str()],
             |row| {
@@ -474,6 +474,7 @@ pub(crate) fn saga(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<SagaRecord>
                         row.get::<_, Option<String>>(14)?,
                         row.get::<_, i64>(15)?,
                         row.get::<_, i64>(16)?,
+                        row.get::<_, Option<String>>(17)?,
                     ),
                 ))
             },
@@ -494,7 +495,7 @@ pub(crate) fn saga(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<SagaRecord>
             status,
             output,
             error,
-            (reused_saga, reused_seq, compensation, created_at_ms, updated_at_ms),
+            (reused_saga, reused_seq, compensation, created_at_ms, updated_at_ms, resources),
         ) = row;
         let status: StepStatus = status.parse().map_err(corrupt)?;
         let output: Option<ToolOutput> =
@@ -532,6 +533,10 @@ pub(crate) fn saga(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<SagaRecord>
             compensation,
             created_at_ms,
             updated_at_ms,
+            resources: resources
+                .map(|text| from_json("resources", &text))
+                .transpose()?
+                .unwrap_or_default(),
         });
     }
     for (step_idx, step) in steps.iter().enumerate() {
