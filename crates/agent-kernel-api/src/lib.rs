@@ -109,7 +109,7 @@ pub use plan::{
     PlanStep,
 };
 pub use resource::{
-    DuplicateCheck, DuplicateStep, KeyTemplate, KeyTemplateError, LockHolder,
+    DuplicateCheck, DuplicateStep, KeyTemplate, KeyTemplateError, LaterClaim, LockHolder,
     MAX_RESOURCE_KEY_BYTES, MAX_RESOURCES_PER_STEP, file_resource, parse_templates, template_keys,
     tool_resource,
 };

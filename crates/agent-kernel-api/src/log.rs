@@ -692,6 +692,23 @@ pub trait TxLog: Send + Sync + 'static {
         since_ms: i64,
     ) -> BoxFuture<'a, Result<Option<DuplicateStep>, TxError>>;
 
+    /// The newest step of a saga other than `saga_id`, begun at or after `since_ms`, that
+    /// claimed `resource`, and whose effect may still be in place: its saga is neither
+    /// `FailedRolledBack` nor `Undone`, and it is `COMMIT`, `BEGIN` or
+    /// `COMPENSATION_FAILED`. What `undo` asks before it compensates a step: that saga's
+    /// effect may cover the step's. The log keeps no index of steps by resource, so this
+    /// reads the steps begun since.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError`] when the log cannot be read.
+    fn later_claim<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        resource: &'a str,
+        since_ms: i64,
+    ) -> BoxFuture<'a, Result<Option<crate::LaterClaim>, TxError>>;
+
     /// The binding of an idempotency key, if the key was ever used.
     ///
     /// # Errors

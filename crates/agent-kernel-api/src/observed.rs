@@ -189,6 +189,15 @@ where
         self.inner.duplicate_of(saga_id, tool_id, keys, since_ms)
     }
 
+    fn later_claim<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        resource: &'a str,
+        since_ms: i64,
+    ) -> BoxFuture<'a, Result<Option<crate::LaterClaim>, TxError>> {
+        self.inner.later_claim(saga_id, resource, since_ms)
+    }
+
     fn approval<'a>(
         &'a self,
         approval_id: &'a str,

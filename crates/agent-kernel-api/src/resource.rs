@@ -243,6 +243,20 @@ pub struct DuplicateStep {
     pub at_ms: i64,
 }
 
+/// A step of another saga that claimed a resource since a given instant, whose effect may
+/// still be in place ([`TxLog::later_claim`](crate::TxLog::later_claim)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaterClaim {
+    /// Its saga.
+    pub saga_id: SagaId,
+    /// Its position.
+    pub step_seq: u32,
+    /// Its saga's state now.
+    pub state: SagaState,
+    /// When it began, in ms since the Unix epoch.
+    pub at_ms: i64,
+}
+
 /// What [`BeginStep::duplicate_check`](crate::BeginStep::duplicate_check) looks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DuplicateCheck {

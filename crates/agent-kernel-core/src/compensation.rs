@@ -91,7 +91,7 @@ impl Kernel {
         observer.on_event(&SagaEvent::Compensating { saga_id: &saga_id });
         info!(saga_id = %saga_id, "compensating");
         let (any_failed, mut last) = self
-            .compensate_steps(record, observer, WhenChanged::Refuse)
+            .compensate_steps(record, observer, WhenChanged::Refuse, &BTreeMap::new())
             .await?;
         let (event, facts) = if any_failed {
             let facts = Facts {
@@ -135,11 +135,15 @@ impl Kernel {
     /// tool that cannot tell what changed since (an upstream, command or Python tool) would
     /// undo nothing, or the wrong thing, and report success. It fails as that later step
     /// did, with a dead letter of its own, to be retried after the later one's.
+    ///
+    /// The steps in `covered` (an undo's, [`Kernel::covered_by`]) are not compensated
+    /// either: each fails as changed since, with the reason given.
     pub(crate) async fn compensate_steps(
         &self,
         record: &SagaRecord,
         observer: &dyn Observer,
         when_changed: WhenChanged,
+        covered: &BTreeMap<u32, String>,
     ) -> Result<(bool, Vec<LogWrite>), KernelError> {
         let saga_id = record.saga.saga_id.clone();
         let actor = record.saga.actor.as_deref();
@@ -167,7 +171,11 @@ impl Kernel {
             if simulated || !Self::needs_compensation(step) {
                 continue;
             }
-            let waiting = waits_for(step, &not_undone);
+            let waiting = waits_for(step, &not_undone).or_else(|| {
+                covered
+                    .get(&step.step_seq)
+                    .map(|reason| ToolError::changed(covered_error(reason)))
+            });
             // Test-only, never in a build you ship: outcomes held back until every
             // compensation ran (a planted bug, the regression that batching recovery's writes
             // once brought), so that the simulator can show it finds it.
@@ -390,4 +398,64 @@ pub(crate) fn waits_for(step: &StepRecord, not_undone: &BTreeMap<&str, u32>) -> 
             ))
         })
     })
+}
+
+/// The error of a step an undo does not compensate because a later saga's effect may cover
+/// its own ([`Kernel::covered_by`]'s `reason`).
+pub(crate) fn covered_error(reason: &str) -> String {
+    format!(
+        "{reason}; the compensation was not run (undo that saga first, or `--force` runs it anyway)"
+    )
+}
+
+impl Kernel {
+    /// Why an undo must not compensate `step` of `saga_id` now, if it must not: a later
+    /// saga claimed one of the step's resources since the step began and was neither rolled
+    /// back nor undone, so its effect may cover the step's. Compensated first, the step
+    /// would act under that effect (an upstream, command or Python tool cannot tell), and
+    /// the later saga's own undo would then put the step's effect back.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::Log`] when the log cannot be read.
+    pub(crate) async fn covered_by(
+        &self,
+        saga_id: &SagaId,
+        step: &StepRecord,
+    ) -> Result<Option<String>, KernelError> {
+        for resource in &step.resources {
+            if let Some(later) = self
+                .log
+                .later_claim(saga_id, resource, step.created_at_ms)
+                .await?
+            {
+                return Ok(Some(format!(
+                    "`{resource}` was claimed since by saga {} (step {}, {}), whose effect may cover this step's",
+                    later.saga_id, later.step_seq, later.state
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    /// [`Kernel::covered_by`] for every committed step of `record` an undo compensates.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::Log`] when the log cannot be read.
+    pub(crate) async fn covered_steps(
+        &self,
+        record: &SagaRecord,
+    ) -> Result<BTreeMap<u32, String>, KernelError> {
+        let mut covered = BTreeMap::new();
+        for step in &record.steps {
+            if step.status != StepStatus::Commit || !Self::may_act(step) {
+                continue;
+            }
+            if let Some(reason) = self.covered_by(&record.saga.saga_id, step).await? {
+                covered.insert(step.step_seq, reason);
+            }
+        }
+        Ok(covered)
+    }
 }

@@ -153,6 +153,9 @@ impl Kernel {
         force: bool,
     ) -> Result<RetryOutcome, KernelError> {
         let letter = self.dead_letter(letter_id).await?;
+        if !force && letter.status == DeadLetterStatus::Open {
+            self.refuse_out_of_order(&letter).await?;
+        }
         let options = if force {
             vec!["--force".to_owned()]
         } else {
@@ -189,24 +192,6 @@ impl Kernel {
                 ),
             });
         }
-        // Compensations run last first: a later step on one of its resources whose own
-        // letter is open comes first (it acts under that step's effect otherwise).
-        let open: Vec<u32> = if force {
-            Vec::new()
-        } else {
-            self.log
-                .open_dead_letters(Some(&letter.saga_id))
-                .await?
-                .iter()
-                .map(|open| open.step_seq)
-                .collect()
-        };
-        if let Some((later, resource)) = later_not_undone(&record.steps, step, &open) {
-            return Err(KernelError::InvalidRequest(format!(
-                "step {later} of saga {}, later on the same resource `{resource}`, is not compensated (its dead letter is open): retry that one first, or use --force to run this compensation anyway; nothing was done",
-                record.saga.saga_id
-            )));
-        }
         // An unavailable upstream server fails the compensation below, naming it.
         let unavailable = self.tools.load(&step.tool_id).await.is_err();
         if self.tools.get(&step.tool_id).is_none() && !unavailable {
@@ -216,18 +201,31 @@ impl Kernel {
             });
         }
         self.log.effect_allowed()?;
-        let result = self
-            .compensate_step(
-                &letter.saga_id,
-                record.saga.actor.as_deref(),
-                step,
-                if force {
-                    WhenChanged::Force
-                } else {
-                    WhenChanged::Refuse
-                },
-            )
-            .await;
+        // A later saga's effect may cover the step's (an undo's letter): not run, unless
+        // forced, as a change since.
+        let covered = if force {
+            None
+        } else {
+            self.covered_by(&letter.saga_id, step).await?
+        };
+        let result = match covered {
+            Some(reason) => Err(ToolError::changed(crate::compensation::covered_error(
+                &reason,
+            ))),
+            None => {
+                self.compensate_step(
+                    &letter.saga_id,
+                    record.saga.actor.as_deref(),
+                    step,
+                    if force {
+                        WhenChanged::Force
+                    } else {
+                        WhenChanged::Refuse
+                    },
+                )
+                .await
+            }
+        };
         let detail = match &result {
             Ok(note) => note.clone(),
             Err(error) => error.to_string(),
@@ -259,6 +257,34 @@ impl Kernel {
             saga_state,
             detail,
         })
+    }
+
+    /// Refuses the retry of `letter` while a later step of its saga on one of its step's
+    /// resources has an open letter: compensations run last first, and this one would act
+    /// under that step's effect. Checked before the command is recorded: nothing is done.
+    async fn refuse_out_of_order(&self, letter: &DeadLetter) -> Result<(), KernelError> {
+        let record = self.load(&letter.saga_id).await?;
+        let Some(step) = record
+            .steps
+            .iter()
+            .find(|step| step.step_seq == letter.step_seq)
+        else {
+            return Ok(());
+        };
+        let open: Vec<u32> = self
+            .log
+            .open_dead_letters(Some(&letter.saga_id))
+            .await?
+            .iter()
+            .map(|open| open.step_seq)
+            .collect();
+        match later_not_undone(&record.steps, step, &open) {
+            Some((later, resource)) => Err(KernelError::InvalidRequest(format!(
+                "step {later} of saga {}, later on the same resource `{resource}`, is not compensated (its dead letter is open): retry that one first, or use --force to run this compensation anyway; nothing was done",
+                record.saga.saga_id
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Settles an open dead letter by hand: the operator says what was done (`note`); the

@@ -6,6 +6,8 @@ use agent_kernel_api::{
     EffectClass, LogWrite, MAX_DECISION_NOTE_BYTES, Reversibility, SagaId, SagaState, StepStatus,
     TxError, format_rfc3339_ms,
 };
+use std::collections::BTreeMap;
+
 use agent_kernel_fsm::{Event, Facts};
 use tracing::{Instrument, info, info_span, warn};
 
@@ -237,7 +239,13 @@ impl Kernel {
                     .changed_since(&ctx, &step.args, &step.undo, step.output.as_ref())
                     .await
                 {
-                    Ok(None) => UndoVerdict::Undoable,
+                    Ok(None) => match self.covered_by(saga_id, step).await {
+                        Ok(None) => UndoVerdict::Undoable,
+                        Ok(Some(change)) => UndoVerdict::Changed { change },
+                        Err(error) => UndoVerdict::Unknown {
+                            error: error.to_string(),
+                        },
+                    },
                     Ok(Some(change)) => UndoVerdict::Changed { change },
                     Err(error) => UndoVerdict::Unknown {
                         error: error.to_string(),
@@ -386,8 +394,15 @@ impl Kernel {
             } else {
                 WhenChanged::Refuse
             };
+            // A later saga that claimed a step's resource since is checked again here, once
+            // the claim keeps every other saga off them.
+            let covered = if request.force {
+                BTreeMap::new()
+            } else {
+                self.covered_steps(&record).await?
+            };
             let (any_failed, mut last) = self
-                .compensate_steps(&record, observer, when_changed)
+                .compensate_steps(&record, observer, when_changed, &covered)
                 .await?;
             let state = if any_failed {
                 SagaState::FailedRollbackPartial

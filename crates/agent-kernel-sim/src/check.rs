@@ -1,7 +1,7 @@
 //! The checks after a case: what the log says every saga came to, against the model of
 //! the world (`world.rs`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use agent_kernel_api::{ApprovalRecord, ApprovalStatus, SagaId, SagaRecord, SagaState, StepStatus};
 
@@ -24,7 +24,13 @@ pub(crate) fn has_cause_to_park(world: &WorldState, record: &SagaRecord) -> bool
             {
                 return true;
             }
-            Event::Prepared { saga, key, .. } if *saga == saga_id => prepared.push(key),
+            // What a step of it read (`sim.set`'s prepare) or wrote (the upstream server's
+            // steps, which prepare nothing).
+            Event::Prepared { saga, key, .. } | Event::Effect { saga, key, .. }
+                if *saga == saga_id =>
+            {
+                prepared.push(key);
+            }
             Event::Outside { key, .. } if prepared.contains(&key.as_str()) => return true,
             Event::Unlogged(was)
                 if matches!(&**was, Event::Effect { key, .. } | Event::Restored { key, .. }
@@ -335,11 +341,9 @@ pub(crate) fn check(
             | Event::Untouched { .. } => {}
         }
     }
-    let brought_back = brought_back(&world.journal);
     for (key, (value, after_parked)) in &expected {
         let found = world.values.get(key).copied();
-        let known_gap = found.is_some_and(|found| brought_back.contains(&(key.as_str(), found)));
-        if found != *value && !after_parked && !known_gap {
+        if found != *value && !after_parked {
             violations.push(format!(
                 "{key} holds {}, where the sagas that ended Done and the outside writes leave {}",
                 shown(found),
@@ -348,47 +352,12 @@ pub(crate) fn check(
         }
     }
     for (key, value) in &world.values {
-        if !expected.contains_key(key) && !brought_back.contains(&(key.as_str(), *value)) {
+        if !expected.contains_key(key) {
             violations.push(format!(
                 "{key} holds {value}, and no saga that ended Done nor any outside writer wrote it"
             ));
         }
     }
-}
-
-/// The values an undo out of order brought back, a gap of the kernel the checks leave
-/// out (SPEC 18): a step's compensation that found its key covered by a later write and
-/// undid nothing (the upstream server's `undo`, which cannot tell the kernel so), then
-/// another saga's compensation putting back that step's value (its own undo data: what it
-/// found before its write). The kernel orders compensations across sagas only through the
-/// tools' `changed_since`, which an upstream tool does not answer.
-fn brought_back(journal: &[Event]) -> BTreeSet<(&str, i64)> {
-    let mut values = BTreeSet::new();
-    for (at, event) in journal.iter().enumerate() {
-        let Event::Untouched { saga, step, key } = event else {
-            continue;
-        };
-        let effect = journal.iter().find_map(|event| match unlogged_or(event) {
-            Event::Effect {
-                saga: of,
-                step: seq,
-                value,
-                ..
-            } if of == saga && seq == step => Some(*value),
-            _ => None,
-        });
-        let Some(value) = effect else {
-            continue;
-        };
-        let put_back = journal[at..].iter().any(|later| {
-            matches!(unlogged_or(later), Event::Restored { saga: other, key: restored, to: Some(to), .. }
-                if other != saga && restored == key && *to == value)
-        });
-        if put_back {
-            values.insert((key.as_str(), value));
-        }
-    }
-    values
 }
 
 /// After a power loss under durability `normal`: the effects and compensations in
@@ -699,52 +668,6 @@ mod tests {
             .filter(|violation| violation.starts_with("b holds"))
             .collect();
         assert_eq!(found, Vec::<String>::new());
-    }
-
-    /// An undo out of order over the upstream server (SPEC 18) is a gap the checks leave
-    /// out, named: another saga's compensation bringing back the value of a step whose own
-    /// compensation found it covered and undid nothing; the same within one saga is a
-    /// finding (compensations of one saga run last first).
-    #[test]
-    fn a_value_an_undo_out_of_order_brought_back_is_a_known_gap_across_sagas_only() {
-        let untouched = |saga: &str| Event::Untouched {
-            saga: saga.to_owned(),
-            step: 1,
-            key: "a".to_owned(),
-        };
-        let restored_by = |saga: &str| Event::Restored {
-            saga: saga.to_owned(),
-            step: 2,
-            key: "a".to_owned(),
-            to: Some(3),
-        };
-        // Each with the step of the later write too.
-        let sagas = ["s1", "s2"].map(|id| {
-            let mut record = saga(id, SagaState::Undone, &[]);
-            record.steps.push(step(2, None));
-            record
-        });
-        let journal = |by: &str| {
-            vec![
-                effect("s1", "a", 3),
-                Event::Effect {
-                    saga: by.to_owned(),
-                    step: 2,
-                    key: "a".to_owned(),
-                    value: 4,
-                },
-                untouched("s1"),
-                restored_by(by),
-            ]
-        };
-        assert_eq!(
-            violations(journal("s2"), &[("a", 3)], &sagas),
-            Vec::<String>::new()
-        );
-        assert_eq!(
-            violations(journal("s1"), &[("a", 3)], &sagas[..1]),
-            ["a holds 3, and no saga that ended Done nor any outside writer wrote it"]
-        );
     }
 
     fn step(seq: u32, reused_from: Option<(&str, u32)>) -> agent_kernel_api::StepRecord {

@@ -213,6 +213,20 @@ impl TxLog for FaultyLog {
         }))
     }
 
+    fn later_claim<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        resource: &'a str,
+        since_ms: i64,
+    ) -> BoxFuture<'a, Result<Option<agent_kernel_api::LaterClaim>, TxError>> {
+        let (saga_id, resource) = (saga_id.clone(), resource.to_owned());
+        Box::pin(
+            self.read(
+                move |log| async move { log.later_claim(&saga_id, &resource, since_ms).await },
+            ),
+        )
+    }
+
     fn key_binding<'a>(
         &'a self,
         key: &'a str,

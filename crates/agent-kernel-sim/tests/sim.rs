@@ -159,7 +159,7 @@ const ENGINE_BUG_SEEDS: [u64; 2] = [
 
 /// Seeds that found an engine bug once the upstream server was simulated, replayed as the
 /// simulator draws them now.
-const ENGINE_BUG_SEEDS_WITH_UPSTREAM: [u64; 1] = [
+const ENGINE_BUG_SEEDS_WITH_UPSTREAM: [u64; 2] = [
     // A saga wrote `c` through the upstream server, then `c` again with `sim.set`, then
     // failed; `sim.set`'s compensation failed (a dead letter), and the rollback went on to
     // the upstream step, whose compensation found `c` holding the later step's value and
@@ -169,6 +169,13 @@ const ENGINE_BUG_SEEDS_WITH_UPSTREAM: [u64; 1] = [
     // of its own), and `dlq retry` takes the later one first. Without the fix, this seed
     // fails.
     195,
+    // Two sagas wrote `a`, the first through the upstream server, the second after it,
+    // both `Done`; the operator, having picked the first to undo before the second wrote,
+    // undid it: its `undo` found the second's value and undid nothing; undoing the second
+    // then put the first's value back behind a saga `Undone`. An undo now refuses a step
+    // whose resource a later saga claimed since (checked again once it holds the saga's
+    // resources: a dead letter then). Without the fix, this seed fails.
+    1_796_569_992_871_779_807,
 ];
 
 #[test]

@@ -454,6 +454,16 @@ impl TxLog for PostgresLog {
         self.read_job(move |db| backend::duplicate_of(db, &saga_id, &tool_id, &keys, since_ms))
     }
 
+    fn later_claim<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        resource: &'a str,
+        since_ms: i64,
+    ) -> BoxFuture<'a, Result<Option<agent_kernel_api::LaterClaim>, TxError>> {
+        let (saga_id, resource) = (saga_id.clone(), resource.to_owned());
+        self.read_job(move |db| backend::later_claim(db, &saga_id, &resource, since_ms))
+    }
+
     fn key_binding<'a>(
         &'a self,
         key: &'a str,

@@ -141,6 +141,20 @@ pub fn duplicate_of(
     store::duplicate_of(db, saga_id, tool_id, keys, since_ms)
 }
 
+/// [`TxLog::later_claim`](agent_kernel_api::TxLog::later_claim).
+///
+/// # Errors
+///
+/// As [`saga`].
+pub fn later_claim(
+    db: &dyn Db,
+    saga_id: &SagaId,
+    resource: &str,
+    since_ms: i64,
+) -> Result<Option<agent_kernel_api::LaterClaim>, TxError> {
+    store::later_claim(db, saga_id, resource, since_ms)
+}
+
 /// [`TxLog::sagas`](agent_kernel_api::TxLog::sagas).
 ///
 /// # Errors

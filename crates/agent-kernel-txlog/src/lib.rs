@@ -726,6 +726,16 @@ impl TxLog for SqliteLog {
         })
     }
 
+    fn later_claim<'a>(
+        &'a self,
+        saga_id: &'a SagaId,
+        resource: &'a str,
+        since_ms: i64,
+    ) -> BoxFuture<'a, Result<Option<agent_kernel_api::LaterClaim>, TxError>> {
+        let (saga_id, resource) = (saga_id.clone(), resource.to_owned());
+        self.call(move |conn, _| crate::backend::later_claim(conn, &saga_id, &resource, since_ms))
+    }
+
     fn key_binding<'a>(
         &'a self,
         key: &'a str,

@@ -8,9 +8,10 @@
 //! [`Hub::with_connector`] puts servers a [`Connector`] makes in place of programs, and runs
 //! the calls on the caller's runtime: the simulator's upstream server.
 //!
-//! A step's calls reach its server one at a time ([`StepCalls`]): a call the kernel stopped
-//! waiting for (its timeout) still runs at the server, so the step's compensation is sent
-//! only once the server answered it, never while the effect may still land.
+//! A step's calls from this process reach its server one at a time ([`StepCalls`]): a call
+//! the kernel stopped waiting for (its timeout) still runs at the server, so the step's
+//! compensation is sent only once the server answered it, never while the effect may still
+//! land. Another process's calls (a `dlq retry` beside a live `mcp` server) do not wait.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;

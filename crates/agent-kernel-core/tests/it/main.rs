@@ -521,6 +521,17 @@ impl TxLog for StagedLeases {
     > {
         self.0.duplicate_of(saga_id, tool_id, keys, since_ms)
     }
+    fn later_claim<'a>(
+        &'a self,
+        saga_id: &'a agent_kernel_api::SagaId,
+        resource: &'a str,
+        since_ms: i64,
+    ) -> agent_kernel_api::BoxFuture<
+        'a,
+        Result<Option<agent_kernel_api::LaterClaim>, agent_kernel_api::TxError>,
+    > {
+        self.0.later_claim(saga_id, resource, since_ms)
+    }
     fn key_binding<'a>(
         &'a self,
         key: &'a str,

@@ -178,3 +178,49 @@ async fn only_a_done_saga_is_undone() {
         .expect_err("no reason");
     assert!(matches!(error, KernelError::InvalidRequest(_)), "{error}");
 }
+
+/// Undo keeps the order across sagas: a saga one of whose steps' resources a later saga
+/// (neither rolled back nor undone) claimed since is refused, naming that saga, and nothing
+/// is undone (its tool cannot tell that the later write covers its own); undone newest
+/// first, both are.
+#[tokio::test]
+async fn an_undo_under_a_later_sagas_claim_is_refused_until_that_saga_is_undone() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let first = kernel
+        .run(&plan(vec![add("x")]), &NoObserver)
+        .await
+        .expect("runs");
+    let second = kernel
+        .run(&plan(vec![add("x")]), &NoObserver)
+        .await
+        .expect("runs");
+    assert_eq!(
+        (first.state, second.state),
+        (SagaState::Done, SagaState::Done)
+    );
+    let preview = kernel.undo_preview(&first.saga_id).await.expect("previews");
+    assert!(!preview.undoable(false), "{preview:?}");
+    let error = kernel
+        .undo(&first.saga_id, &request("out of order"), &NoObserver)
+        .await
+        .expect_err("the later saga comes first");
+    assert!(matches!(error, KernelError::UndoRefused { .. }), "{error}");
+    let text = error.to_string();
+    assert!(
+        text.contains(&format!("claimed since by saga {}", second.saga_id)),
+        "{text}"
+    );
+    assert_eq!(fixture.world.items(), ["x", "x"], "nothing undone");
+
+    for saga_id in [&second.saga_id, &first.saga_id] {
+        let undone = kernel
+            .undo(saga_id, &request("newest first"), &NoObserver)
+            .await
+            .expect("undoes");
+        assert_eq!(undone.state, SagaState::Undone);
+    }
+    assert!(fixture.world.items().is_empty());
+    let audit = fixture.verify();
+    assert!(audit.is_intact(), "{:?}", audit.first_bad);
+}

@@ -11,7 +11,7 @@
 use super::*;
 use crate::audit::KIND_LOCK_CONFLICT;
 use crate::transitions::RELEASES_LOCKS;
-use agent_kernel_api::{ConflictRecord, DuplicateStep, LockHolder};
+use agent_kernel_api::{ConflictRecord, DuplicateStep, LaterClaim, LockHolder};
 use std::collections::BTreeMap;
 
 /// `step_keys.kind` of a key that makes a later call of the tool a duplicate.
@@ -372,6 +372,78 @@ pub(crate) fn conflicts_of(
             })
         })
         .collect()
+}
+
+/// See [`TxLog::later_claim`](agent_kernel_api::TxLog::later_claim): the steps begun
+/// since whose resources' text holds the resource's JSON spelling (a `LIKE` both SQLite
+/// and PostgreSQL run, with no index to use), newest first, the first whose resources
+/// hold it exactly.
+pub(crate) fn later_claim(
+    conn: &dyn Db,
+    saga_id: &SagaId,
+    resource: &str,
+    since_ms: i64,
+) -> Result<Option<LaterClaim>, TxError> {
+    let spelled = serde_json::to_string(resource).map_err(corrupt)?;
+    let mut pattern = String::from("%");
+    for char in spelled.chars() {
+        if matches!(char, '%' | '_' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(char);
+    }
+    pattern.push('%');
+    let statuses = crate::transitions::sql_in(
+        "s.status",
+        [
+            StepStatus::Commit,
+            StepStatus::Begin,
+            StepStatus::CompensationFailed,
+        ]
+        .iter()
+        .map(|status| status.as_str()),
+    );
+    let undone = crate::transitions::sql_in(
+        "g.state",
+        [SagaState::FailedRolledBack, SagaState::Undone]
+            .iter()
+            .map(|state| state.as_str()),
+    );
+    let rows: Vec<(String, u32, String, i64, String)> = conn
+        .query_map(
+            &format!(
+                "SELECT s.saga_id, s.step_seq, g.state, s.created_at_ms, s.resources
+                 FROM saga_steps s JOIN sagas g ON g.saga_id = s.saga_id
+                 WHERE s.saga_id <> ?1 AND s.created_at_ms >= ?2
+                     AND s.resources LIKE ?3 ESCAPE '\\' AND {statuses} AND NOT {undone}
+                 ORDER BY s.created_at_ms DESC, s.saga_id DESC, s.step_seq DESC"
+            ),
+            params![saga_id.as_str(), since_ms, pattern],
+            |row| {
+                Ok((
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                ))
+            },
+        )
+        .map_err(storage)?;
+    for (later, step_seq, state, at_ms, resources) in rows {
+        if from_json::<Vec<String>>("resources", &resources)?
+            .iter()
+            .any(|claimed| claimed == resource)
+        {
+            return Ok(Some(LaterClaim {
+                saga_id: SagaId::new(later),
+                step_seq,
+                state: state.parse().map_err(corrupt)?,
+                at_ms,
+            }));
+        }
+    }
+    Ok(None)
 }
 
 /// See [`TxLog::duplicate_of`](agent_kernel_api::TxLog::duplicate_of).

@@ -17,7 +17,7 @@ pub(crate) use self::approvals::{
     approval, pending_approvals, saga_approval, vouched_saga_approval,
 };
 pub(crate) use self::dead_letters::{dead_letter, open_dead_letters};
-pub(crate) use self::locks::{duplicate_of, settled_lock_holders};
+pub(crate) use self::locks::{duplicate_of, later_claim, settled_lock_holders};
 pub(crate) use self::sagas::{
     key_binding, saga, saga_counts, saga_page, sagas, take_over_in, unfinished_sagas,
 };
