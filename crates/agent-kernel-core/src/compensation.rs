@@ -2,12 +2,12 @@
 //! each from its log record alone (through the tools of this kernel, under the policy in
 //! force), and settling a step of unknown outcome by its tool's declared class.
 
+use std::collections::BTreeMap;
+
 use agent_kernel_api::{
     EffectClass, LogWrite, ProbeOutcome, SagaId, SagaRecord, SagaState, Settlement, StepRecord,
     StepStatus, ToolError,
 };
-use std::collections::BTreeMap;
-
 use agent_kernel_fsm::{Event, Facts, Guardrail};
 use tracing::{Instrument, debug, field, info, info_span, warn};
 

@@ -190,16 +190,27 @@ impl ServerOf {
         self.process.gate().await;
     }
 
+    /// A call's key and value, and its step as the history names it, once the schedule
+    /// lets the server go on.
+    async fn arrive(
+        &self,
+        saga: &str,
+        step: u32,
+        args: &Value,
+    ) -> Result<(String, i64, String), CallError> {
+        let (key, value) =
+            key_and_value(args).map_err(|err| CallError::Refused(err.to_string()))?;
+        self.process.gate().await;
+        Ok((key, value, format!("{saga}/{step}")))
+    }
+
     async fn set(
         &self,
         saga: String,
         step: u32,
         args: &Value,
     ) -> Result<CallToolResult, CallError> {
-        let (key, value) =
-            key_and_value(args).map_err(|err| CallError::Refused(err.to_string()))?;
-        self.process.gate().await;
-        let label = format!("{saga}/{step}");
+        let (key, value, label) = self.arrive(&saga, step, args).await?;
         if args.get("fail").and_then(Value::as_bool) == Some(true) {
             self.process.note(format!(
                 "upstream {label} answers an error, {key} untouched"
@@ -256,10 +267,7 @@ impl ServerOf {
         step: u32,
         args: &Value,
     ) -> Result<CallToolResult, CallError> {
-        let (key, value) =
-            key_and_value(args).map_err(|err| CallError::Refused(err.to_string()))?;
-        self.process.gate().await;
-        let label = format!("{saga}/{step}");
+        let (key, value, label) = self.arrive(&saga, step, args).await?;
         let act = self.process.point(
             &format!("upstream compensation {label}: {key} back from {value}"),
             false,

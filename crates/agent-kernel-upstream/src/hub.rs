@@ -193,7 +193,7 @@ impl StepCalls {
         let gate = Arc::clone(
             self.gates
                 .lock()
-                .expect("the gates' lock is never poisoned")
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .entry(key.clone())
                 .or_default(),
         );
@@ -226,7 +226,7 @@ impl Drop for Boarding {
             .calls
             .gates
             .lock()
-            .expect("the gates' lock is never poisoned");
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if gates
             .get(&self.key)
             .is_some_and(|gate| Arc::strong_count(gate) == 1)
