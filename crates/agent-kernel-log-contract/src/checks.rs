@@ -12,7 +12,9 @@ use serde_json::json;
 use crate::LogStore;
 pub use crate::isolation::{
     a_begin_that_repeats_a_step_begun_meanwhile_is_refused,
+    a_claim_sees_what_another_connection_claimed_and_settled,
     a_duplicate_is_found_by_its_keys_within_the_window, a_refused_claim_leaves_its_approval_unused,
+    a_refused_step_leaves_its_sagas_earlier_claims_held,
     a_resource_is_held_by_one_unsettled_saga_until_it_settles,
     a_resource_raced_from_several_connections_is_claimed_once, an_undo_claims_its_resources_again,
     duplicate_begins_raced_from_several_connections_are_written_once, sagas_are_counted_by_state,

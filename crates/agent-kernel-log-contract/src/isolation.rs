@@ -4,14 +4,22 @@
 use std::sync::Arc;
 
 use agent_kernel_api::{
-    ApprovalDecision, ApprovalStatus, LogWrite, SagaId, SagaState, StepStatus, TxError, TxLog,
-    WriteOutcome,
+    ApprovalDecision, ApprovalStatus, DeadLetterStatus, LogWrite, RecordDeadLetter, SagaId,
+    SagaState, SettleDeadLetter, StepStatus, ToolError, TxError, TxLog, WriteOutcome,
 };
 
 use crate::LogStore;
 use crate::records::{
     begin_checked, begin_on, commit, consume, decide, new_saga, set_state, waiting_saga,
 };
+
+/// The saga whose lock refused the claim answered by `outcomes[at]`.
+fn refused_by(outcomes: &[WriteOutcome], at: usize) -> SagaId {
+    match &outcomes[at] {
+        WriteOutcome::Conflict(holder) => holder.saga_id.clone(),
+        _ => panic!("a conflict at {at}: {outcomes:?}"),
+    }
+}
 
 async fn locks_of(log: &dyn TxLog, id: &str) -> Vec<String> {
     log.saga(&SagaId::new(id))
@@ -73,14 +81,54 @@ pub async fn a_resource_is_held_by_one_unsettled_saga_until_it_settles(store: &d
         .expect("writes");
     assert_eq!(outcomes[0], WriteOutcome::Written);
     assert_eq!(locks_of(log.as_ref(), "b").await, ["file:/w/x"]);
-    // A saga that fails and is rolled back releases too; one left partial keeps them.
+    // A saga that fails and is rolled back releases too; one left partial keeps them until
+    // its last dead letter is settled.
     log.write(vec![
         set_state("b", SagaState::Compensating),
+        LogWrite::Compensation {
+            saga_id: SagaId::new("b"),
+            step_seq: 0,
+            result: Err(ToolError::failed("locked")),
+        },
+        LogWrite::RecordDeadLetter(RecordDeadLetter {
+            letter_id: "d1".into(),
+            saga_id: SagaId::new("b"),
+            step_seq: 0,
+            tool_id: "fs.write".into(),
+            error: "locked".into(),
+            next_retry_at_ms: 99_000,
+        }),
         set_state("b", SagaState::FailedRollbackPartial),
     ])
     .await
     .expect("writes");
     assert_eq!(locks_of(log.as_ref(), "b").await, ["file:/w/x"]);
+    let outcomes = log
+        .write(vec![new_saga("c"), begin_on("c", 0, &["file:/w/x"], &[])])
+        .await
+        .expect("writes");
+    let WriteOutcome::Conflict(holder) = &outcomes[1] else {
+        panic!("a conflict: {outcomes:?}");
+    };
+    assert_eq!(holder.saga_id, SagaId::new("b"));
+    assert_eq!(holder.state, SagaState::FailedRollbackPartial);
+    log.write(vec![LogWrite::SettleDeadLetter(SettleDeadLetter {
+        letter_id: "d1".into(),
+        status: DeadLetterStatus::Resolved,
+        by: crate::records::owner(9),
+        uid: None,
+        user: None,
+        note: None,
+    })])
+    .await
+    .expect("writes");
+    assert!(locks_of(log.as_ref(), "b").await.is_empty());
+    let outcomes = log
+        .write(vec![begin_on("c", 0, &["file:/w/x"], &[])])
+        .await
+        .expect("writes");
+    assert_eq!(outcomes[0], WriteOutcome::Written);
+    assert_eq!(locks_of(log.as_ref(), "c").await, ["file:/w/x"]);
 }
 
 /// Checks that an undo claims its saga's resources again, and is refused while another
@@ -377,6 +425,83 @@ pub async fn a_resource_raced_from_several_connections_is_claimed_once(store: &d
         }
     }
     assert_eq!(n_claimed, 1, "exactly one claim");
+}
+
+/// Checks that a writer's claims see what another connection claimed and settled between
+/// two of its own writes: a writer that kept what it read of the locks from its last
+/// transaction must read again once another has committed.
+pub async fn a_claim_sees_what_another_connection_claimed_and_settled(store: &dyn LogStore) {
+    let first = store.open();
+    let second = store.open();
+    first
+        .write(vec![new_saga("a"), begin_on("a", 0, &["acct:a"], &[])])
+        .await
+        .expect("writes");
+    second
+        .write(vec![new_saga("b"), begin_on("b", 0, &["acct:b"], &[])])
+        .await
+        .expect("writes");
+    // The first writer's last transaction is no longer the newest: b's claim counts.
+    let outcomes = first
+        .write(vec![new_saga("c"), begin_on("c", 0, &["acct:b"], &[])])
+        .await
+        .expect("writes");
+    assert_eq!(refused_by(&outcomes, 1), SagaId::new("b"));
+    // And the other way round, on what the first claimed since.
+    first
+        .write(vec![begin_on("c", 0, &["acct:c"], &[])])
+        .await
+        .expect("writes");
+    let outcomes = second
+        .write(vec![new_saga("d"), begin_on("d", 0, &["acct:c"], &[])])
+        .await
+        .expect("writes");
+    assert_eq!(refused_by(&outcomes, 1), SagaId::new("c"));
+    // Settled by one connection, free for the other, and for the first again.
+    first
+        .write(vec![commit("a", 0), set_state("a", SagaState::Done)])
+        .await
+        .expect("writes");
+    assert_eq!(
+        second
+            .write(vec![begin_on("d", 0, &["acct:a"], &[])])
+            .await
+            .expect("writes"),
+        [WriteOutcome::Written]
+    );
+    let outcomes = first
+        .write(vec![new_saga("e"), begin_on("e", 0, &["acct:a"], &[])])
+        .await
+        .expect("writes");
+    assert_eq!(refused_by(&outcomes, 1), SagaId::new("d"));
+}
+
+/// Checks that a step refused for one of its resources leaves its saga holding what an
+/// earlier step of it declared, the refused step's other resources among them.
+pub async fn a_refused_step_leaves_its_sagas_earlier_claims_held(store: &dyn LogStore) {
+    let log = store.open();
+    log.write(vec![
+        new_saga("a"),
+        begin_on("a", 0, &["acct:1"], &[]),
+        new_saga("b"),
+        begin_on("b", 0, &["acct:2"], &[]),
+    ])
+    .await
+    .expect("writes");
+    let outcomes = log
+        .write(vec![
+            commit("a", 0),
+            begin_on("a", 1, &["acct:1", "acct:2"], &[]),
+        ])
+        .await
+        .expect("writes");
+    assert_eq!(refused_by(&outcomes, 1), SagaId::new("b"));
+    let outcomes = log
+        .write(vec![new_saga("c"), begin_on("c", 0, &["acct:1"], &[])])
+        .await
+        .expect("writes");
+    assert_eq!(refused_by(&outcomes, 1), SagaId::new("a"));
+    assert_eq!(locks_of(log.as_ref(), "a").await, ["acct:1"]);
 }
 
 /// Checks that sagas are counted by state, for an operator's overview.

@@ -62,6 +62,8 @@ macro_rules! contract_tests {
             a_begin_that_repeats_a_step_begun_meanwhile_is_refused,
             duplicate_begins_raced_from_several_connections_are_written_once,
             a_resource_raced_from_several_connections_is_claimed_once,
+            a_claim_sees_what_another_connection_claimed_and_settled,
+            a_refused_step_leaves_its_sagas_earlier_claims_held,
             sagas_are_counted_by_state,
             sagas_are_listed_by_page_and_filter,
         );

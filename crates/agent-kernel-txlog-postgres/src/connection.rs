@@ -9,7 +9,7 @@ use std::time::Duration;
 use agent_kernel_api::{
     AuditEvent, Durability, LeaseStatus, LogWrite, Owner, SagaId, SagaState, TxError, WriteOutcome,
 };
-use agent_kernel_txlog::backend::{self, Chain, HeadFile};
+use agent_kernel_txlog::backend::{self, Chain, HeadFile, LockMap};
 use agent_kernel_txlog::sql::Db;
 use agent_kernel_txlog::{AuditHead, AuditKey};
 use postgres::{Client, Config, IsolationLevel, NoTls};
@@ -289,6 +289,8 @@ pub(crate) struct Connection {
     pub(crate) config: Config,
     pub(crate) target: String,
     pub(crate) durability: Durability,
+    /// The locks begun steps hold, kept from one of this writer's transactions to the next.
+    pub(crate) locks: LockMap,
 }
 
 /// A read-only, repeatable-read snapshot on `client`: every read of the log sees one
@@ -509,10 +511,10 @@ impl Connection {
         }
         let mut answers = Vec::with_capacity(items.len());
         let mut moves_head = false;
-        let chain = {
+        let mut chain = {
             // The group's audit records go in together, in one round trip.
             let db = PgDb::holding_audit_records(&mut tx, &self.statements);
-            let mut chain = match Chain::start(&db, key) {
+            let mut chain = match Chain::start_with(&db, key, &mut self.locks) {
                 Ok(chain) => chain,
                 Err(error) => return GroupEnd::Failed(error),
             };
@@ -550,6 +552,7 @@ impl Connection {
         if let Err(err) = tx.commit() {
             return GroupEnd::Failed(storage(err));
         }
+        chain.committed(&mut self.locks);
         let records = items.iter().map(|item| item.records() as u64).sum();
         self.counters.committed(items.len() as u64, records);
         if moves_head {

@@ -81,7 +81,7 @@ use agent_kernel_api::{
     ApprovalRecord, AuditEvent, BoxFuture, Clock, DeadLetter, Durability, KeyBinding, LeaseStatus,
     LogWrite, Owner, SagaId, SagaRecord, SagaState, SagaSummary, TxError, TxLog, WriteOutcome,
 };
-use agent_kernel_txlog::backend;
+use agent_kernel_txlog::backend::{self, LockMap};
 use agent_kernel_txlog::sql::Db;
 use agent_kernel_txlog::{AuditHead, AuditKey, GROUP_BATCHES_MAX, GROUP_RECORDS_MAX, LogOptions};
 use postgres::Config;
@@ -229,6 +229,7 @@ impl PostgresLog {
                         config: thread_config,
                         target: thread_target,
                         durability,
+                        locks: LockMap::default(),
                     },
                     Err(error) => {
                         let _ = opened_sender.send(Err(error));

@@ -19,6 +19,12 @@ use crate::sql::Db;
 use crate::store;
 use crate::store::prune;
 
+/// One writer's map of the locks the begun steps of unsettled sagas hold, kept from one of
+/// its write transactions to the next while no other writer commits in between (the
+/// chain's head tells); read from the log again otherwise. Empty by default.
+#[derive(Debug, Default)]
+pub struct LockMap(store::Claims);
+
 /// The audit chain inside one write transaction: it starts after the newest record and
 /// appends each record the batch writes.
 pub struct Chain<'key> {
@@ -36,6 +42,28 @@ impl<'key> Chain<'key> {
         Ok(Chain {
             appender: Appender::start(db, key)?,
         })
+    }
+
+    /// [`start`](Chain::start), with the map of locks the writer kept from its last write
+    /// transaction (taken out of `locks`; [`committed`](Chain::committed) gives it back).
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Chain::start).
+    pub fn start_with(
+        db: &dyn Db,
+        key: Option<&'key AuditKey>,
+        locks: &mut LockMap,
+    ) -> Result<Chain<'key>, TxError> {
+        Ok(Chain {
+            appender: Appender::start_with(db, key, std::mem::take(&mut locks.0))?,
+        })
+    }
+
+    /// Once the transaction committed: the map of locks back into `locks`, for the writer's
+    /// next transaction. A writer whose transaction failed leaves `locks` empty instead.
+    pub fn committed(&mut self, locks: &mut LockMap) {
+        locks.0 = self.appender.committed();
     }
 
     /// The newest record's sequence number (0 for an empty chain) and hash.

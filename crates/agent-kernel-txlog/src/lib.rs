@@ -88,6 +88,7 @@
 mod audit;
 pub mod backend;
 mod checkpoint;
+mod claims;
 mod create;
 mod digest;
 mod downgrade;
@@ -410,6 +411,8 @@ impl SqliteLog {
             .name("agent-kernel-txlog".into())
             .spawn(move || {
                 let mut next = None;
+                // The locks begun steps hold, kept from one group to the next.
+                let mut claims = store::Claims::default();
                 loop {
                     let job = match next.take() {
                         Some(job) => job,
@@ -444,6 +447,7 @@ impl SqliteLog {
                             let (results, unsynced_head) = store::write_group(
                                 &mut conn,
                                 &writer_audit,
+                                &mut claims,
                                 &items,
                                 clock.now_ms(),
                             );

@@ -22,6 +22,7 @@ use rusqlite::Connection;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::claims::Claims;
 pub(crate) use crate::digest::{ZERO_HASH, hex, is_hex_digest, sha256_hex};
 pub(crate) use crate::head::Head;
 use crate::sql::storage;
@@ -664,10 +665,15 @@ pub(crate) fn read_head(conn: &dyn Db, key: Option<&AuditKey>) -> Result<Head, T
 }
 
 /// Appends records to the chain inside the caller's write transaction.
+///
+/// It also carries the writer's map of the locks begun steps hold ([`Claims`]): both live
+/// as long as a write transaction, and a savepoint rolled back restores both (a clone of
+/// the map is empty, read again when needed).
 #[derive(Clone)]
 pub(crate) struct Appender<'key> {
     key: Option<&'key AuditKey>,
     head: Head,
+    claims: Claims,
 }
 
 impl<'key> Appender<'key> {
@@ -677,10 +683,31 @@ impl<'key> Appender<'key> {
         conn: &dyn Db,
         key: Option<&'key AuditKey>,
     ) -> Result<Appender<'key>, TxError> {
-        Ok(Appender {
-            key,
-            head: read_head(conn, key)?,
-        })
+        Appender::start_with(conn, key, Claims::default())
+    }
+
+    /// [`start`](Appender::start), with the map of locks the writer kept from its last
+    /// transaction: kept if that transaction's commit is the chain's newest record.
+    pub(crate) fn start_with(
+        conn: &dyn Db,
+        key: Option<&'key AuditKey>,
+        mut claims: Claims,
+    ) -> Result<Appender<'key>, TxError> {
+        let head = read_head(conn, key)?;
+        claims.begin(head.seq, &head.hash);
+        Ok(Appender { key, head, claims })
+    }
+
+    /// The map of locks begun steps hold, for the claims of this transaction.
+    pub(crate) fn claims(&mut self) -> &mut Claims {
+        &mut self.claims
+    }
+
+    /// The map of locks, for the writer's next transaction, once this one committed.
+    pub(crate) fn committed(&mut self) -> Claims {
+        let mut claims = std::mem::take(&mut self.claims);
+        claims.committed(self.head.seq, &self.head.hash);
+        claims
     }
 
     /// The newest record, including those appended so far.

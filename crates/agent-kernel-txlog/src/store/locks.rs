@@ -2,22 +2,38 @@
 //! the conflicts a claim met, and the steps a call of an irreversible tool would duplicate.
 //!
 //! A step claims its resources in the transaction of its BEGIN, which keeps them in the
-//! step's row (`saga_steps.resources`, for an `undo` to claim them again); a saga's locks go
-//! in the transaction that settles it ([`RELEASES_LOCKS`]: `Done`, `FailedRolledBack`,
-//! `Undone`, or the last dead letter of a `FailedRollbackPartial` saga settled). One holder
-//! per resource, so a claim is decided by the row alone.
+//! step's row (`saga_steps.resources`): that row *is* the lock, for as long as its saga
+//! holds locks ([`HOLDING_SAGAS`](crate::claims::HOLDING_SAGAS): every saga not in [`RELEASES_LOCKS`], that is not
+//! `Done`, `FailedRolledBack` or `Undone`; a `FailedRollbackPartial` saga until its last
+//! dead letter is settled). Settling a saga releases its locks without a write of its own.
+//! A claim is checked against [`Claims`], the writer's map of those rows, read once and kept
+//! up to date by its own claims for as long as no other writer commits. An `undo` or a
+//! dead-letter retry of a settled saga claims its resources again in the `locks` table (one
+//! row per resource, one holder each), which the saga's settlement deletes.
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
 use crate::audit::KIND_LOCK_CONFLICT;
 use crate::transitions::RELEASES_LOCKS;
 use agent_kernel_api::{ConflictRecord, DuplicateStep, LaterClaim, LockHolder};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+
+pub(crate) use crate::claims::Claims;
 
 /// `step_keys.kind` of a key that makes a later call of the tool a duplicate.
 pub(super) const KEY_DUPLICATE: &str = "duplicate";
 
-/// The saga holding `resource`, if any.
+/// The owner in the four columns of `row` from `first` on: host, boot id, pid, start ticks.
+fn owner_at(row: &Row, first: usize) -> Result<Owner, crate::sql::Error> {
+    Ok(Owner {
+        host: row.get(first)?,
+        boot_id: row.get(first + 1)?,
+        pid: row.get(first + 2)?,
+        start_ticks: row.get::<_, i64>(first + 3)? as u64,
+    })
+}
+
+/// The saga holding `resource` by a claim made again (the `locks` table), if any.
 fn holder_of(conn: &dyn Db, resource: &str) -> Result<Option<LockHolder>, TxError> {
     conn.query_row(
         "SELECT l.saga_id, s.state, s.owner_host, s.owner_boot_id, s.owner_pid,
@@ -29,12 +45,7 @@ fn holder_of(conn: &dyn Db, resource: &str) -> Result<Option<LockHolder>, TxErro
             Ok((
                 row.get::<_, String>(0)?,
                 row.get::<_, String>(1)?,
-                Owner {
-                    host: row.get(2)?,
-                    boot_id: row.get(3)?,
-                    pid: row.get(4)?,
-                    start_ticks: row.get::<_, i64>(5)? as u64,
-                },
+                owner_at(row, 2)?,
             ))
         },
     )
@@ -51,13 +62,77 @@ fn holder_of(conn: &dyn Db, resource: &str) -> Result<Option<LockHolder>, TxErro
     .transpose()
 }
 
-/// The holder of `resource` when it is another saga than `saga_id`.
+/// The holder of `resource` when it is another saga than `saga_id`: a claim made again
+/// (the `locks` table), or an unsettled saga whose begun step declared it (`claims`, each
+/// saga named there asked whether it still holds).
 fn held_by_another(
     conn: &dyn Db,
+    claims: &mut Claims,
     saga_id: &SagaId,
     resource: &str,
 ) -> Result<Option<LockHolder>, TxError> {
-    Ok(holder_of(conn, resource)?.filter(|holder| holder.saga_id != *saga_id))
+    if claims.may_hold_claims_again()
+        && let Some(holder) = holder_of(conn, resource)?.filter(|holder| holder.saga_id != *saga_id)
+    {
+        return Ok(Some(holder));
+    }
+    let Some(sagas) = claims.holders_mut(resource) else {
+        return Ok(None);
+    };
+    let mut at = 0;
+    while at < sagas.len() {
+        if sagas[at] == *saga_id {
+            at += 1;
+            continue;
+        }
+        match holding(conn, &sagas[at], resource)? {
+            Some(holder) => return Ok(Some(holder)),
+            None => {
+                sagas.swap_remove(at);
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// `saga_id` as the holder of `resource`, if it holds locks still.
+fn holding(conn: &dyn Db, saga_id: &SagaId, resource: &str) -> Result<Option<LockHolder>, TxError> {
+    Ok(holds(conn, saga_id)?.map(|(state, owner)| LockHolder {
+        resource: resource.to_owned(),
+        saga_id: saga_id.clone(),
+        state,
+        owner,
+    }))
+}
+
+/// The state and owner of `saga_id` if it holds the locks of its begun steps, as
+/// [`HOLDING_SAGAS`](crate::claims::HOLDING_SAGAS) counts: not settled ([`RELEASES_LOCKS`]), and when
+/// `FailedRollbackPartial`, with a dead letter open.
+fn holds(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<(SagaState, Owner)>, TxError> {
+    let found = conn
+        .query_row(
+            "SELECT state, owner_host, owner_boot_id, owner_pid, owner_start_ticks,
+                 CASE WHEN EXISTS (SELECT 1 FROM dead_letters
+                     WHERE saga_id = ?1 AND status = 'open') THEN 1 ELSE 0 END
+             FROM sagas WHERE saga_id = ?1",
+            params![saga_id.as_str()],
+            |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    owner_at(row, 1)?,
+                    row.get::<_, i64>(5)? == 1,
+                ))
+            },
+        )
+        .optional()
+        .map_err(storage)?;
+    let Some((state, owner, letter_open)) = found else {
+        return Ok(None);
+    };
+    let state: SagaState = state.parse().map_err(corrupt)?;
+    let settled = RELEASES_LOCKS.contains(&state)
+        || (state == SagaState::FailedRollbackPartial && !letter_open);
+    Ok((!settled).then_some((state, owner)))
 }
 
 /// Why a `BeginStep` was refused before anything of its batch was applied.
@@ -74,16 +149,18 @@ pub(super) enum Refusal {
 /// that repeats an earlier one or could not claim a resource, by the step's saga and
 /// position (nothing of that step's claim is kept, and the approval it would consume is
 /// left unused too). A step whose idempotency key is refused claims nothing: it is recorded
-/// `FAIL` as before.
+/// `FAIL` as before. A claim writes nothing: the step's row, which its BEGIN inserts, holds
+/// it; `claims` notes it for the claims after it.
 ///
-/// The common case costs one insert per resource: the holder is read only for a resource
-/// already held (by the step's own saga, or by another).
+/// The common case costs a lookup of the `locks` table and of `claims` per resource; the
+/// holder is read only for a resource another saga's step declared.
 pub(super) fn claim_or_refuse(
     conn: &dyn Db,
+    claims: &mut Claims,
     batch: &[LogWrite],
-    now_ms: i64,
 ) -> Result<Vec<(SagaId, u32, Refusal)>, TxError> {
     let mut refused = Vec::new();
+    let mut read = false;
     for write in batch {
         let LogWrite::BeginStep(step) = write else {
             continue;
@@ -104,22 +181,26 @@ pub(super) fn claim_or_refuse(
             ));
             continue;
         }
+        if !read && !step.resources.is_empty() {
+            // Before this batch's first claim: every claim noted so far is in the rows.
+            claims.read_if_needed(conn)?;
+            read = true;
+        }
         let mut claimed: Vec<&String> = Vec::new();
         let mut holder = None;
         for resource in &step.resources {
-            if claim(conn, &step.saga_id, step.step_seq, resource, now_ms)? {
-                claimed.push(resource);
-                continue;
-            }
-            holder = held_by_another(conn, &step.saga_id, resource)?;
+            holder = held_by_another(conn, claims, &step.saga_id, resource)?;
             if holder.is_some() {
                 break;
+            }
+            // What the saga held already (an earlier step declared it) stays noted.
+            if claims.add(resource.clone(), &step.saga_id) {
+                claimed.push(resource);
             }
         }
         if let Some(holder) = holder {
             for resource in claimed {
-                conn.execute("DELETE FROM locks WHERE resource = ?1", params![resource])
-                    .map_err(storage)?;
+                claims.take_back(resource, &step.saga_id);
             }
             refused.push((
                 step.saga_id.clone(),
@@ -149,8 +230,8 @@ fn repeated(conn: &dyn Db, step: &BeginStep) -> Result<Option<DuplicateStep>, Tx
     )
 }
 
-/// Claims `resource` for step `step_seq` of `saga_id` unless someone holds it (the saga
-/// itself included); whether it did.
+/// Claims `resource` again for step `step_seq` of `saga_id` in the `locks` table unless a
+/// claim made again holds it (the saga's own included); whether it did.
 fn claim(
     conn: &dyn Db,
     saga_id: &SagaId,
@@ -194,16 +275,14 @@ pub(super) fn release_if_settled(
     Ok(())
 }
 
-/// Releases every lock of `saga_id`: each a resource one of its begun steps declared,
-/// deleted by its key (no index by saga is kept: one more page written per claim).
+/// Releases every lock `saga_id` claimed again (the `locks` table, which holds only those,
+/// a few rows at most); its steps' rows hold the others only while it is unsettled.
 pub(super) fn release(conn: &dyn Db, saga_id: &SagaId) -> Result<(), TxError> {
-    for resource in declared(conn, saga_id)?.keys() {
-        conn.execute(
-            "DELETE FROM locks WHERE resource = ?1 AND saga_id = ?2",
-            params![resource, saga_id.as_str()],
-        )
-        .map_err(storage)?;
-    }
+    conn.execute(
+        "DELETE FROM locks WHERE saga_id = ?1",
+        params![saga_id.as_str()],
+    )
+    .map_err(storage)?;
     Ok(())
 }
 
@@ -227,12 +306,16 @@ fn declared(conn: &dyn Db, saga_id: &SagaId) -> Result<BTreeMap<String, u32>, Tx
     Ok(declared)
 }
 
-/// [`LogWrite::ClaimLocks`]: every resource the saga's begun steps declared, claimed again;
-/// [`TxError::Conflict`] (the batch undone) when another saga holds one. The audit body.
+/// [`LogWrite::ClaimLocks`]: every resource the saga's begun steps declared, claimed again
+/// in the `locks` table; [`TxError::Conflict`] (the batch undone) when another saga holds
+/// one. The audit body.
 pub(super) fn claim_again(conn: &dyn Db, saga_id: &SagaId, now_ms: i64) -> Result<String, TxError> {
     let declared = declared(conn, saga_id)?;
+    // Rare (an undo, a retry): the rows are read afresh, not through the writer's map.
+    let mut claims = Claims::default();
+    claims.read_if_needed(conn)?;
     for (resource, step_seq) in &declared {
-        if let Some(holder) = held_by_another(conn, saga_id, resource)? {
+        if let Some(holder) = held_by_another(conn, &mut claims, saga_id, resource)? {
             return Err(TxError::Conflict(Box::new(holder)));
         }
         claim(conn, saga_id, *step_seq, resource, now_ms)?;
@@ -262,7 +345,7 @@ pub(super) fn release_settled(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<
         .optional()
         .map_err(storage)?
         .unwrap_or(false);
-    let held = locks_of(conn, saga_id)?;
+    let held = claimed_again(conn, saga_id)?;
     if !settled || held.is_empty() {
         return Ok(None);
     }
@@ -319,24 +402,24 @@ pub(super) fn conflict_body(step: &BeginStep, holder: &LockHolder) -> String {
         .finish()
 }
 
-/// The resources `saga_id` holds, sorted: those its steps declared that it holds still.
+/// The resources `saga_id` holds, sorted: those its begun steps declared while it is
+/// unsettled, and those it claimed again.
 pub(crate) fn locks_of(conn: &dyn Db, saga_id: &SagaId) -> Result<Vec<String>, TxError> {
-    let mut held = Vec::new();
-    for resource in declared(conn, saga_id)?.into_keys() {
-        let holds = conn
-            .query_row(
-                "SELECT 1 FROM locks WHERE resource = ?1 AND saga_id = ?2",
-                params![resource, saga_id.as_str()],
-                |_| Ok(()),
-            )
-            .optional()
-            .map_err(storage)?
-            .is_some();
-        if holds {
-            held.push(resource);
-        }
+    let mut held: BTreeSet<String> = claimed_again(conn, saga_id)?.into_iter().collect();
+    if holds(conn, saga_id)?.is_some() {
+        held.extend(declared(conn, saga_id)?.into_keys());
     }
-    Ok(held)
+    Ok(held.into_iter().collect())
+}
+
+/// The resources `saga_id` claimed again (the `locks` table), sorted.
+fn claimed_again(conn: &dyn Db, saga_id: &SagaId) -> Result<Vec<String>, TxError> {
+    conn.query_map(
+        "SELECT resource FROM locks WHERE saga_id = ?1 ORDER BY resource",
+        params![saga_id.as_str()],
+        |row| row.get(0),
+    )
+    .map_err(storage)
 }
 
 /// The claims of `saga_id` that other sagas' locks refused, oldest first, from the audit

@@ -17,7 +17,7 @@ pub(crate) use self::approvals::{
     approval, pending_approvals, saga_approval, vouched_saga_approval,
 };
 pub(crate) use self::dead_letters::{dead_letter, open_dead_letters};
-pub(crate) use self::locks::{duplicate_of, later_claim, settled_lock_holders};
+pub(crate) use self::locks::{Claims, duplicate_of, later_claim, settled_lock_holders};
 pub(crate) use self::sagas::{
     key_binding, saga, saga_counts, saga_page, sagas, take_over_in, unfinished_sagas,
 };
@@ -84,10 +84,11 @@ fn effect_from_str(text: &str) -> Result<EffectClass, TxError> {
 pub(crate) fn write_batch(
     conn: &mut Connection,
     audit: &AuditSettings,
+    claims: &mut Claims,
     batch: &[LogWrite],
     now_ms: i64,
 ) -> Result<(Vec<WriteOutcome>, Option<UnsyncedHead>), TxError> {
-    let committed = commit_chained(conn, audit, batch, now_ms)?;
+    let committed = commit_chained(conn, audit, claims, batch, now_ms)?;
     // Only here, not after every batch: a head update costs a sync under
     // `Durability::Full`, which every step would otherwise pay.
     let unsynced = committed
@@ -107,21 +108,26 @@ struct Committed {
 }
 
 /// Applies `batch` and chains each record into the audit log, in one immediate transaction.
+/// `claims` is the writer's map of locks ([`Claims`]), left empty unless the transaction
+/// commits.
 fn commit_chained(
     conn: &mut Connection,
     audit: &AuditSettings,
+    claims: &mut Claims,
     batch: &[LogWrite],
     now_ms: i64,
 ) -> Result<Committed, TxError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(storage)?;
-    let mut chain = Appender::start(&tx, audit.key.as_ref())?;
+    let mut chain = Appender::start_with(&tx, audit.key.as_ref(), std::mem::take(claims))?;
     let (outcomes, moves_head) = apply_chained(&tx, &mut chain, audit.key.as_ref(), batch, now_ms)?;
     tx.commit().map_err(storage)?;
+    let head = chain.head().clone();
+    *claims = chain.committed();
     Ok(Committed {
         outcomes,
-        head: chain.head().clone(),
+        head,
         moves_head,
     })
 }
@@ -137,8 +143,11 @@ pub(crate) fn apply_chained(
 ) -> Result<(Vec<WriteOutcome>, bool), TxError> {
     let mut outcomes = Vec::with_capacity(batch.len());
     let mut moves_head = false;
-    let refused = locks::claim_or_refuse(tx, batch, now_ms)?;
+    let refused = locks::claim_or_refuse(tx, chain.claims(), batch)?;
     for write in batch {
+        if matches!(write, LogWrite::ClaimLocks { .. }) {
+            chain.claims().claimed_again();
+        }
         let applied = match refused_claim(write, &refused) {
             Some(holder) => refused_step(write, holder),
             None => apply(tx, write, key, now_ms)?,
@@ -252,6 +261,7 @@ pub(crate) enum GroupAnswer {
 pub(crate) fn write_group(
     conn: &mut Connection,
     audit: &AuditSettings,
+    claims: &mut Claims,
     items: &[GroupItem<'_>],
     now_ms: i64,
 ) -> (Vec<Result<GroupAnswer, TxError>>, Option<UnsyncedHead>) {
@@ -267,11 +277,14 @@ pub(crate) fn write_group(
     }
     match items {
         [GroupItem::Batch(batch)] => {
-            return alone(write_batch(conn, audit, batch, now_ms), GroupAnswer::Batch);
+            return alone(
+                write_batch(conn, audit, claims, batch, now_ms),
+                GroupAnswer::Batch,
+            );
         }
         [GroupItem::TakeOver(request)] => {
             return alone(
-                take_over(conn, audit, request, now_ms),
+                take_over(conn, audit, claims, request, now_ms),
                 GroupAnswer::TakeOver,
             );
         }
@@ -282,7 +295,7 @@ pub(crate) fn write_group(
         Ok(tx) => tx,
         Err(err) => return every(storage(err)),
     };
-    let mut chain = match Appender::start(&tx, audit.key.as_ref()) {
+    let mut chain = match Appender::start_with(&tx, audit.key.as_ref(), std::mem::take(claims)) {
         Ok(chain) => chain,
         Err(error) => return every(error),
     };
@@ -320,8 +333,10 @@ pub(crate) fn write_group(
     if let Err(err) = tx.commit() {
         return every(storage(err));
     }
+    let head = chain.head().clone();
+    *claims = chain.committed();
     let unsynced = moves_head
-        .then(|| audit.advance_head_deferring_sync(conn, chain.head()))
+        .then(|| audit.advance_head_deferring_sync(conn, &head))
         .flatten();
     (results, unsynced)
 }
@@ -333,7 +348,14 @@ pub(crate) fn seal(
     event: &AuditEvent,
     now_ms: i64,
 ) -> Result<AuditHead, TxError> {
-    let committed = commit_chained(conn, audit, &[LogWrite::Audit(event.clone())], now_ms)?;
+    // Outside the writer's groups: its map of locks reads the log again after this.
+    let committed = commit_chained(
+        conn,
+        audit,
+        &mut Claims::default(),
+        &[LogWrite::Audit(event.clone())],
+        now_ms,
+    )?;
     let head = &committed.head;
     audit.write_head(head).map_err(|err| {
         TxError::Storage(format!(

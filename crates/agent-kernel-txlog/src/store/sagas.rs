@@ -562,18 +562,21 @@ pub(crate) fn saga(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<SagaRecord>
 pub(crate) fn take_over(
     conn: &mut Connection,
     audit: &AuditSettings,
+    claims: &mut super::Claims,
     request: &TakeOverRequest,
     now_ms: i64,
 ) -> Result<(bool, Option<crate::head::UnsyncedHead>), TxError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(storage)?;
-    let mut chain = Appender::start(&tx, audit.key.as_ref())?;
+    let mut chain = Appender::start_with(&tx, audit.key.as_ref(), std::mem::take(claims))?;
     if !take_over_then(&tx, &mut chain, audit.key.as_ref(), request, now_ms)? {
         return Ok((false, None));
     }
     tx.commit().map_err(storage)?;
-    Ok((true, audit.advance_head_deferring_sync(conn, chain.head())))
+    let head = chain.head().clone();
+    *claims = chain.committed();
+    Ok((true, audit.advance_head_deferring_sync(conn, &head)))
 }
 
 /// [`take_over_in`], then the request's batch if it held, inside the caller's write
