@@ -17,6 +17,7 @@ pub use crate::isolation::{
     a_refused_step_leaves_its_sagas_earlier_claims_held,
     a_resource_is_held_by_one_unsettled_saga_until_it_settles,
     a_resource_raced_from_several_connections_is_claimed_once, an_undo_claims_its_resources_again,
+    claims_in_one_batch_see_each_other,
     duplicate_begins_raced_from_several_connections_are_written_once, sagas_are_counted_by_state,
     sagas_are_listed_by_page_and_filter,
 };

@@ -504,6 +504,48 @@ pub async fn a_refused_step_leaves_its_sagas_earlier_claims_held(store: &dyn Log
     assert_eq!(locks_of(log.as_ref(), "a").await, ["acct:1"]);
 }
 
+/// Checks that the claims of one batch see each other: a saga the batch creates holds what
+/// its step claimed against another saga's step later in the batch, and for good; a batch
+/// that claims a settled saga's resources again beside another saga's claiming step is
+/// refused whole.
+pub async fn claims_in_one_batch_see_each_other(store: &dyn LogStore) {
+    let log = store.open();
+    let outcomes = log
+        .write(vec![
+            new_saga("a"),
+            begin_on("a", 0, &["acct:1"], &[]),
+            new_saga("b"),
+            begin_on("b", 0, &["acct:1"], &[]),
+        ])
+        .await
+        .expect("writes");
+    assert_eq!(refused_by(&outcomes, 3), SagaId::new("a"));
+    log.write(vec![set_state("b", SagaState::FailedRolledBack)])
+        .await
+        .expect("writes");
+    let outcomes = log
+        .write(vec![new_saga("c"), begin_on("c", 0, &["acct:1"], &[])])
+        .await
+        .expect("writes");
+    assert_eq!(refused_by(&outcomes, 1), SagaId::new("a"));
+    log.write(vec![commit("a", 0), set_state("a", SagaState::Done)])
+        .await
+        .expect("writes");
+    let mixed = log
+        .write(vec![
+            LogWrite::ClaimLocks {
+                saga_id: SagaId::new("a"),
+            },
+            begin_on("c", 0, &["acct:1"], &[]),
+        ])
+        .await;
+    assert!(matches!(mixed, Err(TxError::Corrupt(_))), "{mixed:?}");
+    assert!(
+        locks_of(log.as_ref(), "a").await.is_empty(),
+        "nothing of it"
+    );
+}
+
 /// Checks that sagas are counted by state, for an operator's overview.
 pub async fn sagas_are_counted_by_state(store: &dyn LogStore) {
     let log = store.open();

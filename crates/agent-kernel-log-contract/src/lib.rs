@@ -64,6 +64,7 @@ macro_rules! contract_tests {
             a_resource_raced_from_several_connections_is_claimed_once,
             a_claim_sees_what_another_connection_claimed_and_settled,
             a_refused_step_leaves_its_sagas_earlier_claims_held,
+            claims_in_one_batch_see_each_other,
             sagas_are_counted_by_state,
             sagas_are_listed_by_page_and_filter,
         );

@@ -818,7 +818,7 @@ fn check_round(
 ) {
     let conn = rusqlite::Connection::open(project.db()).expect("opens the log");
     let n_locks: i64 = conn
-        .query_row("SELECT COUNT(*) FROM locks", [], |row| row.get(0))
+        .query_row(crate::HELD_LOCKS_SQL, [], |row| row.get(0))
         .expect("counts");
     assert_eq!(n_locks, 0, "round {round} (seed {seed}): locks left");
     // This round's sagas, in the order their `Done` was chained.

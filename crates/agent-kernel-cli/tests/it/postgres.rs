@@ -993,7 +993,7 @@ fn two_worker_processes_on_one_file_are_kept_apart_on_postgres_and_a_dead_ones_h
     for name in ["winner-true", "dead", "loser-false", "loser-true", "later"] {
         assert_eq!(states[name], "FailedRolledBack", "{states:?}");
     }
-    let held = schema.rows("SELECT count(*)::text FROM locks");
+    let held = schema.rows(&format!("SELECT ({})::text", crate::HELD_LOCKS_SQL));
     assert_eq!(held[0][0].as_deref(), Some("0"), "no lock remains");
     // Three refusals, and each refused claim of the waiting worker (at least one).
     let refused = schema.rows("SELECT count(*)::text FROM audit_log WHERE kind = 'LockConflict'");

@@ -3,13 +3,14 @@
 //!
 //! A step claims its resources in the transaction of its BEGIN, which keeps them in the
 //! step's row (`saga_steps.resources`): that row *is* the lock, for as long as its saga
-//! holds locks ([`HOLDING_SAGAS`](crate::claims::HOLDING_SAGAS): every saga not in [`RELEASES_LOCKS`], that is not
-//! `Done`, `FailedRolledBack` or `Undone`; a `FailedRollbackPartial` saga until its last
-//! dead letter is settled). Settling a saga releases its locks without a write of its own.
-//! A claim is checked against [`Claims`], the writer's map of those rows, read once and kept
-//! up to date by its own claims for as long as no other writer commits. An `undo` or a
-//! dead-letter retry of a settled saga claims its resources again in the `locks` table (one
-//! row per resource, one holder each), which the saga's settlement deletes.
+//! holds locks ([`HOLDING_SAGAS`](crate::claims::HOLDING_SAGAS): every saga not in
+//! [`RELEASES_LOCKS`], that is not `Done`, `FailedRolledBack` or `Undone`; a
+//! `FailedRollbackPartial` saga until its last dead letter is settled). Settling a saga
+//! releases its locks without a write of its own. A claim is checked against [`Claims`], the
+//! writer's map of those rows, read once and kept up to date by its own claims for as long
+//! as no other writer commits. An `undo` of a settled saga claims its resources again in the
+//! `locks` table (one row per resource, one holder each), which the saga's settlement
+//! deletes.
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
@@ -64,10 +65,12 @@ fn holder_of(conn: &dyn Db, resource: &str) -> Result<Option<LockHolder>, TxErro
 
 /// The holder of `resource` when it is another saga than `saga_id`: a claim made again
 /// (the `locks` table), or an unsettled saga whose begun step declared it (`claims`, each
-/// saga named there asked whether it still holds).
+/// saga named there asked whether it still holds; one that the writes of the batch `before`
+/// the claim create, not written yet, holds unless they settle it).
 fn held_by_another(
     conn: &dyn Db,
     claims: &mut Claims,
+    before: &[LogWrite],
     saga_id: &SagaId,
     resource: &str,
 ) -> Result<Option<LockHolder>, TxError> {
@@ -85,30 +88,68 @@ fn held_by_another(
             at += 1;
             continue;
         }
-        match holding(conn, &sagas[at], resource)? {
-            Some(holder) => return Ok(Some(holder)),
-            None => {
+        let holder = |state, owner| LockHolder {
+            resource: resource.to_owned(),
+            saga_id: sagas[at].clone(),
+            state,
+            owner,
+        };
+        match standing(conn, &sagas[at])? {
+            Standing::Holds(state, owner) => return Ok(Some(holder(state, owner))),
+            Standing::Settled => {
                 sagas.swap_remove(at);
             }
+            Standing::Absent => match created_in(before, &sagas[at]) {
+                Some((state, owner)) if !RELEASES_LOCKS.contains(&state) => {
+                    return Ok(Some(holder(state, owner.clone())));
+                }
+                // Settled by the batch already, or pruned since.
+                _ => {
+                    sagas.swap_remove(at);
+                }
+            },
         }
     }
     Ok(None)
 }
 
-/// `saga_id` as the holder of `resource`, if it holds locks still.
-fn holding(conn: &dyn Db, saga_id: &SagaId, resource: &str) -> Result<Option<LockHolder>, TxError> {
-    Ok(holds(conn, saga_id)?.map(|(state, owner)| LockHolder {
-        resource: resource.to_owned(),
-        saga_id: saga_id.clone(),
-        state,
-        owner,
-    }))
+/// The state and owner of the saga `writes` create as `saga_id`, as they leave it (its last
+/// state change among them), if they create it.
+fn created_in<'w>(writes: &'w [LogWrite], saga_id: &SagaId) -> Option<(SagaState, &'w Owner)> {
+    let mut created = None;
+    for write in writes {
+        match write {
+            LogWrite::CreateSaga(new) if new.saga_id == *saga_id => {
+                created = Some((new.state, &new.owner));
+            }
+            LogWrite::SetState {
+                saga_id: changed,
+                state,
+            } if changed == saga_id => {
+                if let Some((now, _)) = &mut created {
+                    *now = *state;
+                }
+            }
+            _ => {}
+        }
+    }
+    created
 }
 
-/// The state and owner of `saga_id` if it holds the locks of its begun steps, as
-/// [`HOLDING_SAGAS`](crate::claims::HOLDING_SAGAS) counts: not settled ([`RELEASES_LOCKS`]), and when
-/// `FailedRollbackPartial`, with a dead letter open.
-fn holds(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<(SagaState, Owner)>, TxError> {
+/// Where a saga stands towards the locks of its begun steps.
+enum Standing {
+    /// It holds them: its state and owner.
+    Holds(SagaState, Owner),
+    /// It is settled: they are released.
+    Settled,
+    /// The log has no such saga (not written yet, or pruned).
+    Absent,
+}
+
+/// Whether `saga_id` holds the locks of its begun steps, as
+/// [`HOLDING_SAGAS`](crate::claims::HOLDING_SAGAS) counts: not settled ([`RELEASES_LOCKS`]),
+/// and when `FailedRollbackPartial`, with a dead letter open.
+fn standing(conn: &dyn Db, saga_id: &SagaId) -> Result<Standing, TxError> {
     let found = conn
         .query_row(
             "SELECT state, owner_host, owner_boot_id, owner_pid, owner_start_ticks,
@@ -127,12 +168,16 @@ fn holds(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<(SagaState, Owner)>, 
         .optional()
         .map_err(storage)?;
     let Some((state, owner, letter_open)) = found else {
-        return Ok(None);
+        return Ok(Standing::Absent);
     };
     let state: SagaState = state.parse().map_err(corrupt)?;
     let settled = RELEASES_LOCKS.contains(&state)
         || (state == SagaState::FailedRollbackPartial && !letter_open);
-    Ok((!settled).then_some((state, owner)))
+    Ok(if settled {
+        Standing::Settled
+    } else {
+        Standing::Holds(state, owner)
+    })
 }
 
 /// Why a `BeginStep` was refused before anything of its batch was applied.
@@ -159,9 +204,10 @@ pub(super) fn claim_or_refuse(
     claims: &mut Claims,
     batch: &[LogWrite],
 ) -> Result<Vec<(SagaId, u32, Refusal)>, TxError> {
+    refuse_claims_again_beside_others(batch)?;
     let mut refused = Vec::new();
     let mut read = false;
-    for write in batch {
+    for (at, write) in batch.iter().enumerate() {
         let LogWrite::BeginStep(step) = write else {
             continue;
         };
@@ -189,7 +235,7 @@ pub(super) fn claim_or_refuse(
         let mut claimed: Vec<&String> = Vec::new();
         let mut holder = None;
         for resource in &step.resources {
-            holder = held_by_another(conn, claims, &step.saga_id, resource)?;
+            holder = held_by_another(conn, claims, &batch[..at], &step.saga_id, resource)?;
             if holder.is_some() {
                 break;
             }
@@ -210,6 +256,37 @@ pub(super) fn claim_or_refuse(
         }
     }
     Ok(refused)
+}
+
+/// Refuses a batch that claims a saga's resources again ([`LogWrite::ClaimLocks`]) and
+/// begins a step of another saga that claims resources: the claims are decided before the
+/// batch is applied, and those made again only when it is, so the two would not see each
+/// other. The kernel never writes such a batch.
+fn refuse_claims_again_beside_others(batch: &[LogWrite]) -> Result<(), TxError> {
+    let again: Vec<&SagaId> = batch
+        .iter()
+        .filter_map(|write| match write {
+            LogWrite::ClaimLocks { saga_id } => Some(saga_id),
+            _ => None,
+        })
+        .collect();
+    let Some(first) = again.first() else {
+        return Ok(());
+    };
+    let other = batch.iter().find_map(|write| match write {
+        LogWrite::BeginStep(step)
+            if !step.resources.is_empty() && !again.contains(&&step.saga_id) =>
+        {
+            Some(&step.saga_id)
+        }
+        _ => None,
+    });
+    match other {
+        Some(other) => Err(corrupt(format!(
+            "a batch that claims saga {first}'s resources again cannot begin a step of saga {other} that claims resources: write them apart"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The earlier step `step` repeats, by its [`duplicate_check`](BeginStep::duplicate_check):
@@ -315,7 +392,7 @@ pub(super) fn claim_again(conn: &dyn Db, saga_id: &SagaId, now_ms: i64) -> Resul
     let mut claims = Claims::default();
     claims.read_if_needed(conn)?;
     for (resource, step_seq) in &declared {
-        if let Some(holder) = held_by_another(conn, &mut claims, saga_id, resource)? {
+        if let Some(holder) = held_by_another(conn, &mut claims, &[], saga_id, resource)? {
             return Err(TxError::Conflict(Box::new(holder)));
         }
         claim(conn, saga_id, *step_seq, resource, now_ms)?;
@@ -406,7 +483,7 @@ pub(super) fn conflict_body(step: &BeginStep, holder: &LockHolder) -> String {
 /// unsettled, and those it claimed again.
 pub(crate) fn locks_of(conn: &dyn Db, saga_id: &SagaId) -> Result<Vec<String>, TxError> {
     let mut held: BTreeSet<String> = claimed_again(conn, saga_id)?.into_iter().collect();
-    if holds(conn, saga_id)?.is_some() {
+    if matches!(standing(conn, saga_id)?, Standing::Holds(..)) {
         held.extend(declared(conn, saga_id)?.into_keys());
     }
     Ok(held.into_iter().collect())
