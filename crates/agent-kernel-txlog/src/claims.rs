@@ -113,8 +113,9 @@ impl Claims {
         for (saga_id, resources) in rows {
             let resources: Vec<String> = serde_json::from_str(&resources)
                 .map_err(|err| TxError::Corrupt(format!("column `resources`: {err}")))?;
+            let saga_id = SagaId::new(saga_id);
             for resource in resources {
-                self.add(resource, &SagaId::new(saga_id.clone()));
+                self.add(resource, &saga_id);
             }
         }
         self.n_read = self.holders.len();
@@ -124,7 +125,7 @@ impl Claims {
 
     /// Notes that this writer claimed resources again in the `locks` table
     /// ([`LogWrite::ClaimLocks`](agent_kernel_api::LogWrite::ClaimLocks)).
-    pub(crate) fn claimed_again(&mut self) {
+    pub(crate) fn note_claimed_again(&mut self) {
         self.claimed_again = true;
     }
 

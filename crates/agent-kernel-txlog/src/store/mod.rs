@@ -146,7 +146,7 @@ pub(crate) fn apply_chained(
     let refused = locks::claim_or_refuse(tx, chain.claims(), batch)?;
     for write in batch {
         if matches!(write, LogWrite::ClaimLocks { .. }) {
-            chain.claims().claimed_again();
+            chain.claims().note_claimed_again();
         }
         let applied = match refused_claim(write, &refused) {
             Some(holder) => refused_step(write, holder),
