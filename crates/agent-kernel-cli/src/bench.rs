@@ -241,6 +241,15 @@ fn micros(duration: Duration) -> u64 {
         .clamp(1, LATENCY_US_MAX)
 }
 
+/// The CPU time this process has used so far, all its threads, user and system.
+fn process_cpu() -> Duration {
+    let spent = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(
+        u64::try_from(spent.tv_sec).unwrap_or(0),
+        u32::try_from(spent.tv_nsec).unwrap_or(0),
+    )
+}
+
 /// This process's resident memory now and at its peak, in KiB (`VmRSS`, `VmHWM`).
 fn rss_kib() -> (u64, u64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -294,6 +303,11 @@ pub(crate) struct StepsReport {
     p99_us: u64,
     p999_us: u64,
     max_us: u64,
+    /// CPU time of this process (every thread, user and system) during the run, in
+    /// microseconds per step: what a step costs the machine, which the disk's latency and
+    /// other processes on it sway less than they do steps/s (a PostgreSQL server's own CPU
+    /// is not counted).
+    cpu_us_per_step: f64,
     /// Resident memory at the end of the run and at its peak, in KiB (before the floor is
     /// measured).
     rss_kib: u64,
@@ -351,8 +365,13 @@ impl fmt::Display for StepsReport {
         )?;
         writeln!(
             f,
-            "  {:.0} steps/s, step latency p50 {} us, p99 {} us, p999 {} us, max {} us",
-            self.steps_per_sec, self.p50_us, self.p99_us, self.p999_us, self.max_us
+            "  {:.0} steps/s, step latency p50 {} us, p99 {} us, p999 {} us, max {} us, {:.1} us of CPU a step",
+            self.steps_per_sec,
+            self.p50_us,
+            self.p99_us,
+            self.p999_us,
+            self.max_us,
+            self.cpu_us_per_step
         )?;
         writeln!(
             f,
@@ -613,6 +632,7 @@ async fn steps(
     });
 
     let next_saga = Arc::new(AtomicU64::new(0));
+    let cpu_before = process_cpu();
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..args.concurrency {
@@ -639,6 +659,7 @@ async fn steps(
             .context("the latency histograms have the same bounds")?;
     }
     let elapsed = started.elapsed();
+    let cpu = process_cpu().saturating_sub(cpu_before);
     let (rss_kib, rss_peak_kib) = rss_kib();
     let n_steps = latencies.len();
     let n_commits = log.writes();
@@ -667,6 +688,7 @@ async fn steps(
         p99_us: latencies.value_at_quantile(0.99),
         p999_us: latencies.value_at_quantile(0.999),
         max_us: latencies.max(),
+        cpu_us_per_step: cpu.as_secs_f64() * 1e6 / n_steps as f64,
         rss_kib,
         rss_peak_kib,
         n_commits,

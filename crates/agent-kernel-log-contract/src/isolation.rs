@@ -21,12 +21,25 @@ fn refused_by(outcomes: &[WriteOutcome], at: usize) -> SagaId {
     }
 }
 
-async fn locks_of(log: &dyn TxLog, id: &str) -> Vec<String> {
-    log.saga(&SagaId::new(id))
+/// The locks saga `id` holds, as the log reports them; the view `held_locks` an operator
+/// queries must list the same for it.
+async fn locks_of(store: &dyn LogStore, log: &dyn TxLog, id: &str) -> Vec<String> {
+    let locks = log
+        .saga(&SagaId::new(id))
         .await
         .expect("reads")
         .expect("exists")
-        .locks
+        .locks;
+    let mut viewed: Vec<String> = store
+        .held_locks()
+        .into_iter()
+        .filter(|(_, saga)| saga == id)
+        .map(|(resource, _)| resource)
+        .collect();
+    viewed.sort();
+    viewed.dedup();
+    assert_eq!(viewed, locks, "the view `held_locks` for saga {id}");
+    locks
 }
 
 /// Checks that a resource is held by one unsettled saga until that saga settles, and that
@@ -39,7 +52,10 @@ pub async fn a_resource_is_held_by_one_unsettled_saga_until_it_settles(store: &d
     ])
     .await
     .expect("writes");
-    assert_eq!(locks_of(log.as_ref(), "a").await, ["acct:1", "file:/w/x"]);
+    assert_eq!(
+        locks_of(store, log.as_ref(), "a").await,
+        ["acct:1", "file:/w/x"]
+    );
     // Another saga: refused, nothing of its step written, the rest of its batch written.
     let outcomes = log
         .write(vec![
@@ -74,13 +90,13 @@ pub async fn a_resource_is_held_by_one_unsettled_saga_until_it_settles(store: &d
     log.write(vec![commit("a", 1), set_state("a", SagaState::Done)])
         .await
         .expect("writes");
-    assert!(locks_of(log.as_ref(), "a").await.is_empty());
+    assert!(locks_of(store, log.as_ref(), "a").await.is_empty());
     let outcomes = log
         .write(vec![begin_on("b", 0, &["file:/w/x"], &[])])
         .await
         .expect("writes");
     assert_eq!(outcomes[0], WriteOutcome::Written);
-    assert_eq!(locks_of(log.as_ref(), "b").await, ["file:/w/x"]);
+    assert_eq!(locks_of(store, log.as_ref(), "b").await, ["file:/w/x"]);
     // A saga that fails and is rolled back releases too; one left partial keeps them until
     // its last dead letter is settled.
     log.write(vec![
@@ -102,7 +118,7 @@ pub async fn a_resource_is_held_by_one_unsettled_saga_until_it_settles(store: &d
     ])
     .await
     .expect("writes");
-    assert_eq!(locks_of(log.as_ref(), "b").await, ["file:/w/x"]);
+    assert_eq!(locks_of(store, log.as_ref(), "b").await, ["file:/w/x"]);
     let outcomes = log
         .write(vec![new_saga("c"), begin_on("c", 0, &["file:/w/x"], &[])])
         .await
@@ -122,13 +138,13 @@ pub async fn a_resource_is_held_by_one_unsettled_saga_until_it_settles(store: &d
     })])
     .await
     .expect("writes");
-    assert!(locks_of(log.as_ref(), "b").await.is_empty());
+    assert!(locks_of(store, log.as_ref(), "b").await.is_empty());
     let outcomes = log
         .write(vec![begin_on("c", 0, &["file:/w/x"], &[])])
         .await
         .expect("writes");
     assert_eq!(outcomes[0], WriteOutcome::Written);
-    assert_eq!(locks_of(log.as_ref(), "c").await, ["file:/w/x"]);
+    assert_eq!(locks_of(store, log.as_ref(), "c").await, ["file:/w/x"]);
 }
 
 /// Checks that an undo claims its saga's resources again, and is refused while another
@@ -154,7 +170,7 @@ pub async fn an_undo_claims_its_resources_again(store: &dyn LogStore) {
         panic!("refused: {refused:?}");
     };
     assert_eq!(holder.saga_id, SagaId::new("b"));
-    assert!(locks_of(log.as_ref(), "a").await.is_empty());
+    assert!(locks_of(store, log.as_ref(), "a").await.is_empty());
     log.write(vec![
         commit("b", 0),
         set_state("b", SagaState::FailedRolledBack),
@@ -162,7 +178,7 @@ pub async fn an_undo_claims_its_resources_again(store: &dyn LogStore) {
     .await
     .expect("writes");
     log.write(vec![claim()]).await.expect("claimed");
-    assert_eq!(locks_of(log.as_ref(), "a").await, ["file:/w/x"]);
+    assert_eq!(locks_of(store, log.as_ref(), "a").await, ["file:/w/x"]);
     log.write(vec![claim()])
         .await
         .expect("claimed again: its own");
@@ -174,13 +190,13 @@ pub async fn an_undo_claims_its_resources_again(store: &dyn LogStore) {
         saga_id: SagaId::new(id),
     };
     log.write(vec![release("a")]).await.expect("released");
-    assert!(locks_of(log.as_ref(), "a").await.is_empty());
+    assert!(locks_of(store, log.as_ref(), "a").await.is_empty());
     assert!(log.settled_lock_holders().await.expect("reads").is_empty());
     log.write(vec![claim()]).await.expect("claimed once more");
     log.write(vec![set_state("a", SagaState::Undone)])
         .await
         .expect("writes");
-    assert!(locks_of(log.as_ref(), "a").await.is_empty());
+    assert!(locks_of(store, log.as_ref(), "a").await.is_empty());
     // An unsettled saga's locks are not released that way.
     log.write(vec![
         new_saga("c"),
@@ -189,7 +205,7 @@ pub async fn an_undo_claims_its_resources_again(store: &dyn LogStore) {
     ])
     .await
     .expect("writes");
-    assert_eq!(locks_of(log.as_ref(), "c").await, ["file:/w/z"]);
+    assert_eq!(locks_of(store, log.as_ref(), "c").await, ["file:/w/z"]);
 }
 
 /// Checks that a step whose claim is refused leaves the approval it would have consumed
@@ -501,7 +517,7 @@ pub async fn a_refused_step_leaves_its_sagas_earlier_claims_held(store: &dyn Log
         .await
         .expect("writes");
     assert_eq!(refused_by(&outcomes, 1), SagaId::new("a"));
-    assert_eq!(locks_of(log.as_ref(), "a").await, ["acct:1"]);
+    assert_eq!(locks_of(store, log.as_ref(), "a").await, ["acct:1"]);
 }
 
 /// Checks that the claims of one batch see each other: a saga the batch creates holds what
@@ -541,7 +557,7 @@ pub async fn claims_in_one_batch_see_each_other(store: &dyn LogStore) {
         .await;
     assert!(matches!(mixed, Err(TxError::Corrupt(_))), "{mixed:?}");
     assert!(
-        locks_of(log.as_ref(), "a").await.is_empty(),
+        locks_of(store, log.as_ref(), "a").await.is_empty(),
         "nothing of it"
     );
 }
@@ -685,4 +701,41 @@ pub async fn sagas_are_listed_by_page_and_filter(store: &dyn LogStore) {
             .expect("lists");
         assert_eq!(found.len(), expected, "{name:?} {from_ms:?} {until_ms:?}");
     }
+}
+
+/// Checks that a step refused by its idempotency key, which an earlier step of its batch
+/// took, claims none of its resources: another saga may take them.
+pub async fn a_step_refused_by_its_key_claims_nothing(store: &dyn LogStore) {
+    let log = store.open();
+    let keyed = |step_seq: u32, resource: &str| {
+        let LogWrite::BeginStep(mut step) = begin_on("a", step_seq, &[resource], &[]) else {
+            unreachable!("begin_on begins a step")
+        };
+        step.idempotency_key = Some("k".to_owned());
+        LogWrite::BeginStep(step)
+    };
+    let outcomes = log
+        .write(vec![
+            new_saga("a"),
+            keyed(0, "file:/w/x"),
+            keyed(1, "file:/w/y"),
+        ])
+        .await
+        .expect("writes");
+    assert_eq!(outcomes[1], WriteOutcome::Written);
+    assert!(
+        matches!(outcomes[2], WriteOutcome::KeyRejected(_)),
+        "{outcomes:?}"
+    );
+    assert_eq!(locks_of(store, log.as_ref(), "a").await, ["file:/w/x"]);
+    let outcomes = log
+        .write(vec![new_saga("b"), begin_on("b", 0, &["file:/w/y"], &[])])
+        .await
+        .expect("writes");
+    assert_eq!(outcomes[1], WriteOutcome::Written, "{outcomes:?}");
+    let outcomes = log
+        .write(vec![new_saga("c"), begin_on("c", 0, &["file:/w/x"], &[])])
+        .await
+        .expect("writes");
+    assert_eq!(refused_by(&outcomes, 1), SagaId::new("a"));
 }

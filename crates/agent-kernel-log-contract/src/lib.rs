@@ -31,6 +31,11 @@ pub trait LogStore {
     /// Runs once a check has passed and dropped its logs: a backend's own checks of what
     /// the check left (SQLite verifies the audit chain).
     fn finished(&self) {}
+
+    /// The rows of the log's view `held_locks` (resource, saga), read on a connection of
+    /// its own: what an operator's query of the locks held finds, checked against what the
+    /// log itself says each saga holds.
+    fn held_locks(&self) -> Vec<(String, String)>;
 }
 
 /// Expands to one `#[tokio::test]` per check of [`checks`], each on the store `$fresh`
@@ -65,6 +70,7 @@ macro_rules! contract_tests {
             a_claim_sees_what_another_connection_claimed_and_settled,
             a_refused_step_leaves_its_sagas_earlier_claims_held,
             claims_in_one_batch_see_each_other,
+            a_step_refused_by_its_key_claims_nothing,
             sagas_are_counted_by_state,
             sagas_are_listed_by_page_and_filter,
         );

@@ -8,7 +8,7 @@ use postgres::Client;
 pub(crate) const APPLICATION: &str = "agent-kernel log";
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The schema, version 1.
 const SCHEMA_SQL: &str = include_str!("schema.sql");
@@ -22,11 +22,15 @@ const SCHEMA_V3_SQL: &str = include_str!("schema_v3.sql");
 /// What version 4 adds to version 3: the log's identity.
 const SCHEMA_V4_SQL: &str = include_str!("schema_v4.sql");
 
+/// What version 5 adds to version 4: the locks held, as a view.
+const SCHEMA_V5_SQL: &str = include_str!("schema_v5.sql");
+
 /// The first schema version with a log identity (`agent_kernel_meta.log_id`).
 const LOG_ID_VERSION: i64 = 4;
 
 /// The upgrades, in order: `UPGRADES[n]` takes the schema from version `n + 1` to `n + 2`.
-const UPGRADES: [&str; SCHEMA_VERSION as usize - 1] = [SCHEMA_V2_SQL, SCHEMA_V3_SQL, SCHEMA_V4_SQL];
+const UPGRADES: [&str; SCHEMA_VERSION as usize - 1] =
+    [SCHEMA_V2_SQL, SCHEMA_V3_SQL, SCHEMA_V4_SQL, SCHEMA_V5_SQL];
 
 /// The tables of the schema: no trigger or rule may sit on them.
 const TABLES: [&str; 10] = [

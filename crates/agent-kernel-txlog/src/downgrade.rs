@@ -49,16 +49,27 @@ pub fn downgrade_in_place(path: &Path, version: i64) -> Result<(), TxError> {
             tx.execute_batch(migration).map_err(storage)?;
         }
         let dry_run = if version >= 3 { ", dry_run" } else { "" };
+        let step_columns = if version >= 8 {
+            "*"
+        } else {
+            STEP_COLUMNS_BEFORE_V8
+        };
         tx.execute_batch(&format!(
             "INSERT INTO main.sagas (saga_id, name, actor, state, owner_host, owner_boot_id,
                  owner_pid, owner_start_ticks, n_steps, created_at_ms, updated_at_ms{dry_run})
                  SELECT saga_id, name, actor, state, owner_host, owner_boot_id, owner_pid,
                  owner_start_ticks, n_steps, created_at_ms, updated_at_ms{dry_run} FROM src.sagas;
-             INSERT INTO main.saga_steps SELECT {STEP_COLUMNS_BEFORE_V8} FROM src.saga_steps;
+             INSERT INTO main.saga_steps SELECT {step_columns} FROM src.saga_steps;
              INSERT INTO main.idempotency_keys SELECT * FROM src.idempotency_keys;"
         ))
         .map_err(storage)?;
-        if version >= 7 {
+        if version >= 8 {
+            tx.execute_batch(
+                "INSERT INTO main.step_keys SELECT * FROM src.step_keys;
+                 INSERT INTO main.locks SELECT * FROM src.locks;",
+            )
+            .map_err(storage)?;
+        } else if version == 7 {
             // Version 7 kept a begun step's resources as rows of `step_keys`.
             tx.execute_batch(
                 "INSERT INTO main.step_keys SELECT * FROM src.step_keys;

@@ -18,7 +18,7 @@ pub(crate) use crate::sql::storage;
 pub(crate) const APPLICATION_ID: i64 = 0x414B_4C47;
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub(crate) const SCHEMA_VERSION: i64 = 8;
+pub(crate) const SCHEMA_VERSION: i64 = 9;
 
 /// The first schema version with the audit chain.
 pub(crate) const AUDIT_SCHEMA_VERSION: i64 = 2;
@@ -271,6 +271,22 @@ WHERE EXISTS (SELECT 1 FROM step_keys k
         AND k.kind = 'resource');
 DELETE FROM step_keys WHERE kind = 'resource';
 DROP INDEX locks_by_saga;
+",
+    // Version 9: the locks held, as a view. A claim no longer writes a row of `locks`: the
+    // begun steps' rows of unsettled sagas are the locks, and `locks` keeps only what an
+    // `undo` claims again. The view lists both for operators; the new version also makes
+    // a build that still looked for claims in `locks` alone refuse the log as newer.
+    // The sagas that hold are `claims::HOLDING_SAGAS`; the log contract checks that the
+    // view lists what the log reports each saga holds.
+    r"
+CREATE VIEW held_locks (resource, saga_id, step_seq) AS
+    SELECT r.value, s.saga_id, s.step_seq FROM saga_steps s, json_each(s.resources) r
+    WHERE s.resources IS NOT NULL AND s.saga_id IN (SELECT saga_id FROM sagas
+     WHERE state <> 'Done' AND state <> 'FailedRolledBack' AND state <> 'FailedRollbackPartial'
+         AND state <> 'Undone'
+     UNION SELECT d.saga_id FROM dead_letters d JOIN sagas g ON g.saga_id = d.saga_id
+     WHERE d.status = 'open' AND g.state = 'FailedRollbackPartial')
+    UNION SELECT resource, saga_id, step_seq FROM locks;
 ",
 ];
 

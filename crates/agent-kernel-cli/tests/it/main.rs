@@ -103,13 +103,10 @@ pub(crate) fn seed_from_env(var: &str) -> u64 {
         })
 }
 
-/// How many locks a log holds, as SQL both backends run: a resource claimed again by an
-/// undo (a row of `locks`), or declared by a begun step of a saga that is not settled (a
-/// `FailedRollbackPartial` saga counted whatever its dead letters: an upper bound).
-pub(crate) const HELD_LOCKS_SQL: &str = "SELECT (SELECT COUNT(*) FROM locks)
-    + (SELECT COUNT(*) FROM saga_steps WHERE resources IS NOT NULL AND saga_id IN (
-        SELECT saga_id FROM sagas
-        WHERE state <> 'Done' AND state <> 'FailedRolledBack' AND state <> 'Undone'))";
+/// How many locks a log holds, as SQL both backends run: the rows of the log's view
+/// `held_locks` (a resource claimed again by an undo, or declared by a begun step of a saga
+/// that is not settled).
+pub(crate) const HELD_LOCKS_SQL: &str = "SELECT COUNT(*) FROM held_locks";
 
 /// The exit code of a finished binary and the one JSON document it printed on stdout.
 #[track_caller]

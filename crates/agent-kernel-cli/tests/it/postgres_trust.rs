@@ -192,7 +192,8 @@ fn an_earlier_builds_head_file_is_given_its_logs_name_when_the_log_is_upgraded()
     let base = keyed.split(".log-").next().expect("a base").to_owned() + ".audit-head";
     fs::rename(folder.join(&keyed), folder.join(&base)).expect("renames");
     schema.execute(
-        "ALTER TABLE agent_kernel_meta DROP COLUMN log_id;
+        "DROP VIEW held_locks;
+         ALTER TABLE agent_kernel_meta DROP COLUMN log_id;
          UPDATE agent_kernel_meta SET schema_version = 3",
     );
     assert_verifies(&project, &url);

@@ -68,6 +68,17 @@ impl agent_kernel_log_contract::LogStore for PostgresStore {
         assert!(report.is_intact(), "{report:#?}");
         assert!(report.n_records > 0, "{report:#?}");
     }
+
+    fn held_locks(&self) -> Vec<(String, String)> {
+        self.schema
+            .rows("SELECT resource, saga_id FROM held_locks")
+            .into_iter()
+            .map(|row| {
+                let text = |at: usize| row[at].clone().expect("not NULL");
+                (text(0), text(1))
+            })
+            .collect()
+    }
 }
 
 fn fresh_store() -> Option<PostgresStore> {

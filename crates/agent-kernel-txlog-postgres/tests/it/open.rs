@@ -92,7 +92,8 @@ async fn a_version_2_log_moves_its_steps_resources_into_their_rows() {
     drop(log);
     // As a version 2 build left it.
     schema.execute(
-        "INSERT INTO step_keys (saga_id, step_seq, kind, key)
+        "DROP VIEW held_locks;
+         INSERT INTO step_keys (saga_id, step_seq, kind, key)
              SELECT s.saga_id, s.step_seq, 'resource', r.key
              FROM saga_steps s, json_array_elements_text(s.resources::json) AS r(key)
              WHERE s.resources IS NOT NULL;

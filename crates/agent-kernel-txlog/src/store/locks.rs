@@ -207,6 +207,9 @@ pub(super) fn claim_or_refuse(
     refuse_claims_again_beside_others(batch)?;
     let mut refused = Vec::new();
     let mut read = false;
+    // The keys of the batch's steps that got through: a later step under one of them is
+    // refused by its key once the earlier one is written, so it claims nothing here.
+    let mut keys_through: Vec<&str> = Vec::new();
     for (at, write) in batch.iter().enumerate() {
         let LogWrite::BeginStep(step) = write else {
             continue;
@@ -215,7 +218,7 @@ pub(super) fn claim_or_refuse(
             continue;
         }
         if let Some(key) = &step.idempotency_key
-            && claim_key(conn, key, step)?.is_some()
+            && (keys_through.contains(&key.as_str()) || claim_key(conn, key, step)?.is_some())
         {
             continue;
         }
@@ -253,6 +256,8 @@ pub(super) fn claim_or_refuse(
                 step.step_seq,
                 Refusal::Conflict(holder),
             ));
+        } else if let Some(key) = &step.idempotency_key {
+            keys_through.push(key);
         }
     }
     Ok(refused)

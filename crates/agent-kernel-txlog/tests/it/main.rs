@@ -70,6 +70,18 @@ impl agent_kernel_log_contract::LogStore for SqliteStore {
         let report = verify(&self.dir.path().join("log.db"), None).expect("verifies");
         assert!(report.is_intact(), "{report:#?}");
     }
+
+    fn held_locks(&self) -> Vec<(String, String)> {
+        let conn = rusqlite::Connection::open(self.dir.path().join("log.db")).expect("opens");
+        let mut statement = conn
+            .prepare("SELECT resource, saga_id FROM held_locks")
+            .expect("prepares");
+        statement
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .expect("queries")
+            .collect::<Result<_, _>>()
+            .expect("reads")
+    }
 }
 
 pub(crate) fn fresh_store() -> Option<SqliteStore> {

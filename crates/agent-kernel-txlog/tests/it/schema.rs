@@ -492,6 +492,64 @@ async fn a_version_7_log_moves_its_steps_resources_into_their_rows() {
     assert!(verify(&path, None).expect("verifies").is_intact());
 }
 
+/// A log of schema version 8 gains the view of the locks held when it is first opened by
+/// this build (version 9): the view lists what its unsettled sagas' begun steps hold and
+/// what an undo claimed again, and the chain still verifies.
+#[tokio::test]
+async fn a_version_8_log_gains_the_view_of_the_locks_held() {
+    use agent_kernel_api::{LogWrite, SagaId, SagaState};
+    use agent_kernel_log_contract::records::{begin_on, commit, new_saga, set_state};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("log.db");
+    let log = open(&path).expect("creates");
+    log.write(vec![
+        new_saga("a"),
+        begin_on("a", 0, &["file:/w/x", "acct:1"], &[]),
+        new_saga("c"),
+        begin_on("c", 0, &["file:/w/z"], &[]),
+        commit("c", 0),
+        set_state("c", SagaState::Done),
+    ])
+    .await
+    .expect("writes");
+    // An undo of `c` under way: its resource claimed again, as a row of `locks`.
+    log.write(vec![LogWrite::ClaimLocks {
+        saga_id: SagaId::new("c"),
+    }])
+    .await
+    .expect("claims");
+    log.close().await;
+    agent_kernel_txlog::downgrade_in_place(&path, 8).expect("downgrades");
+    assert_eq!(agent_kernel_txlog::schema_version(&path).expect("reads"), 8);
+    assert!(verify(&path, None).expect("verifies").is_intact());
+    let held = || -> rusqlite::Result<Vec<(String, String)>> {
+        let conn = rusqlite::Connection::open(&path)?;
+        let mut statement =
+            conn.prepare("SELECT resource, saga_id FROM held_locks ORDER BY resource")?;
+        statement
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+            .collect()
+    };
+    assert!(held().is_err(), "version 8 has no such view");
+    let log = open(&path).expect("migrates");
+    log.close().await;
+    assert_eq!(
+        agent_kernel_txlog::schema_version(&path).expect("reads"),
+        agent_kernel_txlog::SCHEMA_VERSION
+    );
+    let pair = |resource: &str, saga: &str| (resource.to_owned(), saga.to_owned());
+    assert_eq!(
+        held().expect("the view is there"),
+        [
+            pair("acct:1", "a"),
+            pair("file:/w/x", "a"),
+            pair("file:/w/z", "c")
+        ]
+    );
+    assert!(verify(&path, None).expect("verifies").is_intact());
+}
+
 /// A step row whose resources were edited no longer matches the chain, which binds them.
 #[tokio::test]
 async fn a_steps_resources_edited_in_its_row_fail_verification() {
