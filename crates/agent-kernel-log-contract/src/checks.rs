@@ -135,6 +135,46 @@ pub async fn a_batch_with_a_bad_record_writes_nothing(store: &dyn LogStore) {
     assert_eq!(record.steps[0].status, StepStatus::Begin);
 }
 
+/// Checks that a step begins only in a saga the log holds and that is no dry run, whether
+/// or not its idempotency key would let it begin; the batch is refused whole.
+pub async fn a_step_begins_only_in_a_saga_that_is_no_dry_run(store: &dyn LogStore) {
+    let log = store.open();
+    let error = log
+        .write(vec![begin("ghost", 0, None, "h")])
+        .await
+        .expect_err("refused");
+    assert!(matches!(error, TxError::NotFound(_)), "{error:?}");
+    assert!(
+        log.saga(&SagaId::new("ghost"))
+            .await
+            .expect("reads")
+            .is_none()
+    );
+    log.write(vec![saga_of("d", "agent", false, true)])
+        .await
+        .expect("a dry run is created");
+    // A key another saga's step holds: such a step is recorded as refused by its key.
+    log.write(vec![new_saga("s"), begin("s", 0, Some("k"), "h")])
+        .await
+        .expect("writes");
+    for key in [None, Some("k")] {
+        let error = log
+            .write(vec![begin("d", 0, key, "h")])
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(&error, TxError::Corrupt(reason) if reason.contains("dry run")),
+            "{error:?}"
+        );
+    }
+    let dry = log
+        .saga(&SagaId::new("d"))
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert!(dry.steps.is_empty(), "{dry:?}");
+}
+
 /// Checks that a step cannot be committed twice or begun twice.
 pub async fn a_step_cannot_be_committed_twice_or_begun_twice(store: &dyn LogStore) {
     let log = store.open();

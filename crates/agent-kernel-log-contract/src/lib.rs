@@ -47,6 +47,7 @@ macro_rules! contract_tests {
             a_saga_round_trips_with_every_field,
             sagas_read_at_once_are_answered_in_the_order_asked,
             a_batch_with_a_bad_record_writes_nothing,
+            a_step_begins_only_in_a_saga_that_is_no_dry_run,
             a_step_cannot_be_committed_twice_or_begun_twice,
             keys_are_held_while_live_and_released_after_compensation,
             take_over_is_a_compare_and_swap_on_owner_and_state,

@@ -73,12 +73,7 @@ pub(super) fn begin_step(
     if step.step_seq as i64 > i64::from(u32::MAX) {
         return Err(corrupt("step_seq out of range"));
     }
-    if is_dry_run(conn, &step.saga_id)? {
-        return Err(corrupt(format!(
-            "saga {} is a dry run: none of its steps may begin",
-            step.saga_id
-        )));
-    }
+    // That its saga is no dry run is checked by the step's insert (`SagaGuard::NotDryRun`).
     let rejection = match &step.idempotency_key {
         None => None,
         Some(key) => claim_key(conn, key, step)?,
@@ -95,6 +90,7 @@ pub(super) fn begin_step(
                 None,
                 now_ms,
                 ArgsSummary::Omitted,
+                SagaGuard::NotDryRun,
             )?;
             super::locks::declare(conn, step)?;
             if let Some(key) = &step.idempotency_key {
@@ -120,6 +116,7 @@ pub(super) fn begin_step(
                 None,
                 now_ms,
                 ArgsSummary::Omitted,
+                SagaGuard::NotDryRun,
             )?;
             Ok((WriteOutcome::KeyRejected(reason), body))
         }
@@ -150,6 +147,31 @@ pub(super) fn claim_key(
     )))
 }
 
+/// What the insert of a step row checks of its saga.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum SagaGuard {
+    /// Nothing: the caller checked what it needs.
+    Checked,
+    /// That it is no dry run: a step that begins (or is refused by its key as it would
+    /// begin). One statement where a read and an insert were.
+    NotDryRun,
+}
+
+/// The insert of a step row ([`SagaGuard::Checked`]); `?16` is both times.
+const INSERT_STEP: &str = "INSERT INTO saga_steps (saga_id, step_seq, tool_id, tool_version,
+        effect, idempotency_key, args, args_hash, undo, undo_blob, output, status, error,
+        reused_from_saga, reused_from_seq, created_at_ms, updated_at_ms, resources)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16, ?17)";
+
+/// The insert of a step row into a saga that is no dry run ([`SagaGuard::NotDryRun`]), with
+/// the parameters of [`INSERT_STEP`].
+const INSERT_STEP_NOT_DRY_RUN: &str = "INSERT INTO saga_steps (saga_id, step_seq, tool_id,
+        tool_version, effect, idempotency_key, args, args_hash, undo, undo_blob, output,
+        status, error, reused_from_saga, reused_from_seq, created_at_ms, updated_at_ms,
+        resources)
+    SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16, ?17
+    WHERE EXISTS (SELECT 1 FROM sagas WHERE saga_id = ?1 AND dry_run = 0)";
+
 /// Inserts a step row; returns the audit body describing it: small fields as they are,
 /// large ones (arguments, undo data and bytes, output, error) by the SHA-256 of exactly
 /// what was stored.
@@ -164,6 +186,7 @@ pub(super) fn insert_step(
     reused_from: Option<(&SagaId, u32)>,
     now_ms: i64,
     args_summary: ArgsSummary,
+    guard: SagaGuard,
 ) -> Result<String, TxError> {
     let output_text = output.map(to_json).transpose()?;
     let error_text = error.map(to_json).transpose()?;
@@ -175,39 +198,54 @@ pub(super) fn insert_step(
     let resources_text = (declares && !step.resources.is_empty())
         .then(|| to_json(&step.resources))
         .transpose()?;
-    conn.execute(
-        "INSERT INTO saga_steps (saga_id, step_seq, tool_id, tool_version, effect,
-             idempotency_key, args, args_hash, undo, undo_blob, output, status, error,
-             reused_from_saga, reused_from_seq, created_at_ms, updated_at_ms, resources)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16,
-             ?17)",
-        params![
-            step.saga_id.as_str(),
-            step.step_seq,
-            step.tool_id,
-            step.tool_version,
-            step.effect.as_str(),
-            step.idempotency_key,
-            args_text,
-            step.args_hash,
-            undo_text,
-            undo.blob,
-            output_text,
-            status.as_str(),
-            error_text,
-            reused_from.map(|(saga_id, _)| saga_id.as_str().to_owned()),
-            reused_from.map(|(_, step_seq)| step_seq),
-            now_ms,
-            resources_text
-        ],
-    )
-    .map_err(|err| match err {
-        crate::sql::Error::Constraint(_) => TxError::Corrupt(format!(
-            "saga {} step {} cannot be begun: {err}",
-            step.saga_id, step.step_seq
-        )),
-        other => storage(other),
-    })?;
+    let sql = match guard {
+        SagaGuard::Checked => INSERT_STEP,
+        SagaGuard::NotDryRun => INSERT_STEP_NOT_DRY_RUN,
+    };
+    let n_inserted = conn
+        .execute(
+            sql,
+            params![
+                step.saga_id.as_str(),
+                step.step_seq,
+                step.tool_id,
+                step.tool_version,
+                step.effect.as_str(),
+                step.idempotency_key,
+                args_text,
+                step.args_hash,
+                undo_text,
+                undo.blob,
+                output_text,
+                status.as_str(),
+                error_text,
+                reused_from.map(|(saga_id, _)| saga_id.as_str().to_owned()),
+                reused_from.map(|(_, step_seq)| step_seq),
+                now_ms,
+                resources_text
+            ],
+        )
+        .map_err(|err| match err {
+            crate::sql::Error::Constraint(_) => TxError::Corrupt(format!(
+                "saga {} step {} cannot be begun: {err}",
+                step.saga_id, step.step_seq
+            )),
+            other => storage(other),
+        })?;
+    if n_inserted == 0 {
+        // No such saga, or a dry run: said as the read before the insert said it.
+        return Err(if is_dry_run(conn, &step.saga_id)? {
+            corrupt(format!(
+                "saga {} is a dry run: none of its steps may begin",
+                step.saga_id
+            ))
+        } else {
+            corrupt(format!(
+                "saga {} step {} was not inserted",
+                step.saga_id, step.step_seq
+            ))
+        });
+    }
     let sha256_of = |text: &Option<String>| text.as_ref().map(|text| sha256_hex(text.as_bytes()));
     let mut body = CanonicalObject::new()
         .str("args_hash", &step.args_hash)

@@ -175,6 +175,7 @@ pub(super) fn unbegun_step<'w>(
         reused_from,
         now_ms,
         summary,
+        SagaGuard::Checked,
     )?;
     Ok(Applied::written(kind, &step.saga_id, body))
 }
