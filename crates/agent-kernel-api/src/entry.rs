@@ -830,7 +830,31 @@ fn bounded_keys(mut keys: Vec<String>) -> Result<Vec<String>, ToolError> {
             key.len()
         )));
     }
+    if let Some(key) = keys.iter().find(|key| key.contains('\0')) {
+        // PostgreSQL's text keeps no NUL, and its JSON functions refuse an escaped one.
+        return Err(ToolError::invalid_args(format!(
+            "a resource key of the call contains the character U+0000, which the log cannot keep: {}",
+            key.escape_debug()
+        )));
+    }
     Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bounded_keys;
+
+    #[test]
+    fn resource_keys_are_sorted_once_and_refused_with_a_nul() {
+        let keys = |texts: &[&str]| texts.iter().map(|text| (*text).to_owned()).collect();
+        assert_eq!(
+            bounded_keys(keys(&["b", "a", "b"])).expect("bounded"),
+            ["a", "b"]
+        );
+        let error = bounded_keys(keys(&["acct:1\0"])).expect_err("refused");
+        assert!(error.message().contains("U+0000"), "{error:?}");
+        assert!(error.message().contains("acct:1\\0"), "{error:?}");
+    }
 }
 
 /// A spec that claims what its tool cannot do; see [`ToolEntry`].

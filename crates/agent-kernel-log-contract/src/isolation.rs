@@ -704,38 +704,67 @@ pub async fn sagas_are_listed_by_page_and_filter(store: &dyn LogStore) {
 }
 
 /// Checks that a step refused by its idempotency key, which an earlier step of its batch
-/// took, claims none of its resources: another saga may take them.
+/// took, claims none of its resources, whether or not the earlier step claimed any: another
+/// saga may take them. And that a step under a key an earlier step of its batch took and
+/// freed again (its certain failure) is checked like any other.
 pub async fn a_step_refused_by_its_key_claims_nothing(store: &dyn LogStore) {
     let log = store.open();
-    let keyed = |step_seq: u32, resource: &str| {
-        let LogWrite::BeginStep(mut step) = begin_on("a", step_seq, &[resource], &[]) else {
+    let keyed = |saga: &str, step_seq: u32, resources: &[&str], key: &str| {
+        let LogWrite::BeginStep(mut step) = begin_on(saga, step_seq, resources, &[]) else {
             unreachable!("begin_on begins a step")
         };
-        step.idempotency_key = Some("k".to_owned());
+        step.idempotency_key = Some(key.to_owned());
         LogWrite::BeginStep(step)
     };
     let outcomes = log
         .write(vec![
             new_saga("a"),
-            keyed(0, "file:/w/x"),
-            keyed(1, "file:/w/y"),
+            keyed("a", 0, &["file:/w/x"], "k"),
+            keyed("a", 1, &["file:/w/y"], "k"),
+            new_saga("b"),
+            keyed("b", 0, &[], "m"),
+            keyed("b", 1, &["file:/w/z"], "m"),
         ])
         .await
         .expect("writes");
     assert_eq!(outcomes[1], WriteOutcome::Written);
-    assert!(
-        matches!(outcomes[2], WriteOutcome::KeyRejected(_)),
-        "{outcomes:?}"
-    );
+    assert_eq!(outcomes[4], WriteOutcome::Written);
+    for at in [2, 5] {
+        assert!(
+            matches!(outcomes[at], WriteOutcome::KeyRejected(_)),
+            "{at}: {outcomes:?}"
+        );
+    }
     assert_eq!(locks_of(store, log.as_ref(), "a").await, ["file:/w/x"]);
+    assert!(locks_of(store, log.as_ref(), "b").await.is_empty());
     let outcomes = log
-        .write(vec![new_saga("b"), begin_on("b", 0, &["file:/w/y"], &[])])
+        .write(vec![
+            new_saga("c"),
+            begin_on("c", 0, &["file:/w/y", "file:/w/z"], &[]),
+        ])
         .await
         .expect("writes");
     assert_eq!(outcomes[1], WriteOutcome::Written, "{outcomes:?}");
     let outcomes = log
-        .write(vec![new_saga("c"), begin_on("c", 0, &["file:/w/x"], &[])])
+        .write(vec![new_saga("d"), begin_on("d", 0, &["file:/w/x"], &[])])
         .await
         .expect("writes");
     assert_eq!(refused_by(&outcomes, 1), SagaId::new("a"));
+    // The key taken and freed within one batch: the later step claims as any other, and
+    // `c` holds what it would claim.
+    let outcomes = log
+        .write(vec![
+            new_saga("e"),
+            keyed("e", 0, &["file:/w/w"], "n"),
+            LogWrite::FailStep {
+                saga_id: SagaId::new("e"),
+                step_seq: 0,
+                error: ToolError::failed("refused by the server"),
+            },
+            keyed("e", 1, &["file:/w/y"], "n"),
+        ])
+        .await
+        .expect("writes");
+    assert_eq!(refused_by(&outcomes, 3), SagaId::new("c"));
+    assert_eq!(locks_of(store, log.as_ref(), "e").await, ["file:/w/w"]);
 }

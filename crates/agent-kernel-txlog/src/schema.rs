@@ -30,6 +30,9 @@ pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
 
 /// The migrations, in order: `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
+/// Since version 9 the view `held_locks` reads `sagas`, `saga_steps`, `dead_letters` and
+/// `locks`: a migration that rebuilds one of them (create, copy, drop, rename) must drop
+/// the view first and create it again after.
 pub(crate) const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
     r"
 CREATE TABLE sagas (
@@ -355,7 +358,8 @@ fn fix_query_plans(conn: &Connection) -> Result<(), TxError> {
 /// Makes a connection treat the file as data, never as code: defensive mode (no writable
 /// schema, no direct edits of SQLite's own pages), an untrusted schema (no function called
 /// from the schema unless harmless), and no triggers or views at all. The log's schema has
-/// neither, so one found in a file is never run, even if it was added after the schema was
+/// no trigger, and its one view (`held_locks`, for operators) is never read by the kernel,
+/// so neither found in a file is ever run, even if it was added after the schema was
 /// checked.
 pub(crate) fn harden(conn: &Connection) -> Result<(), TxError> {
     for (setting, on) in [

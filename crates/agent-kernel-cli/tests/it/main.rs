@@ -103,9 +103,9 @@ pub(crate) fn seed_from_env(var: &str) -> u64 {
         })
 }
 
-/// How many locks a log holds, as SQL both backends run: the rows of the log's view
-/// `held_locks` (a resource claimed again by an undo, or declared by a begun step of a saga
-/// that is not settled).
+/// SQL both backends run that counts the rows of the log's view `held_locks` (a resource
+/// claimed again by an undo, or declared by a begun step of a saga that is not settled; a
+/// resource two steps of one saga declared twice): zero exactly when no lock is held.
 pub(crate) const HELD_LOCKS_SQL: &str = "SELECT COUNT(*) FROM held_locks";
 
 /// The exit code of a finished binary and the one JSON document it printed on stdout.

@@ -197,19 +197,22 @@ pub(super) enum Refusal {
 /// `FAIL` as before. A claim writes nothing: the step's row, which its BEGIN inserts, holds
 /// it; `claims` notes it for the claims after it.
 ///
+/// Also what each step that got through newly noted in `claims`: a step refused by its key
+/// only when it is applied (an earlier step of the batch took the key) must give those back
+/// ([`Claims::take_back`]). A later step of the same batch may have been refused on such a
+/// claim meanwhile; the kernel writes no batch with two steps under one key.
+///
 /// The common case costs a lookup of the `locks` table and of `claims` per resource; the
 /// holder is read only for a resource another saga's step declared.
 pub(super) fn claim_or_refuse(
     conn: &dyn Db,
     claims: &mut Claims,
     batch: &[LogWrite],
-) -> Result<Vec<(SagaId, u32, Refusal)>, TxError> {
+) -> Result<Claimed, TxError> {
     refuse_claims_again_beside_others(batch)?;
     let mut refused = Vec::new();
+    let mut noted = Vec::new();
     let mut read = false;
-    // The keys of the batch's steps that got through: a later step under one of them is
-    // refused by its key once the earlier one is written, so it claims nothing here.
-    let mut keys_through: Vec<&str> = Vec::new();
     for (at, write) in batch.iter().enumerate() {
         let LogWrite::BeginStep(step) = write else {
             continue;
@@ -218,7 +221,7 @@ pub(super) fn claim_or_refuse(
             continue;
         }
         if let Some(key) = &step.idempotency_key
-            && (keys_through.contains(&key.as_str()) || claim_key(conn, key, step)?.is_some())
+            && claim_key(conn, key, step)?.is_some()
         {
             continue;
         }
@@ -256,11 +259,31 @@ pub(super) fn claim_or_refuse(
                 step.step_seq,
                 Refusal::Conflict(holder),
             ));
-        } else if let Some(key) = &step.idempotency_key {
-            keys_through.push(key);
+        } else if step.idempotency_key.is_some() && !claimed.is_empty() {
+            noted.push(Noted {
+                saga_id: step.saga_id.clone(),
+                step_seq: step.step_seq,
+                resources: claimed.into_iter().cloned().collect(),
+            });
         }
     }
-    Ok(refused)
+    Ok(Claimed { refused, noted })
+}
+
+/// What [`claim_or_refuse`] decided for a batch.
+pub(super) struct Claimed {
+    /// The refusal of each step refused, by its saga and position.
+    pub(super) refused: Vec<(SagaId, u32, Refusal)>,
+    /// What each step with an idempotency key that got through newly noted as claimed.
+    pub(super) noted: Vec<Noted>,
+}
+
+/// The resources a step with an idempotency key newly noted as claimed in [`Claims`], to be
+/// given back if its key refuses it when it is applied.
+pub(super) struct Noted {
+    pub(super) saga_id: SagaId,
+    pub(super) step_seq: u32,
+    pub(super) resources: Vec<String>,
 }
 
 /// Refuses a batch that claims a saga's resources again ([`LogWrite::ClaimLocks`]) and

@@ -143,7 +143,7 @@ pub(crate) fn apply_chained(
 ) -> Result<(Vec<WriteOutcome>, bool), TxError> {
     let mut outcomes = Vec::with_capacity(batch.len());
     let mut moves_head = false;
-    let refused = locks::claim_or_refuse(tx, chain.claims(), batch)?;
+    let locks::Claimed { refused, noted } = locks::claim_or_refuse(tx, chain.claims(), batch)?;
     for write in batch {
         if matches!(write, LogWrite::ClaimLocks { .. }) {
             chain.claims().note_claimed_again();
@@ -152,6 +152,16 @@ pub(crate) fn apply_chained(
             Some(holder) => refused_step(write, holder),
             None => apply(tx, write, key, now_ms)?,
         };
+        if let (LogWrite::BeginStep(step), WriteOutcome::KeyRejected(_)) = (write, &applied.outcome)
+        {
+            // Refused by its key only now: what it noted as claimed holds nothing.
+            let given_back = noted
+                .iter()
+                .filter(|n| n.saga_id == step.saga_id && n.step_seq == step.step_seq);
+            for resource in given_back.flat_map(|n| &n.resources) {
+                chain.claims().take_back(resource, &step.saga_id);
+            }
+        }
         if let Some(kind) = applied.kind {
             chain.append(tx, now_ms, kind, applied.saga_id.as_deref(), &applied.body)?;
             if let LogWrite::DecideApproval(decision) = write {
