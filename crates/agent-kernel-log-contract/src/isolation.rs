@@ -705,8 +705,9 @@ pub async fn sagas_are_listed_by_page_and_filter(store: &dyn LogStore) {
 
 /// Checks that a step refused by its idempotency key, which an earlier step of its batch
 /// took, claims none of its resources, whether or not the earlier step claimed any: another
-/// saga may take them. And that a step under a key an earlier step of its batch took and
-/// freed again (its certain failure) is checked like any other.
+/// saga may take them, but not one a later step of its saga declares. And that a step under
+/// a key an earlier write of its batch freed (a step's certain failure), whether the key
+/// was taken in the batch or before, is checked like any other.
 pub async fn a_step_refused_by_its_key_claims_nothing(store: &dyn LogStore) {
     let log = store.open();
     let keyed = |saga: &str, step_seq: u32, resources: &[&str], key: &str| {
@@ -767,4 +768,40 @@ pub async fn a_step_refused_by_its_key_claims_nothing(store: &dyn LogStore) {
         .expect("writes");
     assert_eq!(refused_by(&outcomes, 3), SagaId::new("c"));
     assert_eq!(locks_of(store, log.as_ref(), "e").await, ["file:/w/w"]);
+    // The key bound before the batch and freed by it: the step is checked all the same.
+    log.write(vec![new_saga("h"), keyed("h", 0, &["file:/w/u"], "p")])
+        .await
+        .expect("writes");
+    let outcomes = log
+        .write(vec![
+            LogWrite::FailStep {
+                saga_id: SagaId::new("h"),
+                step_seq: 0,
+                error: ToolError::failed("refused by the server"),
+            },
+            keyed("h", 1, &["file:/w/y"], "p"),
+        ])
+        .await
+        .expect("writes");
+    assert_eq!(refused_by(&outcomes, 1), SagaId::new("c"));
+    // A step refused by its key gives back nothing a later step of its saga declares.
+    let outcomes = log
+        .write(vec![
+            new_saga("f"),
+            keyed("f", 0, &[], "q"),
+            keyed("f", 1, &["file:/w/v"], "q"),
+            begin_on("f", 2, &["file:/w/v"], &[]),
+        ])
+        .await
+        .expect("writes");
+    assert!(
+        matches!(outcomes[2], WriteOutcome::KeyRejected(_)),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[3], WriteOutcome::Written);
+    let outcomes = log
+        .write(vec![new_saga("g"), begin_on("g", 0, &["file:/w/v"], &[])])
+        .await
+        .expect("writes");
+    assert_eq!(refused_by(&outcomes, 1), SagaId::new("f"));
 }

@@ -194,7 +194,8 @@ pub(super) enum Refusal {
 /// that repeats an earlier one or could not claim a resource, by the step's saga and
 /// position (nothing of that step's claim is kept, and the approval it would consume is
 /// left unused too). A step whose idempotency key is refused claims nothing: it is recorded
-/// `FAIL` as before. A claim writes nothing: the step's row, which its BEGIN inserts, holds
+/// `FAIL` as before (unless an earlier write of the batch may free the key: then it is
+/// checked, and gives its claims back if it is refused after all). A claim writes nothing: the step's row, which its BEGIN inserts, holds
 /// it; `claims` notes it for the claims after it.
 ///
 /// Also what each step that got through newly noted in `claims`: a step refused by its key
@@ -220,7 +221,11 @@ pub(super) fn claim_or_refuse(
         if step.resources.is_empty() && step.duplicate_check.is_none() {
             continue;
         }
+        // A key held now may be freed by an earlier write of the batch (a step's certain
+        // failure, a compensation): then the step is checked as any other, and gives back
+        // what it noted if its key refuses it after all.
         if let Some(key) = &step.idempotency_key
+            && !may_free_keys(&batch[..at])
             && claim_key(conn, key, step)?.is_some()
         {
             continue;
@@ -259,15 +264,45 @@ pub(super) fn claim_or_refuse(
                 step.step_seq,
                 Refusal::Conflict(holder),
             ));
-        } else if step.idempotency_key.is_some() && !claimed.is_empty() {
-            noted.push(Noted {
-                saga_id: step.saga_id.clone(),
-                step_seq: step.step_seq,
-                resources: claimed.into_iter().cloned().collect(),
-            });
+        } else if step.idempotency_key.is_some() {
+            // What a later step of the saga in this batch declares too stays noted even if
+            // this one is refused: that step's own note found it noted already.
+            let declared_later = |resource: &String| {
+                batch[at + 1..].iter().any(|later| {
+                    matches!(later, LogWrite::BeginStep(later)
+                        if later.saga_id == step.saga_id && later.resources.contains(resource))
+                })
+            };
+            let resources: Vec<String> = claimed
+                .into_iter()
+                .filter(|resource| !declared_later(resource))
+                .cloned()
+                .collect();
+            if !resources.is_empty() {
+                noted.push(Noted {
+                    saga_id: step.saga_id.clone(),
+                    step_seq: step.step_seq,
+                    resources,
+                });
+            }
         }
     }
     Ok(Claimed { refused, noted })
+}
+
+/// Whether one of `writes` may free an idempotency key (a key is free again once its step
+/// failed for certain or was compensated): anything but the writes that begin, create or
+/// commit, or set a saga's state.
+fn may_free_keys(writes: &[LogWrite]) -> bool {
+    writes.iter().any(|write| {
+        !matches!(
+            write,
+            LogWrite::CreateSaga(_)
+                | LogWrite::BeginStep(_)
+                | LogWrite::CommitStep { .. }
+                | LogWrite::SetState { .. }
+        )
+    })
 }
 
 /// What [`claim_or_refuse`] decided for a batch.
