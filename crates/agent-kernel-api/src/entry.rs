@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::resource::bounded_keys;
 use crate::{
-    BoxFuture, EffectClass, MAX_RESOURCE_KEY_BYTES, MAX_RESOURCES_PER_STEP, ProbeOutcome,
-    Reversibility, Settlement, ToolContext, ToolError, ToolOutput, ToolSpec, Undo, UndoWindow,
-    template_keys, tool_resource,
+    BoxFuture, EffectClass, ProbeOutcome, Reversibility, Settlement, ToolContext, ToolError,
+    ToolOutput, ToolSpec, Undo, UndoWindow, template_keys, tool_resource,
 };
 
 /// A tool: a [`ToolSpec`] that describes it, and [`execute`](Self::execute), which performs
@@ -361,7 +361,8 @@ pub trait DynTool: sealed::Sealed + Send + Sync + 'static {
     /// # Errors
     ///
     /// As [`Tool::resources`]; [`ToolError::invalid_args`] for more than
-    /// [`MAX_RESOURCES_PER_STEP`] keys or one longer than [`MAX_RESOURCE_KEY_BYTES`].
+    /// [`MAX_RESOURCES_PER_STEP`](crate::MAX_RESOURCES_PER_STEP) keys, one longer than
+    /// [`MAX_RESOURCE_KEY_BYTES`](crate::MAX_RESOURCE_KEY_BYTES), or one containing U+0000.
     fn resources<'a>(
         &'a self,
         ctx: &'a ToolContext,
@@ -810,50 +811,6 @@ impl ToolEntry {
     /// for.
     pub fn misdeclaration(&self) -> Option<Misdeclaration> {
         misdeclaration(self.0.as_ref())
-    }
-}
-
-/// `keys` sorted and without repeats, within [`MAX_RESOURCES_PER_STEP`] and
-/// [`MAX_RESOURCE_KEY_BYTES`].
-fn bounded_keys(mut keys: Vec<String>) -> Result<Vec<String>, ToolError> {
-    keys.sort();
-    keys.dedup();
-    if keys.len() > MAX_RESOURCES_PER_STEP {
-        return Err(ToolError::invalid_args(format!(
-            "the call names {} resources, more than the maximum of {MAX_RESOURCES_PER_STEP}",
-            keys.len()
-        )));
-    }
-    if let Some(key) = keys.iter().find(|key| key.len() > MAX_RESOURCE_KEY_BYTES) {
-        return Err(ToolError::invalid_args(format!(
-            "a resource key of the call has {} bytes, more than the maximum of {MAX_RESOURCE_KEY_BYTES}",
-            key.len()
-        )));
-    }
-    if let Some(key) = keys.iter().find(|key| key.contains('\0')) {
-        // PostgreSQL's text keeps no NUL, and its JSON functions refuse an escaped one.
-        return Err(ToolError::invalid_args(format!(
-            "a resource key of the call contains the character U+0000, which the log cannot keep: {}",
-            key.escape_debug()
-        )));
-    }
-    Ok(keys)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::bounded_keys;
-
-    #[test]
-    fn resource_keys_are_sorted_once_and_refused_with_a_nul() {
-        let keys = |texts: &[&str]| texts.iter().map(|text| (*text).to_owned()).collect();
-        assert_eq!(
-            bounded_keys(keys(&["b", "a", "b"])).expect("bounded"),
-            ["a", "b"]
-        );
-        let error = bounded_keys(keys(&["acct:1\0"])).expect_err("refused");
-        assert!(error.message().contains("U+0000"), "{error:?}");
-        assert!(error.message().contains("acct:1\\0"), "{error:?}");
     }
 }
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json_path::JsonPath;
 
-use crate::{Owner, SagaId, SagaState, StepStatus};
+use crate::{Owner, SagaId, SagaState, StepStatus, ToolError};
 
 /// The most resource keys one call may claim.
 pub const MAX_RESOURCES_PER_STEP: usize = 64;
@@ -25,6 +25,33 @@ pub fn file_resource(resolved: &std::path::Path) -> String {
 /// The resource key of a mutating tool that declares none: the tool itself, `tool:ID`.
 pub fn tool_resource(tool_id: &str) -> String {
     format!("tool:{tool_id}")
+}
+
+/// `keys` sorted and without repeats, within [`MAX_RESOURCES_PER_STEP`] and
+/// [`MAX_RESOURCE_KEY_BYTES`], none containing U+0000.
+pub(crate) fn bounded_keys(mut keys: Vec<String>) -> Result<Vec<String>, ToolError> {
+    keys.sort();
+    keys.dedup();
+    if keys.len() > MAX_RESOURCES_PER_STEP {
+        return Err(ToolError::invalid_args(format!(
+            "the call names {} resources, more than the maximum of {MAX_RESOURCES_PER_STEP}",
+            keys.len()
+        )));
+    }
+    if let Some(key) = keys.iter().find(|key| key.len() > MAX_RESOURCE_KEY_BYTES) {
+        return Err(ToolError::invalid_args(format!(
+            "a resource key of the call has {} bytes, more than the maximum of {MAX_RESOURCE_KEY_BYTES}",
+            key.len()
+        )));
+    }
+    if let Some(key) = keys.iter().find(|key| key.contains('\0')) {
+        // PostgreSQL's text keeps no NUL, and its JSON functions refuse an escaped one.
+        return Err(ToolError::invalid_args(format!(
+            "a resource key of the call contains the character U+0000, which the log cannot keep: {}",
+            key.escape_debug()
+        )));
+    }
+    Ok(keys)
 }
 
 /// A key computed from a call's arguments: an optional literal prefix, then an RFC 9535
@@ -221,6 +248,18 @@ mod tests {
             template_keys(&[account.clone(), account], &json!({"account": "b"})),
             vec!["b"]
         );
+    }
+
+    #[test]
+    fn resource_keys_are_sorted_once_and_refused_with_a_nul() {
+        let keys = |texts: &[&str]| texts.iter().map(|text| (*text).to_owned()).collect();
+        assert_eq!(
+            bounded_keys(keys(&["b", "a", "b"])).expect("bounded"),
+            ["a", "b"]
+        );
+        let error = bounded_keys(keys(&["acct:1\0"])).expect_err("refused");
+        assert!(error.message().contains("U+0000"), "{error:?}");
+        assert!(error.message().contains("acct:1\\0"), "{error:?}");
     }
 }
 

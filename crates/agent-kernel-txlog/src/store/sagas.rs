@@ -157,20 +157,29 @@ pub(super) enum SagaGuard {
     NotDryRun,
 }
 
-/// The insert of a step row ([`SagaGuard::Checked`]); `?16` is both times.
-const INSERT_STEP: &str = "INSERT INTO saga_steps (saga_id, step_seq, tool_id, tool_version,
-        effect, idempotency_key, args, args_hash, undo, undo_blob, output, status, error,
-        reused_from_saga, reused_from_seq, created_at_ms, updated_at_ms, resources)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16, ?17)";
+/// The insert of a step row, ending in `$rows`: its values (`?1` to `?17`, `?16` both
+/// times) as a `VALUES` list or a `SELECT`.
+macro_rules! insert_step {
+    ($rows:literal) => {
+        concat!(
+            "INSERT INTO saga_steps (saga_id, step_seq, tool_id, tool_version, effect,
+                 idempotency_key, args, args_hash, undo, undo_blob, output, status, error,
+                 reused_from_saga, reused_from_seq, created_at_ms, updated_at_ms, resources) ",
+            $rows
+        )
+    };
+}
 
-/// The insert of a step row into a saga that is no dry run ([`SagaGuard::NotDryRun`]), with
-/// the parameters of [`INSERT_STEP`].
-const INSERT_STEP_NOT_DRY_RUN: &str = "INSERT INTO saga_steps (saga_id, step_seq, tool_id,
-        tool_version, effect, idempotency_key, args, args_hash, undo, undo_blob, output,
-        status, error, reused_from_saga, reused_from_seq, created_at_ms, updated_at_ms,
-        resources)
-    SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16, ?17
-    WHERE EXISTS (SELECT 1 FROM sagas WHERE saga_id = ?1 AND dry_run = 0)";
+/// The insert of a step row ([`SagaGuard::Checked`]).
+const INSERT_STEP: &str = insert_step!(
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16, ?17)"
+);
+
+/// The insert of a step row into a saga that is no dry run ([`SagaGuard::NotDryRun`]).
+const INSERT_STEP_NOT_DRY_RUN: &str = insert_step!(
+    "SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16, ?17
+     WHERE EXISTS (SELECT 1 FROM sagas WHERE saga_id = ?1 AND dry_run = 0)"
+);
 
 /// Inserts a step row; returns the audit body describing it: small fields as they are,
 /// large ones (arguments, undo data and bytes, output, error) by the SHA-256 of exactly
