@@ -291,6 +291,9 @@ pub(crate) struct Connection {
     pub(crate) durability: Durability,
     /// The locks begun steps hold, kept from one of this writer's transactions to the next.
     pub(crate) locks: LockMap,
+    /// Whether a write alone holds back its writes of steps and sagas as a group does
+    /// ([`PostgresLog::hold_writes_always`](crate::PostgresLog::hold_writes_always)).
+    pub(crate) hold_always: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A read-only, repeatable-read snapshot on `client`: every read of the log sees one
@@ -377,7 +380,7 @@ fn take_over_in(
 impl Connection {
     /// Writes `item` alone, in one transaction, after every other writer's.
     pub(crate) fn write_alone(&mut self, item: &Item, now_ms: i64) -> Result<Answer, TxError> {
-        match self.try_group_reconnecting(&[item], now_ms) {
+        match self.try_group_reconnecting(&[item], now_ms, false) {
             GroupEnd::Committed(mut answers) => Ok(answers.remove(0)),
             GroupEnd::Failed(error) | GroupEnd::BatchRefused(error) | GroupEnd::NotBegun(error) => {
                 Err(error)
@@ -388,16 +391,19 @@ impl Connection {
     /// Writes `group`, items queued at the same time, in one transaction (one commit and
     /// one sync under [`Durability::Full`]), and answers each. When an item is refused the
     /// transaction is rolled back and each item is written again in a transaction of its
-    /// own, in order, so each gets the answer it would have had alone.
+    /// own, in order, so each gets the answer it would have had alone. A group of several
+    /// items holds back its writes of steps and sagas ([`PgDb::holding`]), which a write
+    /// alone never does.
     pub(crate) fn write_group(&mut self, group: Vec<(Item, Reply)>, now_ms: i64) {
         let items: Vec<&Item> = group.iter().map(|(item, _)| item).collect();
+        let hold = items.len() > 1 || self.hold_always.load(Ordering::Relaxed);
         let answers: Vec<Result<Answer, TxError>> =
-            match self.try_group_reconnecting(&items, now_ms) {
+            match self.try_group_reconnecting(&items, now_ms, hold) {
                 GroupEnd::Committed(answers) => answers.into_iter().map(Ok).collect(),
                 GroupEnd::Failed(error) | GroupEnd::NotBegun(error) => {
                     group.iter().map(|_| Err(error.clone())).collect()
                 }
-                GroupEnd::BatchRefused(error) if group.len() == 1 => vec![Err(error)],
+                GroupEnd::BatchRefused(error) if group.len() == 1 && !hold => vec![Err(error)],
                 GroupEnd::BatchRefused(_) => group
                     .iter()
                     .map(|(item, _)| self.write_alone(item, now_ms))
@@ -413,10 +419,10 @@ impl Connection {
     /// the connection (a restart, a failover, while this process was idle), the connection
     /// is made again and the transaction tried once more: nothing of the first try reached
     /// the log.
-    fn try_group_reconnecting(&mut self, items: &[&Item], now_ms: i64) -> GroupEnd {
-        match self.try_group(items, now_ms) {
+    fn try_group_reconnecting(&mut self, items: &[&Item], now_ms: i64, hold: bool) -> GroupEnd {
+        match self.try_group(items, now_ms, hold) {
             GroupEnd::NotBegun(error) if self.dropped() => match self.reconnect_patiently() {
-                Ok(()) => self.try_group(items, now_ms),
+                Ok(()) => self.try_group(items, now_ms, hold),
                 // A lease that ran out meanwhile is what the caller must hear.
                 Err(again @ TxError::Fenced { .. }) => GroupEnd::NotBegun(again),
                 Err(again) => {
@@ -483,8 +489,9 @@ impl Connection {
     /// `items` in one write transaction, the chain running through them in order. The
     /// leases of the owners the take-overs expect are ended first, where they ran out (or
     /// made ended, where there is no row): that holds whether or not the take-over then
-    /// finds the saga as it expected.
-    fn try_group(&mut self, items: &[&Item], now_ms: i64) -> GroupEnd {
+    /// finds the saga as it expected. With `hold`, the writes of steps and sagas are held
+    /// back and sent kind by kind ([`PgDb::holding`]).
+    fn try_group(&mut self, items: &[&Item], now_ms: i64, hold: bool) -> GroupEnd {
         let key = self.audit_key.as_ref();
         self.counters.trips(BEGIN_WRITE_TRIPS + 1);
         let mut tx = match begin_write(&mut self.client, &self.lock, &self.fence, &self.worker) {
@@ -512,8 +519,9 @@ impl Connection {
         let mut answers = Vec::with_capacity(items.len());
         let mut moves_head = false;
         let mut chain = {
-            // The group's audit records go in together, in one round trip.
-            let db = PgDb::holding_audit_records(&mut tx, &self.statements);
+            // The group's audit records go in together, in one round trip, and so do its
+            // steps' and sagas' writes of each kind when they are held.
+            let db = PgDb::holding(&mut tx, &self.statements, hold);
             let mut chain = match Chain::start_with(&db, key, &mut self.locks) {
                 Ok(chain) => chain,
                 Err(error) => return GroupEnd::Failed(error),
@@ -544,7 +552,7 @@ impl Connection {
             if let Err(err) = db.flush() {
                 // Each item alone, then, to tell which one it was.
                 return GroupEnd::BatchRefused(TxError::Storage(format!(
-                    "the audit records could not be written: {err}"
+                    "the held writes or the audit records could not be written: {err}"
                 )));
             }
             chain

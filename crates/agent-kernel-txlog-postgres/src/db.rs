@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use agent_kernel_txlog::sql::{Db, Error, Row, ToValue, Value, ValueRef};
+
+use crate::held::{self, Held};
 use bytes::BytesMut;
 use postgres::error::SqlState;
 use postgres::fallible_iterator::FallibleIterator as _;
@@ -41,9 +43,15 @@ impl Statements {
 pub(crate) struct PgDb<'t, 'c> {
     tx: RefCell<&'t mut Transaction<'c>>,
     statements: &'t Statements,
-    /// Audit records held back, to be inserted together ([`PgDb::holding_audit_records`]);
-    /// `None` when each is inserted as it comes.
+    /// Audit records held back, to be inserted together ([`PgDb::holding`]); `None` when
+    /// each is inserted as it comes.
     held: RefCell<Option<HeldRecords>>,
+    /// The rows of steps and sagas held back, to be written one statement per kind
+    /// ([`held`](crate::held)); `None` when each statement runs as it comes.
+    rows: RefCell<Option<Held>>,
+    /// Why a statement of held rows failed or changed other rows than the store was told:
+    /// the transaction must not commit ([`PgDb::flush`] says so).
+    poisoned: RefCell<Option<String>>,
 }
 
 /// Audit records held back, column by column, as the arrays one `INSERT … SELECT FROM
@@ -82,6 +90,8 @@ impl<'t, 'c> PgDb<'t, 'c> {
             tx: RefCell::new(tx),
             statements,
             held: RefCell::new(None),
+            rows: RefCell::new(None),
+            poisoned: RefCell::new(None),
         }
     }
 
@@ -89,19 +99,33 @@ impl<'t, 'c> PgDb<'t, 'c> {
     /// before any other statement that names `audit_log`, and at [`flush`](Self::flush),
     /// which the caller must run before it commits. One round trip for all of a group's
     /// records instead of one each; the transaction sees them wherever it reads them.
-    pub(crate) fn holding_audit_records(
+    /// With `rows`, the writes of steps and sagas are held back too ([`held`](crate::held)),
+    /// and sent before any other statement: a group of many batches, whose transaction is
+    /// tried again item by item when [`flush`](Self::flush) refuses it.
+    pub(crate) fn holding(
         tx: &'t mut Transaction<'c>,
         statements: &'t Statements,
+        rows: bool,
     ) -> Self {
         PgDb {
             tx: RefCell::new(tx),
             statements,
             held: RefCell::new(Some(HeldRecords::default())),
+            rows: RefCell::new(rows.then(Held::default)),
+            poisoned: RefCell::new(None),
         }
     }
 
-    /// Inserts the audit records held back, if any.
+    /// Sends what is held back, if anything: the held rows, kind by kind, then the audit
+    /// records. An error when a statement of held rows failed or changed other rows than
+    /// the store was told, now or earlier: the transaction must then be rolled back.
     pub(crate) fn flush(&self) -> Result<(), Error> {
+        self.flush_rows()?;
+        self.flush_records()
+    }
+
+    /// Inserts the audit records held back, if any.
+    fn flush_records(&self) -> Result<(), Error> {
         let held = match self.held.borrow_mut().as_mut() {
             Some(held) if !held.seq.is_empty() => std::mem::take(held),
             _ => return Ok(()),
@@ -130,6 +154,109 @@ impl<'t, 'c> PgDb<'t, 'c> {
             )
             .map_err(error)?;
         Ok(())
+    }
+
+    /// Holds back the statement `sql` runs with `params` when rows are held and it is of a
+    /// kind that may be; the rows the store expects it to change, if it did.
+    fn hold_row(&self, sql: &str, params: &[&dyn ToValue]) -> Result<Option<usize>, Error> {
+        let Some(kind) = self.rows.borrow().as_ref().and_then(|_| held::kind_of(sql)) else {
+            return Ok(None);
+        };
+        let values: Vec<ValueRef<'_>> = params.iter().map(|param| param.to_value()).collect();
+        let conflicts = self
+            .rows
+            .borrow()
+            .as_ref()
+            .is_some_and(|held| held.conflicts(kind, &values));
+        if conflicts {
+            self.flush_rows()?;
+        }
+        if let Some(held) = self.rows.borrow_mut().as_mut() {
+            held.hold(kind, sql, &values);
+        }
+        let rows = held::KINDS[kind].rows_each.unwrap_or(0);
+        Ok(Some(usize::try_from(rows).unwrap_or(usize::MAX)))
+    }
+
+    /// Sends the held rows, a statement per kind, and checks each changed the rows the
+    /// store was told; the first failure poisons the transaction.
+    fn flush_rows(&self) -> Result<(), Error> {
+        if let Some(why) = self.poisoned.borrow().as_ref() {
+            return Err(Error::Database(why.clone()));
+        }
+        let kinds = match self.rows.borrow_mut().as_mut() {
+            Some(held) if !held.is_empty() => held.take(),
+            _ => return Ok(()),
+        };
+        for (kind, sql, rows) in kinds {
+            if let Err(why) = self.send_held(kind, &sql, &rows) {
+                // Never a constraint: the store must not read it as its own statement's.
+                let why = format!("{why}; the group is written again item by item");
+                *self.poisoned.borrow_mut() = Some(why.clone());
+                return Err(Error::Database(why));
+            }
+        }
+        Ok(())
+    }
+
+    /// One kind's held rows, in one statement: the store's own (`sql`, as the store wrote
+    /// it, prepared under that text already) when there is one row, its statement of arrays
+    /// otherwise.
+    fn send_held(&self, kind: usize, sql: &str, rows: &[Vec<Value>]) -> Result<(), String> {
+        let spec = &held::KINDS[kind];
+        let single = self.statement(sql).map_err(|err| err.to_string())?;
+        let changed = if let [row] = rows {
+            let binds: Vec<Bind<'_>> = row
+                .iter()
+                .map(|value| Bind(held::borrowed(value)))
+                .collect();
+            self.run(&single, &binds)
+        } else {
+            let types: Vec<(String, String)> = single
+                .params()
+                .iter()
+                .map(|ty| (ty.schema().to_owned(), ty.name().to_owned()))
+                .collect();
+            let bulk = held::bulk_sql(spec.sql, &types)
+                .ok_or_else(|| format!("no statement of arrays for `{}`", spec.sql))?;
+            let statement = self.statement(&bulk).map_err(|err| err.to_string())?;
+            let columns: Vec<Vec<Bind<'_>>> = (0..types.len())
+                .map(|at| {
+                    rows.iter()
+                        .map(|row| Bind(row.get(at).map_or(ValueRef::Null, held::borrowed)))
+                        .collect()
+                })
+                .collect();
+            self.run(&statement, &columns)
+        }
+        .map_err(|err| format!("{} held writes ({}): {err}", rows.len(), spec.sql))?;
+        if let Some(each) = spec.rows_each {
+            let expected = each * rows.len() as u64;
+            if changed != expected {
+                return Err(format!(
+                    "{} held writes changed {changed} rows, not {expected} ({})",
+                    rows.len(),
+                    spec.sql
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `statement` with `binds`, a round trip; the rows it changed.
+    fn run<B: ToSql + Sync>(&self, statement: &Statement, binds: &[B]) -> Result<u64, Error> {
+        let refs: Vec<&(dyn ToSql + Sync)> = binds
+            .iter()
+            .map(|bind| bind as &(dyn ToSql + Sync))
+            .collect();
+        self.statements.trip();
+        self.tx
+            .try_borrow_mut()
+            .map_err(|_| {
+                Error::Database("a statement was run while another one's rows were read".to_owned())
+            })?
+            .execute(statement, &refs)
+            .map_err(error)
     }
 
     /// Holds back the audit record `params` inserts, when records are held; whether it did.
@@ -172,10 +299,12 @@ impl<'t, 'c> PgDb<'t, 'c> {
         Ok(true)
     }
 
-    /// Inserts the held records first when `sql` reads or writes `audit_log`.
+    /// Sends the held rows before any statement, and the held records first when `sql`
+    /// reads or writes `audit_log`.
     fn flush_before(&self, sql: &str) -> Result<(), Error> {
+        self.flush_rows()?;
         if sql.contains("audit_log") {
-            self.flush()?;
+            self.flush_records()?;
         }
         Ok(())
     }
@@ -205,7 +334,12 @@ impl<'t, 'c> PgDb<'t, 'c> {
 
 /// `sql` with `?N` placeholders written as PostgreSQL's `$N` (outside string literals).
 pub(crate) fn placeholders(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len());
+    placeholders_as(sql, "$")
+}
+
+/// `sql` with the `?` of each `?N` placeholder outside string literals written as `prefix`.
+pub(crate) fn placeholders_as(sql: &str, prefix: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
     let mut in_literal = false;
     for c in sql.chars() {
         match c {
@@ -213,7 +347,7 @@ pub(crate) fn placeholders(sql: &str) -> String {
                 in_literal = !in_literal;
                 out.push(c);
             }
-            '?' if !in_literal => out.push('$'),
+            '?' if !in_literal => out.push_str(prefix),
             _ => out.push(c),
         }
     }
@@ -332,22 +466,13 @@ impl Db for PgDb<'_, '_> {
         if self.held_back(sql, params)? {
             return Ok(1);
         }
+        if let Some(rows) = self.hold_row(sql, params)? {
+            return Ok(rows);
+        }
         self.flush_before(sql)?;
         let statement = self.statement(sql)?;
         let binds: Vec<Bind<'_>> = params.iter().map(|param| Bind(param.to_value())).collect();
-        self.statements.trip();
-        let refs: Vec<&(dyn ToSql + Sync)> = binds
-            .iter()
-            .map(|bind| bind as &(dyn ToSql + Sync))
-            .collect();
-        let n = self
-            .tx
-            .try_borrow_mut()
-            .map_err(|_| {
-                Error::Database("a statement was run while another one's rows were read".to_owned())
-            })?
-            .execute(&statement, &refs)
-            .map_err(error)?;
+        let n = self.run(&statement, &binds)?;
         usize::try_from(n).map_err(|_| Error::Database(format!("{n} rows changed")))
     }
 
@@ -436,7 +561,7 @@ mod tests {
             let mut tx = client.transaction().expect("begins");
             let statements = Statements::default();
             {
-                let db = PgDb::holding_audit_records(&mut tx, &statements);
+                let db = PgDb::holding(&mut tx, &statements, false);
                 for (seq, saga) in [(1, Some("s")), (2, None)] {
                     let (seq, at_ms, kind, saga, body, prev, hash, mac) = record(seq, saga);
                     let params: [&dyn ToValue; 8] =
@@ -463,6 +588,163 @@ mod tests {
             let read: Vec<(i64, Option<String>)> =
                 rows.iter().map(|row| (row.get(0), row.get(1))).collect();
             assert_eq!(read, [(1, Some("s".to_owned())), (2, None), (3, None)]);
+        });
+    }
+
+    /// A fresh log's schema at its current version, for statements of the store.
+    fn fresh_log() -> Option<agent_kernel_log_contract::postgres::Schema> {
+        use agent_kernel_log_contract::postgres::{Schema, server};
+        let server = server()?;
+        let schema = Schema::create(&server);
+        struct Fixed;
+        impl agent_kernel_api::Clock for Fixed {
+            fn now_ms(&self) -> i64 {
+                1_700_000_000_000
+            }
+        }
+        let clock = std::sync::Arc::new(Fixed);
+        let options = agent_kernel_txlog::LogOptions {
+            durability: agent_kernel_api::Durability::Full,
+            clock,
+        };
+        let worker = crate::Worker::new(agent_kernel_log_contract::records::owner(1));
+        drop(crate::PostgresLog::open(&schema.url(), options, None, worker).expect("creates"));
+        Some(schema)
+    }
+
+    /// `sagas` sagas of one step each, begun, committed and `Done`, applied in one
+    /// transaction holding rows, and `bad` (if any) applied among them; what `flush` says
+    /// and the round trips of the transaction's statements (the chain's first read and the
+    /// statements prepared excepted: all are prepared by a first round).
+    fn group(
+        client: &mut postgres::Client,
+        statements: &Statements,
+        round: &str,
+        sagas: usize,
+        bad: Option<&[agent_kernel_api::LogWrite]>,
+    ) -> (Result<(), super::Error>, u64) {
+        use agent_kernel_api::SagaState;
+        use agent_kernel_log_contract::records::{begin, commit, new_saga, set_state};
+        use agent_kernel_txlog::backend::{Chain, LockMap, apply_batch};
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut tx = client.transaction().expect("begins");
+        let db = PgDb::holding(&mut tx, statements, true);
+        let mut locks = LockMap::default();
+        let mut chain = Chain::start_with(&db, None, &mut locks).expect("starts");
+        let before = statements.round_trips.load(Relaxed);
+        for n in 0..sagas {
+            let id = format!("{round}-{n}");
+            let batch = [
+                new_saga(&id),
+                begin(&id, 0, None, "h"),
+                commit(&id, 0),
+                set_state(&id, SagaState::Done),
+            ];
+            apply_batch(&db, &mut chain, None, &batch, 5).expect("held");
+            if n == sagas / 2
+                && let Some(bad) = bad
+            {
+                apply_batch(&db, &mut chain, None, bad, 5).expect("held, not yet checked");
+            }
+        }
+        let flushed = db.flush();
+        let trips = statements.round_trips.load(Relaxed) - before;
+        drop(db);
+        if flushed.is_ok() {
+            tx.commit().expect("commits");
+        }
+        (flushed, trips)
+    }
+
+    #[test]
+    fn a_groups_writes_of_each_kind_take_one_round_trip_whatever_their_number() {
+        use agent_kernel_log_contract::postgres::blocking;
+        let Some(schema) = fresh_log() else { return };
+        let url = schema.url();
+        blocking(|| {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
+            let statements = Statements::default();
+            // The first prepares every statement.
+            assert!(group(&mut client, &statements, "a", 2, None).0.is_ok());
+            let (few, trips_few) = group(&mut client, &statements, "b", 3, None);
+            let (many, trips_many) = group(&mut client, &statements, "c", 40, None);
+            assert!(few.is_ok() && many.is_ok(), "{few:?} {many:?}");
+            // A saga's insert, a step's, its outcome, the state, the locks' release and the
+            // audit records: a statement each.
+            assert_eq!((trips_few, trips_many), (6, 6));
+        });
+        let done = schema.rows(
+            "SELECT count(*)::text FROM sagas s JOIN saga_steps t USING (saga_id)
+             WHERE s.state = 'Done' AND t.status = 'COMMIT'",
+        );
+        assert_eq!(done, [vec![Some("45".to_owned())]]);
+        let report = crate::verify(&url, None, None).expect("verifies");
+        assert!(report.is_intact(), "{report:#?}");
+    }
+
+    #[test]
+    fn a_held_write_that_changes_no_row_keeps_its_transaction_from_committing() {
+        use agent_kernel_api::SagaState;
+        use agent_kernel_log_contract::postgres::blocking;
+        use agent_kernel_log_contract::records::{begin, commit, new_saga, set_state};
+        let Some(schema) = fresh_log() else { return };
+        let url = schema.url();
+        blocking(|| {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
+            let statements = Statements::default();
+            // A step committed twice, a step of a saga that is not there, a state of a saga
+            // that is not there: the store took each as written, the flush finds out.
+            let twice = vec![
+                new_saga("x"),
+                begin("x", 0, None, "h"),
+                commit("x", 0),
+                commit("x", 0),
+            ];
+            for bad in [
+                twice,
+                vec![begin("nowhere", 0, None, "h")],
+                vec![set_state("nowhere", SagaState::Done)],
+            ] {
+                let (flushed, _) = group(&mut client, &statements, "d", 4, Some(&bad));
+                // Never a constraint, which the store might read as its own statement's.
+                let Err(super::Error::Database(error)) = flushed else {
+                    panic!("refused as a database error: {flushed:?}");
+                };
+                assert!(error.contains("written again item by item"), "{error}");
+            }
+        });
+        assert_eq!(
+            schema.rows("SELECT count(*)::text FROM sagas"),
+            [vec![Some("0".to_owned())]]
+        );
+    }
+
+    fn count_sagas(db: &dyn Db) -> Result<i64, super::Error> {
+        db.query_row("SELECT count(*) FROM sagas", &[], |row| row.get(0))
+    }
+
+    #[test]
+    fn a_failed_flush_inside_another_statement_reaches_it_and_stays() {
+        use agent_kernel_log_contract::postgres::blocking;
+        let Some(schema) = fresh_log() else { return };
+        let url = schema.url();
+        blocking(|| {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
+            let statements = Statements::default();
+            let mut tx = client.transaction().expect("begins");
+            let db = PgDb::holding(&mut tx, &statements, true);
+            let state = "UPDATE sagas SET state = ?2, updated_at_ms = ?3 WHERE saga_id = ?1";
+            let params: [&dyn ToValue; 3] = [&"nowhere", &"Done", &5_i64];
+            // Held: answered as the store expects, though no such saga exists.
+            assert_eq!(db.execute(state, &params).expect("held"), 1);
+            // The read that sends it first fails, as a database error the read's caller
+            // cannot take for an empty answer or a constraint of its own…
+            let read = count_sagas(&db);
+            assert!(matches!(read, Err(super::Error::Database(_))), "{read:?}");
+            // …and so does every statement after it, and the flush before the COMMIT.
+            let again = db.execute("DELETE FROM locks WHERE resource = ?1", &[&"r"]);
+            assert!(matches!(again, Err(super::Error::Database(_))), "{again:?}");
+            assert!(matches!(db.flush(), Err(super::Error::Database(_))));
         });
     }
 

@@ -47,8 +47,14 @@
 //!   lock, one lease check, one COMMIT. A refused one sends every item of its group to a
 //!   transaction of its own, so each gets the answer it would have had alone. The
 //!   transaction's audit records go in together, in one statement of arrays, before
-//!   anything reads the chain and before the COMMIT. [`PostgresLog::stats`] counts
-//!   transactions and round trips.
+//!   anything reads the chain and before the COMMIT. So do, in a group of several items,
+//!   the writes every step and saga makes (a saga's and a step's insert, a step's outcome,
+//!   a saga's state, the release of its locks): each kind in one statement of arrays, sent
+//!   before any other statement and before the COMMIT, in an order that keeps what one
+//!   statement after the other would have done. The store is answered at once with the rows
+//!   it expects; a statement of arrays that changes other rows keeps the transaction from
+//!   committing, and the group is written again item by item, without holding.
+//!   [`PostgresLog::stats`] counts transactions and round trips.
 //! - **Leases.** Every log is opened for a [`Worker`]: the process that holds sagas through
 //!   it, whose lease (a row of `leases`, by the database's clock) a thread of its own
 //!   renews. [`TxLog::owner_lease`] answers whether an owner is alive by its lease, whatever
@@ -68,13 +74,14 @@
 mod connection;
 mod db;
 mod head_files;
+mod held;
 mod lease;
 mod schema;
 mod verify;
 
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 
 use agent_kernel_api::{
@@ -101,8 +108,8 @@ pub use crate::lease::{
     LEASE_DEFAULT, LEASE_MAX, LEASE_MIN, LEASE_ROWS_FORGET_PERIOD, LEASE_ROWS_KEPT,
     RENEWALS_PER_LEASE, Worker,
 };
-pub use crate::schema::SCHEMA_VERSION;
 use crate::schema::storage;
+pub use crate::schema::{SCHEMA_VERSION, WRITE_LOCK};
 pub use crate::verify::{default_head_file, verify};
 
 /// The most jobs that may wait for the connection's thread; senders wait when it is full.
@@ -152,6 +159,7 @@ pub struct PostgresLog {
     /// Renews this process's lease; stops when the log is dropped.
     renewer: Renewer,
     counters: Arc<Counters>,
+    hold_always: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for PostgresLog {
@@ -205,6 +213,8 @@ impl PostgresLog {
         let thread_config = config.clone();
         let counters = Arc::new(Counters::default());
         let thread_counters = counters.clone();
+        let hold_always = Arc::new(AtomicBool::new(false));
+        let thread_hold_always = hold_always.clone();
         thread::Builder::new()
             .name("agent-kernel-txlog-postgres".into())
             .spawn(move || {
@@ -230,6 +240,7 @@ impl PostgresLog {
                         target: thread_target,
                         durability,
                         locks: LockMap::default(),
+                        hold_always: thread_hold_always,
                     },
                     Err(error) => {
                         let _ = opened_sender.send(Err(error));
@@ -290,7 +301,17 @@ impl PostgresLog {
             closed,
             renewer,
             counters,
+            hold_always,
         })
+    }
+
+    /// Makes every write transaction hold back its writes of steps and sagas, as a group of
+    /// several batches does, even a batch written alone: for tests, which then run every
+    /// check through the held path (a batch refused by a held write is written again
+    /// without holding, and answered as it would have been).
+    #[doc(hidden)]
+    pub fn hold_writes_always(&self) {
+        self.hold_always.store(true, Ordering::Relaxed);
     }
 
     /// What the log's connection did since the log was opened: write transactions, batches

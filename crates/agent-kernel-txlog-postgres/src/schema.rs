@@ -52,8 +52,9 @@ const SCHEMA_LOCK: i64 = 0x414B_4C47_0000_0001;
 
 /// The advisory lock every write transaction takes first, so that writers of the log in
 /// every process apply their batches one at a time and the audit chain never forks
-/// ("AKLG", 2).
-pub(crate) const WRITE_LOCK: i64 = 0x414B_4C47_0000_0002;
+/// ("AKLG", 2): `pg_locks` shows who holds it (`locktype = 'advisory'`, `classid` and
+/// `objid` its two halves).
+pub const WRITE_LOCK: i64 = 0x414B_4C47_0000_0002;
 
 /// A database error as [`TxError::Storage`], saying what the server said.
 pub(crate) fn storage(err: postgres::Error) -> TxError {

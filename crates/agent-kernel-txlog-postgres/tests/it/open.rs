@@ -221,3 +221,151 @@ async fn batches_written_at_once_share_one_transaction_and_its_round_trips() {
         [vec![Some("32".to_owned())]]
     );
 }
+
+#[tokio::test]
+async fn the_writes_of_a_group_take_round_trips_by_their_kind_not_their_number() {
+    use agent_kernel_api::{SagaState, TxLog};
+    use agent_kernel_log_contract::records::{begin, commit, new_saga, set_state};
+
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let log = std::sync::Arc::new(open(&schema.url()).expect("opens"));
+    let before = log.stats();
+    let writes: Vec<_> = (0..48)
+        .map(|n| {
+            let log = log.clone();
+            let id = format!("s{n}");
+            let batch = vec![
+                new_saga(&id),
+                begin(&id, 0, None, "h"),
+                commit(&id, 0),
+                set_state(&id, SagaState::Done),
+            ];
+            tokio::spawn(async move { log.write(batch).await })
+        })
+        .collect();
+    for write in writes {
+        write.await.expect("ran").expect("writes");
+    }
+    let after = log.stats();
+    let transactions = after.transactions - before.transactions;
+    let trips = after.round_trips - before.round_trips;
+    assert!(after.batches_max > 1, "no group formed: {after:?}");
+    // Alone, each batch takes 5 statements (a saga's insert, a step's, its outcome, the
+    // state, the locks' release) besides its transaction's own; held back, each kind is one
+    // statement per transaction, plus the statements of arrays prepared once.
+    // BEGIN, lock, lease check and COMMIT; the chain's head; the audit records; the five
+    // kinds; a snapshot for the head file.
+    let per_transaction = 4 + 1 + 1 + 5 + 2;
+    let prepared = 30;
+    assert!(
+        trips <= transactions * per_transaction + prepared,
+        "{trips} round trips in {transactions} transactions: {after:?}"
+    );
+}
+
+/// Another session holding `WRITE_LOCK` until told to let go, which it does once the
+/// session named `waiter` (an `application_name`) waits for it: the writes sent meanwhile
+/// queue behind that session's first transaction.
+struct WriteLockHeld {
+    release: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl WriteLockHeld {
+    fn take(url: &str, waiter: &str) -> WriteLockHeld {
+        let url = url.to_owned();
+        let waiter = waiter.to_owned();
+        let (taken, is_taken) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
+            let lock = agent_kernel_txlog_postgres::WRITE_LOCK;
+            client
+                .execute("SELECT pg_advisory_lock($1)", &[&lock])
+                .expect("locks");
+            taken.send(()).expect("told");
+            released.recv().expect("let go of");
+            // The log's session waits for the lock: its first transaction began.
+            let waiting = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                 WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = $1";
+            while client
+                .query_one(waiting, &[&waiter])
+                .expect("reads")
+                .get::<_, i64>(0)
+                == 0
+            {
+                std::thread::yield_now();
+            }
+            client
+                .execute("SELECT pg_advisory_unlock($1)", &[&lock])
+                .expect("unlocks");
+        });
+        is_taken.recv().expect("taken");
+        WriteLockHeld { release, thread }
+    }
+
+    /// Lets go of the lock once a session waits for it.
+    fn let_go(self) {
+        self.release.send(()).expect("told");
+        self.thread.join().expect("let go of");
+    }
+}
+
+#[tokio::test]
+async fn a_batch_refused_in_a_group_gets_the_answer_it_would_have_had_alone() {
+    use agent_kernel_api::TxLog;
+    use agent_kernel_log_contract::records::{commit, done_saga_declaring};
+
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let name = format!("ak_refused_{}", std::process::id());
+    let url = format!("{}&application_name={name}", schema.url());
+    let log = std::sync::Arc::new(open(&url).expect("opens"));
+    // The first round has no refused batch: it shows the writes queued behind the held
+    // lock are taken as a group. In the others, one of them commits a step that never
+    // began: its group's writes are held back and sent together, and the refusal found
+    // only then.
+    for round in 0..4 {
+        let held = WriteLockHeld::take(&schema.url(), &name);
+        let writes: Vec<_> = (0..24)
+            .map(|n| {
+                let log = log.clone();
+                let batch = if n == 12 && round > 0 {
+                    vec![commit(&format!("r{round}-s0"), 7)]
+                } else {
+                    done_saga_declaring(&format!("r{round}-s{n}"))
+                };
+                tokio::spawn(async move { log.write(batch).await })
+            })
+            .collect();
+        // Every write is sent before the lock is let go of.
+        tokio::task::yield_now().await;
+        held.let_go();
+        for (n, write) in writes.into_iter().enumerate() {
+            let written = write.await.expect("ran");
+            if n == 12 && round > 0 {
+                let error = written.expect_err("refused").to_string();
+                assert!(
+                    error.contains("has no step 7 in BEGIN to commit"),
+                    "{error}"
+                );
+            } else {
+                written.expect("writes");
+            }
+        }
+        if round == 0 {
+            assert!(
+                log.stats().batches_max > 1,
+                "no group formed: {:?}",
+                log.stats()
+            );
+        }
+    }
+    assert_eq!(
+        schema.rows("SELECT count(*)::text FROM sagas WHERE state = 'Done'"),
+        [vec![Some("93".to_owned())]]
+    );
+    let report = agent_kernel_txlog_postgres::verify(&schema.url(), None, None).expect("verifies");
+    assert!(report.is_intact(), "{report:#?}");
+}
