@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 
 use crate::db::{self, PgDb, Statements};
 use crate::lease::{self, Worker};
-use crate::schema::{self, WRITE_LOCK, storage};
+use crate::schema::{self, storage};
 use crate::{head_files, verify::head_file_at};
 
 /// Connects to the database `config` names, sets the durability and checks the schema; the
@@ -38,7 +38,7 @@ fn connect(
         Durability::Full => "on",
         Durability::Normal => "off",
     };
-    // A session paused or cut off inside a transaction (holding `WRITE_LOCK`) is ended by
+    // A session paused or cut off inside a transaction (holding its log's write lock) is ended by
     // the server once it has been idle for a lease, so it never blocks the other writers
     // for longer than it would stay alive.
     client
@@ -108,8 +108,12 @@ pub(crate) fn open_connection(
         Opening::First => lease::acquire(&mut client, worker)?,
         Opening::Again => lease::reacquire(&mut client, worker)?,
     }
+    // The log's own lock, an integer written into the statement.
     let lock = client
-        .prepare("SELECT pg_advisory_xact_lock($1)")
+        .prepare(&format!(
+            "SELECT pg_advisory_xact_lock({})",
+            schema::write_lock(&log_id)
+        ))
         .map_err(storage)?;
     let fence = client.prepare(&lease::status_sql()).map_err(storage)?;
     let head_file = worker
@@ -280,7 +284,7 @@ pub(crate) struct Connection {
     pub(crate) worker: Worker,
     /// This machine's anchor of the chain's head, when it keeps one.
     pub(crate) head_file: Option<HeadFile>,
-    /// `WRITE_LOCK` taken, prepared once.
+    /// The log's write lock taken ([`schema::write_lock`]), prepared once.
     pub(crate) lock: postgres::Statement,
     /// [`lease::status_sql`], prepared once.
     pub(crate) fence: postgres::Statement,
@@ -326,8 +330,8 @@ pub(crate) fn advance_head_file(
     }
 }
 
-/// Begins a write transaction on `client`: after every other writer's (`lock` takes
-/// `WRITE_LOCK`), and only while `worker`'s lease is live (`fence`). Once it ran out,
+/// Begins a write transaction on `client`: after every other writer's (`lock` takes the
+/// log's [`write_lock`](schema::write_lock)), and only while `worker`'s lease is live (`fence`). Once it ran out,
 /// another process may have taken its sagas over: the write is refused
 /// ([`TxError::Fenced`]).
 pub(crate) fn begin_write<'c>(
@@ -343,7 +347,7 @@ pub(crate) fn begin_write<'c>(
         .isolation_level(IsolationLevel::ReadCommitted)
         .start()
         .map_err(storage)?;
-    tx.execute(lock, &[&WRITE_LOCK]).map_err(storage)?;
+    tx.execute(lock, &[]).map_err(storage)?;
     match lease::status(&mut tx, fence, &worker.owner)? {
         LeaseStatus::Live => Ok(tx),
         LeaseStatus::Expired => Err(TxError::Fenced {

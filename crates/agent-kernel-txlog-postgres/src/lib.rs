@@ -37,7 +37,8 @@
 //!   send it jobs over a bounded channel and await the answer, so no async runtime thread
 //!   ever waits on the database.
 //! - **One writer at a time, across every process.** Each write transaction first takes a
-//!   transaction-scoped advisory lock (`WRITE_LOCK`): batches of every process
+//!   transaction-scoped advisory lock of its log (`WRITE_LOCK`, [`write_lock`]; a log in
+//!   another schema of the database has its own): batches of every process
 //!   apply one after another, as under SQLite's `BEGIN IMMEDIATE`, so every check the
 //!   batch makes (a key's binding, an actor's idle, an owner still the expected one) holds
 //!   until it commits, and the audit chain is appended by one writer at a time and never
@@ -109,7 +110,7 @@ pub use crate::lease::{
     RENEWALS_PER_LEASE, Worker,
 };
 use crate::schema::storage;
-pub use crate::schema::{SCHEMA_VERSION, WRITE_LOCK};
+pub use crate::schema::{SCHEMA_VERSION, write_lock};
 pub use crate::verify::{default_head_file, verify};
 
 /// The most jobs that may wait for the connection's thread; senders wait when it is full.

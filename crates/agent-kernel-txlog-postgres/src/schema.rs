@@ -8,7 +8,7 @@ use postgres::Client;
 pub(crate) const APPLICATION: &str = "agent-kernel log";
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// The schema, version 1.
 const SCHEMA_SQL: &str = include_str!("schema.sql");
@@ -25,12 +25,20 @@ const SCHEMA_V4_SQL: &str = include_str!("schema_v4.sql");
 /// What version 5 adds to version 4: the locks held, as a view.
 const SCHEMA_V5_SQL: &str = include_str!("schema_v5.sql");
 
+/// Version 6: no table changes; writers take their own log's lock ([`write_lock`]).
+const SCHEMA_V6_SQL: &str = include_str!("schema_v6.sql");
+
 /// The first schema version with a log identity (`agent_kernel_meta.log_id`).
 const LOG_ID_VERSION: i64 = 4;
 
 /// The upgrades, in order: `UPGRADES[n]` takes the schema from version `n + 1` to `n + 2`.
-const UPGRADES: [&str; SCHEMA_VERSION as usize - 1] =
-    [SCHEMA_V2_SQL, SCHEMA_V3_SQL, SCHEMA_V4_SQL, SCHEMA_V5_SQL];
+const UPGRADES: [&str; SCHEMA_VERSION as usize - 1] = [
+    SCHEMA_V2_SQL,
+    SCHEMA_V3_SQL,
+    SCHEMA_V4_SQL,
+    SCHEMA_V5_SQL,
+    SCHEMA_V6_SQL,
+];
 
 /// The tables of the schema: no trigger or rule may sit on them.
 const TABLES: [&str; 10] = [
@@ -50,11 +58,20 @@ const TABLES: [&str; 10] = [
 /// never both create the schema ("AKLG", 1).
 const SCHEMA_LOCK: i64 = 0x414B_4C47_0000_0001;
 
-/// The advisory lock every write transaction takes first, so that writers of the log in
-/// every process apply their batches one at a time and the audit chain never forks
-/// ("AKLG", 2): `pg_locks` shows who holds it (`locktype = 'advisory'`, `classid` and
-/// `objid` its two halves).
-pub const WRITE_LOCK: i64 = 0x414B_4C47_0000_0002;
+/// The advisory lock every write transaction of the log `log_id` names takes first, so
+/// that its writers in every process apply their batches one at a time and its audit chain
+/// never forks: "AKLG" in the high 32 bits, a hash (FNV-1a) of the log's identity in the
+/// low ones. Logs in other schemas of the same database take other locks, so that a writer
+/// stalled in one log never holds up another's (two identities that hash alike only share
+/// a lock). `pg_locks` shows who holds it: `locktype = 'advisory'`, `classid` and `objid`
+/// its two halves. Until schema version 6 every log of a database took one lock,
+/// `0x414B_4C47_0000_0002`.
+pub fn write_lock(log_id: &str) -> i64 {
+    let hash = log_id.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    });
+    (0x414B_4C47_i64 << 32) | i64::from(hash)
+}
 
 /// A database error as [`TxError::Storage`], saying what the server said.
 pub(crate) fn storage(err: postgres::Error) -> TxError {

@@ -264,9 +264,9 @@ async fn the_writes_of_a_group_take_round_trips_by_their_kind_not_their_number()
     );
 }
 
-/// Another session holding `WRITE_LOCK` until told to let go, which it does once the
-/// session named `waiter` (an `application_name`) waits for it: the writes sent meanwhile
-/// queue behind that session's first transaction.
+/// Another session holding the write lock of the log at `url` until told to let go, which
+/// it does once the session named `waiter` (an `application_name`) waits for it: the writes
+/// sent meanwhile queue behind that session's first transaction.
 struct WriteLockHeld {
     release: std::sync::mpsc::Sender<()>,
     thread: std::thread::JoinHandle<()>,
@@ -280,7 +280,11 @@ impl WriteLockHeld {
         let (release, released) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
             let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
-            let lock = agent_kernel_txlog_postgres::WRITE_LOCK;
+            let log_id: String = client
+                .query_one("SELECT log_id FROM agent_kernel_meta", &[])
+                .expect("a log")
+                .get(0);
+            let lock = agent_kernel_txlog_postgres::write_lock(&log_id);
             client
                 .execute("SELECT pg_advisory_lock($1)", &[&lock])
                 .expect("locks");
@@ -305,7 +309,7 @@ impl WriteLockHeld {
         WriteLockHeld { release, thread }
     }
 
-    /// Lets go of the lock once a session waits for it.
+    /// Lets go of the lock once the session named `waiter` waits for it.
     fn let_go(self) {
         self.release.send(()).expect("told");
         self.thread.join().expect("let go of");
@@ -368,4 +372,42 @@ async fn a_batch_refused_in_a_group_gets_the_answer_it_would_have_had_alone() {
     );
     let report = agent_kernel_txlog_postgres::verify(&schema.url(), None, None).expect("verifies");
     assert!(report.is_intact(), "{report:#?}");
+}
+
+#[tokio::test]
+async fn a_log_whose_writer_holds_its_lock_does_not_hold_up_a_log_in_another_schema() {
+    use agent_kernel_api::TxLog;
+    use agent_kernel_log_contract::records::done_saga_declaring;
+
+    let Some(server) = server() else { return };
+    let (held_schema, free_schema) = (Schema::create(&server), Schema::create(&server));
+    let name = format!("ak_held_{}", std::process::id());
+    let held_log = std::sync::Arc::new(
+        open(&format!("{}&application_name={name}", held_schema.url())).expect("opens"),
+    );
+    let free_log = open(&free_schema.url()).expect("opens");
+    let held = WriteLockHeld::take(&held_schema.url(), &name);
+    let waiting = {
+        let held_log = held_log.clone();
+        tokio::spawn(async move { held_log.write(done_saga_declaring("waits")).await })
+    };
+    // The other log's write goes through while the first log's lock is held (bounded, so a
+    // shared lock fails the test instead of hanging it).
+    tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        free_log.write(done_saga_declaring("free")),
+    )
+    .await
+    .expect("not held up by the other log's lock")
+    .expect("writes");
+    assert!(
+        !waiting.is_finished(),
+        "the held log's write waits for its lock"
+    );
+    held.let_go();
+    waiting.await.expect("ran").expect("writes once let go of");
+    assert_ne!(
+        held_schema.rows("SELECT log_id FROM agent_kernel_meta"),
+        free_schema.rows("SELECT log_id FROM agent_kernel_meta")
+    );
 }
