@@ -100,6 +100,7 @@ pub(crate) fn open_connection(
         postgres::Statement,
         postgres::Statement,
         Option<HeadFile>,
+        String,
     ),
     TxError,
 > {
@@ -108,12 +109,9 @@ pub(crate) fn open_connection(
         Opening::First => lease::acquire(&mut client, worker)?,
         Opening::Again => lease::reacquire(&mut client, worker)?,
     }
-    // The log's own lock, an integer written into the statement.
+    // The log's own lock, integers written into the statement.
     let lock = client
-        .prepare(&format!(
-            "SELECT pg_advisory_xact_lock({})",
-            schema::write_lock(&log_id)
-        ))
+        .prepare(&schema::write_lock_sql(&log_id))
         .map_err(storage)?;
     let fence = client.prepare(&lease::status_sql()).map_err(storage)?;
     let head_file = worker
@@ -145,7 +143,7 @@ pub(crate) fn open_connection(
         head_file.create_if_missing(&PgDb::new(&mut tx, &Statements::default()))?;
         tx.commit().map_err(storage)?;
     }
-    Ok((client, lock, fence, head_file))
+    Ok((client, lock, fence, head_file, log_id))
 }
 
 /// What a log's connection did since the log was opened ([`PostgresLog::stats`](crate::PostgresLog::stats)).
@@ -284,8 +282,10 @@ pub(crate) struct Connection {
     pub(crate) worker: Worker,
     /// This machine's anchor of the chain's head, when it keeps one.
     pub(crate) head_file: Option<HeadFile>,
-    /// The log's write lock taken ([`schema::write_lock`]), prepared once.
+    /// The log's write lock taken ([`schema::write_lock_sql`]), prepared once.
     pub(crate) lock: postgres::Statement,
+    /// The log's identity, as the connection found it when it was made.
+    pub(crate) log_id: String,
     /// [`lease::status_sql`], prepared once.
     pub(crate) fence: postgres::Statement,
     pub(crate) counters: Arc<Counters>,
@@ -331,14 +331,16 @@ pub(crate) fn advance_head_file(
 }
 
 /// Begins a write transaction on `client`: after every other writer's (`lock` takes the
-/// log's [`write_lock`](schema::write_lock)), and only while `worker`'s lease is live (`fence`). Once it ran out,
-/// another process may have taken its sagas over: the write is refused
-/// ([`TxError::Fenced`]).
+/// log's [`write_lock`](schema::write_lock), while the log's identity is still `log_id`),
+/// and only while `worker`'s lease is live (`fence`). Once it ran out, another process may
+/// have taken its sagas over: the write is refused ([`TxError::Fenced`]). A log whose
+/// identity is no longer the one this connection found (edited, or another schema ahead in
+/// the `search_path`), whose writers take another lock, is refused as [`TxError::Tampered`].
 pub(crate) fn begin_write<'c>(
     client: &'c mut Client,
     lock: &postgres::Statement,
     fence: &postgres::Statement,
-    worker: &Worker,
+    (worker, log_id, target): (&Worker, &str, &str),
 ) -> Result<postgres::Transaction<'c>, TxError> {
     // Read committed, whatever the server's default: each statement then reads what the
     // writers before this one committed, once the lock is granted.
@@ -347,7 +349,14 @@ pub(crate) fn begin_write<'c>(
         .isolation_level(IsolationLevel::ReadCommitted)
         .start()
         .map_err(storage)?;
-    tx.execute(lock, &[]).map_err(storage)?;
+    if tx.execute(lock, &[&log_id]).map_err(storage)? != 1 {
+        return Err(TxError::Tampered {
+            path: target.to_owned(),
+            reason: format!(
+                "the log's identity is no longer {log_id}, the one this process opened (agent_kernel_meta edited, or another schema ahead in the search_path): nothing written"
+            ),
+        });
+    }
     match lease::status(&mut tx, fence, &worker.owner)? {
         LeaseStatus::Live => Ok(tx),
         LeaseStatus::Expired => Err(TxError::Fenced {
@@ -474,7 +483,7 @@ impl Connection {
     /// Makes the connection again after the server dropped it: the schema checked, the
     /// lease extended only while live ([`Opening::Again`]), the statements prepared anew.
     pub(crate) fn reconnect(&mut self) -> Result<(), TxError> {
-        let (client, lock, fence, head_file) = open_connection(
+        let (client, lock, fence, head_file, log_id) = open_connection(
             &self.config,
             &self.target,
             self.durability,
@@ -485,6 +494,7 @@ impl Connection {
         self.client = client;
         self.lock = lock;
         self.fence = fence;
+        self.log_id = log_id;
         self.head_file = head_file;
         self.statements = Statements::counting(self.counters.round_trips.clone());
         Ok(())
@@ -498,7 +508,12 @@ impl Connection {
     fn try_group(&mut self, items: &[&Item], now_ms: i64, hold: bool) -> GroupEnd {
         let key = self.audit_key.as_ref();
         self.counters.trips(BEGIN_WRITE_TRIPS + 1);
-        let mut tx = match begin_write(&mut self.client, &self.lock, &self.fence, &self.worker) {
+        let mut tx = match begin_write(
+            &mut self.client,
+            &self.lock,
+            &self.fence,
+            (&self.worker, &self.log_id, &self.target),
+        ) {
             Ok(tx) => tx,
             Err(error) => return GroupEnd::NotBegun(error),
         };
@@ -583,7 +598,12 @@ impl Connection {
     pub(crate) fn seal(&mut self, event: AuditEvent, now_ms: i64) -> Result<AuditHead, TxError> {
         let key = self.audit_key.as_ref();
         self.counters.trips(BEGIN_WRITE_TRIPS + 1);
-        let mut tx = begin_write(&mut self.client, &self.lock, &self.fence, &self.worker)?;
+        let mut tx = begin_write(
+            &mut self.client,
+            &self.lock,
+            &self.fence,
+            (&self.worker, &self.log_id, &self.target),
+        )?;
         let chain = {
             let db = PgDb::new(&mut tx, &self.statements);
             let mut chain = Chain::start(&db, key)?;

@@ -110,7 +110,7 @@ pub use crate::lease::{
     RENEWALS_PER_LEASE, Worker,
 };
 use crate::schema::storage;
-pub use crate::schema::{SCHEMA_VERSION, write_lock};
+pub use crate::schema::{SCHEMA_VERSION, WRITE_LOCK_BEFORE_V6, write_lock};
 pub use crate::verify::{default_head_file, verify};
 
 /// The most jobs that may wait for the connection's thread; senders wait when it is full.
@@ -228,13 +228,14 @@ impl PostgresLog {
                     Opening::First,
                 );
                 let mut connection = match opened {
-                    Ok((client, lock, fence, head_file)) => Connection {
+                    Ok((client, lock, fence, head_file, log_id)) => Connection {
                         client,
                         statements: Statements::counting(thread_counters.round_trips.clone()),
                         audit_key,
                         worker: thread_worker,
                         head_file,
                         lock,
+                        log_id,
                         fence,
                         counters: thread_counters,
                         config: thread_config,
@@ -598,7 +599,7 @@ impl TxLog for PostgresLog {
                 &mut connection.client,
                 &connection.lock,
                 &connection.fence,
-                &connection.worker,
+                (&connection.worker, &connection.log_id, &connection.target),
             )?;
             lease::end(&mut tx, &owner)?;
             tx.commit().map_err(storage)?;

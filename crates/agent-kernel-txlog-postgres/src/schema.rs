@@ -65,12 +65,33 @@ const SCHEMA_LOCK: i64 = 0x414B_4C47_0000_0001;
 /// stalled in one log never holds up another's (two identities that hash alike only share
 /// a lock). `pg_locks` shows who holds it: `locktype = 'advisory'`, `classid` and `objid`
 /// its two halves. Until schema version 6 every log of a database took one lock,
-/// `0x414B_4C47_0000_0002`.
+/// [`WRITE_LOCK_BEFORE_V6`]. Every build that writes one log must derive the same key: the
+/// formula is part of the schema version.
 pub fn write_lock(log_id: &str) -> i64 {
     let hash = log_id.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
         (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
     });
     (0x414B_4C47_i64 << 32) | i64::from(hash)
+}
+
+/// The one write lock of every log of a database before schema version 6 ("AKLG", 2). A
+/// writer takes it shared with its own log's lock, so that a process of an older build that
+/// opened the log before it was migrated (and takes this lock alone, exclusive) still waits
+/// for every writer of this build, and they for it; writers of this build never wait for
+/// one another on it.
+pub const WRITE_LOCK_BEFORE_V6: i64 = 0x414B_4C47_0000_0002;
+
+/// The statement every write transaction of the log `log_id` names begins with: its
+/// [`write_lock`], [`WRITE_LOCK_BEFORE_V6`] shared, both only if `agent_kernel_meta` still
+/// names the log as `$1` (its identity, bound by the caller): no row, and nothing taken,
+/// when the identity was edited or another schema came ahead in the `search_path` since the
+/// connection was made, whose writers would take another lock.
+pub(crate) fn write_lock_sql(log_id: &str) -> String {
+    format!(
+        "SELECT pg_advisory_xact_lock_shared({WRITE_LOCK_BEFORE_V6}), \
+         pg_advisory_xact_lock({}) FROM agent_kernel_meta WHERE singleton = 1 AND log_id = $1",
+        write_lock(log_id)
+    )
 }
 
 /// A database error as [`TxError::Storage`], saying what the server said.
@@ -349,4 +370,17 @@ fn relations(tx: &mut postgres::Transaction<'_>, schema: &str) -> Result<i64, Tx
         )
         .map_err(storage)?
         .get(0))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_logs_write_lock_is_fixed_by_its_identity() {
+        // The formula is an agreement between every build that writes a log of version 6.
+        assert_eq!(
+            super::write_lock("00000000-0000-4000-8000-000000000000"),
+            0x414B_4C47_D070_3F35
+        );
+        assert_ne!(super::write_lock("a"), super::write_lock("b"));
+    }
 }

@@ -264,41 +264,53 @@ async fn the_writes_of_a_group_take_round_trips_by_their_kind_not_their_number()
     );
 }
 
-/// Another session holding the write lock of the log at `url` until told to let go, which
-/// it does once the session named `waiter` (an `application_name`) waits for it: the writes
-/// sent meanwhile queue behind that session's first transaction.
+/// Another session holding the write lock of the log at `url` (or the lock `key`) until told
+/// to let go, which it does once the session named `waiter` (an `application_name`) waits
+/// for that lock: the writes sent meanwhile queue behind that session's first transaction.
 struct WriteLockHeld {
     release: std::sync::mpsc::Sender<()>,
     thread: std::thread::JoinHandle<()>,
 }
 
+/// How long a test waits for a session to wait for a lock before it fails.
+const LOCK_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl WriteLockHeld {
-    fn take(url: &str, waiter: &str) -> WriteLockHeld {
+    fn take(url: &str, waiter: &str, key: Option<i64>) -> WriteLockHeld {
         let url = url.to_owned();
         let waiter = waiter.to_owned();
         let (taken, is_taken) = std::sync::mpsc::channel();
         let (release, released) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
             let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
-            let log_id: String = client
-                .query_one("SELECT log_id FROM agent_kernel_meta", &[])
-                .expect("a log")
-                .get(0);
-            let lock = agent_kernel_txlog_postgres::write_lock(&log_id);
+            let lock = key.unwrap_or_else(|| {
+                let log_id: String = client
+                    .query_one("SELECT log_id FROM agent_kernel_meta", &[])
+                    .expect("a log")
+                    .get(0);
+                agent_kernel_txlog_postgres::write_lock(&log_id)
+            });
             client
                 .execute("SELECT pg_advisory_lock($1)", &[&lock])
                 .expect("locks");
             taken.send(()).expect("told");
             released.recv().expect("let go of");
-            // The log's session waits for the lock: its first transaction began.
+            // The log's session waits for this lock: its first transaction began.
             let waiting = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-                 WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = $1";
+                 WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = $1
+                     AND l.classid::bigint = $2 AND l.objid::bigint = $3 AND l.objsubid = 1";
+            let (high, low) = (lock >> 32, lock & 0xFFFF_FFFF);
+            let deadline = std::time::Instant::now() + LOCK_WAIT_MAX;
             while client
-                .query_one(waiting, &[&waiter])
+                .query_one(waiting, &[&waiter, &high, &low])
                 .expect("reads")
                 .get::<_, i64>(0)
                 == 0
             {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{waiter} never waited for the lock {lock:#x}"
+                );
                 std::thread::yield_now();
             }
             client
@@ -331,7 +343,7 @@ async fn a_batch_refused_in_a_group_gets_the_answer_it_would_have_had_alone() {
     // began: its group's writes are held back and sent together, and the refusal found
     // only then.
     for round in 0..4 {
-        let held = WriteLockHeld::take(&schema.url(), &name);
+        let held = WriteLockHeld::take(&schema.url(), &name, None);
         let writes: Vec<_> = (0..24)
             .map(|n| {
                 let log = log.clone();
@@ -386,7 +398,7 @@ async fn a_log_whose_writer_holds_its_lock_does_not_hold_up_a_log_in_another_sch
         open(&format!("{}&application_name={name}", held_schema.url())).expect("opens"),
     );
     let free_log = open(&free_schema.url()).expect("opens");
-    let held = WriteLockHeld::take(&held_schema.url(), &name);
+    let held = WriteLockHeld::take(&held_schema.url(), &name, None);
     let waiting = {
         let held_log = held_log.clone();
         tokio::spawn(async move { held_log.write(done_saga_declaring("waits")).await })
@@ -404,10 +416,65 @@ async fn a_log_whose_writer_holds_its_lock_does_not_hold_up_a_log_in_another_sch
         !waiting.is_finished(),
         "the held log's write waits for its lock"
     );
+    // The held log's write was sent; its session waits for the lock.
+    tokio::task::yield_now().await;
     held.let_go();
     waiting.await.expect("ran").expect("writes once let go of");
-    assert_ne!(
-        held_schema.rows("SELECT log_id FROM agent_kernel_meta"),
-        free_schema.rows("SELECT log_id FROM agent_kernel_meta")
+    let lock_of = |schema: &Schema| {
+        let id = schema.rows("SELECT log_id FROM agent_kernel_meta")[0][0].clone();
+        agent_kernel_txlog_postgres::write_lock(&id.expect("an identity"))
+    };
+    assert_ne!(lock_of(&held_schema), lock_of(&free_schema));
+}
+
+#[tokio::test]
+async fn a_writer_of_an_older_build_and_one_of_this_build_keep_each_other_out() {
+    use agent_kernel_api::TxLog;
+    use agent_kernel_log_contract::records::done_saga_declaring;
+
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let name = format!("ak_older_{}", std::process::id());
+    let log = std::sync::Arc::new(
+        open(&format!("{}&application_name={name}", schema.url())).expect("opens"),
+    );
+    // A process of a build before version 6 that opened the log before it was migrated
+    // takes the one lock of every log, exclusive: this build's write waits for it.
+    let older = agent_kernel_txlog_postgres::WRITE_LOCK_BEFORE_V6;
+    let held = WriteLockHeld::take(&schema.url(), &name, Some(older));
+    let waiting = {
+        let log = log.clone();
+        tokio::spawn(async move { log.write(done_saga_declaring("after")).await })
+    };
+    tokio::task::yield_now().await;
+    // Returns only once this build's session waited for the older build's lock.
+    held.let_go();
+    waiting.await.expect("ran").expect("writes once let go of");
+}
+
+#[tokio::test]
+async fn a_log_whose_identity_was_edited_is_written_no_more() {
+    use agent_kernel_api::TxLog;
+    use agent_kernel_log_contract::records::done_saga_declaring;
+
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let log = open(&schema.url()).expect("opens");
+    log.write(done_saga_declaring("before"))
+        .await
+        .expect("writes");
+    // A process opened after the edit would take another lock than this one.
+    schema.execute("UPDATE agent_kernel_meta SET log_id = 'another'");
+    let error = log
+        .write(done_saga_declaring("after"))
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(&error, TxError::Tampered { reason, .. } if reason.contains("no longer")),
+        "{error:?}"
+    );
+    assert_eq!(
+        schema.rows("SELECT saga_id FROM sagas"),
+        [vec![Some("before".to_owned())]]
     );
 }
