@@ -219,7 +219,13 @@ impl<'t, 'c> PgDb<'t, 'c> {
                 .collect();
             let bulk = held::bulk_sql(spec.sql, &types)
                 .ok_or_else(|| format!("no statement of arrays for `{}`", spec.sql))?;
-            let statement = self.statement(&bulk).map_err(|err| err.to_string())?;
+            let arrays = single
+                .params()
+                .iter()
+                .map(|ty| {
+                    held::array_of(ty).ok_or_else(|| format!("no array type of {ty} to hold"))
+                })
+                .collect::<Result<Vec<Type>, String>>()?;
             let columns: Vec<Vec<Bind<'_>>> = (0..types.len())
                 .map(|at| {
                     rows.iter()
@@ -227,7 +233,7 @@ impl<'t, 'c> PgDb<'t, 'c> {
                         .collect()
                 })
                 .collect();
-            self.run(&statement, &columns)
+            self.run_planned(&bulk, &columns, &arrays)
         }
         .map_err(|err| format!("{} held writes ({}): {err}", rows.len(), spec.sql))?;
         if let Some(each) = spec.rows_each {
@@ -241,6 +247,32 @@ impl<'t, 'c> PgDb<'t, 'c> {
             }
         }
         Ok(())
+    }
+
+    /// Runs `sql` with `binds` of `types` as a statement planned for these values (the
+    /// unnamed statement, sent with its values in one round trip), never a plan cached for
+    /// any values: a statement of arrays joins its rows to a table, and a plan made once,
+    /// while the table was small, would scan it whole ever after (a sequential scan of
+    /// `saga_steps` for every group's outcomes, slower as the log grows).
+    fn run_planned<B: ToSql + Sync>(
+        &self,
+        sql: &str,
+        binds: &[B],
+        types: &[Type],
+    ) -> Result<u64, Error> {
+        let typed: Vec<(&(dyn ToSql + Sync), Type)> = binds
+            .iter()
+            .zip(types)
+            .map(|(bind, ty)| (bind as &(dyn ToSql + Sync), ty.clone()))
+            .collect();
+        self.statements.trip();
+        self.tx
+            .try_borrow_mut()
+            .map_err(|_| {
+                Error::Database("a statement was run while another one's rows were read".to_owned())
+            })?
+            .execute_typed(sql, &typed)
+            .map_err(error)
     }
 
     /// Runs `statement` with `binds`, a round trip; the rows it changed.

@@ -253,6 +253,23 @@ pub(crate) fn borrowed(value: &Value) -> ValueRef<'_> {
     }
 }
 
+/// The array type of `member`, for the types the store's statements bind.
+pub(crate) fn array_of(member: &postgres::types::Type) -> Option<postgres::types::Type> {
+    use postgres::types::Type;
+    Some(match *member {
+        Type::TEXT => Type::TEXT_ARRAY,
+        Type::VARCHAR => Type::VARCHAR_ARRAY,
+        Type::BPCHAR => Type::BPCHAR_ARRAY,
+        Type::NAME => Type::NAME_ARRAY,
+        Type::INT8 => Type::INT8_ARRAY,
+        Type::INT4 => Type::INT4_ARRAY,
+        Type::INT2 => Type::INT2_ARRAY,
+        Type::BOOL => Type::BOOL_ARRAY,
+        Type::BYTEA => Type::BYTEA_ARRAY,
+        _ => return None,
+    })
+}
+
 /// The statement that does what `sql` does once for each row of its parameters, given as
 /// arrays (`$N`, of `types`, the types PostgreSQL inferred for `sql`'s `?N`, named by schema
 /// and name): `?N` read from the column `u.pN` of their `unnest`. `None` for a statement of
