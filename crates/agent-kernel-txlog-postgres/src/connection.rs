@@ -94,31 +94,25 @@ pub(crate) fn open_connection(
     worker: &Worker,
     audit_key: Option<&AuditKey>,
     opening: Opening,
-) -> Result<
-    (
-        Client,
-        postgres::Statement,
-        postgres::Statement,
-        Option<HeadFile>,
-        String,
-    ),
-    TxError,
-> {
+) -> Result<(Client, WriteGate, Option<HeadFile>), TxError> {
     let (mut client, log_id) = connect(config, target, durability, worker.lease)?;
     match opening {
         Opening::First => lease::acquire(&mut client, worker)?,
         Opening::Again => lease::reacquire(&mut client, worker)?,
     }
-    // The log's own lock, integers written into the statement.
-    let lock = client
-        .prepare(&schema::write_lock_sql(&log_id))
-        .map_err(storage)?;
-    let fence = client.prepare(&lease::status_sql()).map_err(storage)?;
+    let gate = WriteGate {
+        // The log's own lock, integers written into the statement.
+        lock: client
+            .prepare(&schema::write_lock_sql(&log_id))
+            .map_err(storage)?,
+        fence: client.prepare(&lease::status_sql()).map_err(storage)?,
+        log_id,
+    };
     let head_file = worker
         .head_file
         .as_deref()
         .map(|base| {
-            let own = head_files::keyed(base, &log_id);
+            let own = head_files::keyed(base, &gate.log_id);
             if own.symlink_metadata().is_err() && base.symlink_metadata().is_ok() {
                 // An earlier build's file, named after the URL alone: it vouched for the log
                 // at the URL, which has since been given its identity. Another process of
@@ -143,7 +137,18 @@ pub(crate) fn open_connection(
         head_file.create_if_missing(&PgDb::new(&mut tx, &Statements::default()))?;
         tx.commit().map_err(storage)?;
     }
-    Ok((client, lock, fence, head_file, log_id))
+    Ok((client, gate, head_file))
+}
+
+/// What every write transaction on a connection begins with ([`begin_write`]), made when
+/// the connection is.
+pub(crate) struct WriteGate {
+    /// The log's write lock taken ([`schema::write_lock_sql`]), prepared once.
+    pub(crate) lock: postgres::Statement,
+    /// [`lease::status_sql`], prepared once.
+    pub(crate) fence: postgres::Statement,
+    /// The log's identity, as the connection found it.
+    pub(crate) log_id: String,
 }
 
 /// What a log's connection did since the log was opened ([`PostgresLog::stats`](crate::PostgresLog::stats)).
@@ -282,12 +287,8 @@ pub(crate) struct Connection {
     pub(crate) worker: Worker,
     /// This machine's anchor of the chain's head, when it keeps one.
     pub(crate) head_file: Option<HeadFile>,
-    /// The log's write lock taken ([`schema::write_lock_sql`]), prepared once.
-    pub(crate) lock: postgres::Statement,
-    /// The log's identity, as the connection found it when it was made.
-    pub(crate) log_id: String,
-    /// [`lease::status_sql`], prepared once.
-    pub(crate) fence: postgres::Statement,
+    /// What its write transactions begin with.
+    pub(crate) gate: WriteGate,
     pub(crate) counters: Arc<Counters>,
     /// What the connection is made again with, after the server dropped it.
     pub(crate) config: Config,
@@ -330,18 +331,24 @@ pub(crate) fn advance_head_file(
     }
 }
 
-/// Begins a write transaction on `client`: after every other writer's (`lock` takes the
-/// log's [`write_lock`](schema::write_lock), while the log's identity is still `log_id`),
-/// and only while `worker`'s lease is live (`fence`). Once it ran out, another process may
-/// have taken its sagas over: the write is refused ([`TxError::Fenced`]). A log whose
-/// identity is no longer the one this connection found (edited, or another schema ahead in
-/// the `search_path`), whose writers take another lock, is refused as [`TxError::Tampered`].
+/// Begins a write transaction on `client`, the log `target` names: after every other
+/// writer's (the gate's `lock` takes the log's [`write_lock`](schema::write_lock), while
+/// the log's identity is still the gate's `log_id`), and only while `worker`'s lease is live
+/// (`fence`). Once it ran out, another process may have taken its sagas over: the write is
+/// refused ([`TxError::Fenced`]). A log whose identity is no longer the one this connection
+/// found (edited, or another schema ahead in the `search_path`), whose writers take another
+/// lock, is refused as [`TxError::Tampered`].
 pub(crate) fn begin_write<'c>(
     client: &'c mut Client,
-    lock: &postgres::Statement,
-    fence: &postgres::Statement,
-    (worker, log_id, target): (&Worker, &str, &str),
+    gate: &WriteGate,
+    worker: &Worker,
+    target: &str,
 ) -> Result<postgres::Transaction<'c>, TxError> {
+    let WriteGate {
+        lock,
+        fence,
+        log_id,
+    } = gate;
     // Read committed, whatever the server's default: each statement then reads what the
     // writers before this one committed, once the lock is granted.
     let mut tx = client
@@ -349,7 +356,7 @@ pub(crate) fn begin_write<'c>(
         .isolation_level(IsolationLevel::ReadCommitted)
         .start()
         .map_err(storage)?;
-    if tx.execute(lock, &[&log_id]).map_err(storage)? != 1 {
+    if tx.execute(lock, &[log_id]).map_err(storage)? != 1 {
         return Err(TxError::Tampered {
             path: target.to_owned(),
             reason: format!(
@@ -483,7 +490,7 @@ impl Connection {
     /// Makes the connection again after the server dropped it: the schema checked, the
     /// lease extended only while live ([`Opening::Again`]), the statements prepared anew.
     pub(crate) fn reconnect(&mut self) -> Result<(), TxError> {
-        let (client, lock, fence, head_file, log_id) = open_connection(
+        let (client, gate, head_file) = open_connection(
             &self.config,
             &self.target,
             self.durability,
@@ -492,9 +499,7 @@ impl Connection {
             Opening::Again,
         )?;
         self.client = client;
-        self.lock = lock;
-        self.fence = fence;
-        self.log_id = log_id;
+        self.gate = gate;
         self.head_file = head_file;
         self.statements = Statements::counting(self.counters.round_trips.clone());
         Ok(())
@@ -508,12 +513,7 @@ impl Connection {
     fn try_group(&mut self, items: &[&Item], now_ms: i64, hold: bool) -> GroupEnd {
         let key = self.audit_key.as_ref();
         self.counters.trips(BEGIN_WRITE_TRIPS + 1);
-        let mut tx = match begin_write(
-            &mut self.client,
-            &self.lock,
-            &self.fence,
-            (&self.worker, &self.log_id, &self.target),
-        ) {
+        let mut tx = match begin_write(&mut self.client, &self.gate, &self.worker, &self.target) {
             Ok(tx) => tx,
             Err(error) => return GroupEnd::NotBegun(error),
         };
@@ -598,12 +598,7 @@ impl Connection {
     pub(crate) fn seal(&mut self, event: AuditEvent, now_ms: i64) -> Result<AuditHead, TxError> {
         let key = self.audit_key.as_ref();
         self.counters.trips(BEGIN_WRITE_TRIPS + 1);
-        let mut tx = begin_write(
-            &mut self.client,
-            &self.lock,
-            &self.fence,
-            (&self.worker, &self.log_id, &self.target),
-        )?;
+        let mut tx = begin_write(&mut self.client, &self.gate, &self.worker, &self.target)?;
         let chain = {
             let db = PgDb::new(&mut tx, &self.statements);
             let mut chain = Chain::start(&db, key)?;

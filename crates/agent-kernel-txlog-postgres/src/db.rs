@@ -131,28 +131,19 @@ impl<'t, 'c> PgDb<'t, 'c> {
             _ => return Ok(()),
         };
         let statement = self.statement(AUDIT_INSERT_HELD)?;
-        self.statements.trip();
-        self.tx
-            .try_borrow_mut()
-            .map_err(|_| {
-                Error::Database(
-                    "records were inserted while a statement's rows were read".to_owned(),
-                )
-            })?
-            .execute(
-                &statement,
-                &[
-                    &held.seq,
-                    &held.at_ms,
-                    &held.kind,
-                    &held.saga_id,
-                    &held.body,
-                    &held.prev_hash,
-                    &held.hash,
-                    &held.mac,
-                ],
-            )
-            .map_err(error)?;
+        self.run_refs(
+            &statement,
+            &[
+                &held.seq,
+                &held.at_ms,
+                &held.kind,
+                &held.saga_id,
+                &held.body,
+                &held.prev_hash,
+                &held.hash,
+                &held.mac,
+            ],
+        )?;
         Ok(())
     }
 
@@ -212,20 +203,19 @@ impl<'t, 'c> PgDb<'t, 'c> {
                 .collect();
             self.run(&single, &binds)
         } else {
-            let types: Vec<(String, String)> = single
-                .params()
-                .iter()
-                .map(|ty| (ty.schema().to_owned(), ty.name().to_owned()))
-                .collect();
-            let bulk = held::bulk_sql(spec.sql, &types)
-                .ok_or_else(|| format!("no statement of arrays for `{}`", spec.sql))?;
-            let arrays = single
+            let (types, arrays): (Vec<(String, String)>, Vec<Type>) = single
                 .params()
                 .iter()
                 .map(|ty| {
-                    held::array_of(ty).ok_or_else(|| format!("no array type of {ty} to hold"))
+                    let array = held::array_of(ty)
+                        .ok_or_else(|| format!("no array type of {ty} to hold"))?;
+                    Ok(((ty.schema().to_owned(), ty.name().to_owned()), array))
                 })
-                .collect::<Result<Vec<Type>, String>>()?;
+                .collect::<Result<Vec<_>, String>>()?
+                .into_iter()
+                .unzip();
+            let bulk = held::bulk_sql(spec.sql, &types)
+                .ok_or_else(|| format!("no statement of arrays for `{}`", spec.sql))?;
             let columns: Vec<Vec<Bind<'_>>> = (0..types.len())
                 .map(|at| {
                     rows.iter()
@@ -266,13 +256,7 @@ impl<'t, 'c> PgDb<'t, 'c> {
             .map(|(bind, ty)| (bind as &(dyn ToSql + Sync), ty.clone()))
             .collect();
         self.statements.trip();
-        self.tx
-            .try_borrow_mut()
-            .map_err(|_| {
-                Error::Database("a statement was run while another one's rows were read".to_owned())
-            })?
-            .execute_typed(sql, &typed)
-            .map_err(error)
+        self.tx_mut()?.execute_typed(sql, &typed).map_err(error)
     }
 
     /// Runs `statement` with `binds`, a round trip; the rows it changed.
@@ -281,14 +265,25 @@ impl<'t, 'c> PgDb<'t, 'c> {
             .iter()
             .map(|bind| bind as &(dyn ToSql + Sync))
             .collect();
+        self.run_refs(statement, &refs)
+    }
+
+    /// Runs `statement` with `params`, a round trip; the rows it changed.
+    fn run_refs(
+        &self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, Error> {
         self.statements.trip();
-        self.tx
-            .try_borrow_mut()
-            .map_err(|_| {
-                Error::Database("a statement was run while another one's rows were read".to_owned())
-            })?
-            .execute(statement, &refs)
-            .map_err(error)
+        self.tx_mut()?.execute(statement, params).map_err(error)
+    }
+
+    /// The transaction, to run a statement on: refused while another statement's rows are
+    /// still being read from it.
+    fn tx_mut(&self) -> Result<std::cell::RefMut<'_, &'t mut Transaction<'c>>, Error> {
+        self.tx.try_borrow_mut().map_err(|_| {
+            Error::Database("a statement was run while another one's rows were read".to_owned())
+        })
     }
 
     /// Holds back the audit record `params` inserts, when records are held; whether it did.
@@ -346,16 +341,7 @@ impl<'t, 'c> PgDb<'t, 'c> {
             return Ok(statement.clone());
         }
         self.statements.trip();
-        let statement = self
-            .tx
-            .try_borrow_mut()
-            .map_err(|_| {
-                Error::Database(
-                    "a statement was prepared while another one's rows were read".to_owned(),
-                )
-            })?
-            .prepare(&placeholders(sql))
-            .map_err(error)?;
+        let statement = self.tx_mut()?.prepare(&placeholders(sql)).map_err(error)?;
         self.statements
             .prepared
             .borrow_mut()
@@ -518,9 +504,7 @@ impl Db for PgDb<'_, '_> {
         let statement = self.statement(sql)?;
         let binds: Vec<Bind<'_>> = params.iter().map(|param| Bind(param.to_value())).collect();
         self.statements.trip();
-        let mut tx = self.tx.try_borrow_mut().map_err(|_| {
-            Error::Database("a statement was run while another one's rows were read".to_owned())
-        })?;
+        let mut tx = self.tx_mut()?;
         let mut rows = tx.query_raw(&statement, binds.iter()).map_err(error)?;
         let mut wanted = true;
         while let Some(row) = rows.next().map_err(error)? {

@@ -143,10 +143,10 @@ pub(crate) fn kind_of(sql: &str) -> Option<usize> {
 /// touch.
 #[derive(Default)]
 pub(crate) struct Held {
-    rows: Vec<Vec<Vec<Value>>>,
-    /// Each kind's statement as the store wrote it (the text its prepared statement is
-    /// kept under), once one is held.
-    sql: Vec<Option<String>>,
+    /// Each kind held, in the order first held: its place in [`KINDS`], its statement as the
+    /// store wrote it (the text its prepared statement is kept under), and its rows of
+    /// parameters in the order they came.
+    kinds: Vec<(usize, String, Vec<Vec<Value>>)>,
     /// Per row touched (its table and key): the highest rank that writes it and that reads it.
     touched: HashMap<String, (Option<u8>, Option<u8>)>,
 }
@@ -154,7 +154,7 @@ pub(crate) struct Held {
 impl Held {
     /// Whether nothing is held.
     pub(crate) fn is_empty(&self) -> bool {
-        self.rows.iter().all(Vec::is_empty)
+        self.kinds.is_empty()
     }
 
     /// Whether what is held must be sent before a statement of `kind` with `params` is
@@ -189,32 +189,18 @@ impl Held {
             let entry = self.touched.entry(key_of(row, params)).or_default();
             entry.1 = entry.1.max(rank);
         }
-        if self.rows.len() < KINDS.len() {
-            self.rows.resize_with(KINDS.len(), Vec::new);
-            self.sql.resize_with(KINDS.len(), || None);
+        let row = params.iter().map(|&value| owned(value)).collect();
+        match self.kinds.iter_mut().find(|(held, _, _)| *held == kind) {
+            Some((_, _, rows)) => rows.push(row),
+            None => self.kinds.push((kind, sql.to_owned(), vec![row])),
         }
-        if self.sql[kind].is_none() {
-            self.sql[kind] = Some(sql.to_owned());
-        }
-        self.rows[kind].push(params.iter().map(|&value| owned(value)).collect());
     }
 
     /// Everything held: each kind, its statement as the store wrote it, and its rows in the
     /// order they came, the kinds by rank; nothing is held after.
     pub(crate) fn take(&mut self) -> Vec<(usize, String, Vec<Vec<Value>>)> {
         self.touched.clear();
-        let mut kinds: Vec<(usize, String, Vec<Vec<Value>>)> = self
-            .rows
-            .iter_mut()
-            .enumerate()
-            .filter(|(_, rows)| !rows.is_empty())
-            .map(|(kind, rows)| {
-                let sql = self.sql[kind]
-                    .clone()
-                    .unwrap_or_else(|| KINDS[kind].sql.to_owned());
-                (kind, sql, std::mem::take(rows))
-            })
-            .collect();
+        let mut kinds = std::mem::take(&mut self.kinds);
         kinds.sort_by_key(|(kind, _, _)| KINDS[*kind].rank);
         kinds
     }

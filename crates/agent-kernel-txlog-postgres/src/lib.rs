@@ -228,15 +228,13 @@ impl PostgresLog {
                     Opening::First,
                 );
                 let mut connection = match opened {
-                    Ok((client, lock, fence, head_file, log_id)) => Connection {
+                    Ok((client, gate, head_file)) => Connection {
                         client,
                         statements: Statements::counting(thread_counters.round_trips.clone()),
                         audit_key,
                         worker: thread_worker,
                         head_file,
-                        lock,
-                        log_id,
-                        fence,
+                        gate,
                         counters: thread_counters,
                         config: thread_config,
                         target: thread_target,
@@ -574,7 +572,7 @@ impl TxLog for PostgresLog {
     ) -> BoxFuture<'a, Result<Option<LeaseStatus>, TxError>> {
         let owner = owner.clone();
         self.call(move |connection, _| {
-            let query = connection.fence.clone();
+            let query = connection.gate.fence.clone();
             connection.counters.trips(1);
             lease::status(&mut connection.client, &query, &owner).map(Some)
         })
@@ -597,9 +595,9 @@ impl TxLog for PostgresLog {
             connection.counters.trips(BEGIN_WRITE_TRIPS + 2);
             let mut tx = begin_write(
                 &mut connection.client,
-                &connection.lock,
-                &connection.fence,
-                (&connection.worker, &connection.log_id, &connection.target),
+                &connection.gate,
+                &connection.worker,
+                &connection.target,
             )?;
             lease::end(&mut tx, &owner)?;
             tx.commit().map_err(storage)?;
