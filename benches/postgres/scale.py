@@ -24,7 +24,8 @@ def bench(binary, db, processes, args, concurrency, env):
     if db:
         command += ["--db", db]
     command += ["--json", "bench", "--sagas", str(args.sagas), "--steps", str(args.steps),
-                "--concurrency", str(concurrency), "--durability", args.durability]
+                "--concurrency", str(concurrency), "--durability", args.durability,
+                "--locks", args.locks]
     running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
                for _ in range(processes)]
     reports = []
@@ -51,6 +52,8 @@ def main():
     parser.add_argument("--durability", default="full", choices=["full", "normal"])
     parser.add_argument("--processes", default="1,2,4,8")
     parser.add_argument("--concurrency", default="1,64")
+    parser.add_argument("--locks", default="on", choices=["on", "off"],
+                        help="whether each step claims a resource of its own (bench --locks)")
     args = parser.parse_args()
     binary = os.path.abspath(args.bin)
     env = {key: value for key, value in os.environ.items() if not key.startswith("AGENT_KERNEL_")}

@@ -12,6 +12,7 @@ use serde_json::json;
 use crate::LogStore;
 pub use crate::isolation::{
     a_begin_that_repeats_a_step_begun_meanwhile_is_refused,
+    a_claim_sees_every_claim_other_connections_made_since_it_last_claimed,
     a_claim_sees_what_another_connection_claimed_and_settled,
     a_duplicate_is_found_by_its_keys_within_the_window, a_refused_claim_leaves_its_approval_unused,
     a_refused_step_leaves_its_sagas_earlier_claims_held,

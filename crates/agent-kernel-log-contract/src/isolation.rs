@@ -492,6 +492,100 @@ pub async fn a_claim_sees_what_another_connection_claimed_and_settled(store: &dy
     assert_eq!(refused_by(&outcomes, 1), SagaId::new("d"));
 }
 
+/// Checks that a writer's claims see everything other connections claimed since its map of
+/// locks was last up to date: across its own transactions that claimed nothing, the claims
+/// made again by an undo, and more records than a writer catches up from one by one.
+pub async fn a_claim_sees_every_claim_other_connections_made_since_it_last_claimed(
+    store: &dyn LogStore,
+) {
+    let first = store.open();
+    let second = store.open();
+    first
+        .write(vec![new_saga("a"), begin_on("a", 0, &["acct:a"], &[])])
+        .await
+        .expect("writes");
+    second
+        .write(vec![new_saga("b"), begin_on("b", 0, &["acct:b"], &[])])
+        .await
+        .expect("writes");
+    // The first writes, claiming nothing (a settles); then the second claims again.
+    first
+        .write(vec![commit("a", 0), set_state("a", SagaState::Done)])
+        .await
+        .expect("writes");
+    second
+        .write(vec![begin_on("b", 1, &["acct:b2"], &[])])
+        .await
+        .expect("writes");
+    let outcomes = first
+        .write(vec![new_saga("c"), begin_on("c", 0, &["acct:b"], &[])])
+        .await
+        .expect("writes");
+    assert_eq!(
+        refused_by(&outcomes, 1),
+        SagaId::new("b"),
+        "b's first claim"
+    );
+    let outcomes = first
+        .write(vec![begin_on("c", 0, &["acct:b2"], &[])])
+        .await
+        .expect("writes");
+    assert_eq!(
+        refused_by(&outcomes, 0),
+        SagaId::new("b"),
+        "b's second claim"
+    );
+    // A settled saga's resources claimed again by the second (an undo) hold for the first,
+    // whose map never saw a claim made again.
+    second
+        .write(vec![
+            new_saga("d"),
+            begin_on("d", 0, &["acct:d"], &[]),
+            commit("d", 0),
+            set_state("d", SagaState::Done),
+        ])
+        .await
+        .expect("writes");
+    second
+        .write(vec![LogWrite::ClaimLocks {
+            saga_id: SagaId::new("d"),
+        }])
+        .await
+        .expect("claimed again");
+    let outcomes = first
+        .write(vec![begin_on("c", 0, &["acct:d"], &[])])
+        .await
+        .expect("writes");
+    assert_eq!(
+        refused_by(&outcomes, 0),
+        SagaId::new("d"),
+        "d's claim made again"
+    );
+    // More records than a writer catches up from one by one (4,096): it reads every lock.
+    for batch in 0..21 {
+        let mut writes = Vec::new();
+        for n in 0..100 {
+            let id = format!("many{batch}-{n}");
+            writes.push(new_saga(&id));
+            writes.push(begin_on(&id, 0, &[&format!("acct:many{batch}-{n}")], &[]));
+        }
+        second.write(writes).await.expect("writes");
+    }
+    let outcomes = first
+        .write(vec![begin_on("c", 0, &["acct:many20-99"], &[])])
+        .await
+        .expect("writes");
+    assert_eq!(refused_by(&outcomes, 0), SagaId::new("many20-99"));
+    assert_eq!(
+        first
+            .write(vec![begin_on("c", 0, &["acct:a"], &[])])
+            .await
+            .expect("writes"),
+        [WriteOutcome::Written],
+        "a's claim is free once a is settled, and c's own",
+    );
+}
+
 /// Checks that a step refused for one of its resources leaves its saga holding what an
 /// earlier step of it declared, the refused step's other resources among them.
 pub async fn a_refused_step_leaves_its_sagas_earlier_claims_held(store: &dyn LogStore) {

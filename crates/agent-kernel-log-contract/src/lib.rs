@@ -69,6 +69,7 @@ macro_rules! contract_tests {
             duplicate_begins_raced_from_several_connections_are_written_once,
             a_resource_raced_from_several_connections_is_claimed_once,
             a_claim_sees_what_another_connection_claimed_and_settled,
+            a_claim_sees_every_claim_other_connections_made_since_it_last_claimed,
             a_refused_step_leaves_its_sagas_earlier_claims_held,
             claims_in_one_batch_see_each_other,
             a_step_refused_by_its_key_claims_nothing,

@@ -6,6 +6,9 @@ use std::collections::HashMap;
 
 use agent_kernel_api::{SagaId, TxError};
 
+use serde::Deserialize;
+
+use crate::audit::{KIND_BEGIN_STEP, KIND_LOCKS};
 use crate::sql::storage;
 use crate::sql::{Db, params};
 
@@ -25,28 +28,46 @@ pub(crate) const HOLDING_SAGAS: &str = "SELECT saga_id FROM sagas
 /// writer whose sagas each claim new resources would otherwise grow the map without end.
 pub(crate) const CLAIMS_SLACK: usize = 4096;
 
+/// How many records other writers may have appended since [`Claims`] was last up to date
+/// for it to catch up by reading them ([`catch_up`](Claims::catch_up)); beyond, it reads
+/// every lock again.
+pub(crate) const CLAIMS_CATCH_UP_MAX: i64 = 4096;
+
 /// One writer's map of the locks unsettled sagas hold through their begun steps, by
 /// resource: read from the log ([`HOLDING_SAGAS`]) when first needed in a write transaction,
-/// and kept from one transaction to the next while the audit chain's head shows that no
-/// other writer committed in between. Between reads it only grows: a saga named here may
-/// have settled since, which the claim asks the log before it counts.
+/// then kept from one transaction to the next. When other writers committed in between
+/// (processes, or other connections, on one log), it catches up from their records: the
+/// chain is appended in the order transactions commit, and every begun step that claims
+/// resources has a `BeginStep` record naming them, every claim made again a `Locks` record.
+/// Between reads it only grows: a saga named here may have settled since, which the claim
+/// asks the log before it counts.
 ///
 /// A clone is empty and read again when needed: it stands for a transaction rolled back to
 /// an earlier point (a savepoint), whose claims since are gone.
 #[derive(Debug, Default)]
 pub(crate) struct Claims {
-    /// The chain's head (sequence number, hash) after the last transaction this map
-    /// followed to its commit; `None` when it must be read again.
-    after: Option<(i64, String)>,
-    /// Whether `holders` holds every lock of the log's begun steps in this transaction.
+    /// The chain's record (sequence number, hash) up to which the map holds every claim:
+    /// those of later records are not in it yet, but for this writer's own. `None` when it
+    /// must be read again.
+    upto: Option<(i64, String)>,
+    /// The chain's head when the current write transaction started.
+    started_at: Option<(i64, String)>,
+    /// Whether `holders` holds every lock of the log's begun steps up to `upto`.
     read: bool,
     /// The sagas whose begun steps declared each resource, as read or claimed since.
     holders: HashMap<String, Vec<SagaId>>,
     /// How many resources the last read found.
     n_read: usize,
-    /// Whether the `locks` table may hold a claim made again: it held one when read, or this
+    /// Whether the `locks` table may hold a claim made again: it held one when read, or a
     /// writer made one since. When not, a claim does not look there.
     claimed_again: bool,
+}
+
+/// What a `BeginStep` record's body says the step claimed (its other fields unread).
+#[derive(Deserialize)]
+struct DeclaredIn {
+    #[serde(default)]
+    resources: Vec<String>,
 }
 
 impl Clone for Claims {
@@ -56,23 +77,22 @@ impl Clone for Claims {
 }
 
 impl Claims {
-    /// Enters a write transaction whose chain starts at the record `seq` of hash `hash`: what
-    /// the map holds is kept only when this writer's own transaction was the last to commit.
+    /// Enters a write transaction whose chain starts at the record `seq` of hash `hash`.
     pub(crate) fn begin(&mut self, seq: i64, hash: &str) {
-        if self
-            .after
-            .as_ref()
-            .is_none_or(|(after_seq, after_hash)| *after_seq != seq || after_hash != hash)
-        {
+        if self.upto.is_none() {
             self.read = false;
         }
-        self.after = None;
+        self.started_at = Some((seq, hash.to_owned()));
     }
 
     /// Leaves a write transaction that committed with its chain at the record `seq` of hash
-    /// `hash`.
+    /// `hash`: the map holds the claims up to there when it held those up to where the
+    /// transaction started (its own claims it noted as it made them).
     pub(crate) fn committed(&mut self, seq: i64, hash: &str) {
-        self.after = Some((seq, hash.to_owned()));
+        if self.read && self.upto.is_some() && self.upto == self.started_at {
+            self.upto = Some((seq, hash.to_owned()));
+        }
+        self.started_at = None;
     }
 
     /// The sagas noted as holding `resource` (some may have settled since).
@@ -85,11 +105,16 @@ impl Claims {
         self.claimed_again
     }
 
-    /// Reads every lock of the log's begun steps, unless the map holds them already and has
-    /// not grown past its bound ([`CLAIMS_SLACK`]). Call only where every claim the map holds
-    /// is in the log's rows too: before a batch's claims, not between them.
+    /// Brings the map up to date: reads every lock of the log's begun steps, unless the map
+    /// holds them already and has not grown past its bound ([`CLAIMS_SLACK`]), or can catch
+    /// up from the records other writers appended since ([`catch_up`](Claims::catch_up)).
+    /// Call only where every claim the map holds is in the log's rows too: before a batch's
+    /// claims, not between them.
     pub(crate) fn read_if_needed(&mut self, conn: &dyn Db) -> Result<(), TxError> {
-        if self.read && self.holders.len() <= self.n_read.saturating_mul(2) + CLAIMS_SLACK {
+        if self.read
+            && self.holders.len() <= self.n_read.saturating_mul(2) + CLAIMS_SLACK
+            && (self.upto == self.started_at || self.catch_up(conn)?)
+        {
             return Ok(());
         }
         let rows: Vec<(String, String)> = conn
@@ -120,7 +145,74 @@ impl Claims {
         }
         self.n_read = self.holders.len();
         self.read = true;
+        self.upto.clone_from(&self.started_at);
         Ok(())
+    }
+
+    /// Adds the claims of the records other writers appended between `upto` and where this
+    /// transaction started: each `BeginStep` record's resources, and whether a `Locks`
+    /// record claimed some again. Whether it could; it cannot when `upto` is no longer the
+    /// record it was (the chain was cut or rewritten), when more than
+    /// [`CLAIMS_CATCH_UP_MAX`] records were appended, or when a record is not what this
+    /// build writes: the map is then read again whole.
+    fn catch_up(&mut self, conn: &dyn Db) -> Result<bool, TxError> {
+        let (Some((from, from_hash)), Some((to, _))) = (&self.upto, &self.started_at) else {
+            return Ok(false);
+        };
+        if *to < *from || *to - *from > CLAIMS_CATCH_UP_MAX {
+            return Ok(false);
+        }
+        let records: Vec<(i64, String, Option<String>, String, String)> = conn
+            .query_map(
+                &format!(
+                    "SELECT seq, kind, saga_id, hash, body FROM audit_log
+                     WHERE seq >= ?1 AND seq <= ?2
+                         AND (seq = ?1 OR kind = '{KIND_BEGIN_STEP}' OR kind = '{KIND_LOCKS}')
+                     ORDER BY seq"
+                ),
+                params![*from, *to],
+                |row| {
+                    Ok((
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get(2)?,
+                        row.get(3)?,
+                        row.get(4)?,
+                    ))
+                },
+            )
+            .map_err(storage)?;
+        let mut records = records.into_iter();
+        // An empty chain's head (0) has no record.
+        if *from > 0
+            && !records
+                .next()
+                .is_some_and(|(seq, _, _, hash, _)| seq == *from && hash == *from_hash)
+        {
+            return Ok(false);
+        }
+        let mut found = Vec::new();
+        for (_, kind, saga_id, _, body) in records {
+            if kind == KIND_LOCKS {
+                self.claimed_again = true;
+                continue;
+            }
+            let (Some(saga_id), Ok(declared)) =
+                (saga_id, serde_json::from_str::<DeclaredIn>(&body))
+            else {
+                return Ok(false);
+            };
+            if !declared.resources.is_empty() {
+                found.push((SagaId::new(saga_id), declared.resources));
+            }
+        }
+        for (saga_id, resources) in found {
+            for resource in resources {
+                self.add(resource, &saga_id);
+            }
+        }
+        self.upto.clone_from(&self.started_at);
+        Ok(true)
     }
 
     /// Notes that this writer claimed resources again in the `locks` table
