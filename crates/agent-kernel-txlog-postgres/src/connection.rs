@@ -2,9 +2,10 @@
 //! taken, this machine's head file found), group commit, take-overs, seals and reads, and
 //! what they cost in transactions and round trips.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use agent_kernel_api::{
     AuditEvent, Durability, LeaseStatus, LogWrite, Owner, SagaId, SagaState, TxError, WriteOutcome,
@@ -17,7 +18,7 @@ use tokio::sync::oneshot;
 
 use crate::db::{self, PgDb, Statements};
 use crate::lease::{self, Worker};
-use crate::schema::{self, storage};
+use crate::schema::{self, Taking, storage};
 use crate::{head_files, verify::head_file_at};
 
 /// Connects to the database `config` names, sets the durability and checks the schema; the
@@ -100,14 +101,7 @@ pub(crate) fn open_connection(
         Opening::First => lease::acquire(&mut client, worker)?,
         Opening::Again => lease::reacquire(&mut client, worker)?,
     }
-    let gate = WriteGate {
-        // The log's own lock, integers written into the statement.
-        lock: client
-            .prepare(&schema::write_lock_sql(&log_id))
-            .map_err(storage)?,
-        fence: client.prepare(&lease::status_sql()).map_err(storage)?,
-        log_id,
-    };
+    let gate = WriteGate::prepare(&mut client, durability, log_id)?;
     let head_file = worker
         .head_file
         .as_deref()
@@ -143,12 +137,92 @@ pub(crate) fn open_connection(
 /// What every write transaction on a connection begins with ([`begin_write`]), made when
 /// the connection is.
 pub(crate) struct WriteGate {
-    /// The log's write lock taken ([`schema::write_lock_sql`]), prepared once.
+    /// The log's write lock waited for ([`schema::write_lock_sql`], the log's own key
+    /// written into it), prepared once; under [`Durability::Full`] its transaction commits
+    /// before the flush, since it is taken only once the lock was found taken.
     pub(crate) lock: postgres::Statement,
+    /// Under [`Durability::Full`]: the lock tried, the transaction committing synchronously,
+    /// and tried, committing before the flush (while the lock was found taken lately).
+    tries: Option<(postgres::Statement, postgres::Statement)>,
+    /// Under [`Durability::Full`]: [`lease::FLUSH_SQL`].
+    flush: Option<postgres::Statement>,
     /// [`lease::status_sql`], prepared once.
     pub(crate) fence: postgres::Statement,
     /// The log's identity, as the connection found it.
     pub(crate) log_id: String,
+    /// When a write transaction of this connection last found the lock taken.
+    contended_at: Cell<Option<Instant>>,
+}
+
+/// How long after a write transaction found its log's write lock taken by another writer
+/// the connection's write transactions commit before the server's flush (under
+/// [`Durability::Full`]), so that they let go of the lock first and writers of several
+/// processes share their flushes. A writer alone commits through the flush: one round trip
+/// fewer.
+pub const CONTENTION_REMEMBERED: Duration = Duration::from_secs(1);
+
+impl WriteGate {
+    fn prepare(
+        client: &mut Client,
+        durability: Durability,
+        log_id: String,
+    ) -> Result<WriteGate, TxError> {
+        let mut prepare = |taking, before_flush| {
+            client
+                .prepare(&schema::write_lock_sql(&log_id, taking, before_flush))
+                .map_err(storage)
+        };
+        let full = durability == Durability::Full;
+        let lock = prepare(Taking::Wait, full)?;
+        let tries = if full {
+            Some((prepare(Taking::Try, false)?, prepare(Taking::Try, true)?))
+        } else {
+            None
+        };
+        let flush = if full {
+            Some(client.prepare(lease::FLUSH_SQL).map_err(storage)?)
+        } else {
+            None
+        };
+        Ok(WriteGate {
+            lock,
+            tries,
+            flush,
+            fence: client.prepare(&lease::status_sql()).map_err(storage)?,
+            log_id,
+            contended_at: Cell::new(None),
+        })
+    }
+}
+
+/// A write transaction [`begin_write`] began.
+pub(crate) struct Began<'c> {
+    pub(crate) tx: postgres::Transaction<'c>,
+    /// Whether its COMMIT returns before the server's flush: [`flushed`] must then return
+    /// before anything it wrote is answered.
+    pub(crate) before_flush: bool,
+}
+
+/// After a transaction [`begin_write`] began has committed on `client`: returns once it is
+/// durable as the log's durability asks. Its COMMIT did not wait for the server's flush when
+/// `before_flush` (the log's write lock was found taken lately: the lock was let go of
+/// first, and the next writer, of any process, went on meanwhile); [`lease::flush`] waits
+/// for it here, outside the lock, where the server flushes once for every writer waiting at
+/// once. Nothing the transaction wrote may be answered before this returns: its failure is
+/// every caller's error, as a COMMIT whose answer was lost is.
+pub(crate) fn flushed(
+    client: &mut Client,
+    gate: &WriteGate,
+    worker: &Worker,
+    counters: &Counters,
+    before_flush: bool,
+) -> Result<(), TxError> {
+    let (true, Some(flush)) = (before_flush, &gate.flush) else {
+        return Ok(());
+    };
+    counters.trips(1);
+    counters.flushed_after.fetch_add(1, Ordering::Relaxed);
+    lease::flush(client, flush, &worker.owner)
 }
 
 /// What a log's connection did since the log was opened ([`PostgresLog::stats`](crate::PostgresLog::stats)).
@@ -167,6 +241,11 @@ pub struct ConnectionStats {
     /// Round trips to the server: each BEGIN, statement and COMMIT the connection sent and
     /// waited for, reads included; the lease renewer's connection is not counted.
     pub round_trips: u64,
+    /// Write transactions that found the log's write lock taken by another writer.
+    pub contended: u64,
+    /// Write transactions that let go of the write lock before the server's flush, and
+    /// waited for it after ([`CONTENTION_REMEMBERED`]).
+    pub flushed_after: u64,
 }
 
 /// [`ConnectionStats`], shared by the log and its connection's thread.
@@ -178,6 +257,8 @@ pub(crate) struct Counters {
     pub(crate) records: AtomicU64,
     pub(crate) records_max: AtomicU64,
     pub(crate) round_trips: Arc<AtomicU64>,
+    pub(crate) contended: AtomicU64,
+    pub(crate) flushed_after: AtomicU64,
 }
 
 impl Counters {
@@ -343,12 +424,15 @@ pub(crate) fn begin_write<'c>(
     gate: &WriteGate,
     worker: &Worker,
     target: &str,
-) -> Result<postgres::Transaction<'c>, TxError> {
-    let WriteGate {
-        lock,
-        fence,
-        log_id,
-    } = gate;
+    counters: &Counters,
+) -> Result<Began<'c>, TxError> {
+    let tampered = || TxError::Tampered {
+        path: target.to_owned(),
+        reason: format!(
+            "the log's identity is no longer {}, the one this process opened (agent_kernel_meta edited, or another schema ahead in the search_path): nothing written",
+            gate.log_id
+        ),
+    };
     // Read committed, whatever the server's default: each statement then reads what the
     // writers before this one committed, once the lock is granted.
     let mut tx = client
@@ -356,16 +440,39 @@ pub(crate) fn begin_write<'c>(
         .isolation_level(IsolationLevel::ReadCommitted)
         .start()
         .map_err(storage)?;
-    if tx.execute(lock, &[log_id]).map_err(storage)? != 1 {
-        return Err(TxError::Tampered {
-            path: target.to_owned(),
-            reason: format!(
-                "the log's identity is no longer {log_id}, the one this process opened (agent_kernel_meta edited, or another schema ahead in the search_path): nothing written"
-            ),
-        });
-    }
-    match lease::status(&mut tx, fence, &worker.owner)? {
-        LeaseStatus::Live => Ok(tx),
+    let before_flush = match &gate.tries {
+        None => {
+            if tx.execute(&gate.lock, &[&gate.log_id]).map_err(storage)? != 1 {
+                return Err(tampered());
+            }
+            false
+        }
+        Some((synced, before_flush)) => {
+            let lately = gate
+                .contended_at
+                .get()
+                .is_some_and(|at| at.elapsed() < CONTENTION_REMEMBERED);
+            let tried = if lately { before_flush } else { synced };
+            let row = tx
+                .query_opt(tried, &[&gate.log_id])
+                .map_err(storage)?
+                .ok_or_else(tampered)?;
+            if row.try_get::<_, bool>(1).map_err(storage)? {
+                lately
+            } else {
+                // Another writer holds it: wait, and let go of it before the flush.
+                counters.trips(1);
+                counters.contended.fetch_add(1, Ordering::Relaxed);
+                gate.contended_at.set(Some(Instant::now()));
+                if tx.execute(&gate.lock, &[&gate.log_id]).map_err(storage)? != 1 {
+                    return Err(tampered());
+                }
+                true
+            }
+        }
+    };
+    match lease::status(&mut tx, &gate.fence, &worker.owner)? {
+        LeaseStatus::Live => Ok(Began { tx, before_flush }),
         LeaseStatus::Expired => Err(TxError::Fenced {
             reason: "found run out at a write".to_owned(),
         }),
@@ -513,8 +620,17 @@ impl Connection {
     fn try_group(&mut self, items: &[&Item], now_ms: i64, hold: bool) -> GroupEnd {
         let key = self.audit_key.as_ref();
         self.counters.trips(BEGIN_WRITE_TRIPS + 1);
-        let mut tx = match begin_write(&mut self.client, &self.gate, &self.worker, &self.target) {
-            Ok(tx) => tx,
+        let Began {
+            mut tx,
+            before_flush,
+        } = match begin_write(
+            &mut self.client,
+            &self.gate,
+            &self.worker,
+            &self.target,
+            &self.counters,
+        ) {
+            Ok(began) => began,
             Err(error) => return GroupEnd::NotBegun(error),
         };
         // Whether each item may go on: a take-over only of an owner that is dead, or that
@@ -579,6 +695,15 @@ impl Connection {
         if let Err(err) = tx.commit() {
             return GroupEnd::Failed(storage(err));
         }
+        if let Err(error) = flushed(
+            &mut self.client,
+            &self.gate,
+            &self.worker,
+            &self.counters,
+            before_flush,
+        ) {
+            return GroupEnd::Failed(error);
+        }
         chain.committed(&mut self.locks);
         let records = items.iter().map(|item| item.records() as u64).sum();
         self.counters.committed(items.len() as u64, records);
@@ -598,7 +723,16 @@ impl Connection {
     pub(crate) fn seal(&mut self, event: AuditEvent, now_ms: i64) -> Result<AuditHead, TxError> {
         let key = self.audit_key.as_ref();
         self.counters.trips(BEGIN_WRITE_TRIPS + 1);
-        let mut tx = begin_write(&mut self.client, &self.gate, &self.worker, &self.target)?;
+        let Began {
+            mut tx,
+            before_flush,
+        } = begin_write(
+            &mut self.client,
+            &self.gate,
+            &self.worker,
+            &self.target,
+            &self.counters,
+        )?;
         let chain = {
             let db = PgDb::new(&mut tx, &self.statements);
             let mut chain = Chain::start(&db, key)?;
@@ -606,6 +740,13 @@ impl Connection {
             chain
         };
         tx.commit().map_err(storage)?;
+        flushed(
+            &mut self.client,
+            &self.gate,
+            &self.worker,
+            &self.counters,
+            before_flush,
+        )?;
         self.counters.committed(1, 1);
         let (seq, hash) = chain.head();
         let sealed = AuditHead {

@@ -171,6 +171,47 @@ pub(crate) fn status_sql() -> String {
     )
 }
 
+/// A write of `owner`'s lease row that changes nothing, for [`flush`]: a row no other
+/// worker writes (its renewer apart, now and then), so that the flushes of different workers
+/// never wait for one another's row.
+pub(crate) const FLUSH_SQL: &str = "UPDATE leases SET expires_at_ms = expires_at_ms
+     WHERE owner_host = $1 AND owner_boot_id = $2 AND owner_pid = $3 AND owner_start_ticks = $4";
+
+/// Returns once every transaction this connection committed is in the server's flushed WAL:
+/// `query` ([`FLUSH_SQL`], prepared) commits a write of its own, synchronously (the
+/// session's `synchronous_commit` is on under `full`), and the server flushes its WAL in
+/// order, so the flush of that commit is the flush of everything committed before it. A
+/// write transaction that let go of the log's write lock before its flush
+/// ([`write_lock_sql`](crate::schema::write_lock_sql)) waits here, outside the lock, where
+/// the flushes of concurrent writers are shared.
+///
+/// # Errors
+///
+/// [`TxError::Storage`] when the statement fails, or finds no lease row of `owner` (it then
+/// wrote nothing, and waited for nothing).
+pub(crate) fn flush(
+    client: &mut Client,
+    query: &postgres::Statement,
+    owner: &Owner,
+) -> Result<(), TxError> {
+    let (host, boot_id, pid, start_ticks) = owner_params(owner);
+    let written = client
+        .execute(query, &[&host, &boot_id, &pid, &start_ticks])
+        .map_err(|err| {
+            TxError::Storage(format!(
+                "committed, but not known flushed to the server's disk: {}",
+                crate::db::describe_error(&err)
+            ))
+        })?;
+    if written != 1 {
+        return Err(TxError::Storage(format!(
+            "committed, but not known flushed to the server's disk: the lease row of {}:{} (pid {}) is gone",
+            owner.host, owner.boot_id, owner.pid
+        )));
+    }
+    Ok(())
+}
+
 /// Whether `owner`'s lease is live now, by `query` ([`status_sql`], or the statement
 /// prepared from it), in the caller's transaction or connection.
 pub(crate) fn status<T: postgres::ToStatement + ?Sized>(

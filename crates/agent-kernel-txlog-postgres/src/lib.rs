@@ -64,7 +64,11 @@
 //!   the write lock: a process paused or cut off past its lease can no longer write to the
 //!   sagas another process took over ([`TxError::Fenced`]).
 //! - **Durability.** [`Durability::Full`] commits with `synchronous_commit = on`: the
-//!   commit is flushed to the server's WAL before `write` returns. [`Durability::Normal`]
+//!   commit is flushed to the server's WAL before `write` returns. A transaction that found
+//!   the write lock taken by another writer (and every one for [`CONTENTION_REMEMBERED`]
+//!   after) lets go of it before the flush, and then waits for the flush outside the lock
+//!   (a synchronous write of its own lease row, whose flush covers every commit before it,
+//!   and which concurrent writers share); it answers nothing before. [`Durability::Normal`]
 //!   sets `synchronous_commit = off`: a crash of the server may lose the newest commits
 //!   (never part of one); a crash of the kernel process loses nothing committed.
 //! - **Refusing what is not a log.** A schema (the connection's `current_schema()`) that
@@ -96,12 +100,12 @@ use postgres::Config;
 use tokio::sync::{mpsc, oneshot};
 
 pub use crate::connection::{
-    APPLICATION_NAME, CONNECT_TIMEOUT, CONNECTION_CHECK_TIMEOUT, ConnectionStats,
-    RECONNECT_PAUSE_FIRST, RECONNECT_PAUSE_MAX, RECONNECT_WINDOW,
+    APPLICATION_NAME, CONNECT_TIMEOUT, CONNECTION_CHECK_TIMEOUT, CONTENTION_REMEMBERED,
+    ConnectionStats, RECONNECT_PAUSE_FIRST, RECONNECT_PAUSE_MAX, RECONNECT_WINDOW,
 };
 use crate::connection::{
-    Answer, BEGIN_WRITE_TRIPS, Connection, Counters, Item, Job, Opening, TakeOver, begin_write,
-    open_connection, with_timeouts,
+    Answer, BEGIN_WRITE_TRIPS, Began, Connection, Counters, Item, Job, Opening, TakeOver,
+    begin_write, flushed, open_connection, with_timeouts,
 };
 use crate::db::Statements;
 use crate::lease::Renewer;
@@ -324,6 +328,8 @@ impl PostgresLog {
             records: self.counters.records.load(Ordering::Relaxed),
             records_max: self.counters.records_max.load(Ordering::Relaxed),
             round_trips: self.counters.round_trips.load(Ordering::Relaxed),
+            contended: self.counters.contended.load(Ordering::Relaxed),
+            flushed_after: self.counters.flushed_after.load(Ordering::Relaxed),
         }
     }
 
@@ -593,14 +599,25 @@ impl TxLog for PostgresLog {
         let owner = owner.clone();
         self.call(move |connection, _| {
             connection.counters.trips(BEGIN_WRITE_TRIPS + 2);
-            let mut tx = begin_write(
+            let Began {
+                mut tx,
+                before_flush,
+            } = begin_write(
                 &mut connection.client,
                 &connection.gate,
                 &connection.worker,
                 &connection.target,
+                &connection.counters,
             )?;
             lease::end(&mut tx, &owner)?;
             tx.commit().map_err(storage)?;
+            flushed(
+                &mut connection.client,
+                &connection.gate,
+                &connection.worker,
+                &connection.counters,
+                before_flush,
+            )?;
             connection.counters.committed(0, 0);
             Ok(())
         })

@@ -81,15 +81,37 @@ pub fn write_lock(log_id: &str) -> i64 {
 /// one another on it.
 pub const WRITE_LOCK_BEFORE_V6: i64 = 0x414B_4C47_0000_0002;
 
+/// How a write transaction takes its log's write lock ([`write_lock_sql`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Taking {
+    /// Waits for it.
+    Wait,
+    /// Tries once, without waiting: the statement's second column says whether it did.
+    Try,
+}
+
 /// The statement every write transaction of the log `log_id` names begins with: its
-/// [`write_lock`], [`WRITE_LOCK_BEFORE_V6`] shared, both only if `agent_kernel_meta` still
-/// names the log as `$1` (its identity, bound by the caller): no row, and nothing taken,
-/// when the identity was edited or another schema came ahead in the `search_path` since the
-/// connection was made, whose writers would take another lock.
-pub(crate) fn write_lock_sql(log_id: &str) -> String {
+/// [`write_lock`] (waited for, or tried: [`Taking`]), [`WRITE_LOCK_BEFORE_V6`] shared, both
+/// only if `agent_kernel_meta` still names the log as `$1` (its identity, bound by the
+/// caller): no row, and nothing taken, when the identity was edited or another schema came
+/// ahead in the `search_path` since the connection was made, whose writers would take
+/// another lock. With `commit_before_flush`, the transaction's COMMIT will not wait for the
+/// server's WAL to be flushed (`synchronous_commit` off for this transaction alone), so that
+/// it lets go of the lock first: the writer then waits for the flush itself
+/// ([`lease::flush`](crate::lease::flush)) before it answers anyone.
+pub(crate) fn write_lock_sql(log_id: &str, taking: Taking, commit_before_flush: bool) -> String {
+    let function = match taking {
+        Taking::Wait => "pg_advisory_xact_lock",
+        Taking::Try => "pg_try_advisory_xact_lock",
+    };
+    let commit = if commit_before_flush {
+        ", set_config('synchronous_commit', 'off', true)"
+    } else {
+        ""
+    };
     format!(
         "SELECT pg_advisory_xact_lock_shared({WRITE_LOCK_BEFORE_V6}), \
-         pg_advisory_xact_lock({}) FROM agent_kernel_meta WHERE singleton = 1 AND log_id = $1",
+         {function}({}){commit} FROM agent_kernel_meta WHERE singleton = 1 AND log_id = $1",
         write_lock(log_id)
     )
 }
@@ -382,5 +404,74 @@ mod tests {
             0x414B_4C47_D070_3F35
         );
         assert_ne!(super::write_lock("a"), super::write_lock("b"));
+    }
+
+    #[test]
+    fn a_write_lock_tried_says_whether_it_was_taken_and_a_commit_before_the_flush_is_its_transactions_alone()
+     {
+        use super::{Taking, write_lock, write_lock_sql};
+        use agent_kernel_log_contract::postgres::{Schema, blocking, server};
+        let Some(server) = server() else { return };
+        let schema = Schema::create(&server);
+        schema.execute(
+            "CREATE TABLE agent_kernel_meta (singleton INTEGER PRIMARY KEY, log_id TEXT NOT NULL);
+             INSERT INTO agent_kernel_meta VALUES (1, 'the-log')",
+        );
+        let url = schema.url();
+        blocking(|| {
+            let connect = || postgres::Client::connect(&url, postgres::NoTls).expect("connects");
+            let (mut holder, mut writer) = (connect(), connect());
+            fn sync(client: &mut impl postgres::GenericClient) -> String {
+                client
+                    .query_one("SHOW synchronous_commit", &[])
+                    .expect("shows")
+                    .get(0)
+            }
+            assert_eq!(sync(&mut writer), "on");
+            let mut held = holder.transaction().expect("begins");
+            held.execute(
+                &write_lock_sql("the-log", Taking::Wait, false),
+                &[&"the-log"],
+            )
+            .expect("locks");
+            let mut tx = writer.transaction().expect("begins");
+            let tried = tx
+                .query_one(&write_lock_sql("the-log", Taking::Try, true), &[&"the-log"])
+                .expect("tries");
+            assert!(!tried.get::<_, bool>(1), "taken by the other session");
+            held.commit().expect("lets go");
+            let tried = tx
+                .query_one(
+                    &write_lock_sql("the-log", Taking::Try, false),
+                    &[&"the-log"],
+                )
+                .expect("tries");
+            assert!(tried.get::<_, bool>(1), "taken");
+            assert_eq!(
+                sync(&mut tx),
+                "off",
+                "set for the transaction by the first try"
+            );
+            let key = write_lock("the-log");
+            let granted: i64 = tx
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+                         AND pid = pg_backend_pid() AND classid::bigint = $1
+                         AND objid::bigint = $2",
+                    &[&(key >> 32), &(key & 0xFFFF_FFFF)],
+                )
+                .expect("reads")
+                .get(0);
+            assert_eq!(granted, 1);
+            tx.commit().expect("commits");
+            assert_eq!(sync(&mut writer), "on", "the session's own again");
+            // Another log's identity: nothing taken.
+            let mut tx = writer.transaction().expect("begins");
+            let rows = tx
+                .query(&write_lock_sql("another", Taking::Try, true), &[&"another"])
+                .expect("tries");
+            assert!(rows.is_empty());
+            assert_eq!(sync(&mut tx), "on");
+        });
     }
 }

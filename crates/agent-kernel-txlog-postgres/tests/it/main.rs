@@ -3,6 +3,8 @@
 //! Without it they are skipped, unless `AGENT_KERNEL_TEST_POSTGRES_REQUIRED=1`, when they
 //! fail.
 
+mod crash;
+mod flush;
 mod leases;
 mod open;
 

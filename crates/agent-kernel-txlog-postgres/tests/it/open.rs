@@ -267,7 +267,7 @@ async fn the_writes_of_a_group_take_round_trips_by_their_kind_not_their_number()
 /// Another session holding the write lock of the log at `url` (or the lock `key`) until told
 /// to let go, which it does once the session named `waiter` (an `application_name`) waits
 /// for that lock: the writes sent meanwhile queue behind that session's first transaction.
-struct WriteLockHeld {
+pub(crate) struct WriteLockHeld {
     release: std::sync::mpsc::Sender<()>,
     thread: std::thread::JoinHandle<()>,
 }
@@ -276,7 +276,7 @@ struct WriteLockHeld {
 const LOCK_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl WriteLockHeld {
-    fn take(url: &str, waiter: &str, key: Option<i64>) -> WriteLockHeld {
+    pub(crate) fn take(url: &str, waiter: &str, key: Option<i64>) -> WriteLockHeld {
         let url = url.to_owned();
         let waiter = waiter.to_owned();
         let (taken, is_taken) = std::sync::mpsc::channel();
@@ -322,7 +322,7 @@ impl WriteLockHeld {
     }
 
     /// Lets go of the lock once the session named `waiter` waits for it.
-    fn let_go(self) {
+    pub(crate) fn let_go(self) {
         self.release.send(()).expect("told");
         self.thread.join().expect("let go of");
     }
