@@ -8,7 +8,7 @@ use agent_kernel_api::{SagaId, TxError};
 
 use serde::Deserialize;
 
-use crate::audit::{KIND_BEGIN_STEP, KIND_LOCKS};
+use crate::kinds::{KIND_BEGIN_STEP, KIND_LOCKS};
 use crate::sql::storage;
 use crate::sql::{Db, params};
 

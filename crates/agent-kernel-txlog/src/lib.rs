@@ -94,6 +94,7 @@ mod digest;
 mod downgrade;
 mod floor;
 mod head;
+mod kinds;
 mod records;
 mod schema;
 mod spill;
