@@ -128,8 +128,17 @@ pub(crate) fn open_connection(
         .transpose()?;
     if let Some(head_file) = &head_file {
         let mut tx = snapshot(&mut client)?;
-        head_file.create_if_missing(&PgDb::new(&mut tx, &Statements::default()))?;
+        let newest = head_file.newest_if_missing(&PgDb::new(&mut tx, &Statements::default()))?;
         tx.commit().map_err(storage)?;
+        if let Some(newest) = newest {
+            // The newest record may be another writer's commit that let go of the write
+            // lock before the server's flush: flushed here before this machine vouches
+            // for it.
+            if let Some(flush) = &gate.flush {
+                lease::flush(&mut client, flush, &worker.owner)?;
+            }
+            head_file.create(&newest)?;
+        }
     }
     Ok((client, gate, head_file))
 }

@@ -436,21 +436,46 @@ mod tests {
             .expect("locks");
             let mut tx = writer.transaction().expect("begins");
             let tried = tx
-                .query_one(&write_lock_sql("the-log", Taking::Try, true), &[&"the-log"])
-                .expect("tries");
-            assert!(!tried.get::<_, bool>(1), "taken by the other session");
-            held.commit().expect("lets go");
-            let tried = tx
                 .query_one(
                     &write_lock_sql("the-log", Taking::Try, false),
                     &[&"the-log"],
                 )
                 .expect("tries");
-            assert!(tried.get::<_, bool>(1), "taken");
+            assert!(!tried.get::<_, bool>(1), "taken by the other session");
+            assert_eq!(sync(&mut tx), "on", "a try that commits through the flush");
+            // What a writer that found it taken does: wait, committing before the flush.
+            let mut tx = std::thread::scope(|scope| {
+                let waiting = scope.spawn(move || {
+                    tx.execute(
+                        &write_lock_sql("the-log", Taking::Wait, true),
+                        &[&"the-log"],
+                    )
+                    .expect("waits, then locks");
+                    tx
+                });
+                // Let go of it once the writer waits for it.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+                let key = write_lock("the-log");
+                while held
+                    .query_one(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+                             AND classid::bigint = $1 AND objid::bigint = $2",
+                        &[&(key >> 32), &(key & 0xFFFF_FFFF)],
+                    )
+                    .expect("reads")
+                    .get::<_, i64>(0)
+                    == 0
+                {
+                    assert!(std::time::Instant::now() < deadline, "never waited");
+                    std::thread::yield_now();
+                }
+                held.commit().expect("lets go");
+                waiting.join().expect("locked")
+            });
             assert_eq!(
                 sync(&mut tx),
                 "off",
-                "set for the transaction by the first try"
+                "set for the transaction by the waiting lock"
             );
             let key = write_lock("the-log");
             let granted: i64 = tx
@@ -465,6 +490,14 @@ mod tests {
             assert_eq!(granted, 1);
             tx.commit().expect("commits");
             assert_eq!(sync(&mut writer), "on", "the session's own again");
+            // Tried while free, lately contended: taken, committing before the flush.
+            let mut tx = writer.transaction().expect("begins");
+            let tried = tx
+                .query_one(&write_lock_sql("the-log", Taking::Try, true), &[&"the-log"])
+                .expect("tries");
+            assert!(tried.get::<_, bool>(1), "taken");
+            assert_eq!(sync(&mut tx), "off");
+            tx.commit().expect("commits");
             // Another log's identity: nothing taken.
             let mut tx = writer.transaction().expect("begins");
             let rows = tx

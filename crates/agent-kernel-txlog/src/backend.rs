@@ -20,8 +20,8 @@ use crate::store;
 use crate::store::prune;
 
 /// One writer's map of the locks the begun steps of unsettled sagas hold, kept from one of
-/// its write transactions to the next while no other writer commits in between (the
-/// chain's head tells); read from the log again otherwise. Empty by default.
+/// its write transactions to the next and caught up from the records other writers appended
+/// in between; read from the log again when it cannot be. Empty by default.
 #[derive(Debug, Default)]
 pub struct LockMap(store::Claims);
 
@@ -340,6 +340,10 @@ pub fn verify_chain_and_tables(
     Ok(report)
 }
 
+/// The chain's newest record, for a head file to be created ([`HeadFile::newest_if_missing`]).
+#[derive(Debug)]
+pub struct Newest(crate::audit::Head);
+
 /// What [`HeadFile::read`] found: the head, none, or why it cannot be read.
 #[derive(Debug)]
 pub struct HeadRead(Result<Option<crate::audit::Head>, String>);
@@ -391,11 +395,38 @@ impl HeadFile {
     /// [`TxError::Corrupt`] when the chain's newest record cannot be read,
     /// [`TxError::Storage`] when the file cannot be written.
     pub fn create_if_missing(&self, db: &dyn Db) -> Result<(), TxError> {
-        if crate::head::exists(&self.settings.db_path) {
-            return Ok(());
+        match self.newest_if_missing(db)? {
+            Some(newest) => self.create(&newest),
+            None => Ok(()),
         }
-        let head = crate::audit::read_head(db, self.settings.key.as_ref())?;
-        self.settings.create_head(&head).map_err(|err| {
+    }
+
+    /// [`create_if_missing`](Self::create_if_missing) in two steps, for a log whose reads
+    /// may see commits not yet durable (a PostgreSQL server's asynchronous commits): the
+    /// chain's newest record as `db` holds it, when there is no file yet; then, once the
+    /// caller made sure that record is durable, [`create`](Self::create).
+    ///
+    /// # Errors
+    ///
+    /// [`TxError::Corrupt`] when the chain's newest record cannot be read.
+    pub fn newest_if_missing(&self, db: &dyn Db) -> Result<Option<Newest>, TxError> {
+        if crate::head::exists(&self.settings.db_path) {
+            return Ok(None);
+        }
+        Ok(Some(Newest(crate::audit::read_head(
+            db,
+            self.settings.key.as_ref(),
+        )?)))
+    }
+
+    /// Creates the file naming `newest` ([`newest_if_missing`](Self::newest_if_missing)),
+    /// unless another process of this machine created one meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError::Storage`] when the file cannot be written.
+    pub fn create(&self, newest: &Newest) -> Result<(), TxError> {
+        self.settings.create_head(&newest.0).map_err(|err| {
             TxError::Storage(format!(
                 "cannot write the audit head file {}: {err}",
                 self.path().display()

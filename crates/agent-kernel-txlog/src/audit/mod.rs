@@ -587,7 +587,7 @@ impl<'key> Appender<'key> {
     }
 
     /// [`start`](Appender::start), with the map of locks the writer kept from its last
-    /// transaction: kept if that transaction's commit is the chain's newest record.
+    /// transaction, to be caught up from the records appended since when it claims.
     pub(crate) fn start_with(
         conn: &dyn Db,
         key: Option<&'key AuditKey>,

@@ -7,8 +7,8 @@
 //! [`RELEASES_LOCKS`], that is not `Done`, `FailedRolledBack` or `Undone`; a
 //! `FailedRollbackPartial` saga until its last dead letter is settled). Settling a saga
 //! releases its locks without a write of its own. A claim is checked against [`Claims`], the
-//! writer's map of those rows, read once and kept up to date by its own claims for as long
-//! as no other writer commits. An `undo` of a settled saga claims its resources again in the
+//! writer's map of those rows, read once, then kept up to date by its own claims and by the
+//! records other writers append ([`Claims`] says how). An `undo` of a settled saga claims its resources again in the
 //! `locks` table (one row per resource, one holder each), which the saga's settlement
 //! deletes.
 
