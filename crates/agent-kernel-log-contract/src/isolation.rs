@@ -443,52 +443,53 @@ pub async fn a_resource_raced_from_several_connections_is_claimed_once(store: &d
     assert_eq!(n_claimed, 1, "exactly one claim");
 }
 
+/// What `log` answers to `writes`, which it must write.
+async fn written(log: &dyn TxLog, writes: Vec<LogWrite>) -> Vec<WriteOutcome> {
+    log.write(writes).await.expect("writes")
+}
+
 /// Checks that a writer's claims see what another connection claimed and settled between
 /// two of its own writes: a writer that kept what it read of the locks from its last
 /// transaction must read again once another has committed.
 pub async fn a_claim_sees_what_another_connection_claimed_and_settled(store: &dyn LogStore) {
-    let first = store.open();
-    let second = store.open();
-    first
-        .write(vec![new_saga("a"), begin_on("a", 0, &["acct:a"], &[])])
-        .await
-        .expect("writes");
-    second
-        .write(vec![new_saga("b"), begin_on("b", 0, &["acct:b"], &[])])
-        .await
-        .expect("writes");
+    let (first, second) = (store.open(), store.open());
+    let (first, second) = (first.as_ref(), second.as_ref());
+    written(
+        first,
+        vec![new_saga("a"), begin_on("a", 0, &["acct:a"], &[])],
+    )
+    .await;
+    written(
+        second,
+        vec![new_saga("b"), begin_on("b", 0, &["acct:b"], &[])],
+    )
+    .await;
     // The first writer's last transaction is no longer the newest: b's claim counts.
-    let outcomes = first
-        .write(vec![new_saga("c"), begin_on("c", 0, &["acct:b"], &[])])
-        .await
-        .expect("writes");
+    let outcomes = written(
+        first,
+        vec![new_saga("c"), begin_on("c", 0, &["acct:b"], &[])],
+    )
+    .await;
     assert_eq!(refused_by(&outcomes, 1), SagaId::new("b"));
     // And the other way round, on what the first claimed since.
-    first
-        .write(vec![begin_on("c", 0, &["acct:c"], &[])])
-        .await
-        .expect("writes");
-    let outcomes = second
-        .write(vec![new_saga("d"), begin_on("d", 0, &["acct:c"], &[])])
-        .await
-        .expect("writes");
+    written(first, vec![begin_on("c", 0, &["acct:c"], &[])]).await;
+    let outcomes = written(
+        second,
+        vec![new_saga("d"), begin_on("d", 0, &["acct:c"], &[])],
+    )
+    .await;
     assert_eq!(refused_by(&outcomes, 1), SagaId::new("c"));
     // Settled by one connection, free for the other, and for the first again.
-    first
-        .write(vec![commit("a", 0), set_state("a", SagaState::Done)])
-        .await
-        .expect("writes");
+    written(first, vec![commit("a", 0), set_state("a", SagaState::Done)]).await;
     assert_eq!(
-        second
-            .write(vec![begin_on("d", 0, &["acct:a"], &[])])
-            .await
-            .expect("writes"),
+        written(second, vec![begin_on("d", 0, &["acct:a"], &[])]).await,
         [WriteOutcome::Written]
     );
-    let outcomes = first
-        .write(vec![new_saga("e"), begin_on("e", 0, &["acct:a"], &[])])
-        .await
-        .expect("writes");
+    let outcomes = written(
+        first,
+        vec![new_saga("e"), begin_on("e", 0, &["acct:a"], &[])],
+    )
+    .await;
     assert_eq!(refused_by(&outcomes, 1), SagaId::new("d"));
 }
 
@@ -498,38 +499,32 @@ pub async fn a_claim_sees_what_another_connection_claimed_and_settled(store: &dy
 pub async fn a_claim_sees_every_claim_other_connections_made_since_it_last_claimed(
     store: &dyn LogStore,
 ) {
-    let first = store.open();
-    let second = store.open();
-    first
-        .write(vec![new_saga("a"), begin_on("a", 0, &["acct:a"], &[])])
-        .await
-        .expect("writes");
-    second
-        .write(vec![new_saga("b"), begin_on("b", 0, &["acct:b"], &[])])
-        .await
-        .expect("writes");
+    let (first, second) = (store.open(), store.open());
+    let (first, second) = (first.as_ref(), second.as_ref());
+    written(
+        first,
+        vec![new_saga("a"), begin_on("a", 0, &["acct:a"], &[])],
+    )
+    .await;
+    written(
+        second,
+        vec![new_saga("b"), begin_on("b", 0, &["acct:b"], &[])],
+    )
+    .await;
     // The first writes, claiming nothing (a settles); then the second claims again.
-    first
-        .write(vec![commit("a", 0), set_state("a", SagaState::Done)])
-        .await
-        .expect("writes");
-    second
-        .write(vec![begin_on("b", 1, &["acct:b2"], &[])])
-        .await
-        .expect("writes");
-    let outcomes = first
-        .write(vec![new_saga("c"), begin_on("c", 0, &["acct:b"], &[])])
-        .await
-        .expect("writes");
+    written(first, vec![commit("a", 0), set_state("a", SagaState::Done)]).await;
+    written(second, vec![begin_on("b", 1, &["acct:b2"], &[])]).await;
+    let outcomes = written(
+        first,
+        vec![new_saga("c"), begin_on("c", 0, &["acct:b"], &[])],
+    )
+    .await;
     assert_eq!(
         refused_by(&outcomes, 1),
         SagaId::new("b"),
         "b's first claim"
     );
-    let outcomes = first
-        .write(vec![begin_on("c", 0, &["acct:b2"], &[])])
-        .await
-        .expect("writes");
+    let outcomes = written(first, vec![begin_on("c", 0, &["acct:b2"], &[])]).await;
     assert_eq!(
         refused_by(&outcomes, 0),
         SagaId::new("b"),
@@ -537,25 +532,23 @@ pub async fn a_claim_sees_every_claim_other_connections_made_since_it_last_claim
     );
     // A settled saga's resources claimed again by the second (an undo) hold for the first,
     // whose map never saw a claim made again.
-    second
-        .write(vec![
+    written(
+        second,
+        vec![
             new_saga("d"),
             begin_on("d", 0, &["acct:d"], &[]),
             commit("d", 0),
             set_state("d", SagaState::Done),
-        ])
-        .await
-        .expect("writes");
+        ],
+    )
+    .await;
     second
         .write(vec![LogWrite::ClaimLocks {
             saga_id: SagaId::new("d"),
         }])
         .await
         .expect("claimed again");
-    let outcomes = first
-        .write(vec![begin_on("c", 0, &["acct:d"], &[])])
-        .await
-        .expect("writes");
+    let outcomes = written(first, vec![begin_on("c", 0, &["acct:d"], &[])]).await;
     assert_eq!(
         refused_by(&outcomes, 0),
         SagaId::new("d"),
@@ -569,18 +562,12 @@ pub async fn a_claim_sees_every_claim_other_connections_made_since_it_last_claim
             writes.push(new_saga(&id));
             writes.push(begin_on(&id, 0, &[&format!("acct:many{batch}-{n}")], &[]));
         }
-        second.write(writes).await.expect("writes");
+        written(second, writes).await;
     }
-    let outcomes = first
-        .write(vec![begin_on("c", 0, &["acct:many20-99"], &[])])
-        .await
-        .expect("writes");
+    let outcomes = written(first, vec![begin_on("c", 0, &["acct:many20-99"], &[])]).await;
     assert_eq!(refused_by(&outcomes, 0), SagaId::new("many20-99"));
     assert_eq!(
-        first
-            .write(vec![begin_on("c", 0, &["acct:a"], &[])])
-            .await
-            .expect("writes"),
+        written(first, vec![begin_on("c", 0, &["acct:a"], &[])]).await,
         [WriteOutcome::Written],
         "a's claim is free once a is settled, and c's own",
     );

@@ -134,8 +134,8 @@ pub(crate) fn open_connection(
             // The newest record may be another writer's commit that let go of the write
             // lock before the server's flush: flushed here before this machine vouches
             // for it.
-            if let Some(flush) = &gate.flush {
-                lease::flush(&mut client, flush, &worker.owner)?;
+            if let Some(full) = &gate.full {
+                lease::flush(&mut client, &full.flush, &worker.owner)?;
             }
             head_file.create(&newest)?;
         }
@@ -150,15 +150,24 @@ pub(crate) struct WriteGate {
     /// written into it), prepared once; under [`Durability::Full`] its transaction commits
     /// before the flush, since it is taken only once the lock was found taken.
     pub(crate) lock: postgres::Statement,
-    /// Under [`Durability::Full`]: the lock tried, the transaction committing synchronously,
-    /// and tried, committing before the flush (while the lock was found taken lately).
-    tries: Option<(postgres::Statement, postgres::Statement)>,
-    /// Under [`Durability::Full`]: [`lease::FLUSH_SQL`].
-    flush: Option<postgres::Statement>,
+    /// What a write under [`Durability::Full`] needs besides.
+    full: Option<FullGate>,
     /// [`lease::status_sql`], prepared once.
     pub(crate) fence: postgres::Statement,
     /// The log's identity, as the connection found it.
     pub(crate) log_id: String,
+}
+
+/// The statements of a [`WriteGate`] under [`Durability::Full`], where a writer that found
+/// the lock taken lets go of it before the server's flush.
+struct FullGate {
+    /// The lock tried, the transaction committing through the flush.
+    try_synced: postgres::Statement,
+    /// The lock tried, the transaction committing before the flush (the lock found taken
+    /// lately).
+    try_before_flush: postgres::Statement,
+    /// [`lease::FLUSH_SQL`].
+    flush: postgres::Statement,
     /// When a write transaction of this connection last found the lock taken.
     contended_at: Cell<Option<Instant>>,
 }
@@ -183,55 +192,54 @@ impl WriteGate {
         };
         let full = durability == Durability::Full;
         let lock = prepare(Taking::Wait, full)?;
-        let tries = if full {
-            Some((prepare(Taking::Try, false)?, prepare(Taking::Try, true)?))
-        } else {
-            None
-        };
-        let flush = if full {
-            Some(client.prepare(lease::FLUSH_SQL).map_err(storage)?)
+        let full = if full {
+            Some(FullGate {
+                try_synced: prepare(Taking::Try, false)?,
+                try_before_flush: prepare(Taking::Try, true)?,
+                flush: client.prepare(lease::FLUSH_SQL).map_err(storage)?,
+                contended_at: Cell::new(None),
+            })
         } else {
             None
         };
         Ok(WriteGate {
             lock,
-            tries,
-            flush,
+            full,
             fence: client.prepare(&lease::status_sql()).map_err(storage)?,
             log_id,
-            contended_at: Cell::new(None),
         })
+    }
+
+    /// After a transaction [`begin_write`] began has committed on `client`: returns once it
+    /// is durable as the log's durability asks. Its COMMIT did not wait for the server's
+    /// flush when `before_flush` (the log's write lock was found taken lately: the lock was
+    /// let go of first, and the next writer, of any process, went on meanwhile);
+    /// [`lease::flush`] waits for it here, outside the lock, where the server flushes once
+    /// for every writer waiting at once. Nothing the transaction wrote may be answered before
+    /// this returns: its failure is every caller's error, as a COMMIT whose answer was lost
+    /// is.
+    pub(crate) fn flushed(
+        &self,
+        client: &mut Client,
+        worker: &Worker,
+        counters: &Counters,
+        before_flush: bool,
+    ) -> Result<(), TxError> {
+        let (true, Some(full)) = (before_flush, &self.full) else {
+            return Ok(());
+        };
+        counters.trips(1);
+        counters.flushed_after.fetch_add(1, Ordering::Relaxed);
+        lease::flush(client, &full.flush, &worker.owner)
     }
 }
 
 /// A write transaction [`begin_write`] began.
 pub(crate) struct Began<'c> {
     pub(crate) tx: postgres::Transaction<'c>,
-    /// Whether its COMMIT returns before the server's flush: [`flushed`] must then return
-    /// before anything it wrote is answered.
+    /// Whether its COMMIT returns before the server's flush: [`WriteGate::flushed`] must
+    /// then return before anything it wrote is answered.
     pub(crate) before_flush: bool,
-}
-
-/// After a transaction [`begin_write`] began has committed on `client`: returns once it is
-/// durable as the log's durability asks. Its COMMIT did not wait for the server's flush when
-/// `before_flush` (the log's write lock was found taken lately: the lock was let go of
-/// first, and the next writer, of any process, went on meanwhile); [`lease::flush`] waits
-/// for it here, outside the lock, where the server flushes once for every writer waiting at
-/// once. Nothing the transaction wrote may be answered before this returns: its failure is
-/// every caller's error, as a COMMIT whose answer was lost is.
-pub(crate) fn flushed(
-    client: &mut Client,
-    gate: &WriteGate,
-    worker: &Worker,
-    counters: &Counters,
-    before_flush: bool,
-) -> Result<(), TxError> {
-    let (true, Some(flush)) = (before_flush, &gate.flush) else {
-        return Ok(());
-    };
-    counters.trips(1);
-    counters.flushed_after.fetch_add(1, Ordering::Relaxed);
-    lease::flush(client, flush, &worker.owner)
 }
 
 /// What a log's connection did since the log was opened ([`PostgresLog::stats`](crate::PostgresLog::stats)).
@@ -449,37 +457,35 @@ pub(crate) fn begin_write<'c>(
         .isolation_level(IsolationLevel::ReadCommitted)
         .start()
         .map_err(storage)?;
-    let before_flush = match &gate.tries {
-        None => {
-            if tx.execute(&gate.lock, &[&gate.log_id]).map_err(storage)? != 1 {
-                return Err(tampered());
-            }
-            false
+    // Under `full`, tried first: a writer that finds it taken waits, and lets go of it
+    // before the flush; so do its writes for a while after.
+    let mut before_flush = false;
+    let mut taken = false;
+    if let Some(full) = &gate.full {
+        before_flush = full
+            .contended_at
+            .get()
+            .is_some_and(|at| at.elapsed() < CONTENTION_REMEMBERED);
+        let tried = if before_flush {
+            &full.try_before_flush
+        } else {
+            &full.try_synced
+        };
+        let row = tx
+            .query_opt(tried, &[&gate.log_id])
+            .map_err(storage)?
+            .ok_or_else(tampered)?;
+        taken = row.try_get::<_, bool>(1).map_err(storage)?;
+        if !taken {
+            counters.trips(1);
+            counters.contended.fetch_add(1, Ordering::Relaxed);
+            full.contended_at.set(Some(Instant::now()));
+            before_flush = true;
         }
-        Some((synced, before_flush)) => {
-            let lately = gate
-                .contended_at
-                .get()
-                .is_some_and(|at| at.elapsed() < CONTENTION_REMEMBERED);
-            let tried = if lately { before_flush } else { synced };
-            let row = tx
-                .query_opt(tried, &[&gate.log_id])
-                .map_err(storage)?
-                .ok_or_else(tampered)?;
-            if row.try_get::<_, bool>(1).map_err(storage)? {
-                lately
-            } else {
-                // Another writer holds it: wait, and let go of it before the flush.
-                counters.trips(1);
-                counters.contended.fetch_add(1, Ordering::Relaxed);
-                gate.contended_at.set(Some(Instant::now()));
-                if tx.execute(&gate.lock, &[&gate.log_id]).map_err(storage)? != 1 {
-                    return Err(tampered());
-                }
-                true
-            }
-        }
-    };
+    }
+    if !taken && tx.execute(&gate.lock, &[&gate.log_id]).map_err(storage)? != 1 {
+        return Err(tampered());
+    }
     match lease::status(&mut tx, &gate.fence, &worker.owner)? {
         LeaseStatus::Live => Ok(Began { tx, before_flush }),
         LeaseStatus::Expired => Err(TxError::Fenced {
@@ -704,13 +710,10 @@ impl Connection {
         if let Err(err) = tx.commit() {
             return GroupEnd::Failed(storage(err));
         }
-        if let Err(error) = flushed(
-            &mut self.client,
-            &self.gate,
-            &self.worker,
-            &self.counters,
-            before_flush,
-        ) {
+        if let Err(error) =
+            self.gate
+                .flushed(&mut self.client, &self.worker, &self.counters, before_flush)
+        {
             return GroupEnd::Failed(error);
         }
         chain.committed(&mut self.locks);
@@ -749,13 +752,8 @@ impl Connection {
             chain
         };
         tx.commit().map_err(storage)?;
-        flushed(
-            &mut self.client,
-            &self.gate,
-            &self.worker,
-            &self.counters,
-            before_flush,
-        )?;
+        self.gate
+            .flushed(&mut self.client, &self.worker, &self.counters, before_flush)?;
         self.counters.committed(1, 1);
         let (seq, hash) = chain.head();
         let sealed = AuditHead {

@@ -105,7 +105,7 @@ pub use crate::connection::{
 };
 use crate::connection::{
     Answer, BEGIN_WRITE_TRIPS, Began, Connection, Counters, Item, Job, Opening, TakeOver,
-    begin_write, flushed, open_connection, with_timeouts,
+    begin_write, open_connection, with_timeouts,
 };
 use crate::db::Statements;
 use crate::lease::Renewer;
@@ -611,9 +611,8 @@ impl TxLog for PostgresLog {
             )?;
             lease::end(&mut tx, &owner)?;
             tx.commit().map_err(storage)?;
-            flushed(
+            connection.gate.flushed(
                 &mut connection.client,
-                &connection.gate,
                 &connection.worker,
                 &connection.counters,
                 before_flush,

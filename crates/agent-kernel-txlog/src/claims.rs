@@ -48,12 +48,10 @@ pub(crate) const CLAIMS_CATCH_UP_MAX: i64 = 4096;
 pub(crate) struct Claims {
     /// The chain's record (sequence number, hash) up to which the map holds every claim:
     /// those of later records are not in it yet, but for this writer's own. `None` when it
-    /// must be read again.
+    /// must be read again (it was never read, or its transaction rolled back).
     upto: Option<(i64, String)>,
     /// The chain's head when the current write transaction started.
     started_at: Option<(i64, String)>,
-    /// Whether `holders` holds every lock of the log's begun steps up to `upto`.
-    read: bool,
     /// The sagas whose begun steps declared each resource, as read or claimed since.
     holders: HashMap<String, Vec<SagaId>>,
     /// How many resources the last read found.
@@ -79,9 +77,6 @@ impl Clone for Claims {
 impl Claims {
     /// Enters a write transaction whose chain starts at the record `seq` of hash `hash`.
     pub(crate) fn begin(&mut self, seq: i64, hash: &str) {
-        if self.upto.is_none() {
-            self.read = false;
-        }
         self.started_at = Some((seq, hash.to_owned()));
     }
 
@@ -89,7 +84,7 @@ impl Claims {
     /// `hash`: the map holds the claims up to there when it held those up to where the
     /// transaction started (its own claims it noted as it made them).
     pub(crate) fn committed(&mut self, seq: i64, hash: &str) {
-        if self.read && self.upto.is_some() && self.upto == self.started_at {
+        if self.upto.is_some() && self.upto == self.started_at {
             self.upto = Some((seq, hash.to_owned()));
         }
         self.started_at = None;
@@ -111,7 +106,7 @@ impl Claims {
     /// Call only where every claim the map holds is in the log's rows too: before a batch's
     /// claims, not between them.
     pub(crate) fn read_if_needed(&mut self, conn: &dyn Db) -> Result<(), TxError> {
-        if self.read
+        if self.upto.is_some()
             && self.holders.len() <= self.n_read.saturating_mul(2) + CLAIMS_SLACK
             && (self.upto == self.started_at || self.catch_up(conn)?)
         {
@@ -144,7 +139,6 @@ impl Claims {
             }
         }
         self.n_read = self.holders.len();
-        self.read = true;
         self.upto.clone_from(&self.started_at);
         Ok(())
     }
@@ -191,7 +185,8 @@ impl Claims {
         {
             return Ok(false);
         }
-        let mut found = Vec::new();
+        // A record this build does not write leaves the map to be read whole, which clears
+        // what was added before it.
         for (_, kind, saga_id, _, body) in records {
             if kind == KIND_LOCKS {
                 self.claimed_again = true;
@@ -202,12 +197,8 @@ impl Claims {
             else {
                 return Ok(false);
             };
-            if !declared.resources.is_empty() {
-                found.push((SagaId::new(saga_id), declared.resources));
-            }
-        }
-        for (saga_id, resources) in found {
-            for resource in resources {
+            let saga_id = SagaId::new(saga_id);
+            for resource in declared.resources {
                 self.add(resource, &saga_id);
             }
         }
