@@ -57,12 +57,12 @@ fn as_postgres(bin: &Path, program: &str, args: &[&str]) {
     );
 }
 
-/// A cluster of this test's own, in a folder the `postgres` user owns, on a free port of
-/// loopback; stopped at once and removed when dropped.
+/// A cluster of this test's own, in a folder the `postgres` user owns, served on a Unix
+/// socket in that folder alone (no TCP port, which another test's connection could have
+/// taken); stopped at once and removed when dropped.
 struct Cluster {
     bin: PathBuf,
     dir: PathBuf,
-    port: u16,
 }
 
 impl Cluster {
@@ -75,10 +75,6 @@ impl Cluster {
             .status()
             .expect("runs chown");
         assert!(chown.success(), "chown");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free port")
-            .port();
         let data = dir.join("data");
         as_postgres(
             &bin,
@@ -93,7 +89,7 @@ impl Cluster {
                 "--no-sync",
             ],
         );
-        let cluster = Cluster { bin, dir, port };
+        let cluster = Cluster { bin, dir };
         cluster.start();
         cluster
     }
@@ -108,8 +104,7 @@ impl Cluster {
 
     fn start(&self) {
         let options = format!(
-            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=on",
-            self.port,
+            "-c listen_addresses='' -c unix_socket_directories={} -c fsync=on",
             self.dir.display()
         );
         let log = self.dir.join("server.log");
@@ -130,7 +125,9 @@ impl Cluster {
     }
 
     fn url(&self) -> String {
-        format!("postgres://ak@127.0.0.1:{}/postgres", self.port)
+        // The socket's folder as the host, percent-encoded.
+        let host = self.dir.to_str().expect("a UTF-8 path").replace('/', "%2F");
+        format!("postgres://ak@{host}/postgres")
     }
 
     /// SIGKILL to the server and every process of it at once (its process group): what
