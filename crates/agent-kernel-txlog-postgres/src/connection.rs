@@ -8,15 +8,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use agent_kernel_api::{
-    AuditEvent, Durability, LeaseStatus, LogWrite, Owner, SagaId, SagaState, TxError, WriteOutcome,
+    AuditEvent, Durability, LogWrite, Owner, SagaId, SagaState, TxError, WriteOutcome,
 };
-use agent_kernel_txlog::backend::{self, Chain, HeadFile, LockMap};
-use agent_kernel_txlog::sql::Db;
+use agent_kernel_txlog::backend::{self, Chain, HeadFile, LockMap, NEWEST_RECORD_SQL};
+use agent_kernel_txlog::sql::{Db, Value};
 use agent_kernel_txlog::{AuditHead, AuditKey};
-use postgres::{Client, Config, IsolationLevel, NoTls};
+use postgres::{Client, Config, IsolationLevel, NoTls, SimpleQueryMessage};
 use tokio::sync::oneshot;
 
-use crate::db::{self, PgDb, Statements};
+use crate::db::{self, Failed, PgDb, Statements, WriteTx};
 use crate::lease::{self, Worker};
 use crate::schema::{self, Taking, storage};
 use crate::{head_files, verify::head_file_at};
@@ -101,7 +101,7 @@ pub(crate) fn open_connection(
         Opening::First => lease::acquire(&mut client, worker)?,
         Opening::Again => lease::reacquire(&mut client, worker)?,
     }
-    let gate = WriteGate::prepare(&mut client, durability, log_id)?;
+    let gate = WriteGate::prepare(&mut client, durability, log_id, worker)?;
     let head_file = worker
         .head_file
         .as_deref()
@@ -144,12 +144,19 @@ pub(crate) fn open_connection(
 }
 
 /// What every write transaction on a connection begins with ([`begin_write`]), made when
-/// the connection is.
+/// the connection is: after its BEGIN, one simple query (one round trip) running three
+/// statements prepared in the session (the log's identity and the worker written into them
+/// as constants). Under read committed each statement reads its own snapshot, so the two
+/// after the lock read every write committed before it was granted:
+///
+/// 1. the log's write lock ([`schema::write_lock_sql`]), taken only while the log's
+///    identity is the one the connection found;
+/// 2. the worker's lease ([`lease::status_sql`]);
+/// 3. the chain's newest record ([`NEWEST_RECORD_SQL`]), which the transaction's chain
+///    then starts from without asking again.
 pub(crate) struct WriteGate {
-    /// The log's write lock waited for ([`schema::write_lock_sql`], the log's own key
-    /// written into it), prepared once; under [`Durability::Full`] its transaction commits
-    /// before the flush, since it is taken only once the lock was found taken.
-    pub(crate) lock: postgres::Statement,
+    /// With the lock waited for: a log not under [`Durability::Full`].
+    lock: String,
     /// What a write under [`Durability::Full`] needs besides.
     full: Option<FullGate>,
     /// [`lease::status_sql`], prepared once.
@@ -161,11 +168,12 @@ pub(crate) struct WriteGate {
 /// The statements of a [`WriteGate`] under [`Durability::Full`], where a writer that found
 /// the lock taken lets go of it before the server's flush.
 struct FullGate {
-    /// The lock tried, the transaction committing through the flush.
-    try_synced: postgres::Statement,
-    /// The lock tried, the transaction committing before the flush (the lock found taken
-    /// lately).
-    try_before_flush: postgres::Statement,
+    /// With the lock tried, then waited for when it was taken: the transaction commits
+    /// through the flush, or before it when it waited.
+    try_synced: String,
+    /// With the lock tried, then waited for when it was taken: the transaction commits
+    /// before the flush either way (the lock found taken lately).
+    try_before_flush: String,
     /// [`lease::FLUSH_SQL`].
     flush: postgres::Statement,
     /// When a write transaction of this connection last found the lock taken.
@@ -184,18 +192,41 @@ impl WriteGate {
         client: &mut Client,
         durability: Durability,
         log_id: String,
+        worker: &Worker,
     ) -> Result<WriteGate, TxError> {
-        let mut prepare = |taking, before_flush| {
-            client
-                .prepare(&schema::write_lock_sql(&log_id, taking, before_flush))
-                .map_err(storage)
-        };
+        // Prepared in the session by SQL, their plans cached, the three run together by
+        // `EXECUTE` in one simple query.
         let full = durability == Durability::Full;
-        let lock = prepare(Taking::Wait, full)?;
+        let locks = [
+            ("agent_kernel_gate_wait", Taking::Wait, false),
+            ("agent_kernel_gate_try_synced", Taking::TryThenWait, false),
+            (
+                "agent_kernel_gate_try_before_flush",
+                Taking::TryThenWait,
+                true,
+            ),
+        ];
+        let mut prepare = String::new();
+        for (name, taking, before_flush) in locks {
+            let lock = schema::write_lock_sql(&log_id, taking, before_flush);
+            prepare.push_str(&format!("PREPARE {name} AS {lock};\n"));
+        }
+        let lease = lease::status_sql_inlined(&worker.owner);
+        prepare.push_str(&format!(
+            "PREPARE agent_kernel_gate_lease AS {lease};\n\
+             PREPARE agent_kernel_gate_newest AS {NEWEST_RECORD_SQL};"
+        ));
+        client.batch_execute(&prepare).map_err(storage)?;
+        let statements = |lock: &str| {
+            format!(
+                "EXECUTE {lock}; EXECUTE agent_kernel_gate_lease; EXECUTE agent_kernel_gate_newest"
+            )
+        };
+        let lock = statements(locks[0].0);
         let full = if full {
             Some(FullGate {
-                try_synced: prepare(Taking::Try, false)?,
-                try_before_flush: prepare(Taking::Try, true)?,
+                try_synced: statements(locks[1].0),
+                try_before_flush: statements(locks[2].0),
                 flush: client.prepare(lease::FLUSH_SQL).map_err(storage)?,
                 contended_at: Cell::new(None),
             })
@@ -236,10 +267,13 @@ impl WriteGate {
 
 /// A write transaction [`begin_write`] began.
 pub(crate) struct Began<'c> {
-    pub(crate) tx: postgres::Transaction<'c>,
+    pub(crate) tx: WriteTx<'c>,
     /// Whether its COMMIT returns before the server's flush: [`WriteGate::flushed`] must
     /// then return before anything it wrote is answered.
     pub(crate) before_flush: bool,
+    /// The chain's newest record as the transaction read it under the lock: the answer to
+    /// its [`NEWEST_RECORD_SQL`] ([`PgDb::knowing_newest`]).
+    pub(crate) newest: Vec<Vec<Value>>,
 }
 
 /// What a log's connection did since the log was opened ([`PostgresLog::stats`](crate::PostgresLog::stats)).
@@ -307,10 +341,11 @@ pub const RECONNECT_PAUSE_FIRST: Duration = Duration::from_millis(50);
 /// The longest pause between tries to connect again.
 pub const RECONNECT_PAUSE_MAX: Duration = Duration::from_secs(1);
 
-/// The round trips [`begin_write`] makes: BEGIN, the write lock, the lease check.
-pub(crate) const BEGIN_WRITE_TRIPS: u64 = 3;
+/// The round trips [`begin_write`] makes when it finds the lock free: BEGIN, the write
+/// lock, the lease check and the chain's newest record, together.
+pub(crate) const BEGIN_WRITE_TRIPS: u64 = 1;
 
-/// The round trips of a snapshot's BEGIN and COMMIT.
+/// The round trips of a read-only snapshot's BEGIN and COMMIT.
 const SNAPSHOT_TRIPS: u64 = 2;
 
 /// A job other than a write, run with the connection and the clock's time.
@@ -394,9 +429,10 @@ pub(crate) struct Connection {
     pub(crate) durability: Durability,
     /// The locks begun steps hold, kept from one of this writer's transactions to the next.
     pub(crate) locks: LockMap,
-    /// Whether a write alone holds back its writes of steps and sagas as a group does
-    /// ([`PostgresLog::hold_writes_always`](crate::PostgresLog::hold_writes_always)).
-    pub(crate) hold_always: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether no group holds back its writes of steps and sagas, as the items of a refused
+    /// group written again one by one do not
+    /// ([`PostgresLog::write_without_holding`](crate::PostgresLog::write_without_holding)).
+    pub(crate) hold_never: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A read-only, repeatable-read snapshot on `client`: every read of the log sees one
@@ -411,8 +447,8 @@ pub(crate) fn snapshot(client: &mut Client) -> Result<postgres::Transaction<'_>,
 }
 
 /// Moves this machine's head file, when it keeps one, to `chain`'s newest record, just
-/// committed (a batch that ended a saga or held an audit event, or a take-over), checked in
-/// a new snapshot.
+/// committed (a batch that ended a saga or held an audit event, or a take-over), checked by
+/// one statement outside any transaction (a snapshot of its own, one round trip).
 pub(crate) fn advance_head_file(
     client: &mut Client,
     statements: &Statements,
@@ -422,24 +458,19 @@ pub(crate) fn advance_head_file(
     let Some(head_file) = head_file else {
         return;
     };
-    // Without a snapshot the head file stays where it was; `audit verify` vouches up to it.
-    if let Ok(mut tx) = snapshot(client) {
-        head_file.advance(&PgDb::new(&mut tx, statements), chain);
-        let _ = tx.commit();
-    }
+    head_file.advance(&PgDb::new(client, statements), chain);
 }
 
 /// Begins a write transaction on `client`, the log `target` names: after every other
-/// writer's (the gate's `lock` takes the log's [`write_lock`](schema::write_lock), while
-/// the log's identity is still the gate's `log_id`), and only while `worker`'s lease is live
-/// (`fence`). Once it ran out, another process may have taken its sagas over: the write is
+/// writer's (the gate's statements take the log's [`write_lock`](schema::write_lock), while
+/// the log's identity is still the gate's `log_id`), and only while the gate's worker's lease
+/// is live. Once it ran out, another process may have taken its sagas over: the write is
 /// refused ([`TxError::Fenced`]). A log whose identity is no longer the one this connection
 /// found (edited, or another schema ahead in the `search_path`), whose writers take another
 /// lock, is refused as [`TxError::Tampered`].
 pub(crate) fn begin_write<'c>(
     client: &'c mut Client,
     gate: &WriteGate,
-    worker: &Worker,
     target: &str,
     counters: &Counters,
 ) -> Result<Began<'c>, TxError> {
@@ -450,55 +481,116 @@ pub(crate) fn begin_write<'c>(
             gate.log_id
         ),
     };
-    // Read committed, whatever the server's default: each statement then reads what the
-    // writers before this one committed, once the lock is granted.
-    let mut tx = client
-        .build_transaction()
-        .isolation_level(IsolationLevel::ReadCommitted)
-        .start()
-        .map_err(storage)?;
+    // Begun by the gate's first query, and rolled back if anything fails before its end.
+    let mut tx = WriteTx::beginning(client);
     // Under `full`, tried first: a writer that finds it taken waits, and lets go of it
     // before the flush; so do its writes for a while after.
     let mut before_flush = false;
-    let mut taken = false;
-    if let Some(full) = &gate.full {
-        before_flush = full
-            .contended_at
-            .get()
-            .is_some_and(|at| at.elapsed() < CONTENTION_REMEMBERED);
-        let tried = if before_flush {
-            &full.try_before_flush
-        } else {
-            &full.try_synced
-        };
-        let row = tx
-            .query_opt(tried, &[&gate.log_id])
-            .map_err(storage)?
-            .ok_or_else(tampered)?;
-        taken = row.try_get::<_, bool>(1).map_err(storage)?;
-        if !taken {
-            counters.trips(1);
-            counters.contended.fetch_add(1, Ordering::Relaxed);
+    let first = match &gate.full {
+        Some(full) => {
+            before_flush = full
+                .contended_at
+                .get()
+                .is_some_and(|at| at.elapsed() < CONTENTION_REMEMBERED);
+            if before_flush {
+                &full.try_before_flush
+            } else {
+                &full.try_synced
+            }
+        }
+        None => &gate.lock,
+    };
+    let tries = gate.full.is_some();
+    let found = gate_answers(&mut tx, first, tries)?.ok_or_else(tampered)?;
+    if !found.free {
+        // Found taken, and waited for: the transaction commits before the flush.
+        counters.contended.fetch_add(1, Ordering::Relaxed);
+        if let Some(full) = &gate.full {
             full.contended_at.set(Some(Instant::now()));
-            before_flush = true;
+        }
+        before_flush = true;
+    }
+    if !found.live {
+        return Err(TxError::Fenced {
+            reason: "found run out at a write".to_owned(),
+        });
+    }
+    Ok(Began {
+        tx,
+        before_flush,
+        newest: found.newest,
+    })
+}
+
+/// What a [`WriteGate`]'s statements answered.
+struct GateAnswers {
+    /// Whether the lock was free (a lock tried first and found taken was waited for).
+    free: bool,
+    /// Whether the worker's lease is live.
+    live: bool,
+    /// The chain's newest record (none for an empty chain): seq, hash, MAC.
+    newest: Vec<Vec<Value>>,
+}
+
+/// Begins `tx` (read committed, whatever the server's default: each statement then reads
+/// what the writers before it committed) and sends `statements`, a [`WriteGate`]'s (`tries`:
+/// its lock is tried first), in one simple query; `None` when the lock statement found the
+/// log's identity changed, and took nothing.
+fn gate_answers(
+    tx: &mut WriteTx<'_>,
+    statements: &str,
+    tries: bool,
+) -> Result<Option<GateAnswers>, TxError> {
+    let query = format!("START TRANSACTION ISOLATION LEVEL READ COMMITTED; {statements}");
+    let mut answers: Vec<Vec<postgres::SimpleQueryRow>> = vec![Vec::new()];
+    let messages = tx.client().simple_query(&query).map_err(storage)?;
+    // The START's answer apart.
+    for message in messages.into_iter().skip(1) {
+        match message {
+            SimpleQueryMessage::Row(row) => {
+                if let Some(rows) = answers.last_mut() {
+                    rows.push(row);
+                }
+            }
+            SimpleQueryMessage::CommandComplete(_) => answers.push(Vec::new()),
+            _ => {}
         }
     }
-    if !taken && tx.execute(&gate.lock, &[&gate.log_id]).map_err(storage)? != 1 {
-        return Err(tampered());
-    }
-    match lease::status(&mut tx, &gate.fence, &worker.owner)? {
-        LeaseStatus::Live => Ok(Began { tx, before_flush }),
-        LeaseStatus::Expired => Err(TxError::Fenced {
-            reason: "found run out at a write".to_owned(),
-        }),
-    }
+    let [lock, lease, newest, _] = &answers[..] else {
+        return Err(TxError::Storage(format!(
+            "a write transaction's first statements answered {} times, not 3",
+            answers.len().saturating_sub(1)
+        )));
+    };
+    let Some(lock) = lock.first() else {
+        return Ok(None);
+    };
+    let free = !tries || lock.get(1) == Some("t");
+    let live = lease.first().and_then(|row| row.get(0)) == Some("t");
+    let newest = newest
+        .iter()
+        .map(|row| {
+            let text = |idx: usize| {
+                row.get(idx)
+                    .map_or(Value::Null, |text| Value::Text(text.to_owned()))
+            };
+            // The seq as an integer, as the store reads it; anything else as the text the
+            // server sent, for the store to find malformed.
+            let seq = match row.get(0).map(str::parse::<i64>) {
+                Some(Ok(seq)) => Value::Integer(seq),
+                _ => text(0),
+            };
+            vec![seq, text(1), text(2)]
+        })
+        .collect();
+    Ok(Some(GateAnswers { free, live, newest }))
 }
 
 /// A take-over in the group's transaction, its owner's lease already ended: the
 /// compare-and-swap, then, if it took the saga, the batch written with it (a refused batch
 /// is the error, and rolls the take-over back with the transaction).
 fn take_over_in(
-    db: &PgDb<'_, '_>,
+    db: &PgDb<'_>,
     chain: &mut Chain<'_>,
     key: Option<&AuditKey>,
     take_over: &TakeOver,
@@ -533,12 +625,12 @@ impl Connection {
     /// Writes `group`, items queued at the same time, in one transaction (one commit and
     /// one sync under [`Durability::Full`]), and answers each. When an item is refused the
     /// transaction is rolled back and each item is written again in a transaction of its
-    /// own, in order, so each gets the answer it would have had alone. A group of several
-    /// items holds back its writes of steps and sagas ([`PgDb::holding`]), which a write
-    /// alone never does.
+    /// own, in order, so each gets the answer it would have had alone. A group, even of one
+    /// item, holds back its writes of steps and sagas ([`PgDb::holding`]), which the items
+    /// written again one by one do not.
     pub(crate) fn write_group(&mut self, group: Vec<(Item, Reply)>, now_ms: i64) {
         let items: Vec<&Item> = group.iter().map(|(item, _)| item).collect();
-        let hold = items.len() > 1 || self.hold_always.load(Ordering::Relaxed);
+        let hold = !self.hold_never.load(Ordering::Relaxed);
         let answers: Vec<Result<Answer, TxError>> =
             match self.try_group_reconnecting(&items, now_ms, hold) {
                 GroupEnd::Committed(answers) => answers.into_iter().map(Ok).collect(),
@@ -634,17 +726,13 @@ impl Connection {
     /// back and sent kind by kind ([`PgDb::holding`]).
     fn try_group(&mut self, items: &[&Item], now_ms: i64, hold: bool) -> GroupEnd {
         let key = self.audit_key.as_ref();
-        self.counters.trips(BEGIN_WRITE_TRIPS + 1);
+        // The COMMIT travels with the held writes, counted with them.
+        self.counters.trips(BEGIN_WRITE_TRIPS);
         let Began {
             mut tx,
             before_flush,
-        } = match begin_write(
-            &mut self.client,
-            &self.gate,
-            &self.worker,
-            &self.target,
-            &self.counters,
-        ) {
+            newest,
+        } = match begin_write(&mut self.client, &self.gate, &self.target, &self.counters) {
             Ok(began) => began,
             Err(error) => return GroupEnd::NotBegun(error),
         };
@@ -659,7 +747,7 @@ impl Connection {
                 Item::TakeOver(take_over) if take_over.expected == self.worker.owner => true,
                 Item::TakeOver(take_over) => {
                     self.counters.trips(2);
-                    match lease::end_if_expired(&mut tx, &take_over.expected) {
+                    match lease::end_if_expired(tx.client(), &take_over.expected) {
                         Ok(dead) => dead,
                         Err(error) => return GroupEnd::BatchRefused(error),
                     }
@@ -671,7 +759,7 @@ impl Connection {
         let mut chain = {
             // The group's audit records go in together, in one round trip, and so do its
             // steps' and sagas' writes of each kind when they are held.
-            let db = PgDb::holding(&mut tx, &self.statements, hold);
+            let db = PgDb::holding(&mut tx, &self.statements, hold).knowing_newest(newest);
             let mut chain = match Chain::start_with(&db, key, &mut self.locks) {
                 Ok(chain) => chain,
                 Err(error) => return GroupEnd::Failed(error),
@@ -699,17 +787,20 @@ impl Connection {
                     Err(error) => return GroupEnd::BatchRefused(error),
                 }
             }
-            if let Err(err) = db.flush() {
+            // The held writes, the audit records and the COMMIT, in one round trip.
+            match db.flush_and_commit() {
+                Ok(()) => {}
                 // Each item alone, then, to tell which one it was.
-                return GroupEnd::BatchRefused(TxError::Storage(format!(
-                    "the held writes or the audit records could not be written: {err}"
-                )));
+                Err(Failed::Refused(err)) => {
+                    return GroupEnd::BatchRefused(TxError::Storage(format!(
+                        "the held writes or the audit records could not be written: {err}"
+                    )));
+                }
+                Err(Failed::Unknown(err)) => return GroupEnd::Failed(TxError::Storage(err)),
             }
             chain
         };
-        if let Err(err) = tx.commit() {
-            return GroupEnd::Failed(storage(err));
-        }
+        drop(tx);
         if let Err(error) =
             self.gate
                 .flushed(&mut self.client, &self.worker, &self.counters, before_flush)
@@ -720,7 +811,6 @@ impl Connection {
         let records = items.iter().map(|item| item.records() as u64).sum();
         self.counters.committed(items.len() as u64, records);
         if moves_head {
-            self.counters.trips(SNAPSHOT_TRIPS);
             advance_head_file(
                 &mut self.client,
                 &self.statements,
@@ -738,15 +828,10 @@ impl Connection {
         let Began {
             mut tx,
             before_flush,
-        } = begin_write(
-            &mut self.client,
-            &self.gate,
-            &self.worker,
-            &self.target,
-            &self.counters,
-        )?;
+            newest,
+        } = begin_write(&mut self.client, &self.gate, &self.target, &self.counters)?;
         let chain = {
-            let db = PgDb::new(&mut tx, &self.statements);
+            let db = PgDb::new(&mut tx, &self.statements).knowing_newest(newest);
             let mut chain = Chain::start(&db, key)?;
             backend::apply_batch(&db, &mut chain, key, &[LogWrite::Audit(event)], now_ms)?;
             chain

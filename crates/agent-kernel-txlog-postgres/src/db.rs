@@ -8,6 +8,7 @@ use std::error::Error as StdError;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use agent_kernel_txlog::backend::NEWEST_RECORD_SQL;
 use agent_kernel_txlog::sql::{Db, Error, Row, ToValue, Value, ValueRef};
 
 use crate::held::{self, Held};
@@ -15,14 +16,28 @@ use bytes::BytesMut;
 use postgres::error::SqlState;
 use postgres::fallible_iterator::FallibleIterator as _;
 use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
-use postgres::{Statement, Transaction};
+use postgres::{GenericClient, SimpleQueryMessage, Statement};
 
 /// The statements prepared on one connection, by their text as the log writes it, and the
 /// round trips to the server they made (each prepare, and each statement run).
 #[derive(Default)]
 pub(crate) struct Statements {
     prepared: RefCell<HashMap<String, Statement>>,
+    /// The names of the statements prepared in the session by SQL (`PREPARE`), by their text
+    /// as the log writes it: a simple query runs them (`EXECUTE`) with their plans cached,
+    /// where a statement written out whole would be parsed and planned each time.
+    named: RefCell<HashMap<String, String>>,
+    /// What each text the store ran is, once told apart (whether it is [`AUDIT_INSERT`],
+    /// the held kind it is): the store runs a few texts many times.
+    seen: RefCell<HashMap<String, Seen>>,
     round_trips: Arc<AtomicU64>,
+}
+
+/// What a statement's text is, for [`PgDb`] to hold it back or not.
+#[derive(Clone, Copy)]
+struct Seen {
+    audit_insert: bool,
+    kind: Option<usize>,
 }
 
 impl Statements {
@@ -30,8 +45,23 @@ impl Statements {
     pub(crate) fn counting(round_trips: Arc<AtomicU64>) -> Statements {
         Statements {
             prepared: RefCell::default(),
+            named: RefCell::default(),
+            seen: RefCell::default(),
             round_trips,
         }
+    }
+
+    /// What `sql` is, told apart once per text.
+    fn seen(&self, sql: &str) -> Seen {
+        if let Some(seen) = self.seen.borrow().get(sql) {
+            return *seen;
+        }
+        let seen = Seen {
+            audit_insert: is_audit_insert(sql),
+            kind: held::kind_of(sql),
+        };
+        self.seen.borrow_mut().insert(sql.to_owned(), seen);
+        seen
     }
 
     fn trip(&self) {
@@ -39,9 +69,147 @@ impl Statements {
     }
 }
 
+/// What the log's statements run on, in a transaction: one of the client's
+/// ([`postgres::Transaction`]), or a connection whose write transaction was begun by SQL
+/// ([`WriteTx`]).
+pub(crate) trait Session {
+    fn prepare(&mut self, sql: &str) -> Result<Statement, postgres::Error>;
+    fn execute(
+        &mut self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, postgres::Error>;
+    fn query_raw(
+        &mut self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<postgres::RowIter<'_>, postgres::Error>;
+    fn simple_query(&mut self, sql: &str) -> Result<Vec<SimpleQueryMessage>, postgres::Error>;
+    fn batch_execute(&mut self, sql: &str) -> Result<(), postgres::Error>;
+    /// Told that a statement it ran ended its transaction (a COMMIT sent with others).
+    fn ended(&mut self) {}
+}
+
+/// Why [`PgDb::flush_and_commit`] did not commit.
+#[derive(Debug)]
+pub(crate) enum Failed {
+    /// Refused before its COMMIT took effect (a held write that did not change the rows
+    /// the store was told, a statement the server refused): nothing of it was written.
+    Refused(String),
+    /// The connection failed or the session ended while it ran, or its answer made no
+    /// sense: it may have committed.
+    Unknown(String),
+}
+
+/// [`Session`] for what implements [`postgres::GenericClient`].
+macro_rules! session_of {
+    ($type:ty) => {
+        impl Session for $type {
+            fn prepare(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
+                GenericClient::prepare(self, sql)
+            }
+            fn execute(
+                &mut self,
+                statement: &Statement,
+                params: &[&(dyn ToSql + Sync)],
+            ) -> Result<u64, postgres::Error> {
+                GenericClient::execute(self, statement, params)
+            }
+            fn query_raw(
+                &mut self,
+                statement: &Statement,
+                params: &[&(dyn ToSql + Sync)],
+            ) -> Result<postgres::RowIter<'_>, postgres::Error> {
+                GenericClient::query_raw(self, statement, params.iter().copied())
+            }
+            fn simple_query(
+                &mut self,
+                sql: &str,
+            ) -> Result<Vec<SimpleQueryMessage>, postgres::Error> {
+                GenericClient::simple_query(self, sql)
+            }
+            fn batch_execute(&mut self, sql: &str) -> Result<(), postgres::Error> {
+                GenericClient::batch_execute(self, sql)
+            }
+        }
+    };
+}
+
+session_of!(postgres::Transaction<'_>);
+session_of!(postgres::Client);
+
+/// A write transaction begun by SQL on a connection, so that its BEGIN travels with the
+/// statements after it in one round trip ([`begin_write`](crate::connection::begin_write)):
+/// rolled back when dropped before it ended.
+pub(crate) struct WriteTx<'c> {
+    client: &'c mut postgres::Client,
+    /// Whether it may still be open on the server: begun, and neither committed nor
+    /// rolled back.
+    open: bool,
+}
+
+impl<'c> WriteTx<'c> {
+    /// A transaction `sql` is about to begin on `client` (its `START TRANSACTION` first):
+    /// rolled back when dropped, whether or not `sql` got that far.
+    pub(crate) fn beginning(client: &'c mut postgres::Client) -> Self {
+        WriteTx { client, open: true }
+    }
+
+    /// The connection, inside the transaction.
+    pub(crate) fn client(&mut self) -> &mut postgres::Client {
+        self.client
+    }
+
+    /// Commits it.
+    pub(crate) fn commit(mut self) -> Result<(), postgres::Error> {
+        // Over whatever the COMMIT answers: a failed COMMIT ends the transaction too.
+        self.open = false;
+        self.client.batch_execute("COMMIT")
+    }
+}
+
+impl Drop for WriteTx<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            // The connection's own thread, as every statement of it. A connection that
+            // broke has no transaction left to roll back.
+            let _ = self.client.batch_execute("ROLLBACK");
+        }
+    }
+}
+
+impl Session for WriteTx<'_> {
+    fn prepare(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
+        self.client.prepare(sql)
+    }
+    fn execute(
+        &mut self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, postgres::Error> {
+        self.client.execute(statement, params)
+    }
+    fn query_raw(
+        &mut self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<postgres::RowIter<'_>, postgres::Error> {
+        self.client.query_raw(statement, params.iter().copied())
+    }
+    fn simple_query(&mut self, sql: &str) -> Result<Vec<SimpleQueryMessage>, postgres::Error> {
+        self.client.simple_query(sql)
+    }
+    fn batch_execute(&mut self, sql: &str) -> Result<(), postgres::Error> {
+        self.client.batch_execute(sql)
+    }
+    fn ended(&mut self) {
+        self.open = false;
+    }
+}
+
 /// A transaction the log's statements run in.
-pub(crate) struct PgDb<'t, 'c> {
-    tx: RefCell<&'t mut Transaction<'c>>,
+pub(crate) struct PgDb<'t> {
+    tx: RefCell<&'t mut dyn Session>,
     statements: &'t Statements,
     /// Audit records held back, to be inserted together ([`PgDb::holding`]); `None` when
     /// each is inserted as it comes.
@@ -52,6 +220,9 @@ pub(crate) struct PgDb<'t, 'c> {
     /// Why a statement of held rows failed or changed other rows than the store was told:
     /// the transaction must not commit ([`PgDb::flush`] says so).
     poisoned: RefCell<Option<String>>,
+    /// The answer to [`NEWEST_RECORD_SQL`] read ahead in this transaction
+    /// ([`PgDb::knowing_newest`]), for its first statement only.
+    newest: RefCell<Option<Vec<Vec<Value>>>>,
 }
 
 /// Audit records held back, column by column, as the arrays one `INSERT … SELECT FROM
@@ -78,20 +249,53 @@ fn is_audit_insert(sql: &str) -> bool {
     sql.split_whitespace().eq(AUDIT_INSERT.split_whitespace())
 }
 
-/// The held records, inserted in one statement and one round trip.
-const AUDIT_INSERT_HELD: &str =
-    "INSERT INTO audit_log (seq, at_ms, kind, saga_id, body, prev_hash, hash, mac)
-     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[],
+/// How held records are inserted: one row per element of its arrays, prepared in the session
+/// under a name and run with the arrays written out as constants.
+const AUDIT_INSERT_ARRAYS: &str = "INSERT INTO audit_log (seq, at_ms, kind, saga_id, body, prev_hash, hash, mac) \
+     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
                           $6::text[], $7::text[], $8::text[])";
 
-impl<'t, 'c> PgDb<'t, 'c> {
-    pub(crate) fn new(tx: &'t mut Transaction<'c>, statements: &'t Statements) -> Self {
+impl HeldRecords {
+    /// The arguments of [`AUDIT_INSERT_ARRAYS`] for these records: each column an array of
+    /// constants.
+    fn arguments(&self) -> Result<String, String> {
+        let integers = |column: &[i64]| {
+            held::array_literal(column.iter().map(|&n| ValueRef::Integer(n)), &Type::INT8)
+        };
+        let texts = |column: &[String]| {
+            held::array_literal(column.iter().map(|text| ValueRef::Text(text)), &Type::TEXT)
+        };
+        let optional = |column: &[Option<String>]| {
+            held::array_literal(
+                column
+                    .iter()
+                    .map(|text| text.as_deref().map_or(ValueRef::Null, ValueRef::Text)),
+                &Type::TEXT,
+            )
+        };
+        Ok(format!(
+            "({}, {}, {}, {}, {}, {}, {}, {})",
+            integers(&self.seq)?,
+            integers(&self.at_ms)?,
+            texts(&self.kind)?,
+            optional(&self.saga_id)?,
+            texts(&self.body)?,
+            texts(&self.prev_hash)?,
+            texts(&self.hash)?,
+            optional(&self.mac)?,
+        ))
+    }
+}
+
+impl<'t> PgDb<'t> {
+    pub(crate) fn new(tx: &'t mut dyn Session, statements: &'t Statements) -> Self {
         PgDb {
             tx: RefCell::new(tx),
             statements,
             held: RefCell::new(None),
             rows: RefCell::new(None),
             poisoned: RefCell::new(None),
+            newest: RefCell::new(None),
         }
     }
 
@@ -102,55 +306,166 @@ impl<'t, 'c> PgDb<'t, 'c> {
     /// With `rows`, the writes of steps and sagas are held back too ([`held`](crate::held)),
     /// and sent before any other statement: a group of many batches, whose transaction is
     /// tried again item by item when [`flush`](Self::flush) refuses it.
-    pub(crate) fn holding(
-        tx: &'t mut Transaction<'c>,
-        statements: &'t Statements,
-        rows: bool,
-    ) -> Self {
+    pub(crate) fn holding(tx: &'t mut dyn Session, statements: &'t Statements, rows: bool) -> Self {
         PgDb {
             tx: RefCell::new(tx),
             statements,
             held: RefCell::new(Some(HeldRecords::default())),
             rows: RefCell::new(rows.then(Held::default)),
             poisoned: RefCell::new(None),
+            newest: RefCell::new(None),
         }
     }
 
-    /// Sends what is held back, if anything: the held rows, kind by kind, then the audit
-    /// records. An error when a statement of held rows failed or changed other rows than
-    /// the store was told, now or earlier: the transaction must then be rolled back.
-    pub(crate) fn flush(&self) -> Result<(), Error> {
-        self.flush_rows()?;
-        self.flush_records()
+    /// Answers the transaction's first statement, when it is [`NEWEST_RECORD_SQL`], with
+    /// `rows` instead of asking the server: what the transaction read under the log's write
+    /// lock, after which nothing was written ([`begin_write`](crate::connection::begin_write)).
+    /// Any other first statement goes to the server, and so does everything after it.
+    pub(crate) fn knowing_newest(self, rows: Vec<Vec<Value>>) -> Self {
+        *self.newest.borrow_mut() = Some(rows);
+        self
     }
 
-    /// Inserts the audit records held back, if any.
-    fn flush_records(&self) -> Result<(), Error> {
-        let held = match self.held.borrow_mut().as_mut() {
-            Some(held) if !held.seq.is_empty() => std::mem::take(held),
-            _ => return Ok(()),
+    /// Sends what is held back, if anything, in one simple query and one round trip: the
+    /// held rows kind by kind (each kind one statement, in the order of its rank, which
+    /// fails when it changes other rows than the store was told), then the audit records.
+    /// An error when a statement of held rows failed, now or earlier: the transaction must
+    /// then be rolled back.
+    pub(crate) fn flush(&self) -> Result<(), Error> {
+        if let Some(why) = self.poisoned.borrow().as_ref() {
+            return Err(Error::Database(why.clone()));
+        }
+        self.send_held(false).map_err(|failed| {
+            let (Failed::Refused(why) | Failed::Unknown(why)) = failed;
+            // Never a constraint: the store must not read it as its own statement's.
+            let why = format!("{why}; the group is written again item by item");
+            *self.poisoned.borrow_mut() = Some(why.clone());
+            Error::Database(why)
+        })
+    }
+
+    /// [`flush`](Self::flush), and the transaction's COMMIT in the same simple query: one
+    /// round trip for a group's writes and its commit. A held write whose rows are not what
+    /// the store was told fails its statement on the server, so the COMMIT after it never
+    /// runs. On a [`WriteTx`], which it ends.
+    pub(crate) fn flush_and_commit(&self) -> Result<(), Failed> {
+        if let Some(why) = self.poisoned.borrow().as_ref() {
+            return Err(Failed::Refused(why.clone()));
+        }
+        self.send_held(true)
+    }
+
+    /// Each held kind's rows as one statement (the store's own, prepared in the session
+    /// under a name, for one row; a statement of arrays written out as constants for
+    /// several), wrapped so that it fails unless it changed the rows the store was told;
+    /// then the held records; then, when it `commits`, COMMIT: all in one simple query.
+    fn send_held(&self, commits: bool) -> Result<(), Failed> {
+        let kinds = match self.rows.borrow_mut().as_mut() {
+            Some(held) if !held.is_empty() => held.take(),
+            _ => Vec::new(),
         };
-        let statement = self.statement(AUDIT_INSERT_HELD)?;
-        self.run_refs(
-            &statement,
-            &[
-                &held.seq,
-                &held.at_ms,
-                &held.kind,
-                &held.saga_id,
-                &held.body,
-                &held.prev_hash,
-                &held.hash,
-                &held.mac,
-            ],
-        )?;
+        let records = match self.held.borrow_mut().as_mut() {
+            Some(held) if !held.seq.is_empty() => Some(std::mem::take(held)),
+            _ => None,
+        };
+        if kinds.is_empty() && records.is_none() && !commits {
+            return Ok(());
+        }
+        let mut query = String::new();
+        let mut statements = 0;
+        let mut what = Vec::new();
+        for (kind, sql, rows) in &kinds {
+            let spec = &held::KINDS[*kind];
+            let about = format!("{} held writes ({})", rows.len(), spec.sql);
+            let refused = |err: String| Failed::Refused(format!("{about}: {err}"));
+            let single = self
+                .statement(sql)
+                .map_err(|err| refused(err.to_string()))?;
+            let expected = spec.rows_each.map(|each| each * rows.len() as u64);
+            // One row: the store's own statement, prepared in the session, its plan cached.
+            // Several: their statement of arrays, planned for its values each time (a plan
+            // cached for any values, made while the log was small, would join `saga_steps`
+            // by a sequential scan ever after).
+            let statement = match &rows[..] {
+                [row] => {
+                    let checked = match expected {
+                        Some(rows) => held::checked(sql, rows),
+                        None => sql.clone(),
+                    };
+                    let name = self
+                        .named(&checked)
+                        .map_err(|err| refused(err.to_string()))?;
+                    held::execute(&name, single.params(), row)
+                }
+                _ => held::bulk_with_values(spec.sql, single.params(), rows)
+                    .and_then(|bulk| {
+                        bulk.ok_or_else(|| format!("no statement of arrays for `{}`", spec.sql))
+                    })
+                    .map(|bulk| match expected {
+                        Some(rows) => held::checked(&bulk, rows),
+                        None => bulk,
+                    }),
+            }
+            .map_err(refused)?;
+            query.push_str(&statement);
+            query.push_str(";\n");
+            statements += 1;
+            what.push(about);
+        }
+        if let Some(records) = records {
+            let name = self
+                .named(AUDIT_INSERT_ARRAYS)
+                .map_err(|err| Failed::Refused(format!("the audit records: {err}")))?;
+            let arguments = records.arguments().map_err(Failed::Refused)?;
+            query.push_str(&format!("EXECUTE {name}{arguments};\n"));
+            statements += 1;
+            what.push(format!("{} audit records", records.seq.len()));
+        }
+        if commits {
+            query.push_str("COMMIT");
+            statements += 1;
+            what.push("COMMIT".to_owned());
+        }
+        self.statements.trip();
+        let mut tx = self
+            .tx_mut()
+            .map_err(|err| Failed::Refused(err.to_string()))?;
+        let answers = tx.simple_query(&query).map_err(|err| {
+            let why = format!("{}: {}", what.join(", "), describe_error(&err));
+            // An error the server reported in its session: that statement failed, and so
+            // did the transaction, whose COMMIT (last) never took effect. Anything else (the
+            // connection lost, the session ended) may have come after the COMMIT did.
+            match err.as_db_error() {
+                Some(db) if db.severity() == "ERROR" => Failed::Refused(why),
+                _ if !commits => Failed::Refused(why),
+                _ => Failed::Unknown(why),
+            }
+        })?;
+        if commits {
+            tx.ended();
+        }
+        let answered = answers
+            .iter()
+            .filter(|answer| matches!(answer, SimpleQueryMessage::CommandComplete(_)))
+            .count();
+        if answered != statements {
+            // Every statement ran, the COMMIT too: the count is the client's to explain.
+            return Err(Failed::Unknown(format!(
+                "{statements} statements sent, {answered} answered"
+            )));
+        }
         Ok(())
     }
 
     /// Holds back the statement `sql` runs with `params` when rows are held and it is of a
     /// kind that may be; the rows the store expects it to change, if it did.
     fn hold_row(&self, sql: &str, params: &[&dyn ToValue]) -> Result<Option<usize>, Error> {
-        let Some(kind) = self.rows.borrow().as_ref().and_then(|_| held::kind_of(sql)) else {
+        let Some(kind) = self
+            .rows
+            .borrow()
+            .as_ref()
+            .and_then(|_| self.statements.seen(sql).kind)
+        else {
             return Ok(None);
         };
         let values: Vec<ValueRef<'_>> = params.iter().map(|param| param.to_value()).collect();
@@ -160,103 +475,13 @@ impl<'t, 'c> PgDb<'t, 'c> {
             .as_ref()
             .is_some_and(|held| held.conflicts(kind, &values));
         if conflicts {
-            self.flush_rows()?;
+            self.flush()?;
         }
         if let Some(held) = self.rows.borrow_mut().as_mut() {
             held.hold(kind, sql, &values);
         }
         let rows = held::KINDS[kind].rows_each.unwrap_or(0);
         Ok(Some(usize::try_from(rows).unwrap_or(usize::MAX)))
-    }
-
-    /// Sends the held rows, a statement per kind, and checks each changed the rows the
-    /// store was told; the first failure poisons the transaction.
-    fn flush_rows(&self) -> Result<(), Error> {
-        if let Some(why) = self.poisoned.borrow().as_ref() {
-            return Err(Error::Database(why.clone()));
-        }
-        let kinds = match self.rows.borrow_mut().as_mut() {
-            Some(held) if !held.is_empty() => held.take(),
-            _ => return Ok(()),
-        };
-        for (kind, sql, rows) in kinds {
-            if let Err(why) = self.send_held(kind, &sql, &rows) {
-                // Never a constraint: the store must not read it as its own statement's.
-                let why = format!("{why}; the group is written again item by item");
-                *self.poisoned.borrow_mut() = Some(why.clone());
-                return Err(Error::Database(why));
-            }
-        }
-        Ok(())
-    }
-
-    /// One kind's held rows, in one statement: the store's own (`sql`, as the store wrote
-    /// it, prepared under that text already) when there is one row, its statement of arrays
-    /// otherwise.
-    fn send_held(&self, kind: usize, sql: &str, rows: &[Vec<Value>]) -> Result<(), String> {
-        let spec = &held::KINDS[kind];
-        let single = self.statement(sql).map_err(|err| err.to_string())?;
-        let changed = if let [row] = rows {
-            let binds: Vec<Bind<'_>> = row
-                .iter()
-                .map(|value| Bind(held::borrowed(value)))
-                .collect();
-            self.run(&single, &binds)
-        } else {
-            let (types, arrays): (Vec<(String, String)>, Vec<Type>) = single
-                .params()
-                .iter()
-                .map(|ty| {
-                    let array = held::array_of(ty)
-                        .ok_or_else(|| format!("no array type of {ty} to hold"))?;
-                    Ok(((ty.schema().to_owned(), ty.name().to_owned()), array))
-                })
-                .collect::<Result<Vec<_>, String>>()?
-                .into_iter()
-                .unzip();
-            let bulk = held::bulk_sql(spec.sql, &types)
-                .ok_or_else(|| format!("no statement of arrays for `{}`", spec.sql))?;
-            let columns: Vec<Vec<Bind<'_>>> = (0..types.len())
-                .map(|at| {
-                    rows.iter()
-                        .map(|row| Bind(row.get(at).map_or(ValueRef::Null, held::borrowed)))
-                        .collect()
-                })
-                .collect();
-            self.run_planned(&bulk, &columns, &arrays)
-        }
-        .map_err(|err| format!("{} held writes ({}): {err}", rows.len(), spec.sql))?;
-        if let Some(each) = spec.rows_each {
-            let expected = each * rows.len() as u64;
-            if changed != expected {
-                return Err(format!(
-                    "{} held writes changed {changed} rows, not {expected} ({})",
-                    rows.len(),
-                    spec.sql
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs `sql` with `binds` of `types` as a statement planned for these values (the
-    /// unnamed statement, sent with its values in one round trip), never a plan cached for
-    /// any values: a statement of arrays joins its rows to a table, and a plan made once,
-    /// while the table was small, would scan it whole ever after (a sequential scan of
-    /// `saga_steps` for every group's outcomes, slower as the log grows).
-    fn run_planned<B: ToSql + Sync>(
-        &self,
-        sql: &str,
-        binds: &[B],
-        types: &[Type],
-    ) -> Result<u64, Error> {
-        let typed: Vec<(&(dyn ToSql + Sync), Type)> = binds
-            .iter()
-            .zip(types)
-            .map(|(bind, ty)| (bind as &(dyn ToSql + Sync), ty.clone()))
-            .collect();
-        self.statements.trip();
-        self.tx_mut()?.execute_typed(sql, &typed).map_err(error)
     }
 
     /// Runs `statement` with `binds`, a round trip; the rows it changed.
@@ -280,7 +505,7 @@ impl<'t, 'c> PgDb<'t, 'c> {
 
     /// The transaction, to run a statement on: refused while another statement's rows are
     /// still being read from it.
-    fn tx_mut(&self) -> Result<std::cell::RefMut<'_, &'t mut Transaction<'c>>, Error> {
+    fn tx_mut(&self) -> Result<std::cell::RefMut<'_, &'t mut dyn Session>, Error> {
         self.tx.try_borrow_mut().map_err(|_| {
             Error::Database("a statement was run while another one's rows were read".to_owned())
         })
@@ -292,7 +517,7 @@ impl<'t, 'c> PgDb<'t, 'c> {
         let Some(held) = held.as_mut() else {
             return Ok(false);
         };
-        if !is_audit_insert(sql) {
+        if !self.statements.seen(sql).audit_insert {
             return Ok(false);
         }
         let [seq, at_ms, kind, saga_id, body, prev_hash, hash, mac] = params else {
@@ -326,14 +551,38 @@ impl<'t, 'c> PgDb<'t, 'c> {
         Ok(true)
     }
 
-    /// Sends the held rows before any statement, and the held records first when `sql`
-    /// reads or writes `audit_log`.
+    /// Sends what is held before a statement that is not held: the rows before any (it
+    /// may read them or follow them), with the records, which then cost no round trip
+    /// more; the records alone only before a statement that reads or writes `audit_log`.
     fn flush_before(&self, sql: &str) -> Result<(), Error> {
-        self.flush_rows()?;
-        if sql.contains("audit_log") {
-            self.flush_records()?;
+        let rows_held = self
+            .rows
+            .borrow()
+            .as_ref()
+            .is_some_and(|held| !held.is_empty());
+        if rows_held || self.poisoned.borrow().is_some() || sql.contains("audit_log") {
+            return self.flush();
         }
         Ok(())
+    }
+
+    /// The name `sql` is prepared under in the session by SQL, for `EXECUTE`: prepared the
+    /// first time it is asked for on this connection (a round trip), which a rollback does
+    /// not undo.
+    fn named(&self, sql: &str) -> Result<String, Error> {
+        if let Some(name) = self.statements.named.borrow().get(sql) {
+            return Ok(name.clone());
+        }
+        let name = format!("agent_kernel_held_{}", self.statements.named.borrow().len());
+        self.statements.trip();
+        self.tx_mut()?
+            .batch_execute(&format!("PREPARE {name} AS {}", placeholders(sql)))
+            .map_err(error)?;
+        self.statements
+            .named
+            .borrow_mut()
+            .insert(sql.to_owned(), name.clone());
+        Ok(name)
     }
 
     fn statement(&self, sql: &str) -> Result<Statement, Error> {
@@ -479,8 +728,9 @@ fn value(row: &postgres::Row, idx: usize) -> Result<Value, Error> {
     })
 }
 
-impl Db for PgDb<'_, '_> {
+impl Db for PgDb<'_> {
     fn execute(&self, sql: &str, params: &[&dyn ToValue]) -> Result<usize, Error> {
+        self.newest.borrow_mut().take();
         if self.held_back(sql, params)? {
             return Ok(1);
         }
@@ -500,12 +750,28 @@ impl Db for PgDb<'_, '_> {
         params: &[&dyn ToValue],
         each: &mut dyn FnMut(&Row) -> Result<bool, Error>,
     ) -> Result<(), Error> {
+        let newest = self.newest.borrow_mut().take();
+        if let Some(rows) = newest
+            && sql == NEWEST_RECORD_SQL
+            && params.is_empty()
+        {
+            for row in rows {
+                if !each(&Row::new(row))? {
+                    break;
+                }
+            }
+            return Ok(());
+        }
         self.flush_before(sql)?;
         let statement = self.statement(sql)?;
         let binds: Vec<Bind<'_>> = params.iter().map(|param| Bind(param.to_value())).collect();
         self.statements.trip();
         let mut tx = self.tx_mut()?;
-        let mut rows = tx.query_raw(&statement, binds.iter()).map_err(error)?;
+        let refs: Vec<&(dyn ToSql + Sync)> = binds
+            .iter()
+            .map(|bind| bind as &(dyn ToSql + Sync))
+            .collect();
+        let mut rows = tx.query_raw(&statement, &refs).map_err(error)?;
         let mut wanted = true;
         while let Some(row) = rows.next().map_err(error)? {
             // The rows after the last one wanted are still read to the end: an error the
@@ -629,21 +895,25 @@ mod tests {
     }
 
     /// `sagas` sagas of one step each, begun, committed and `Done`, applied in one
-    /// transaction holding rows, and `bad` (if any) applied among them; what `flush` says
-    /// and the round trips of the transaction's statements (the chain's first read and the
-    /// statements prepared excepted: all are prepared by a first round).
+    /// transaction holding rows, and `bad` (if any) applied among them; what
+    /// `flush_and_commit` says and the round trips of the transaction's statements (the
+    /// chain's first read and the statements prepared excepted: all are prepared by a first
+    /// round).
     fn group(
         client: &mut postgres::Client,
         statements: &Statements,
         round: &str,
         sagas: usize,
         bad: Option<&[agent_kernel_api::LogWrite]>,
-    ) -> (Result<(), super::Error>, u64) {
+    ) -> (Result<(), super::Failed>, u64) {
         use agent_kernel_api::SagaState;
         use agent_kernel_log_contract::records::{begin, commit, new_saga, set_state};
         use agent_kernel_txlog::backend::{Chain, LockMap, apply_batch};
         use std::sync::atomic::Ordering::Relaxed;
-        let mut tx = client.transaction().expect("begins");
+        client
+            .batch_execute("START TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .expect("begins");
+        let mut tx = super::WriteTx::beginning(client);
         let db = PgDb::holding(&mut tx, statements, true);
         let mut locks = LockMap::default();
         let mut chain = Chain::start_with(&db, None, &mut locks).expect("starts");
@@ -663,17 +933,13 @@ mod tests {
                 apply_batch(&db, &mut chain, None, bad, 5).expect("held, not yet checked");
             }
         }
-        let flushed = db.flush();
+        let committed = db.flush_and_commit();
         let trips = statements.round_trips.load(Relaxed) - before;
-        drop(db);
-        if flushed.is_ok() {
-            tx.commit().expect("commits");
-        }
-        (flushed, trips)
+        (committed, trips)
     }
 
     #[test]
-    fn a_groups_writes_of_each_kind_take_one_round_trip_whatever_their_number() {
+    fn a_groups_writes_take_one_round_trip_whatever_their_number_and_kinds() {
         use agent_kernel_log_contract::postgres::blocking;
         let Some(schema) = fresh_log() else { return };
         let url = schema.url();
@@ -685,9 +951,9 @@ mod tests {
             let (few, trips_few) = group(&mut client, &statements, "b", 3, None);
             let (many, trips_many) = group(&mut client, &statements, "c", 40, None);
             assert!(few.is_ok() && many.is_ok(), "{few:?} {many:?}");
-            // A saga's insert, a step's, its outcome, the state, the locks' release and the
-            // audit records: a statement each.
-            assert_eq!((trips_few, trips_many), (6, 6));
+            // A saga's insert, a step's, its outcome, the state, the locks' release, the
+            // audit records and the COMMIT: a statement each, all sent together.
+            assert_eq!((trips_few, trips_many), (1, 1));
         });
         let done = schema.rows(
             "SELECT count(*)::text FROM sagas s JOIN saga_steps t USING (saga_id)
@@ -721,12 +987,12 @@ mod tests {
                 vec![begin("nowhere", 0, None, "h")],
                 vec![set_state("nowhere", SagaState::Done)],
             ] {
-                let (flushed, _) = group(&mut client, &statements, "d", 4, Some(&bad));
-                // Never a constraint, which the store might read as its own statement's.
-                let Err(super::Error::Database(error)) = flushed else {
-                    panic!("refused as a database error: {flushed:?}");
+                let (committed, _) = group(&mut client, &statements, "d", 4, Some(&bad));
+                // Refused on the server, before the COMMIT sent with it could run.
+                let Err(super::Failed::Refused(error)) = committed else {
+                    panic!("refused: {committed:?}");
                 };
-                assert!(error.contains("written again item by item"), "{error}");
+                assert!(error.contains("held writes changed"), "{error}");
             }
         });
         assert_eq!(

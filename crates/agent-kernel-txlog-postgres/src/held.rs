@@ -19,6 +19,7 @@
 use std::collections::HashMap;
 
 use agent_kernel_txlog::sql::{Value, ValueRef};
+use postgres::types::Type;
 
 /// A row a held statement reads or writes: its table (or a part of it that other kinds do
 /// not touch) and the parameters, numbered from 1, that name the row.
@@ -239,36 +240,193 @@ pub(crate) fn borrowed(value: &Value) -> ValueRef<'_> {
     }
 }
 
-/// The array type of `member`, for the types the store's statements bind.
-pub(crate) fn array_of(member: &postgres::types::Type) -> Option<postgres::types::Type> {
-    use postgres::types::Type;
-    Some(match *member {
-        Type::TEXT => Type::TEXT_ARRAY,
-        Type::VARCHAR => Type::VARCHAR_ARRAY,
-        Type::BPCHAR => Type::BPCHAR_ARRAY,
-        Type::NAME => Type::NAME_ARRAY,
-        Type::INT8 => Type::INT8_ARRAY,
-        Type::INT4 => Type::INT4_ARRAY,
-        Type::INT2 => Type::INT2_ARRAY,
-        Type::BOOL => Type::BOOL_ARRAY,
-        Type::BYTEA => Type::BYTEA_ARRAY,
-        _ => return None,
-    })
+/// The statement that does what `sql` does once for each row of `rows`, whose parameters
+/// are of `types` (the types PostgreSQL inferred for `sql`'s `?N`): each `?N` read from the
+/// column `u.pN` of an `unnest` of arrays written out as constants, so that the statement
+/// needs no parameters and travels with others in one simple query. `None` for a
+/// statement of another shape than the four held (`INSERT … VALUES`, `INSERT … SELECT …
+/// WHERE`, `UPDATE … WHERE`, `DELETE FROM … WHERE`); an error when a value is not of its
+/// column's type.
+pub(crate) fn bulk_with_values(
+    sql: &str,
+    types: &[Type],
+    rows: &[Vec<Value>],
+) -> Result<Option<String>, String> {
+    let arrays = types
+        .iter()
+        .enumerate()
+        .map(|(at, ty)| {
+            let values = rows
+                .iter()
+                .map(|row| row.get(at).map_or(ValueRef::Null, borrowed));
+            array_literal(values, ty)
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(bulk_sql(sql, &arrays))
+}
+
+/// `sql` wrapped so that it fails unless it changed `rows` rows: its changed rows returned
+/// and counted, and a count that differs cast to an integer from a text that says so (the
+/// error a simple query then stops at, before anything after it runs).
+pub(crate) fn checked(sql: &str, rows: u64) -> String {
+    format!(
+        "WITH changed AS ({sql} RETURNING 1) \
+         SELECT CASE WHEN count(*) = {rows} THEN 0 \
+             ELSE CAST('held writes changed ' || count(*) || ' rows, not {rows}' AS integer) \
+         END FROM changed"
+    )
+}
+
+/// `EXECUTE name(…)`: the statement prepared in the session under `name`, whose
+/// parameters are of `types`, run with `row`, each value written as a constant. An error
+/// when a value is not of its parameter's type.
+pub(crate) fn execute(name: &str, types: &[Type], row: &[Value]) -> Result<String, String> {
+    let mut out = format!("EXECUTE {name}");
+    for (at, ty) in types.iter().enumerate() {
+        out.push(if at == 0 { '(' } else { ',' });
+        literal(row.get(at).map_or(ValueRef::Null, borrowed), ty, &mut out)?;
+    }
+    if !types.is_empty() {
+        out.push(')');
+    }
+    Ok(out)
+}
+
+/// `values`, of `member`, as one array constant (`E'{…}'::"schema"."name"[]`): each value as
+/// the array's text form writes it (text in double quotes, a backslash before each double
+/// quote and backslash in it), then the whole as an escape string. One token for the
+/// server's parser, however many values.
+pub(crate) fn array_literal<'v>(
+    values: impl Iterator<Item = ValueRef<'v>>,
+    member: &Type,
+) -> Result<String, String> {
+    let mut out = String::from("E'{");
+    for (at, value) in values.enumerate() {
+        if at > 0 {
+            out.push(',');
+        }
+        match value {
+            ValueRef::Null => out.push_str("NULL"),
+            ValueRef::Text(text) if text.contains('\0') => {
+                return Err("text holding a NUL character".to_owned());
+            }
+            ValueRef::Text(text) => match *member {
+                Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME => {
+                    out.push('"');
+                    let mut rest = text;
+                    while let Some(at) = rest.find(['\\', '\'', '"']) {
+                        out.push_str(&rest[..at]);
+                        out.push_str(match rest.as_bytes()[at] {
+                            // `\\` in the array, each backslash doubled in the string.
+                            b'\\' => "\\\\\\\\",
+                            b'"' => "\\\\\"",
+                            _ => "''",
+                        });
+                        rest = &rest[at + 1..];
+                    }
+                    out.push_str(rest);
+                    out.push('"');
+                }
+                _ => return Err(format!("text where {member} is expected")),
+            },
+            // Integers, booleans and bytes in hex need no quotes in the array's form, but
+            // the hex's backslash is escaped for the array and then for the string.
+            ValueRef::Integer(_) | ValueRef::Blob(_) => {
+                let mut constant = String::new();
+                literal(value, member, &mut constant)?;
+                match constant.strip_prefix("E'\\\\x") {
+                    Some(hex) => {
+                        out.push_str("\"\\\\\\\\x");
+                        out.push_str(hex.trim_end_matches('\''));
+                        out.push('"');
+                    }
+                    None => out.push_str(&constant),
+                }
+            }
+        }
+    }
+    out.push_str(&format!(
+        "}}'::\"{}\".\"{}\"[]",
+        member.schema(),
+        member.name()
+    ));
+    Ok(out)
+}
+
+/// `value` written as a constant of `ty` onto `out`, as [`Db`](agent_kernel_txlog::sql::Db)
+/// binds it: an integer as an integer or a boolean, text as an escape string (`E'…'`, which
+/// reads the same whatever `standard_conforming_strings` says), bytes in hex.
+pub(crate) fn literal(value: ValueRef<'_>, ty: &Type, out: &mut String) -> Result<(), String> {
+    use std::fmt::Write as _;
+    match value {
+        ValueRef::Null => out.push_str("NULL"),
+        ValueRef::Integer(n) => match *ty {
+            Type::INT8 => {
+                let _ = write!(out, "{n}");
+            }
+            Type::INT4 => {
+                let n = i32::try_from(n).map_err(|_| format!("{n} out of range for {ty}"))?;
+                let _ = write!(out, "{n}");
+            }
+            Type::INT2 => {
+                let n = i16::try_from(n).map_err(|_| format!("{n} out of range for {ty}"))?;
+                let _ = write!(out, "{n}");
+            }
+            Type::BOOL => out.push_str(if n != 0 { "true" } else { "false" }),
+            _ => return Err(format!("an integer where {ty} is expected")),
+        },
+        // What the server would refuse as a bound value too; a constant would end the query.
+        ValueRef::Text(text) if text.contains('\0') => {
+            return Err("text holding a NUL character".to_owned());
+        }
+        ValueRef::Text(text) => match *ty {
+            Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
+                text_literal(text, out);
+            }
+            _ => return Err(format!("text where {ty} is expected")),
+        },
+        ValueRef::Blob(bytes) => match *ty {
+            Type::BYTEA => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.push_str("E'\\\\x");
+                for byte in bytes {
+                    out.push(char::from(HEX[usize::from(byte >> 4)]));
+                    out.push(char::from(HEX[usize::from(byte & 0xf)]));
+                }
+                out.push('\'');
+            }
+            _ => return Err(format!("bytes where {ty} is expected")),
+        },
+    }
+    Ok(())
+}
+
+/// `text` as an escape string constant: each backslash and each quote doubled, the only
+/// two characters such a constant gives a meaning to.
+pub(crate) fn text_literal(text: &str, out: &mut String) {
+    out.reserve(text.len() + 3);
+    out.push_str("E'");
+    let mut rest = text;
+    while let Some(at) = rest.find(['\\', '\'']) {
+        out.push_str(&rest[..at]);
+        out.push_str(if rest.as_bytes()[at] == b'\\' {
+            "\\\\"
+        } else {
+            "''"
+        });
+        rest = &rest[at + 1..];
+    }
+    out.push_str(rest);
+    out.push('\'');
 }
 
 /// The statement that does what `sql` does once for each row of its parameters, given as
-/// arrays (`$N`, of `types`, the types PostgreSQL inferred for `sql`'s `?N`, named by schema
-/// and name): `?N` read from the column `u.pN` of their `unnest`. `None` for a statement of
-/// another shape than the four held (`INSERT … VALUES`, `INSERT … SELECT … WHERE`,
-/// `UPDATE … WHERE`, `DELETE FROM … WHERE`).
-pub(crate) fn bulk_sql(sql: &str, types: &[(String, String)]) -> Option<String> {
+/// `arrays` (an array expression per `?N`, in order): `?N` read from the column `u.pN` of
+/// their `unnest`. `None` for a statement of another shape than the four held (`INSERT …
+/// VALUES`, `INSERT … SELECT … WHERE`, `UPDATE … WHERE`, `DELETE FROM … WHERE`).
+pub(crate) fn bulk_sql(sql: &str, arrays: &[String]) -> Option<String> {
     let sql = sql.split_whitespace().collect::<Vec<_>>().join(" ");
-    let arrays: Vec<String> = types
-        .iter()
-        .enumerate()
-        .map(|(at, (schema, name))| format!("${}::\"{schema}\".\"{name}\"[]", at + 1))
-        .collect();
-    let columns: Vec<String> = (1..=types.len()).map(|n| format!("p{n}")).collect();
+    let columns: Vec<String> = (1..=arrays.len()).map(|n| format!("p{n}")).collect();
     let rows = format!("unnest({}) AS u({})", arrays.join(", "), columns.join(", "));
     if let Some(rest) = sql.strip_prefix("DELETE FROM ") {
         let (table, condition) = rest.split_once(" WHERE ")?;
@@ -310,27 +468,28 @@ fn from_rows(sql: &str) -> String {
 mod tests {
     use super::*;
 
-    fn types(n: usize) -> Vec<(String, String)> {
-        (0..n)
-            .map(|_| ("pg_catalog".to_owned(), "text".to_owned()))
-            .collect()
+    fn arrays(n: usize) -> Vec<String> {
+        (1..=n).map(|at| format!("${at}::text[]")).collect()
     }
 
     #[test]
     fn each_kind_has_a_statement_of_arrays() {
         for kind in KINDS {
             let n = kind.sql.matches('?').count();
-            let bulk = bulk_sql(kind.sql, &types(n)).expect(kind.sql);
+            let bulk = bulk_sql(kind.sql, &arrays(n)).expect(kind.sql);
             assert!(!bulk.contains('?'), "{bulk}");
             assert!(bulk.contains("unnest($1::"), "{bulk}");
         }
         assert_eq!(
-            bulk_sql("UPDATE t SET a = ?2 WHERE k = ?1 AND s IN ('?')", &types(2))
-                .expect("an update"),
-            "UPDATE t SET a = u.p2 FROM unnest($1::\"pg_catalog\".\"text\"[], \
-             $2::\"pg_catalog\".\"text\"[]) AS u(p1, p2) WHERE k = u.p1 AND s IN ('?')"
+            bulk_sql(
+                "UPDATE t SET a = ?2 WHERE k = ?1 AND s IN ('?')",
+                &arrays(2)
+            )
+            .expect("an update"),
+            "UPDATE t SET a = u.p2 FROM unnest($1::text[], $2::text[]) AS u(p1, p2) \
+             WHERE k = u.p1 AND s IN ('?')"
         );
-        assert_eq!(bulk_sql("SELECT 1", &types(0)), None);
+        assert_eq!(bulk_sql("SELECT 1", &arrays(0)), None);
     }
 
     #[test]
@@ -377,5 +536,79 @@ mod tests {
         let taken = held.take();
         assert_eq!(taken.len(), 1);
         assert!(held.is_empty() && !held.conflicts(saga, &s("b")));
+    }
+
+    #[test]
+    fn a_text_constant_doubles_backslashes_and_quotes_only() {
+        let mut out = String::new();
+        text_literal("it's a\\b \u{e9}\n", &mut out);
+        assert_eq!(out, "E'it''s a\\\\b \u{e9}\n'");
+        let mut out = String::new();
+        assert!(literal(ValueRef::Text("a\0b"), &Type::TEXT, &mut out).is_err());
+        assert!(literal(ValueRef::Integer(1 << 40), &Type::INT4, &mut out).is_err());
+        assert!(literal(ValueRef::Text("1"), &Type::INT8, &mut out).is_err());
+        let mut out = String::new();
+        literal(ValueRef::Blob(&[0, 0xab]), &Type::BYTEA, &mut out).expect("bytes");
+        assert_eq!(out, "E'\\\\x00ab'");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Whatever a value holds, the server reads its constant back as that value: no
+        /// text, however quoted, ends the constant early or changes a byte.
+        #[test]
+        fn the_server_reads_each_constant_back_as_the_value(
+            texts in proptest::collection::vec(
+                proptest::option::of("[^\u{0}]{0,40}|[\\\\'\"$;E{},\\- ]{0,12}"),
+                1..6,
+            ),
+            numbers in proptest::collection::vec(proptest::num::i64::ANY, 1..4),
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..24),
+        ) {
+            use agent_kernel_log_contract::postgres::{blocking, server};
+            let Some(server) = server() else { return Ok(()) };
+            let values = texts
+                .iter()
+                .map(|text| text.as_deref().map_or(ValueRef::Null, ValueRef::Text));
+            let texts_sql = array_literal(values, &Type::TEXT).expect("texts");
+            let numbers_sql =
+                array_literal(numbers.iter().map(|&n| ValueRef::Integer(n)), &Type::INT8)
+                    .expect("numbers");
+            let mut bytes_sql = String::new();
+            literal(ValueRef::Blob(&bytes), &Type::BYTEA, &mut bytes_sql).expect("bytes");
+            let bytes_array =
+                array_literal([ValueRef::Blob(&bytes), ValueRef::Null].into_iter(), &Type::BYTEA)
+                    .expect("bytes");
+            let query = format!(
+                "SELECT t FROM unnest({texts_sql}) WITH ORDINALITY AS u(t, n) ORDER BY n; \
+                 SELECT n::text FROM unnest({numbers_sql}) WITH ORDINALITY AS u(n, o) ORDER BY o; \
+                 SELECT encode({bytes_sql}::bytea, 'hex'); \
+                 SELECT encode(b, 'hex') FROM unnest({bytes_array}) WITH ORDINALITY AS u(b, n) ORDER BY n"
+            );
+            let read: Vec<Option<String>> = blocking(|| {
+                let mut client =
+                    postgres::Client::connect(&server, postgres::NoTls).expect("connects");
+                client
+                    .simple_query(&query)
+                    .expect("runs")
+                    .iter()
+                    .filter_map(|message| match message {
+                        postgres::SimpleQueryMessage::Row(row) => {
+                            Some(row.get(0).map(str::to_owned))
+                        }
+                        _ => None,
+                    })
+                    .collect()
+            });
+            let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+            let expected: Vec<Option<String>> = texts
+                .iter()
+                .cloned()
+                .chain(numbers.iter().map(|n| Some(n.to_string())))
+                .chain([Some(hex.clone()), Some(hex), None])
+                .collect();
+            proptest::prop_assert_eq!(read, expected);
+        }
     }
 }

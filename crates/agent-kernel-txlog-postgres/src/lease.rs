@@ -171,6 +171,20 @@ pub(crate) fn status_sql() -> String {
     )
 }
 
+/// [`status_sql`] for `owner`, written into it as constants, for a simple query that sends
+/// it with other statements.
+pub(crate) fn status_sql_inlined(owner: &Owner) -> String {
+    let (host, boot_id, pid, start_ticks) = owner_params(owner);
+    let (mut host_sql, mut boot_id_sql) = (String::new(), String::new());
+    crate::held::text_literal(&host, &mut host_sql);
+    crate::held::text_literal(&boot_id, &mut boot_id_sql);
+    format!(
+        "SELECT expires_at_ms > {NOW_MS} FROM leases
+         WHERE owner_host = {host_sql} AND owner_boot_id = {boot_id_sql}
+             AND owner_pid = {pid} AND owner_start_ticks = {start_ticks}"
+    )
+}
+
 /// A write of `owner`'s lease row that changes nothing, for [`flush`]: a row no other
 /// worker writes (its renewer apart, now and then), so that the flushes of different workers
 /// never wait for one another's row.
@@ -239,10 +253,7 @@ pub(crate) fn status<T: postgres::ToStatement + ?Sized>(
 /// forgotten) is dead, and gets a row ended for good: a tombstone, so that no later open
 /// by that owner takes a lease again ([`acquire`] refuses an ended row). The detached
 /// owner ([`Owner::detached`], no process) is dead and gets none.
-pub(crate) fn end_if_expired(
-    tx: &mut postgres::Transaction<'_>,
-    owner: &Owner,
-) -> Result<bool, TxError> {
+pub(crate) fn end_if_expired(tx: &mut impl GenericClient, owner: &Owner) -> Result<bool, TxError> {
     if owner.is_detached() {
         return Ok(true);
     }
@@ -298,7 +309,7 @@ pub(crate) fn left_ms(
 }
 
 /// Ends `owner`'s lease for good, whether or not it ran out (its process is known gone).
-pub(crate) fn end(tx: &mut postgres::Transaction<'_>, owner: &Owner) -> Result<(), TxError> {
+pub(crate) fn end(tx: &mut impl GenericClient, owner: &Owner) -> Result<(), TxError> {
     let (host, boot_id, pid, start_ticks) = owner_params(owner);
     tx.execute(
         "UPDATE leases SET expires_at_ms = -1

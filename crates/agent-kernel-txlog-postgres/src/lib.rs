@@ -164,7 +164,7 @@ pub struct PostgresLog {
     /// Renews this process's lease; stops when the log is dropped.
     renewer: Renewer,
     counters: Arc<Counters>,
-    hold_always: Arc<AtomicBool>,
+    hold_never: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for PostgresLog {
@@ -218,8 +218,8 @@ impl PostgresLog {
         let thread_config = config.clone();
         let counters = Arc::new(Counters::default());
         let thread_counters = counters.clone();
-        let hold_always = Arc::new(AtomicBool::new(false));
-        let thread_hold_always = hold_always.clone();
+        let hold_never = Arc::new(AtomicBool::new(false));
+        let thread_hold_never = hold_never.clone();
         thread::Builder::new()
             .name("agent-kernel-txlog-postgres".into())
             .spawn(move || {
@@ -244,7 +244,7 @@ impl PostgresLog {
                         target: thread_target,
                         durability,
                         locks: LockMap::default(),
-                        hold_always: thread_hold_always,
+                        hold_never: thread_hold_never,
                     },
                     Err(error) => {
                         let _ = opened_sender.send(Err(error));
@@ -305,17 +305,16 @@ impl PostgresLog {
             closed,
             renewer,
             counters,
-            hold_always,
+            hold_never,
         })
     }
 
-    /// Makes every write transaction hold back its writes of steps and sagas, as a group of
-    /// several batches does, even a batch written alone: for tests, which then run every
-    /// check through the held path (a batch refused by a held write is written again
-    /// without holding, and answered as it would have been).
+    /// Makes every write transaction send its writes of steps and sagas one statement
+    /// after the other, as the batches of a refused group are written again: for tests,
+    /// which then run every check through that path too.
     #[doc(hidden)]
-    pub fn hold_writes_always(&self) {
-        self.hold_always.store(true, Ordering::Relaxed);
+    pub fn write_without_holding(&self) {
+        self.hold_never.store(true, Ordering::Relaxed);
     }
 
     /// What the log's connection did since the log was opened: write transactions, batches
@@ -602,14 +601,14 @@ impl TxLog for PostgresLog {
             let Began {
                 mut tx,
                 before_flush,
+                ..
             } = begin_write(
                 &mut connection.client,
                 &connection.gate,
-                &connection.worker,
                 &connection.target,
                 &connection.counters,
             )?;
-            lease::end(&mut tx, &owner)?;
+            lease::end(tx.client(), &owner)?;
             tx.commit().map_err(storage)?;
             connection.gate.flushed(
                 &mut connection.client,

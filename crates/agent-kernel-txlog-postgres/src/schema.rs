@@ -86,33 +86,48 @@ pub const WRITE_LOCK_BEFORE_V6: i64 = 0x414B_4C47_0000_0002;
 pub(crate) enum Taking {
     /// Waits for it.
     Wait,
-    /// Tries once, without waiting: the statement's second column says whether it did.
-    Try,
+    /// Tries it first: the statement's second column says whether it was free. When it was
+    /// taken, waits for it, and the transaction commits before the server's flush
+    /// (`synchronous_commit` off for it alone).
+    TryThenWait,
 }
 
 /// The statement every write transaction of the log `log_id` names begins with: its
 /// [`write_lock`] (waited for, or tried: [`Taking`]), [`WRITE_LOCK_BEFORE_V6`] shared, both
-/// only if `agent_kernel_meta` still names the log as `$1` (its identity, bound by the
-/// caller): no row, and nothing taken, when the identity was edited or another schema came
-/// ahead in the `search_path` since the connection was made, whose writers would take
-/// another lock. With `commit_before_flush`, the transaction's COMMIT will not wait for the
+/// only if `agent_kernel_meta` still names the log as `log_id` (written into the statement
+/// as a constant, so that it travels with others in one simple query): no row, and nothing
+/// taken, when the identity was edited or another schema came ahead in the `search_path`
+/// since the connection was made, whose writers would take another lock. With `commit_before_flush`, the transaction's COMMIT will not wait for the
 /// server's WAL to be flushed (`synchronous_commit` off for this transaction alone), so that
 /// it lets go of the lock first: the writer then waits for the flush itself
 /// ([`lease::flush`](crate::lease::flush)) before it answers anyone.
 pub(crate) fn write_lock_sql(log_id: &str, taking: Taking, commit_before_flush: bool) -> String {
-    let function = match taking {
-        Taking::Wait => "pg_advisory_xact_lock",
-        Taking::Try => "pg_try_advisory_xact_lock",
+    let mut identity = String::new();
+    crate::held::text_literal(log_id, &mut identity);
+    lock_sql(log_id, taking, commit_before_flush, &identity)
+}
+
+fn lock_sql(log_id: &str, taking: Taking, commit_before_flush: bool, identity: &str) -> String {
+    const BEFORE_FLUSH: &str = "set_config('synchronous_commit', 'off', true)";
+    let key = write_lock(log_id);
+    // Only the branch a CASE reaches is evaluated: the wait, and what comes with it, only
+    // when the try found the lock taken.
+    let lock = match taking {
+        Taking::Wait => format!("pg_advisory_xact_lock({key})"),
+        Taking::TryThenWait => format!(
+            "CASE WHEN pg_try_advisory_xact_lock({key}) THEN true \
+             ELSE (SELECT false FROM (SELECT pg_advisory_xact_lock({key}), {BEFORE_FLUSH}) \
+                   AS waited) END"
+        ),
     };
     let commit = if commit_before_flush {
-        ", set_config('synchronous_commit', 'off', true)"
+        format!(", {BEFORE_FLUSH}")
     } else {
-        ""
+        String::new()
     };
     format!(
-        "SELECT pg_advisory_xact_lock_shared({WRITE_LOCK_BEFORE_V6}), \
-         {function}({}){commit} FROM agent_kernel_meta WHERE singleton = 1 AND log_id = $1",
-        write_lock(log_id)
+        "SELECT pg_advisory_xact_lock_shared({WRITE_LOCK_BEFORE_V6}), {lock}{commit} \
+         FROM agent_kernel_meta WHERE singleton = 1 AND log_id = {identity}"
     )
 }
 
@@ -407,7 +422,7 @@ mod tests {
     }
 
     #[test]
-    fn a_write_lock_tried_says_whether_it_was_taken_and_a_commit_before_the_flush_is_its_transactions_alone()
+    fn a_write_lock_tried_says_whether_it_was_free_and_a_commit_before_the_flush_is_its_transactions_alone()
      {
         use super::{Taking, write_lock, write_lock_sql};
         use agent_kernel_log_contract::postgres::{Schema, blocking, server};
@@ -429,29 +444,16 @@ mod tests {
             }
             assert_eq!(sync(&mut writer), "on");
             let mut held = holder.transaction().expect("begins");
-            held.execute(
-                &write_lock_sql("the-log", Taking::Wait, false),
-                &[&"the-log"],
-            )
-            .expect("locks");
+            held.execute(&write_lock_sql("the-log", Taking::Wait, false), &[])
+                .expect("locks");
+            // Tried while another session holds it: waited for, committing before the flush.
             let mut tx = writer.transaction().expect("begins");
-            let tried = tx
-                .query_one(
-                    &write_lock_sql("the-log", Taking::Try, false),
-                    &[&"the-log"],
-                )
-                .expect("tries");
-            assert!(!tried.get::<_, bool>(1), "taken by the other session");
-            assert_eq!(sync(&mut tx), "on", "a try that commits through the flush");
-            // What a writer that found it taken does: wait, committing before the flush.
-            let mut tx = std::thread::scope(|scope| {
+            let (mut tx, free) = std::thread::scope(|scope| {
                 let waiting = scope.spawn(move || {
-                    tx.execute(
-                        &write_lock_sql("the-log", Taking::Wait, true),
-                        &[&"the-log"],
-                    )
-                    .expect("waits, then locks");
-                    tx
+                    let row = tx
+                        .query_one(&write_lock_sql("the-log", Taking::TryThenWait, false), &[])
+                        .expect("tries, waits, then locks");
+                    (tx, row.get::<_, bool>(1))
                 });
                 // Let go of it once the writer waits for it.
                 let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -472,11 +474,8 @@ mod tests {
                 held.commit().expect("lets go");
                 waiting.join().expect("locked")
             });
-            assert_eq!(
-                sync(&mut tx),
-                "off",
-                "set for the transaction by the waiting lock"
-            );
+            assert!(!free, "found taken by the other session");
+            assert_eq!(sync(&mut tx), "off", "set for the transaction by the wait");
             let key = write_lock("the-log");
             let granted: i64 = tx
                 .query_one(
@@ -490,18 +489,26 @@ mod tests {
             assert_eq!(granted, 1);
             tx.commit().expect("commits");
             assert_eq!(sync(&mut writer), "on", "the session's own again");
-            // Tried while free, lately contended: taken, committing before the flush.
+            // Tried while free: taken at once, committing through the flush…
             let mut tx = writer.transaction().expect("begins");
             let tried = tx
-                .query_one(&write_lock_sql("the-log", Taking::Try, true), &[&"the-log"])
+                .query_one(&write_lock_sql("the-log", Taking::TryThenWait, false), &[])
                 .expect("tries");
-            assert!(tried.get::<_, bool>(1), "taken");
+            assert!(tried.get::<_, bool>(1), "free");
+            assert_eq!(sync(&mut tx), "on");
+            tx.commit().expect("commits");
+            // …or before it, lately contended.
+            let mut tx = writer.transaction().expect("begins");
+            let tried = tx
+                .query_one(&write_lock_sql("the-log", Taking::TryThenWait, true), &[])
+                .expect("tries");
+            assert!(tried.get::<_, bool>(1), "free");
             assert_eq!(sync(&mut tx), "off");
             tx.commit().expect("commits");
             // Another log's identity: nothing taken.
             let mut tx = writer.transaction().expect("begins");
             let rows = tx
-                .query(&write_lock_sql("another", Taking::Try, true), &[&"another"])
+                .query(&write_lock_sql("another", Taking::TryThenWait, true), &[])
                 .expect("tries");
             assert!(rows.is_empty());
             assert_eq!(sync(&mut tx), "on");

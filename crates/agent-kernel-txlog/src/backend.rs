@@ -14,6 +14,7 @@ use agent_kernel_api::{
     SagaState, SagaSummary, TxError, WriteOutcome,
 };
 
+pub use crate::audit::NEWEST_RECORD_SQL;
 use crate::audit::{Appender, AuditKey, AuditSettings};
 use crate::sql::Db;
 use crate::store;

@@ -450,8 +450,9 @@ pub(crate) struct Partition {
     refusing_until: std::sync::Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
-/// The protocol's simple query `COMMIT`: 'Q', its length (4 + 7), the text with its NUL.
-const COMMIT_QUERY: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+/// The end of a simple query that commits: a write transaction sends its writes and its
+/// `COMMIT` as one, the query's text ending with the COMMIT and its NUL.
+const COMMIT_QUERY: &[u8] = b"COMMIT\0";
 
 impl Partition {
     pub(crate) fn start(upstream: std::net::SocketAddr) -> Partition {

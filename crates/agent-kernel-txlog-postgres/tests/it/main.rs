@@ -56,15 +56,16 @@ pub(crate) fn open(url: &str) -> Result<PostgresLog, TxError> {
 /// A fresh schema, for the log contract's checks.
 struct PostgresStore {
     schema: Schema,
-    /// Whether every write holds back its writes of steps and sagas, as a group does.
-    hold_always: bool,
+    /// Whether every write sends its writes of steps and sagas one by one, as the batches of
+    /// a refused group are written again.
+    hold_never: bool,
 }
 
 impl agent_kernel_log_contract::LogStore for PostgresStore {
     fn open(&self) -> Arc<dyn TxLog> {
         let log = open(&self.schema.url()).expect("opens");
-        if self.hold_always {
-            log.hold_writes_always();
+        if self.hold_never {
+            log.write_without_holding();
         }
         Arc::new(log)
     }
@@ -89,17 +90,18 @@ impl agent_kernel_log_contract::LogStore for PostgresStore {
     }
 }
 
-fn fresh_store(hold_always: bool) -> Option<PostgresStore> {
+fn fresh_store(hold_never: bool) -> Option<PostgresStore> {
     server().map(|server| PostgresStore {
         schema: Schema::create(&server),
-        hold_always,
+        hold_never,
     })
 }
 
 agent_kernel_log_contract::contract_tests!(crate::fresh_store(false));
 
-/// The log contract's checks again, every write holding back its writes of steps and sagas
-/// as a group of several batches does: each answer, each refusal and each check is the same.
-mod held {
+/// The log contract's checks again, every write sending its writes of steps and sagas one by
+/// one, as the batches of a refused group are written again: each answer, each refusal and
+/// each check is the same.
+mod one_by_one {
     agent_kernel_log_contract::contract_tests!(crate::fresh_store(true));
 }

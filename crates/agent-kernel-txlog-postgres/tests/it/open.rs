@@ -252,11 +252,12 @@ async fn the_writes_of_a_group_take_round_trips_by_their_kind_not_their_number()
     let trips = after.round_trips - before.round_trips;
     assert!(after.batches_max > 1, "no group formed: {after:?}");
     // Alone, each batch takes 5 statements (a saga's insert, a step's, its outcome, the
-    // state, the locks' release) besides its transaction's own; held back, each kind is one
-    // statement per transaction, plus the statements of arrays prepared once.
-    // BEGIN, lock, lease check and COMMIT; the chain's head; the audit records; the five
-    // kinds; a snapshot for the head file.
-    let per_transaction = 4 + 1 + 1 + 5 + 2;
+    // state, the locks' release) besides its transaction's own; held back, they and the
+    // audit records are one simple query per transaction, plus the store's statements
+    // prepared once for the types of their parameters.
+    // BEGIN, the lock, the lease check and the chain's head together; the held writes and
+    // records with the COMMIT; the head file's check.
+    let per_transaction = 1 + 1 + 1;
     let prepared = 30;
     assert!(
         trips <= transactions * per_transaction + prepared,

@@ -537,10 +537,17 @@ pub(crate) fn hash_at(conn: &dyn Db, seq: i64) -> Result<Option<String>, crate::
     .optional()
 }
 
+/// The query a write transaction reads the chain's newest record with, as its first
+/// statement: its seq, hash and MAC, no row for an empty chain. A backend may read it ahead
+/// and answer it from what it read, when it read it under the write lock in the same
+/// transaction.
+pub const NEWEST_RECORD_SQL: &str =
+    "SELECT seq, hash, mac FROM audit_log ORDER BY seq DESC LIMIT 1";
+
 /// The newest record in the database, checked as it is read.
 pub(crate) fn read_head(conn: &dyn Db, key: Option<&AuditKey>) -> Result<Head, TxError> {
     let row = conn
-        .query_row("SELECT seq, hash, mac FROM audit_log ORDER BY seq DESC LIMIT 1", params![], |row| {
+        .query_row(NEWEST_RECORD_SQL, params![], |row| {
                     Ok((
                         row.get::<_, i64>(0)?,
                         row.get::<_, String>(1)?,
