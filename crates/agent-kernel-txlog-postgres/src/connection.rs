@@ -341,8 +341,8 @@ pub const RECONNECT_PAUSE_FIRST: Duration = Duration::from_millis(50);
 /// The longest pause between tries to connect again.
 pub const RECONNECT_PAUSE_MAX: Duration = Duration::from_secs(1);
 
-/// The round trips [`begin_write`] makes when it finds the lock free: BEGIN, the write
-/// lock, the lease check and the chain's newest record, together.
+/// The round trips [`begin_write`] makes: BEGIN, the write lock (tried, then waited for
+/// when taken), the lease check and the chain's newest record, together.
 pub(crate) const BEGIN_WRITE_TRIPS: u64 = 1;
 
 /// The round trips of a read-only snapshot's BEGIN and COMMIT.

@@ -13,7 +13,7 @@ use agent_kernel_txlog::sql::{Db, Error, Row, ToValue, Value, ValueRef};
 
 use crate::held::{self, Held};
 use bytes::BytesMut;
-use postgres::error::SqlState;
+use postgres::error::{Severity, SqlState};
 use postgres::fallible_iterator::FallibleIterator as _;
 use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use postgres::{GenericClient, SimpleQueryMessage, Statement};
@@ -223,7 +223,14 @@ pub(crate) struct PgDb<'t> {
     /// The answer to [`NEWEST_RECORD_SQL`] read ahead in this transaction
     /// ([`PgDb::knowing_newest`]), for its first statement only.
     newest: RefCell<Option<Vec<Vec<Value>>>>,
+    /// The bytes of the values held back since they were last sent ([`PgDb::grown_by`]).
+    held_bytes: std::cell::Cell<usize>,
 }
+
+/// The bytes of held values past which they are sent at once, without waiting for the
+/// COMMIT: written out as constants they take at most four times as much (a backslash in an
+/// array's element), within the 1 GiB the server takes in one message with room to spare.
+pub const HELD_BYTES_SENT: usize = 16 * 1024 * 1024;
 
 /// Audit records held back, column by column, as the arrays one `INSERT … SELECT FROM
 /// unnest(…)` takes.
@@ -296,6 +303,7 @@ impl<'t> PgDb<'t> {
             rows: RefCell::new(None),
             poisoned: RefCell::new(None),
             newest: RefCell::new(None),
+            held_bytes: std::cell::Cell::new(0),
         }
     }
 
@@ -314,6 +322,7 @@ impl<'t> PgDb<'t> {
             rows: RefCell::new(rows.then(Held::default)),
             poisoned: RefCell::new(None),
             newest: RefCell::new(None),
+            held_bytes: std::cell::Cell::new(0),
         }
     }
 
@@ -360,6 +369,7 @@ impl<'t> PgDb<'t> {
     /// several), wrapped so that it fails unless it changed the rows the store was told;
     /// then the held records; then, when it `commits`, COMMIT: all in one simple query.
     fn send_held(&self, commits: bool) -> Result<(), Failed> {
+        self.held_bytes.set(0);
         let kinds = match self.rows.borrow_mut().as_mut() {
             Some(held) if !held.is_empty() => held.take(),
             _ => Vec::new(),
@@ -422,8 +432,10 @@ impl<'t> PgDb<'t> {
             what.push(format!("{} audit records", records.seq.len()));
         }
         if commits {
-            query.push_str("COMMIT");
-            statements += 1;
+            // A statement that fails in a transaction already aborted: its COMMIT would
+            // answer as a ROLLBACK, which a simple query's answer does not tell apart.
+            query.push_str("SELECT 1;\nCOMMIT");
+            statements += 2;
             what.push("COMMIT".to_owned());
         }
         self.statements.trip();
@@ -435,8 +447,9 @@ impl<'t> PgDb<'t> {
             // An error the server reported in its session: that statement failed, and so
             // did the transaction, whose COMMIT (last) never took effect. Anything else (the
             // connection lost, the session ended) may have come after the COMMIT did.
+            // The severity as the protocol fixes it, not as the server's language says it.
             match err.as_db_error() {
-                Some(db) if db.severity() == "ERROR" => Failed::Refused(why),
+                Some(db) if db.parsed_severity() == Some(Severity::Error) => Failed::Refused(why),
                 _ if !commits => Failed::Refused(why),
                 _ => Failed::Unknown(why),
             }
@@ -509,6 +522,27 @@ impl<'t> PgDb<'t> {
         self.tx.try_borrow_mut().map_err(|_| {
             Error::Database("a statement was run while another one's rows were read".to_owned())
         })
+    }
+
+    /// Counts what a statement just held back holds, and sends everything held once that
+    /// passes [`HELD_BYTES_SENT`]: a query holding every value of a large group, each
+    /// written out as a constant, must stay well within what the server takes in one
+    /// message.
+    fn grown_by(&self, params: &[&dyn ToValue]) -> Result<(), Error> {
+        let bytes: usize = params
+            .iter()
+            .map(|param| match param.to_value() {
+                ValueRef::Text(text) => text.len(),
+                ValueRef::Blob(bytes) => bytes.len(),
+                ValueRef::Integer(_) | ValueRef::Null => 8,
+            })
+            .sum();
+        let held = self.held_bytes.get() + bytes;
+        self.held_bytes.set(held);
+        if held > HELD_BYTES_SENT {
+            return self.flush();
+        }
+        Ok(())
     }
 
     /// Holds back the audit record `params` inserts, when records are held; whether it did.
@@ -732,9 +766,11 @@ impl Db for PgDb<'_> {
     fn execute(&self, sql: &str, params: &[&dyn ToValue]) -> Result<usize, Error> {
         self.newest.borrow_mut().take();
         if self.held_back(sql, params)? {
+            self.grown_by(params)?;
             return Ok(1);
         }
         if let Some(rows) = self.hold_row(sql, params)? {
+            self.grown_by(params)?;
             return Ok(rows);
         }
         self.flush_before(sql)?;
@@ -873,6 +909,79 @@ mod tests {
         });
     }
 
+    #[test]
+    fn held_values_past_their_bound_are_sent_before_the_commit() {
+        use agent_kernel_log_contract::postgres::{Schema, blocking, server};
+        let Some(server) = server() else { return };
+        let schema = Schema::create(&server);
+        schema.execute(include_str!("schema.sql"));
+        let url = schema.url();
+        let records = super::HELD_BYTES_SENT / (1 << 20) + 4;
+        let trips = blocking(|| {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
+            let statements = Statements::default();
+            let mut tx = begun(&mut client);
+            let db = PgDb::holding(&mut tx, &statements, false);
+            let body = format!("\"{}\\\\'\"", "x".repeat((1 << 20) - 8));
+            let (at_ms, kind, hash, prev) = (7_i64, "Test", "h".repeat(64), "0".repeat(64));
+            let (saga, mac): (Option<&str>, Option<&str>) = (None, None);
+            for seq in 1..=i64::try_from(records).expect("few") {
+                let params: [&dyn ToValue; 8] =
+                    [&seq, &at_ms, &kind, &saga, &body, &prev, &hash, &mac];
+                assert_eq!(db.execute(INSERT, &params).expect("held"), 1);
+            }
+            // Sent once past the bound, before the COMMIT: its statement prepared, then the
+            // records held so far.
+            let trips = statements
+                .round_trips
+                .load(std::sync::atomic::Ordering::Relaxed);
+            db.flush_and_commit().expect("commits the rest");
+            trips
+        });
+        assert_eq!(trips, 2, "prepared, then sent once");
+        let stored = schema.rows(
+            "SELECT count(*)::text, min(length(body))::text, max(length(body))::text FROM audit_log",
+        );
+        let length = ((1 << 20) - 8 + 5).to_string();
+        assert_eq!(
+            stored,
+            [vec![
+                Some(records.to_string()),
+                Some(length.clone()),
+                Some(length)
+            ]]
+        );
+    }
+
+    #[test]
+    fn a_commit_in_a_transaction_that_already_failed_is_refused_not_taken_for_done() {
+        use agent_kernel_log_contract::postgres::blocking;
+        let Some(schema) = fresh_log() else { return };
+        let url = schema.url();
+        blocking(|| {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
+            let statements = Statements::default();
+            let mut tx = begun(&mut client);
+            // A statement failed, its error dropped: the server now answers a COMMIT with
+            // ROLLBACK, which a simple query's answer does not tell apart.
+            assert!(tx.client().batch_execute("SELECT 1 / 0").is_err());
+            let db = PgDb::holding(&mut tx, &statements, true);
+            let committed = db.flush_and_commit();
+            assert!(
+                matches!(committed, Err(super::Failed::Refused(_))),
+                "{committed:?}"
+            );
+        });
+    }
+
+    /// A write transaction begun on `client`, as `begin_write` begins one.
+    fn begun(client: &mut postgres::Client) -> super::WriteTx<'_> {
+        client
+            .batch_execute("START TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .expect("begins");
+        super::WriteTx::beginning(client)
+    }
+
     /// A fresh log's schema at its current version, for statements of the store.
     fn fresh_log() -> Option<agent_kernel_log_contract::postgres::Schema> {
         use agent_kernel_log_contract::postgres::{Schema, server};
@@ -910,10 +1019,7 @@ mod tests {
         use agent_kernel_log_contract::records::{begin, commit, new_saga, set_state};
         use agent_kernel_txlog::backend::{Chain, LockMap, apply_batch};
         use std::sync::atomic::Ordering::Relaxed;
-        client
-            .batch_execute("START TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            .expect("begins");
-        let mut tx = super::WriteTx::beginning(client);
+        let mut tx = begun(client);
         let db = PgDb::holding(&mut tx, statements, true);
         let mut locks = LockMap::default();
         let mut chain = Chain::start_with(&db, None, &mut locks).expect("starts");

@@ -107,6 +107,7 @@ use crate::connection::{
     Answer, BEGIN_WRITE_TRIPS, Began, Connection, Counters, Item, Job, Opening, TakeOver,
     begin_write, open_connection, with_timeouts,
 };
+pub use crate::db::HELD_BYTES_SENT;
 use crate::db::Statements;
 use crate::lease::Renewer;
 pub use crate::lease::{

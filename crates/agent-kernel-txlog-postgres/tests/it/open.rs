@@ -223,7 +223,7 @@ async fn batches_written_at_once_share_one_transaction_and_its_round_trips() {
 }
 
 #[tokio::test]
-async fn the_writes_of_a_group_take_round_trips_by_their_kind_not_their_number() {
+async fn the_writes_of_a_group_take_the_same_round_trips_whatever_their_number() {
     use agent_kernel_api::{SagaState, TxLog};
     use agent_kernel_log_contract::records::{begin, commit, new_saga, set_state};
 
