@@ -42,6 +42,13 @@ fn server_binaries() -> Option<PathBuf> {
 
 /// Runs `program` of `bin` as the `postgres` user.
 fn as_postgres(bin: &Path, program: &str, args: &[&str]) {
+    if let Err(failed) = try_as_postgres(bin, program, args) {
+        panic!("{failed}");
+    }
+}
+
+/// [`as_postgres`], saying what went wrong instead of panicking.
+fn try_as_postgres(bin: &Path, program: &str, args: &[&str]) -> Result<(), String> {
     let output = Command::new("runuser")
         .args(["-u", "postgres", "--"])
         .arg(bin.join(program))
@@ -49,12 +56,14 @@ fn as_postgres(bin: &Path, program: &str, args: &[&str]) {
         .current_dir("/")
         .output()
         .expect("runs runuser");
-    assert!(
-        output.status.success(),
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(format!(
         "{program} {args:?}: {}{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
-    );
+    ))
 }
 
 /// A cluster of this test's own, in a folder the `postgres` user owns, served on a Unix
@@ -108,7 +117,7 @@ impl Cluster {
             self.dir.display()
         );
         let log = self.dir.join("server.log");
-        as_postgres(
+        let started = try_as_postgres(
             &self.bin,
             "pg_ctl",
             &[
@@ -122,6 +131,13 @@ impl Cluster {
                 "start",
             ],
         );
+        if let Err(failed) = started {
+            // What the server said: the reason is in its log, not in pg_ctl's answer.
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = said.lines().rev().take(20).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            panic!("{failed}\nthe server's log ends:\n{}", tail.join("\n"));
+        }
     }
 
     fn url(&self) -> String {
@@ -154,19 +170,42 @@ impl Cluster {
             .status()
             .expect("runs kill");
         assert!(killed.success(), "kill");
-        // Gone, or a zombie where nothing reaps it: either way it holds nothing more.
-        let gone = || {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-                stat[stat.rfind(')').unwrap_or(0)..].starts_with(") Z")
-            })
+        // Every process of the group gone, or a zombie where nothing reaps it: either way
+        // it holds nothing more. A backend still exiting would still hold the shared memory
+        // the next server refuses to start beside.
+        let living_in_group = || {
+            std::fs::read_dir("/proc")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|entry| std::fs::read_to_string(entry.path().join("stat")).ok())
+                .any(|stat| {
+                    let Some(close) = stat.rfind(')') else {
+                        return false;
+                    };
+                    let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+                    fields.get(2) == Some(&group.to_string().as_str())
+                        && fields.first() != Some(&"Z")
+                })
         };
         let deadline = Instant::now() + WAIT_MAX;
-        while !gone() {
+        while living_in_group() {
             assert!(Instant::now() < deadline, "the server outlived its SIGKILL");
             std::thread::yield_now();
         }
-        // A zombie's pid would keep the next server from starting.
+        // A zombie's pid would keep the next server from starting: the data folder's lock
+        // and the socket's name it.
         std::fs::remove_file(self.dir.join("data/postmaster.pid")).expect("removes the pid file");
+        for entry in std::fs::read_dir(&self.dir).expect("lists the socket's folder") {
+            let path = entry.expect("an entry").path();
+            let name = path
+                .file_name()
+                .and_then(|name| name.to_str())
+                .unwrap_or("");
+            if name.starts_with(".s.PGSQL.") && name.ends_with(".lock") {
+                std::fs::remove_file(&path).expect("removes the socket's lock file");
+            }
+        }
     }
 }
 
