@@ -448,12 +448,9 @@ async fn written(log: &dyn TxLog, writes: Vec<LogWrite>) -> Vec<WriteOutcome> {
     log.write(writes).await.expect("writes")
 }
 
-/// Checks that a writer's claims see what another connection claimed and settled between
-/// two of its own writes: a writer that kept what it read of the locks from its last
-/// transaction must read again once another has committed.
-pub async fn a_claim_sees_what_another_connection_claimed_and_settled(store: &dyn LogStore) {
-    let (first, second) = (store.open(), store.open());
-    let (first, second) = (first.as_ref(), second.as_ref());
+/// Saga `a` claiming `acct:a` through `first`, then saga `b` claiming `acct:b` through
+/// `second`.
+async fn a_and_b_claimed(first: &dyn TxLog, second: &dyn TxLog) {
     written(
         first,
         vec![new_saga("a"), begin_on("a", 0, &["acct:a"], &[])],
@@ -464,6 +461,15 @@ pub async fn a_claim_sees_what_another_connection_claimed_and_settled(store: &dy
         vec![new_saga("b"), begin_on("b", 0, &["acct:b"], &[])],
     )
     .await;
+}
+
+/// Checks that a writer's claims see what another connection claimed and settled between
+/// two of its own writes: a writer that kept what it read of the locks from its last
+/// transaction must read again once another has committed.
+pub async fn a_claim_sees_what_another_connection_claimed_and_settled(store: &dyn LogStore) {
+    let (first, second) = (store.open(), store.open());
+    let (first, second) = (first.as_ref(), second.as_ref());
+    a_and_b_claimed(first, second).await;
     // The first writer's last transaction is no longer the newest: b's claim counts.
     let outcomes = written(
         first,
@@ -501,16 +507,7 @@ pub async fn a_claim_sees_every_claim_other_connections_made_since_it_last_claim
 ) {
     let (first, second) = (store.open(), store.open());
     let (first, second) = (first.as_ref(), second.as_ref());
-    written(
-        first,
-        vec![new_saga("a"), begin_on("a", 0, &["acct:a"], &[])],
-    )
-    .await;
-    written(
-        second,
-        vec![new_saga("b"), begin_on("b", 0, &["acct:b"], &[])],
-    )
-    .await;
+    a_and_b_claimed(first, second).await;
     // The first writes, claiming nothing (a settles); then the second claims again.
     written(first, vec![commit("a", 0), set_state("a", SagaState::Done)]).await;
     written(second, vec![begin_on("b", 1, &["acct:b2"], &[])]).await;

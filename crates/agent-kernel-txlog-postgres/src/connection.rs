@@ -16,9 +16,10 @@ use agent_kernel_txlog::{AuditHead, AuditKey};
 use postgres::{Client, Config, IsolationLevel, NoTls, SimpleQueryMessage};
 use tokio::sync::oneshot;
 
-use crate::db::{self, Failed, PgDb, Statements, WriteTx};
+use crate::db::{self, Failed, PgDb, Statements};
 use crate::lease::{self, Worker};
 use crate::schema::{self, Taking, storage};
+use crate::session::WriteTx;
 use crate::{head_files, verify::head_file_at};
 
 /// Connects to the database `config` names, sets the durability and checks the schema; the
@@ -194,8 +195,7 @@ impl WriteGate {
         log_id: String,
         worker: &Worker,
     ) -> Result<WriteGate, TxError> {
-        // Prepared in the session by SQL, their plans cached, the three run together by
-        // `EXECUTE` in one simple query.
+        // Prepared in the session by SQL, plans cached; run by `EXECUTE`, with the START.
         let full = durability == Durability::Full;
         let locks = [
             ("agent_kernel_gate_wait", Taking::Wait, false),
@@ -219,7 +219,8 @@ impl WriteGate {
         client.batch_execute(&prepare).map_err(storage)?;
         let statements = |lock: &str| {
             format!(
-                "EXECUTE {lock}; EXECUTE agent_kernel_gate_lease; EXECUTE agent_kernel_gate_newest"
+                "START TRANSACTION ISOLATION LEVEL READ COMMITTED; EXECUTE {lock}; \
+                 EXECUTE agent_kernel_gate_lease; EXECUTE agent_kernel_gate_newest"
             )
         };
         let lock = statements(locks[0].0);
@@ -532,18 +533,17 @@ struct GateAnswers {
     newest: Vec<Vec<Value>>,
 }
 
-/// Begins `tx` (read committed, whatever the server's default: each statement then reads
-/// what the writers before it committed) and sends `statements`, a [`WriteGate`]'s (`tries`:
-/// its lock is tried first), in one simple query; `None` when the lock statement found the
-/// log's identity changed, and took nothing.
+/// Sends `statements`, a [`WriteGate`]'s (`tries`: its lock is tried first), in one simple
+/// query that begins `tx` (read committed, whatever the server's default: each statement
+/// then reads what the writers before it committed); `None` when the lock statement found
+/// the log's identity changed, and took nothing.
 fn gate_answers(
     tx: &mut WriteTx<'_>,
     statements: &str,
     tries: bool,
 ) -> Result<Option<GateAnswers>, TxError> {
-    let query = format!("START TRANSACTION ISOLATION LEVEL READ COMMITTED; {statements}");
     let mut answers: Vec<Vec<postgres::SimpleQueryRow>> = vec![Vec::new()];
-    let messages = tx.client().simple_query(&query).map_err(storage)?;
+    let messages = tx.client().simple_query(statements).map_err(storage)?;
     // The START's answer apart.
     for message in messages.into_iter().skip(1) {
         match message {

@@ -307,41 +307,24 @@ pub(crate) fn array_literal<'v>(
         }
         match value {
             ValueRef::Null => out.push_str("NULL"),
-            ValueRef::Text(text) if text.contains('\0') => {
-                return Err("text holding a NUL character".to_owned());
+            ValueRef::Integer(n) => integer(n, member, &mut out)?,
+            ValueRef::Text(text) => {
+                checked_text(text, member)?;
+                out.push('"');
+                // `\\` and `\"` in the array, each backslash doubled in the string.
+                escaped(text, &['\\', '\'', '"'], &mut out, |c| match c {
+                    '\\' => r"\\\\",
+                    '"' => r#"\\""#,
+                    _ => "''",
+                });
+                out.push('"');
             }
-            ValueRef::Text(text) => match *member {
-                Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME => {
-                    out.push('"');
-                    let mut rest = text;
-                    while let Some(at) = rest.find(['\\', '\'', '"']) {
-                        out.push_str(&rest[..at]);
-                        out.push_str(match rest.as_bytes()[at] {
-                            // `\\` in the array, each backslash doubled in the string.
-                            b'\\' => "\\\\\\\\",
-                            b'"' => "\\\\\"",
-                            _ => "''",
-                        });
-                        rest = &rest[at + 1..];
-                    }
-                    out.push_str(rest);
-                    out.push('"');
-                }
-                _ => return Err(format!("text where {member} is expected")),
-            },
-            // Integers, booleans and bytes in hex need no quotes in the array's form, but
-            // the hex's backslash is escaped for the array and then for the string.
-            ValueRef::Integer(_) | ValueRef::Blob(_) => {
-                let mut constant = String::new();
-                literal(value, member, &mut constant)?;
-                match constant.strip_prefix("E'\\\\x") {
-                    Some(hex) => {
-                        out.push_str("\"\\\\\\\\x");
-                        out.push_str(hex.trim_end_matches('\''));
-                        out.push('"');
-                    }
-                    None => out.push_str(&constant),
-                }
+            ValueRef::Blob(bytes) => {
+                checked_bytes(member)?;
+                // The hex's backslash escaped for the array, then for the string.
+                out.push_str(r#""\\\\x"#);
+                hex(bytes, &mut out);
+                out.push('"');
             }
         }
     }
@@ -357,48 +340,85 @@ pub(crate) fn array_literal<'v>(
 /// binds it: an integer as an integer or a boolean, text as an escape string (`E'…'`, which
 /// reads the same whatever `standard_conforming_strings` says), bytes in hex.
 pub(crate) fn literal(value: ValueRef<'_>, ty: &Type, out: &mut String) -> Result<(), String> {
-    use std::fmt::Write as _;
     match value {
         ValueRef::Null => out.push_str("NULL"),
-        ValueRef::Integer(n) => match *ty {
-            Type::INT8 => {
-                let _ = write!(out, "{n}");
-            }
-            Type::INT4 => {
-                let n = i32::try_from(n).map_err(|_| format!("{n} out of range for {ty}"))?;
-                let _ = write!(out, "{n}");
-            }
-            Type::INT2 => {
-                let n = i16::try_from(n).map_err(|_| format!("{n} out of range for {ty}"))?;
-                let _ = write!(out, "{n}");
-            }
-            Type::BOOL => out.push_str(if n != 0 { "true" } else { "false" }),
-            _ => return Err(format!("an integer where {ty} is expected")),
-        },
-        // What the server would refuse as a bound value too; a constant would end the query.
-        ValueRef::Text(text) if text.contains('\0') => {
-            return Err("text holding a NUL character".to_owned());
+        ValueRef::Integer(n) => integer(n, ty, out)?,
+        ValueRef::Text(text) => {
+            checked_text(text, ty)?;
+            text_literal(text, out);
         }
-        ValueRef::Text(text) => match *ty {
-            Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
-                text_literal(text, out);
-            }
-            _ => return Err(format!("text where {ty} is expected")),
-        },
-        ValueRef::Blob(bytes) => match *ty {
-            Type::BYTEA => {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                out.push_str("E'\\\\x");
-                for byte in bytes {
-                    out.push(char::from(HEX[usize::from(byte >> 4)]));
-                    out.push(char::from(HEX[usize::from(byte & 0xf)]));
-                }
-                out.push('\'');
-            }
-            _ => return Err(format!("bytes where {ty} is expected")),
-        },
+        ValueRef::Blob(bytes) => {
+            checked_bytes(ty)?;
+            out.push_str(r"E'\\x");
+            hex(bytes, out);
+            out.push('\'');
+        }
     }
     Ok(())
+}
+
+/// `n` as `ty` takes it: digits, in its range, or a boolean.
+fn integer(n: i64, ty: &Type, out: &mut String) -> Result<(), String> {
+    use std::fmt::Write as _;
+    let out_of_range = |_| format!("{n} out of range for {ty}");
+    match *ty {
+        Type::INT8 => {}
+        Type::INT4 => {
+            i32::try_from(n).map_err(out_of_range)?;
+        }
+        Type::INT2 => {
+            i16::try_from(n).map_err(out_of_range)?;
+        }
+        Type::BOOL => {
+            out.push_str(if n != 0 { "true" } else { "false" });
+            return Ok(());
+        }
+        _ => return Err(format!("an integer where {ty} is expected")),
+    }
+    let _ = write!(out, "{n}");
+    Ok(())
+}
+
+/// Refuses text `ty` does not take, and text holding a NUL character: the server refuses it
+/// as a bound value too, and a constant holding one would end the query.
+fn checked_text(text: &str, ty: &Type) -> Result<(), String> {
+    if text.contains('\0') {
+        return Err("text holding a NUL character".to_owned());
+    }
+    match *ty {
+        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => Ok(()),
+        _ => Err(format!("text where {ty} is expected")),
+    }
+}
+
+/// Refuses bytes where `ty` is not `bytea`.
+fn checked_bytes(ty: &Type) -> Result<(), String> {
+    match *ty {
+        Type::BYTEA => Ok(()),
+        _ => Err(format!("bytes where {ty} is expected")),
+    }
+}
+
+/// `bytes` in hex, two digits each.
+fn hex(bytes: &[u8], out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for byte in bytes {
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
+}
+
+/// `text` onto `out`, each of `special` written as `escape` says, the runs between copied
+/// whole.
+fn escaped(text: &str, special: &[char], out: &mut String, escape: fn(char) -> &'static str) {
+    let mut rest = text;
+    while let Some(at) = rest.find(special) {
+        out.push_str(&rest[..at]);
+        let c = rest[at..].chars().next().unwrap_or_default();
+        out.push_str(escape(c));
+        rest = &rest[at + c.len_utf8()..];
+    }
+    out.push_str(rest);
 }
 
 /// `text` as an escape string constant: each backslash and each quote doubled, the only
@@ -406,17 +426,9 @@ pub(crate) fn literal(value: ValueRef<'_>, ty: &Type, out: &mut String) -> Resul
 pub(crate) fn text_literal(text: &str, out: &mut String) {
     out.reserve(text.len() + 3);
     out.push_str("E'");
-    let mut rest = text;
-    while let Some(at) = rest.find(['\\', '\'']) {
-        out.push_str(&rest[..at]);
-        out.push_str(if rest.as_bytes()[at] == b'\\' {
-            "\\\\"
-        } else {
-            "''"
-        });
-        rest = &rest[at + 1..];
-    }
-    out.push_str(rest);
+    escaped(text, &['\\', '\''], out, |c| {
+        if c == '\\' { r"\\" } else { "''" }
+    });
     out.push('\'');
 }
 

@@ -164,11 +164,7 @@ fn renew(client: &mut Client, worker: &Worker, lease_ms: i64) -> Result<bool, po
 
 /// The query [`status`] runs: whether an owner's lease is live now.
 pub(crate) fn status_sql() -> String {
-    format!(
-        "SELECT expires_at_ms > {NOW_MS} FROM leases
-         WHERE owner_host = $1 AND owner_boot_id = $2 AND owner_pid = $3
-             AND owner_start_ticks = $4"
-    )
+    status_sql_of("$1", "$2", "$3", "$4")
 }
 
 /// [`status_sql`] for `owner`, written into it as constants, for a simple query that sends
@@ -178,10 +174,20 @@ pub(crate) fn status_sql_inlined(owner: &Owner) -> String {
     let (mut host_sql, mut boot_id_sql) = (String::new(), String::new());
     crate::held::text_literal(&host, &mut host_sql);
     crate::held::text_literal(&boot_id, &mut boot_id_sql);
+    status_sql_of(
+        &host_sql,
+        &boot_id_sql,
+        &pid.to_string(),
+        &start_ticks.to_string(),
+    )
+}
+
+/// [`status_sql`] with the owner's columns compared to these expressions.
+fn status_sql_of(host: &str, boot_id: &str, pid: &str, start_ticks: &str) -> String {
     format!(
         "SELECT expires_at_ms > {NOW_MS} FROM leases
-         WHERE owner_host = {host_sql} AND owner_boot_id = {boot_id_sql}
-             AND owner_pid = {pid} AND owner_start_ticks = {start_ticks}"
+         WHERE owner_host = {host} AND owner_boot_id = {boot_id} AND owner_pid = {pid}
+             AND owner_start_ticks = {start_ticks}"
     )
 }
 

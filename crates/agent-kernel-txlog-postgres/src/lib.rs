@@ -82,6 +82,7 @@ mod head_files;
 mod held;
 mod lease;
 mod schema;
+mod session;
 mod verify;
 
 use std::str::FromStr;

@@ -97,17 +97,14 @@ pub(crate) enum Taking {
 /// only if `agent_kernel_meta` still names the log as `log_id` (written into the statement
 /// as a constant, so that it travels with others in one simple query): no row, and nothing
 /// taken, when the identity was edited or another schema came ahead in the `search_path`
-/// since the connection was made, whose writers would take another lock. With `commit_before_flush`, the transaction's COMMIT will not wait for the
-/// server's WAL to be flushed (`synchronous_commit` off for this transaction alone), so that
-/// it lets go of the lock first: the writer then waits for the flush itself
+/// since the connection was made, whose writers would take another lock. With
+/// `commit_before_flush`, the transaction's COMMIT will not wait for the server's WAL to be
+/// flushed (`synchronous_commit` off for this transaction alone), so that it lets go of the
+/// lock first: the writer then waits for the flush itself
 /// ([`lease::flush`](crate::lease::flush)) before it answers anyone.
 pub(crate) fn write_lock_sql(log_id: &str, taking: Taking, commit_before_flush: bool) -> String {
     let mut identity = String::new();
     crate::held::text_literal(log_id, &mut identity);
-    lock_sql(log_id, taking, commit_before_flush, &identity)
-}
-
-fn lock_sql(log_id: &str, taking: Taking, commit_before_flush: bool, identity: &str) -> String {
     const BEFORE_FLUSH: &str = "set_config('synchronous_commit', 'off', true)";
     let key = write_lock(log_id);
     // Only the branch a CASE reaches is evaluated: the wait, and what comes with it, only

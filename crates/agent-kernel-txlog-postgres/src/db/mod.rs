@@ -16,15 +16,17 @@ use bytes::BytesMut;
 use postgres::error::{Severity, SqlState};
 use postgres::fallible_iterator::FallibleIterator as _;
 use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
-use postgres::{GenericClient, SimpleQueryMessage, Statement};
+use postgres::{SimpleQueryMessage, Statement};
+
+use crate::session::Session;
 
 /// The statements prepared on one connection, by their text as the log writes it, and the
 /// round trips to the server they made (each prepare, and each statement run).
 #[derive(Default)]
 pub(crate) struct Statements {
     prepared: RefCell<HashMap<String, Statement>>,
-    /// The names of the statements prepared in the session by SQL (`PREPARE`), by their text
-    /// as the log writes it: a simple query runs them (`EXECUTE`) with their plans cached,
+    /// The names of the statements prepared in the session by SQL (`PREPARE`), by the text
+    /// the log writes (a held kind's is prepared wrapped, [`held::checked`]): a simple query runs them (`EXECUTE`) with their plans cached,
     /// where a statement written out whole would be parsed and planned each time.
     named: RefCell<HashMap<String, String>>,
     /// What each text the store ran is, once told apart (whether it is [`AUDIT_INSERT`],
@@ -69,27 +71,6 @@ impl Statements {
     }
 }
 
-/// What the log's statements run on, in a transaction: one of the client's
-/// ([`postgres::Transaction`]), or a connection whose write transaction was begun by SQL
-/// ([`WriteTx`]).
-pub(crate) trait Session {
-    fn prepare(&mut self, sql: &str) -> Result<Statement, postgres::Error>;
-    fn execute(
-        &mut self,
-        statement: &Statement,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64, postgres::Error>;
-    fn query_raw(
-        &mut self,
-        statement: &Statement,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<postgres::RowIter<'_>, postgres::Error>;
-    fn simple_query(&mut self, sql: &str) -> Result<Vec<SimpleQueryMessage>, postgres::Error>;
-    fn batch_execute(&mut self, sql: &str) -> Result<(), postgres::Error>;
-    /// Told that a statement it ran ended its transaction (a COMMIT sent with others).
-    fn ended(&mut self) {}
-}
-
 /// Why [`PgDb::flush_and_commit`] did not commit.
 #[derive(Debug)]
 pub(crate) enum Failed {
@@ -99,112 +80,6 @@ pub(crate) enum Failed {
     /// The connection failed or the session ended while it ran, or its answer made no
     /// sense: it may have committed.
     Unknown(String),
-}
-
-/// [`Session`] for what implements [`postgres::GenericClient`].
-macro_rules! session_of {
-    ($type:ty) => {
-        impl Session for $type {
-            fn prepare(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
-                GenericClient::prepare(self, sql)
-            }
-            fn execute(
-                &mut self,
-                statement: &Statement,
-                params: &[&(dyn ToSql + Sync)],
-            ) -> Result<u64, postgres::Error> {
-                GenericClient::execute(self, statement, params)
-            }
-            fn query_raw(
-                &mut self,
-                statement: &Statement,
-                params: &[&(dyn ToSql + Sync)],
-            ) -> Result<postgres::RowIter<'_>, postgres::Error> {
-                GenericClient::query_raw(self, statement, params.iter().copied())
-            }
-            fn simple_query(
-                &mut self,
-                sql: &str,
-            ) -> Result<Vec<SimpleQueryMessage>, postgres::Error> {
-                GenericClient::simple_query(self, sql)
-            }
-            fn batch_execute(&mut self, sql: &str) -> Result<(), postgres::Error> {
-                GenericClient::batch_execute(self, sql)
-            }
-        }
-    };
-}
-
-session_of!(postgres::Transaction<'_>);
-session_of!(postgres::Client);
-
-/// A write transaction begun by SQL on a connection, so that its BEGIN travels with the
-/// statements after it in one round trip ([`begin_write`](crate::connection::begin_write)):
-/// rolled back when dropped before it ended.
-pub(crate) struct WriteTx<'c> {
-    client: &'c mut postgres::Client,
-    /// Whether it may still be open on the server: begun, and neither committed nor
-    /// rolled back.
-    open: bool,
-}
-
-impl<'c> WriteTx<'c> {
-    /// A transaction `sql` is about to begin on `client` (its `START TRANSACTION` first):
-    /// rolled back when dropped, whether or not `sql` got that far.
-    pub(crate) fn beginning(client: &'c mut postgres::Client) -> Self {
-        WriteTx { client, open: true }
-    }
-
-    /// The connection, inside the transaction.
-    pub(crate) fn client(&mut self) -> &mut postgres::Client {
-        self.client
-    }
-
-    /// Commits it.
-    pub(crate) fn commit(mut self) -> Result<(), postgres::Error> {
-        // Over whatever the COMMIT answers: a failed COMMIT ends the transaction too.
-        self.open = false;
-        self.client.batch_execute("COMMIT")
-    }
-}
-
-impl Drop for WriteTx<'_> {
-    fn drop(&mut self) {
-        if self.open {
-            // The connection's own thread, as every statement of it. A connection that
-            // broke has no transaction left to roll back.
-            let _ = self.client.batch_execute("ROLLBACK");
-        }
-    }
-}
-
-impl Session for WriteTx<'_> {
-    fn prepare(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
-        self.client.prepare(sql)
-    }
-    fn execute(
-        &mut self,
-        statement: &Statement,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64, postgres::Error> {
-        self.client.execute(statement, params)
-    }
-    fn query_raw(
-        &mut self,
-        statement: &Statement,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<postgres::RowIter<'_>, postgres::Error> {
-        self.client.query_raw(statement, params.iter().copied())
-    }
-    fn simple_query(&mut self, sql: &str) -> Result<Vec<SimpleQueryMessage>, postgres::Error> {
-        self.client.simple_query(sql)
-    }
-    fn batch_execute(&mut self, sql: &str) -> Result<(), postgres::Error> {
-        self.client.batch_execute(sql)
-    }
-    fn ended(&mut self) {
-        self.open = false;
-    }
 }
 
 /// A transaction the log's statements run in.
@@ -398,12 +273,12 @@ impl<'t> PgDb<'t> {
             // by a sequential scan ever after).
             let statement = match &rows[..] {
                 [row] => {
-                    let checked = match expected {
-                        Some(rows) => held::checked(sql, rows),
-                        None => sql.clone(),
-                    };
+                    // Prepared once per kind, whose rows to change are its own.
                     let name = self
-                        .named(&checked)
+                        .named(sql, || match expected {
+                            Some(rows) => held::checked(sql, rows),
+                            None => sql.clone(),
+                        })
                         .map_err(|err| refused(err.to_string()))?;
                     held::execute(&name, single.params(), row)
                 }
@@ -424,7 +299,7 @@ impl<'t> PgDb<'t> {
         }
         if let Some(records) = records {
             let name = self
-                .named(AUDIT_INSERT_ARRAYS)
+                .named(AUDIT_INSERT_ARRAYS, || AUDIT_INSERT_ARRAYS.to_owned())
                 .map_err(|err| Failed::Refused(format!("the audit records: {err}")))?;
             let arguments = records.arguments().map_err(Failed::Refused)?;
             query.push_str(&format!("EXECUTE {name}{arguments};\n"));
@@ -600,22 +475,22 @@ impl<'t> PgDb<'t> {
         Ok(())
     }
 
-    /// The name `sql` is prepared under in the session by SQL, for `EXECUTE`: prepared the
-    /// first time it is asked for on this connection (a round trip), which a rollback does
-    /// not undo.
-    fn named(&self, sql: &str) -> Result<String, Error> {
-        if let Some(name) = self.statements.named.borrow().get(sql) {
+    /// The name the statement `text` gives is prepared under in the session by SQL, for
+    /// `EXECUTE`, found by `key`: prepared the first time `key` is asked for on this
+    /// connection (a round trip), which a rollback does not undo.
+    fn named(&self, key: &str, text: impl FnOnce() -> String) -> Result<String, Error> {
+        if let Some(name) = self.statements.named.borrow().get(key) {
             return Ok(name.clone());
         }
         let name = format!("agent_kernel_held_{}", self.statements.named.borrow().len());
         self.statements.trip();
         self.tx_mut()?
-            .batch_execute(&format!("PREPARE {name} AS {}", placeholders(sql)))
+            .batch_execute(&format!("PREPARE {name} AS {}", placeholders(&text())))
             .map_err(error)?;
         self.statements
             .named
             .borrow_mut()
-            .insert(sql.to_owned(), name.clone());
+            .insert(key.to_owned(), name.clone());
         Ok(name)
     }
 
@@ -826,321 +701,4 @@ impl Db for PgDb<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::placeholders;
-    use super::{PgDb, Statements};
-    use agent_kernel_txlog::sql::{Db, ToValue};
-
-    /// What `audit::Appender` runs for each record.
-    const INSERT: &str =
-        "INSERT INTO audit_log (seq, at_ms, kind, saga_id, body, prev_hash, hash, mac)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
-
-    fn count(db: &dyn Db) -> i64 {
-        db.query_row("SELECT count(*) FROM audit_log", &[], |row| row.get(0))
-            .expect("counts")
-    }
-
-    #[test]
-    fn only_the_chains_own_insert_is_held_back() {
-        assert!(super::is_audit_insert(INSERT));
-        assert!(!super::is_audit_insert(&format!(
-            "{INSERT} ON CONFLICT DO NOTHING"
-        )));
-        assert!(!super::is_audit_insert(
-            "INSERT INTO audit_log (seq, at_ms, kind, saga_id, body, prev_hash, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
-        ));
-    }
-
-    #[test]
-    fn held_audit_records_are_seen_by_a_later_read_and_inserted_by_flush() {
-        use agent_kernel_log_contract::postgres::{Schema, blocking, server};
-        let Some(server) = server() else { return };
-        let schema = Schema::create(&server);
-        schema.execute(include_str!("schema.sql"));
-        let url = schema.url();
-        let record = |seq: i64, saga: Option<&str>| {
-            let (kind, body, hash) = ("Test", "{}", "h".repeat(64));
-            let (at_ms, mac): (i64, Option<&str>) = (7, None);
-            let prev: String = "0".repeat(64);
-            (
-                seq,
-                at_ms,
-                kind,
-                saga.map(str::to_owned),
-                body,
-                prev,
-                hash,
-                mac,
-            )
-        };
-        blocking(|| {
-            let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
-            let mut tx = client.transaction().expect("begins");
-            let statements = Statements::default();
-            {
-                let db = PgDb::holding(&mut tx, &statements, false);
-                for (seq, saga) in [(1, Some("s")), (2, None)] {
-                    let (seq, at_ms, kind, saga, body, prev, hash, mac) = record(seq, saga);
-                    let params: [&dyn ToValue; 8] =
-                        [&seq, &at_ms, &kind, &saga, &body, &prev, &hash, &mac];
-                    assert_eq!(db.execute(INSERT, &params).expect("held"), 1);
-                }
-                let trips = statements
-                    .round_trips
-                    .load(std::sync::atomic::Ordering::Relaxed);
-                assert_eq!(trips, 0, "nothing sent yet");
-                // A read of the table inserts them first, in one statement.
-                assert_eq!(count(&db), 2);
-                let (seq, at_ms, kind, saga, body, prev, hash, mac) = record(3, None);
-                let params: [&dyn ToValue; 8] =
-                    [&seq, &at_ms, &kind, &saga, &body, &prev, &hash, &mac];
-                db.execute(INSERT, &params).expect("held");
-                db.flush().expect("inserts");
-                assert_eq!(count(&db), 3);
-            }
-            tx.commit().expect("commits");
-            let rows = client
-                .query("SELECT seq, saga_id FROM audit_log ORDER BY seq", &[])
-                .expect("reads");
-            let read: Vec<(i64, Option<String>)> =
-                rows.iter().map(|row| (row.get(0), row.get(1))).collect();
-            assert_eq!(read, [(1, Some("s".to_owned())), (2, None), (3, None)]);
-        });
-    }
-
-    #[test]
-    fn held_values_past_their_bound_are_sent_before_the_commit() {
-        use agent_kernel_log_contract::postgres::{Schema, blocking, server};
-        let Some(server) = server() else { return };
-        let schema = Schema::create(&server);
-        schema.execute(include_str!("schema.sql"));
-        let url = schema.url();
-        let records = super::HELD_BYTES_SENT / (1 << 20) + 4;
-        let trips = blocking(|| {
-            let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
-            let statements = Statements::default();
-            let mut tx = begun(&mut client);
-            let db = PgDb::holding(&mut tx, &statements, false);
-            let body = format!("\"{}\\\\'\"", "x".repeat((1 << 20) - 8));
-            let (at_ms, kind, hash, prev) = (7_i64, "Test", "h".repeat(64), "0".repeat(64));
-            let (saga, mac): (Option<&str>, Option<&str>) = (None, None);
-            for seq in 1..=i64::try_from(records).expect("few") {
-                let params: [&dyn ToValue; 8] =
-                    [&seq, &at_ms, &kind, &saga, &body, &prev, &hash, &mac];
-                assert_eq!(db.execute(INSERT, &params).expect("held"), 1);
-            }
-            // Sent once past the bound, before the COMMIT: its statement prepared, then the
-            // records held so far.
-            let trips = statements
-                .round_trips
-                .load(std::sync::atomic::Ordering::Relaxed);
-            db.flush_and_commit().expect("commits the rest");
-            trips
-        });
-        assert_eq!(trips, 2, "prepared, then sent once");
-        let stored = schema.rows(
-            "SELECT count(*)::text, min(length(body))::text, max(length(body))::text FROM audit_log",
-        );
-        let length = ((1 << 20) - 8 + 5).to_string();
-        assert_eq!(
-            stored,
-            [vec![
-                Some(records.to_string()),
-                Some(length.clone()),
-                Some(length)
-            ]]
-        );
-    }
-
-    #[test]
-    fn a_commit_in_a_transaction_that_already_failed_is_refused_not_taken_for_done() {
-        use agent_kernel_log_contract::postgres::blocking;
-        let Some(schema) = fresh_log() else { return };
-        let url = schema.url();
-        blocking(|| {
-            let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
-            let statements = Statements::default();
-            let mut tx = begun(&mut client);
-            // A statement failed, its error dropped: the server now answers a COMMIT with
-            // ROLLBACK, which a simple query's answer does not tell apart.
-            assert!(tx.client().batch_execute("SELECT 1 / 0").is_err());
-            let db = PgDb::holding(&mut tx, &statements, true);
-            let committed = db.flush_and_commit();
-            assert!(
-                matches!(committed, Err(super::Failed::Refused(_))),
-                "{committed:?}"
-            );
-        });
-    }
-
-    /// A write transaction begun on `client`, as `begin_write` begins one.
-    fn begun(client: &mut postgres::Client) -> super::WriteTx<'_> {
-        client
-            .batch_execute("START TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            .expect("begins");
-        super::WriteTx::beginning(client)
-    }
-
-    /// A fresh log's schema at its current version, for statements of the store.
-    fn fresh_log() -> Option<agent_kernel_log_contract::postgres::Schema> {
-        use agent_kernel_log_contract::postgres::{Schema, server};
-        let server = server()?;
-        let schema = Schema::create(&server);
-        struct Fixed;
-        impl agent_kernel_api::Clock for Fixed {
-            fn now_ms(&self) -> i64 {
-                1_700_000_000_000
-            }
-        }
-        let clock = std::sync::Arc::new(Fixed);
-        let options = agent_kernel_txlog::LogOptions {
-            durability: agent_kernel_api::Durability::Full,
-            clock,
-        };
-        let worker = crate::Worker::new(agent_kernel_log_contract::records::owner(1));
-        drop(crate::PostgresLog::open(&schema.url(), options, None, worker).expect("creates"));
-        Some(schema)
-    }
-
-    /// `sagas` sagas of one step each, begun, committed and `Done`, applied in one
-    /// transaction holding rows, and `bad` (if any) applied among them; what
-    /// `flush_and_commit` says and the round trips of the transaction's statements (the
-    /// chain's first read and the statements prepared excepted: all are prepared by a first
-    /// round).
-    fn group(
-        client: &mut postgres::Client,
-        statements: &Statements,
-        round: &str,
-        sagas: usize,
-        bad: Option<&[agent_kernel_api::LogWrite]>,
-    ) -> (Result<(), super::Failed>, u64) {
-        use agent_kernel_api::SagaState;
-        use agent_kernel_log_contract::records::{begin, commit, new_saga, set_state};
-        use agent_kernel_txlog::backend::{Chain, LockMap, apply_batch};
-        use std::sync::atomic::Ordering::Relaxed;
-        let mut tx = begun(client);
-        let db = PgDb::holding(&mut tx, statements, true);
-        let mut locks = LockMap::default();
-        let mut chain = Chain::start_with(&db, None, &mut locks).expect("starts");
-        let before = statements.round_trips.load(Relaxed);
-        for n in 0..sagas {
-            let id = format!("{round}-{n}");
-            let batch = [
-                new_saga(&id),
-                begin(&id, 0, None, "h"),
-                commit(&id, 0),
-                set_state(&id, SagaState::Done),
-            ];
-            apply_batch(&db, &mut chain, None, &batch, 5).expect("held");
-            if n == sagas / 2
-                && let Some(bad) = bad
-            {
-                apply_batch(&db, &mut chain, None, bad, 5).expect("held, not yet checked");
-            }
-        }
-        let committed = db.flush_and_commit();
-        let trips = statements.round_trips.load(Relaxed) - before;
-        (committed, trips)
-    }
-
-    #[test]
-    fn a_groups_writes_take_one_round_trip_whatever_their_number_and_kinds() {
-        use agent_kernel_log_contract::postgres::blocking;
-        let Some(schema) = fresh_log() else { return };
-        let url = schema.url();
-        blocking(|| {
-            let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
-            let statements = Statements::default();
-            // The first prepares every statement.
-            assert!(group(&mut client, &statements, "a", 2, None).0.is_ok());
-            let (few, trips_few) = group(&mut client, &statements, "b", 3, None);
-            let (many, trips_many) = group(&mut client, &statements, "c", 40, None);
-            assert!(few.is_ok() && many.is_ok(), "{few:?} {many:?}");
-            // A saga's insert, a step's, its outcome, the state, the locks' release, the
-            // audit records and the COMMIT: a statement each, all sent together.
-            assert_eq!((trips_few, trips_many), (1, 1));
-        });
-        let done = schema.rows(
-            "SELECT count(*)::text FROM sagas s JOIN saga_steps t USING (saga_id)
-             WHERE s.state = 'Done' AND t.status = 'COMMIT'",
-        );
-        assert_eq!(done, [vec![Some("45".to_owned())]]);
-        let report = crate::verify(&url, None, None).expect("verifies");
-        assert!(report.is_intact(), "{report:#?}");
-    }
-
-    #[test]
-    fn a_held_write_that_changes_no_row_keeps_its_transaction_from_committing() {
-        use agent_kernel_api::SagaState;
-        use agent_kernel_log_contract::postgres::blocking;
-        use agent_kernel_log_contract::records::{begin, commit, new_saga, set_state};
-        let Some(schema) = fresh_log() else { return };
-        let url = schema.url();
-        blocking(|| {
-            let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
-            let statements = Statements::default();
-            // A step committed twice, a step of a saga that is not there, a state of a saga
-            // that is not there: the store took each as written, the flush finds out.
-            let twice = vec![
-                new_saga("x"),
-                begin("x", 0, None, "h"),
-                commit("x", 0),
-                commit("x", 0),
-            ];
-            for bad in [
-                twice,
-                vec![begin("nowhere", 0, None, "h")],
-                vec![set_state("nowhere", SagaState::Done)],
-            ] {
-                let (committed, _) = group(&mut client, &statements, "d", 4, Some(&bad));
-                // Refused on the server, before the COMMIT sent with it could run.
-                let Err(super::Failed::Refused(error)) = committed else {
-                    panic!("refused: {committed:?}");
-                };
-                assert!(error.contains("held writes changed"), "{error}");
-            }
-        });
-        assert_eq!(
-            schema.rows("SELECT count(*)::text FROM sagas"),
-            [vec![Some("0".to_owned())]]
-        );
-    }
-
-    fn count_sagas(db: &dyn Db) -> Result<i64, super::Error> {
-        db.query_row("SELECT count(*) FROM sagas", &[], |row| row.get(0))
-    }
-
-    #[test]
-    fn a_failed_flush_inside_another_statement_reaches_it_and_stays() {
-        use agent_kernel_log_contract::postgres::blocking;
-        let Some(schema) = fresh_log() else { return };
-        let url = schema.url();
-        blocking(|| {
-            let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
-            let statements = Statements::default();
-            let mut tx = client.transaction().expect("begins");
-            let db = PgDb::holding(&mut tx, &statements, true);
-            let state = "UPDATE sagas SET state = ?2, updated_at_ms = ?3 WHERE saga_id = ?1";
-            let params: [&dyn ToValue; 3] = [&"nowhere", &"Done", &5_i64];
-            // Held: answered as the store expects, though no such saga exists.
-            assert_eq!(db.execute(state, &params).expect("held"), 1);
-            // The read that sends it first fails, as a database error the read's caller
-            // cannot take for an empty answer or a constraint of its own…
-            let read = count_sagas(&db);
-            assert!(matches!(read, Err(super::Error::Database(_))), "{read:?}");
-            // …and so does every statement after it, and the flush before the COMMIT.
-            let again = db.execute("DELETE FROM locks WHERE resource = ?1", &[&"r"]);
-            assert!(matches!(again, Err(super::Error::Database(_))), "{again:?}");
-            assert!(matches!(db.flush(), Err(super::Error::Database(_))));
-        });
-    }
-
-    #[test]
-    fn placeholders_are_rewritten_outside_literals_only() {
-        assert_eq!(
-            placeholders("SELECT '?1' FROM t WHERE a = ?1 AND b = ?12"),
-            "SELECT '?1' FROM t WHERE a = $1 AND b = $12"
-        );
-    }
-}
+mod tests;
