@@ -129,8 +129,9 @@ fn main() -> ExitCode {
         .and_then(|runtime| {
             let result = runtime.block_on(dispatch(&cli, &out));
             if matches!(cli.command, Command::Mcp { .. }) {
-                // The stdio transport's read of stdin blocks a thread that no cancellation
-                // reaches (after SIGTERM the client may keep stdin open): do not wait for it.
+                // Where stdin is not a pipe the runtime polls, its read blocks a thread that
+                // no cancellation reaches (after SIGTERM the client may keep stdin open): do
+                // not wait for it.
                 // Every saga was rolled back and every log write answered before this.
                 runtime.shutdown_background();
             }

@@ -44,6 +44,7 @@ use tracing::{info, warn};
 
 mod notify;
 mod screen;
+mod stdio;
 pub use screen::MESSAGE_DEPTH_MAX;
 
 /// What the server tells an agent about itself, in three sentences.
@@ -843,8 +844,8 @@ pub async fn serve_stdio(
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     kernel.load_all_tools().await;
     let server = KernelServer::new(Arc::clone(&kernel), options);
-    let input = screen::screened(tokio::io::stdin());
-    let running = server.serve((input, tokio::io::stdout())).await?;
+    let input = screen::screened(stdio::input());
+    let running = server.serve((input, stdio::output())).await?;
     info!("MCP session initialized");
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let reason = tokio::select! {

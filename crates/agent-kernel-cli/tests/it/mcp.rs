@@ -534,6 +534,58 @@ impl Raw {
     }
 }
 
+/// The `flags` of the descriptor `fd` of process `pid`, from `/proc` (octal there).
+fn descriptor_flags(pid: u32, fd: &str) -> u32 {
+    let info = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).expect("reads fdinfo");
+    let flags = info
+        .lines()
+        .find_map(|line| line.strip_prefix("flags:"))
+        .expect("a flags line");
+    u32::from_str_radix(flags.trim(), 8).expect("octal flags")
+}
+
+/// `O_NONBLOCK` on Linux.
+const O_NONBLOCK: u32 = 0o4000;
+
+#[test]
+fn the_server_polls_descriptions_of_its_own_and_leaves_its_inherited_pipes_blocking() {
+    let project = Project::new();
+    let mut raw = Raw::start(&project);
+    let pid = raw.child.id();
+    let pong = raw.request("ping", json!({}));
+    assert!(pong.get("result").is_some(), "{pong}");
+    for inherited in ["0", "1"] {
+        let pipe = fs::read_link(format!("/proc/{pid}/fd/{inherited}")).expect("reads the link");
+        assert!(pipe.to_string_lossy().starts_with("pipe:"), "{pipe:?}");
+        // Whoever shares the description (a wrapper script, the client) still sees it
+        // blocking.
+        assert_eq!(
+            descriptor_flags(pid, inherited) & O_NONBLOCK,
+            0,
+            "descriptor {inherited} was made non-blocking"
+        );
+        let own = fs::read_dir(format!("/proc/{pid}/fd"))
+            .expect("lists the descriptors")
+            .map(|entry| {
+                entry
+                    .expect("an entry")
+                    .file_name()
+                    .into_string()
+                    .expect("a number")
+            })
+            .filter(|fd| fd != inherited)
+            .filter(|fd| {
+                fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|link| link == pipe)
+            })
+            .any(|fd| descriptor_flags(pid, &fd) & O_NONBLOCK != 0);
+        assert!(
+            own,
+            "no non-blocking description of its own on {pipe:?} (descriptor {inherited})"
+        );
+    }
+    raw.close();
+}
+
 #[test]
 fn end_of_input_rolls_back_the_open_sagas_and_exits_0() {
     let project = Project::new();
