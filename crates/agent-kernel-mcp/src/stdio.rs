@@ -6,11 +6,11 @@
 //! two thread hand-offs a call that cost tens of microseconds each on a busy machine. A pipe
 //! opened again through `/proc/self/fd` is a description of its own, made non-blocking
 //! without changing the one the server inherited (which other processes may share), and
-//! polled by the runtime like a socket. Anything else (a terminal, a file, a socket, no
-//! `/proc`) is read and written as before.
+//! polled by the runtime like a socket. Anything else (a named FIFO, a terminal, a file, a
+//! socket, a pipe that cannot be opened again, no `/proc`) is read and written as before.
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::pin::Pin;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -32,11 +32,17 @@ pub(crate) fn output() -> Pin<Box<dyn AsyncWrite + Send>> {
     }
 }
 
-/// The pipe open as `fd`, opened again non-blocking for reading or `write`; `None` when
-/// `fd` is not a pipe or cannot be opened again.
+/// The anonymous pipe open as `fd`, opened again non-blocking for reading or `write`;
+/// `None` when `fd` is anything else or cannot be opened again. A named FIFO is left alone:
+/// opened again non-blocking while no writer holds it, Linux hides its hang-up from the new
+/// description until a writer opens it, so the end of input would never be seen.
 fn reopened(fd: i32, write: bool) -> Option<File> {
     let path = format!("/proc/self/fd/{fd}");
-    if !std::fs::metadata(&path).ok()?.file_type().is_fifo() {
+    if !std::fs::read_link(&path)
+        .ok()?
+        .to_string_lossy()
+        .starts_with("pipe:")
+    {
         return None;
     }
     OpenOptions::new()
@@ -89,12 +95,27 @@ mod tests {
         assert_eq!(flags(writer.as_raw_fd()) & libc::O_NONBLOCK, 0);
     }
 
-    /// What is not a pipe is left to Tokio's standard streams.
+    /// What is not an anonymous pipe is left to Tokio's standard streams: a file, and a
+    /// named FIFO (whose end of input a description opened again might never see).
     #[test]
-    fn a_file_is_not_opened_again() {
+    fn a_file_and_a_named_fifo_are_not_opened_again() {
         let path = std::env::temp_dir().join(format!("ak-stdio-{}", std::process::id()));
         let file = File::create(&path).expect("creates");
         std::fs::remove_file(&path).expect("removes");
         assert!(reopened(file.as_raw_fd(), false).is_none());
+
+        let fifo = std::env::temp_dir().join(format!("ak-stdio-fifo-{}", std::process::id()));
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("runs mkfifo");
+        assert!(made.success());
+        let reader = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .expect("opens the FIFO");
+        std::fs::remove_file(&fifo).expect("removes");
+        assert!(reopened(reader.as_raw_fd(), false).is_none());
     }
 }

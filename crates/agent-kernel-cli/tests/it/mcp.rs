@@ -587,6 +587,63 @@ fn the_server_polls_descriptions_of_its_own_and_leaves_its_inherited_pipes_block
 }
 
 #[test]
+fn a_named_fifo_on_stdin_whose_writer_left_still_ends_the_session() {
+    let project = Project::new();
+    // Inside an allowed root, where the second line lets the server open it again.
+    let fifo = project.path("ws/input.fifo");
+    let made = Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("runs mkfifo");
+    assert!(made.success());
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            let mut input = fs::OpenOptions::new()
+                .write(true)
+                .open(&fifo)
+                .expect("opens the FIFO for writing");
+            for message in [
+                json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": { "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "fifo", "version": "1" } } }),
+                json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }),
+                json!({ "jsonrpc": "2.0", "id": 2, "method": "ping" }),
+            ] {
+                writeln!(input, "{message}").expect("writes");
+            }
+        })
+    };
+    // Blocks until the writer opens it; the writer has closed it before the server starts.
+    let input = fs::File::open(&fifo).expect("opens the FIFO for reading");
+    writer.join().expect("the writer finishes");
+    let child = project
+        .command(&["-q", "mcp"])
+        .stdin(input)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the server starts");
+    let pid = child.id();
+    let (done, exited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    let Ok(output) = exited.recv_timeout(std::time::Duration::from_secs(60)) else {
+        let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        panic!("the server never saw the end of its input");
+    };
+    let output = output.expect("waits");
+    assert_eq!(output.status.code(), Some(0));
+    let answers = String::from_utf8(output.stdout).expect("UTF-8");
+    assert!(
+        answers
+            .lines()
+            .any(|line| serde_json::from_str::<Value>(line)
+                .is_ok_and(|answer| answer["id"] == 2 && answer.get("result").is_some())),
+        "{answers}"
+    );
+}
+
+#[test]
 fn end_of_input_rolls_back_the_open_sagas_and_exits_0() {
     let project = Project::new();
     fs::write(project.path("ws/a.txt"), "old").expect("writes");
