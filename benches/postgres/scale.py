@@ -9,6 +9,7 @@ counts, autovacuum too) per step. Each round measures every case once, alternati
 order; the median of the rounds is printed."""
 
 import argparse
+import glob
 import json
 import os
 import pwd
@@ -20,6 +21,20 @@ import uuid
 def psql(url, sql):
     subprocess.run(["psql", url, "-q", "-v", "ON_ERROR_STOP=1", "-c", sql], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def forget_head_files(url, schema):
+    """Removes the head files the processes kept on this machine for the log in `schema`
+    (`$XDG_STATE_HOME/agent-kernel/*.log-LOG_ID.audit-head`), which is about to be dropped:
+    they would otherwise stay behind, one for each schema a run made."""
+    found = subprocess.run(["psql", url, "-qtA", "-c", f"SELECT log_id FROM {schema}.agent_kernel_meta"],
+                           capture_output=True, text=True)
+    log_id = found.stdout.strip()
+    if found.returncode != 0 or not log_id:
+        return
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    for path in glob.glob(os.path.join(state, "agent-kernel", f"*.log-{glob.escape(log_id)}.audit-head")):
+        os.remove(path)
 
 
 def server_cpu_seconds(user):
@@ -104,6 +119,7 @@ def main():
                 measured = (rate, transactions, trips, server)
             finally:
                 if db:
+                    forget_head_files(args.url, schema)
                     psql(args.url, f"DROP SCHEMA {schema} CASCADE")
             results.setdefault((concurrency, backend, count), []).append(measured)
     print(f"durability {args.durability}; each process {args.sagas} plan sagas x {args.steps} steps; "
