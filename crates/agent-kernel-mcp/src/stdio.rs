@@ -1,5 +1,5 @@
 //! The server's standard input and output, read and written by the runtime's own thread
-//! when they are pipes, as an MCP client starting the server makes them.
+//! when they are anonymous pipes, as an MCP client starting the server makes them.
 //!
 //! Tokio's `stdin()` and `stdout()` read and write on its blocking pool: each request then
 //! wakes a pool thread, which wakes the runtime, and each answer wakes a pool thread again,
@@ -16,7 +16,7 @@ use std::pin::Pin;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::unix::pipe;
 
-/// Standard input, as the runtime's pipe when it is one.
+/// Standard input, as the runtime's pipe when it is an anonymous pipe.
 pub(crate) fn input() -> Pin<Box<dyn AsyncRead + Send>> {
     match reopened(0, false).and_then(|file| pipe::Receiver::from_file(file).ok()) {
         Some(pipe) => Box::pin(pipe),
@@ -24,7 +24,7 @@ pub(crate) fn input() -> Pin<Box<dyn AsyncRead + Send>> {
     }
 }
 
-/// Standard output, as the runtime's pipe when it is one.
+/// Standard output, as the runtime's pipe when it is an anonymous pipe.
 pub(crate) fn output() -> Pin<Box<dyn AsyncWrite + Send>> {
     match reopened(1, true).and_then(|file| pipe::Sender::from_file(file).ok()) {
         Some(pipe) => Box::pin(pipe),

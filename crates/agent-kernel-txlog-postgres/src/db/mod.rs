@@ -2,7 +2,7 @@
 //! with `?N` placeholders) prepared once per connection and bound by the types PostgreSQL
 //! infers for them.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell, RefMut};
 use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::sync::Arc;
@@ -99,7 +99,7 @@ pub(crate) struct PgDb<'t> {
     /// ([`PgDb::knowing_newest`]), for its first statement only.
     newest: RefCell<Option<Vec<Vec<Value>>>>,
     /// The bytes of the values held back since they were last sent ([`PgDb::grown_by`]).
-    held_bytes: std::cell::Cell<usize>,
+    held_bytes: Cell<usize>,
 }
 
 /// The bytes of held values past which they are sent at once, without waiting for the
@@ -171,15 +171,7 @@ impl HeldRecords {
 
 impl<'t> PgDb<'t> {
     pub(crate) fn new(tx: &'t mut dyn Session, statements: &'t Statements) -> Self {
-        PgDb {
-            tx: RefCell::new(tx),
-            statements,
-            held: RefCell::new(None),
-            rows: RefCell::new(None),
-            poisoned: RefCell::new(None),
-            newest: RefCell::new(None),
-            held_bytes: std::cell::Cell::new(0),
-        }
+        PgDb::with(tx, statements, None, None)
     }
 
     /// As [`new`](Self::new), but the chain's records are held back and inserted together:
@@ -190,14 +182,30 @@ impl<'t> PgDb<'t> {
     /// and sent before any other statement: a group of many batches, whose transaction is
     /// tried again item by item when [`flush`](Self::flush) refuses it.
     pub(crate) fn holding(tx: &'t mut dyn Session, statements: &'t Statements, rows: bool) -> Self {
+        PgDb::with(
+            tx,
+            statements,
+            Some(HeldRecords::default()),
+            rows.then(Held::default),
+        )
+    }
+
+    /// The one constructor: the audit records and the writes of steps and sagas held back
+    /// when `held` and `rows` are given.
+    fn with(
+        tx: &'t mut dyn Session,
+        statements: &'t Statements,
+        held: Option<HeldRecords>,
+        rows: Option<Held>,
+    ) -> Self {
         PgDb {
             tx: RefCell::new(tx),
             statements,
-            held: RefCell::new(Some(HeldRecords::default())),
-            rows: RefCell::new(rows.then(Held::default)),
+            held: RefCell::new(held),
+            rows: RefCell::new(rows),
             poisoned: RefCell::new(None),
             newest: RefCell::new(None),
-            held_bytes: std::cell::Cell::new(0),
+            held_bytes: Cell::new(0),
         }
     }
 
@@ -393,7 +401,7 @@ impl<'t> PgDb<'t> {
 
     /// The transaction, to run a statement on: refused while another statement's rows are
     /// still being read from it.
-    fn tx_mut(&self) -> Result<std::cell::RefMut<'_, &'t mut dyn Session>, Error> {
+    fn tx_mut(&self) -> Result<RefMut<'_, &'t mut dyn Session>, Error> {
         self.tx.try_borrow_mut().map_err(|_| {
             Error::Database("a statement was run while another one's rows were read".to_owned())
         })
@@ -637,6 +645,11 @@ fn value(row: &postgres::Row, idx: usize) -> Result<Value, Error> {
     })
 }
 
+/// `params` as the client binds them.
+fn bound<'p>(params: &'p [&dyn ToValue]) -> Vec<Bind<'p>> {
+    params.iter().map(|param| Bind(param.to_value())).collect()
+}
+
 impl Db for PgDb<'_> {
     fn execute(&self, sql: &str, params: &[&dyn ToValue]) -> Result<usize, Error> {
         self.newest.borrow_mut().take();
@@ -650,7 +663,7 @@ impl Db for PgDb<'_> {
         }
         self.flush_before(sql)?;
         let statement = self.statement(sql)?;
-        let binds: Vec<Bind<'_>> = params.iter().map(|param| Bind(param.to_value())).collect();
+        let binds = bound(params);
         let n = self.run(&statement, &binds)?;
         usize::try_from(n).map_err(|_| Error::Database(format!("{n} rows changed")))
     }
@@ -675,7 +688,7 @@ impl Db for PgDb<'_> {
         }
         self.flush_before(sql)?;
         let statement = self.statement(sql)?;
-        let binds: Vec<Bind<'_>> = params.iter().map(|param| Bind(param.to_value())).collect();
+        let binds = bound(params);
         self.statements.trip();
         let mut tx = self.tx_mut()?;
         let refs: Vec<&(dyn ToSql + Sync)> = binds

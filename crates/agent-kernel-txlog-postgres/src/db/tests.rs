@@ -17,6 +17,12 @@ fn hold_record(db: &dyn Db, seq: i64, saga: Option<&str>, body: &str) {
     assert_eq!(db.execute(INSERT, &params).expect("held"), 1);
 }
 
+/// A new connection to the log at `url`, and the statements it has prepared (none yet).
+fn connected(url: &str) -> (postgres::Client, Statements) {
+    let client = postgres::Client::connect(url, postgres::NoTls).expect("connects");
+    (client, Statements::default())
+}
+
 fn count(db: &dyn Db) -> i64 {
     db.query_row("SELECT count(*) FROM audit_log", &[], |row| row.get(0))
         .expect("counts")
@@ -41,9 +47,8 @@ fn held_audit_records_are_seen_by_a_later_read_and_inserted_by_flush() {
     schema.execute(include_str!("../schema.sql"));
     let url = schema.url();
     blocking(|| {
-        let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
+        let (mut client, statements) = connected(&url);
         let mut tx = client.transaction().expect("begins");
-        let statements = Statements::default();
         {
             let db = PgDb::holding(&mut tx, &statements, false);
             hold_record(&db, 1, Some("s"), "{}");
@@ -77,8 +82,7 @@ fn held_values_past_their_bound_are_sent_before_the_commit() {
     let url = schema.url();
     let records = super::HELD_BYTES_SENT / (1 << 20) + 4;
     let trips = blocking(|| {
-        let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
-        let statements = Statements::default();
+        let (mut client, statements) = connected(&url);
         let mut tx = begun(&mut client);
         let db = PgDb::holding(&mut tx, &statements, false);
         let body = format!("\"{}\\\\'\"", "x".repeat((1 << 20) - 8));
@@ -114,8 +118,7 @@ fn a_commit_in_a_transaction_that_already_failed_is_refused_not_taken_for_done()
     let Some(schema) = fresh_log() else { return };
     let url = schema.url();
     blocking(|| {
-        let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
-        let statements = Statements::default();
+        let (mut client, statements) = connected(&url);
         let mut tx = begun(&mut client);
         // A statement failed, its error dropped: the server now answers a COMMIT with
         // ROLLBACK, which a simple query's answer does not tell apart.
@@ -205,8 +208,7 @@ fn a_groups_writes_take_one_round_trip_whatever_their_number_and_kinds() {
     let Some(schema) = fresh_log() else { return };
     let url = schema.url();
     blocking(|| {
-        let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
-        let statements = Statements::default();
+        let (mut client, statements) = connected(&url);
         // The first prepares every statement.
         assert!(group(&mut client, &statements, "a", 2, None).0.is_ok());
         let (few, trips_few) = group(&mut client, &statements, "b", 3, None);
@@ -233,8 +235,7 @@ fn a_held_write_that_changes_no_row_keeps_its_transaction_from_committing() {
     let Some(schema) = fresh_log() else { return };
     let url = schema.url();
     blocking(|| {
-        let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
-        let statements = Statements::default();
+        let (mut client, statements) = connected(&url);
         // A step committed twice, a step of a saga that is not there, a state of a saga
         // that is not there: the store took each as written, the flush finds out.
         let twice = vec![
@@ -272,8 +273,7 @@ fn a_failed_flush_inside_another_statement_reaches_it_and_stays() {
     let Some(schema) = fresh_log() else { return };
     let url = schema.url();
     blocking(|| {
-        let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
-        let statements = Statements::default();
+        let (mut client, statements) = connected(&url);
         let mut tx = client.transaction().expect("begins");
         let db = PgDb::holding(&mut tx, &statements, true);
         let state = "UPDATE sagas SET state = ?2, updated_at_ms = ?3 WHERE saga_id = ?1";
