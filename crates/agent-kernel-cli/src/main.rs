@@ -390,6 +390,10 @@ fn load_fsm(cli: &Cli) -> Result<Guardrail, Failure> {
 /// `mcp`, `recover` and every listing.
 fn wiring(cli: &Cli) -> KernelBuilder {
     let mut builder = KernelBuilder::from_folder(config_folder(cli)).db(db_path(cli));
+    // The command's runtime (built with every driver) serves the upstream connections.
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        builder = builder.upstream_runtime(runtime);
+    }
     if let Some(path) = &cli.sandbox {
         builder = builder.sandbox_file(path);
     }

@@ -147,7 +147,9 @@ impl NativeKernel {
             }
         };
         // The command line's defaults, from the working folder.
-        let mut builder = KernelBuilder::from_folder(".").durability(durability);
+        let mut builder = KernelBuilder::from_folder(".")
+            .durability(durability)
+            .upstream_runtime(runtime().handle().clone());
         if let Some(db) = db {
             builder = builder.db(db);
         }

@@ -396,3 +396,37 @@ def test_a_python_tool_declares_what_it_touches(make_kernel):
     two.commit()
     assert balances == {"alice": 5, "bob": 7}
 
+
+
+def test_an_upstream_servers_call_is_undone_through_it_when_the_saga_rolls_back(project: Path, make_kernel, binary: Path):
+    """An upstream MCP server (the binary's own `mcp`, allowed `up/ws`) behind a Python
+    kernel, whose connection the package's runtime serves: a committed call stays, a rolled
+    back one is compensated through the server."""
+    up = project / "up"
+    (up / "ws").mkdir(parents=True)
+    (up / "sandbox.toml").write_text('[fs]\nallow = ["ws"]\n')
+    # Its own tools file, so that it does not find this one and start itself again.
+    (up / "tools.toml").write_text("")
+    (project / "tools.toml").write_text(
+        f"""
+[mcp_servers.files]
+command = ["{binary.resolve()}", "--db", "up/up.db", "--sandbox", "up/sandbox.toml", "--tools", "up/tools.toml", "-q", "mcp"]
+
+[mcp_servers.files.tool.fs_write]
+effect = "mutating"
+reversibility = "full"
+compensate = {{ tool = "fs_delete", args = {{ args = {{ path = "$.args.args.path", missing_ok = true }} }} }}
+"""
+    )
+    kernel = make_kernel(tools=project / "tools.toml")
+    with kernel.saga(name="kept") as saga:
+        saga.call("files.fs_write", {"args": {"path": "up/ws/kept.txt", "content": "kept"}})
+    assert (up / "ws" / "kept.txt").read_text() == "kept"
+    with pytest.raises(RuntimeError, match="changed its mind"):
+        with kernel.saga(name="undone") as saga:
+            saga.call("files.fs_write", {"args": {"path": "up/ws/undone.txt", "content": "undone"}})
+            assert (up / "ws" / "undone.txt").read_text() == "undone"
+            raise RuntimeError("the agent changed its mind")
+    assert not (up / "ws" / "undone.txt").exists()
+    assert (up / "ws" / "kept.txt").read_text() == "kept"
+    assert kernel.saga_record(saga.id)["state"] == "FailedRolledBack"

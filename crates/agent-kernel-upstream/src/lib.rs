@@ -5,7 +5,8 @@
 //! - [`load_servers`] reads the declarations strictly (every problem with its line),
 //!   compensation argument mappings included ([`Mapping`], RFC 9535 JSONPath through
 //!   `serde_json_path`).
-//! - [`Hub`] owns the connections (rmcp's client over stdio) on a thread of its own: a
+//! - [`Hub`] owns the connections (rmcp's client over stdio), served on the runtime it is
+//!   given or a thread of its own, and starts the programs on that thread: a
 //!   server is started only when a step, a compensation or a listing first needs one of its
 //!   tools, with a cleared environment (plus the listed
 //!   variables, `PATH` and `HOME`), its stderr in the kernel's log, and restarted for the
@@ -36,7 +37,8 @@ pub use config::{
     ServersFileError, ToolDecl, UPSTREAM_SERVERS_MAX, load_servers, parse_servers,
 };
 pub use hub::{
-    CallError, Connection, Connector, Hub, SERVER_START_TIMEOUT, SERVER_STARTS_MAX, StepRef,
+    CallError, Connection, Connector, Hub, SERVER_START_TIMEOUT, SERVER_STARTS_MAX,
+    SERVER_STOP_GRACE, StepRef,
 };
 pub use mapping::Mapping;
 pub use tool::UpstreamTool;
@@ -97,12 +99,13 @@ pub fn upstream_sources(
     output_bytes_max: u64,
 ) -> Result<Vec<UpstreamSource>, ServersFileError> {
     let specs = load_servers(path)?;
-    sources_of(path, specs, output_bytes_max)
+    sources_of(path, specs, output_bytes_max, None)
 }
 
 /// The upstream servers `text`, the content of the tools file at `path`, declares, as
 /// [`upstream_sources`] makes them: for a caller that read the file once for its command
-/// tools too.
+/// tools too. With `serving`, their connections are served on that runtime while it runs
+/// ([`Hub::serving_on`]).
 ///
 /// # Errors
 ///
@@ -111,9 +114,10 @@ pub fn upstream_sources_of(
     path: &Path,
     text: &str,
     output_bytes_max: u64,
+    serving: Option<&tokio::runtime::Handle>,
 ) -> Result<Vec<UpstreamSource>, ServersFileError> {
     let specs = parse_servers(path, text)?;
-    sources_of(path, specs, output_bytes_max)
+    sources_of(path, specs, output_bytes_max, serving)
 }
 
 /// The sources of the servers `specs` of the tools file at `path`, sharing one [`Hub`].
@@ -121,11 +125,16 @@ fn sources_of(
     path: &Path,
     specs: Vec<ServerSpec>,
     output_bytes_max: u64,
+    serving: Option<&tokio::runtime::Handle>,
 ) -> Result<Vec<UpstreamSource>, ServersFileError> {
     if specs.is_empty() {
         return Ok(Vec::new());
     }
-    let hub = Arc::new(Hub::new(specs.clone()).map_err(|error| ServersFileError {
+    let hub = match serving {
+        Some(runtime) => Hub::serving_on(specs.clone(), runtime.clone()),
+        None => Hub::new(specs.clone()),
+    };
+    let hub = Arc::new(hub.map_err(|error| ServersFileError {
         path: path.display().to_string(),
         line: None,
         message: error.to_string(),

@@ -125,6 +125,8 @@ pub struct KernelBuilder {
     /// Only compensations will run: an FSM table that does not load is replaced by the
     /// built-in one, so that rollback stays possible.
     compensation_only: bool,
+    /// Where upstream servers' connections are served, if not on a thread of their own.
+    upstream_runtime: Option<tokio::runtime::Handle>,
 }
 
 /// A function that puts a [`TxLog`] of the caller's around the SQLite log
@@ -147,6 +149,7 @@ impl std::fmt::Debug for KernelBuilder {
             .field("n_tools", &self.tools.len())
             .field("cwd", &self.cwd)
             .field("log_layer", &self.log_layer.is_some())
+            .field("upstream_runtime", &self.upstream_runtime.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -184,6 +187,7 @@ impl KernelBuilder {
             ids: None,
             operator_options: Vec::new(),
             log_layer: None,
+            upstream_runtime: None,
         }
     }
 
@@ -341,6 +345,19 @@ impl KernelBuilder {
     /// `./tools.toml` when it exists.
     pub fn tools_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.tools_file = ToolsFileSource::File(path.into());
+        self
+    }
+
+    /// Serves the connections to the tools file's upstream MCP servers on `runtime` while
+    /// it runs, instead of on a thread of their own: a call made on that runtime then
+    /// reaches its server without a hand-off between threads. The runtime must have its I/O
+    /// and time drivers enabled (`enable_all`), and be run while calls are made (a
+    /// current-thread runtime between two `block_on`s serves nothing: calls from other
+    /// threads wait until their timeouts); once it stops, the connections are served on the
+    /// thread again (each server started anew). The servers' programs are started on that
+    /// thread either way, outside the sandbox the process may confine itself to.
+    pub fn upstream_runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.upstream_runtime = Some(runtime);
         self
     }
 
@@ -553,7 +570,12 @@ impl KernelBuilder {
                 .extend(agent_kernel_tools::drill_tools(Arc::clone(fs), cwd.clone()));
         }
         if let Some(path) = self.tools_file_path() {
-            tools.extend(declared_tools(&path, policy, &mut limits)?);
+            tools.extend(declared_tools(
+                &path,
+                policy,
+                &mut limits,
+                self.upstream_runtime.as_ref(),
+            )?);
         }
         tools.required.extend(
             self.tools

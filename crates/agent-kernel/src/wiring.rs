@@ -86,7 +86,9 @@ impl ToolSet {
 /// server starts when a step, a compensation or a listing first needs one of its tools).
 /// The file is read once, so both come from the same version of it. Outputs are bounded by
 /// `policy`'s `max_io_bytes` (or the default); a command tool's declared `timeout_ms`
-/// becomes its timeout in `limits`, unless `[limits.tools."<id>"]` sets one.
+/// becomes its timeout in `limits`, unless `[limits.tools."<id>"]` sets one. With
+/// `upstream_runtime`, the servers' connections are served on that runtime while it runs
+/// ([`KernelBuilder::upstream_runtime`](crate::KernelBuilder::upstream_runtime)).
 ///
 /// # Errors
 ///
@@ -96,6 +98,7 @@ pub fn declared_tools(
     path: &Path,
     policy: &Policy,
     limits: &mut Limits,
+    upstream_runtime: Option<&tokio::runtime::Handle>,
 ) -> Result<ToolSet, KernelError> {
     let setup = |error: &dyn std::fmt::Display| KernelError::Setup(error.to_string());
     let text = agent_kernel_tools::read_tools_file(path).map_err(|error| setup(&error))?;
@@ -107,7 +110,7 @@ pub fn declared_tools(
         &agent_kernel_tools::BUILTIN_TOOL_IDS,
     )
     .map_err(|error| setup(&error))?;
-    let sources = upstream_sources(path, &text, output_bytes_max)?;
+    let sources = upstream_sources(path, &text, output_bytes_max, upstream_runtime)?;
     let mut tools = ToolSet::default();
     for tool in commands {
         let timeout_ms = tool.timeout_ms();
@@ -125,8 +128,9 @@ fn upstream_sources(
     path: &Path,
     text: &str,
     output_bytes_max: u64,
+    serving: Option<&tokio::runtime::Handle>,
 ) -> Result<Vec<Arc<dyn ToolSource>>, KernelError> {
-    let sources = agent_kernel_upstream::upstream_sources_of(path, text, output_bytes_max)
+    let sources = agent_kernel_upstream::upstream_sources_of(path, text, output_bytes_max, serving)
         .map_err(|error| KernelError::Setup(error.to_string()))?;
     Ok(sources
         .into_iter()
@@ -141,6 +145,7 @@ fn upstream_sources(
     path: &Path,
     text: &str,
     _output_bytes_max: u64,
+    _serving: Option<&tokio::runtime::Handle>,
 ) -> Result<Vec<Arc<dyn ToolSource>>, KernelError> {
     let declares_servers = text
         .parse::<toml::Table>()

@@ -37,7 +37,7 @@ fn the_tools_file_is_read_once_for_its_command_tools_and_its_servers() {
     std::thread::spawn(move || {
         let mut limits = Limits::default();
         let _ = done.send(
-            agent_kernel::declared_tools(&fifo, &policy, &mut limits).map(|tools| {
+            agent_kernel::declared_tools(&fifo, &policy, &mut limits, None).map(|tools| {
                 tools
                     .required
                     .iter()
