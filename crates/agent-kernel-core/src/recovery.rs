@@ -16,9 +16,15 @@ use crate::kernel::Kernel;
 use crate::owner::Liveness;
 use crate::report::{Failure, Observer, RecoveryAction, RecoveryReport, SagaReport};
 
-/// Most sagas [`Kernel::recover`] takes over at once. The group's take-overs are written
-/// concurrently, so they share synced commits; its compensations then run one after
-/// another, newest first, each outcome durable before the next compensation acts.
+mod turns;
+
+use turns::places_and_turns;
+
+/// Most sagas [`Kernel::recover`] takes over at once, and so most it compensates at once.
+/// The group's take-overs are written concurrently, so they share synced commits; its
+/// sagas are then compensated at the same time where they act on different resources, and
+/// newest first where they share one; within a saga, each outcome is durable before the
+/// next compensation acts.
 pub const RECOVER_GROUP_SAGAS: usize = 64;
 
 /// What taking one saga over for recovery came to.
@@ -40,6 +46,14 @@ enum Checked {
 }
 
 /// A saga's place in a group's report, in the group's order.
+enum Place {
+    /// Known before any compensation.
+    Known(Slot),
+    /// That of the turn at this index.
+    Turn(usize),
+}
+
+/// What a group's report says of one saga.
 enum Slot {
     Done(RecoveryAction),
     /// Compensated; its outcomes are written.
@@ -298,7 +312,8 @@ impl Kernel {
     /// Sagas are taken newest first: last first across sagas as within one, so when two
     /// unfinished sagas changed the same thing one after the other, the later change is
     /// undone first and the earlier saga's undo record then restores what was there before
-    /// both.
+    /// both. Sagas whose steps name different resources are compensated at the same time,
+    /// up to [`RECOVER_GROUP_SAGAS`] at once.
     ///
     /// # Errors
     ///
@@ -347,16 +362,19 @@ impl Kernel {
     ///   whose owner was not known gone before the first read are read again, at once, once
     ///   taken over: a step their owner wrote after that read (it was alive then) is
     ///   compensated too.
-    /// - Then they are compensated one after another, newest first, each compensation's
-    ///   outcome durable before the next one acts (never held for a later write: a kill
-    ///   between two compensations would leave the log saying neither ran, and the next
-    ///   recovery would run the later step's undo again over the earlier one's).
+    /// - Then they are compensated: a saga once every newer saga of the group that shares
+    ///   a resource with it is settled, the others at the same time (a saga whose steps
+    ///   name no resources waits for every newer one, and every older one for it). Within a
+    ///   saga, each compensation's outcome is durable before the next one acts (never held
+    ///   for a later write: a kill between two compensations would leave the log saying
+    ///   neither ran, and the next recovery would run the later step's undo again over the
+    ///   earlier one's).
     ///
     /// One saga that cannot be checked or taken over does not stop the others (nothing of
     /// it ran; it is reported, and left for the next recovery). A saga whose compensation
-    /// stops on an error of the log stops the group there: the sagas after it are not
-    /// compensated (each reported with what its preparation came to) and are left for the
-    /// next recovery, and `Err` says why.
+    /// stops on an error of the log stops the group: the sagas whose compensation has not
+    /// begun are not compensated (each reported with what its preparation came to) and are
+    /// left for the next recovery, and `Err` says why.
     async fn recover_group(
         &self,
         summaries: &[SagaSummary],
@@ -407,89 +425,18 @@ impl Kernel {
             })
             .map(|((saga_id, _), _)| saga_id.clone())
             .collect();
-        let mut read_again = self.read_each(&stale).await.into_iter();
-        let mut slots = Vec::with_capacity(group.len());
-        // What stopped the group (the first): a compensation stopped by the log.
-        let mut stopped: Option<KernelError> = None;
-        for ((saga_id, prepared), settled) in group.iter().zip(prepared).zip(settled) {
-            if let Some(error) = &stopped {
-                // Past the stop nothing is compensated: each says what its preparation
-                // came to.
-                slots.extend(match prepared {
-                    Ok(Prepared::Done(action)) => action,
-                    Ok(Prepared::Ready(_)) => Some(RecoveryAction::Failed {
-                        saga_id: saga_id.clone(),
-                        error: format!(
-                            "taken over and moved to Compensating, but not compensated: recovery stopped before it ({error}); the next recovery compensates it"
-                        ),
-                    }),
-                    Err(error) => Some(RecoveryAction::Failed {
-                        saga_id: saga_id.clone(),
-                        error: error.to_string(),
-                    }),
-                }
-                .map(Slot::Done));
-                continue;
-            }
-            let (record, failure) = match prepared {
-                Ok(Prepared::Done(action)) => {
-                    slots.extend(action.map(Slot::Done));
-                    continue;
-                }
-                Ok(Prepared::Ready(ready)) => {
-                    let (record, failure) = *ready;
-                    let record = if settled {
-                        Ok(record)
-                    } else {
-                        read_again
-                            .next()
-                            .unwrap_or_else(|| Err(KernelError::SagaNotFound(saga_id.clone())))
-                    };
-                    match record {
-                        Ok(record) => (record, failure),
-                        Err(error) => {
-                            // Taken over but unreadable: like a compensation stopped by the
-                            // log, it stops the group, so no older saga is undone before it.
-                            warn!(saga_id = %saga_id, %error, "cannot recover this saga");
-                            slots.push(Slot::Done(RecoveryAction::Failed {
-                                saga_id: saga_id.clone(),
-                                error: format!(
-                                    "taken over and moved to Compensating, but cannot be read again ({error}); the next recovery compensates it"
-                                ),
-                            }));
-                            stopped = Some(error);
-                            continue;
-                        }
-                    }
-                }
-                Err(error) => {
-                    // Nothing of it ran: left for the next recovery, as a skipped one is.
-                    warn!(saga_id = %saga_id, %error, "cannot recover this saga");
-                    slots.push(Slot::Done(RecoveryAction::Failed {
-                        saga_id: saga_id.clone(),
-                        error: error.to_string(),
-                    }));
-                    continue;
-                }
-            };
-            info!(saga_id = %saga_id, "recovering");
-            let span = info_span!("saga", saga_id = %saga_id, recovery = true);
-            if let Err(error) = self
-                .compensate_into(&record, observer)
-                .instrument(span)
-                .await
-            {
-                // Stopped by the log: no older saga is undone before this one is.
-                warn!(saga_id = %saga_id, %error, "cannot recover this saga");
-                slots.push(Slot::Done(RecoveryAction::Failed {
-                    saga_id: saga_id.clone(),
-                    error: format!("{error}; the next recovery finishes it"),
-                }));
-                stopped = Some(error);
-                continue;
-            }
-            slots.push(Slot::Compensated(saga_id.clone(), failure));
-        }
+        let read_again = self.read_each(&stale).await;
+        let (places, turns, stopped) = places_and_turns(group, prepared, settled, read_again);
+        let (turn_slots, stopped_in_turn) = self.compensate_in_turns(&turns, observer).await;
+        let stopped = stopped.or(stopped_in_turn);
+        let mut turn_slots: Vec<Option<Slot>> = turn_slots.into_iter().map(Some).collect();
+        let slots: Vec<Slot> = places
+            .into_iter()
+            .filter_map(|place| match place {
+                Place::Known(slot) => Some(slot),
+                Place::Turn(n) => turn_slots.get_mut(n).and_then(Option::take),
+            })
+            .collect();
         // The sagas rolled back are reported as the log now holds them, read at once.
         let rolled_back: Vec<SagaId> = slots
             .iter()

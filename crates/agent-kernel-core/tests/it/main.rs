@@ -43,6 +43,8 @@ pub(crate) struct World {
     pub(crate) unstuck: std::sync::atomic::AtomicBool,
     /// The items whose `Settled` step began executing, before it hangs or acts.
     pub(crate) started: Mutex<Vec<String>>,
+    /// Told whenever an item leaves the world.
+    pub(crate) removed: tokio::sync::Notify,
 }
 
 impl World {
@@ -54,7 +56,7 @@ impl World {
         self.journal.lock().expect("not poisoned").clone()
     }
 
-    fn note(&self, entry: String) {
+    pub(crate) fn note(&self, entry: String) {
         self.journal.lock().expect("not poisoned").push(entry);
     }
 
@@ -76,11 +78,13 @@ impl World {
         }
         drop(items);
         self.note(format!("remove {item}"));
+        self.removed.notify_waiters();
     }
 }
 
-/// `ledger.add {item, sleep_ms?, hint?}`: adds `item` to the world (its output carries
-/// `hint` as `next_hint`); compensation removes it, and fails for items named `stuck…`.
+/// `ledger.add {item, sleep_ms?, hint?, unnamed?, …}`: adds `item` to the world (its output
+/// carries `hint` as `next_hint`); compensation removes it, and fails for items named
+/// `stuck…`. `unnamed`: the call names no resources; for the rest, `recovery::before_removing`.
 pub(crate) struct Ledger {
     pub(crate) world: Arc<World>,
 }
@@ -112,6 +116,14 @@ impl Tool for Ledger {
         item_of(args).map(|_| ())
     }
 
+    async fn resources(
+        &self,
+        _ctx: &ToolContext,
+        args: &Value,
+    ) -> Result<Option<Vec<String>>, ToolError> {
+        Ok(args.get("unnamed").map(|_| Vec::new()))
+    }
+
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {
         let item = item_of(args)?;
         self.world.add(&item);
@@ -135,7 +147,7 @@ impl Compensate for Ledger {
     async fn compensate(
         &self,
         _ctx: &ToolContext,
-        _args: &Value,
+        args: &Value,
         undo: &Undo,
         _output: Option<&ToolOutput>,
     ) -> Result<(), ToolError> {
@@ -143,6 +155,7 @@ impl Compensate for Ledger {
             .as_str()
             .ok_or_else(|| ToolError::failed("undo record lacks `item`"))?
             .to_owned();
+        recovery::before_removing(&self.world, args).await?;
         if item.starts_with("stuck") && !self.world.unstuck.load(Ordering::SeqCst) {
             self.world.note(format!("cannot remove {item}"));
             return Err(ToolError::failed(format!("{item} cannot be removed")));

@@ -1,10 +1,67 @@
 //! Recovery of sagas left unfinished by dead processes (reference §6.1, §6.2).
 
-use agent_kernel_api::{SagaState, StepStatus};
+use agent_kernel_api::{SagaState, StepStatus, ToolError};
 use agent_kernel_core::{NoObserver, RecoveryAction};
-use serde_json::json;
+use serde_json::{Value, json};
+use std::time::Duration;
 
-use crate::{Fixture, add, plan};
+use crate::{Fixture, World, add, plan};
+
+/// The longest a compensation with `after` waits for its item to leave the world.
+const AFTER_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// What `ledger.add`'s compensation does before it removes its item, as its arguments say:
+/// `yields: N` notes `compensating ITEM` and yields to the runtime N times; `after: ITEM`
+/// waits until that item has left the world, and fails after [`AFTER_WAIT_MAX`].
+pub(crate) async fn before_removing(world: &World, args: &Value) -> Result<(), ToolError> {
+    if let Some(yields) = args.get("yields").and_then(Value::as_u64) {
+        world.note(format!("compensating {}", args["item"]));
+        for _ in 0..yields {
+            tokio::task::yield_now().await;
+        }
+    }
+    let Some(after) = args.get("after").and_then(Value::as_str) else {
+        return Ok(());
+    };
+    let deadline = tokio::time::Instant::now() + AFTER_WAIT_MAX;
+    loop {
+        let removed = world.removed.notified();
+        tokio::pin!(removed);
+        removed.as_mut().enable();
+        if !world.items().iter().any(|item| item == after) {
+            return Ok(());
+        }
+        if tokio::time::timeout_at(deadline, removed).await.is_err() {
+            return Err(ToolError::failed(format!(
+                "{after} was still in the world after {AFTER_WAIT_MAX:?}"
+            )));
+        }
+    }
+}
+
+/// Starts a saga of one step as process `pid`, its call `args` (with `item`), and abandons it
+/// once the effect is in the world.
+async fn abandon_one_step(fixture: &Fixture, pid: u32, mut args: Value) {
+    let item = args["item"].as_str().expect("an item").to_owned();
+    args["sleep_ms"] = json!(60_000);
+    let mut step = add(&item);
+    step.args = args;
+    let mut plan = plan(vec![step]);
+    plan.actor = Some(format!("actor-{item}"));
+    crate::abandon_when(&fixture.kernel(pid), &plan, || {
+        fixture.world.items().contains(&item)
+    })
+    .await;
+}
+
+/// The position of `entry` in the world's journal.
+fn noted_at(world: &World, entry: &str) -> usize {
+    world
+        .journal()
+        .iter()
+        .position(|noted| noted == entry)
+        .unwrap_or_else(|| panic!("`{entry}` is not in the journal {:?}", world.journal()))
+}
 
 /// Starts a saga as process `pid` and abandons it while its third step is executing, as a
 /// killed process would: the log holds two COMMITs and one BEGIN without outcome.
@@ -327,4 +384,57 @@ async fn a_saga_whose_tool_is_missing_is_left_untouched_for_a_program_that_has_i
     };
     assert_eq!(saga.state, SagaState::FailedRolledBack);
     assert!(fixture.world.items().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sagas_on_different_resources_are_compensated_at_the_same_time() {
+    let fixture = Fixture::new();
+    abandon_one_step(&fixture, 31, json!({ "item": "older" })).await;
+    // The newer saga is compensated first when they are taken one after another; its
+    // compensation waits for the older saga's, so only compensations at the same time let
+    // it succeed.
+    abandon_one_step(&fixture, 32, json!({ "item": "newer", "after": "older" })).await;
+    fixture.kill([31, 32]);
+
+    let report = fixture
+        .kernel(33)
+        .recover(&NoObserver)
+        .await
+        .expect("recovers");
+    assert_eq!(report.sagas.len(), 2, "{report:?}");
+    for action in &report.sagas {
+        let RecoveryAction::RolledBack(saga) = action else {
+            panic!("expected the saga rolled back, got {action:?}");
+        };
+        assert_eq!(saga.state, SagaState::FailedRolledBack, "{saga:?}");
+    }
+    assert!(fixture.world.items().is_empty());
+    assert!(noted_at(&fixture.world, "remove older") < noted_at(&fixture.world, "remove newer"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saga_whose_steps_name_no_resources_is_compensated_alone_newest_first() {
+    let fixture = Fixture::new();
+    // The older saga's step names no resources (as in a log written before steps named
+    // them): nothing tells that the two sagas act on different things.
+    abandon_one_step(&fixture, 41, json!({ "item": "older", "unnamed": true })).await;
+    abandon_one_step(&fixture, 42, json!({ "item": "newer", "yields": 200 })).await;
+    fixture.kill([41, 42]);
+
+    let report = fixture
+        .kernel(43)
+        .recover(&NoObserver)
+        .await
+        .expect("recovers");
+    assert_eq!(report.sagas.len(), 2, "{report:?}");
+    assert!(fixture.world.items().is_empty());
+    // The newer saga's compensation, yielding all along, ends before the older one's
+    // begins.
+    let journal = fixture.world.journal();
+    let newer = noted_at(&fixture.world, "remove newer");
+    assert!(
+        noted_at(&fixture.world, "compensating \"newer\"") < newer
+            && newer < noted_at(&fixture.world, "remove older"),
+        "{journal:?}"
+    );
 }
