@@ -242,6 +242,7 @@ impl Kernel {
             });
             pending.extend(dead_letter);
             observer.on_event(&SagaEvent::StepCompensated {
+                saga_id: &saga_id,
                 step_seq: step.step_seq,
                 tool: &step.tool_id,
                 status,

@@ -363,8 +363,9 @@ impl Kernel {
     ///   taken over: a step their owner wrote after that read (it was alive then) is
     ///   compensated too.
     /// - Then they are compensated: a saga once every newer saga of the group that shares
-    ///   a resource with it is settled, the others at the same time (a saga whose steps
-    ///   name no resources waits for every newer one, and every older one for it). Within a
+    ///   a resource with it is settled, the others at the same time (a saga with a step
+    ///   that does not say what it touches waits for every newer one, and every older one
+    ///   for it). Within a
     ///   saga, each compensation's outcome is durable before the next one acts (never held
     ///   for a later write: a kill between two compensations would leave the log saying
     ///   neither ran, and the next recovery would run the later step's undo again over the

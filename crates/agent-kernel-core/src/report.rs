@@ -294,6 +294,8 @@ pub enum SagaEvent<'a> {
     },
     /// A step finished executing (or was reused, or failed).
     StepFinished {
+        /// Its saga.
+        saga_id: &'a SagaId,
         /// The step.
         step_seq: u32,
         /// Its tool.
@@ -306,8 +308,11 @@ pub enum SagaEvent<'a> {
         /// The saga.
         saga_id: &'a SagaId,
     },
-    /// A step was compensated (or its compensation failed).
+    /// A step was compensated (or its compensation failed). Recovery compensates sagas on
+    /// different resources at the same time, so events of several sagas interleave.
     StepCompensated {
+        /// Its saga.
+        saga_id: &'a SagaId,
         /// The step.
         step_seq: u32,
         /// Its tool.
@@ -317,7 +322,8 @@ pub enum SagaEvent<'a> {
     },
 }
 
-/// Receives progress events. Must be quick: it runs on the saga's task.
+/// Receives progress events. Must be quick: it runs on the task that drives the saga (for
+/// `recover`, one task for a whole group of sagas).
 pub trait Observer: Send + Sync {
     /// Called for each event.
     fn on_event(&self, event: &SagaEvent<'_>);

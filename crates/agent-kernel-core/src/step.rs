@@ -282,6 +282,7 @@ impl Kernel {
             Err(Halt::End(end)) => {
                 if matches!(*end, StepEnd::Taken) {
                     observer.on_event(&SagaEvent::StepFinished {
+                        saga_id: &saga.saga_id,
                         step_seq: taking.step_seq,
                         tool: &step.tool,
                         status: StepStatus::Commit,
@@ -675,6 +676,7 @@ impl Kernel {
             StepStatus::Fail
         };
         observer.on_event(&SagaEvent::StepFinished {
+            saga_id: &saga.saga_id,
             step_seq: taking.step_seq,
             tool: &taking.step.tool,
             status,

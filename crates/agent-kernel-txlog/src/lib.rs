@@ -676,12 +676,17 @@ impl TxLog for SqliteLog {
         saga_ids: &'a [SagaId],
     ) -> BoxFuture<'a, Result<Vec<Option<SagaRecord>>, TxError>> {
         let saga_ids = saga_ids.to_vec();
-        // One job: the writer reads them all between two commits.
+        // One job: the writer reads them all between two commits, in one read transaction
+        // (one snapshot, and one lock of the WAL's read mark instead of one a statement).
         self.call(move |conn, _| {
-            saga_ids
+            let read = conn.unchecked_transaction().map_err(sql::storage)?;
+            let records = saga_ids
                 .iter()
-                .map(|saga_id| store::saga(conn, saga_id))
-                .collect()
+                .map(|saga_id| store::saga(&*read, saga_id))
+                .collect();
+            // Nothing was written: ending it gives back the read mark.
+            read.rollback().map_err(sql::storage)?;
+            records
         })
     }
 

@@ -1,7 +1,7 @@
 //! A recovery group's compensations in turns: concurrently where the sagas act on different
 //! resources, one after another, newest first, where they share one.
 
-use agent_kernel_api::{EffectClass, SagaId, SagaRecord};
+use agent_kernel_api::{EffectClass, SagaId, SagaRecord, StepRecord, tool_resource};
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use tokio::sync::watch;
@@ -18,9 +18,8 @@ pub(super) struct Turn {
     pub(super) record: SagaRecord,
     pub(super) failure: Option<Failure>,
     /// What its compensations may act on: the resources of its steps that may need undoing;
-    /// `None` when one of them names none (a log written before steps named their
-    /// resources, or a tool that declares none), which orders it after every newer saga of
-    /// the group and before every older one.
+    /// `None` when one of them does not say what it touches ([`names_what_it_touches`]),
+    /// which orders it after every newer saga of the group and before every older one.
     resources: Option<BTreeSet<String>>,
 }
 
@@ -33,7 +32,7 @@ impl Turn {
                 && step.reused_from.is_none()
         }) {
             match &mut resources {
-                Some(_) if step.resources.is_empty() => resources = None,
+                Some(_) if !names_what_it_touches(step) => resources = None,
                 Some(held) => held.extend(step.resources.iter().cloned()),
                 None => {}
             }
@@ -52,6 +51,21 @@ impl Turn {
             (Some(mine), Some(theirs)) => !mine.is_disjoint(theirs),
             _ => true,
         }
+    }
+}
+
+/// Whether `step`'s resources say what it touches, so that a saga whose steps name other
+/// resources can be compensated at the same time. Not when it names none (a log written
+/// before steps named their resources, or a tool that says its call touches nothing another
+/// saga could), nor when it has only its tool's own key (`tool:ID`, which a tool that names
+/// nothing gets): a command tool's program writing a file another saga wrote through
+/// `fs.write` is kept apart from it by nothing else, and its compensation cannot tell what
+/// changed since.
+fn names_what_it_touches(step: &StepRecord) -> bool {
+    match step.resources.as_slice() {
+        [] => false,
+        [only] => *only != tool_resource(&step.tool_id),
+        _ => true,
     }
 }
 

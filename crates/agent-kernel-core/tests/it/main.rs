@@ -84,7 +84,8 @@ impl World {
 
 /// `ledger.add {item, sleep_ms?, hint?, unnamed?, …}`: adds `item` to the world (its output
 /// carries `hint` as `next_hint`); compensation removes it, and fails for items named
-/// `stuck…`. `unnamed`: the call names no resources; for the rest, `recovery::before_removing`.
+/// `stuck…`. `unnamed`: the call names no resources (`"tool"`: only `tool:ledger.add`); for
+/// the rest, `recovery::before_removing`.
 pub(crate) struct Ledger {
     pub(crate) world: Arc<World>,
 }
@@ -121,7 +122,12 @@ impl Tool for Ledger {
         _ctx: &ToolContext,
         args: &Value,
     ) -> Result<Option<Vec<String>>, ToolError> {
-        Ok(args.get("unnamed").map(|_| Vec::new()))
+        Ok(match args.get("unnamed").and_then(Value::as_str) {
+            // Only the key a tool that names nothing gets.
+            Some("tool") => Some(vec![agent_kernel_api::tool_resource("ledger.add")]),
+            Some(_) => Some(Vec::new()),
+            None => None,
+        })
     }
 
     async fn execute(&self, ctx: &ToolContext, args: &Value) -> Result<ToolOutput, ToolError> {

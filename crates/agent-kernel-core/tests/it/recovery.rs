@@ -413,11 +413,18 @@ async fn sagas_on_different_resources_are_compensated_at_the_same_time() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_saga_whose_steps_name_no_resources_is_compensated_alone_newest_first() {
-    let fixture = Fixture::new();
+async fn a_saga_whose_steps_do_not_say_what_they_touch_is_compensated_alone_newest_first() {
     // The older saga's step names no resources (as in a log written before steps named
-    // them): nothing tells that the two sagas act on different things.
-    abandon_one_step(&fixture, 41, json!({ "item": "older", "unnamed": true })).await;
+    // them), or only its tool's own key (as a command tool that names nothing): nothing
+    // tells that the two sagas act on different things.
+    for unnamed in ["none", "tool"] {
+        compensated_alone_newest_first(unnamed).await;
+    }
+}
+
+async fn compensated_alone_newest_first(unnamed: &str) {
+    let fixture = Fixture::new();
+    abandon_one_step(&fixture, 41, json!({ "item": "older", "unnamed": unnamed })).await;
     abandon_one_step(&fixture, 42, json!({ "item": "newer", "yields": 200 })).await;
     fixture.kill([41, 42]);
 
@@ -435,6 +442,6 @@ async fn a_saga_whose_steps_name_no_resources_is_compensated_alone_newest_first(
     assert!(
         noted_at(&fixture.world, "compensating \"newer\"") < newer
             && newer < noted_at(&fixture.world, "remove older"),
-        "{journal:?}"
+        "unnamed {unnamed}: {journal:?}"
     );
 }
