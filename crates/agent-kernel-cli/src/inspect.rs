@@ -45,24 +45,29 @@ pub(crate) async fn export(cli: &Cli, _out: &Output, args: &ExportArgs) -> Resul
 
 pub(crate) async fn log(cli: &Cli, out: &Output, args: &LogArgs) -> Result<u8, Failure> {
     let LogArgs { saga, limit } = args;
-    sqlite_only(cli, "log")?;
     if saga.is_none() && !log_present(&db_path(cli))? {
         out.saga_list(&[]);
         return Ok(exit::OK);
     }
     require_log(cli)?;
-    let log = open_log(cli, Durability::Full)?;
+    let log: Arc<dyn agent_kernel_api::TxLog> = if is_postgres(cli) {
+        // A PostgreSQL log is opened as `approvals` opens it, through the front door.
+        Arc::clone(open_kernel_for_approvals(cli)?.log())
+    } else {
+        Arc::new(open_log(cli, Durability::Full)?)
+    };
+    let log = &*log;
     match saga {
         Some(saga) => {
             let saga_id = parse_saga_id(saga)?;
-            out.saga_record(&operator::saga(&log, &saga_id).await?);
+            out.saga_record(&operator::saga(log, &saga_id).await?);
         }
         None => {
             let query = agent_kernel_api::SagaQuery {
                 limit: *limit,
                 ..agent_kernel_api::SagaQuery::default()
             };
-            out.saga_list(&operator::saga_page(&log, &query).await?);
+            out.saga_list(&operator::saga_page(log, &query).await?);
         }
     }
     Ok(exit::OK)

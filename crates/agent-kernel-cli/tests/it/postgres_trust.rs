@@ -1,8 +1,9 @@
 //! A PostgreSQL log this machine can trust: its head files are keyed by the log's identity,
 //! so a log that vanished (tables dropped, an empty schema put ahead in the `search_path`)
 //! or was replaced at the same URL is tampering where this machine vouches for records,
-//! until an operator seals the new log; and a password in `AGENT_KERNEL_DB` is never
-//! printed. Skipped without `AGENT_KERNEL_TEST_POSTGRES`, but for the last.
+//! until an operator seals the new log; a password in `AGENT_KERNEL_DB` is never printed;
+//! and `log` reads it as it reads an SQLite file. Skipped without
+//! `AGENT_KERNEL_TEST_POSTGRES`, but for the password's test.
 
 use std::fs;
 use std::path::PathBuf;
@@ -295,4 +296,48 @@ fn a_password_in_agent_kernel_db_is_never_printed_by_help() {
             "{args:?} printed the password: {stdout}"
         );
     }
+}
+
+#[test]
+fn log_lists_and_shows_the_sagas_of_a_postgresql_log() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let url = schema.url();
+    let project = Project::new();
+    run_to_end(&project, &url, &worker_plan(&project, 0, 0));
+
+    let output = on_postgres(&project, &url, &["--json", "log"])
+        .output()
+        .expect("runs");
+    let (code, listed) = crate::json_output(&output);
+    assert_eq!(code, 0, "{listed}");
+    let sagas = listed["sagas"].as_array().expect("a list");
+    assert_eq!(sagas.len(), 1, "{listed}");
+    assert_eq!(sagas[0]["name"], "worker 0", "{listed}");
+    assert_eq!(sagas[0]["state"], "Done", "{listed}");
+    let saga_id = sagas[0]["saga_id"].as_str().expect("an id");
+
+    let output = on_postgres(&project, &url, &["--json", "log", "--saga", saga_id])
+        .output()
+        .expect("runs");
+    let (code, shown) = crate::json_output(&output);
+    assert_eq!(code, 0, "{shown}");
+    assert_eq!(shown["state"], "Done", "{shown}");
+    let steps = shown["steps"].as_array().expect("steps");
+    assert!(!steps.is_empty(), "{shown}");
+    assert!(
+        steps.iter().all(|step| step["status"] == "COMMIT"),
+        "{shown}"
+    );
+
+    // A saga the log does not hold is bad input, as on SQLite.
+    let output = on_postgres(&project, &url, &["log", "--saga", "no-such-saga"])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "{}",
+        crate::describe(&output)
+    );
 }
