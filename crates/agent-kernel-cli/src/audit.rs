@@ -174,7 +174,7 @@ pub(crate) async fn list_command(
             KernelError::Log(error) => crate::log_failure(
                 error,
                 crate::log_exists(db),
-                format!("cannot read the audit records of {}", db.display()),
+                format!("cannot read the audit records of {}", crate::shown_db(db)),
             ),
             other => other.into(),
         })?;
@@ -433,7 +433,7 @@ async fn read_log<T: Send + 'static>(
             crate::log_failure(
                 error,
                 crate::log_exists(db),
-                format!("cannot read the audit records of {}", db.display()),
+                format!("cannot read the audit records of {}", crate::shown_db(db)),
             )
         })
 }

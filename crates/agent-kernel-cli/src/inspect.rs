@@ -102,7 +102,6 @@ pub(crate) async fn audit(cli: &Cli, _out: &Output, args: &AuditArgs) -> Result<
             audit::verify_command(&db_path(cli), key, cli.json).await
         }
         AuditAction::List { kind, saga, limit } => {
-            sqlite_only(cli, "audit list")?;
             require_log(cli)?;
             let query = agent_kernel_txlog::AuditQuery {
                 kinds: kind.clone(),

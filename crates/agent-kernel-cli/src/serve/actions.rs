@@ -44,18 +44,12 @@ impl Console {
     }
 
     /// The audit records about `saga_id`, oldest first (at most [`SAGA_AUDIT_RECORDS`]),
-    /// read from the log's file on the outside thread; on PostgreSQL, or when they cannot
-    /// be read, why not.
+    /// read from the log (its file, or its PostgreSQL database) on the outside thread; when
+    /// they cannot be read, why not.
     pub(super) async fn saga_audit_records(
         &self,
         saga_id: &SagaId,
     ) -> Result<Vec<agent_kernel_txlog::AuditRecord>, String> {
-        if agent_kernel::is_postgres(&self.db) {
-            return Err(
-                "the audit records of a PostgreSQL log are read with `agent-kernel audit verify` only so far"
-                    .to_owned(),
-            );
-        }
         let query = agent_kernel_txlog::AuditQuery {
             saga_id: Some(saga_id.as_str().to_owned()),
             limit: SAGA_AUDIT_RECORDS,

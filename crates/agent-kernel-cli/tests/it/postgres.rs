@@ -1072,6 +1072,20 @@ fn the_console_serves_a_postgresql_log_with_its_token_file() {
         .as_str()
         .expect("a saga")
         .to_owned();
+    // Its audit records, newest first, as on SQLite.
+    let (status, audit) = console.get_json(&format!("/sagas/{saga_id}/audit"));
+    assert_eq!(status, 200, "{audit}");
+    let kinds: Vec<&str> = audit["records"]
+        .as_array()
+        .expect("records")
+        .iter()
+        .map(|record| record["kind"].as_str().expect("a kind"))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["SetState", "CommitStep", "BeginStep", "CreateSaga"],
+        "{audit}"
+    );
     let (status, undone) = console.post_json(
         &format!("/sagas/{saga_id}/undo"),
         &json!({"reason": "not wanted"}),

@@ -2,7 +2,7 @@
 //! so a log that vanished (tables dropped, an empty schema put ahead in the `search_path`)
 //! or was replaced at the same URL is tampering where this machine vouches for records,
 //! until an operator seals the new log; a password in `AGENT_KERNEL_DB` is never printed;
-//! and `log` reads it as it reads an SQLite file. Skipped without
+//! and `log` and `audit list` read it as they read an SQLite file. Skipped without
 //! `AGENT_KERNEL_TEST_POSTGRES`, but for the password's test.
 
 use std::fs;
@@ -340,4 +340,77 @@ fn log_lists_and_shows_the_sagas_of_a_postgresql_log() {
         "{}",
         crate::describe(&output)
     );
+
+    // The saga's audit records, newest first, its end state last written.
+    let output = on_postgres(
+        &project,
+        &url,
+        &[
+            "--json", "audit", "list", "--saga", saga_id, "--limit", "100",
+        ],
+    )
+    .output()
+    .expect("runs");
+    let (code, listed) = crate::json_output(&output);
+    assert_eq!(code, 0, "{listed}");
+    let records = listed["records"].as_array().expect("records");
+    let kinds: Vec<&str> = records
+        .iter()
+        .map(|record| record["kind"].as_str().expect("a kind"))
+        .collect();
+    assert_eq!(kinds.first(), Some(&"SetState"), "{listed}");
+    assert_eq!(kinds.last(), Some(&"CreateSaga"), "{listed}");
+    assert!(
+        records.iter().all(|record| record["saga_id"] == saga_id),
+        "{listed}"
+    );
+    let seqs: Vec<i64> = records
+        .iter()
+        .map(|record| record["seq"].as_i64().expect("a seq"))
+        .collect();
+    assert!(seqs.windows(2).all(|pair| pair[0] > pair[1]), "{listed}");
+    // One kind, at most two.
+    let output = on_postgres(
+        &project,
+        &url,
+        &[
+            "--json",
+            "audit",
+            "list",
+            "--kind",
+            "CommitStep",
+            "--limit",
+            "2",
+        ],
+    )
+    .output()
+    .expect("runs");
+    let (code, listed) = crate::json_output(&output);
+    assert_eq!(code, 0, "{listed}");
+    let records = listed["records"].as_array().expect("records");
+    assert_eq!(records.len(), 2, "{listed}");
+    assert!(
+        records.iter().all(|record| record["kind"] == "CommitStep"),
+        "{listed}"
+    );
+    // An unknown kind is bad input, and the message names the log without its password.
+    let output = on_postgres(&project, &url, &["audit", "list", "--kind", "Nope"])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "{}",
+        crate::describe(&output)
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("`Nope`"), "{stderr}");
+    let password = server
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, password)| password);
+    if let Some(password) = password.filter(|password| !password.is_empty()) {
+        assert!(!stderr.contains(password), "{stderr}");
+    }
 }

@@ -84,7 +84,9 @@ pub async fn vouch_for_log(db: &Path, key: Option<AuditKey>) -> Result<Vouched, 
     }
 }
 
-/// The audit records `query` selects, newest first (`audit list`). Reads only; SQLite logs.
+/// The audit records `query` selects, newest first (`audit list`), from an SQLite file or
+/// a PostgreSQL URL. Reads only, and checks nothing: [`verify`] says whether they can be
+/// trusted.
 ///
 /// # Errors
 ///
@@ -92,6 +94,10 @@ pub async fn vouch_for_log(db: &Path, key: Option<AuditKey>) -> Result<Vouched, 
 pub async fn audit_records(db: &Path, query: AuditQuery) -> Result<Vec<AuditRecord>, KernelError> {
     let db = db.to_owned();
     let records = off_thread("reading the audit records", move || {
+        #[cfg(feature = "postgres")]
+        if let Some(url) = db.to_str().filter(|_| crate::is_postgres(&db)) {
+            return agent_kernel_txlog_postgres::audit_records(url, &query);
+        }
         agent_kernel_txlog::audit_records(&db, &query)
     })
     .await?;

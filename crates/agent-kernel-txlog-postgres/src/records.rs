@@ -1,0 +1,103 @@
+//! `audit list` on PostgreSQL: the audit chain's records read back for operators, newest
+//! first, as [`agent_kernel_txlog::audit_records`] reads them from an SQLite file.
+
+use std::str::FromStr;
+
+use agent_kernel_api::TxError;
+use agent_kernel_txlog::{AUDIT_RECORDS_MAX, AuditQuery, AuditRecord, audit_record_kinds};
+use postgres::error::SqlState;
+use postgres::{Config, NoTls};
+
+use crate::connection::snapshot;
+use crate::db::describe_error;
+use crate::describe;
+
+/// The records `query` selects, newest first: those of its kinds (all when none is named),
+/// about its saga if it names one, at most its `limit` (and [`AUDIT_RECORDS_MAX`]).
+const RECORDS_SQL: &str = "SELECT seq, at_ms, kind, saga_id, body FROM audit_log \
+     WHERE (cardinality($1::text[]) = 0 OR kind = ANY($1)) \
+       AND ($2::text IS NULL OR saga_id = $2) \
+     ORDER BY seq DESC LIMIT $3";
+
+/// The records of the log `url` names that `query` selects, newest first, read in one
+/// read-only snapshot and without checking the chain: run
+/// [`verify`](crate::verify) to know whether they can be trusted.
+///
+/// Blocks (on a thread of its own) while it reads.
+///
+/// # Errors
+///
+/// [`TxError::NotFound`] naming an unknown kind in `query`; [`TxError::NotALog`] when the
+/// connection's schema holds no log; [`TxError::Corrupt`] for a record whose body is not
+/// JSON; [`TxError::Storage`] when the URL does not parse or the server cannot be reached.
+pub fn audit_records(url: &str, query: &AuditQuery) -> Result<Vec<AuditRecord>, TxError> {
+    let kinds = audit_record_kinds();
+    if let Some(unknown) = query
+        .kinds
+        .iter()
+        .find(|kind| !kinds.contains(&kind.as_str()))
+    {
+        return Err(TxError::NotFound(format!(
+            "no audit record is of kind `{unknown}` (kinds: {})",
+            kinds.join(", ")
+        )));
+    }
+    let config = Config::from_str(url)
+        .map_err(|err| TxError::Storage(format!("the database URL does not parse: {err}")))?;
+    let target = describe(&config);
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| read_records(&config, &target, query))
+            .join()
+            .map_err(|_| TxError::Storage("the reading thread panicked".to_owned()))?
+    })
+}
+
+/// [`audit_records`], blocking.
+fn read_records(
+    config: &Config,
+    target: &str,
+    query: &AuditQuery,
+) -> Result<Vec<AuditRecord>, TxError> {
+    let storage = |err: &postgres::Error| {
+        TxError::Storage(format!("cannot read {target}: {}", describe_error(err)))
+    };
+    let mut client = config.connect(NoTls).map_err(|err| {
+        TxError::Storage(format!(
+            "cannot connect to {target}: {}",
+            describe_error(&err)
+        ))
+    })?;
+    let mut tx = snapshot(&mut client)?;
+    let limit = i64::from(query.limit.min(AUDIT_RECORDS_MAX));
+    let rows = tx
+        .query(RECORDS_SQL, &[&query.kinds, &query.saga_id, &limit])
+        .map_err(|err| match err.code() {
+            Some(code) if *code == SqlState::UNDEFINED_TABLE => TxError::NotALog {
+                path: target.to_owned(),
+                reason: "its schema holds no log".to_owned(),
+            },
+            _ => storage(&err),
+        })?;
+    let records = rows
+        .iter()
+        .map(|row| {
+            let seq: i64 = row.try_get(0).map_err(|err| storage(&err))?;
+            let body: String = row.try_get(4).map_err(|err| storage(&err))?;
+            let body = serde_json::from_str(&body).map_err(|_| {
+                TxError::Corrupt(format!(
+                    "audit record {seq} has a body that is not JSON; run `agent-kernel audit verify`"
+                ))
+            })?;
+            Ok(AuditRecord {
+                seq,
+                at_ms: row.try_get(1).map_err(|err| storage(&err))?,
+                kind: row.try_get(2).map_err(|err| storage(&err))?,
+                saga_id: row.try_get(3).map_err(|err| storage(&err))?,
+                body,
+            })
+        })
+        .collect();
+    tx.commit().map_err(|err| storage(&err))?;
+    records
+}
