@@ -354,31 +354,6 @@ pub(crate) async fn verify_log(db: &Path, key: Option<AuditKey>) -> Result<Audit
         .map_err(Failure::bad_input)
 }
 
-/// Runs `work`, which reads a whole log, on the blocking pool. `what` names it if the
-/// blocking task itself fails.
-///
-/// # Errors
-///
-/// An internal [`Failure`] (exit 3) when the task panicked or was cancelled.
-pub(crate) async fn off_thread<T: Send + 'static>(
-    what: &str,
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, Failure> {
-    // A thread of its own, not the runtime's blocking pool: a pool thread started before
-    // the Landlock second line is applied would stay unconfined and could later run a
-    // tool's file work.
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("agent-kernel-off-thread".into())
-        .spawn(move || {
-            let _ = reply.send(work());
-        })
-        .map_err(|error| Failure::internal(anyhow::anyhow!("cannot start {what}: {error}")))?;
-    answer
-        .await
-        .map_err(|_| Failure::internal(anyhow::anyhow!("{what} stopped before it finished")))
-}
-
 /// The document of `audit verify --json` (and of the console's `POST /audit/verify`).
 pub(crate) fn report_document(report: &AuditReport) -> serde_json::Value {
     json!({
@@ -420,33 +395,21 @@ fn print_report(report: &AuditReport, json: bool) {
     }
 }
 
-/// What `read` reads from the log at `db`, off the runtime; a failure to read is the
-/// log's (`log_failure`).
-async fn read_log<T: Send + 'static>(
-    db: &Path,
-    read: impl FnOnce(&Path) -> Result<T, agent_kernel_api::TxError> + Send + 'static,
-) -> Result<T, Failure> {
-    let path = db.to_owned();
-    off_thread("reading the audit records", move || read(&path))
-        .await?
-        .map_err(|error| {
-            crate::log_failure(
-                error,
-                crate::log_exists(db),
-                format!("cannot read the audit records of {}", crate::shown_db(db)),
-            )
-        })
-}
-
-/// The whole chain of each saga of `saga_ids`, oldest first.
+/// The whole chain of each saga of `saga_ids`, oldest first, from either backend.
 pub(crate) async fn saga_chains(
     db: &Path,
     saga_ids: std::collections::BTreeSet<String>,
 ) -> Result<std::collections::BTreeMap<String, Vec<agent_kernel_txlog::AuditRecord>>, Failure> {
-    read_log(db, move |path| {
-        agent_kernel_txlog::saga_chains(path, &saga_ids)
-    })
-    .await
+    agent_kernel::operator::saga_chains(db, saga_ids)
+        .await
+        .map_err(|error| match error {
+            KernelError::Log(error) => crate::log_failure(
+                error,
+                crate::log_exists(db),
+                format!("cannot read the audit records of {}", crate::shown_db(db)),
+            ),
+            other => other.into(),
+        })
 }
 
 /// The records of one saga's history that `replay` checks (its creation, its changes of

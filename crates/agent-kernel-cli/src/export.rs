@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::Path;
 
 use agent_kernel::KernelError;
-use agent_kernel_api::{SagaId, SagaRecord, TxLog};
+use agent_kernel_api::{SagaId, SagaRecord};
 use agent_kernel_otel::{SagaHistory, export_request};
 use anyhow::Context;
 
@@ -24,7 +24,7 @@ pub(crate) async fn otel(
     saga_id: Option<SagaId>,
     out: Option<&Path>,
 ) -> Result<u8, Failure> {
-    let log = crate::open_log(cli, agent_kernel_api::Durability::Full)?;
+    let log = crate::open_reading_log(cli)?;
     let records: Vec<SagaRecord> = match saga_id {
         Some(saga_id) => vec![
             log.saga(&saga_id)

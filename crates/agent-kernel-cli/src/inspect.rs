@@ -6,13 +6,13 @@ use crate::*;
 
 pub(crate) async fn replay(cli: &Cli, out: &Output, args: &ReplayArgs) -> Result<u8, Failure> {
     let ReplayArgs { saga } = args;
-    sqlite_only(cli, "replay")?;
     let saga_id = parse_saga_id(saga)?;
     require_log(cli)?;
     let fsm = load_fsm(cli)?;
     let tools = build_dispatcher(cli)?;
-    let log = open_log(cli, Durability::Full)?;
-    let record = agent_kernel_api::TxLog::saga(&log, &saga_id)
+    let log = open_reading_log(cli)?;
+    let record = log
+        .saga(&saga_id)
         .await?
         .ok_or_else(|| KernelError::SagaNotFound(saga_id.clone()))?;
     drop(log);
@@ -38,7 +38,6 @@ pub(crate) async fn export(cli: &Cli, _out: &Output, args: &ExportArgs) -> Resul
         out: file,
     } = args;
     let saga_id = saga.as_deref().map(parse_saga_id).transpose()?;
-    sqlite_only(cli, "export")?;
     require_log(cli)?;
     export::otel(cli, &db_path(cli), saga_id, file.as_deref()).await
 }
@@ -50,12 +49,7 @@ pub(crate) async fn log(cli: &Cli, out: &Output, args: &LogArgs) -> Result<u8, F
         return Ok(exit::OK);
     }
     require_log(cli)?;
-    let log: Arc<dyn agent_kernel_api::TxLog> = if is_postgres(cli) {
-        // A PostgreSQL log is opened as `approvals` opens it, through the front door.
-        Arc::clone(open_kernel_for_approvals(cli)?.log())
-    } else {
-        Arc::new(open_log(cli, Durability::Full)?)
-    };
+    let log = open_reading_log(cli)?;
     let log = &*log;
     match saga {
         Some(saga) => {

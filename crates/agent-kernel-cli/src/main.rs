@@ -580,6 +580,25 @@ fn open_log(cli: &Cli, durability: Durability) -> Result<SqliteLog, Failure> {
     })
 }
 
+/// The log, opened for a command that reads it and runs no tool (`log`, `replay`,
+/// `export`): an SQLite file as [`open_log`] opens it; a PostgreSQL log through the front
+/// door (as a worker, with a lease of its own while it reads). The process is not
+/// confined, as it is not for an SQLite file: it reads the audit chain on connections of
+/// its own afterwards, which the second line's network rules would refuse.
+fn open_reading_log(cli: &Cli) -> Result<Arc<dyn agent_kernel_api::TxLog>, Failure> {
+    if is_postgres(cli) {
+        let opened = open_unconfined(
+            cli,
+            Durability::Full,
+            Compensation::AndExecution,
+            Vec::new(),
+            false,
+        )?;
+        return Ok(Arc::clone(opened.kernel.log()));
+    }
+    Ok(Arc::new(open_log(cli, Durability::Full)?))
+}
+
 /// Whether something that would be opened as the log is at `path` (through links): a
 /// non-empty file, or one that cannot be inspected (which then is not taken for a new log).
 fn log_exists(path: &Path) -> bool {

@@ -1,11 +1,14 @@
-//! `audit list` on PostgreSQL: the audit chain's records read back for operators, newest
-//! first, as [`agent_kernel_txlog::audit_records`] reads them from an SQLite file.
+//! The audit chain's records read back on PostgreSQL, as [`agent_kernel_txlog`] reads them
+//! from an SQLite file: [`audit_records`] for operators (`audit list`), newest first;
+//! [`saga_chains`], the whole history of some sagas, oldest first (`replay`, `export`).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
 
 use agent_kernel_api::TxError;
 use agent_kernel_txlog::{AUDIT_RECORDS_MAX, AuditQuery, AuditRecord, audit_record_kinds};
 use postgres::error::SqlState;
+use postgres::types::ToSql;
 use postgres::{Config, NoTls};
 
 use crate::connection::snapshot;
@@ -42,22 +45,63 @@ pub fn audit_records(url: &str, query: &AuditQuery) -> Result<Vec<AuditRecord>, 
             kinds.join(", ")
         )));
     }
+    let limit = i64::from(query.limit.min(AUDIT_RECORDS_MAX));
+    read_rows(url, RECORDS_SQL, &[&query.kinds, &query.saga_id, &limit])
+}
+
+/// Every record about a saga of `saga_ids`.
+const CHAINS_SQL: &str = "SELECT seq, at_ms, kind, saga_id, body FROM audit_log \
+     WHERE saga_id = ANY($1) ORDER BY seq";
+
+/// The audit records of each saga of `saga_ids` in the log `url` names, oldest first (chain
+/// order), with no limit; a saga with no record is absent from the map. Read in one
+/// read-only snapshot, unchecked, like [`audit_records`].
+///
+/// # Errors
+///
+/// As [`audit_records`].
+pub fn saga_chains(
+    url: &str,
+    saga_ids: &BTreeSet<String>,
+) -> Result<BTreeMap<String, Vec<AuditRecord>>, TxError> {
+    let mut chains: BTreeMap<String, Vec<AuditRecord>> = BTreeMap::new();
+    if saga_ids.is_empty() {
+        return Ok(chains);
+    }
+    let ids: Vec<&str> = saga_ids.iter().map(String::as_str).collect();
+    for record in read_rows(url, CHAINS_SQL, &[&ids])? {
+        if let Some(saga_id) = record.saga_id.clone() {
+            chains.entry(saga_id).or_default().push(record);
+        }
+    }
+    Ok(chains)
+}
+
+/// The records `sql` (whose columns are `seq, at_ms, kind, saga_id, body`) selects with
+/// `params`, in one read-only snapshot on a connection of its own, opened and read on a
+/// thread of its own (the blocking client may not run on an async runtime's thread).
+fn read_rows(
+    url: &str,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<AuditRecord>, TxError> {
     let config = Config::from_str(url)
         .map_err(|err| TxError::Storage(format!("the database URL does not parse: {err}")))?;
     let target = describe(&config);
     std::thread::scope(|scope| {
         scope
-            .spawn(|| read_records(&config, &target, query))
+            .spawn(|| read_rows_blocking(&config, &target, sql, params))
             .join()
             .map_err(|_| TxError::Storage("the reading thread panicked".to_owned()))?
     })
 }
 
-/// [`audit_records`], blocking.
-fn read_records(
+/// [`read_rows`], blocking.
+fn read_rows_blocking(
     config: &Config,
     target: &str,
-    query: &AuditQuery,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
 ) -> Result<Vec<AuditRecord>, TxError> {
     let storage = |err: &postgres::Error| {
         TxError::Storage(format!("cannot read {target}: {}", describe_error(err)))
@@ -69,16 +113,13 @@ fn read_records(
         ))
     })?;
     let mut tx = snapshot(&mut client)?;
-    let limit = i64::from(query.limit.min(AUDIT_RECORDS_MAX));
-    let rows = tx
-        .query(RECORDS_SQL, &[&query.kinds, &query.saga_id, &limit])
-        .map_err(|err| match err.code() {
-            Some(code) if *code == SqlState::UNDEFINED_TABLE => TxError::NotALog {
-                path: target.to_owned(),
-                reason: "its schema holds no log".to_owned(),
-            },
-            _ => storage(&err),
-        })?;
+    let rows = tx.query(sql, params).map_err(|err| match err.code() {
+        Some(code) if *code == SqlState::UNDEFINED_TABLE => TxError::NotALog {
+            path: target.to_owned(),
+            reason: "its schema holds no log".to_owned(),
+        },
+        _ => storage(&err),
+    })?;
     let records = rows
         .iter()
         .map(|row| {

@@ -91,7 +91,7 @@ fn text<'a>(span: &'a Span, key: &str) -> &'a str {
 
 /// Checks the structure every saga's trace must have, and returns its spans by kind:
 /// (root, steps, compensations).
-fn check_trace(request: &ExportTraceServiceRequest) -> (Span, Vec<Span>, Vec<Span>) {
+pub(crate) fn check_trace(request: &ExportTraceServiceRequest) -> (Span, Vec<Span>, Vec<Span>) {
     assert_eq!(request.resource_spans.len(), 1);
     let resource = request.resource_spans[0]
         .resource

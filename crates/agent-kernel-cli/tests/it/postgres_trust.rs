@@ -2,7 +2,7 @@
 //! so a log that vanished (tables dropped, an empty schema put ahead in the `search_path`)
 //! or was replaced at the same URL is tampering where this machine vouches for records,
 //! until an operator seals the new log; a password in `AGENT_KERNEL_DB` is never printed;
-//! and `log` and `audit list` read it as they read an SQLite file. Skipped without
+//! and `log`, `audit list`, `replay` and `export` read it as they read an SQLite file. Skipped without
 //! `AGENT_KERNEL_TEST_POSTGRES`, but for the password's test.
 
 use std::fs;
@@ -299,7 +299,7 @@ fn a_password_in_agent_kernel_db_is_never_printed_by_help() {
 }
 
 #[test]
-fn log_lists_and_shows_the_sagas_of_a_postgresql_log() {
+fn log_audit_list_replay_and_export_read_a_postgresql_log() {
     let Some(server) = server() else { return };
     let schema = Schema::create(&server);
     let url = schema.url();
@@ -329,6 +329,36 @@ fn log_lists_and_shows_the_sagas_of_a_postgresql_log() {
         steps.iter().all(|step| step["status"] == "COMMIT"),
         "{shown}"
     );
+
+    // `replay` finds the saga's recorded decisions as the table and the tools make them.
+    let output = on_postgres(&project, &url, &["replay", "--saga", saga_id])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        crate::describe(&output)
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("consistent"),
+        "{}",
+        crate::describe(&output)
+    );
+    // `export --otel`: the saga's trace, a span for each step.
+    let output = on_postgres(&project, &url, &["export", "--otel", "--saga", saga_id])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        crate::describe(&output)
+    );
+    let request = serde_json::from_slice(&output.stdout).expect("OTLP/JSON");
+    let (_, step_spans, compensation_spans) = crate::export::check_trace(&request);
+    assert_eq!(step_spans.len(), steps.len());
+    assert!(compensation_spans.is_empty());
 
     // A saga the log does not hold is bad input, as on SQLite.
     let output = on_postgres(&project, &url, &["log", "--saga", "no-such-saga"])

@@ -1,6 +1,7 @@
 //! The audit chain: `audit verify`, `audit list`, `audit seal`, and the check every
 //! compensating action makes first.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use agent_kernel_api::{AuditEvent, OperatorCommand, Owner, TxError};
@@ -102,6 +103,29 @@ pub async fn audit_records(db: &Path, query: AuditQuery) -> Result<Vec<AuditReco
     })
     .await?;
     Ok(records?)
+}
+
+/// The whole audit history of each saga of `saga_ids`, oldest first (chain order), from an
+/// SQLite file or a PostgreSQL URL, for `replay` and `export`; a saga with no record is
+/// absent from the map. Reads only, and checks nothing.
+///
+/// # Errors
+///
+/// [`KernelError::Log`] when the log cannot be read.
+pub async fn saga_chains(
+    db: &Path,
+    saga_ids: BTreeSet<String>,
+) -> Result<BTreeMap<String, Vec<AuditRecord>>, KernelError> {
+    let db = db.to_owned();
+    let chains = off_thread("reading the sagas' audit records", move || {
+        #[cfg(feature = "postgres")]
+        if let Some(url) = db.to_str().filter(|_| crate::is_postgres(&db)) {
+            return agent_kernel_txlog_postgres::saga_chains(url, &saga_ids);
+        }
+        agent_kernel_txlog::saga_chains(&db, &saga_ids)
+    })
+    .await?;
+    Ok(chains?)
 }
 
 /// Checks every record and table of the log at `db`, leaving its head file out: what

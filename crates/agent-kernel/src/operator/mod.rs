@@ -27,7 +27,9 @@ pub use approvals::{ApprovalView, Decision, LaterStep, approval, decide, pending
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub use audit::seal_postgres;
 #[cfg(feature = "sqlite")]
-pub use audit::{Vouched, audit_records, seal, verify, verify_ignoring_head_file, vouch_for_log};
+pub use audit::{
+    Vouched, audit_records, saga_chains, seal, verify, verify_ignoring_head_file, vouch_for_log,
+};
 pub use dead_letters::{
     DueRetries, NotRetried, RetryRequest, dead_letters, resolve_dead_letter, retry_dead_letter,
     retry_due,
