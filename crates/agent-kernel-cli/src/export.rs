@@ -24,7 +24,7 @@ pub(crate) async fn otel(
     saga_id: Option<SagaId>,
     out: Option<&Path>,
 ) -> Result<u8, Failure> {
-    let log = crate::open_reading_log(cli)?;
+    let log = crate::open_reading_log(cli).await?;
     let records: Vec<SagaRecord> = match saga_id {
         Some(saga_id) => vec![
             log.saga(&saga_id)

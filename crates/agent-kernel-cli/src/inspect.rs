@@ -10,7 +10,7 @@ pub(crate) async fn replay(cli: &Cli, out: &Output, args: &ReplayArgs) -> Result
     require_log(cli)?;
     let fsm = load_fsm(cli)?;
     let tools = build_dispatcher(cli)?;
-    let log = open_reading_log(cli)?;
+    let log = open_reading_log(cli).await?;
     let record = log
         .saga(&saga_id)
         .await?
@@ -44,12 +44,11 @@ pub(crate) async fn export(cli: &Cli, _out: &Output, args: &ExportArgs) -> Resul
 
 pub(crate) async fn log(cli: &Cli, out: &Output, args: &LogArgs) -> Result<u8, Failure> {
     let LogArgs { saga, limit } = args;
-    if saga.is_none() && !log_present(&db_path(cli))? {
+    if saga.is_none() && !reading_log_present(cli).await? {
         out.saga_list(&[]);
         return Ok(exit::OK);
     }
-    require_log(cli)?;
-    let log = open_reading_log(cli)?;
+    let log = open_reading_log(cli).await?;
     let log = &*log;
     match saga {
         Some(saga) => {

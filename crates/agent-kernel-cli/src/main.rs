@@ -435,7 +435,8 @@ fn shown_db(path: &Path) -> String {
         .unwrap_or_else(|| "a PostgreSQL URL that does not parse".to_owned())
 }
 
-/// A command that reads the SQLite file itself, refused on a PostgreSQL log.
+/// A command that works on the SQLite file itself ([`open_log`]'s: `prune --vacuum`, the
+/// SQLite side of `audit seal`), refused on a PostgreSQL log.
 fn sqlite_only(cli: &Cli, command: &str) -> Result<(), Failure> {
     if is_postgres(cli) {
         return Err(Failure::bad_input(anyhow::anyhow!(
@@ -580,12 +581,39 @@ fn open_log(cli: &Cli, durability: Durability) -> Result<SqliteLog, Failure> {
     })
 }
 
-/// The log, opened for a command that reads it and runs no tool (`log`, `replay`,
-/// `export`): an SQLite file as [`open_log`] opens it; a PostgreSQL log through the front
-/// door (as a worker, with a lease of its own while it reads). The process is not
-/// confined, as it is not for an SQLite file: it reads the audit chain on connections of
-/// its own afterwards, which the second line's network rules would refuse.
-fn open_reading_log(cli: &Cli) -> Result<Arc<dyn agent_kernel_api::TxLog>, Failure> {
+/// Whether there is a log for a command that only reads it: an SQLite file, or a
+/// PostgreSQL schema that holds a log (asked without opening it, which would create one).
+async fn reading_log_present(cli: &Cli) -> Result<bool, Failure> {
+    let path = db_path(cli);
+    if !is_postgres(cli) {
+        return log_present(&path);
+    }
+    agent_kernel::operator::postgres_holds_log(&path.to_string_lossy())
+        .await
+        .map_err(|error| match error {
+            KernelError::Log(error) => log_failure(
+                error,
+                true,
+                format!("cannot look for the log {}", shown_db(&path)),
+            ),
+            other => other.into(),
+        })
+}
+
+/// The log, opened for a command that reads it (`log`, `replay`, `export`), which must be
+/// there ([`reading_log_present`]; bad input otherwise, and nothing is created): an SQLite
+/// file as [`open_log`] opens it; a PostgreSQL log through the front door (as a worker,
+/// with a lease of its own while it reads). The process is not confined, as it is not for
+/// an SQLite file: it reads the audit chain on connections of its own afterwards, which
+/// the second line's network rules would refuse. (`replay` asks the tools of the steps it
+/// checks for their specs, which starts a declared upstream server, as `run` would.)
+async fn open_reading_log(cli: &Cli) -> Result<Arc<dyn agent_kernel_api::TxLog>, Failure> {
+    if !reading_log_present(cli).await? {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "no log at {} (pass --db PATH or set AGENT_KERNEL_DB); nothing was created",
+            shown_db(&db_path(cli))
+        )));
+    }
     if is_postgres(cli) {
         let opened = open_unconfined(
             cli,

@@ -116,7 +116,7 @@ pub use crate::lease::{
     LEASE_DEFAULT, LEASE_MAX, LEASE_MIN, LEASE_ROWS_FORGET_PERIOD, LEASE_ROWS_KEPT,
     RENEWALS_PER_LEASE, Worker,
 };
-pub use crate::records::{audit_records, saga_chains};
+pub use crate::records::{audit_records, holds_log, saga_chains};
 use crate::schema::storage;
 pub use crate::schema::{SCHEMA_VERSION, WRITE_LOCK_BEFORE_V6, write_lock};
 pub use crate::verify::{default_head_file, verify};

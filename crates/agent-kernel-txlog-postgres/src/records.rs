@@ -7,13 +7,13 @@ use std::str::FromStr;
 
 use agent_kernel_api::TxError;
 use agent_kernel_txlog::{AUDIT_RECORDS_MAX, AuditQuery, AuditRecord, audit_record_kinds};
-use postgres::error::SqlState;
 use postgres::types::ToSql;
 use postgres::{Config, NoTls};
 
-use crate::connection::snapshot;
+use crate::connection::{snapshot, with_timeouts};
 use crate::db::describe_error;
-use crate::describe;
+use crate::schema::{self, Inspected, storage};
+use crate::{LEASE_DEFAULT, describe};
 
 /// The records `query` selects, newest first: those of its kinds (all when none is named),
 /// about its saga if it names one, at most its `limit` (and [`AUDIT_RECORDS_MAX`]).
@@ -31,7 +31,7 @@ const RECORDS_SQL: &str = "SELECT seq, at_ms, kind, saga_id, body FROM audit_log
 /// # Errors
 ///
 /// [`TxError::NotFound`] naming an unknown kind in `query`; [`TxError::NotALog`] when the
-/// connection's schema holds no log; [`TxError::Corrupt`] for a record whose body is not
+/// connection's current schema holds no log, or something else; [`TxError::SchemaTooNew`]; [`TxError::Corrupt`] for a record whose body is not
 /// JSON; [`TxError::Storage`] when the URL does not parse or the server cannot be reached.
 pub fn audit_records(url: &str, query: &AuditQuery) -> Result<Vec<AuditRecord>, TxError> {
     let kinds = audit_record_kinds();
@@ -77,6 +77,52 @@ pub fn saga_chains(
     Ok(chains)
 }
 
+/// Whether the log `url` names exists: its connection's current schema holds a log (of
+/// this build, or older), not nothing. A reader asks before it opens the log, which would
+/// create one. Blocks (on a thread of its own) while it asks.
+///
+/// # Errors
+///
+/// [`TxError::NotALog`] when the schema holds something else; [`TxError::SchemaTooNew`];
+/// [`TxError::Storage`] when the URL does not parse or the server cannot be reached.
+pub fn holds_log(url: &str) -> Result<bool, TxError> {
+    let config = Config::from_str(url)
+        .map_err(|err| TxError::Storage(format!("the database URL does not parse: {err}")))?;
+    let target = describe(&config);
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let mut client = connect(&config, &target)?;
+                let mut tx = snapshot(&mut client)?;
+                let holds = !matches!(schema::inspect(&mut tx, &target)?, Inspected::Empty);
+                tx.commit().map_err(storage)?;
+                Ok(holds)
+            })
+            .join()
+            .map_err(|_| TxError::Storage("the reading thread panicked".to_owned()))?
+    })
+}
+
+/// A connection of a reader's own, with the log's timeouts and name.
+fn connect(config: &Config, target: &str) -> Result<postgres::Client, TxError> {
+    with_timeouts(config, LEASE_DEFAULT)
+        .connect(NoTls)
+        .map_err(|err| {
+            TxError::Storage(format!(
+                "cannot connect to {target}: {}",
+                describe_error(&err)
+            ))
+        })
+}
+
+/// Why a reader found no log.
+fn no_log(target: &str) -> TxError {
+    TxError::NotALog {
+        path: target.to_owned(),
+        reason: "its schema holds no log".to_owned(),
+    }
+}
+
 /// The records `sql` (whose columns are `seq, at_ms, kind, saga_id, body`) selects with
 /// `params`, in one read-only snapshot on a connection of its own, opened and read on a
 /// thread of its own (the blocking client may not run on an async runtime's thread).
@@ -106,20 +152,15 @@ fn read_rows_blocking(
     let storage = |err: &postgres::Error| {
         TxError::Storage(format!("cannot read {target}: {}", describe_error(err)))
     };
-    let mut client = config.connect(NoTls).map_err(|err| {
-        TxError::Storage(format!(
-            "cannot connect to {target}: {}",
-            describe_error(&err)
-        ))
-    })?;
+    let mut client = connect(config, target)?;
     let mut tx = snapshot(&mut client)?;
-    let rows = tx.query(sql, params).map_err(|err| match err.code() {
-        Some(code) if *code == SqlState::UNDEFINED_TABLE => TxError::NotALog {
-            path: target.to_owned(),
-            reason: "its schema holds no log".to_owned(),
-        },
-        _ => storage(&err),
-    })?;
+    // The connection's current schema must hold a log of this build (an empty one is no
+    // log, and a table of that name further along the `search_path` is not this one's);
+    // one with something this build never makes is still read: nothing here is checked.
+    if let Inspected::Empty = schema::inspect(&mut tx, target)? {
+        return Err(no_log(target));
+    }
+    let rows = tx.query(sql, params).map_err(|err| storage(&err))?;
     let records = rows
         .iter()
         .map(|row| {

@@ -444,3 +444,58 @@ fn log_audit_list_replay_and_export_read_a_postgresql_log() {
         assert!(!stderr.contains(password), "{stderr}");
     }
 }
+
+#[test]
+fn reading_commands_create_no_log_and_read_no_other_schemas_log() {
+    let Some(server) = server() else { return };
+    let schema = Schema::create(&server);
+    let ahead = Schema::create(&server);
+    let project = Project::new();
+    let count_tables = |schema: &Schema| {
+        schema.rows(
+            "SELECT count(*)::text FROM pg_catalog.pg_tables WHERE schemaname = current_schema()",
+        )
+    };
+    // An empty schema: `log` lists nothing, the others find no log, and none creates one.
+    let empty = ahead.url();
+    let output = on_postgres(&project, &empty, &["--json", "log"])
+        .output()
+        .expect("runs");
+    let (code, listed) = crate::json_output(&output);
+    assert_eq!(code, 0, "{listed}");
+    assert_eq!(listed["sagas"], serde_json::json!([]), "{listed}");
+    for args in [
+        &["log", "--saga", "01a233af-2df2-7442-8416-8fdd19379a1c"][..],
+        &["replay", "--saga", "01a233af-2df2-7442-8416-8fdd19379a1c"],
+        &["export", "--otel", "--all"],
+        &["audit", "list"],
+    ] {
+        let output = on_postgres(&project, &empty, args).output().expect("runs");
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            crate::describe(&output)
+        );
+    }
+    assert_eq!(count_tables(&ahead), [vec![Some("0".to_owned())]]);
+
+    // A log behind that empty schema in the `search_path` is not read through it.
+    run_to_end(&project, &schema.url(), &worker_plan(&project, 0, 0));
+    let behind = schema.url_behind(Some(&ahead));
+    let output = on_postgres(&project, &behind, &["audit", "list"])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "{}",
+        crate::describe(&output)
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("holds no log"),
+        "{}",
+        crate::describe(&output)
+    );
+    assert_eq!(count_tables(&ahead), [vec![Some("0".to_owned())]]);
+}

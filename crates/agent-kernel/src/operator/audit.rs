@@ -105,6 +105,23 @@ pub async fn audit_records(db: &Path, query: AuditQuery) -> Result<Vec<AuditReco
     Ok(records?)
 }
 
+/// Whether a PostgreSQL log is at `url`: its connection's current schema holds one (not
+/// nothing), asked without opening the log, which would create one. Reads only.
+///
+/// # Errors
+///
+/// [`KernelError::Log`] when the server cannot be asked, or the schema holds something
+/// other than a log.
+#[cfg(feature = "postgres")]
+pub async fn postgres_holds_log(url: &str) -> Result<bool, KernelError> {
+    let url = url.to_owned();
+    let holds = off_thread("looking for the log", move || {
+        agent_kernel_txlog_postgres::holds_log(&url)
+    })
+    .await?;
+    Ok(holds?)
+}
+
 /// The whole audit history of each saga of `saga_ids`, oldest first (chain order), from an
 /// SQLite file or a PostgreSQL URL, for `replay` and `export`; a saga with no record is
 /// absent from the map. Reads only, and checks nothing.

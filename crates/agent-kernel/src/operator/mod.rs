@@ -24,12 +24,12 @@ use agent_kernel_core::{
 };
 
 pub use approvals::{ApprovalView, Decision, LaterStep, approval, decide, pending_approvals};
-#[cfg(all(feature = "sqlite", feature = "postgres"))]
-pub use audit::seal_postgres;
 #[cfg(feature = "sqlite")]
 pub use audit::{
     Vouched, audit_records, saga_chains, seal, verify, verify_ignoring_head_file, vouch_for_log,
 };
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
+pub use audit::{postgres_holds_log, seal_postgres};
 pub use dead_letters::{
     DueRetries, NotRetried, RetryRequest, dead_letters, resolve_dead_letter, retry_dead_letter,
     retry_due,
