@@ -170,14 +170,7 @@ pub(crate) async fn list_command(
 ) -> Result<u8, Failure> {
     let records = agent_kernel::operator::audit_records(db, query)
         .await
-        .map_err(|error| match error {
-            KernelError::Log(error) => crate::log_failure(
-                error,
-                crate::log_exists(db),
-                format!("cannot read the audit records of {}", crate::shown_db(db)),
-            ),
-            other => other.into(),
-        })?;
+        .map_err(|error| records_unread(db, error))?;
     if json {
         crate::output::print_json(&json!({ "records": records }));
         return Ok(exit::OK);
@@ -402,14 +395,20 @@ pub(crate) async fn saga_chains(
 ) -> Result<std::collections::BTreeMap<String, Vec<agent_kernel_txlog::AuditRecord>>, Failure> {
     agent_kernel::operator::saga_chains(db, saga_ids)
         .await
-        .map_err(|error| match error {
-            KernelError::Log(error) => crate::log_failure(
-                error,
-                crate::log_exists(db),
-                format!("cannot read the audit records of {}", crate::shown_db(db)),
-            ),
-            other => other.into(),
-        })
+        .map_err(|error| records_unread(db, error))
+}
+
+/// The failure of reading the audit records of the log at `db`: the log's own
+/// (`log_failure`), or what the kernel says.
+fn records_unread(db: &Path, error: KernelError) -> Failure {
+    match error {
+        KernelError::Log(error) => crate::log_failure(
+            error,
+            crate::log_exists(db),
+            format!("cannot read the audit records of {}", crate::shown_db(db)),
+        ),
+        other => other.into(),
+    }
 }
 
 /// The records of one saga's history that `replay` checks (its creation, its changes of

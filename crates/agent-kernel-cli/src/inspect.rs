@@ -44,11 +44,17 @@ pub(crate) async fn export(cli: &Cli, _out: &Output, args: &ExportArgs) -> Resul
 
 pub(crate) async fn log(cli: &Cli, out: &Output, args: &LogArgs) -> Result<u8, Failure> {
     let LogArgs { saga, limit } = args;
-    if saga.is_none() && !reading_log_present(cli).await? {
-        out.saga_list(&[]);
-        return Ok(exit::OK);
-    }
-    let log = open_reading_log(cli).await?;
+    let log = match saga {
+        // No log, no sagas.
+        None => match open_reading_log_if_present(cli).await? {
+            Some(log) => log,
+            None => {
+                out.saga_list(&[]);
+                return Ok(exit::OK);
+            }
+        },
+        Some(_) => open_reading_log(cli).await?,
+    };
     let log = &*log;
     match saga {
         Some(saga) => {

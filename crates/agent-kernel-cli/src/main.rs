@@ -601,18 +601,28 @@ async fn reading_log_present(cli: &Cli) -> Result<bool, Failure> {
 }
 
 /// The log, opened for a command that reads it (`log`, `replay`, `export`), which must be
-/// there ([`reading_log_present`]; bad input otherwise, and nothing is created): an SQLite
-/// file as [`open_log`] opens it; a PostgreSQL log through the front door (as a worker,
-/// with a lease of its own while it reads). The process is not confined, as it is not for
-/// an SQLite file: it reads the audit chain on connections of its own afterwards, which
-/// the second line's network rules would refuse. (`replay` asks the tools of the steps it
-/// checks for their specs, which starts a declared upstream server, as `run` would.)
+/// there: bad input otherwise, and nothing is created ([`open_reading_log_if_present`]).
 async fn open_reading_log(cli: &Cli) -> Result<Arc<dyn agent_kernel_api::TxLog>, Failure> {
-    if !reading_log_present(cli).await? {
-        return Err(Failure::bad_input(anyhow::anyhow!(
+    open_reading_log_if_present(cli).await?.ok_or_else(|| {
+        Failure::bad_input(anyhow::anyhow!(
             "no log at {} (pass --db PATH or set AGENT_KERNEL_DB); nothing was created",
             shown_db(&db_path(cli))
-        )));
+        ))
+    })
+}
+
+/// The log, opened for a command that reads it, or `None` when there is none
+/// ([`reading_log_present`]; nothing is created): an SQLite file as [`open_log`] opens it;
+/// a PostgreSQL log through the front door (as a worker, with a lease of its own while it
+/// reads). The process is not confined, as it is not for an SQLite file: it reads the
+/// audit chain on connections of its own afterwards, which the second line's network
+/// rules would refuse. (`replay` asks the tools of the steps it checks for their specs,
+/// which starts a declared upstream server, as `run` would.)
+async fn open_reading_log_if_present(
+    cli: &Cli,
+) -> Result<Option<Arc<dyn agent_kernel_api::TxLog>>, Failure> {
+    if !reading_log_present(cli).await? {
+        return Ok(None);
     }
     if is_postgres(cli) {
         let opened = open_unconfined(
@@ -622,9 +632,9 @@ async fn open_reading_log(cli: &Cli) -> Result<Arc<dyn agent_kernel_api::TxLog>,
             Vec::new(),
             false,
         )?;
-        return Ok(Arc::clone(opened.kernel.log()));
+        return Ok(Some(Arc::clone(opened.kernel.log())));
     }
-    Ok(Arc::new(open_log(cli, Durability::Full)?))
+    Ok(Some(Arc::new(open_log(cli, Durability::Full)?)))
 }
 
 /// Whether something that would be opened as the log is at `path` (through links): a

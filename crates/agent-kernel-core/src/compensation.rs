@@ -253,7 +253,7 @@ impl Kernel {
 
     /// Whether compensating `step` may change the world (run a tool), as opposed to only
     /// recording that there is nothing to undo.
-    fn may_act(step: &StepRecord) -> bool {
+    pub(crate) fn may_act(step: &StepRecord) -> bool {
         step.reused_from.is_none() && step.effect != EffectClass::ReadOnly
     }
 

@@ -45,14 +45,6 @@ enum Checked {
     Ready(Box<(SagaRecord, Vec<LogWrite>, Option<Failure>)>),
 }
 
-/// A saga's place in a group's report, in the group's order.
-enum Place {
-    /// Known before any compensation.
-    Known(Slot),
-    /// That of the turn at this index.
-    Turn(usize),
-}
-
 /// What a group's report says of one saga.
 enum Slot {
     Done(RecoveryAction),
@@ -430,13 +422,11 @@ impl Kernel {
         let (places, turns, stopped) = places_and_turns(group, prepared, settled, read_again);
         let (turn_slots, stopped_in_turn) = self.compensate_in_turns(&turns, observer).await;
         let stopped = stopped.or(stopped_in_turn);
-        let mut turn_slots: Vec<Option<Slot>> = turn_slots.into_iter().map(Some).collect();
+        // The turns' slots fill the places left for them, in order.
+        let mut turn_slots = turn_slots.into_iter();
         let slots: Vec<Slot> = places
             .into_iter()
-            .filter_map(|place| match place {
-                Place::Known(slot) => Some(slot),
-                Place::Turn(n) => turn_slots.get_mut(n).and_then(Option::take),
-            })
+            .filter_map(|place| place.or_else(|| turn_slots.next()))
             .collect();
         // The sagas rolled back are reported as the log now holds them, read at once.
         let rolled_back: Vec<SagaId> = slots

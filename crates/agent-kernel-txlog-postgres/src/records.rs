@@ -86,100 +86,81 @@ pub fn saga_chains(
 /// [`TxError::NotALog`] when the schema holds something else; [`TxError::SchemaTooNew`];
 /// [`TxError::Storage`] when the URL does not parse or the server cannot be reached.
 pub fn holds_log(url: &str) -> Result<bool, TxError> {
+    in_snapshot(url, |_, _, inspected| {
+        Ok(!matches!(inspected, Inspected::Empty))
+    })
+}
+
+/// The records `sql` (whose columns are `seq, at_ms, kind, saga_id, body`) selects with
+/// `params`, from the log the connection's current schema holds (an empty one is no log,
+/// and a table of that name further along the `search_path` is not this one's; one with
+/// something this build never makes is still read: nothing here is checked).
+fn read_rows(
+    url: &str,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<AuditRecord>, TxError> {
+    in_snapshot(url, |tx, target, inspected| {
+        if let Inspected::Empty = inspected {
+            return Err(TxError::NotALog {
+                path: target.to_owned(),
+                reason: "its schema holds no log".to_owned(),
+            });
+        }
+        let storage = |err: &postgres::Error| {
+            TxError::Storage(format!("cannot read {target}: {}", describe_error(err)))
+        };
+        let rows = tx.query(sql, params).map_err(|err| storage(&err))?;
+        rows.iter()
+            .map(|row| {
+                let seq: i64 = row.try_get(0).map_err(|err| storage(&err))?;
+                let body: String = row.try_get(4).map_err(|err| storage(&err))?;
+                let body = serde_json::from_str(&body).map_err(|_| {
+                    TxError::Corrupt(format!(
+                        "audit record {seq} has a body that is not JSON; run `agent-kernel audit verify`"
+                    ))
+                })?;
+                Ok(AuditRecord {
+                    seq,
+                    at_ms: row.try_get(1).map_err(|err| storage(&err))?,
+                    kind: row.try_get(2).map_err(|err| storage(&err))?,
+                    saga_id: row.try_get(3).map_err(|err| storage(&err))?,
+                    body,
+                })
+            })
+            .collect()
+    })
+}
+
+/// What `read` makes of the log `url` names, in one read-only snapshot, given the log's
+/// description (without its password) and what its current schema holds: on a connection
+/// of its own, with the log's timeouts and name, opened and read on a thread of its own
+/// (the blocking client may not run on an async runtime's thread).
+fn in_snapshot<T: Send>(
+    url: &str,
+    read: impl FnOnce(&mut postgres::Transaction<'_>, &str, Inspected) -> Result<T, TxError> + Send,
+) -> Result<T, TxError> {
     let config = Config::from_str(url)
         .map_err(|err| TxError::Storage(format!("the database URL does not parse: {err}")))?;
     let target = describe(&config);
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                let mut client = connect(&config, &target)?;
+                let mut client = with_timeouts(&config, LEASE_DEFAULT)
+                    .connect(NoTls)
+                    .map_err(|err| {
+                        TxError::Storage(format!(
+                            "cannot connect to {target}: {}",
+                            describe_error(&err)
+                        ))
+                    })?;
                 let mut tx = snapshot(&mut client)?;
-                let holds = !matches!(schema::inspect(&mut tx, &target)?, Inspected::Empty);
+                let inspected = schema::inspect(&mut tx, &target)?;
+                let value = read(&mut tx, &target, inspected)?;
                 tx.commit().map_err(storage)?;
-                Ok(holds)
+                Ok(value)
             })
             .join()
             .map_err(|_| TxError::Storage("the reading thread panicked".to_owned()))?
     })
-}
-
-/// A connection of a reader's own, with the log's timeouts and name.
-fn connect(config: &Config, target: &str) -> Result<postgres::Client, TxError> {
-    with_timeouts(config, LEASE_DEFAULT)
-        .connect(NoTls)
-        .map_err(|err| {
-            TxError::Storage(format!(
-                "cannot connect to {target}: {}",
-                describe_error(&err)
-            ))
-        })
-}
-
-/// Why a reader found no log.
-fn no_log(target: &str) -> TxError {
-    TxError::NotALog {
-        path: target.to_owned(),
-        reason: "its schema holds no log".to_owned(),
-    }
-}
-
-/// The records `sql` (whose columns are `seq, at_ms, kind, saga_id, body`) selects with
-/// `params`, in one read-only snapshot on a connection of its own, opened and read on a
-/// thread of its own (the blocking client may not run on an async runtime's thread).
-fn read_rows(
-    url: &str,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Vec<AuditRecord>, TxError> {
-    let config = Config::from_str(url)
-        .map_err(|err| TxError::Storage(format!("the database URL does not parse: {err}")))?;
-    let target = describe(&config);
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| read_rows_blocking(&config, &target, sql, params))
-            .join()
-            .map_err(|_| TxError::Storage("the reading thread panicked".to_owned()))?
-    })
-}
-
-/// [`read_rows`], blocking.
-fn read_rows_blocking(
-    config: &Config,
-    target: &str,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Vec<AuditRecord>, TxError> {
-    let storage = |err: &postgres::Error| {
-        TxError::Storage(format!("cannot read {target}: {}", describe_error(err)))
-    };
-    let mut client = connect(config, target)?;
-    let mut tx = snapshot(&mut client)?;
-    // The connection's current schema must hold a log of this build (an empty one is no
-    // log, and a table of that name further along the `search_path` is not this one's);
-    // one with something this build never makes is still read: nothing here is checked.
-    if let Inspected::Empty = schema::inspect(&mut tx, target)? {
-        return Err(no_log(target));
-    }
-    let rows = tx.query(sql, params).map_err(|err| storage(&err))?;
-    let records = rows
-        .iter()
-        .map(|row| {
-            let seq: i64 = row.try_get(0).map_err(|err| storage(&err))?;
-            let body: String = row.try_get(4).map_err(|err| storage(&err))?;
-            let body = serde_json::from_str(&body).map_err(|_| {
-                TxError::Corrupt(format!(
-                    "audit record {seq} has a body that is not JSON; run `agent-kernel audit verify`"
-                ))
-            })?;
-            Ok(AuditRecord {
-                seq,
-                at_ms: row.try_get(1).map_err(|err| storage(&err))?,
-                kind: row.try_get(2).map_err(|err| storage(&err))?,
-                saga_id: row.try_get(3).map_err(|err| storage(&err))?,
-                body,
-            })
-        })
-        .collect();
-    tx.commit().map_err(|err| storage(&err))?;
-    records
 }

@@ -298,6 +298,19 @@ fn a_password_in_agent_kernel_db_is_never_printed_by_help() {
     }
 }
 
+/// `args` on the log at `url`, which must exit `code`; its output.
+#[track_caller]
+fn exits(project: &Project, url: &str, args: &[&str], code: i32) -> std::process::Output {
+    let output = on_postgres(project, url, args).output().expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "{args:?}: {}",
+        crate::describe(&output)
+    );
+    output
+}
+
 #[test]
 fn log_audit_list_replay_and_export_read_a_postgresql_log() {
     let Some(server) = server() else { return };
@@ -331,45 +344,21 @@ fn log_audit_list_replay_and_export_read_a_postgresql_log() {
     );
 
     // `replay` finds the saga's recorded decisions as the table and the tools make them.
-    let output = on_postgres(&project, &url, &["replay", "--saga", saga_id])
-        .output()
-        .expect("runs");
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        crate::describe(&output)
-    );
+    let output = exits(&project, &url, &["replay", "--saga", saga_id], 0);
     assert!(
         String::from_utf8_lossy(&output.stdout).contains("consistent"),
         "{}",
         crate::describe(&output)
     );
     // `export --otel`: the saga's trace, a span for each step.
-    let output = on_postgres(&project, &url, &["export", "--otel", "--saga", saga_id])
-        .output()
-        .expect("runs");
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        crate::describe(&output)
-    );
+    let output = exits(&project, &url, &["export", "--otel", "--saga", saga_id], 0);
     let request = serde_json::from_slice(&output.stdout).expect("OTLP/JSON");
     let (_, step_spans, compensation_spans) = crate::export::check_trace(&request);
     assert_eq!(step_spans.len(), steps.len());
     assert!(compensation_spans.is_empty());
 
     // A saga the log does not hold is bad input, as on SQLite.
-    let output = on_postgres(&project, &url, &["log", "--saga", "no-such-saga"])
-        .output()
-        .expect("runs");
-    assert_eq!(
-        output.status.code(),
-        Some(2),
-        "{}",
-        crate::describe(&output)
-    );
+    exits(&project, &url, &["log", "--saga", "no-such-saga"], 2);
 
     // The saga's audit records, newest first, its end state last written.
     let output = on_postgres(
@@ -424,15 +413,7 @@ fn log_audit_list_replay_and_export_read_a_postgresql_log() {
         "{listed}"
     );
     // An unknown kind is bad input, and the message names the log without its password.
-    let output = on_postgres(&project, &url, &["audit", "list", "--kind", "Nope"])
-        .output()
-        .expect("runs");
-    assert_eq!(
-        output.status.code(),
-        Some(2),
-        "{}",
-        crate::describe(&output)
-    );
+    let output = exits(&project, &url, &["audit", "list", "--kind", "Nope"], 2);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("`Nope`"), "{stderr}");
     let password = server
@@ -470,28 +451,14 @@ fn reading_commands_create_no_log_and_read_no_other_schemas_log() {
         &["export", "--otel", "--all"],
         &["audit", "list"],
     ] {
-        let output = on_postgres(&project, &empty, args).output().expect("runs");
-        assert_eq!(
-            output.status.code(),
-            Some(2),
-            "{args:?}: {}",
-            crate::describe(&output)
-        );
+        exits(&project, &empty, args, 2);
     }
     assert_eq!(count_tables(&ahead), [vec![Some("0".to_owned())]]);
 
     // A log behind that empty schema in the `search_path` is not read through it.
     run_to_end(&project, &schema.url(), &worker_plan(&project, 0, 0));
     let behind = schema.url_behind(Some(&ahead));
-    let output = on_postgres(&project, &behind, &["audit", "list"])
-        .output()
-        .expect("runs");
-    assert_eq!(
-        output.status.code(),
-        Some(2),
-        "{}",
-        crate::describe(&output)
-    );
+    let output = exits(&project, &behind, &["audit", "list"], 2);
     assert!(
         String::from_utf8_lossy(&output.stderr).contains("holds no log"),
         "{}",

@@ -1,20 +1,19 @@
 //! A recovery group's compensations in turns: concurrently where the sagas act on different
 //! resources, one after another, newest first, where they share one.
 
-use agent_kernel_api::{EffectClass, SagaId, SagaRecord, StepRecord, tool_resource};
+use agent_kernel_api::{SagaId, SagaRecord, StepRecord, tool_resource};
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use tokio::sync::watch;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::{Place, Prepared, Slot};
+use super::{Prepared, Slot};
 use crate::KernelError;
 use crate::kernel::Kernel;
 use crate::report::{Failure, Observer, RecoveryAction};
 
 /// A saga of a recovery group, taken over and in `Compensating`, to be compensated.
 pub(super) struct Turn {
-    pub(super) saga_id: SagaId,
     pub(super) record: SagaRecord,
     pub(super) failure: Option<Failure>,
     /// What its compensations may act on: the resources of its steps that may need undoing;
@@ -24,21 +23,18 @@ pub(super) struct Turn {
 }
 
 impl Turn {
-    pub(super) fn new(saga_id: SagaId, record: SagaRecord, failure: Option<Failure>) -> Turn {
-        let mut resources = Some(BTreeSet::new());
-        for step in record.steps.iter().filter(|step| {
-            Kernel::needs_compensation(step)
-                && step.effect != EffectClass::ReadOnly
-                && step.reused_from.is_none()
-        }) {
-            match &mut resources {
-                Some(_) if !names_what_it_touches(step) => resources = None,
-                Some(held) => held.extend(step.resources.iter().cloned()),
-                None => {}
-            }
-        }
+    pub(super) fn new(record: SagaRecord, failure: Option<Failure>) -> Turn {
+        let resources = record
+            .steps
+            .iter()
+            .filter(|step| Kernel::needs_compensation(step) && Kernel::may_act(step))
+            .try_fold(BTreeSet::new(), |mut held, step| {
+                names_what_it_touches(step).then(|| {
+                    held.extend(step.resources.iter().cloned());
+                    held
+                })
+            });
         Turn {
-            saga_id,
             record,
             failure,
             resources,
@@ -84,17 +80,17 @@ impl Kernel {
         turns: &[Turn],
         observer: &dyn Observer,
     ) -> (Vec<Slot>, Option<KernelError>) {
-        let settled: Vec<(watch::Sender<bool>, watch::Receiver<bool>)> =
-            turns.iter().map(|_| watch::channel(false)).collect();
+        let settled: Vec<watch::Sender<bool>> =
+            turns.iter().map(|_| watch::Sender::new(false)).collect();
         let stopped: Mutex<Option<KernelError>> = Mutex::new(None);
         let slots = futures_util::future::join_all(turns.iter().enumerate().map(|(n, turn)| {
             let newer: Vec<watch::Receiver<bool>> = turns[..n]
                 .iter()
                 .zip(&settled)
                 .filter(|(newer, _)| newer.shares_with(turn))
-                .map(|(_, (_, receiver))| receiver.clone())
+                .map(|(_, sender)| sender.subscribe())
                 .collect();
-            let (stopped, done) = (&stopped, &settled[n].0);
+            let (stopped, done) = (&stopped, &settled[n]);
             async move {
                 for mut receiver in newer {
                     // A sender dropped without settling cannot happen while this runs; either
@@ -120,19 +116,14 @@ impl Kernel {
         stopped: &Mutex<Option<KernelError>>,
         observer: &dyn Observer,
     ) -> Slot {
-        let saga_id = &turn.saga_id;
+        let saga_id = &turn.record.saga.saga_id;
         let stop = stopped
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
             .as_ref()
             .map(ToString::to_string);
         if let Some(error) = stop {
-            return Slot::Done(RecoveryAction::Failed {
-                saga_id: saga_id.clone(),
-                error: format!(
-                    "taken over and moved to Compensating, but not compensated: recovery stopped before it ({error}); the next recovery compensates it"
-                ),
-            });
+            return Slot::Done(not_compensated(saga_id, &error));
         }
         info!(saga_id = %saga_id, "recovering");
         let span = info_span!("saga", saga_id = %saga_id, recovery = true);
@@ -161,7 +152,7 @@ impl Kernel {
 }
 
 /// Each saga of a group in the report's order, known now or as its turn (its place among the
-/// turns returned), from what its preparation came to (`settled`: its owner was known gone
+/// turns returned: `None`, in the same order), from what its preparation came to (`settled`: its owner was known gone
 /// before the first read; `read_again`: the others taken over, read again, in order), and
 /// what stopped the group before any compensation (a saga taken over that cannot be read
 /// again: those after it are not compensated).
@@ -170,10 +161,10 @@ pub(super) fn places_and_turns(
     prepared: Vec<Result<Prepared, KernelError>>,
     settled: Vec<bool>,
     read_again: Vec<Result<SagaRecord, KernelError>>,
-) -> (Vec<Place>, Vec<Turn>, Option<KernelError>) {
+) -> (Vec<Option<Slot>>, Vec<Turn>, Option<KernelError>) {
     let mut read_again = read_again.into_iter();
-    // Each saga's place in the report, in the group's order: known now, or that of its
-    // turn (its place among `turns`).
+    // Each saga's place in the report, in the group's order: known now, or `None` for the
+    // next turn's.
     let mut places = Vec::with_capacity(group.len());
     let mut turns = Vec::new();
     // What stopped the group before any compensation (the first): a saga taken over
@@ -186,24 +177,19 @@ pub(super) fn places_and_turns(
             places.extend(
                 match prepared {
                     Ok(Prepared::Done(action)) => action,
-                    Ok(Prepared::Ready(_)) => Some(RecoveryAction::Failed {
-                        saga_id: saga_id.clone(),
-                        error: format!(
-                            "taken over and moved to Compensating, but not compensated: recovery stopped before it ({error}); the next recovery compensates it"
-                        ),
-                    }),
+                    Ok(Prepared::Ready(_)) => Some(not_compensated(saga_id, error)),
                     Err(error) => Some(RecoveryAction::Failed {
                         saga_id: saga_id.clone(),
                         error: error.to_string(),
                     }),
                 }
-                .map(|action| Place::Known(Slot::Done(action))),
+                .map(|action| Some(Slot::Done(action))),
             );
             continue;
         }
         let (record, failure) = match prepared {
             Ok(Prepared::Done(action)) => {
-                places.extend(action.map(|action| Place::Known(Slot::Done(action))));
+                places.extend(action.map(|action| Some(Slot::Done(action))));
                 continue;
             }
             Ok(Prepared::Ready(ready)) => {
@@ -221,7 +207,7 @@ pub(super) fn places_and_turns(
                         // Taken over but unreadable: its resources unknown, it stops the
                         // group, so no older saga is undone before it.
                         warn!(saga_id = %saga_id, %error, "cannot recover this saga");
-                        places.push(Place::Known(Slot::Done(RecoveryAction::Failed {
+                        places.push(Some(Slot::Done(RecoveryAction::Failed {
                             saga_id: saga_id.clone(),
                             error: format!(
                                 "taken over and moved to Compensating, but cannot be read again ({error}); the next recovery compensates it"
@@ -235,15 +221,25 @@ pub(super) fn places_and_turns(
             Err(error) => {
                 // Nothing of it ran: left for the next recovery, as a skipped one is.
                 warn!(saga_id = %saga_id, %error, "cannot recover this saga");
-                places.push(Place::Known(Slot::Done(RecoveryAction::Failed {
+                places.push(Some(Slot::Done(RecoveryAction::Failed {
                     saga_id: saga_id.clone(),
                     error: error.to_string(),
                 })));
                 continue;
             }
         };
-        places.push(Place::Turn(turns.len()));
-        turns.push(Turn::new(saga_id.clone(), record, failure));
+        places.push(None);
+        turns.push(Turn::new(record, failure));
     }
     (places, turns, stopped)
+}
+
+/// What the report says of a saga taken over that a stop left uncompensated.
+fn not_compensated(saga_id: &SagaId, error: &dyn std::fmt::Display) -> RecoveryAction {
+    RecoveryAction::Failed {
+        saga_id: saga_id.clone(),
+        error: format!(
+            "taken over and moved to Compensating, but not compensated: recovery stopped before it ({error}); the next recovery compensates it"
+        ),
+    }
 }

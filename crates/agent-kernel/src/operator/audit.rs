@@ -27,7 +27,7 @@ pub async fn verify(db: &Path, key: Option<AuditKey>) -> Result<AuditReport, Ker
 /// The check itself, blocking.
 fn verify_now(db: &Path, key: Option<&AuditKey>) -> Result<AuditReport, TxError> {
     #[cfg(feature = "postgres")]
-    if let Some(url) = db.to_str().filter(|_| crate::is_postgres(db)) {
+    if let Some(url) = postgres_url(db) {
         return agent_kernel_txlog_postgres::verify(
             url,
             key,
@@ -35,6 +35,12 @@ fn verify_now(db: &Path, key: Option<&AuditKey>) -> Result<AuditReport, TxError>
         );
     }
     agent_kernel_txlog::verify(db, key)
+}
+
+/// The URL `db` is when it names a PostgreSQL log.
+#[cfg(feature = "postgres")]
+fn postgres_url(db: &Path) -> Option<&str> {
+    db.to_str().filter(|_| crate::is_postgres(db))
 }
 
 /// What [`vouch_for_log`] found.
@@ -96,7 +102,7 @@ pub async fn audit_records(db: &Path, query: AuditQuery) -> Result<Vec<AuditReco
     let db = db.to_owned();
     let records = off_thread("reading the audit records", move || {
         #[cfg(feature = "postgres")]
-        if let Some(url) = db.to_str().filter(|_| crate::is_postgres(&db)) {
+        if let Some(url) = postgres_url(&db) {
             return agent_kernel_txlog_postgres::audit_records(url, &query);
         }
         agent_kernel_txlog::audit_records(&db, &query)
@@ -136,7 +142,7 @@ pub async fn saga_chains(
     let db = db.to_owned();
     let chains = off_thread("reading the sagas' audit records", move || {
         #[cfg(feature = "postgres")]
-        if let Some(url) = db.to_str().filter(|_| crate::is_postgres(&db)) {
+        if let Some(url) = postgres_url(&db) {
             return agent_kernel_txlog_postgres::saga_chains(url, &saga_ids);
         }
         agent_kernel_txlog::saga_chains(&db, &saga_ids)
@@ -160,7 +166,7 @@ pub async fn verify_ignoring_head_file(
     let db = db.to_owned();
     let verified = off_thread("the audit check", move || {
         #[cfg(feature = "postgres")]
-        if let Some(url) = db.to_str().filter(|_| crate::is_postgres(&db)) {
+        if let Some(url) = postgres_url(&db) {
             return agent_kernel_txlog_postgres::verify(url, key.as_ref(), None);
         }
         agent_kernel_txlog::verify_ignoring_head_file(&db, key.as_ref())
