@@ -218,10 +218,14 @@ pub enum LogWrite {
         saga_id: SagaId,
     },
     /// Releases what a settled saga still holds (an `undo` that stopped after claiming
-    /// them); writes nothing for a saga that is not settled.
+    /// them); writes nothing for a saga that is not settled, or that `owner` no longer
+    /// owns (another process took it over to undo it again, and holds them for that undo).
     ReleaseLocks {
         /// The saga.
         saga_id: SagaId,
+        /// The owner the saga must still have: decided in the write's transaction, so a
+        /// take-over between a look at the saga and this write keeps its locks.
+        owner: Owner,
     },
 }
 

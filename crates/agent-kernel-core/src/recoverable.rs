@@ -10,9 +10,11 @@ use crate::kernel::Kernel;
 
 impl Kernel {
     /// Whether `recover` would find something to do now: an unfinished saga of an owner
-    /// that is gone (or of this process, or left detached). Reads the list of unfinished
-    /// sagas and each distinct owner's liveness once, and writes nothing but, on a log that
-    /// keeps leases, the end of the lease of an owner on this machine whose process is gone
+    /// that is gone (or of this process, or left detached), or a settled saga of a gone
+    /// owner that still holds locks (an `undo` killed after its claim, which `recover`
+    /// finishes). Reads the list of unfinished sagas, that of settled lock holders, and
+    /// each distinct owner's liveness once, and writes nothing but, on a log that keeps
+    /// leases, the end of the lease of an owner on this machine whose process is gone
     /// (`TxLog::end_lease`): what a worker that recovers again and again (`recover --watch`)
     /// asks before each round, so that an idle round leaves no record.
     ///
@@ -20,7 +22,17 @@ impl Kernel {
     ///
     /// [`KernelError::Log`] when the log cannot be read.
     pub async fn has_recoverable_sagas(&self) -> Result<bool, KernelError> {
-        Ok(!self.recoverable(true).await?.is_empty())
+        if !self.recoverable(true).await?.is_empty() {
+            return Ok(true);
+        }
+        let mut gone = HashMap::new();
+        for saga in self.log.settled_lock_holders().await? {
+            if !self.live.contains(&saga.saga_id) && self.owner_gone(&saga.owner, &mut gone).await?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// The sagas [`recover`](Self::recover) would settle now, oldest first: the unsettled

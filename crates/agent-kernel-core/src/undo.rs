@@ -425,11 +425,12 @@ impl Kernel {
             .is_err_and(|error| !matches!(error, KernelError::Log(_)))
         {
             // Stopped after its claim by a refusal: what the saga holds again goes now, if
-            // it is still settled. After a failed write nothing more is written: the
-            // claimed locks stay, and a `recover` finishes the undo once this process is
-            // gone.
+            // it is still settled and still this process's. After a failed write nothing
+            // more is written: the claimed locks stay, and a `recover` finishes the undo
+            // once this process is gone.
             let release = vec![LogWrite::ReleaseLocks {
                 saga_id: saga_id.clone(),
+                owner: self.env.owner.clone(),
             }];
             if let Err(error) = self.log.write(release).await {
                 warn!(%saga_id, %error, "the undo's locks could not be released");
@@ -525,19 +526,17 @@ impl Kernel {
                                 "an undo of it was killed and cannot be finished ({error}); its locks are released"
                             ),
                         });
-                        // Released only while the dead process still owns it: another
-                        // process may have taken it over meanwhile.
-                        let now = self.log.saga(&saga.saga_id).await?;
-                        if now.is_none_or(|now| now.saga.owner != saga.owner) {
-                            continue;
-                        }
                     }
                 }
             }
+            // Released only while the dead process still owns it, decided in the write's
+            // transaction: another process may have taken it over since it was listed, to
+            // undo it again, and holds its locks for that undo.
             info!(saga_id = %saga.saga_id, state = %saga.state, "releasing the locks of a settled saga whose undo died");
             self.log
                 .write(vec![LogWrite::ReleaseLocks {
                     saga_id: saga.saga_id.clone(),
+                    owner: saga.owner.clone(),
                 }])
                 .await?;
         }

@@ -10,7 +10,7 @@ use agent_kernel_api::{
 
 use crate::LogStore;
 use crate::records::{
-    begin_checked, begin_on, commit, consume, decide, new_saga, set_state, waiting_saga,
+    begin_checked, begin_on, commit, consume, decide, new_saga, owner, set_state, waiting_saga,
 };
 
 /// The saga whose lock refused the claim answered by `outcomes[at]`.
@@ -131,7 +131,7 @@ pub async fn a_resource_is_held_by_one_unsettled_saga_until_it_settles(store: &d
     log.write(vec![LogWrite::SettleDeadLetter(SettleDeadLetter {
         letter_id: "d1".into(),
         status: DeadLetterStatus::Resolved,
-        by: crate::records::owner(9),
+        by: owner(9),
         uid: None,
         user: None,
         note: None,
@@ -186,10 +186,21 @@ pub async fn an_undo_claims_its_resources_again(store: &dyn LogStore) {
     let holders = log.settled_lock_holders().await.expect("reads");
     let ids: Vec<&str> = holders.iter().map(|saga| saga.saga_id.as_str()).collect();
     assert_eq!(ids, ["a"]);
-    let release = |id: &str| LogWrite::ReleaseLocks {
+    let release_by = |id: &str, pid: u32| LogWrite::ReleaseLocks {
         saga_id: SagaId::new(id),
+        owner: owner(pid),
     };
-    log.write(vec![release("a")]).await.expect("released");
+    let release = |id: &str| release_by(id, 1);
+    // Another process took it over since it was listed (to undo it again): a release by
+    // the owner it was listed with leaves the locks to that undo.
+    assert!(
+        log.take_over(&SagaId::new("a"), &owner(1), SagaState::Done, &owner(2))
+            .await
+            .expect("writes")
+    );
+    log.write(vec![release("a")]).await.expect("writes nothing");
+    assert_eq!(locks_of(store, log.as_ref(), "a").await, ["file:/w/x"]);
+    log.write(vec![release_by("a", 2)]).await.expect("released");
     assert!(locks_of(store, log.as_ref(), "a").await.is_empty());
     assert!(log.settled_lock_holders().await.expect("reads").is_empty());
     log.write(vec![claim()]).await.expect("claimed once more");

@@ -290,6 +290,19 @@ fn undo_killed_midway(project: &Project) -> String {
     saga_id
 }
 
+/// Asserts that the files of [`undo_killed_midway`]'s saga are as before it ran.
+fn assert_undone(project: &Project) {
+    assert_eq!(
+        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
+        "before"
+    );
+    assert_eq!(
+        fs::read_to_string(project.path("ws/notes.txt")).expect("reads"),
+        ""
+    );
+    assert!(!project.path("ws/b.txt").exists());
+}
+
 /// An `undo` killed midway, then another writer's change to a file it had not reached:
 /// `recover` undoes what it can (the note), leaves the changed file to an operator as a
 /// dead letter, and the saga ends `FailedRollbackPartial` (exit 3), never `Done` over a
@@ -336,6 +349,29 @@ fn recover_finishing_a_killed_undo_parks_a_step_changed_since_and_undoes_the_res
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
 }
 
+/// An `undo` killed midway, in a log with no unfinished saga: `recover --watch` finishes it
+/// (a settled saga of a dead process still holding its locks is something to recover), and
+/// the world is as before the saga.
+#[test]
+fn recover_watch_finishes_a_killed_undo_when_no_saga_is_unfinished() {
+    let project = Project::new();
+    let saga_id = undo_killed_midway(&project);
+    let watcher = project
+        .command(&["--json", "recover", "--watch"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("starts");
+    wait_until("the watcher finishes the undo", || {
+        state_of(&project, &saga_id).as_deref() == Some("Undone")
+    });
+    let watched = crate::postgres::stop(watcher);
+    assert!(watched.contains(&saga_id), "{watched}");
+    assert_undone(&project);
+    let output = project.run(&["audit", "verify"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+}
+
 /// An `undo` killed midway, then a `recover` that lacks `note.add` (no tools file): the
 /// saga is left as it is, its files still locked, reported as missing the tool (exit 3);
 /// a `recover` with the tools file then finishes the undo.
@@ -363,13 +399,5 @@ fn recover_without_a_killed_undos_tool_leaves_it_for_one_that_has_it() {
     let output = project.run(&["recover"]);
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
     assert_eq!(state_of(&project, &saga_id).as_deref(), Some("Undone"));
-    assert_eq!(
-        fs::read_to_string(project.path("ws/a.txt")).expect("reads"),
-        "before"
-    );
-    assert_eq!(
-        fs::read_to_string(project.path("ws/notes.txt")).expect("reads"),
-        ""
-    );
-    assert!(!project.path("ws/b.txt").exists());
+    assert_undone(&project);
 }

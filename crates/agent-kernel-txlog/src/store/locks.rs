@@ -467,19 +467,31 @@ pub(super) fn claim_again(conn: &dyn Db, saga_id: &SagaId, now_ms: i64) -> Resul
     ))
 }
 
-/// [`LogWrite::ReleaseLocks`]: the locks of `saga_id` released when it is settled; the
-/// audit body, or `None` when there was nothing to release.
-pub(super) fn release_settled(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<String>, TxError> {
+/// [`LogWrite::ReleaseLocks`]: the locks of `saga_id` released when it is settled and
+/// `owner` still owns it; the audit body, or `None` when there was nothing to release.
+pub(super) fn release_settled(
+    conn: &dyn Db,
+    saga_id: &SagaId,
+    owner: &Owner,
+) -> Result<Option<String>, TxError> {
     let settled: bool = conn
         .query_row(
             &format!(
-                "SELECT CASE WHEN {} THEN 1 ELSE 0 END FROM sagas WHERE saga_id = ?1",
+                "SELECT CASE WHEN {} THEN 1 ELSE 0 END FROM sagas
+                 WHERE saga_id = ?1 AND owner_host = ?2 AND owner_boot_id = ?3
+                     AND owner_pid = ?4 AND owner_start_ticks = ?5",
                 crate::transitions::sql_in(
                     "state",
                     RELEASES_LOCKS.iter().map(|state| state.as_str())
                 )
             ),
-            params![saga_id.as_str()],
+            params![
+                saga_id.as_str(),
+                owner.host,
+                owner.boot_id,
+                owner.pid,
+                owner.start_ticks as i64
+            ],
             |row| Ok(row.get::<_, i64>(0)? == 1),
         )
         .optional()

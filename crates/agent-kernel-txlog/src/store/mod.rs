@@ -492,15 +492,17 @@ fn apply<'w>(
             let body = locks::claim_again(conn, saga_id, now_ms)?;
             Ok(Applied::written(crate::audit::KIND_LOCKS, saga_id, body))
         }
-        LogWrite::ReleaseLocks { saga_id } => Ok(match locks::release_settled(conn, saga_id)? {
-            Some(body) => Applied::written(crate::audit::KIND_LOCKS, saga_id, body),
-            None => Applied {
-                outcome: WriteOutcome::Written,
-                kind: None,
-                saga_id: None,
-                body: String::new(),
-            },
-        }),
+        LogWrite::ReleaseLocks { saga_id, owner } => {
+            Ok(match locks::release_settled(conn, saga_id, owner)? {
+                Some(body) => Applied::written(crate::audit::KIND_LOCKS, saga_id, body),
+                None => Applied {
+                    outcome: WriteOutcome::Written,
+                    kind: None,
+                    saga_id: None,
+                    body: String::new(),
+                },
+            })
+        }
         other => Err(corrupt(format!("unsupported log record {other:?}"))),
     }
 }
