@@ -187,18 +187,16 @@ pub enum LogWrite {
     DecideApproval(DecideApproval),
     /// Uses an approved request for the step whose BEGIN follows in the same batch.
     ConsumeApproval(ConsumeApproval),
-    /// Records a failed compensation as a dead letter (a new one, or the step's existing
-    /// one reopened with one more attempt).
+    /// Records a failed compensation as a dead letter (new, or the step's reopened).
     RecordDeadLetter(RecordDeadLetter),
     /// Settles an open dead letter; one that is not open is left as it is and the write
     /// answers [`WriteOutcome::NotOpen`].
     SettleDeadLetter(SettleDeadLetter),
-    /// Removes finished sagas from the tables (`prune`): each named saga that is, in the
-    /// write's own transaction, still finished, last changed before `before_ms`, with no
-    /// open dead letter and no open approval request, is deleted with its steps,
-    /// idempotency keys, requests and letters; one checkpoint record in the audit chain
-    /// names them and carries the hash of their records. The write answers
-    /// [`WriteOutcome::Pruned`]. The chain's records are kept.
+    /// Removes finished sagas from the tables (`prune`): each named saga still finished in
+    /// the write's transaction, last changed before `before_ms`, with no open dead letter
+    /// or approval request, goes with its steps, keys, requests and letters; one checkpoint
+    /// record names them with the hash of their records (which stay in the chain). The
+    /// write answers [`WriteOutcome::Pruned`].
     Prune(PruneSagas),
     /// Records the outcome of compensating a step.
     Compensation {
@@ -217,14 +215,12 @@ pub enum LogWrite {
         /// The saga.
         saga_id: SagaId,
     },
-    /// Releases what a settled saga still holds (an `undo` that stopped after claiming
-    /// them); writes nothing for a saga that is not settled, or that `owner` no longer
-    /// owns (another process took it over to undo it again, and holds them for that undo).
+    /// Releases what a settled saga still holds (an `undo` stopped after its claim); writes
+    /// nothing for a saga not settled or not owned by `owner` (an undo took it over since).
     ReleaseLocks {
         /// The saga.
         saga_id: SagaId,
-        /// The owner the saga must still have: decided in the write's transaction, so a
-        /// take-over between a look at the saga and this write keeps its locks.
+        /// The owner the saga must still have.
         owner: Owner,
     },
 }
@@ -697,11 +693,11 @@ pub trait TxLog: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Option<DuplicateStep>, TxError>>;
 
     /// The newest step of a saga other than `saga_id`, begun at or after `since_ms`, that
-    /// claimed `resource`, and whose effect may still be in place: its saga is neither
-    /// `FailedRolledBack` nor `Undone`, and it is `COMMIT`, `BEGIN` or
-    /// `COMPENSATION_FAILED`. What `undo` asks before it compensates a step: that saga's
-    /// effect may cover the step's. The log keeps no index of steps by resource, so this
-    /// reads the steps begun since.
+    /// claimed `resource`, and whose effect may still be in place: `COMMIT` or `BEGIN` in
+    /// a saga neither `FailedRolledBack` nor `Undone`, or `COMPENSATION_FAILED` in any
+    /// (one resolved by hand kept its effect). What `undo` asks before it compensates a
+    /// step: that saga's effect may cover the step's. The log keeps no index of steps by
+    /// resource, so this reads the steps begun since.
     ///
     /// # Errors
     ///

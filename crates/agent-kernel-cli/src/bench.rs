@@ -64,15 +64,10 @@ pub(crate) struct BenchArgs {
 }
 
 impl BenchArgs {
-    /// Refuses what would make the run touch an existing file, and `--keep-log` or
-    /// `--recovery` beside a log given with `--db` (`db`).
+    /// Refuses what would make the run touch an existing file, and `--keep-log` beside a
+    /// log given with `--db` (`db`). `--recovery` in a given log is refused later, by
+    /// [`run`], when the log holds unfinished sagas ([`Refused`]).
     pub(crate) fn check(&self, db: Option<&std::path::Path>) -> Result<(), String> {
-        if let (true, Some(db)) = (self.recovery, db) {
-            return Err(format!(
-                "--recovery and --db {}: recovery takes over every dead process's sagas in the log, not only the bench's; it runs in a temporary log only",
-                crate::shown_db(db)
-            ));
-        }
         match (&self.keep_log, db) {
             (Some(_), Some(db)) => Err(format!(
                 "--keep-log and --db {}: bench runs in the log --db names, which is kept anyway; give one of them",
@@ -412,6 +407,8 @@ impl fmt::Display for StepsReport {
 /// What `bench --recovery` measured.
 #[derive(Debug, Serialize)]
 pub(crate) struct RecoveryBench {
+    /// `sqlite` or `postgres`.
+    backend: &'static str,
     durability: Durability,
     /// Unfinished sagas of a dead process, each with `steps_per_saga` committed steps.
     n_sagas: u32,
@@ -426,6 +423,9 @@ pub(crate) struct RecoveryBench {
     /// Batches recover wrote, and the transactions the log made of them.
     n_commits: u64,
     n_transactions: u64,
+    /// Round trips to the server recover made (PostgreSQL only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    n_round_trips: Option<u64>,
     rss_peak_kib: u64,
 }
 
@@ -433,8 +433,8 @@ impl fmt::Display for RecoveryBench {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "recover: {} unfinished sagas of a dead process x {} committed steps, durability {}",
-            self.n_sagas, self.steps_per_saga, self.durability
+            "recover: {} unfinished sagas of a dead process x {} committed steps, durability {}, {}",
+            self.n_sagas, self.steps_per_saga, self.durability, self.backend
         )?;
         writeln!(
             f,
@@ -445,6 +445,9 @@ impl fmt::Display for RecoveryBench {
             self.n_commits,
             self.n_transactions
         )?;
+        if let Some(round_trips) = self.n_round_trips {
+            writeln!(f, "  {round_trips} round trips to the server")?;
+        }
         write!(
             f,
             "  left in {:.1} ms; memory at peak {} KiB",
@@ -483,6 +486,19 @@ fn bench_kernel(
         durability,
     )))
 }
+
+/// A bench refused before it measured anything, as bad input: it would act on sagas that
+/// are not its own.
+#[derive(Debug)]
+pub(crate) struct Refused(String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
 
 /// Runs the benchmark: in the log `db` names (an SQLite file, created if missing, or a
 /// PostgreSQL URL; never removed), else in a temporary directory removed afterwards.
@@ -754,6 +770,15 @@ async fn recovery(
     if n_sagas > MAX_OPEN_SAGAS {
         bail!("bench --recovery leaves at most {MAX_OPEN_SAGAS} sagas open, not {n_sagas}");
     }
+    // In a log given with `--db`: `recover` takes over every dead process's sagas, so the
+    // log may hold none but the bench's.
+    let unfinished = log.unfinished_sagas().await?.len();
+    if unfinished > 0 {
+        return Err(Refused(format!(
+            "bench --recovery in a log that holds {unfinished} unfinished saga(s): recover would take over every dead process's sagas, not only the bench's; give a log with none (a new file, or a new PostgreSQL schema)"
+        ))
+        .into());
+    }
     let setup_started = Instant::now();
     {
         let kernel = bench_kernel(
@@ -795,7 +820,7 @@ async fn recovery(
     }
     let setup = setup_started.elapsed();
     let commits_before = log.writes();
-    let (groups_before, _) = bench_log.counts();
+    let (groups_before, trips_before) = bench_log.counts();
     let kernel = bench_kernel(
         log.clone(),
         me.clone(),
@@ -821,7 +846,9 @@ async fn recovery(
         );
     }
     let (_, rss_peak_kib) = rss_kib();
+    let (groups_after, trips_after) = bench_log.counts();
     Ok(RecoveryBench {
+        backend: bench_log.backend(),
         durability: args.durability,
         n_sagas: args.sagas,
         steps_per_saga: args.steps,
@@ -830,7 +857,10 @@ async fn recovery(
         sagas_per_sec: f64::from(args.sagas) / elapsed.as_secs_f64(),
         n_rolled_back,
         n_commits: log.writes() - commits_before,
-        n_transactions: bench_log.counts().0.commits - groups_before.commits,
+        n_transactions: groups_after.commits - groups_before.commits,
+        n_round_trips: trips_after
+            .zip(trips_before)
+            .map(|(after, before)| after - before),
         rss_peak_kib,
     })
 }

@@ -62,6 +62,8 @@ pub(crate) async fn dlq(cli: &Cli, out: &Output, args: &DlqArgs) -> Result<u8, F
             }
         }
         DlqAction::Resolve { id, note } => {
+            // Not beside an `undo` or a `dlq retry` of this log.
+            let _lock = operator_lock(cli).await?;
             let kernel = open_kernel_for_approvals(cli)?;
             dlq::resolve_command(&kernel, out, id, note).await
         }
@@ -250,4 +252,89 @@ pub(crate) async fn recover(cli: &Cli, out: &Output, args: &RecoverArgs) -> Resu
     } else {
         exit::ATTENTION
     })
+}
+
+/// How often `recover --watch` looks for sagas of dead owners (its `--help` says so).
+const RECOVER_WATCH_PERIOD: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// `recover --watch`: rolls back, round after round, every saga of an owner found dead,
+/// printing each round that acted; returns on SIGINT or SIGTERM. A round acts only when
+/// [`Kernel::has_recoverable_sagas`] says there is something to do, so an idle round writes
+/// nothing. The log is verified once, before the first round (`open_kernel_to_compensate`):
+/// once the process is confined, a new connection to the database's port is refused, so a
+/// round cannot verify again.
+async fn recover_watch(kernel: &Kernel, out: &output::Output) -> Result<u8, Failure> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let listen = |kind: SignalKind, name: &str| {
+        signal(kind)
+            .with_context(|| format!("cannot watch for {name}"))
+            .map_err(Failure::internal)
+    };
+    let (mut interrupt, mut terminate) = (
+        listen(SignalKind::interrupt(), "SIGINT")?,
+        listen(SignalKind::terminate(), "SIGTERM")?,
+    );
+    tracing::info!(
+        period_ms = RECOVER_WATCH_PERIOD.as_millis() as u64,
+        "recovering the sagas of dead owners until stopped"
+    );
+    let mut pause = RECOVER_WATCH_PERIOD;
+    loop {
+        match watch_round(kernel, out).await {
+            Ok(()) => {
+                if pause != RECOVER_WATCH_PERIOD {
+                    tracing::warn!("the log answers again; watching on");
+                }
+                pause = RECOVER_WATCH_PERIOD;
+            }
+            Err(KernelError::Log(error)) if watch_may_retry(&error) => {
+                // The database went away (a lost connection, a restart): its connection is
+                // made again by the next round; nobody else may be recovering meanwhile.
+                pause = (pause * 2).clamp(RECOVER_WATCH_PERIOD, RECOVER_WATCH_BACKOFF_MAX);
+                tracing::warn!(
+                    %error,
+                    retry_in_ms = pause.as_millis() as u64,
+                    "the log does not answer; trying again"
+                );
+            }
+            Err(error) => return Err(error.into()),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            _ = interrupt.recv() => return Ok(exit::OK),
+            _ = terminate.recv() => return Ok(exit::OK),
+        }
+    }
+}
+
+/// The longest `recover --watch` waits between two tries while the log does not answer.
+const RECOVER_WATCH_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether `recover --watch` tries again after `error`: the storage went away, which the
+/// log's own connection makes good, as opposed to this process being fenced (its lease ran
+/// out: it can never write again, and a new process must take its place) or a log that
+/// cannot be trusted.
+fn watch_may_retry(error: &agent_kernel_api::TxError) -> bool {
+    matches!(
+        error,
+        agent_kernel_api::TxError::Storage(_) | agent_kernel_api::TxError::NotFound(_)
+    )
+}
+
+/// One round of `recover --watch`: recovers when there is something to recover, and prints
+/// the round when it acted.
+async fn watch_round(kernel: &Kernel, out: &output::Output) -> Result<(), KernelError> {
+    if kernel.has_recoverable_sagas().await? {
+        let report = operator::recover(kernel, &progress::StepProgress::hidden()).await?;
+        if report.sagas.iter().any(|action| {
+            !matches!(
+                action,
+                agent_kernel::RecoveryAction::SkippedLive { .. }
+                    | agent_kernel::RecoveryAction::SkippedWaiting { .. }
+            )
+        }) {
+            out.recovery(&report);
+        }
+    }
+    Ok(())
 }

@@ -164,14 +164,9 @@ impl Kernel {
         self.record_operator_command_with("dlq retry", Some(&letter.saga_id), options)
             .await?;
         let letter = self.open_letter(letter_id).await?;
-        let record = self.load(&letter.saga_id).await?;
-        if !record.saga.state.is_terminal() {
-            // Its rollback has not finished: `recover` (or its own process) finishes it.
-            return Err(KernelError::InvalidRequest(format!(
-                "saga {} is still {}: its rollback has not finished; let its process finish it, or run `agent-kernel recover` if that process is gone; nothing was done",
-                record.saga.saga_id, record.saga.state
-            )));
-        }
+        let mut record = self.load(&letter.saga_id).await?;
+        refuse_unsettled(&record)?;
+        self.own_settled(&mut record).await?;
         let step = record
             .steps
             .iter()
@@ -310,6 +305,10 @@ impl Kernel {
         self.record_operator_command("dlq resolve", Some(&letter.saga_id))
             .await?;
         let letter = self.open_letter(letter_id).await?;
+        let record = self.load(&letter.saga_id).await?;
+        refuse_unsettled(&record)?;
+        // Nothing a dead retry started may act after the letter is settled.
+        self.stop_programs_of_dead_owner(&record).await?;
         let batch = vec![self.settlement(letter_id, DeadLetterStatus::Resolved, user, &note)];
         let saga_state = self
             .settle_saga_if_clear(&letter.saga_id, letter_id, batch)
@@ -375,4 +374,25 @@ impl Kernel {
         }
         Ok(self.load(saga_id).await?.saga.state)
     }
+}
+
+/// Refuses to settle a letter of a saga whose rollback or undo has not finished: only a
+/// `FailedRollbackPartial` saga is left to an operator. One still compensating (`Done`
+/// while an undo runs or after one was killed, or not yet settled) is finished by its
+/// process or by `recover`, which may still compensate the letter's step: a letter settled
+/// before would leave it stuck, or be overruled.
+fn refuse_unsettled(record: &agent_kernel_api::SagaRecord) -> Result<(), KernelError> {
+    let saga = &record.saga;
+    if saga.state == SagaState::FailedRollbackPartial {
+        return Ok(());
+    }
+    let what = if saga.state.is_terminal() {
+        "an undo of it has not finished"
+    } else {
+        "its rollback has not finished"
+    };
+    Err(KernelError::InvalidRequest(format!(
+        "saga {} is still {}: {what}; let its process finish it, or run `agent-kernel recover` if that process is gone; nothing was done",
+        saga.saga_id, saga.state
+    )))
 }

@@ -620,6 +620,10 @@ impl LiveSaga {
                 self.kernel.live.remove(&self.saga_id);
                 Ok(answer)
             }
+            Ok(LiveStep::Unchanged(saga, error)) => {
+                *slot = Some(*saga);
+                Err(error)
+            }
             Err(error) => {
                 // The log failed: what was begun is in it, for `recover`.
                 self.kernel.live.remove(&self.saga_id);
@@ -658,8 +662,10 @@ impl Drop for Unregister<'_> {
     }
 }
 
-/// A call's outcome for the registry: the saga still open, or closed.
+/// A call's outcome for the registry: the saga still open, or closed, or a call refused
+/// before anything of it ran (the saga open as it was, the call failing with the error).
 pub(crate) enum LiveStep {
     Open(Box<SagaInFlight>, CallAnswer),
     Closed(CallAnswer),
+    Unchanged(Box<SagaInFlight>, KernelError),
 }

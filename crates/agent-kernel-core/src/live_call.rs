@@ -230,15 +230,24 @@ impl Kernel {
     }
 
     /// Resumes a live saga that waits for an approval: still pending, the same answer;
-    /// approved, the step runs; rejected, expired or void, the saga rolls back.
+    /// approved, the step runs; rejected, expired or void, the saga rolls back. A saga that
+    /// does not wait, whose request the log lacks, or whose grant the FSM refuses stays
+    /// open as it was ([`LiveStep::Unchanged`]).
     pub(crate) async fn live_resume(&self, saga: SagaInFlight) -> Result<LiveStep, KernelError> {
         let Some(request) = saga.waiting_on.clone() else {
-            return Err(KernelError::NotAwaitingApproval {
+            let error = KernelError::NotAwaitingApproval {
                 saga_id: saga.saga_id.clone(),
                 state: saga.state,
-            });
+            };
+            return Ok(LiveStep::Unchanged(Box::new(saga), error));
         };
-        let approval = self.approval(&request.approval_id).await?;
+        let approval = match self.approval(&request.approval_id).await {
+            Ok(approval) => approval,
+            Err(error @ KernelError::ApprovalNotFound(_)) => {
+                return Ok(LiveStep::Unchanged(Box::new(saga), error));
+            }
+            Err(error) => return Err(error),
+        };
         match approval.status_at(self.env.clock.now_ms()) {
             ApprovalStatus::Pending => Ok(LiveStep::Open(
                 Box::new(saga),
@@ -250,7 +259,11 @@ impl Kernel {
                     args: request.args.clone(),
                     idempotency_key: request.idempotency_key.clone(),
                 };
-                let saga = saga.granted(self.granted_state()?, approval);
+                let granted = match self.granted_state() {
+                    Ok(granted) => granted,
+                    Err(error) => return Ok(LiveStep::Unchanged(Box::new(saga), error)),
+                };
+                let saga = saga.granted(granted, approval);
                 self.live_step(saga, &step, Lookahead::Unknown).await
             }
             status => {

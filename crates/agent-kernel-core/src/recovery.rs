@@ -161,11 +161,64 @@ impl Kernel {
         Ok(())
     }
 
+    /// Stops what the dead owner of `record`'s saga started and may still run (the
+    /// compensation of an `undo` or a `dlq retry` killed midway) before this process acts
+    /// on the saga again; whether its owner is dead. An owner that lives, this process, or
+    /// one left detached is left alone (nothing of theirs is orphaned); a dead owner's
+    /// programs that cannot be stopped refuse the action, with nothing done.
+    pub(crate) async fn stop_programs_of_dead_owner(
+        &self,
+        record: &SagaRecord,
+    ) -> Result<bool, KernelError> {
+        let owner = &record.saga.owner;
+        if *owner == self.env.owner
+            || owner.is_detached()
+            || self.owner_liveness(owner).await? != Liveness::Dead
+        {
+            return Ok(false);
+        }
+        if self
+            .stop_programs_of_owners(std::iter::once(owner.clone()))
+            .await
+            .is_empty()
+        {
+            return Ok(true);
+        }
+        Err(KernelError::InvalidRequest(format!(
+            "saga {}: the programs its dead owner (pid {}) started could not be stopped; nothing was done",
+            record.saga.saga_id, owner.pid
+        )))
+    }
+
+    /// Makes a settled saga of a dead owner this process's before it acts on it again (a
+    /// dead letter's retry): that owner's programs stopped first, then the saga taken over,
+    /// so that a retry killed in turn leaves its own programs to the next one to stop. A
+    /// saga whose owner lives (the process that ran it, still serving) stays its owner's.
+    pub(crate) async fn own_settled(&self, record: &mut SagaRecord) -> Result<(), KernelError> {
+        if self.stop_programs_of_dead_owner(record).await? {
+            self.take_over_then(record, Vec::new()).await?;
+        }
+        Ok(())
+    }
+
     /// Before a saga of a dead process is taken over: its owner must be gone, and this
     /// kernel must have every tool its compensation needs. A saga that fails either check
     /// is left exactly as it is.
     async fn check_recoverable(&self, record: &SagaRecord) -> Result<(), KernelError> {
-        self.check_owner_gone(record).await?;
+        self.check_recoverable_knowing(record, false).await
+    }
+
+    /// [`check_recoverable`](Self::check_recoverable), its owner not asked again where
+    /// `owner_known_dead` (found dead moments before, for the whole group): a dead owner
+    /// never comes back (its lease is never renewed, its process never runs again).
+    async fn check_recoverable_knowing(
+        &self,
+        record: &SagaRecord,
+        owner_known_dead: bool,
+    ) -> Result<(), KernelError> {
+        if !owner_known_dead || self.live.contains(&record.saga.saga_id) {
+            self.check_owner_gone(record).await?;
+        }
         let tools = self.missing_tools(record);
         if !tools.is_empty() {
             return Err(KernelError::MissingTools {
@@ -390,7 +443,7 @@ impl Kernel {
             group
                 .iter()
                 .zip(records)
-                .map(|(saga_id, record)| self.check_for_recovery(saga_id, record)),
+                .map(|(saga_id, record)| self.check_for_recovery(saga_id, record, &gone)),
         )
         .await;
         // Whatever the dead owners started and still runs is stopped before anything of
@@ -465,6 +518,7 @@ impl Kernel {
         &self,
         saga_id: &SagaId,
         record: Result<SagaRecord, KernelError>,
+        gone: &HashMap<agent_kernel_api::Owner, bool>,
     ) -> Result<Checked, KernelError> {
         let record = record?;
         if record.saga.state.is_terminal() {
@@ -482,7 +536,11 @@ impl Kernel {
                 })));
             }
         }
-        if let Err(error) = self.check_recoverable(&record).await {
+        let owner_known_dead = gone.get(&record.saga.owner) == Some(&true);
+        if let Err(error) = self
+            .check_recoverable_knowing(&record, owner_known_dead)
+            .await
+        {
             return self.skipped(error).await.map(Checked::Done);
         }
         let (batch, failure) = self.persisted_entry(&record).await?;

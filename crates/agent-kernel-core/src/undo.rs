@@ -373,6 +373,8 @@ impl Kernel {
         // claims again what its steps touched, until it is settled again.
         if record.saga.owner != self.env.owner {
             self.check_owner_gone(&record).await?;
+            // What a killed undo or retry of it started stops before this one acts.
+            self.stop_programs_of_dead_owner(&record).await?;
         }
         let claim = vec![LogWrite::ClaimLocks {
             saga_id: saga_id.clone(),

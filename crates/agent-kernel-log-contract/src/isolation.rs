@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use agent_kernel_api::{
-    ApprovalDecision, ApprovalStatus, DeadLetterStatus, LogWrite, RecordDeadLetter, SagaId,
-    SagaState, SettleDeadLetter, StepStatus, ToolError, TxError, TxLog, WriteOutcome,
+    ApprovalDecision, ApprovalStatus, DeadLetterStatus, LogWrite, PruneSagas, RecordDeadLetter,
+    SagaId, SagaState, SettleDeadLetter, StepStatus, ToolError, TxError, TxLog, WriteOutcome,
 };
 
 use crate::LogStore;
@@ -204,6 +204,23 @@ pub async fn an_undo_claims_its_resources_again(store: &dyn LogStore) {
     assert!(locks_of(store, log.as_ref(), "a").await.is_empty());
     assert!(log.settled_lock_holders().await.expect("reads").is_empty());
     log.write(vec![claim()]).await.expect("claimed once more");
+    // Not pruned while it holds them again (an undo under way, or killed: `recover`
+    // finishes it).
+    let prune = || {
+        LogWrite::Prune(PruneSagas {
+            saga_ids: vec![SagaId::new("a")],
+            before_ms: i64::MAX,
+        })
+    };
+    let pruned = log.write(vec![prune()]).await.expect("writes");
+    assert_eq!(
+        pruned[0],
+        WriteOutcome::Pruned {
+            n_sagas: 0,
+            n_steps: 0
+        }
+    );
+    assert_eq!(locks_of(store, log.as_ref(), "a").await, ["file:/w/x"]);
     log.write(vec![set_state("a", SagaState::Undone)])
         .await
         .expect("writes");

@@ -534,6 +534,24 @@ impl KernelServer {
                 }))
             }
             Ok(report) => rolled_back_result(&report),
+            Err(error @ KernelError::Denied { .. }) if name == "saga_commit" => {
+                // A commit the FSM refuses (a step still waiting for its approval) rolled
+                // the saga back first: the answer says so, with its steps as the log has
+                // them.
+                match self.kernel.log().saga(&saga_id).await {
+                    Ok(Some(record)) => {
+                        let report = SagaReport::from_record(&record, None);
+                        error_result(
+                            Some(&saga_id),
+                            Some(report.state),
+                            "denied",
+                            &format!("{error}; the saga was rolled back"),
+                            &report.steps,
+                        )
+                    }
+                    _ => kernel_error_result(Some(&saga_id), &error),
+                }
+            }
             Err(error) => kernel_error_result(Some(&saga_id), &error),
         })
     }

@@ -996,6 +996,9 @@ async fn a_step_that_needs_approval_answers_pending_and_saga_resume_runs_it_once
         (step["status"].clone(), step["step"].clone()),
         (json!("COMMIT"), json!(0))
     );
+    // Resumed again, once the step ran: refused, and the saga stays open to commit.
+    let twice = call(&client, "saga_resume", json!({"saga_id": saga_id})).await;
+    assert_eq!(error_kind(&twice), "bad_input");
     let commit = call(&client, "saga_commit", json!({"saga_id": saga_id})).await;
     assert_eq!(ok(&commit)["state"], "Done");
     assert_eq!(
@@ -1031,6 +1034,33 @@ async fn a_step_that_needs_approval_answers_pending_and_saga_resume_runs_it_once
         fs::read_to_string(project.path("ws/log.txt")).expect("reads"),
         "once\n"
     );
+
+    // A commit while a step waits rolls the saga back, and its answer says so.
+    let waiting = begin(&client).await;
+    let written = call(
+        &client,
+        "fs_write",
+        json!({"saga_id": waiting, "args": {"path": "ws/w.txt", "content": "w"}}),
+    )
+    .await;
+    assert_eq!(ok(&written)["status"], "COMMIT");
+    let args = json!({"saga_id": waiting, "args": {"path": "ws/log.txt", "content": "x\n"}});
+    assert_eq!(
+        ok(&call(&client, "fs_append", args).await)["status"],
+        "AWAITING_APPROVAL"
+    );
+    let refused = call(&client, "saga_commit", json!({"saga_id": waiting})).await;
+    assert_eq!(error_kind(&refused), "denied");
+    let answer = content(&refused);
+    assert_eq!(answer["state"], "FailedRolledBack", "{answer}");
+    assert_eq!(answer["steps"][0]["status"], "COMPENSATED", "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("rolled back")),
+        "{answer}"
+    );
+    assert!(!project.path("ws/w.txt").exists());
     client.cancel().await.expect("closes");
 }
 

@@ -376,12 +376,36 @@ fn bench_runs_in_the_log_db_names_which_several_bench_processes_share() {
     let (code, report) = project.run_json(&["audit", "verify"]);
     assert_eq!(code, 0, "{report}");
     assert!(shared.exists());
-    // --keep-log or --recovery beside --db is refused, and a log of AGENT_KERNEL_DB is
-    // never used.
+    // --keep-log beside --db is refused, and a log of AGENT_KERNEL_DB is never used.
     let (code, document) = project.run_json(&["bench", "--keep-log", "other.db"]);
     assert_eq!(code, 2, "{document}");
-    let (code, document) = project.run_json(&["bench", "--recovery"]);
+    // --recovery runs in it while it holds no unfinished saga, and is refused once it holds
+    // one (`recover` would take it over too), nothing written.
+    let recovery = ["bench", "--recovery", "--sagas", "3", "--steps", "1"];
+    let (code, document) = project.run_json(&recovery);
+    assert_eq!(code, 0, "{document}");
+    assert_eq!(document["backend"], "sqlite", "{document}");
+    assert_eq!(document["n_rolled_back"], 3, "{document}");
+    assert!(document.get("n_round_trips").is_none(), "{document}");
+    fs::write(
+        project.path("sandbox.toml"),
+        "[fs]\nallow = [\"ws\"]\n\n[approval]\nrequire = [\"fs.append\"]\n",
+    )
+    .expect("writes policy");
+    let waits = project.plan(
+        "waits.json",
+        &json!({"steps": [{"tool": "fs.append", "args": {"path": "ws/log.txt", "content": "x"}}]}),
+    );
+    let output = project.run(&["run", "--no-wait", "--plan", waits.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(5), "{}", describe(&output));
+    let before = project.run_json(&["log", "--limit", "100"]).1;
+    let (code, document) = project.run_json(&recovery);
     assert_eq!(code, 2, "{document}");
+    assert!(
+        document.to_string().contains("1 unfinished saga"),
+        "{document}"
+    );
+    assert_eq!(project.run_json(&["log", "--limit", "100"]).1, before);
     let elsewhere = project.path("env.db");
     let output = project
         .isolated(crate::bin())

@@ -758,3 +758,33 @@ async fn open_sagas_of_a_dead_process_in_several_groups_are_undone_newest_first(
     assert_eq!(groups(&compensated), groups(&reported));
     assert!(fixture.verify().is_intact());
 }
+
+/// A `resume` of a saga that waits for nothing is refused and leaves the saga open, as it
+/// was: it can still be called and committed (a second `resume` after an approved step ran
+/// once took the saga out of the process's reach, holding its locks until `recover`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_of_a_saga_that_waits_for_nothing_leaves_it_open() {
+    let fixture = Fixture::new();
+    let kernel = live_kernel(&fixture, 1);
+    let saga = kernel.begin(BeginOptions::default()).await.expect("begins");
+    let first = saga
+        .call("ledger.add", json!({ "item": "a" }), None)
+        .await
+        .expect("calls");
+    committed_output(&first);
+    let refused = saga.resume().await;
+    assert!(
+        matches!(refused, Err(KernelError::NotAwaitingApproval { .. })),
+        "{refused:?}"
+    );
+    assert!(kernel.live_saga(saga.id()).is_some(), "still open here");
+    let second = saga
+        .call("ledger.add", json!({ "item": "b" }), None)
+        .await
+        .expect("calls again");
+    committed_output(&second);
+    let report = saga.commit().await.expect("commits");
+    assert_eq!(report.state, SagaState::Done);
+    assert_eq!(report.steps.len(), 2);
+    assert_eq!(fixture.world.items(), ["a", "b"]);
+}

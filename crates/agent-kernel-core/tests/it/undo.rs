@@ -224,3 +224,57 @@ async fn an_undo_under_a_later_sagas_claim_is_refused_until_that_saga_is_undone(
     let audit = fixture.verify();
     assert!(audit.is_intact(), "{:?}", audit.first_bad);
 }
+
+/// A later saga whose compensation failed and whose letter an operator resolved (keeping
+/// its effect) still covers the earlier saga's step: that saga is `FailedRolledBack`, but its
+/// step is `COMPENSATION_FAILED` and its write in place, so undoing the earlier saga is
+/// refused (its tool cannot tell that the later write covers its own).
+#[tokio::test]
+async fn an_undo_under_a_resolved_later_step_on_its_resource_is_refused() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel(1);
+    let first = kernel
+        .run(&plan(vec![add("stuck-x")]), &NoObserver)
+        .await
+        .expect("runs");
+    assert_eq!(first.state, SagaState::Done);
+    let second = kernel
+        .run(&plan(vec![add("stuck-x"), crate::boom()]), &NoObserver)
+        .await
+        .expect("runs");
+    assert_eq!(second.state, SagaState::FailedRollbackPartial);
+    let letters = kernel
+        .dead_letters(Some(&second.saga_id))
+        .await
+        .expect("reads");
+    assert_eq!(letters.len(), 1);
+    let resolved = kernel
+        .resolve_dead_letter(&letters[0].letter_id, "kept on purpose".into(), None)
+        .await
+        .expect("resolves");
+    assert_eq!(resolved.saga_state, SagaState::FailedRolledBack);
+    // The item could be removed now: only the rule keeps the undo back.
+    fixture
+        .world
+        .unstuck
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let error = kernel
+        .undo(
+            &first.saga_id,
+            &request("the later write was kept"),
+            &NoObserver,
+        )
+        .await
+        .expect_err("the later saga's kept write covers it");
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("claimed since by saga {}", second.saga_id)),
+        "{error}"
+    );
+    assert_eq!(
+        fixture.world.items(),
+        ["stuck-x", "stuck-x"],
+        "nothing undone"
+    );
+}

@@ -638,6 +638,9 @@ pub(crate) fn later_claim(
         .iter()
         .map(|status| status.as_str()),
     );
+    // A step whose compensation failed keeps its effect whatever its saga came to: its
+    // letter resolved by hand settles the saga `FailedRolledBack` with the effect in place.
+    let failed = StepStatus::CompensationFailed.as_str();
     let undone = crate::transitions::sql_in(
         "g.state",
         [SagaState::FailedRolledBack, SagaState::Undone]
@@ -650,7 +653,8 @@ pub(crate) fn later_claim(
                 "SELECT s.saga_id, s.step_seq, g.state, s.created_at_ms, s.resources
                  FROM saga_steps s JOIN sagas g ON g.saga_id = s.saga_id
                  WHERE s.saga_id <> ?1 AND s.created_at_ms >= ?2
-                     AND s.resources LIKE ?3 ESCAPE '\\' AND {statuses} AND NOT {undone}
+                     AND s.resources LIKE ?3 ESCAPE '\\' AND {statuses}
+                     AND (s.status = '{failed}' OR NOT {undone})
                  ORDER BY s.created_at_ms DESC, s.saga_id DESC, s.step_seq DESC"
             ),
             params![saga_id.as_str(), since_ms, pattern],

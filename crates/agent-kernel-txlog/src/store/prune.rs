@@ -18,13 +18,15 @@ pub use agent_kernel_api::{PRUNE_IDS_BYTES_MAX, PRUNE_SAGAS_MAX};
 /// The condition a saga row `s` must meet to be pruned at horizon `?1`: settled for good
 /// (`Done`, `FailedRolledBack`, `Undone`; never `FailedRollbackPartial`, whose effects an
 /// operator must still see to), last changed before the horizon, no open dead letter, no
-/// open approval request.
+/// open approval request, no lock held again (an `undo` under way, or killed and left for
+/// `recover` to finish).
 const PRUNABLE: &str = "(s.state = 'Done' OR s.state = 'FailedRolledBack' OR s.state = 'Undone')
     AND s.updated_at_ms < ?1
     AND NOT EXISTS (SELECT 1 FROM dead_letters d
         WHERE d.saga_id = s.saga_id AND d.status = 'open')
     AND NOT EXISTS (SELECT 1 FROM approvals a
-        WHERE a.saga_id = s.saga_id AND (a.status = 'pending' OR a.status = 'approved'))";
+        WHERE a.saga_id = s.saga_id AND (a.status = 'pending' OR a.status = 'approved'))
+    AND NOT EXISTS (SELECT 1 FROM locks l WHERE l.saga_id = s.saga_id)";
 
 /// The running hash of one saga's records: SHA-256 over each record's hash and a newline,
 /// in chain order, for every record whose `saga_id` column names the saga, from its
