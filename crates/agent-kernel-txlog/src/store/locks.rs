@@ -556,12 +556,32 @@ pub(super) fn conflict_body(step: &BeginStep, holder: &LockHolder) -> String {
 
 /// The resources `saga_id` holds, sorted: those its begun steps declared while it is
 /// unsettled, and those it claimed again.
-pub(crate) fn locks_of(conn: &dyn Db, saga_id: &SagaId) -> Result<Vec<String>, TxError> {
-    let mut held: BTreeSet<String> = claimed_again(conn, saga_id)?.into_iter().collect();
-    if matches!(standing(conn, saga_id)?, Standing::Holds(..)) {
-        held.extend(declared(conn, saga_id)?.into_keys());
+pub(crate) fn locks_of(
+    conn: &dyn Db,
+    saga: &SagaSummary,
+    steps: &[StepRecord],
+) -> Result<Vec<String>, TxError> {
+    let mut held: BTreeSet<String> = claimed_again(conn, &saga.saga_id)?.into_iter().collect();
+    // As `standing` tells, from the saga and steps just read in the same snapshot: a
+    // settled saga's steps hold nothing, a `FailedRollbackPartial` one's while a dead
+    // letter of it is open; a begun step's resources are its row's (as `declared` reads).
+    let holds = !RELEASES_LOCKS.contains(&saga.state)
+        && (saga.state != SagaState::FailedRollbackPartial || letter_open(conn, &saga.saga_id)?);
+    if holds {
+        held.extend(steps.iter().flat_map(|step| step.resources.iter().cloned()));
     }
     Ok(held.into_iter().collect())
+}
+
+/// Whether a dead letter of `saga_id` is open.
+fn letter_open(conn: &dyn Db, saga_id: &SagaId) -> Result<bool, TxError> {
+    conn.query_row(
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM dead_letters
+             WHERE saga_id = ?1 AND status = 'open') THEN 1 ELSE 0 END",
+        params![saga_id.as_str()],
+        |row| Ok(row.get::<_, i64>(0)? == 1),
+    )
+    .map_err(storage)
 }
 
 /// The resources `saga_id` claimed again (the `locks` table), sorted.

@@ -595,7 +595,7 @@ pub(crate) fn saga(conn: &dyn Db, saga_id: &SagaId) -> Result<Option<SagaRecord>
         }
     }
     Ok(Some(SagaRecord {
-        locks: super::locks::locks_of(conn, saga_id)?,
+        locks: super::locks::locks_of(conn, &saga, &steps)?,
         conflicts: super::locks::conflicts_of(conn, saga_id)?,
         saga,
         steps,
