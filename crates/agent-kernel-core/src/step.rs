@@ -444,6 +444,19 @@ impl Kernel {
         let Some(output) = binding.output.as_ref().filter(|_| is_reusable(&binding)) else {
             return Ok(Some(binding));
         };
+        // A `Done` saga that holds its resources again is being undone (an `undo` under
+        // way, or killed and left for `recover` to finish): its effect is about to go, so
+        // its output is not reused, nor is the step run under the key meanwhile.
+        let origin = self.log.saga(&binding.saga_id).await?;
+        if let Some(origin) = origin.filter(|origin| !origin.locks.is_empty()) {
+            let error = ToolError::conflict(format!(
+                "idempotency key `{}`: its output belongs to saga {}, which an undo is undoing (it holds {} again); try again once that saga is settled, or run `agent-kernel recover` if the undo's process is gone",
+                binding.key,
+                binding.saga_id,
+                origin.locks.join(", ")
+            ));
+            return Err(taking.refused(saga, error));
+        }
         debug!(saga_id = %saga.saga_id, step_seq = taking.step_seq, key = %binding.key, from = %binding.saga_id, "reusing committed output");
         saga.committed(taking.step_seq, &taking.step.tool, output, true);
         saga.pending_success = Some(PendingSuccess {

@@ -213,6 +213,33 @@ impl FileAccess {
         self.sandbox.reconfine(recorded).map_err(sandbox_error)
     }
 
+    /// [`reconfine`](Self::reconfine), refused as changed since when the recorded path now
+    /// leads to another file than `touched`, the one its step touched (a folder link
+    /// retargeted since): a compensation never acts on a file its step did not touch,
+    /// which its saga never claimed. `touched` is `None` in records written before it was
+    /// kept.
+    pub(crate) async fn reconfine_touched(
+        &self,
+        recorded: &ConfinedPath,
+        touched: Option<&str>,
+    ) -> Result<ConfinedFile, ToolError> {
+        let file = self.reconfine(recorded)?;
+        let Some(touched) = touched.map(str::to_owned) else {
+            return Ok(file);
+        };
+        let shown = recorded.to_string();
+        blocking(move || {
+            let now = touched_by(&file)?;
+            if now != touched {
+                return Err(ToolError::changed(format!(
+                    "`{shown}` now leads to {now}, not to {touched}, the file its step changed (a folder link changed since); nothing was done to either"
+                )));
+            }
+            Ok(file)
+        })
+        .await
+    }
+
     /// Checks that `len` bytes may be written to `path`.
     pub(crate) fn check_size(&self, path: &str, len: usize) -> Result<(), ToolError> {
         self.sandbox
@@ -288,6 +315,14 @@ pub(crate) fn byte_count(n: u64) -> String {
 /// their [`Tool::resources`](agent_kernel_api::Tool::resources) resolves as the sandbox does.
 pub(crate) fn path_resource() -> agent_kernel_api::KeyTemplate {
     agent_kernel_api::KeyTemplate::parse("file:$.args.path").expect("a fixed template is valid")
+}
+
+/// The file `file` is, its folders' links followed, as an undo record keeps it (the path of
+/// its `file:` resource).
+pub(crate) fn touched_by(file: &ConfinedFile) -> Result<String, ToolError> {
+    file.identity()
+        .map(|path| path.display().to_string())
+        .map_err(sandbox_error)
 }
 
 #[cfg(test)]

@@ -154,7 +154,8 @@ impl Probe for DrillWrite {
         let previous = undo.blob.clone();
         let wanted = parsed.content.into_bytes();
         // Looked at through the policy in force, like every compensation.
-        let file = self.write.files.reconfine(&target)?;
+        let touched = undo.data["file"].as_str();
+        let file = self.write.files.reconfine_touched(&target, touched).await?;
         blocking(move || {
             let current = match file.stat().map_err(sandbox_error)? {
                 None => None,

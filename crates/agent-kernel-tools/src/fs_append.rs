@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::common::{
     FileAccess, TOOL_VERSION, blocking, byte_count, parse_args, parse_undo, path_resource,
-    sandbox_error, settle, step_blocking, undo_data,
+    sandbox_error, settle, step_blocking, touched_by, undo_data,
 };
 use crate::fs_write::{
     ContentArgs, check_content, content_resource, content_schema, simulated_content,
@@ -33,6 +33,11 @@ struct AppendUndo {
     target: ConfinedPath,
     existed: bool,
     len: u64,
+    /// The file the step touched, its folders' links followed (`file_resource`'s path),
+    /// for a compensation to refuse a path that now leads elsewhere; absent from records
+    /// written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    file: Option<String>,
 }
 
 impl FsAppend {
@@ -95,6 +100,7 @@ impl Compensate for FsAppend {
             target,
             existed,
             len,
+            ..
         } = parse_undo(Self::ID, &undo.data).ok()?;
         Some(if existed {
             format!("cuts `{target}` back to its previous {}", byte_count(len))
@@ -109,13 +115,15 @@ impl Compensate for FsAppend {
         let file = self.files.open(&path)?;
         let (target, len) = blocking(move || {
             let len = file.stat().map_err(sandbox_error)?;
-            Ok((file.path().clone(), len))
+            Ok(((file.path().clone(), touched_by(&file)?), len))
         })
         .await?;
+        let (target, touched) = target;
         let data = AppendUndo {
             target,
             existed: len.is_some(),
             len: len.unwrap_or(0),
+            file: Some(touched),
         };
         Ok(Undo {
             data: undo_data(Self::ID, &data)?,
@@ -135,11 +143,15 @@ impl Compensate for FsAppend {
         settle(ctx).await;
         let ContentArgs { content, .. } = parse_args(args)?;
         let AppendUndo {
+            file: touched,
             target,
             existed,
             len,
         } = parse_undo(Self::ID, &undo.data)?;
-        let file = self.files.reconfine(&target)?;
+        let file = self
+            .files
+            .reconfine_touched(&target, touched.as_deref())
+            .await?;
         blocking(move || {
             let change = crate::fs_write::left_as(&file, len, content.as_bytes())?;
             // Compensated already (a rollback killed before its outcome was recorded), or
@@ -162,11 +174,15 @@ impl Compensate for FsAppend {
         undo: &Undo,
     ) -> Result<Option<String>, ToolError> {
         let AppendUndo {
+            file: touched,
             target,
             existed,
             len,
         } = parse_undo(Self::ID, &undo.data)?;
-        let file = self.files.reconfine(&target)?;
+        let file = self
+            .files
+            .reconfine_touched(&target, touched.as_deref())
+            .await?;
         blocking(move || {
             let path = file.path().clone();
             Ok(match (file.stat().map_err(sandbox_error)?, existed) {
@@ -196,6 +212,7 @@ impl Compensate for FsAppend {
         _output: Option<&ToolOutput>,
     ) -> Result<(), ToolError> {
         let AppendUndo {
+            file: touched,
             target,
             existed,
             len,
@@ -205,7 +222,10 @@ impl Compensate for FsAppend {
         settle(ctx).await;
         // The recorded target is ruled on again by the policy in force, through its
         // handles: the log is data, so a record pointing outside today's roots undoes nothing.
-        let file = self.files.reconfine(&target)?;
+        let file = self
+            .files
+            .reconfine_touched(&target, touched.as_deref())
+            .await?;
         step_blocking(ctx, move || {
             if existed {
                 // Fails if the file is gone or shorter than before: someone else changed it.

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::common::{
     FileAccess, TOOL_VERSION, blocking, byte_count, check_temp_name, object_schema, parse_args,
     parse_undo, path_resource, path_schema, sandbox_error, settle, step_blocking, temp_name,
-    undo_data,
+    touched_by, undo_data,
 };
 use crate::fs_write::restore;
 
@@ -46,6 +46,11 @@ struct DeleteUndo {
     /// put back; left out of the record otherwise, as before the flag existed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     absent: bool,
+    /// The file the step touched, its folders' links followed (`file_resource`'s path),
+    /// for a compensation to refuse a path that now leads elsewhere; absent from records
+    /// written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    file: Option<String>,
 }
 
 impl FsDelete {
@@ -156,23 +161,25 @@ impl Compensate for FsDelete {
         let DeleteArgs { path, missing_ok } = parse_args(args)?;
         let file = self.files.open(&path)?;
         let shown = path.clone();
-        let (target, bytes) = blocking(move || {
+        let ((target, touched), bytes) = blocking(move || {
+            let at = (file.path().clone(), touched_by(&file)?);
             if file.stat().map_err(sandbox_error)?.is_none() {
                 if missing_ok {
-                    return Ok((file.path().clone(), None));
+                    return Ok((at, None));
                 }
                 return Err(ToolError::failed(format!(
                     "`{shown}` does not exist, so there is nothing to delete"
                 )));
             }
             let bytes = file.read_all().map_err(sandbox_error)?;
-            Ok((file.path().clone(), Some(bytes)))
+            Ok((at, Some(bytes)))
         })
         .await?;
         let data = DeleteUndo {
             target,
             temp: temp_name(ctx),
             absent: bytes.is_none(),
+            file: Some(touched),
         };
         Ok(Undo {
             data: undo_data(Self::ID, &data)?,
@@ -190,13 +197,21 @@ impl Compensate for FsDelete {
         // A timed-out effect still under way lands first: judged half-done, it would
         // look like another writer's change.
         settle(ctx).await;
-        let DeleteUndo { target, absent, .. } = parse_undo(Self::ID, &undo.data)?;
+        let DeleteUndo {
+            file: touched,
+            target,
+            absent,
+            ..
+        } = parse_undo(Self::ID, &undo.data)?;
         if absent || deleted_nothing(output) {
             // The step deleted nothing, so undoing it changes nothing, whatever is there now.
             return Ok(None);
         }
         let deleted = undo.blob.clone();
-        let file = self.files.reconfine(&target)?;
+        let file = self
+            .files
+            .reconfine_touched(&target, touched.as_deref())
+            .await?;
         blocking(move || {
             if file.stat().map_err(sandbox_error)?.is_none()
                 || crate::fs_write::holds_exactly(&file, deleted.as_deref())?
@@ -222,7 +237,12 @@ impl Compensate for FsDelete {
         _args: &Value,
         undo: &Undo,
     ) -> Result<Option<String>, ToolError> {
-        let DeleteUndo { target, absent, .. } = parse_undo(Self::ID, &undo.data)?;
+        let DeleteUndo {
+            file: touched,
+            target,
+            absent,
+            ..
+        } = parse_undo(Self::ID, &undo.data)?;
         let prepared = match (absent, &undo.blob) {
             (true, _) => None,
             (false, Some(bytes)) => Some(bytes.clone()),
@@ -233,7 +253,10 @@ impl Compensate for FsDelete {
                 )));
             }
         };
-        let file = self.files.reconfine(&target)?;
+        let file = self
+            .files
+            .reconfine_touched(&target, touched.as_deref())
+            .await?;
         blocking(move || crate::fs_write::as_prepared(&file, prepared.as_deref())).await
     }
 
@@ -245,6 +268,7 @@ impl Compensate for FsDelete {
         output: Option<&ToolOutput>,
     ) -> Result<(), ToolError> {
         let DeleteUndo {
+            file: touched,
             target,
             temp,
             absent,
@@ -267,7 +291,10 @@ impl Compensate for FsDelete {
         settle(ctx).await;
         // The recorded target is ruled on again by the policy in force, through its
         // handles: the log is data, so a record pointing outside today's roots undoes nothing.
-        let file = self.files.reconfine(&target)?;
+        let file = self
+            .files
+            .reconfine_touched(&target, touched.as_deref())
+            .await?;
         step_blocking(ctx, move || {
             file.remove_temp(&temp, sync).map_err(sandbox_error)?;
             restore(&file, &bytes, &temp, sync)

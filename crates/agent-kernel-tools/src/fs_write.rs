@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::common::{
     FileAccess, TOOL_VERSION, blocking, byte_count, check_temp_name, object_schema, parse_args,
     parse_undo, path_resource, path_schema, sandbox_error, settle, step_blocking, temp_name,
-    undo_data,
+    touched_by, undo_data,
 };
 
 /// `fs.write`: mutating; writes `content` to `path` atomically (temporary file, then rename),
@@ -38,6 +38,11 @@ struct WriteUndo {
     target: ConfinedPath,
     existed: bool,
     temp: String,
+    /// The file the step touched, its folders' links followed (`file_resource`'s path),
+    /// for a compensation to refuse a path that now leads elsewhere; absent from records
+    /// written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    file: Option<String>,
 }
 
 impl FsWrite {
@@ -162,13 +167,15 @@ impl Compensate for FsWrite {
                 Some(_) => Some(file.read_all().map_err(sandbox_error)?),
                 None => None,
             };
-            Ok((file.path().clone(), previous))
+            Ok(((file.path().clone(), touched_by(&file)?), previous))
         })
         .await?;
+        let (target, touched) = target;
         let data = WriteUndo {
             target,
             existed: previous.is_some(),
             temp,
+            file: Some(touched),
         };
         Ok(Undo {
             data: undo_data(Self::ID, &data)?,
@@ -188,10 +195,16 @@ impl Compensate for FsWrite {
         settle(ctx).await;
         let ContentArgs { content, .. } = parse_args(args)?;
         let WriteUndo {
-            target, existed, ..
+            file: touched,
+            target,
+            existed,
+            ..
         } = parse_undo(Self::ID, &undo.data)?;
         let previous = existed.then(|| undo.blob.clone().unwrap_or_default());
-        let file = self.files.reconfine(&target)?;
+        let file = self
+            .files
+            .reconfine_touched(&target, touched.as_deref())
+            .await?;
         blocking(move || {
             let change = left_as(&file, 0, content.as_bytes())?;
             if change.is_some() && holds_exactly(&file, previous.as_deref())? {
@@ -213,10 +226,16 @@ impl Compensate for FsWrite {
         undo: &Undo,
     ) -> Result<Option<String>, ToolError> {
         let WriteUndo {
-            target, existed, ..
+            file: touched,
+            target,
+            existed,
+            ..
         } = parse_undo(Self::ID, &undo.data)?;
         let previous = existed.then(|| undo.blob.clone().unwrap_or_default());
-        let file = self.files.reconfine(&target)?;
+        let file = self
+            .files
+            .reconfine_touched(&target, touched.as_deref())
+            .await?;
         blocking(move || as_prepared(&file, previous.as_deref())).await
     }
 
@@ -228,6 +247,7 @@ impl Compensate for FsWrite {
         _output: Option<&ToolOutput>,
     ) -> Result<(), ToolError> {
         let WriteUndo {
+            file: touched,
             target,
             existed,
             temp,
@@ -248,7 +268,10 @@ impl Compensate for FsWrite {
         settle(ctx).await;
         // The recorded target is ruled on again by the policy in force, through its
         // handles: the log is data, so a record pointing outside today's roots undoes nothing.
-        let file = self.files.reconfine(&target)?;
+        let file = self
+            .files
+            .reconfine_touched(&target, touched.as_deref())
+            .await?;
         step_blocking(ctx, move || {
             file.remove_temp(&temp, sync).map_err(sandbox_error)?;
             match previous {

@@ -401,3 +401,51 @@ fn recover_without_a_killed_undos_tool_leaves_it_for_one_that_has_it() {
     assert_eq!(state_of(&project, &saga_id).as_deref(), Some("Undone"));
     assert_undone(&project);
 }
+
+/// A step keyed as a step of a saga whose undo was killed midway (`Done`, its resources
+/// claimed again) does not reuse that step's output, whose effect `recover` is about to
+/// undo: it is refused as a conflict, nothing run; once `recover` has undone the saga, the
+/// same step runs again under the key.
+#[test]
+fn a_key_of_a_saga_being_undone_is_not_reused() {
+    let project = Project::new();
+    fs::write(project.path("note.py"), crate::dlq::NOTE_PY).expect("writes");
+    fs::write(project.path("tools.toml"), crate::dlq::TOOLS_TOML).expect("writes");
+    fs::write(project.path("ws/notes.txt"), "").expect("writes");
+    let keyed = json!({"tool": "fs.write", "args": {"path": "ws/k.txt", "content": "k"}, "idempotency_key": "k-1"});
+    let first = project.plan(
+        "first.json",
+        &json!({"steps": [keyed, {"tool": "note.add", "args": {"item": "x"}}]}),
+    );
+    let output = project.run(&["run", "--plan", first.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let (saga_id, _) = project.latest_saga().expect("a saga");
+    fs::write(project.path("ws/hold"), "").expect("writes");
+    let mut undo = crate::crash::spawn(&project, &["undo", "--saga", &saga_id, "--reason", "r"]);
+    wait_until("note.add's compensation runs", || {
+        project.path("ws/held").exists()
+    });
+    crate::sigkill(&mut undo).expect("kills the undo");
+    let _ = undo.wait();
+    fs::remove_file(project.path("ws/hold")).expect("removes");
+    let again = project.plan("again.json", &json!({"steps": [keyed]}));
+    let output = project.run(&["run", "--plan", again.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(6), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("which an undo is undoing"),
+        "{}",
+        describe(&output)
+    );
+    let output = project.run(&["recover"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert_eq!(state_of(&project, &saga_id).as_deref(), Some("Undone"));
+    assert!(!project.path("ws/k.txt").exists());
+    let output = project.run(&["run", "--plan", again.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert_eq!(
+        fs::read_to_string(project.path("ws/k.txt")).expect("reads"),
+        "k"
+    );
+    let output = project.run(&["audit", "verify"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+}

@@ -213,3 +213,57 @@ async fn a_file_created_again_since_the_delete_counts_as_changed() {
         .expect("checks");
     assert!(changed.is_some_and(|what| what.contains("exists again")));
 }
+
+/// A folder link retargeted between a step and its compensation: the compensation refuses
+/// as changed since (the recorded path now leads to another file, which its saga never
+/// claimed) and touches neither file; so does the check before it. Puts the link back, and
+/// it compensates.
+#[tokio::test]
+async fn a_folder_link_retargeted_since_the_step_refuses_its_compensation() {
+    let fixture = Fixture::new();
+    for folder in ["workspace/d1", "workspace/d2"] {
+        std::fs::create_dir(fixture.path(folder)).expect("makes a folder");
+    }
+    fixture.write("workspace/d1/f", b"one");
+    fixture.write("workspace/d2/f", b"two");
+    let link = fixture.path("workspace/link");
+    std::os::unix::fs::symlink("d1", &link).expect("links");
+    let tool = fixture.tool("fs.delete");
+    let ctx = ctx("fs.delete", 4);
+    let args = json!({ "path": "workspace/link/f" });
+    let (undo, output) = run(&tool, &ctx, &args).await;
+    let output = output.expect("execute");
+    assert!(
+        fixture.read("workspace/d1/f").is_none(),
+        "deleted through the link"
+    );
+    std::fs::remove_file(&link).expect("unlinks");
+    std::os::unix::fs::symlink("d2", &link).expect("links again");
+    let changed = tool.changed_since(&ctx, &args, &undo, Some(&output)).await;
+    let error = tool
+        .compensate(&ctx, &args, &undo, Some(&output))
+        .await
+        .expect_err("another file now");
+    assert_eq!(
+        error.kind(),
+        agent_kernel_api::ToolErrorKind::Changed,
+        "{error}"
+    );
+    assert!(error.to_string().contains("now leads to"), "{error}");
+    assert!(
+        changed
+            .as_ref()
+            .is_err_and(|error| error.to_string().contains("now leads to"))
+            || changed.as_ref().is_ok_and(Option::is_some),
+        "{changed:?}"
+    );
+    assert_eq!(fixture.read("workspace/d2/f").as_deref(), Some(&b"two"[..]));
+    assert!(fixture.read("workspace/d1/f").is_none());
+    std::fs::remove_file(&link).expect("unlinks");
+    std::os::unix::fs::symlink("d1", &link).expect("links back");
+    tool.compensate(&ctx, &args, &undo, Some(&output))
+        .await
+        .expect("compensates the file it deleted");
+    assert_eq!(fixture.read("workspace/d1/f").as_deref(), Some(&b"one"[..]));
+    assert_eq!(fixture.read("workspace/d2/f").as_deref(), Some(&b"two"[..]));
+}
