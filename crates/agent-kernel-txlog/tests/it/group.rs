@@ -306,11 +306,18 @@ async fn checkpoints_keep_the_wal_bounded_beside_the_writer() {
         }
         let largest = std::fs::metadata(&wal).expect("the WAL").len();
         eprintln!("paced {paced}: the WAL reached {largest} bytes");
+        // Paced, the thread's checkpoints during the rests keep the WAL near one burst
+        // (about 4 MB here), but only when the thread gets a core within the rest: on a
+        // loaded machine (CI, 2 cores) it reached 8.9 MB once. The bound that holds under
+        // any load is the writer's own, past `WAL_FRAMES_CHECKPOINT_INLINE` frames; the
+        // thread's checkpoint itself is `checkpoint.rs`'s unit test.
+        let inline_bound = 2
+            * u64::try_from(agent_kernel_txlog::WAL_FRAMES_CHECKPOINT_INLINE).expect("positive")
+            * 4_096;
         let bound = if paced {
-            2 * AUTOMATIC_CHECKPOINT_BYTES
+            inline_bound.min(8 * AUTOMATIC_CHECKPOINT_BYTES)
         } else {
-            2 * u64::try_from(agent_kernel_txlog::WAL_FRAMES_CHECKPOINT_INLINE).expect("positive")
-                * 4_096
+            inline_bound
         };
         assert!(
             largest < bound,
