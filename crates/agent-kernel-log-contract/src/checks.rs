@@ -20,9 +20,9 @@ pub use crate::isolation::{
     a_resource_raced_from_several_connections_is_claimed_once,
     a_step_refused_by_its_key_claims_nothing, an_undo_claims_its_resources_again,
     claims_in_one_batch_see_each_other,
-    duplicate_begins_raced_from_several_connections_are_written_once, sagas_are_counted_by_state,
-    sagas_are_listed_by_page_and_filter,
+    duplicate_begins_raced_from_several_connections_are_written_once,
 };
+pub use crate::listing::{sagas_are_counted_by_state, sagas_are_listed_by_page_and_filter};
 use agent_kernel_api::{ApprovalDecision, ApprovalStatus};
 
 use crate::records::{

@@ -15,6 +15,7 @@
 
 pub mod checks;
 pub mod isolation;
+pub mod listing;
 pub mod postgres;
 pub mod records;
 

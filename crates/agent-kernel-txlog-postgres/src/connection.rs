@@ -3,7 +3,6 @@
 //! what they cost in transactions and round trips.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -740,25 +739,20 @@ impl Connection {
         // Whether each item may go on: a take-over only of an owner that is dead, or that
         // is this process.
         let mut owners_dead = Vec::with_capacity(items.len());
-        // Each owner asked once in the transaction: a recovery takes many sagas of one
-        // owner over in one group, and an ended lease stays ended.
-        let mut asked: HashMap<&Owner, bool> = HashMap::new();
+        let mut leases = lease::EndedLeases::default();
         for item in items {
             owners_dead.push(match item {
                 Item::Write(_) => false,
                 // A saga this process hands over itself (left waiting for an approval):
                 // its owner is alive, and lets it go.
                 Item::TakeOver(take_over) if take_over.expected == self.worker.owner => true,
-                Item::TakeOver(take_over) => match asked.get(&take_over.expected) {
-                    Some(dead) => *dead,
-                    None => {
-                        self.counters.trips(2);
-                        match lease::end_if_expired(tx.client(), &take_over.expected) {
-                            Ok(dead) => *asked.entry(&take_over.expected).or_insert(dead),
-                            Err(error) => return GroupEnd::BatchRefused(error),
-                        }
+                Item::TakeOver(take_over) => {
+                    let asking = || self.counters.trips(2);
+                    match leases.ended(tx.client(), &take_over.expected, asking) {
+                        Ok(dead) => dead,
+                        Err(error) => return GroupEnd::BatchRefused(error),
                     }
-                },
+                }
             });
         }
         let mut answers = Vec::with_capacity(items.len());

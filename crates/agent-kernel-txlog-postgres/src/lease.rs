@@ -2,6 +2,7 @@
 //! owner row; an owner whose lease ran out (by the database's clock) is dead for recovery,
 //! whatever its host, and its writes are refused (fencing).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -249,6 +250,31 @@ pub(crate) fn status<T: postgres::ToStatement + ?Sized>(
     } else {
         LeaseStatus::Expired
     })
+}
+
+/// The owners of one write transaction's take-overs whose leases have ended, each asked
+/// once ([`end_if_expired`]; an ended lease stays ended, a live one is refused for the
+/// transaction): a recovery takes many sagas of one owner over in one group.
+#[derive(Default)]
+pub(crate) struct EndedLeases<'o>(HashMap<&'o Owner, bool>);
+
+impl<'o> EndedLeases<'o> {
+    /// Whether `owner`'s lease has ended, ending it if it ran out; `asking` is called when
+    /// the server is asked (two round trips), not when the answer is known.
+    pub(crate) fn ended(
+        &mut self,
+        tx: &mut impl GenericClient,
+        owner: &'o Owner,
+        asking: impl FnOnce(),
+    ) -> Result<bool, TxError> {
+        if let Some(ended) = self.0.get(owner) {
+            return Ok(*ended);
+        }
+        asking();
+        let ended = end_if_expired(tx, owner)?;
+        self.0.insert(owner, ended);
+        Ok(ended)
+    }
 }
 
 /// In a take-over's write transaction: ends `owner`'s lease for good if it ran out, and

@@ -171,13 +171,18 @@ fn standing(conn: &dyn Db, saga_id: &SagaId) -> Result<Standing, TxError> {
         return Ok(Standing::Absent);
     };
     let state: SagaState = state.parse().map_err(corrupt)?;
-    let settled = RELEASES_LOCKS.contains(&state)
-        || (state == SagaState::FailedRollbackPartial && !letter_open);
-    Ok(if settled {
-        Standing::Settled
-    } else {
+    Ok(if holds_steps_locks(state, letter_open) {
         Standing::Holds(state, owner)
+    } else {
+        Standing::Settled
     })
+}
+
+/// Whether a saga in `state` holds the locks of its begun steps: not settled
+/// ([`RELEASES_LOCKS`]), and when `FailedRollbackPartial`, with a dead letter open
+/// (`letter_open`, looked at for that state only).
+fn holds_steps_locks(state: SagaState, letter_open: bool) -> bool {
+    !RELEASES_LOCKS.contains(&state) && (state != SagaState::FailedRollbackPartial || letter_open)
 }
 
 /// Why a `BeginStep` was refused before anything of its batch was applied.
@@ -562,12 +567,11 @@ pub(crate) fn locks_of(
     steps: &[StepRecord],
 ) -> Result<Vec<String>, TxError> {
     let mut held: BTreeSet<String> = claimed_again(conn, &saga.saga_id)?.into_iter().collect();
-    // As `standing` tells, from the saga and steps just read in the same snapshot: a
-    // settled saga's steps hold nothing, a `FailedRollbackPartial` one's while a dead
-    // letter of it is open; a begun step's resources are its row's (as `declared` reads).
-    let holds = !RELEASES_LOCKS.contains(&saga.state)
-        && (saga.state != SagaState::FailedRollbackPartial || letter_open(conn, &saga.saga_id)?);
-    if holds {
+    // As `standing` and `declared` tell, from the saga and steps just read in the same
+    // snapshot (the open letters asked only where they matter).
+    let letter_open =
+        saga.state == SagaState::FailedRollbackPartial && letter_open(conn, &saga.saga_id)?;
+    if holds_steps_locks(saga.state, letter_open) {
         held.extend(steps.iter().flat_map(|step| step.resources.iter().cloned()));
     }
     Ok(held.into_iter().collect())
